@@ -1,0 +1,88 @@
+"""The reference interpreter: all devices' buffers in one process, one numpy array per device id."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from redist import program as P
+from redist.errors import ShardingError
+
+
+def _groups(mesh, axes):
+    """Map each device to (its group's key, its rank); groups agree on all coordinates outside ``axes``."""
+    members: dict = {}
+    for d in range(mesh.size):
+        c = mesh.coords(d)
+        # The key is the device's coordinates with the group's own coordinates zeroed out, expressed as the
+        # device id of the group's rank-0 member; enumerating ranks recovers the members in rank order.
+        members.setdefault(_group_key(mesh, c, axes), {})[mesh.group_index(d, axes)] = d
+    return {key: [ranks[r] for r in range(len(ranks))] for key, ranks in members.items()}
+
+
+def _group_key(mesh, coords, axes):
+    key = dict(coords)
+    for a in axes:
+        name, pre, size = mesh.sub_axis(a)
+        full = mesh.axis_size(name)
+        stride = full // (pre * size)
+        key[name] -= ((key[name] // stride) % size) * stride
+    return tuple(key[n] for n in mesh.names)
+
+
+def _chunks(x, dim, k):
+    n = x.shape[dim]
+    if n % k:
+        raise ShardingError(f"cannot split a local dim of size {n} into {k} equal chunks")
+    return np.split(x, k, axis=dim)
+
+
+def run(program: P.Program, shards: list[np.ndarray]) -> list[np.ndarray]:
+    """Execute ``program`` on per-device buffers (index = device id); returns the new buffers."""
+    mesh = program.mesh
+    if len(shards) != mesh.size:
+        raise ShardingError(f"expected {mesh.size} shards (one per device), got {len(shards)}")
+    for d, (x, shape) in enumerate(zip(shards, [program.shapes[0]] * mesh.size)):
+        if tuple(np.shape(x)) != tuple(shape):
+            raise ShardingError(f"shard of device {d} has shape {np.shape(x)}, expected {tuple(shape)}")
+    bufs = [np.asarray(x, dtype=program.dtype) for x in shards]
+    for ins in program.instructions:
+        bufs = _step(mesh, ins, bufs)
+    return bufs
+
+
+def _step(mesh, ins, bufs):
+    out = list(bufs)
+    if isinstance(ins, P.CollectivePermute):
+        return [bufs[s].copy() if s != d else bufs[d] for d, s in enumerate(ins.sources)]
+    for group in _groups(mesh, ins.axes).values():
+        k = len(group)
+        xs = [bufs[d] for d in group]
+        if isinstance(ins, P.Slice):
+            for r, d in enumerate(group):
+                out[d] = _chunks(xs[r], ins.dim, k)[r].copy()
+        elif isinstance(ins, P.AllGather):
+            full = np.concatenate(xs, axis=ins.dim)
+            for d in group:
+                out[d] = full.copy()
+        elif isinstance(ins, P.AllToAll):
+            pieces = [_chunks(x, ins.split_dim, k) for x in xs]
+            for r, d in enumerate(group):
+                out[d] = np.concatenate([pieces[src][r] for src in range(k)], axis=ins.concat_dim)
+        elif isinstance(ins, P.ReduceScatter):
+            total = _sum(xs)
+            for r, d in enumerate(group):
+                out[d] = _chunks(total, ins.dim, k)[r].copy()
+        elif isinstance(ins, P.AllReduce):
+            total = _sum(xs)
+            for d in group:
+                out[d] = total.copy()
+        else:
+            raise TypeError(f"unknown instruction {ins!r}")
+    return out
+
+
+def _sum(xs):
+    total = xs[0].copy()
+    for x in xs[1:]:
+        total = total + x
+    return total.astype(xs[0].dtype)

@@ -1,0 +1,49 @@
+"""Lower bounds on the bytes any redistribution must receive."""
+
+from __future__ import annotations
+
+import math
+
+from redist.errors import ShardingError
+from redist.types import ShardingType
+
+
+def lower_bound_bytes(src: ShardingType, dst: ShardingType) -> int:
+    """``max_d (|T_d| − |T_d ∩ S_d|) · itemsize``: what some device lacks and must receive.
+
+    ``S_d`` and ``T_d`` are the elements device ``d`` holds before and after. For partial types an element is
+    an (index, summand) pair, and a device keeps its own summand coordinates: with the same partial axes on
+    both sides the formula is unchanged. When partial axes are reduced (over a group of two or more
+    devices), every element a device ends with needs at least one value from another device, so the bound is
+    ``max_d |T_d| · itemsize``. No plan can receive less.
+    """
+    _check_pair(src, dst)
+    mesh = src.mesh
+    reduced = [a for a in src.partial if a not in dst.partial]
+    if mesh.group_size(tuple(reduced)) > 1:
+        return math.prod(dst.local_shape) * dst.itemsize
+    worst = 0
+    for d in range(mesh.size):
+        overlap = 1
+        for s, t in zip(src.local_box(d), dst.local_box(d)):
+            overlap *= max(0, min(s.stop, t.stop) - max(s.start, t.start))
+        worst = max(worst, math.prod(dst.local_shape) - overlap)
+    return worst * dst.itemsize
+
+
+def _check_pair(src: ShardingType, dst: ShardingType) -> None:
+    """Raise :class:`ShardingError` unless ``dst`` is a possible redistribution target of ``src``."""
+    if not isinstance(src, ShardingType) or not isinstance(dst, ShardingType):
+        raise ShardingError("source and destination must be redist.ShardingType values")
+    if src.mesh != dst.mesh:
+        raise ShardingError(f"source and destination are on different meshes ({src.mesh} and {dst.mesh})")
+    if src.shape != dst.shape:
+        raise ShardingError(f"source shape {list(src.shape)} differs from destination shape {list(dst.shape)}")
+    if src.dtype != dst.dtype:
+        raise ShardingError(f"source dtype {src.dtype} differs from destination dtype {dst.dtype}")
+    extra = [a for a in dst.partial if a not in src.partial]
+    if extra:
+        raise ShardingError(
+            f"destination {dst} is partial over {{{','.join(extra)}}} but the source {src} is not: "
+            "a redistribution can only reduce pending sums, not create them"
+        )

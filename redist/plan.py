@@ -1,0 +1,102 @@
+"""A plan: typed steps from a source type to a destination type, with their costs and lowered program."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import cached_property
+
+from redist import steps as S
+from redist.program import Program, lower
+
+
+def _number(x: Fraction) -> int | float:
+    return int(x) if x.denominator == 1 else float(x)
+
+
+def _fmt_bytes(n) -> str:
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+@dataclass(frozen=True)
+class Plan:
+    """``steps[i]`` turns ``types[i]`` into ``types[i + 1]``; ``types[0]`` is the source, ``types[-1]`` the
+    destination. Construction checks every step's typing rule."""
+
+    steps: tuple
+    types: tuple
+
+    def __post_init__(self):
+        assert len(self.types) == len(self.steps) + 1
+        for step, t, t_next in zip(self.steps, self.types, self.types[1:]):
+            if step.apply(t) != t_next:
+                raise AssertionError(f"{step} on {t} gives {step.apply(t)}, not {t_next}")
+
+    @property
+    def src(self):
+        return self.types[0]
+
+    @property
+    def dst(self):
+        return self.types[-1]
+
+    @property
+    def peak_bytes(self) -> int:
+        """The largest local buffer, per device, at any step boundary."""
+        return max(t.local_bytes for t in self.types)
+
+    @cached_property
+    def device_bytes(self) -> tuple[Fraction, ...]:
+        """Bytes each device receives over the whole plan (collectives count as in the steps' table)."""
+        totals = [Fraction(0)] * self.src.mesh.size
+        for step, t in zip(self.steps, self.types):
+            if isinstance(step, S.Permute):
+                moved = S.permute_sources(t, step.apply(t))
+                totals = [b + (t.local_bytes if s != d else 0) for d, (b, s) in enumerate(zip(totals, moved))]
+            else:
+                totals = [b + step.bytes_received(t) for b in totals]
+        return tuple(totals)
+
+    @property
+    def bytes_received(self) -> int | float:
+        """The largest, over devices, of the bytes a device receives over the whole plan."""
+        return _number(max(self.device_bytes, default=Fraction(0)))
+
+    def step_bytes(self) -> tuple[int | float, ...]:
+        """Bytes received per device in each step (the most any device receives in it)."""
+        return tuple(_number(s.bytes_received(t)) for s, t in zip(self.steps, self.types))
+
+    @cached_property
+    def program(self) -> Program:
+        """The lowered buffer program that the backends execute and :func:`redist.verify` proves."""
+        return lower(self.steps, self.types)
+
+    def __str__(self) -> str:
+        lines = [f"{self.src}"]
+        for step, t, b in zip(self.steps, self.types[1:], self.step_bytes()):
+            lines.append(f"  {str(step):<34} -> {t}   recv {_fmt_bytes(b)}")
+        if not self.steps:
+            lines.append("  (no steps: the types are equal)")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {
+            "mesh": str(self.src.mesh),
+            "src": str(self.src),
+            "dst": str(self.dst),
+            "steps": [
+                {"kind": s.kind, "step": str(s), "type": str(t), "bytes_received": b}
+                for s, t, b in zip(self.steps, self.types[1:], self.step_bytes())
+            ],
+            "peak_bytes": self.peak_bytes,
+            "bytes_received": self.bytes_received,
+        }
+
+    def to_json(self, **kw) -> str:
+        return json.dumps(self.to_dict(), **kw)

@@ -1,0 +1,230 @@
+"""Typed redistribution steps: each step's typing rule and byte accounting, in one place.
+
+Every step maps a :class:`ShardingType` to another (``apply``) or raises :class:`ShardingError` naming the
+step and the type it does not fit. Axis lists are major → minor, and collectives act at the minor end of a
+dim, so a dim's axis list behaves like a stack. ``L`` below is the local buffer in bytes, ``k`` the number
+of devices in a group (the product of the sizes of the step's axes).
+
+| step                          | type change                                        | local size | bytes received   |
+|-------------------------------|----------------------------------------------------|------------|------------------|
+| all_slice(dim, axes)          | append unused ``axes`` at the minor end of ``dim`` | ÷ k        | 0                |
+| all_gather(dim, axes)         | drop ``axes``, a minor-end suffix of ``dim``       | × k        | (k−1)/k · L_out  |
+| all_to_all(d1 -> d2, axes)    | move minor-end suffix ``axes`` of d1 to d2's end   | same       | (k−1)/k · L      |
+| permute(to dims)              | any change keeping each dim's block count          | same       | L, on a device   |
+|                               | and the partial axes                               |            | that moves       |
+| reduce_scatter(dim, axes)     | remove ``axes`` from partial, append them to dim   | ÷ k        | (k−1)/k · L_in   |
+| all_reduce(axes)              | remove ``axes`` from partial                       | same       | 2(k−1)/k · L     |
+
+A permute sends whole buffers between devices: device ``d`` receives the buffer of ``permute_sources(...)[d]``,
+which holds exactly the block (and, for a partial type, the summand) that ``d`` must hold after. Devices that
+already hold theirs keep them and receive nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+
+from redist.errors import ShardingError
+from redist.types import ShardingType, remove_axes, strip_suffix
+
+
+def _axes(axes) -> str:
+    return "{" + ",".join(axes) + "}"
+
+
+def _rebuild(step, t: ShardingType, dims, partial=None) -> ShardingType:
+    try:
+        return t.replace(dims=dims, partial=partial)
+    except ShardingError as e:
+        raise ShardingError(f"{step} does not fit {t}: {e}") from None
+
+
+def _without_suffix(step, t: ShardingType, dim: int, axes) -> tuple[str, ...]:
+    _check_dim(step, t, dim)
+    rest = strip_suffix(t.mesh, t.dims[dim], axes) if axes else None
+    if rest is None:
+        raise ShardingError(f"{step} does not fit {t}: {_axes(axes)} is not the minor end of dim {dim}")
+    return rest
+
+
+def _check_dim(step, t: ShardingType, dim: int) -> None:
+    if not 0 <= dim < t.rank:
+        raise ShardingError(f"{step} does not fit {t}: the array has no dim {dim}")
+
+
+def _check_named(step, t: ShardingType, axes) -> None:
+    if not axes:
+        raise ShardingError(f"{step} names no axes")
+
+
+def _partial_without(step, t: ShardingType, axes) -> tuple[str, ...]:
+    rest = remove_axes(t.mesh, t.partial, axes) if axes else None
+    if rest is None:
+        raise ShardingError(f"{step} does not fit {t}: {_axes(axes)} are not all partial axes")
+    return rest
+
+
+@dataclass(frozen=True)
+class AllSlice:
+    """Each device keeps block ``group_index(axes)`` of ``k`` equal blocks of its local ``dim``. No communication."""
+
+    dim: int
+    axes: tuple[str, ...]
+    kind = "all_slice"
+
+    def apply(self, t: ShardingType) -> ShardingType:
+        _check_dim(self, t, self.dim)
+        _check_named(self, t, self.axes)
+        dims = list(t.dims)
+        dims[self.dim] = dims[self.dim] + tuple(self.axes)
+        return _rebuild(self, t, tuple(dims))
+
+    def bytes_received(self, t: ShardingType) -> Fraction:
+        return Fraction(0)
+
+    def __str__(self):
+        return f"all_slice(dim {self.dim}, {_axes(self.axes)})"
+
+
+@dataclass(frozen=True)
+class AllGather:
+    """Concatenate the local ``dim`` blocks of the group over ``axes``, in group order (tiled all-gather)."""
+
+    dim: int
+    axes: tuple[str, ...]
+    kind = "all_gather"
+
+    def apply(self, t: ShardingType) -> ShardingType:
+        dims = list(t.dims)
+        dims[self.dim] = _without_suffix(self, t, self.dim, self.axes)
+        return _rebuild(self, t, tuple(dims))
+
+    def bytes_received(self, t: ShardingType) -> Fraction:
+        k = t.mesh.group_size(self.axes)
+        return Fraction(k - 1, k) * self.apply(t).local_bytes
+
+    def __str__(self):
+        return f"all_gather(dim {self.dim}, {_axes(self.axes)})"
+
+
+@dataclass(frozen=True)
+class AllToAll:
+    """Split local ``dst_dim`` into k chunks, send chunk r to group member r, and concatenate what arrives
+    along ``src_dim`` in group order: ``axes`` move from the minor end of ``src_dim`` to that of ``dst_dim``."""
+
+    src_dim: int
+    dst_dim: int
+    axes: tuple[str, ...]
+    kind = "all_to_all"
+
+    def apply(self, t: ShardingType) -> ShardingType:
+        _check_dim(self, t, self.dst_dim)
+        if self.src_dim == self.dst_dim:
+            raise ShardingError(f"{self} moves axes within one dim; use a permute")
+        dims = list(t.dims)
+        dims[self.src_dim] = _without_suffix(self, t, self.src_dim, self.axes)
+        dims[self.dst_dim] = dims[self.dst_dim] + tuple(self.axes)
+        return _rebuild(self, t, tuple(dims))
+
+    def bytes_received(self, t: ShardingType) -> Fraction:
+        k = t.mesh.group_size(self.axes)
+        return Fraction(k - 1, k) * t.local_bytes
+
+    def __str__(self):
+        return f"all_to_all(dim {self.src_dim} -> dim {self.dst_dim}, {_axes(self.axes)})"
+
+
+@dataclass(frozen=True)
+class Permute:
+    """Send whole local buffers between devices so that the result has per-dim axes ``dims``
+    (same block count in every dim, same partial axes)."""
+
+    dims: tuple[tuple[str, ...], ...]
+    kind = "permute"
+
+    def apply(self, t: ShardingType) -> ShardingType:
+        if len(self.dims) != t.rank:
+            raise ShardingError(f"{self} does not fit {t}: it names {len(self.dims)} dims")
+        out = _rebuild(self, t, tuple(tuple(d) for d in self.dims))
+        if out.local_shape != t.local_shape:
+            raise ShardingError(f"{self} does not fit {t}: it changes the local shape")
+        return out
+
+    def bytes_received(self, t: ShardingType) -> Fraction:
+        sources = permute_sources(t, self.apply(t))
+        return Fraction(t.local_bytes if any(s != d for d, s in enumerate(sources)) else 0)
+
+    def __str__(self):
+        return "permute(to [" + ", ".join(_axes(d) for d in self.dims) + "])"
+
+
+@dataclass(frozen=True)
+class ReduceScatter:
+    """Sum over the group of partial ``axes`` and keep block ``group_index(axes)`` of local ``dim``."""
+
+    dim: int
+    axes: tuple[str, ...]
+    kind = "reduce_scatter"
+
+    def apply(self, t: ShardingType) -> ShardingType:
+        _check_dim(self, t, self.dim)
+        partial = _partial_without(self, t, self.axes)
+        dims = list(t.dims)
+        dims[self.dim] = dims[self.dim] + tuple(self.axes)
+        return _rebuild(self, t, tuple(dims), partial)
+
+    def bytes_received(self, t: ShardingType) -> Fraction:
+        k = t.mesh.group_size(self.axes)
+        return Fraction(k - 1, k) * t.local_bytes
+
+    def __str__(self):
+        return f"reduce_scatter(dim {self.dim}, {_axes(self.axes)})"
+
+
+@dataclass(frozen=True)
+class AllReduce:
+    """Sum over the group of partial ``axes``; every member gets the sum."""
+
+    axes: tuple[str, ...]
+    kind = "all_reduce"
+
+    def apply(self, t: ShardingType) -> ShardingType:
+        return _rebuild(self, t, t.dims, _partial_without(self, t, self.axes))
+
+    def bytes_received(self, t: ShardingType) -> Fraction:
+        k = t.mesh.group_size(self.axes)
+        return Fraction(2 * (k - 1), k) * t.local_bytes
+
+    def __str__(self):
+        return f"all_reduce({_axes(self.axes)})"
+
+
+Step = AllSlice | AllGather | AllToAll | Permute | ReduceScatter | AllReduce
+
+
+@lru_cache(maxsize=4096)
+def permute_sources(t_in: ShardingType, t_out: ShardingType) -> tuple[int, ...]:
+    """For each device, the device whose buffer under ``t_in`` it must hold under ``t_out``.
+
+    Both types must have the same block count in every dim and the same partial axes. A device that already
+    holds its target block is its own source; the others are paired with the remaining holders of their
+    block (same partial coordinates too) in device order, so the result is a permutation.
+    """
+    mesh = t_in.mesh
+
+    def key(t: ShardingType, d: int):
+        return (tuple(t.block_index(i, d) for i in range(t.rank)),
+                tuple(mesh.group_index(d, (a,)) for a in t.partial))
+
+    k_in = [key(t_in, d) for d in range(mesh.size)]
+    k_out = [key(t_out, d) for d in range(mesh.size)]
+    spare: dict = {}
+    for d in range(mesh.size):
+        if k_in[d] != k_out[d]:
+            spare.setdefault(k_in[d], []).append(d)
+    sources = []
+    for d in range(mesh.size):
+        sources.append(d if k_in[d] == k_out[d] else spare[k_out[d]].pop(0))
+    return tuple(sources)

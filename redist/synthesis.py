@@ -1,0 +1,360 @@
+"""Plan synthesis: the cheapest memory-bounded sequence of collectives from one sharding type to another.
+
+Search space. A state is a sharding of the array over *atoms*: the mesh axes, or the pieces of them that
+the source or destination name as sub-axes. Steps act at the minor end of a dim's atom list (a stack):
+``all_slice`` and ``reduce_scatter`` push, ``all_gather`` pops, ``all_to_all`` moves a suffix from one dim to
+another, ``all_reduce`` drops partial atoms, and a ``permute`` swaps two atoms (within a dim, across dims
+with equal sizes, or with an unused atom of the same size), several swaps in a row forming one permute.
+
+Invariant (memory-efficient normal form). Along every plan the local size never rises and then falls
+again: once a step has grown the buffer (an ``all_gather``), no ``all_slice`` or ``reduce_scatter`` follows.
+The local sizes are therefore valley-shaped, and ``peak_bytes == max(src.local_bytes, dst.local_bytes)``.
+Only the atoms the destination places in dims are sliced, and only atoms it does not place are gathered;
+any other slice would have to be gathered again and can only cost more.
+
+Choice. A* over these states, minimising (bytes received, number of steps). Costs are exact integers in
+units of ``1 / mesh.size`` bytes (every ``k`` divides the mesh size). The heuristic ``max(0, L_dst − L)``
+is admissible: buffers grow only through all-gathers, which receive exactly what they add. Sizes of axes are
+arbitrary integers. When no plan exists over the named atoms (an axis must be swapped for a part of another
+of a different size), the search is run again with every atom split into prime factors (Shardy's sub-axes).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from functools import lru_cache
+
+from redist import steps as S
+from redist.bounds import _check_pair
+from redist.errors import ShardingError
+from redist.mesh import Mesh, sub_axis_token
+from redist.plan import Plan
+from redist.types import ShardingType, remove_axes
+
+# Several swaps in a row merge into one permute; a permute needs at most rank + 1 swaps in the cases that
+# matter (reorder a dim, bring atoms in from elsewhere). Bounding the chain keeps the search small.
+_MAX_SWAPS = 3
+_MAX_EXPANSIONS = 200_000
+
+
+@dataclass(frozen=True)
+class _Atoms:
+    """The search alphabet: atom i is sub-axis ``(names[i], pres[i], sizes[i])`` of the mesh."""
+
+    names: tuple[str, ...]
+    pres: tuple[int, ...]
+    sizes: tuple[int, ...]
+    tokens: tuple[str, ...]
+
+    def index_of(self, name: str, pre: int) -> int:
+        for i, (n, p) in enumerate(zip(self.names, self.pres)):
+            if n == name and p == pre:
+                return i
+        raise KeyError((name, pre))
+
+
+def _cut_points(mesh: Mesh, types, refine: bool) -> dict[str, list[int]]:
+    cuts = {n: {1, s} for n, s in mesh.axes}
+    for t in types:
+        for tok in [a for d in t.dims for a in d] + list(t.partial):
+            name, pre, size = mesh.sub_axis(tok)
+            cuts[name] |= {pre, pre * size}
+    out = {}
+    for n, c in cuts.items():
+        pts = sorted(c)
+        if refine:
+            fine = [1]
+            for lo, hi in zip(pts, pts[1:]):
+                for p in _prime_factors(hi // lo):
+                    fine.append(fine[-1] * p)
+            pts = fine
+        out[n] = pts
+    return out
+
+
+def _prime_factors(n: int) -> list[int]:
+    out, p = [], 2
+    while p * p <= n:
+        while n % p == 0:
+            out.append(p)
+            n //= p
+        p += 1
+    return out + ([n] if n > 1 else [])
+
+
+def _atoms(mesh: Mesh, cuts) -> _Atoms:
+    names, pres, sizes, tokens = [], [], [], []
+    for n, full in mesh.axes:
+        pts = cuts[n]
+        for lo, hi in zip(pts, pts[1:]):
+            names.append(n)
+            pres.append(lo)
+            sizes.append(hi // lo)
+            tokens.append(sub_axis_token(n, lo, hi // lo, full))
+    return _Atoms(tuple(names), tuple(pres), tuple(sizes), tuple(tokens))
+
+
+def _expand(mesh: Mesh, atoms: _Atoms, tokens) -> tuple[int, ...]:
+    """The atoms that make up ``tokens`` (each a mesh axis or sub-axis), major to minor."""
+    out = []
+    for tok in tokens:
+        name, pre, size = mesh.sub_axis(tok)
+        i = atoms.index_of(name, pre)
+        while pre < mesh.sub_axis(tok)[1] * size:
+            out.append(i)
+            pre *= atoms.sizes[i]
+            i += 1
+    return tuple(out)
+
+
+def _compress(mesh: Mesh, atoms: _Atoms, run) -> tuple[str, ...]:
+    """Tokens for a list of atoms: adjacent pieces of one axis, in order, merge into one sub-axis."""
+    out: list[list[int]] = []
+    for i in run:
+        if out and atoms.names[out[-1][-1]] == atoms.names[i] and out[-1][-1] + 1 == i:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    toks = []
+    for grp in out:
+        name, pre = atoms.names[grp[0]], atoms.pres[grp[0]]
+        size = 1
+        for i in grp:
+            size *= atoms.sizes[i]
+        toks.append(sub_axis_token(name, pre, size, mesh.axis_size(name)))
+    return tuple(toks)
+
+
+def synthesize(src: ShardingType, dst: ShardingType) -> Plan:
+    """The plan with the fewest bytes received (then the fewest steps) among memory-bounded plans.
+
+    ``plan.peak_bytes <= max(src.local_bytes, dst.local_bytes)`` always holds. Raises
+    :class:`ShardingError` if the types are on different meshes, have different shapes or dtypes, or if the
+    destination is partial over an axis the source is not.
+    """
+    _check_pair(src, dst)
+    return _synthesize(src, dst)
+
+
+@lru_cache(maxsize=1024)
+def _synthesize(src: ShardingType, dst: ShardingType) -> Plan:
+    for refine in (False, True):
+        found = _search(src, dst, refine)
+        if found is not None:
+            return found
+    raise AssertionError(f"no memory-bounded plan found from {src} to {dst}")
+
+
+def _search(src: ShardingType, dst: ShardingType, refine: bool) -> Plan | None:
+    mesh = src.mesh
+    atoms = _atoms(mesh, _cut_points(mesh, (src, dst), refine))
+    sz = atoms.sizes
+    n_atoms = len(sz)
+    shape = src.shape
+    rank = len(shape)
+    scale = mesh.size
+    gbytes = src.global_bytes
+
+    def dims_of(t):
+        return tuple(_expand(mesh, atoms, d) for d in t.dims)
+
+    def mask(ids):
+        m = 0
+        for i in ids:
+            m |= 1 << i
+        return m
+
+    src_dims, dst_dims = dims_of(src), dims_of(dst)
+    src_partial = mask(_expand(mesh, atoms, src.partial))
+    dst_partial = mask(_expand(mesh, atoms, dst.partial))
+    wanted = mask(a for d in dst_dims for a in d)  # atoms the destination places in dims
+    reducible = src_partial & ~dst_partial
+
+    def local_bytes(dims) -> int:
+        k = 1
+        for d in dims:
+            for a in d:
+                k *= sz[a]
+        return gbytes // k
+
+    def blocks(d) -> int:
+        k = 1
+        for a in d:
+            k *= sz[a]
+        return k
+
+    dst_local = local_bytes(dst_dims)
+
+    def h(dims) -> int:
+        return max(0, dst_local - local_bytes(dims)) * scale
+
+    # A state: (dims, partial mask, grown, last move tag). ``last`` lets consecutive slices / gathers /
+    # reduce-scatters on one dim, or consecutive swaps, merge into one step and be charged once.
+    start = (src_dims, src_partial, False, None)
+    goal = (dst_dims, dst_partial)
+    best = {start: (0, 0)}
+    parent: dict = {start: None}
+    heap = [(h(src_dims), 0, 0, 0, start)]
+    tie = 0
+    expansions = 0
+    while heap:
+        f, g, nsteps, _, state = heapq.heappop(heap)
+        if best.get(state) != (g, nsteps):
+            continue
+        dims, partial, grown, last = state
+        if (dims, partial) == goal:
+            return _build(src, dst, mesh, atoms, parent, state)
+        expansions += 1
+        if expansions > _MAX_EXPANSIONS:
+            return None
+        L = local_bytes(dims)
+        used = mask(a for d in dims for a in d)
+        free = ((1 << n_atoms) - 1) & ~used & ~partial
+        local = [shape[i] // blocks(dims[i]) for i in range(rank)]
+        moves = []
+        if not grown:
+            for a in range(n_atoms):
+                if free >> a & 1 and wanted >> a & 1:
+                    for i in range(rank):
+                        # Slices on different dims commute: take them in dim order.
+                        if last and last[0] == "slice" and last[1] > i:
+                            continue
+                        if local[i] % sz[a]:
+                            continue
+                        nd = dims[:i] + (dims[i] + (a,),) + dims[i + 1:]
+                        moves.append((nd, partial, False, ("slice", i), 0, last != ("slice", i), ("slice", i, a)))
+                if reducible >> a & 1 and partial >> a & 1:
+                    for i in range(rank):
+                        if local[i] % sz[a]:
+                            continue
+                        nd = dims[:i] + (dims[i] + (a,),) + dims[i + 1:]
+                        cost = (sz[a] - 1) * L * scale // sz[a]
+                        moves.append((nd, partial & ~(1 << a), False, ("rs", i), cost, last != ("rs", i),
+                                      ("rs", i, a)))
+        for i in range(rank):
+            di = dims[i]
+            for m in range(1, len(di) + 1):
+                suffix = di[len(di) - m:]
+                k = blocks(suffix)
+                for j in range(rank):
+                    if j == i or local[j] % k:
+                        continue
+                    nd = list(dims)
+                    nd[i] = di[: len(di) - m]
+                    nd[j] = dims[j] + suffix
+                    moves.append((tuple(nd), partial, grown, None, (k - 1) * L * scale // k, True,
+                                  ("a2a", i, j, m)))
+                if not (mask(suffix) & wanted):
+                    nd = dims[:i] + (di[: len(di) - m],) + dims[i + 1:]
+                    moves.append((nd, partial, True, ("gather", i), (k - 1) * L * scale, last != ("gather", i),
+                                  ("gather", i, m)))
+        if partial & reducible:
+            k = 1
+            for a in range(n_atoms):
+                if (partial & reducible) >> a & 1:
+                    k *= sz[a]
+            moves.append((dims, partial & ~reducible, grown, None, 2 * (k - 1) * L * scale // k, True, ("ar",)))
+        chain = last[1] if last and last[0] == "swap" else 0
+        if chain < _MAX_SWAPS:
+            tag = ("swap", chain + 1)
+            cost = 0 if chain else L * scale
+            for nd in _swaps(dims, sz, free & wanted):
+                moves.append((nd, partial, grown, tag, cost, not chain, ("swap", nd)))
+        for nd, npartial, ngrown, ntag, cost, new_step, move in moves:
+            nstate = (nd, npartial, ngrown, ntag)
+            ng, ns = g + cost, nsteps + (1 if new_step else 0)
+            old = best.get(nstate)
+            if old is None or (ng, ns) < old:
+                best[nstate] = (ng, ns)
+                parent[nstate] = (state, move)
+                tie += 1
+                heapq.heappush(heap, (ng + h(nd), ng, ns, tie, nstate))
+    return None
+
+
+def _swaps(dims, sz, swappable_free):
+    """Dims after one swap of two atom slots, or of a slot with an unused atom of the same size."""
+    slots = [(i, p) for i, d in enumerate(dims) for p in range(len(d))]
+    for x, (i, p) in enumerate(slots):
+        a = dims[i][p]
+        for j, q in slots[x + 1:]:
+            b = dims[j][q]
+            if i != j and sz[a] != sz[b]:
+                continue
+            nd = [list(d) for d in dims]
+            nd[i][p], nd[j][q] = b, a
+            yield tuple(tuple(d) for d in nd)
+        c = 0
+        free = swappable_free
+        while free:
+            if free & 1 and sz[c] == sz[a]:
+                nd = [list(d) for d in dims]
+                nd[i][p] = c
+                yield tuple(tuple(d) for d in nd)
+            free >>= 1
+            c += 1
+
+
+def _build(src, dst, mesh, atoms, parent, state) -> Plan:
+    """Turn the search path into typed steps; runs of mergeable moves become one step."""
+    moves = []
+    while parent[state] is not None:
+        state, move = parent[state]
+        moves.append((move, state))
+    moves.reverse()
+    steps = []
+    t = src
+    for move, before in moves:
+        dims = before[0]
+        kind = move[0]
+        tok = lambda ids: _compress(mesh, atoms, ids)  # noqa: E731
+        if kind in ("slice", "rs"):
+            _, i, a = move
+            step_cls = S.AllSlice if kind == "slice" else S.ReduceScatter
+            if steps and isinstance(steps[-1], step_cls) and steps[-1].dim == i:
+                prev = steps.pop()
+                t = _undo(steps, src)
+                full = dims[i] + (a,)
+                old = _expand(mesh, atoms, t.dims[i])
+                step = step_cls(i, tok(full[len(old):]))
+            else:
+                step = step_cls(i, tok((a,)))
+        elif kind == "gather":
+            _, i, m = move
+            if steps and isinstance(steps[-1], S.AllGather) and steps[-1].dim == i:
+                steps.pop()
+                t = _undo(steps, src)
+                old = _expand(mesh, atoms, t.dims[i])
+                keep = dims[i][: len(dims[i]) - m]
+                step = S.AllGather(i, tok(old[len(keep):]))
+            else:
+                step = S.AllGather(i, tok(dims[i][len(dims[i]) - m:]))
+        elif kind == "a2a":
+            _, i, j, m = move
+            step = S.AllToAll(i, j, tok(dims[i][len(dims[i]) - m:]))
+        elif kind == "ar":
+            step = S.AllReduce(remove_axes(mesh, t.partial, dst.partial))
+        elif kind == "swap":
+            nd = tuple(tok(d) for d in move[1])
+            if steps and isinstance(steps[-1], S.Permute):
+                steps.pop()
+                t = _undo(steps, src)
+            step = S.Permute(nd)
+        else:
+            raise AssertionError(kind)
+        steps.append(step)
+        t = step.apply(t)
+    types = [src]
+    for s in steps:
+        types.append(s.apply(types[-1]))
+    if types[-1] != dst:
+        raise AssertionError(f"synthesized plan ends at {types[-1]}, not {dst}")
+    return Plan(tuple(steps), tuple(types))
+
+
+def _undo(steps, src):
+    t = src
+    for s in steps:
+        t = s.apply(t)
+    return t

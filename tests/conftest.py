@@ -1,0 +1,6 @@
+"""Test configuration: 8 host devices for JAX, set before JAX is first imported."""
+
+import os
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
