@@ -16,31 +16,34 @@ def shard(t: ShardingType, global_array) -> list[np.ndarray]:
     if x.shape != t.shape:
         raise ShardingError(f"array of shape {x.shape} does not match the type {t}")
     x = x.astype(t.np_dtype, copy=False)
-    return [np.ascontiguousarray(x[t.local_box(d)]) for d in range(t.mesh.size)]
+    return [np.array(x[t.local_box(d)], copy=True) for d in range(t.mesh.size)]
 
 
 def unshard(t: ShardingType, shards) -> np.ndarray:
     """The global array that per-device ``shards`` of type ``t`` represent; partial axes are summed.
 
-    Replicas must agree: if two devices that should hold the same block (and summand) hold different
-    values, this raises :class:`ShardingError` rather than pick one.
+    Each group of devices that differ only in the partial axes contributes the sum of its buffers to its
+    block. Replicas must agree: if two groups that hold the same block disagree, this raises
+    :class:`ShardingError` rather than pick one.
     """
     mesh = t.mesh
     if len(shards) != mesh.size:
         raise ShardingError(f"expected {mesh.size} shards (one per device), got {len(shards)}")
+    for d, x in enumerate(shards):
+        if np.shape(x) != t.local_shape:
+            raise ShardingError(f"shard of device {d} has shape {np.shape(x)}, expected {t.local_shape} for {t}")
     out = np.zeros(t.shape, dtype=t.np_dtype)
     seen: dict = {}
-    for d in range(mesh.size):
-        x = np.asarray(shards[d])
-        if x.shape != t.local_shape:
-            raise ShardingError(f"shard of device {d} has shape {x.shape}, expected {t.local_shape} for {t}")
-        box = t.local_box(d)
-        summand = tuple(mesh.group_index(d, (a,)) for a in t.partial)
-        key = (tuple((s.start, s.stop) for s in box), summand)
+    for group in mesh.groups(t.partial):
+        total = np.asarray(shards[group[0]], dtype=t.np_dtype)
+        for d in group[1:]:
+            total = (total + np.asarray(shards[d], dtype=t.np_dtype)).astype(t.np_dtype)
+        box = t.local_box(group[0])
+        key = tuple((s.start, s.stop) for s in box)
         if key in seen:
-            if not np.array_equal(seen[key], x, equal_nan=x.dtype.kind == "f"):
-                raise ShardingError(f"devices disagree on replicated block {box} of {t} (device {d})")
+            if not np.array_equal(seen[key], total, equal_nan=total.dtype.kind == "f"):
+                raise ShardingError(f"devices disagree on replicated block {box} of {t} (device {group[0]})")
             continue
-        seen[key] = x
-        out[box] = x if not t.partial else out[box] + x
+        seen[key] = total
+        out[box] = total
     return out

@@ -133,6 +133,23 @@ class Mesh:
             r = r * self.axis_size(n) + self.axis_coord(c, n)
         return r
 
+    def groups(self, names: tuple[str, ...]) -> list[list[int]]:
+        """The groups over ``names`` (axes or sub-axes), each listing its devices in rank order.
+
+        A group holds the devices whose coordinates agree outside ``names``; groups come in the order of
+        their lowest device id.
+        """
+        by_key: dict[tuple[int, ...], dict[int, int]] = {}
+        for d in range(self.size):
+            c = self.coords(d)
+            key = dict(c)
+            for a in names:
+                name, pre, size = self.sub_axis(a)
+                stride = dict(self.axes)[name] // (pre * size)
+                key[name] -= self.axis_coord(c, a) * stride
+            by_key.setdefault(tuple(key[n] for n in self.names), {})[self.group_index(d, names)] = d
+        return [[ranks[r] for r in range(len(ranks))] for ranks in by_key.values()]
+
     def __str__(self) -> str:
         return ",".join(f"{n}={s}" for n, s in self.axes)
 

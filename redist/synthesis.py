@@ -15,8 +15,10 @@ any other slice would have to be gathered again and can only cost more.
 Choice. A* over these states, minimising (bytes received, number of steps). Costs are exact integers in
 units of ``1 / mesh.size`` bytes (every ``k`` divides the mesh size). The heuristic ``max(0, L_dst − L)``
 is admissible: buffers grow only through all-gathers, which receive exactly what they add. Sizes of axes are
-arbitrary integers. When no plan exists over the named atoms (an axis must be swapped for a part of another
-of a different size), the search is run again with every atom split into prime factors (Shardy's sub-axes).
+arbitrary integers. When the plan over the named atoms does not meet the lower bound (for a plan without
+reductions, where the bound is tight enough to tell), or no plan exists over
+them (an axis must be swapped for a part of another of a different size), the search is run again with every
+atom split into prime factors (Shardy's sub-axes) and the better plan is kept.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from redist import steps as S
-from redist.bounds import _check_pair
+from redist.bounds import _check_pair, lower_bound_bytes
 from redist.errors import ShardingError
 from redist.mesh import Mesh, sub_axis_token
 from redist.plan import Plan
@@ -139,11 +141,16 @@ def synthesize(src: ShardingType, dst: ShardingType) -> Plan:
 
 @lru_cache(maxsize=1024)
 def _synthesize(src: ShardingType, dst: ShardingType) -> Plan:
-    for refine in (False, True):
-        found = _search(src, dst, refine)
-        if found is not None:
-            return found
-    raise AssertionError(f"no memory-bounded plan found from {src} to {dst}")
+    plan = _search(src, dst, refine=False)
+    reduces = set(src.partial) != set(dst.partial)
+    if plan is not None and (reduces or plan.bytes_received == lower_bound_bytes(src, dst)):
+        return plan
+    # Sub-axes can help (or be needed): search again over prime-sized atoms, keep the better plan.
+    finer = _search(src, dst, refine=True)
+    if finer is None and plan is None:
+        raise AssertionError(f"no memory-bounded plan found from {src} to {dst}")
+    candidates = [p for p in (plan, finer) if p is not None]
+    return min(candidates, key=lambda p: (p.bytes_received, len(p.steps)))
 
 
 def _search(src: ShardingType, dst: ShardingType, refine: bool) -> Plan | None:

@@ -8,27 +8,6 @@ from redist import program as P
 from redist.errors import ShardingError
 
 
-def _groups(mesh, axes):
-    """Map each device to (its group's key, its rank); groups agree on all coordinates outside ``axes``."""
-    members: dict = {}
-    for d in range(mesh.size):
-        c = mesh.coords(d)
-        # The key is the device's coordinates with the group's own coordinates zeroed out, expressed as the
-        # device id of the group's rank-0 member; enumerating ranks recovers the members in rank order.
-        members.setdefault(_group_key(mesh, c, axes), {})[mesh.group_index(d, axes)] = d
-    return {key: [ranks[r] for r in range(len(ranks))] for key, ranks in members.items()}
-
-
-def _group_key(mesh, coords, axes):
-    key = dict(coords)
-    for a in axes:
-        name, pre, size = mesh.sub_axis(a)
-        full = mesh.axis_size(name)
-        stride = full // (pre * size)
-        key[name] -= ((key[name] // stride) % size) * stride
-    return tuple(key[n] for n in mesh.names)
-
-
 def _chunks(x, dim, k):
     n = x.shape[dim]
     if n % k:
@@ -54,7 +33,7 @@ def _step(mesh, ins, bufs):
     out = list(bufs)
     if isinstance(ins, P.CollectivePermute):
         return [bufs[s].copy() if s != d else bufs[d] for d, s in enumerate(ins.sources)]
-    for group in _groups(mesh, ins.axes).values():
+    for group in mesh.groups(ins.axes):
         k = len(group)
         xs = [bufs[d] for d in group]
         if isinstance(ins, P.Slice):

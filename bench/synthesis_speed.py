@@ -1,0 +1,87 @@
+"""Synthesis speed and plan quality over random pairs.
+
+Method: ``--cases`` seeded random (source, destination) pairs (meshes of 1-4 axes with sizes in
+{1, 2, 3, 4, 5, 6, 8} and at most 64 devices, ranks 0-4, partial sources included). Each pair is synthesized
+once with every cache cleared first, timed with ``time.perf_counter``; the median is reported. Quality: for
+pairs without a reduction (the lower bound is exact there), how often ``bytes_received`` equals
+``lower_bound_bytes``, and the geometric mean and maximum of their ratio over pairs with a non-zero bound.
+Target: median synthesis time <= 1 ms on this machine.
+
+    python bench/synthesis_speed.py [--cases 600] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import redist  # noqa: E402
+from redist import steps, synthesis  # noqa: E402
+from bench.random_pairs import random_pair  # noqa: E402
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "synthesis_speed.json")
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", type=int, default=600)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    rng = random.Random(args.seed)
+    times, ratios, rows = [], [], []
+    equal = exact_cases = 0
+    for _ in range(args.cases):
+        src, dst = random_pair(rng)
+        synthesis._synthesize.cache_clear()
+        steps.permute_sources.cache_clear()
+        t0 = time.perf_counter()
+        plan = redist.synthesize(src, dst)
+        times.append(time.perf_counter() - t0)
+        assert plan.peak_bytes <= max(src.local_bytes, dst.local_bytes)
+        lb = redist.lower_bound_bytes(src, dst)
+        assert plan.bytes_received >= lb
+        reduces = set(src.partial) != set(dst.partial)
+        if not reduces:
+            exact_cases += 1
+            equal += plan.bytes_received == lb
+            if lb:
+                ratios.append(plan.bytes_received / lb)
+        rows.append({"mesh": str(src.mesh), "src": str(src), "dst": str(dst), "steps": len(plan.steps),
+                     "bytes_received": plan.bytes_received, "lower_bound": lb, "seconds": times[-1]})
+    summary = {
+        "cases": args.cases,
+        "seed": args.seed,
+        "median_ms": statistics.median(times) * 1e3,
+        "p90_ms": sorted(times)[int(0.9 * len(times))] * 1e3,
+        "max_ms": max(times) * 1e3,
+        "pairs_without_reduction": exact_cases,
+        "at_lower_bound": equal,
+        "ratio_geomean": math.exp(statistics.fmean(map(math.log, ratios))) if ratios else 1.0,
+        "ratio_max": max(ratios, default=1.0),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+    }
+    print(f"{'cases':<32}{summary['cases']}")
+    print(f"{'synthesis median / p90 / max':<32}{summary['median_ms']:.3f} / {summary['p90_ms']:.2f} / "
+          f"{summary['max_ms']:.1f} ms   (target: median <= 1 ms)")
+    print(f"{'pairs without reduction':<32}{exact_cases}")
+    print(f"{'  bytes == lower bound':<32}{equal} ({100 * equal / max(1, exact_cases):.1f}%)")
+    print(f"{'  bytes / bound, geomean':<32}{summary['ratio_geomean']:.3f}")
+    print(f"{'  bytes / bound, max':<32}{summary['ratio_max']:.3f}")
+    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
+    with open(RESULTS, "w") as f:
+        json.dump({"summary": summary, "cases": rows}, f, indent=1)
+    print(f"wrote {os.path.relpath(RESULTS)}")
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,5 @@
+import sys
+
+from redist.cli import main
+
+sys.exit(main())

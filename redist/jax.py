@@ -1,0 +1,258 @@
+"""The JAX runtime: run a synthesized plan with ``jax.shard_map`` collectives (SPEC section 5).
+
+    y = redist.jax.reshard(x, NamedSharding(mesh, P(None, ("x", "y"))))
+
+Devices. Device id ``d`` of the redist mesh is position ``d`` of ``jax_mesh.devices`` in row-major order
+(``jax_mesh.devices.flat[d]``), whatever the JAX ``device.id`` there is. Everything here works in mesh
+positions (``lax.axis_index``), exactly as ``NamedSharding`` does, so a mesh whose devices are in any order
+is handled correctly; only comparisons with per-``device.id`` lists assume the usual order
+``np.array(jax.devices()[:n]).reshape(shape)``.
+
+Sub-axes. A program may name sub-axes ``y:(pre)size``. JAX collectives need real axis names, so the plan
+runs on a *refined* mesh: the same devices in the same order, every axis split at the boundaries the
+program's tokens use (splitting an axis of a row-major device array into factors keeps the order). A
+piece of axis ``y`` is named by its token, e.g. ``"y:(1)2"``; an axis that is not split keeps its name. The
+names contain ``:`` and so never clash with a mesh axis name (those are identifiers).
+
+Group order. A multi-axis collective over ``("c", "a")`` ranks its members row-major over the tuple as
+given, which is ``Mesh.group_index``; ``tests/test_jax_backend.py`` checks this.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache, partial
+from typing import Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from redist import program as P
+from redist.errors import ShardingError
+from redist.mesh import Mesh, sub_axis_token
+from redist.synthesis import synthesize
+from redist.types import ShardingType
+
+__all__ = ["reshard", "run_program", "refined_axis_names", "refine_mesh", "redist_mesh", "sharding_type"]
+
+
+# ---------------------------------------------------------------------- meshes and axis names
+def redist_mesh(jax_mesh) -> Mesh:
+    """The redist mesh with the axes (names, sizes, order) of a JAX mesh."""
+    try:
+        return Mesh(tuple(zip(jax_mesh.axis_names, jax_mesh.axis_sizes)))
+    except ShardingError as e:
+        raise ShardingError(f"the JAX mesh {jax_mesh} cannot be used by redist: {e}") from None
+
+
+def _pieces(mesh: Mesh, tokens) -> dict[str, list[tuple[int, int]]]:
+    """Per mesh axis, its factor ranges ``[lo, hi)`` (major to minor) after splitting at every token's ends."""
+    cuts = {n: {1, s} for n, s in mesh.axes}
+    for tok in tokens:
+        name, pre, size = mesh.sub_axis(tok)
+        cuts[name] |= {pre, pre * size}
+    return {n: list(zip(sorted(c), sorted(c)[1:])) for n, c in cuts.items()}
+
+
+def refined_axis_names(mesh: Mesh, tokens) -> dict[str, tuple[str, ...]]:
+    """Map every mesh axis name and every token in ``tokens`` to the refined JAX axis names it covers.
+
+    The refined mesh splits each axis at the boundaries ``tokens`` use; a piece is named by its own token
+    (``"y:(2)2"``), an unsplit axis keeps its name. A token covers the pieces inside it, major to minor.
+    """
+    pieces = _pieces(mesh, tokens)
+    full = dict(mesh.axes)
+    piece_names = {n: [(lo, hi, n if len(ps) == 1 else sub_axis_token(n, lo, hi // lo, full[n])) for lo, hi in ps]
+                   for n, ps in pieces.items()}
+    out = {n: tuple(p[2] for p in ps) for n, ps in piece_names.items()}
+    for tok in tokens:
+        name, pre, size = mesh.sub_axis(tok)
+        out[tok] = tuple(p for lo, hi, p in piece_names[name] if pre <= lo and hi <= pre * size)
+    return out
+
+
+def refine_mesh(jax_mesh, tokens):
+    """``(refined JAX mesh, names)``: ``jax_mesh`` with its axes split for ``tokens`` (same devices, same
+    order) and the token → refined-axis-names map of :func:`refined_axis_names`."""
+    mesh = redist_mesh(jax_mesh)
+    names = refined_axis_names(mesh, tokens)
+    pieces = _pieces(mesh, tokens)
+    axis_names = tuple(p for n in mesh.names for p in names[n])
+    shape = tuple(hi // lo for n in mesh.names for lo, hi in pieces[n])
+    if axis_names == tuple(jax_mesh.axis_names):
+        return jax_mesh, names
+    # Each piece keeps its axis's type (Auto / Explicit).
+    types = tuple(t for n, t in zip(mesh.names, jax_mesh.axis_types) for _ in pieces[n])
+    return jax.sharding.Mesh(jax_mesh.devices.reshape(shape), axis_names, axis_types=types), names
+
+
+def _spec(dims, names: Mapping[str, tuple[str, ...]]) -> PartitionSpec:
+    """The PartitionSpec on the refined mesh of per-dim token lists."""
+    out = []
+    for d in dims:
+        axes = tuple(a for tok in d for a in names[tok])
+        out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+    return PartitionSpec(*out)
+
+
+# ---------------------------------------------------------------------- the interpreter
+def run_program(program: P.Program, x, axis_names: Mapping[str, tuple[str, ...]] | None = None):
+    """Run ``program`` on this device's buffer ``x``; call it inside ``jax.shard_map`` (per-device view).
+
+    The shard_map's mesh must be the refined mesh of :func:`refine_mesh` for ``program.axis_tokens()``
+    (or the JAX mesh itself when the program names no sub-axes), all of its axes manual. ``axis_names``
+    maps each token and mesh axis name to refined JAX axis names; by default
+    ``refined_axis_names(program.mesh, program.axis_tokens())``. Returns the buffer of shape
+    ``program.shapes[-1]``. Pending sums of ``bool`` buffers are logical or (as in the numpy backend).
+    """
+    mesh = program.mesh
+    names = axis_names if axis_names is not None else refined_axis_names(mesh, program.axis_tokens())
+
+    def jaxes(tokens):
+        return tuple(a for tok in tokens for a in names[tok])
+
+    if tuple(x.shape) != tuple(program.shapes[0]):
+        raise ShardingError(f"local buffer has shape {tuple(x.shape)}, the program expects {program.shapes[0]}")
+    for ins in program.instructions:
+        if isinstance(ins, P.CollectivePermute):
+            x = _permute(mesh, ins, x, jaxes(mesh.names))
+            continue
+        axes = jaxes(ins.axes)
+        if isinstance(ins, P.Slice):
+            k = mesh.group_size(ins.axes)
+            n = x.shape[ins.dim] // k
+            x = lax.dynamic_slice_in_dim(x, lax.axis_index(axes) * n, n, axis=ins.dim)
+        elif isinstance(ins, P.AllGather):
+            x = lax.all_gather(x, axes, axis=ins.dim, tiled=True)
+        elif isinstance(ins, P.AllToAll):
+            x = lax.all_to_all(x, axes, ins.split_dim, ins.concat_dim, tiled=True)
+        elif isinstance(ins, P.ReduceScatter):
+            x = _summed(lambda v: lax.psum_scatter(v, axes, scatter_dimension=ins.dim, tiled=True), x)
+        elif isinstance(ins, P.AllReduce):
+            x = _summed(lambda v: lax.psum(v, axes), x)
+        else:
+            raise TypeError(f"unknown instruction {ins!r}")
+    return x
+
+
+def _summed(op, x):
+    if x.dtype == jnp.bool_:
+        return op(x.astype(jnp.int32)) != 0
+    return op(x)
+
+
+def _permute(mesh: Mesh, ins: P.CollectivePermute, x, all_axes):
+    """Device d gets device ``sources[d]``'s buffer; ppermute indexes devices linearly over all axes in
+    mesh order, which is the device id. Devices that receive nothing keep their own buffer."""
+    pairs = ins.pairs()
+    if not pairs:
+        return x
+    moved = lax.ppermute(x, all_axes, perm=pairs)
+    receives = jnp.asarray(np.array([s != d for d, s in enumerate(ins.sources)]))
+    return jnp.where(receives[lax.axis_index(all_axes)], moved, x)
+
+
+# ---------------------------------------------------------------------- reshard
+def sharding_type(shape, dtype, sharding, mesh: Mesh | None = None) -> ShardingType:
+    """The redist type of an array of ``shape``/``dtype`` laid out by a ``NamedSharding``.
+
+    Missing spec entries and ``None`` or ``UNCONSTRAINED`` entries replicate; unreduced axes are rejected.
+    """
+    if not isinstance(sharding, NamedSharding):
+        raise ShardingError(f"redist.jax needs a NamedSharding, got {type(sharding).__name__}: {sharding}")
+    spec = sharding.spec
+    if getattr(spec, "unreduced", None) or getattr(spec, "reduced", None):
+        raise ShardingError(f"partition spec {spec} has unreduced/reduced axes; redist.jax does not take them")
+    entries = tuple(None if e is PartitionSpec.UNCONSTRAINED else e for e in spec)
+    return ShardingType.from_partition_spec(
+        tuple(shape), dtype, entries, mesh if mesh is not None else redist_mesh(sharding.mesh))
+
+
+def _same_mesh(a, b) -> bool:
+    """Equal meshes; a traced array may only carry the abstract mesh, which is then compared."""
+    if a == b:
+        return True
+    abstract = (jax.sharding.AbstractMesh,)
+    if isinstance(a, abstract) or isinstance(b, abstract):
+        return getattr(a, "abstract_mesh", a) == getattr(b, "abstract_mesh", b)
+    return False
+
+
+def reshard(x, sharding, *, src=None):
+    """Return ``x`` laid out as ``sharding`` (a ``NamedSharding``), moved by a synthesized plan.
+
+    ``x`` is a ``jax.Array`` with a ``NamedSharding`` on the same mesh, or a tracer under ``jax.jit``. The plan
+    runs as ``jax.shard_map`` collectives on the devices; nothing goes through the host. The result's
+    ``.sharding`` is ``sharding``.
+
+    Under ``jax.jit`` a tracer has no ``.sharding``; the source layout is taken from
+    ``jax.typeof(x).sharding`` when every mesh axis is ``Explicit``. With ``Auto`` axes (JAX's default)
+    the layout is not known while tracing, so pass it as ``src`` (a ``NamedSharding`` or ``PartitionSpec``);
+    if the real layout differs, XLA moves the data to ``src`` first (correct, but not by redist's plan).
+    Limitation: under ``jax.jit`` inside a ``jax.set_mesh`` context, a plan that needs sub-axes fails in JAX
+    (the refined mesh is not the context mesh); outside such a context, and eagerly, it works.
+
+    Raises :class:`ShardingError` if ``sharding`` (or ``x``'s sharding) is not a ``NamedSharding``, the meshes
+    differ, or the shape does not fit the shardings (an unknown axis, too many spec entries, a dim that does
+    not divide).
+    """
+    if not isinstance(sharding, NamedSharding):
+        raise ShardingError(f"reshard needs a NamedSharding as the target, got {type(sharding).__name__}")
+    jmesh = sharding.mesh
+    if not isinstance(jmesh, jax.sharding.Mesh):
+        raise ShardingError(f"the target sharding's mesh must be a concrete jax.sharding.Mesh, got {jmesh}")
+    traced = isinstance(x, jax.core.Tracer)
+    if src is None:
+        if not traced:
+            src = getattr(x, "sharding", None)
+        else:
+            src = jax.typeof(x).sharding
+            types = getattr(src.mesh, "axis_types", ())
+            if not isinstance(src, NamedSharding) or any(t != jax.sharding.AxisType.Explicit for t in types):
+                raise ShardingError(
+                    "under jax.jit the source layout of a traced array is not known (mesh axes are not "
+                    "Explicit); pass it as reshard(x, sharding, src=NamedSharding(...) or PartitionSpec(...))")
+    elif isinstance(src, PartitionSpec):
+        src = NamedSharding(jmesh, src)
+    if not isinstance(src, NamedSharding):
+        raise ShardingError(f"the array's sharding must be a NamedSharding, got {type(src).__name__}: {src}")
+    if not _same_mesh(src.mesh, jmesh):
+        raise ShardingError(f"the array is on mesh {src.mesh} but the target sharding on mesh {jmesh}; "
+                            "reshard moves data within one mesh")
+    mesh = redist_mesh(jmesh)
+    try:
+        dtype = np.dtype(x.dtype)
+    except TypeError:
+        raise ShardingError(f"unsupported dtype {x.dtype}") from None
+    src_t = sharding_type(x.shape, dtype, src, mesh)
+    dst_t = sharding_type(x.shape, dtype, sharding, mesh)
+    fn = _shard_mapped(src_t, dst_t, jmesh)
+    if not traced:
+        return _jitted(src_t, dst_t, jmesh, sharding)(x)
+    # The shard_map's result is laid out on the refined mesh, element for element as ``sharding`` says;
+    # restating it on the original mesh moves no data (it only changes the type).
+    y = fn(x)
+    if any(t == jax.sharding.AxisType.Explicit for t in jmesh.axis_types):
+        return jax.sharding.reshard(y, sharding)
+    return lax.with_sharding_constraint(y, sharding)
+
+
+@lru_cache(maxsize=256)
+def _shard_mapped(src_t: ShardingType, dst_t: ShardingType, jmesh):
+    """The plan from ``src_t`` to ``dst_t`` as a shard_map over the refined mesh of ``jmesh``."""
+    program = synthesize(src_t, dst_t).program
+    refined, names = refine_mesh(jmesh, program.axis_tokens())
+    return jax.shard_map(
+        partial(run_program, program, axis_names=names),
+        mesh=refined,
+        in_specs=_spec(src_t.dims, names),
+        out_specs=_spec(dst_t.dims, names),
+        check_vma=False,
+    )
+
+
+@lru_cache(maxsize=256)
+def _jitted(src_t, dst_t, jmesh, sharding):
+    return jax.jit(_shard_mapped(src_t, dst_t, jmesh), out_shardings=sharding)

@@ -1,0 +1,78 @@
+"""Hypothesis strategies that build valid meshes, sharding types and (source, destination) pairs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import strategies as st
+
+import redist
+
+AXIS_SIZES = [1, 2, 3, 4, 5, 6, 8]
+
+
+@st.composite
+def meshes(draw, max_axes=4, max_devices=64):
+    n = draw(st.integers(1, max_axes))
+    sizes = []
+    for _ in range(n):
+        budget = max_devices // max(1, math.prod(sizes))
+        sizes.append(draw(st.sampled_from([s for s in AXIS_SIZES if s <= budget] or [1])))
+    return redist.Mesh({f"a{i}": s for i, s in enumerate(sizes)})
+
+
+@st.composite
+def layouts(draw, mesh, rank, partial=True):
+    """Per-dim axis lists and partial axes: every axis goes to one dim, to partial, or nowhere."""
+    dims = [[] for _ in range(rank)]
+    part = []
+    order = draw(st.permutations(mesh.names))
+    for a in order:
+        choice = draw(st.integers(0, rank + 1))
+        if choice < rank:
+            dims[choice].append(a)
+        elif choice == rank and partial:
+            part.append(a)
+    return tuple(map(tuple, dims)), tuple(part)
+
+
+@st.composite
+def type_pairs(draw, mesh=None, max_rank=4, partial=True, dtype="f32"):
+    """A (source, destination) pair on one mesh with a common shape; the destination's partial axes are a
+    subset of the source's."""
+    mesh = mesh or draw(meshes())
+    rank = draw(st.integers(0, max_rank))
+    d1, p1 = draw(layouts(mesh, rank, partial))
+    d2, _ = draw(layouts(mesh, rank, partial=False))
+    free = [a for a in p1 if all(a not in d for d in d2)]
+    p2 = tuple(a for a in free if draw(st.booleans()))
+    shape = []
+    for i in range(rank):
+        k = math.lcm(mesh.group_size(d1[i]), mesh.group_size(d2[i]))
+        shape.append(k * draw(st.sampled_from([1, 1, 2, 3])))
+    src = redist.ShardingType(mesh, tuple(shape), dtype, d1, p1)
+    dst = redist.ShardingType(mesh, tuple(shape), dtype, d2, p2)
+    return src, dst
+
+
+def summands(t: redist.ShardingType, value: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
+    """Per-device buffers of the partial type ``t`` whose group sums are ``value``'s blocks.
+
+    Every summand is a random small integer, except one per group that makes the sum right, so that float
+    sums are exact and a plan that drops, doubles or misplaces a summand is caught.
+    """
+    whole = redist.shard(t.replace(partial=()), value)
+    if not t.partial:
+        return whole
+    mesh = t.mesh
+    bufs = [rng.integers(-4, 5, size=x.shape).astype(x.dtype) for x in whole]
+    groups: dict = {}
+    for d in range(mesh.size):
+        key = tuple(mesh.coords(d)[n] for n in mesh.names if n not in t.partial)
+        groups.setdefault(key, []).append(d)
+    for members in groups.values():
+        first, rest = members[0], members[1:]
+        bufs[first] = (whole[first] - sum((bufs[d] for d in rest), np.zeros_like(whole[first]))).astype(
+            whole[first].dtype)
+    return bufs

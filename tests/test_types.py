@@ -1,0 +1,125 @@
+"""Meshes and sharding types: the text form, sizes, JAX interop, and every invalid input."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import redist
+from redist import Mesh, ShardingError, ShardingType
+from tests.strategies import meshes, type_pairs
+
+MESH = Mesh({"x": 2, "y": 4, "z": 3})
+
+
+def test_mesh_numbering_is_row_major():
+    import numpy as np
+
+    ids = np.arange(MESH.size).reshape(MESH.shape)
+    for d in range(MESH.size):
+        c = MESH.coords(d)
+        assert ids[c["x"], c["y"], c["z"]] == d
+        assert MESH.device(c) == d
+    assert MESH.names == ("x", "y", "z") and MESH.shape == (2, 4, 3) and MESH.size == 24
+    assert Mesh.parse(" x = 2 , y=4,z=3") == MESH
+
+
+def test_parse_print_and_sizes():
+    t = ShardingType.parse("f32[ 1024{x}, 48{y, z} ] partial { }", MESH)
+    assert str(t) == "f32[1024{x}, 48{y,z}]"
+    assert t.dims == (("x",), ("y", "z")) and t.partial == ()
+    assert t.local_shape == (512, 4) and t.local_bytes == 512 * 4 * 4
+    p = ShardingType.parse("bf16[8, 12{z}] partial{y,x}", MESH)
+    assert p.partial == ("x", "y") and str(p) == "bf16[8, 12{z}] partial{x,y}"
+    s = ShardingType.parse("f32[]", MESH)
+    assert s.shape == () and s.local_bytes == 4 and str(s) == "f32[]"
+
+
+def test_block_layout_follows_the_spec():
+    t = ShardingType.parse("i32[24{y,z}]", MESH)
+    # block b = c[y] * 3 + c[z], L = 24 / 12 = 2
+    for d in range(MESH.size):
+        c = MESH.coords(d)
+        b = c["y"] * 3 + c["z"]
+        assert t.local_box(d) == (slice(2 * b, 2 * b + 2),)
+
+
+@given(type_pairs())
+@settings(max_examples=150, deadline=None)
+def test_text_round_trip(pair):
+    for t in pair:
+        assert ShardingType.parse(str(t), t.mesh) == t
+        assert ShardingType.parse(" ".join(str(t)), t.mesh) == t
+
+
+def test_partition_spec_round_trip():
+    from jax.sharding import PartitionSpec as P
+
+    t = ShardingType.from_partition_spec((8, 12, 6), "f32", P(("x", "y"), None, "z"), MESH)
+    assert str(t) == "f32[8{x,y}, 12, 6{z}]"
+    assert t.partition_spec() == P(("x", "y"), None, "z")
+    assert ShardingType.from_partition_spec((8, 12), "f32", (None, "y"), MESH).dims == ((), ("y",))
+    assert ShardingType.from_partition_spec((8, 12), "f32", P("x"), MESH).dims == (("x",), ())
+
+
+def test_sub_axes_are_canonical():
+    mesh = Mesh({"x": 2, "y": 4})
+    t = ShardingType.parse("f32[8{y:(1)2, y:(2)2}]", mesh)
+    assert t.dims == (("y",),) and str(t) == "f32[8{y}]"
+    u = ShardingType.parse("f32[8{x, y:(2)2}]", mesh)
+    assert u.local_shape == (2,)
+    with pytest.raises(ShardingError, match="used twice"):
+        ShardingType.parse("f32[8{y}, 4{y:(2)2}]", mesh)
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("f32[8{q}]", "unknown mesh axis 'q'"),
+        ("f32[8{x}, 8{x}]", "used twice"),
+        ("f32[8{x}] partial{x}", "used twice"),
+        ("f48[8]", "unknown dtype 'f48'"),
+        ("f32[8", "cannot read sharding type"),
+        ("f32[8]]", "cannot read sharding type"),
+        ("f32[-8]", "cannot read dim 0|sizes are integers"),
+        ("f32[8{x}{y}]", "cannot read dim 0"),
+        ("f32[8{x,}]", "empty axis name"),
+        ("f32[abc]", "cannot read dim 0"),
+        ("f32[9{x}]", "dim 0 of size 9 does not divide over axes {x}"),
+        ("f32[8] partial{x,x}", "listed twice"),
+        ("f32[8{y:(3)2}]", "does not fit mesh axis 'y'"),
+        ("", "cannot read sharding type"),
+    ],
+)
+def test_invalid_types_raise(text, match):
+    with pytest.raises(ShardingError, match=match):
+        ShardingType.parse(text, MESH)
+
+
+@pytest.mark.parametrize(
+    "build, match",
+    [
+        (lambda: Mesh({"x": 0}), "sizes are integers >= 1"),
+        (lambda: Mesh({"x": 2.5}), "sizes are integers >= 1"),
+        (lambda: Mesh({"1x": 2}), "not an identifier"),
+        (lambda: Mesh.parse("x=2,x=3"), "named twice"),
+        (lambda: Mesh.parse("x:2"), "expected NAME=SIZE"),
+        (lambda: ShardingType(MESH, (-1,), "f32", ((),)), "sizes are integers >= 0"),
+        (lambda: ShardingType(MESH, (4,), "complex64", ((),)), "unsupported dtype"),
+        (lambda: ShardingType(MESH, (4, 4), "f32", ((),)), "2 dims in the shape but 1"),
+        (lambda: ShardingType.from_partition_spec((4,), "f32", ("x", "y"), MESH), "2 entries for a rank-1"),
+    ],
+)
+def test_invalid_meshes_and_constructions_raise(build, match):
+    with pytest.raises(ShardingError, match=match):
+        build()
+
+
+def test_sharding_error_is_a_value_error():
+    assert issubclass(ShardingError, ValueError)
+    assert redist.ShardingError is ShardingError
+
+
+@given(meshes())
+def test_random_meshes_number_devices_row_major(mesh):
+    for d in range(mesh.size):
+        assert mesh.device(mesh.coords(d)) == d
