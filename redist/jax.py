@@ -185,7 +185,8 @@ def reshard(x, sharding, *, src=None):
 
     ``x`` is a ``jax.Array`` with a ``NamedSharding`` on the same mesh, or a tracer under ``jax.jit``. The plan
     runs as ``jax.shard_map`` collectives on the devices; nothing goes through the host. The result's
-    ``.sharding`` is ``sharding``.
+    ``.sharding`` is ``sharding`` (``UNCONSTRAINED`` spec entries are taken as replicated and come back as
+    ``None``; under ``jax.jit`` JAX may drop trailing ``None`` entries, an equivalent sharding).
 
     Under ``jax.jit`` a tracer has no ``.sharding``; the source layout is taken from
     ``jax.typeof(x).sharding`` when every mesh axis is ``Explicit``. With ``Auto`` axes (JAX's default)
@@ -228,6 +229,9 @@ def reshard(x, sharding, *, src=None):
         raise ShardingError(f"unsupported dtype {x.dtype}") from None
     src_t = sharding_type(x.shape, dtype, src, mesh)
     dst_t = sharding_type(x.shape, dtype, sharding, mesh)
+    if any(e is PartitionSpec.UNCONSTRAINED for e in sharding.spec):
+        sharding = NamedSharding(jmesh, PartitionSpec(
+            *(None if e is PartitionSpec.UNCONSTRAINED else e for e in sharding.spec)))
     fn = _shard_mapped(src_t, dst_t, jmesh)
     if not traced:
         return _jitted(src_t, dst_t, jmesh, sharding)(x)
@@ -244,13 +248,19 @@ def _shard_mapped(src_t: ShardingType, dst_t: ShardingType, jmesh):
     """The plan from ``src_t`` to ``dst_t`` as a shard_map over the refined mesh of ``jmesh``."""
     program = synthesize(src_t, dst_t).program
     refined, names = refine_mesh(jmesh, program.axis_tokens())
-    return jax.shard_map(
+    in_spec = _spec(src_t.dims, names)
+    mapped = jax.shard_map(
         partial(run_program, program, axis_names=names),
         mesh=refined,
-        in_specs=_spec(src_t.dims, names),
+        in_specs=in_spec,
         out_specs=_spec(dst_t.dims, names),
         check_vma=False,
     )
+    if refined is jmesh or not any(t == jax.sharding.AxisType.Explicit for t in jmesh.axis_types):
+        return mapped
+    # With Explicit axes the array's type names its mesh: restate it on the refined mesh first (the same
+    # layout, so no data moves).
+    return lambda x: mapped(jax.sharding.reshard(x, NamedSharding(refined, in_spec)))
 
 
 @lru_cache(maxsize=256)

@@ -1,0 +1,319 @@
+"""The JAX runtime (redist.jax): reshard equals its input, agrees with the numpy backend, and never uses the host."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import redist
+from redist import program as P
+from redist.backends import numpy_backend
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+from jax.sharding import AxisType, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as PS  # noqa: E402
+
+import redist.jax as rj  # noqa: E402
+
+if len(jax.devices()) < 8:
+    pytest.skip("needs 8 JAX devices (tests/conftest.py sets XLA_FLAGS)", allow_module_level=True)
+
+
+def jmesh(shape, names, devices=None, **kw):
+    devs = np.array(devices if devices is not None else jax.devices()[: math.prod(shape)])
+    return jax.sharding.Mesh(devs.reshape(shape), names, **kw)
+
+
+def placed(a, mesh, spec):
+    return jax.device_put(a, NamedSharding(mesh, spec))
+
+
+def shards_by_position(y, mesh):
+    """Local buffers in redist device order: position in the JAX mesh's device array."""
+    by_dev = {s.device: np.asarray(s.data) for s in y.addressable_shards}
+    return [by_dev[d] for d in mesh.devices.flat]
+
+
+def global_array(shape, dtype=np.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    if np.dtype(dtype) == np.bool_:
+        return rng.integers(0, 2, size=shape).astype(bool)
+    return rng.integers(-100, 100, size=shape).astype(dtype)
+
+
+# ---------------------------------------------------------------------- classic cases
+CLASSIC = [
+    # (mesh shape, names, array shape, src spec, dst spec)
+    ((8,), ("x",), (16, 8), PS("x"), PS(None, "x")),                       # 1 axis: transpose of a sharded dim
+    ((8,), ("x",), (16,), PS("x"), PS()),                                   # gather
+    ((8,), ("x",), (16, 8), PS(), PS(None, "x")),                            # slice
+    ((2, 4), ("x", "y"), (8, 8), PS("x", "y"), PS("y", "x")),               # swap two axes across dims
+    ((2, 4), ("x", "y"), (16,), PS(("x", "y")), PS(("y", "x"))),            # reorder axes within a dim
+    ((2, 4), ("x", "y"), (4,), PS("x"), PS("y")),                           # needs sub-axes
+    ((2, 4), ("x", "y"), (8, 4), PS(("x", "y")), PS(None, "y")),            # gather + all-to-all
+    ((4, 2), ("x", "y"), (4, 8, 4), PS("y", None, "x"), PS(None, ("x", "y"), None)),  # jax-ml/jax#21562
+    ((2, 2, 2), ("x", "y", "z"), (8, 4, 2), PS("x", "y", "z"), PS(("z", "y", "x"))),
+    ((2, 2, 2), ("x", "y", "z"), (4, 4), PS(("x", "z"), "y"), PS("y", ("z", "x"))),
+    ((2, 2, 2), ("a", "b", "c"), (8,), PS(("a", "b", "c")), PS(("c", "b", "a"))),
+    ((2, 2, 2), ("x", "y", "z"), (), PS(), PS()),                            # scalar
+    ((1, 8), ("u", "v"), (8, 2), PS("v", "u"), PS(("u", "v"))),              # size-1 axis
+]
+
+
+@pytest.mark.parametrize("mesh_shape,names,shape,src,dst", CLASSIC)
+def test_classic_cases(mesh_shape, names, shape, src, dst):
+    mesh = jmesh(mesh_shape, names)
+    a = global_array(shape, seed=len(shape))
+    x = placed(a, mesh, src)
+    target = NamedSharding(mesh, dst)
+    with jax.transfer_guard("disallow"):
+        y = rj.reshard(x, target)
+    assert y.sharding == target
+    np.testing.assert_array_equal(np.asarray(y), a)
+    # Every device holds exactly its block of the destination.
+    t = rj.sharding_type(shape, a.dtype, target)
+    for want, got in zip(redist.shard(t, a), shards_by_position(y, mesh)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_sub_axis_case_uses_sub_axes():
+    mesh = jmesh((2, 4), ("x", "y"))
+    a = np.arange(4, dtype=np.float32)
+    src = rj.sharding_type(a.shape, a.dtype, NamedSharding(mesh, PS("x")))
+    dst = rj.sharding_type(a.shape, a.dtype, NamedSharding(mesh, PS("y")))
+    tokens = redist.synthesize(src, dst).program.axis_tokens()
+    assert any(":" in t for t in tokens), tokens
+    refined, names = rj.refine_mesh(mesh, tokens)
+    assert refined.devices.flatten().tolist() == mesh.devices.flatten().tolist()
+    assert names["y"] == tuple(a for a in refined.axis_names if a.startswith("y"))
+    y = rj.reshard(placed(a, mesh, PS("x")), NamedSharding(mesh, PS("y")))
+    np.testing.assert_array_equal(np.asarray(y), a)
+
+
+def test_dtypes_and_unconstrained_and_short_specs():
+    mesh = jmesh((2, 4), ("x", "y"))
+    for dtype in (np.int32, np.bool_, jnp.bfloat16, np.int8):
+        a = global_array((8, 4), dtype)
+        y = rj.reshard(placed(a, mesh, PS("y")), NamedSharding(mesh, PS(PS.UNCONSTRAINED, "x")))
+        assert y.dtype == a.dtype
+        np.testing.assert_array_equal(np.asarray(y), a)
+        assert y.sharding == NamedSharding(mesh, PS(None, "x"))  # unconstrained comes back replicated
+    y = rj.reshard(placed(a, mesh, PS(("y", "x"))), NamedSharding(mesh, PS(None)))  # short spec: rest replicated
+    assert y.sharding == NamedSharding(mesh, PS(None))
+    np.testing.assert_array_equal(np.asarray(y), a)
+
+
+def test_device_order_of_the_mesh_is_respected():
+    # Redist device d is position d of the mesh's device array, whatever the devices' ids.
+    devices = list(reversed(jax.devices()[:8]))
+    devices[2], devices[5] = devices[5], devices[2]
+    mesh = jmesh((2, 4), ("x", "y"), devices=devices)
+    a = global_array((8, 4))
+    for src, dst in [(PS("x", "y"), PS("y", "x")), (PS("x"), PS(("y", "x"))), (PS(None, "x"), PS("y"))]:
+        y = rj.reshard(placed(a, mesh, src), NamedSharding(mesh, dst))
+        np.testing.assert_array_equal(np.asarray(y), a)
+        t = rj.sharding_type(a.shape, a.dtype, NamedSharding(mesh, dst))
+        for want, got in zip(redist.shard(t, a), shards_by_position(y, mesh)):
+            np.testing.assert_array_equal(got, want)
+
+
+# ---------------------------------------------------------------------- jit, host transfers
+def test_traceable_by_jit_with_src():
+    mesh = jmesh((4, 2), ("x", "y"))
+    a = global_array((4, 8, 4))
+    x = placed(a, mesh, PS("y", None, "x"))
+    target = NamedSharding(mesh, PS(None, ("x", "y"), None))
+    f = jax.jit(lambda v: rj.reshard(v, target, src=PS("y", None, "x")) * 2)
+    with jax.transfer_guard("disallow"):
+        y = f(x)
+    assert y.sharding.is_equivalent_to(target, a.ndim)
+    np.testing.assert_array_equal(np.asarray(y), 2 * a)
+    # The plan's collectives are what runs: two all-to-alls, no all-gather of the whole array.
+    hlo = f.lower(x).compile().as_text()
+    assert "all-to-all" in hlo and "all-gather" not in hlo
+
+
+def test_jit_with_sub_axes():
+    mesh = jmesh((2, 4), ("x", "y"))
+    a = np.arange(4, dtype=np.float32)
+    target = NamedSharding(mesh, PS("y"))
+    y = jax.jit(lambda v: rj.reshard(v, target, src=NamedSharding(mesh, PS("x"))))(placed(a, mesh, PS("x")))
+    assert y.sharding.is_equivalent_to(target, a.ndim)
+    np.testing.assert_array_equal(np.asarray(y), a)
+
+
+def test_jit_without_src_on_auto_mesh_raises():
+    mesh = jmesh((2, 4), ("x", "y"))
+    x = placed(np.zeros((8,), np.float32), mesh, PS("x"))
+    with pytest.raises(redist.ShardingError, match="src="):
+        jax.jit(lambda v: rj.reshard(v, NamedSharding(mesh, PS("y"))))(x)
+
+
+def test_explicit_axes_eager_and_jit():
+    mesh = jmesh((2, 4), ("x", "y"), axis_types=(AxisType.Explicit,) * 2)
+    a = global_array((8, 4))
+    target = NamedSharding(mesh, PS("y", "x"))
+    x = placed(a, mesh, PS("x", "y"))
+    with jax.transfer_guard("disallow"):
+        y1 = rj.reshard(x, target)
+        y2 = jax.jit(lambda v: rj.reshard(v, target))(x)  # the source layout comes from jax.typeof
+    for y in (y1, y2):
+        assert y.sharding.is_equivalent_to(target, a.ndim)
+        np.testing.assert_array_equal(np.asarray(y), a)
+    # A plan with sub-axes: the array is restated on the refined mesh and back, with no data moved.
+    b = np.arange(4, dtype=np.float32)
+    target = NamedSharding(mesh, PS("y"))
+    xb = placed(b, mesh, PS("x"))
+    with jax.transfer_guard("disallow"):
+        for y in (rj.reshard(xb, target), jax.jit(lambda v: rj.reshard(v, target))(xb)):
+            assert y.sharding.is_equivalent_to(target, 1)
+            np.testing.assert_array_equal(np.asarray(y), b)
+
+
+# ---------------------------------------------------------------------- errors
+def test_errors():
+    mesh = jmesh((2, 4), ("x", "y"))
+    other = jmesh((4, 2), ("x", "y"))
+    x = placed(np.zeros((8, 4), np.float32), mesh, PS("x"))
+    E = redist.ShardingError
+    with pytest.raises(E, match="NamedSharding"):
+        rj.reshard(x, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+    with pytest.raises(E, match="NamedSharding"):
+        rj.reshard(x, PS("y"))
+    with pytest.raises(E, match="mesh"):
+        rj.reshard(x, NamedSharding(other, PS("y")))
+    with pytest.raises(E, match="dim 1"):
+        rj.reshard(x, NamedSharding(mesh, PS(None, ("x", "y"))))  # 4 does not divide into 8
+    with pytest.raises(E, match="entries"):
+        rj.reshard(x, NamedSharding(mesh, PS(None, None, "y")))  # too many spec entries
+    with pytest.raises(E, match="NamedSharding"):
+        rj.reshard(jax.device_put(np.zeros(8, np.float32), jax.devices()[0]), NamedSharding(mesh, PS("y")))
+    with pytest.raises(E):
+        rj.reshard(x, NamedSharding(mesh, PS("y")), src=jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+
+
+# ---------------------------------------------------------------------- agreement with the numpy backend
+MESH_SHAPES = [(8,), (2, 4), (4, 2), (2, 4), (4, 2), (1, 8), (2, 2, 2), (2, 1, 4), (4, 2, 1)]
+
+
+@st.composite
+def cases(draw):
+    shape_m = draw(st.sampled_from(MESH_SHAPES))
+    names = ("x", "y", "z")[: len(shape_m)]
+    mesh = redist.Mesh(dict(zip(names, shape_m)))
+    rank = draw(st.sampled_from([0, 1, 1, 2, 2, 2, 3, 3]))
+
+    def layout():
+        dims = [[] for _ in range(rank)]
+        for n in draw(st.permutations(names)):
+            if rank and draw(st.booleans()):
+                dims[draw(st.integers(0, rank - 1))].append(n)
+        return dims
+
+    src_dims, dst_dims = layout(), layout()
+    shape = []
+    for sd, dd in zip(src_dims, dst_dims):
+        k = math.lcm(mesh.group_size(tuple(sd)), mesh.group_size(tuple(dd)))
+        shape.append(k * draw(st.sampled_from([1, 1, 2])))  # tight sizes make sub-axes needed
+    dtype = draw(st.sampled_from(["f32", "i32", "bool", "bf16"]))
+    src = redist.ShardingType(mesh, tuple(shape), dtype, tuple(map(tuple, src_dims)))
+    dst = redist.ShardingType(mesh, tuple(shape), dtype, tuple(map(tuple, dst_dims)))
+    return src, dst, draw(st.integers(0, 2**31 - 1))
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_agrees_with_numpy_backend(case):
+    src, dst, seed = case
+    mesh = jmesh(src.mesh.shape, src.mesh.names)
+    a = global_array(src.shape, src.np_dtype, seed)
+    x = placed(a, mesh, src.partition_spec())
+    target = NamedSharding(mesh, dst.partition_spec())
+    with jax.transfer_guard("disallow"):
+        y = rj.reshard(x, target)
+    assert y.sharding == target
+    want = redist.execute(redist.synthesize(src, dst), redist.shard(src, a))
+    got = [np.asarray(s.data) for s in sorted(y.addressable_shards, key=lambda s: s.device.id)]
+    for w, g in zip(want, got):
+        np.testing.assert_array_equal(g, w)
+    np.testing.assert_array_equal(np.asarray(y), a)
+
+
+# ---------------------------------------------------------------------- run_program on arbitrary buffers
+def run_on_buffers(program, mesh, shards):
+    """Run ``program`` under shard_map on the given per-device buffers (index = device id)."""
+    refined, names = rj.refine_mesh(mesh, program.axis_tokens())
+    every = tuple(refined.axis_names)
+    spec = PS(every)
+    glob = (mesh.size * program.shapes[0][0],) + tuple(program.shapes[0][1:])
+    sharding = NamedSharding(refined, spec)
+    x = jax.make_array_from_single_device_arrays(
+        glob, sharding, [jax.device_put(s, d) for s, d in zip(shards, refined.devices.flat)])
+    f = jax.shard_map(lambda b: rj.run_program(program, b, names), mesh=refined, in_specs=spec,
+                      out_specs=spec, check_vma=False)
+    return shards_by_position(jax.jit(f)(x), refined)
+
+
+def test_partial_summands():
+    mesh = jmesh((2, 2, 2), ("x", "y", "z"))
+    rm = rj.redist_mesh(mesh)
+    rng = np.random.default_rng(1)
+    for s, d in [("f32[8, 4{y}] partial{x,z}", "f32[8{x}, 4{y}] partial{z}"),
+                 ("f32[8, 4{y}] partial{x,z}", "f32[8{z,x}, 4]"),
+                 ("i32[4{z}, 8] partial{x}", "i32[4, 8{x,z}]"),
+                 ("f32[4{x}, 8] partial{y}", "f32[4{y}, 8{x}]")]:
+        src, dst = redist.ShardingType.parse(s, rm), redist.ShardingType.parse(d, rm)
+        program = redist.synthesize(src, dst).program
+        assert any(isinstance(i, (P.ReduceScatter, P.AllReduce)) for i in program.instructions), program
+        shards = [rng.integers(-50, 50, size=src.local_shape).astype(src.np_dtype) for _ in range(8)]
+        want = numpy_backend.run(program, shards)
+        got = run_on_buffers(program, mesh, shards)
+        for w, g in zip(want, got):
+            np.testing.assert_array_equal(g, w)
+
+
+def test_multi_axis_groups_are_row_major_in_the_listed_order():
+    """JAX ranks members of a multi-axis collective row-major over the axis tuple as given (not mesh order),
+    which is Mesh.group_index; checked on every instruction kind, with axes listed against mesh order and
+    with sub-axes."""
+    rng = np.random.default_rng(2)
+    cases = [
+        ((2, 2, 2), ("x", "y", "z"), (4, 8), [
+            P.AllGather(0, ("z", "x")),                 # (16, 8)
+            P.Slice(0, ("y", "x", "z")),                # (2, 8)
+            P.AllToAll(1, 0, ("z", "x")),               # (8, 2)
+            P.ReduceScatter(0, ("z", "y")),             # (2, 2)
+            P.AllReduce(("z", "x")),                    # (2, 2)
+            P.CollectivePermute((3, 0, 1, 2, 4, 6, 5, 7)),
+        ]),
+        ((2, 4), ("x", "y"), (8, 8), [
+            P.AllGather(1, ("y:(2)2", "x", "y:(1)2")),  # (8, 64)
+            P.Slice(0, ("y:(2)2", "x")),                # (2, 64)
+            P.AllToAll(1, 0, ("y:(1)2", "x")),          # (8, 16)
+            P.ReduceScatter(1, ("y:(2)2", "y:(1)2")),   # (8, 4)
+            P.AllReduce(("x", "y:(2)2")),               # (8, 4)
+        ]),
+    ]
+    for mesh_shape, names, shape0, instructions in cases:
+        mesh = jmesh(mesh_shape, names)
+        rm = rj.redist_mesh(mesh)
+        shapes = [shape0]
+        for ins in instructions:
+            s = list(shapes[-1])
+            if isinstance(ins, P.AllGather):
+                s[ins.dim] *= rm.group_size(ins.axes)
+            elif isinstance(ins, (P.Slice, P.ReduceScatter)):
+                s[ins.dim] //= rm.group_size(ins.axes)
+            elif isinstance(ins, P.AllToAll):
+                s[ins.split_dim] //= rm.group_size(ins.axes)
+                s[ins.concat_dim] *= rm.group_size(ins.axes)
+            shapes.append(tuple(s))
+        program = P.Program(rm, np.dtype(np.int32), tuple(instructions), tuple(shapes))
+        shards = [rng.integers(-50, 50, size=shape0).astype(np.int32) for _ in range(rm.size)]
+        want = numpy_backend.run(program, shards)
+        got = run_on_buffers(program, mesh, shards)
+        for w, g in zip(want, got):
+            np.testing.assert_array_equal(g, w)
