@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from redist.errors import ShardingError
-from redist.types import ShardingType
+from redist.types import ShardingType, remove_axes
 
 
 def lower_bound_bytes(src: ShardingType, dst: ShardingType) -> int:
@@ -19,8 +19,8 @@ def lower_bound_bytes(src: ShardingType, dst: ShardingType) -> int:
     """
     _check_pair(src, dst)
     mesh = src.mesh
-    reduced = [a for a in src.partial if a not in dst.partial]
-    if mesh.group_size(tuple(reduced)) > 1:
+    reduced = remove_axes(mesh, src.partial, dst.partial)
+    if mesh.group_size(reduced) > 1:
         return math.prod(dst.local_shape) * dst.itemsize
     worst = 0
     for d in range(mesh.size):
@@ -41,8 +41,8 @@ def _check_pair(src: ShardingType, dst: ShardingType) -> None:
         raise ShardingError(f"source shape {list(src.shape)} differs from destination shape {list(dst.shape)}")
     if src.dtype != dst.dtype:
         raise ShardingError(f"source dtype {src.dtype} differs from destination dtype {dst.dtype}")
-    extra = [a for a in dst.partial if a not in src.partial]
-    if extra:
+    if remove_axes(src.mesh, src.partial, dst.partial) is None:
+        extra = [a for a in dst.partial if remove_axes(src.mesh, src.partial, (a,)) is None]
         raise ShardingError(
             f"destination {dst} is partial over {{{','.join(extra)}}} but the source {src} is not: "
             "a redistribution can only reduce pending sums, not create them"

@@ -1,0 +1,358 @@
+"""MPI runtime: run a plan's buffer program with mpi4py, one rank per device.
+
+    from mpi4py import MPI
+    import redist, redist.mpi
+
+    with redist.mpi.abort_on_error():                 # a failing rank takes the job down, never a hang
+        out = redist.mpi.reshard(local, src, dst)     # on every rank of COMM_WORLD; rank == device id
+
+Contracts:
+
+- :func:`reshard` is collective over ``comm``: every rank calls it with its own shard of ``src`` and the same
+  ``src`` and ``dst``. Rank ``r`` is device ``r`` of ``src.mesh`` (row-major ids, see :class:`redist.Mesh`).
+- Before any data moves, the ranks agree on their arguments with one small ``Allgather``; a wrong
+  ``comm.size``, arguments that differ between ranks, or a local buffer whose shape or dtype does not fit
+  ``src`` on any rank make *every* rank raise :class:`redist.ShardingError` (and nothing else happens).
+- Data travels in numpy buffers through the buffer (uppercase) methods of mpi4py, never pickled.
+  Chunks that are strided in memory are described by MPI derived datatypes, so gathers and all-to-alls
+  receive straight into the result. Extra memory per rank stays within
+  ``2 · max(src.local_bytes, dst.local_bytes)`` (the input buffer is never written to).
+- Collectives run on a private duplicate of ``comm`` and on sub-communicators split from it, one per
+  (mesh, axes) group; both are created once per communicator and cached on it (an MPI attribute), so
+  repeated reshards reuse them. :func:`clear_cache` frees them.
+- A failure on one rank in the middle of a plan (an exception, not an agreement error) leaves the other
+  ranks blocked in a collective: wrap SPMD code in :func:`abort_on_error` so that such a rank aborts the job.
+- Sums (``ReduceScatter``, ``AllReduce``) use MPI's reduction order, so floating-point results can differ
+  from the numpy backend in the last bits; integer-valued data and integer dtypes agree exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import sys
+import traceback
+
+import numpy as np
+from mpi4py import MPI
+
+from redist import program as P
+from redist.errors import ShardingError
+from redist.mesh import Mesh
+from redist.synthesis import synthesize
+from redist.types import ShardingType
+
+__all__ = ["reshard", "run_program", "abort_on_error", "clear_cache"]
+
+_TAG = 0x5EED  # point-to-point tag for CollectivePermute, on the private duplicate communicator
+
+
+# ---------------------------------------------------------------------------------------------- entry point
+def reshard(local, src: ShardingType, dst: ShardingType, comm=None) -> np.ndarray:
+    """This rank's shard of type ``dst``, given its shard ``local`` of type ``src``.
+
+    Collective over ``comm`` (default ``MPI.COMM_WORLD``); rank ``r`` is device ``r`` and ``comm.size`` must
+    equal ``src.mesh.size``. The result is a new C-contiguous array, except that an empty plan (``src ==
+    dst``) returns ``local`` itself when it is already a C-contiguous array of the right dtype.
+    Raises :class:`ShardingError` on every rank, before moving any data, if the ranks' arguments disagree,
+    if ``comm.size`` is wrong, if some rank's ``local`` does not have ``src.local_shape`` and ``src``'s dtype,
+    or if no plan exists from ``src`` to ``dst``.
+    """
+    comm = MPI.COMM_WORLD if comm is None else comm
+    _agree(comm, local, src, dst)
+    plan = synthesize(src, dst)  # deterministic: every rank gets the same plan or the same error
+    return run_program(plan.program, local, comm)
+
+
+def run_program(program: P.Program, local, comm=None) -> np.ndarray:
+    """Execute a buffer program on this rank's buffer; collective over ``comm`` like :func:`reshard`.
+
+    The low-level entry: it does not make the ranks agree on their arguments first, so a wrong local shape
+    raises on this rank only. The input buffer is never written to."""
+    comm = MPI.COMM_WORLD if comm is None else comm
+    x = np.asarray(local, dtype=program.dtype, order="C")
+    if x.shape != tuple(program.shapes[0]):
+        raise ShardingError(f"rank {comm.Get_rank()}: local buffer has shape {x.shape}, "
+                            f"the program expects {tuple(program.shapes[0])}")
+    if x.size == 0:  # every buffer of the program is empty on every rank
+        return np.empty(program.shapes[-1], dtype=program.dtype)
+    ctx = _context(comm, program.mesh)
+    owned = not (isinstance(local, np.ndarray) and np.may_share_memory(x, local))
+    buf = _Buffer(x, owned)
+    del x
+    for ins in program.instructions:
+        y, owned = _RUN[type(ins)](ctx, ins, buf)
+        buf = _Buffer(y, owned)
+        del y
+    return buf.take()
+
+
+# ---------------------------------------------------------------------------------------------- agreement
+def _agree(comm, local, src, dst) -> None:
+    """One ``Allgather`` of (digest of the arguments, local-buffer check) per rank; raise on every rank."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    typed = isinstance(src, ShardingType) and isinstance(dst, ShardingType)
+    text = f"{src.mesh}|{src}|{dst.mesh}|{dst}" if typed else f"{src!r}|{dst!r}"
+    digest = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
+    shape, dtype = np.shape(local), getattr(local, "dtype", None)
+    ok = typed and tuple(shape) == src.local_shape and dtype == src.np_dtype
+    mine = np.array([digest, int(ok)], dtype=np.int64)
+    every = np.empty((size, 2), dtype=np.int64)
+    comm.Allgather(mine, every)
+
+    if len(set(every[:, 0].tolist())) > 1:
+        groups: dict[int, list[int]] = {}
+        for r, h in enumerate(every[:, 0].tolist()):
+            groups.setdefault(h, []).append(r)
+        raise ShardingError(
+            "redist.mpi.reshard was called with different arguments on different ranks (rank groups "
+            f"{sorted(groups.values())}); on rank {rank}: src={src}, dst={dst}")
+    if not typed:
+        raise ShardingError(f"redist.mpi.reshard needs ShardingType src and dst, got {src!r} and {dst!r}")
+    if size != src.mesh.size:
+        raise ShardingError(f"redist.mpi.reshard: the communicator has {size} ranks but mesh {src.mesh} has "
+                            f"{src.mesh.size} devices; run with one rank per device")
+    bad = [r for r in range(size) if not every[r, 1]]
+    if bad:
+        here = f"; this rank has shape {tuple(shape)}, dtype {dtype}" if rank in bad else ""
+        raise ShardingError(
+            f"redist.mpi.reshard: the local buffer on rank(s) {bad} does not match src {src} "
+            f"(expected shape {src.local_shape}, dtype {src.np_dtype.name}){here}")
+
+
+# ---------------------------------------------------------------------------------------------- communicators
+class _Context:
+    """A private duplicate of the user's communicator and its cached sub-communicators."""
+
+    def __init__(self, comm):
+        self.comm = comm.Dup()
+        self.rank = self.comm.Get_rank()
+        self.groups: dict = {}
+        self.mesh: Mesh | None = None
+
+    def group(self, axes) -> tuple:
+        """``(sub-communicator, k)`` for this rank's group over ``axes``; created collectively, once."""
+        key = (self.mesh, tuple(axes))
+        if key not in self.groups:
+            color = _group_color(self.mesh, self.rank, axes)
+            sub = self.comm.Split(color, self.mesh.group_index(self.rank, axes))
+            assert sub.Get_size() == self.mesh.group_size(tuple(axes))
+            self.groups[key] = sub
+        return self.groups[key], self.groups[key].Get_size()
+
+
+_KEYVAL = None
+
+
+def _context(comm, mesh: Mesh) -> _Context:
+    global _KEYVAL
+    if _KEYVAL is None:
+        _KEYVAL = MPI.Comm.Create_keyval()
+    ctx = comm.Get_attr(_KEYVAL)
+    if ctx is None:
+        ctx = _Context(comm)  # collective (Dup): every rank reaches it on its first reshard over comm
+        comm.Set_attr(_KEYVAL, ctx)
+    ctx.mesh = mesh
+    return ctx
+
+
+def clear_cache(comm=None) -> None:
+    """Free the communicators cached on ``comm`` (collective over ``comm``)."""
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if _KEYVAL is None or comm.Get_attr(_KEYVAL) is None:
+        return
+    ctx = comm.Get_attr(_KEYVAL)
+    comm.Delete_attr(_KEYVAL)
+    for sub in ctx.groups.values():
+        sub.Free()
+    ctx.comm.Free()
+
+
+def _group_color(mesh: Mesh, device: int, axes) -> int:
+    """The id of the rank-0 device of ``device``'s group over ``axes`` (the group's coordinates zeroed)."""
+    c = mesh.coords(device)
+    for a in axes:
+        name, pre, size = mesh.sub_axis(a)
+        stride = mesh.axis_size(name) // (pre * size)
+        c[name] -= ((c[name] // stride) % size) * stride
+    return mesh.device(c)
+
+
+# ---------------------------------------------------------------------------------------------- buffers
+class _Buffer:
+    """The current buffer; ``owned`` when it is ours to overwrite or drop (not the caller's input)."""
+
+    def __init__(self, x: np.ndarray, owned: bool):
+        self.x, self.owned = x, owned
+
+    def take(self) -> np.ndarray:
+        """Hand over the array and drop this reference, so an owned buffer dies as soon as its user is done."""
+        x, self.x = self.x, None
+        return x
+
+
+def _raw(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous array's memory as bytes (any dtype, bf16 and bool included)."""
+    return a.reshape(-1).view(np.uint8)
+
+
+@contextlib.contextmanager
+def _chunk_type(shape, dim: int, k: int, itemsize: int):
+    """A committed datatype selecting chunk 0 of ``k`` along ``dim`` of a C-contiguous array of ``shape``,
+    with extent one chunk-row, so that chunk ``j`` starts ``j`` extents in: count ``1`` at displacement ``j``."""
+    pre = math.prod(shape[:dim])
+    row = shape[dim] // k * math.prod(shape[dim + 1:]) * itemsize
+    t = MPI.BYTE.Create_vector(pre, row, k * row).Create_resized(0, row).Commit()
+    try:
+        yield t
+    finally:
+        t.Free()
+
+
+def _out_shape(shape, dim: int, mul: int = 1, div: int = 1) -> tuple[int, ...]:
+    s = list(shape)
+    s[dim] = s[dim] * mul // div
+    return tuple(s)
+
+
+# ---------------------------------------------------------------------------------------------- sums
+_NATIVE = {
+    np.dtype(np.int8): MPI.INT8_T, np.dtype(np.int16): MPI.INT16_T, np.dtype(np.int32): MPI.INT32_T,
+    np.dtype(np.int64): MPI.INT64_T, np.dtype(np.uint8): MPI.UINT8_T, np.dtype(np.uint32): MPI.UINT32_T,
+    np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE,
+}
+_USER_OPS: dict = {}
+
+
+def _sum_op(dtype: np.dtype):
+    """``(element datatype, op)`` that sums like numpy does (bool: logical or)."""
+    if dtype in _NATIVE:
+        return _NATIVE[dtype], MPI.SUM
+    if dtype == np.dtype(np.bool_):
+        return MPI.C_BOOL, MPI.LOR
+    if dtype not in _USER_OPS:  # f16, bf16: a user op on whole elements, adding in numpy
+        def add(inbuf, inoutbuf, _datatype, dtype=dtype):
+            acc = np.frombuffer(inoutbuf, dtype=dtype)
+            acc[...] = np.frombuffer(inbuf, dtype=dtype) + acc
+
+        element = MPI.BYTE.Create_contiguous(dtype.itemsize).Commit()
+        _USER_OPS[dtype] = (element, MPI.Op.Create(add, commute=True))
+    return _USER_OPS[dtype]
+
+
+def _sum_spec(a: np.ndarray, element):
+    """``a``'s memory as elements of ``element`` (the count follows from the byte length)."""
+    return [_raw(a), element]
+
+
+# ---------------------------------------------------------------------------------------------- instructions
+# Each takes (context, instruction, buffer) and returns (new array, whether it is owned).
+def _slice(ctx, ins: P.Slice, buf):
+    """Keep chunk ``r`` of ``k`` along ``dim`` (local; a copy, so the result is contiguous and owned)."""
+    x = buf.take()
+    k, r = ctx.mesh.group_size(ins.axes), ctx.mesh.group_index(ctx.rank, ins.axes)
+    n = x.shape[ins.dim] // k
+    index = [slice(None)] * x.ndim
+    index[ins.dim] = slice(r * n, (r + 1) * n)
+    return x[tuple(index)].copy(), True
+
+
+def _all_gather(ctx, ins: P.AllGather, buf):
+    """``Allgather`` straight into the result: rank ``j``'s buffer lands as chunk ``j`` along ``dim``."""
+    x = buf.take()
+    sub, k = ctx.group(ins.axes)
+    out = np.empty(_out_shape(x.shape, ins.dim, k), dtype=x.dtype)
+    with _chunk_type(out.shape, ins.dim, k, x.itemsize) as t:
+        sub.Allgather([_raw(x), x.nbytes, MPI.BYTE], [_raw(out), 1, t])
+    return out, True
+
+
+def _all_to_all(ctx, ins: P.AllToAll, buf):
+    """``Alltoall`` with strided chunk types on both sides: chunk ``j`` along ``split_dim`` goes to rank
+    ``j``; the chunk from rank ``s`` lands as chunk ``s`` along ``concat_dim``."""
+    x = buf.take()
+    sub, k = ctx.group(ins.axes)
+    out = np.empty(_out_shape(_out_shape(x.shape, ins.split_dim, div=k), ins.concat_dim, mul=k), dtype=x.dtype)
+    with _chunk_type(x.shape, ins.split_dim, k, x.itemsize) as ts, \
+            _chunk_type(out.shape, ins.concat_dim, k, x.itemsize) as tr:
+        sub.Alltoall([_raw(x), 1, ts], [_raw(out), 1, tr])
+    return out, True
+
+
+def _reduce_scatter(ctx, ins: P.ReduceScatter, buf):
+    """``Reduce_scatter_block`` after bringing the ``k`` chunks along ``dim`` to the front (a copy unless
+    ``dim`` is outermost; an owned input is dropped as soon as the copy exists)."""
+    x = buf.take()
+    sub, k = ctx.group(ins.axes)
+    out_shape = _out_shape(x.shape, ins.dim, div=k)
+    pre = math.prod(x.shape[: ins.dim])
+    send = x if pre == 1 else np.ascontiguousarray(x.reshape(pre, k, -1).swapaxes(0, 1))
+    del x
+    out = np.empty(out_shape, dtype=send.dtype)
+    element, op = _sum_op(send.dtype)
+    sub.Reduce_scatter_block(_sum_spec(send, element), _sum_spec(out, element), op)
+    return out, True
+
+
+def _all_reduce(ctx, ins: P.AllReduce, buf):
+    """``Allreduce``, in place when the buffer is ours."""
+    owned, x = buf.owned, buf.take()
+    sub, _ = ctx.group(ins.axes)
+    element, op = _sum_op(x.dtype)
+    if owned:
+        sub.Allreduce(MPI.IN_PLACE, _sum_spec(x, element), op)
+        return x, True
+    out = np.empty_like(x)
+    sub.Allreduce(_sum_spec(x, element), _sum_spec(out, element), op)
+    return out, True
+
+
+def _collective_permute(ctx, ins: P.CollectivePermute, buf):
+    """One ``Sendrecv``: receive from ``sources[rank]``, send to the rank whose source is this one."""
+    owned, x = buf.owned, buf.take()
+    me = ctx.rank
+    source = ins.sources[me]
+    if source == me:
+        return x, owned
+    out = np.empty_like(x)
+    ctx.comm.Sendrecv([_raw(x), MPI.BYTE], ins.sources.index(me), _TAG, [_raw(out), MPI.BYTE], source, _TAG)
+    return out, True
+
+
+_RUN = {
+    P.Slice: _slice,
+    P.AllGather: _all_gather,
+    P.AllToAll: _all_to_all,
+    P.ReduceScatter: _reduce_scatter,
+    P.AllReduce: _all_reduce,
+    P.CollectivePermute: _collective_permute,
+}
+
+
+# ---------------------------------------------------------------------------------------------- failures
+@contextlib.contextmanager
+def abort_on_error(comm=None, errorcode: int = 1):
+    """Wrap SPMD code so that an exception on any rank aborts the whole job instead of leaving the others
+    blocked in a collective: the traceback is printed to stderr (prefixed with the rank), then
+    ``comm.Abort(errorcode)`` ends every process of ``comm`` (``mpiexec`` exits non-zero).
+    ``SystemExit`` with status 0 passes through."""
+    comm = MPI.COMM_WORLD if comm is None else comm
+    try:
+        yield
+    except SystemExit as e:
+        if e.code in (None, 0):
+            raise
+        _abort(comm, errorcode)
+    except BaseException:
+        _abort(comm, errorcode)
+
+
+def _abort(comm, errorcode: int) -> None:
+    rank = comm.Get_rank()
+    text = traceback.format_exc()
+    sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in text.rstrip().splitlines()))
+    sys.stderr.write(f"[rank {rank}] redist.mpi.abort_on_error: aborting all {comm.Get_size()} ranks\n")
+    sys.stderr.flush()
+    sys.stdout.flush()
+    comm.Abort(errorcode)

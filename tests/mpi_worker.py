@@ -1,0 +1,327 @@
+"""Worker for tests/test_mpi_backend.py, run under ``mpiexec -n N``; each mode prints one summary line.
+
+    cases SEED COUNT   random (seeded) and classic reshards on every mesh of size N, against the numpy
+                       backend: ``ranks=N cases=C passed=P core_mismatch=M subcomms_stable=1``
+    errors             argument errors must raise ShardingError on every rank: ``errors=E all_raised=A``
+    memory             tracemalloc peak per reshard: ``memory cases=C within=W worst_ratio=R ...``
+    fail               rank 0 raises in the middle of a plan; abort_on_error must end the job
+
+Every rank derives the same cases from the same seed, computes every device's shard and the numpy
+backend's result, runs its own part through redist.mpi.reshard, and checks it exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+import tracemalloc
+
+import numpy as np
+from mpi4py import MPI
+
+import redist
+import redist.mpi
+
+COMM = MPI.COMM_WORLD
+RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
+
+MESHES = {
+    4: [(4,), (2, 2)],
+    6: [(6,), (2, 3), (3, 2)],
+    8: [(8,), (2, 4), (4, 2), (2, 2, 2)],
+}
+NAMES = ("x", "y", "z")
+DTYPES = ("f64", "f64", "f64", "f32", "f16", "bf16", "i8", "i16", "i32", "i64", "u8", "u32", "bool")
+
+
+def say(*args) -> None:
+    if RANK == 0:
+        print(*args, flush=True)
+
+
+def all_true(flag: bool) -> bool:
+    return bool(COMM.allreduce(int(flag), op=MPI.MIN))
+
+
+# ------------------------------------------------------------------------------------ case generation
+def make_mesh(shape) -> redist.Mesh:
+    return redist.Mesh({n: s for n, s in zip(NAMES, shape)})
+
+
+def units(rng, mesh: redist.Mesh) -> list[str]:
+    """Axis tokens to place: whole axes, sometimes split into two sub-axes (``x:(1)2``, ``x:(2)2``)."""
+    out = []
+    for name, size in mesh.axes:
+        divisors = [a for a in range(2, size) if size % a == 0]
+        if divisors and rng.random() < 0.3:
+            a = int(rng.choice(divisors))
+            out += [f"{name}:(1){a}", f"{name}:({a}){size // a}"]
+        else:
+            out.append(name)
+    return out
+
+
+def place(rng, mesh, toks, rank, allow_partial) -> tuple[list[list[str]], list[str]]:
+    dims: list[list[str]] = [[] for _ in range(rank)]
+    partial = []
+    for t in rng.permutation(toks).tolist():
+        u = rng.random()
+        if t in allow_partial and u < 0.3:
+            partial.append(t)
+        elif rank and u < 0.8:
+            dims[int(rng.integers(rank))].append(t)
+    return dims, partial
+
+
+def random_pair(rng, mesh: redist.Mesh):
+    toks = units(rng, mesh)
+    rank = int(rng.choice([0, 1, 2, 2, 3, 3]))
+    dtype = str(rng.choice(DTYPES))
+    sdims, spart = place(rng, mesh, toks, rank, allow_partial=set(toks) if rng.random() < 0.4 else set())
+    ddims, dpart = place(rng, mesh, toks, rank, allow_partial=set(spart))
+    shape = []
+    for a, b in zip(sdims, ddims):
+        k = math.lcm(mesh.group_size(tuple(a)), mesh.group_size(tuple(b)))
+        shape.append(k * int(rng.integers(1, 3)))
+    src = redist.ShardingType(mesh, tuple(shape), dtype, tuple(map(tuple, sdims)), tuple(spart))
+    dst = redist.ShardingType(mesh, tuple(shape), dtype, tuple(map(tuple, ddims)), tuple(dpart))
+    if not set(dst.partial) <= set(src.partial):
+        # src partial{x:(1)2, x:(2)2} prints as partial{x}; synthesize() then rejects a dst partial over one
+        # of the halves (it compares tokens, not sub-axis pieces), so reduce fully instead.
+        dst = dst.replace(partial=())
+    return src, dst
+
+
+def classic_pairs(mesh_shape) -> list[tuple[str, str, str]]:
+    """(mesh, src, dst) texts: transposes, gathers, axis reorders, reductions, the sub-axis case."""
+    n = math.prod(mesh_shape)
+    out = [
+        ("x=%d" % n, f"f32[{2 * n}{{x}}, 6]", f"f32[{2 * n}, 6]"),
+        ("x=%d" % n, f"f32[{2 * n}{{x}}, {n}]", f"f32[{2 * n}, {n}{{x}}]"),
+        ("x=%d" % n, f"f64[{n}, 4] partial{{x}}", f"f64[{n}{{x}}, 4]"),
+        ("x=%d" % n, f"f64[{n}, 4] partial{{x}}", f"f64[{n}, 4]"),
+        ("x=%d" % n, f"f32[{n}]", f"f32[{n}{{x}}]"),
+    ]
+    if len(mesh_shape) == 3:
+        m = "x=%d,y=%d,z=%d" % mesh_shape
+        out += [
+            (m, f"f32[{n}{{x,y,z}}]", f"f32[{n}{{z,y,x}}]"),
+            (m, "f32[4{x}, 4{y}, 4{z}]", "f32[4{z}, 4{x}, 4{y}]"),
+            (m, f"f64[{n}, {n}] partial{{x,z}}", f"f64[{n}{{y}}, {n}{{x,z}}]"),
+            (m, f"i32[{n}{{z}}, 6]", f"i32[{n}{{x,y,z}}, 6]"),
+        ]
+    if len(mesh_shape) == 2:
+        a, b = mesh_shape[0], mesh_shape[1]
+        m = f"x={a},y={b}"
+        out += [
+            (m, f"f32[{a * b}{{x}}, {a * b}{{y}}]", f"f32[{a * b}{{y}}, {a * b}{{x}}]"),   # transpose
+            (m, f"f32[{2 * a * b}{{x,y}}, 3]", f"f32[{2 * a * b}{{y,x}}, 3]"),              # axis reorder
+            (m, f"f32[{a * b}{{x,y}}, 4]", f"f32[{a * b}, 4]"),                             # gather all
+            (m, f"f32[{a * b}{{x,y}}, {a * b}]", f"f32[{a * b}, {a * b}{{x}}]"),
+            (m, f"f64[{a * b}, {a * b}] partial{{x,y}}", f"f64[{a * b}{{y}}, {a * b}{{x}}]"),
+            (m, f"f64[{a * b}, {a * b}] partial{{x,y}}", f"f64[{a * b}, {a * b}] partial{{y}}"),
+            (m, f"bf16[{a * b}{{x}}, {a * b}]", f"bf16[{a * b}, {a * b}{{x,y}}]"),
+        ]
+    if mesh_shape == (4, 2):  # P('y', None, 'x') -> P(None, ('x', 'y'), None)
+        out.append(("x=4,y=2", "f32[8{y}, 16, 8{x}]", "f32[8, 16{x,y}, 8]"))
+    if mesh_shape == (2, 4):  # a sub-axis case
+        out.append(("x=2,y=4", "f32[4{x}]", "f32[4{y}]"))
+        out.append(("x=2,y=4", "f32[8{y}, 4]", "f32[8{x}, 4{y}]"))
+    return out
+
+
+def make_shards(rng, src: redist.ShardingType) -> list[np.ndarray]:
+    """Every device's shard; for a partial source, integer summands (one global array per summand index)."""
+    mesh = src.mesh
+    hi = 4 if src.partial else 100
+    values: dict = {}
+    shards = []
+    for d in range(mesh.size):
+        s = tuple(mesh.group_index(d, (a,)) for a in src.partial)
+        if s not in values:
+            if src.dtype == "bool":
+                values[s] = rng.random(src.shape) < 0.5
+            else:
+                values[s] = rng.integers(0, hi, size=src.shape).astype(src.np_dtype)
+        shards.append(np.array(values[s][src.local_box(d)], order="C"))
+    return shards
+
+
+# ------------------------------------------------------------------------------------ modes
+KINDS: dict[str, int] = {}
+
+
+def run_case(src, dst, rng, failures: list, label: str) -> tuple[bool, bool]:
+    """(passed, core_ok) for one case; all ranks return the same."""
+    plan = redist.synthesize(src, dst)
+    for ins in plan.program.instructions:
+        KINDS[type(ins).__name__] = KINDS.get(type(ins).__name__, 0) + 1
+    shards = make_shards(rng, src)
+    expected = redist.execute(plan, shards)
+    core_ok = np.array_equal(redist.unshard(dst, expected), redist.unshard(src, shards))
+    out = redist.mpi.reshard(shards[RANK].copy(), src, dst, COMM)
+    mine = out.shape == dst.local_shape and out.dtype == dst.np_dtype and np.array_equal(out, expected[RANK])
+    ok = all_true(mine)
+    if not ok and len(failures) < 5:
+        failures.append(f"{label}: {src} -> {dst}\n{plan.program}")
+    return ok, core_ok
+
+
+def mode_cases(seed: int, count: int) -> None:
+    t0 = time.time()
+    cases = passed = mismatched = 0
+    failures: list[str] = []
+    for mshape in MESHES[SIZE]:
+        for mtext, a, b in classic_pairs(mshape):
+            mesh = redist.Mesh.parse(mtext)
+            src, dst = redist.ShardingType.parse(a, mesh), redist.ShardingType.parse(b, mesh)
+            ok, core_ok = run_case(src, dst, np.random.default_rng(seed), failures, "classic")
+            cases, passed, mismatched = cases + 1, passed + ok, mismatched + (not core_ok)
+    for i in range(count):
+        rng = np.random.default_rng([seed, i])
+        mesh = make_mesh(MESHES[SIZE][i % len(MESHES[SIZE])])
+        src, dst = random_pair(rng, mesh)
+        ok, core_ok = run_case(src, dst, rng, failures, f"random {i}")
+        cases, passed, mismatched = cases + 1, passed + ok, mismatched + (not core_ok)
+    # Repeating reshards reuses the cached sub-communicators: the cache does not grow.
+    mesh = make_mesh(MESHES[SIZE][-1])
+    src, dst = random_pair(np.random.default_rng(seed), mesh)
+    run_case(src, dst, np.random.default_rng(0), failures, "repeat")
+    before = len(redist.mpi._context(COMM, mesh).groups)
+    for _ in range(3):
+        run_case(src, dst, np.random.default_rng(0), failures, "repeat")
+    stable = int(len(redist.mpi._context(COMM, mesh).groups) == before)
+    for f in failures:
+        say("FAILED", f)
+    say("instructions run:", " ".join(f"{k}={v}" for k, v in sorted(KINDS.items())))
+    say(f"ranks={SIZE} cases={cases} passed={passed} core_mismatch={mismatched} subcomms_stable={stable} "
+        f"seconds={time.time() - t0:.1f}")
+
+
+def expect_error(label: str, fn) -> bool:
+    try:
+        fn()
+        raised, msg = False, "no error"
+    except redist.ShardingError as e:
+        raised, msg = True, str(e)
+    everyone = all_true(raised)
+    say(f"{label}: all_raised={int(everyone)} rank0: {msg}")
+    return everyone
+
+
+def mode_errors() -> None:
+    mesh = make_mesh(MESHES[SIZE][-1])
+    src = redist.ShardingType.parse(f"f64[{2 * SIZE}{{x}}, 4]", mesh)
+    dst = redist.ShardingType.parse(f"f64[{2 * SIZE}, 4{{{mesh.names[-1]}}}]", mesh)
+    other = redist.ShardingType.parse(f"f64[{2 * SIZE}, 4]", mesh)
+    good = np.zeros(src.local_shape)
+    big = make_mesh((2 * SIZE,))
+    bsrc, bdst = (redist.ShardingType.parse(t, big) for t in (f"f64[{2 * SIZE}{{x}}]", f"f64[{2 * SIZE}]"))
+    checks = [
+        ("wrong comm.size", lambda: redist.mpi.reshard(np.zeros(1), bsrc, bdst, COMM)),
+        ("mismatched dst across ranks", lambda: redist.mpi.reshard(good, src, other if RANK == 0 else dst, COMM)),
+        ("mismatched src across ranks",
+         lambda: redist.mpi.reshard(good, src if RANK != 1 else src.replace(dims=((), ())), dst, COMM)),
+        ("wrong local shape on rank 2",
+         lambda: redist.mpi.reshard(np.zeros((1, 4)) if RANK == 2 else good, src, dst, COMM)),
+        ("wrong dtype on rank 1",
+         lambda: redist.mpi.reshard(good.astype(np.float32) if RANK == 1 else good, src, dst, COMM)),
+        ("no plan (dst partial, src not)",
+         lambda: redist.mpi.reshard(good, src, other.replace(partial=(mesh.names[-1],)), COMM)),
+    ]
+    raised = 0
+    for label, fn in checks:
+        raised += expect_error(label, fn)
+        # The communicator is still usable afterwards.
+        x = redist.shard(src, np.arange(2 * SIZE * 4, dtype=np.float64).reshape(2 * SIZE, 4))
+        ok = all_true(np.array_equal(redist.mpi.reshard(x[RANK], src, dst, COMM),
+                                     redist.execute(redist.synthesize(src, dst), x)[RANK]))
+        raised -= not ok
+    say(f"errors={len(checks)} all_raised={raised}")
+
+
+MEMORY_PAIRS = [  # mesh x=2,y=2 (4 ranks); f64, local buffers of 2-8 MiB
+    ("f64[1024{x}, 1024{y}]", "f64[1024{y}, 1024{x}]"),
+    ("f64[1024{x,y}, 1024]", "f64[1024, 1024{x,y}]"),
+    ("f64[1024{x}, 1024{y}]", "f64[1024, 1024]"),
+    ("f64[1024, 1024{x,y}]", "f64[1024, 1024]"),
+    ("f64[1024, 1024]", "f64[1024{x,y}, 1024]"),
+    ("f64[1024, 1024] partial{x,y}", "f64[1024{x}, 1024{y}]"),
+    ("f64[512, 1024{y}] partial{x}", "f64[512, 1024{y}]"),
+    ("f64[1024{x}, 1024]", "f64[1024{y}, 1024]"),
+    ("f64[1024{x}, 1024]", "f64[1024{y}, 1024{x}]"),
+    # two size-preserving steps in a row: the second holds an intermediate and its result (2x)
+    ("f64[1024{x}, 1024, 2{y}]", "f64[1024, 1024{y,x}, 2]"),
+    ("f64[1024, 1024{y,x}]", "f64[1024{y}, 1024{x}]"),
+    ("f64[2048{x}, 512] partial{y}", "f64[2048{y}, 512]"),
+]
+SLACK = 64 * 1024  # Python objects alive next to the buffers (arrays' headers, datatypes, frames)
+
+
+def mode_memory() -> None:
+    mesh = redist.Mesh.parse("x=2,y=2")
+    tracemalloc.start()
+    within, worst, lines = 0, 0.0, []
+    for a, b in MEMORY_PAIRS:
+        src, dst = (redist.ShardingType.parse(t, mesh) for t in (a, b))
+        bound = 2 * max(src.local_bytes, dst.local_bytes)
+        local = np.ones(src.local_shape, dtype=src.np_dtype)
+        figures = []
+        for _ in range(2):  # cold (plan synthesis, communicators), then warm
+            out = None
+            base = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            out = redist.mpi.reshard(local, src, dst, COMM)
+            figures.append(tracemalloc.get_traced_memory()[1] - base)
+            del out
+        extra = COMM.allreduce(figures[1], op=MPI.MAX)
+        cold = COMM.allreduce(figures[0], op=MPI.MAX)
+        ratio = extra / max(src.local_bytes, dst.local_bytes)
+        worst = max(worst, ratio)
+        within += extra <= bound + SLACK
+        steps = ",".join(type(i).__name__ for i in redist.synthesize(src, dst).program.instructions)
+        lines.append(f"  {a} -> {b} [{steps}]: extra {extra} B = {ratio:.4f} x max(src, dst) local bytes "
+                     f"(cold first call {cold} B); bound 2x = {bound} B")
+    for line in lines:
+        say(line)
+    say(f"memory cases={len(lines)} within={within} worst_ratio={worst:.4f}")
+
+
+def mode_fail() -> None:
+    mesh = redist.Mesh.parse("x=2,y=2")
+    src = redist.ShardingType.parse("f64[8{x}, 8] partial{y}", mesh)
+    dst = redist.ShardingType.parse("f64[8, 8]", mesh)
+    calls = [0]
+
+    def failing(kind):
+        run = redist.mpi._RUN[kind]
+
+        def wrapped(ctx, ins, buf):
+            calls[0] += 1
+            if RANK == 0 and calls[0] == 2:
+                raise RuntimeError("injected failure on rank 0 before instruction 2")
+            return run(ctx, ins, buf)
+        return wrapped
+
+    for kind in list(redist.mpi._RUN):
+        redist.mpi._RUN[kind] = failing(kind)
+    say(redist.synthesize(src, dst).program)
+    out = redist.mpi.reshard(np.ones(src.local_shape), src, dst, COMM)
+    COMM.Barrier()
+    say(f"fail: no failure happened ({out.shape})")
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    with redist.mpi.abort_on_error(COMM):
+        if mode == "cases":
+            mode_cases(int(sys.argv[2]), int(sys.argv[3]))
+        elif mode == "errors":
+            mode_errors()
+        elif mode == "memory":
+            mode_memory()
+        elif mode == "fail":
+            mode_fail()
+        else:
+            raise SystemExit(f"unknown mode {mode!r}")

@@ -1,0 +1,92 @@
+"""The MPI runtime (redist.mpi): real mpiexec launches of tests/mpi_worker.py, checked from their output.
+
+Each launch runs many cases in one job (startup is the slow part); see the worker for what each mode does.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests", "mpi_worker.py")
+MPIEXEC = os.path.join(sys.prefix, "bin", "mpiexec")
+
+pytestmark = pytest.mark.skipif(
+    not os.path.exists(MPIEXEC), reason=f"no mpiexec in this environment ({MPIEXEC}); install the mpich wheel"
+)
+
+
+def mpirun(n: int, *args: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess, float]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    cmd = [MPIEXEC, "-n", str(n), sys.executable, WORKER, *args]
+    t0 = time.monotonic()
+    # A session of its own, so that a hung job can be killed whole (mpiexec and every rank it started).
+    with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out, err = p.communicate()
+            pytest.fail(f"mpiexec -n {n} {' '.join(args)} hung for {timeout} s; output:\n{(out + err)[-6000:]}")
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err), time.monotonic() - t0
+
+
+def summary(proc, pattern: str) -> dict[str, str]:
+    out = proc.stdout + proc.stderr
+    m = re.search(pattern, out)
+    assert proc.returncode == 0 and m, f"exit {proc.returncode}; output:\n{out[-6000:]}"
+    return m.groupdict()
+
+
+def test_import_redist_does_not_import_mpi4py():
+    code = "import sys, redist; assert 'mpi4py' not in sys.modules, 'redist imported mpi4py'"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
+
+
+@pytest.mark.parametrize("n", [4, 6, 8])
+def test_random_and_classic_reshards_match_numpy_backend(n):
+    proc, _ = mpirun(n, "cases", str(100 + n), "400")
+    got = summary(proc, r"ranks=(?P<ranks>\d+) cases=(?P<cases>\d+) passed=(?P<passed>\d+) "
+                        r"core_mismatch=(?P<core>\d+) subcomms_stable=(?P<stable>\d)")
+    assert int(got["ranks"]) == n
+    assert int(got["cases"]) >= 400
+    assert got["passed"] == got["cases"], proc.stdout[-6000:]
+    assert got["core"] == "0", "the numpy backend disagrees with unshard:\n" + proc.stdout[-6000:]
+    assert got["stable"] == "1", "repeated reshards created new sub-communicators"
+    kinds = re.search(r"instructions run: (.*)", proc.stdout).group(1)
+    for kind in ("Slice", "AllGather", "AllToAll", "ReduceScatter", "AllReduce", "CollectivePermute"):
+        assert f"{kind}=" in kinds, f"no {kind} ran: {kinds}"
+
+
+def test_argument_errors_raise_on_every_rank():
+    proc, _ = mpirun(4, "errors", timeout=120)
+    got = summary(proc, r"errors=(?P<errors>\d+) all_raised=(?P<raised>\d+)")
+    assert got["raised"] == got["errors"], proc.stdout
+    assert "the communicator has 4 ranks but mesh x=8 has 8 devices" in proc.stdout
+    assert "different arguments on different ranks" in proc.stdout
+    assert "the local buffer on rank(s) [2] does not match" in proc.stdout
+
+
+def test_memory_within_twice_the_larger_local_buffer():
+    proc, _ = mpirun(4, "memory", timeout=120)
+    got = summary(proc, r"memory cases=(?P<cases>\d+) within=(?P<within>\d+) worst_ratio=(?P<ratio>[\d.]+)")
+    assert got["within"] == got["cases"], proc.stdout
+    assert float(got["ratio"]) <= 2.01, proc.stdout
+
+
+def test_failure_mid_plan_aborts_every_rank():
+    proc, seconds = mpirun(4, "fail", timeout=60)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "injected failure on rank 0 before instruction 2" in out
+    assert "aborting all 4 ranks" in out
+    assert "no failure happened" not in out
+    assert seconds < 60
