@@ -119,6 +119,12 @@ def run_program(program: P.Program, x, axis_names: Mapping[str, tuple[str, ...]]
         if isinstance(ins, P.CollectivePermute):
             x = _permute(mesh, ins, x, jaxes(mesh.names))
             continue
+        if isinstance(ins, P.Reshape):
+            x = x.reshape(ins.shape)
+            continue
+        if isinstance(ins, P.Transpose):
+            x = jnp.transpose(x, ins.perm)
+            continue
         axes = jaxes(ins.axes)
         if isinstance(ins, P.Slice):
             k = mesh.group_size(ins.axes)

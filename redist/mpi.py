@@ -320,7 +320,21 @@ def _collective_permute(ctx, ins: P.CollectivePermute, buf):
     return out, True
 
 
+def _reshape(ctx, ins: P.Reshape, buf):
+    """A view with the new shape (the buffer is C-contiguous)."""
+    owned, x = buf.owned, buf.take()
+    return x.reshape(ins.shape), owned
+
+
+def _transpose(ctx, ins: P.Transpose, buf):
+    """A C-contiguous copy of the transposed buffer; an owned input is dropped once the copy exists."""
+    x = buf.take()
+    return np.ascontiguousarray(np.transpose(x, ins.perm)), True
+
+
 _RUN = {
+    P.Reshape: _reshape,
+    P.Transpose: _transpose,
     P.Slice: _slice,
     P.AllGather: _all_gather,
     P.AllToAll: _all_to_all,

@@ -8,6 +8,8 @@ row-major over ``axes`` in the order listed. ``k`` is the group size.
 
 Instructions (``x`` is a device's buffer before, ``r`` its group rank):
 
+- ``Reshape(shape)``: the same elements in row-major order, viewed with ``shape``. Local.
+- ``Transpose(perm)``: ``np.transpose(x, perm)`` (result dim ``a`` is input dim ``perm[a]``). Local.
 - ``Slice(dim, axes)``: keep ``x[..., r·n/k : (r+1)·n/k, ...]`` along ``dim`` (``n = x.shape[dim]``). Local.
 - ``AllGather(dim, axes)``: concatenate the group's buffers along ``dim`` in rank order.
 - ``AllToAll(split_dim, concat_dim, axes)``: split ``x`` along ``split_dim`` into k equal chunks; chunk j goes
@@ -18,17 +20,30 @@ Instructions (``x`` is a device's buffer before, ``r`` its group rank):
   the devices; ``sources[d] == d`` means d keeps its buffer and receives nothing).
 
 The numpy, JAX and MPI backends execute these, and :mod:`redist.verify` proves these same instructions
-correct. Lowering is one instruction per plan step; nothing in the program refers back to sharding types.
+correct. Lowering is one instruction per plan step, except that an all-to-all of several moves becomes
+one ``AllToAll`` over a leading dim of chunks, between local reshapes and transposes; nothing in the program
+refers back to sharding types.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from redist import steps as S
 from redist.mesh import Mesh
+
+
+@dataclass(frozen=True)
+class Reshape:
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Transpose:
+    perm: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -70,7 +85,7 @@ class CollectivePermute:
         return tuple((s, d) for d, s in enumerate(self.sources) if s != d)
 
 
-Instruction = Slice | AllGather | AllToAll | ReduceScatter | AllReduce | CollectivePermute
+Instruction = Reshape | Transpose | Slice | AllGather | AllToAll | ReduceScatter | AllReduce | CollectivePermute
 
 
 @dataclass(frozen=True)
@@ -98,8 +113,14 @@ class Program:
         return "\n".join(lines)
 
 
-def lower_step(step, t_in) -> Instruction:
-    """The instruction that implements one typed step on buffers of type ``t_in``."""
+def lower_step(step, t_in) -> tuple[Instruction, ...]:
+    """The instructions that implement one typed step on buffers of type ``t_in``."""
+    if isinstance(step, S.MultiAllToAll):
+        return _multi_all_to_all(step, t_in)
+    return (_lower_one(step, t_in),)
+
+
+def _lower_one(step, t_in) -> Instruction:
     if isinstance(step, S.AllSlice):
         return Slice(step.dim, step.axes)
     if isinstance(step, S.AllGather):
@@ -115,12 +136,73 @@ def lower_step(step, t_in) -> Instruction:
     raise TypeError(f"no lowering for step {step!r}")
 
 
+def _multi_all_to_all(step, t_in) -> tuple[Instruction, ...]:
+    """Moves ``(i_m -> j_m, axes_m)``: split every ``j_m`` into ``(k_m, rest)``, bring the ``k_m`` to the front
+    and merge them into one dim of ``k`` chunks (row-major, so chunk index = rank over all the axes),
+    exchange chunk ``r`` with member ``r``, then split the front dim by sender ``(s_1, …, s_M)`` and put each
+    ``s_m`` at the major end of ``i_m``."""
+    mesh = t_in.mesh
+    shape = list(t_in.local_shape)
+    ks = [mesh.group_size(axes) for _, _, axes in step.moves]
+    splits = {j: k for (_, j, _), k in zip(step.moves, ks)}
+    # Expanded dims: ("c", j) the chunk index of split dim j, ("d", d) the (rest of) original dim d.
+    expanded = []
+    for d, n in enumerate(shape):
+        expanded += [("c", d), ("d", d)] if d in splits else [("d", d)]
+    sizes = {("c", j): k for j, k in splits.items()}
+    sizes.update({("d", d): n // splits.get(d, 1) for d, n in enumerate(shape)})
+    front = [("c", j) for _, j, _ in step.moves]
+    rest = [e for e in expanded if e[0] == "d"]
+    order = front + rest
+    ins = [
+        Reshape(tuple(sizes[e] for e in expanded)),
+        Transpose(tuple(expanded.index(e) for e in order)),
+        Reshape((math.prod(ks),) + tuple(sizes[e] for e in rest)),
+        AllToAll(0, 0, step.axes),
+    ]
+    # After the exchange the front dims index the sender; each goes just before its concat dim i_m.
+    senders = [("s", i) for i, _, _ in step.moves]
+    sizes.update({("s", i): k for (i, _, _), k in zip(step.moves, ks)})
+    received = senders + rest
+    final = []
+    for e in rest:
+        if ("s", e[1]) in sizes:
+            final.append(("s", e[1]))
+        final.append(e)
+    ins += [
+        Reshape(tuple(sizes[e] for e in received)),
+        Transpose(tuple(received.index(e) for e in final)),
+        Reshape(step.apply(t_in).local_shape),
+    ]
+    return tuple(ins)
+
+
 def lower(steps, types) -> Program:
     """Lower typed steps (with their ``len(steps) + 1`` types) to a buffer program."""
     t0 = types[0]
-    return Program(
-        mesh=t0.mesh,
-        dtype=t0.np_dtype,
-        instructions=tuple(lower_step(s, t) for s, t in zip(steps, types)),
-        shapes=tuple(t.local_shape for t in types),
-    )
+    instructions, shapes = [], [t0.local_shape]
+    for step, t in zip(steps, types):
+        for ins in lower_step(step, t):
+            instructions.append(ins)
+            shapes.append(_shape_after(ins, shapes[-1], t0.mesh))
+    assert shapes[-1] == types[-1].local_shape
+    return Program(mesh=t0.mesh, dtype=t0.np_dtype, instructions=tuple(instructions), shapes=tuple(shapes))
+
+
+def _shape_after(ins, shape, mesh) -> tuple[int, ...]:
+    """The local shape after ``ins`` on a buffer of ``shape``."""
+    s = list(shape)
+    if isinstance(ins, Reshape):
+        assert math.prod(ins.shape) == math.prod(shape), (ins, shape)
+        return tuple(ins.shape)
+    if isinstance(ins, Transpose):
+        return tuple(shape[p] for p in ins.perm)
+    if isinstance(ins, (Slice, ReduceScatter)):
+        s[ins.dim] //= mesh.group_size(ins.axes)
+    elif isinstance(ins, AllGather):
+        s[ins.dim] *= mesh.group_size(ins.axes)
+    elif isinstance(ins, AllToAll):
+        k = mesh.group_size(ins.axes)
+        s[ins.split_dim] //= k
+        s[ins.concat_dim] *= k
+    return tuple(s)

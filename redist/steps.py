@@ -10,6 +10,8 @@ of devices in a group (the product of the sizes of the step's axes).
 | all_slice(dim, axes)          | append unused ``axes`` at the minor end of ``dim`` | ÷ k        | 0                |
 | all_gather(dim, axes)         | drop ``axes``, a minor-end suffix of ``dim``       | × k        | (k−1)/k · L_out  |
 | all_to_all(d1 -> d2, axes)    | move minor-end suffix ``axes`` of d1 to d2's end   | same       | (k−1)/k · L      |
+| all_to_all(d1 -> d2 {A}, …)   | several such moves between distinct dims at once;  | same       | (k−1)/k · L      |
+|                               | the group is all their axes (k = product)          |            |                  |
 | permute(to dims)              | any change keeping each dim's block count          | same       | L, on a device   |
 |                               | and the partial axes                               |            | that moves       |
 | reduce_scatter(dim, axes)     | remove ``axes`` from partial, append them to dim   | ÷ k        | (k−1)/k · L_in   |
@@ -137,6 +139,39 @@ class AllToAll:
 
 
 @dataclass(frozen=True)
+class MultiAllToAll:
+    """Several all_to_all moves ``(src_dim, dst_dim, axes)`` between distinct dims, as ONE all-to-all over the
+    group of all their axes (listed move by move): member ``(r_1, …, r_M)`` sends chunk ``r_m`` of every
+    ``dst_dim`` … as in XLA's multi-dimension all-to-all. It receives ``(k−1)/k`` of the buffer where the
+    moves done one by one would receive ``Σ (k_m−1)/k_m`` of it."""
+
+    moves: tuple[tuple[int, int, tuple[str, ...]], ...]
+    kind = "all_to_all"
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return tuple(a for _, _, axes in self.moves for a in axes)
+
+    def apply(self, t: ShardingType) -> ShardingType:
+        used = [d for i, j, _ in self.moves for d in (i, j)]
+        if len(self.moves) < 2 or len(set(used)) != len(used):
+            raise ShardingError(f"{self} must move between distinct dims, at least two moves")
+        dims = list(t.dims)
+        for i, j, axes in self.moves:
+            _check_dim(self, t, j)
+            dims[i] = _without_suffix(self, t, i, axes)
+            dims[j] = dims[j] + tuple(axes)
+        return _rebuild(self, t, tuple(dims))
+
+    def bytes_received(self, t: ShardingType) -> Fraction:
+        k = t.mesh.group_size(self.axes)
+        return Fraction(k - 1, k) * t.local_bytes
+
+    def __str__(self):
+        return "all_to_all(" + ", ".join(f"dim {i} -> dim {j} {_axes(a)}" for i, j, a in self.moves) + ")"
+
+
+@dataclass(frozen=True)
 class Permute:
     """Send whole local buffers between devices so that the result has per-dim axes ``dims``
     (same block count in every dim, same partial axes)."""
@@ -201,7 +236,7 @@ class AllReduce:
         return f"all_reduce({_axes(self.axes)})"
 
 
-Step = AllSlice | AllGather | AllToAll | Permute | ReduceScatter | AllReduce
+Step = AllSlice | AllGather | AllToAll | MultiAllToAll | Permute | ReduceScatter | AllReduce
 
 
 @lru_cache(maxsize=4096)

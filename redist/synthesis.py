@@ -3,7 +3,7 @@
 Search space. A state is a sharding of the array over *atoms*: the mesh axes, or the pieces of them that
 the source or destination name as sub-axes. Steps act at the minor end of a dim's atom list (a stack):
 ``all_slice`` and ``reduce_scatter`` push, ``all_gather`` pops, ``all_to_all`` moves a suffix from one dim to
-another, ``all_reduce`` drops partial atoms, and a ``permute`` swaps two atoms (within a dim, across dims
+another (or two such moves between four distinct dims at once), ``all_reduce`` drops partial atoms, and a ``permute`` swaps two atoms (within a dim, across dims
 with equal sizes, or with an unused atom of the same size), several swaps in a row forming one permute.
 
 Invariant (memory-efficient normal form). Along every plan the local size never rises and then falls
@@ -128,19 +128,35 @@ def _compress(mesh: Mesh, atoms: _Atoms, run) -> tuple[str, ...]:
     return tuple(toks)
 
 
-def synthesize(src: ShardingType, dst: ShardingType) -> Plan:
-    """The plan with the fewest bytes received (then the fewest steps) among memory-bounded plans.
+def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
+    """The cheapest memory-bounded plan from ``src`` to ``dst``.
 
-    ``plan.peak_bytes <= max(src.local_bytes, dst.local_bytes)`` always holds. Raises
-    :class:`ShardingError` if the types are on different meshes, have different shapes or dtypes, or if the
-    destination is partial over an axis the source is not.
+    ``plan.peak_bytes <= max(src.local_bytes, dst.local_bytes)`` always holds. Without a topology the plan
+    receives the fewest bytes (then has the fewest steps). With ``topology`` (a :class:`redist.cost.Topology`
+    or a preset name of :mod:`redist.cost`, laid over the source's mesh) the candidates (the fewest-bytes
+    plans and the plans found by searching on modeled time, over whole axes and over sub-axes) are priced
+    with :func:`redist.cost.plan_time` and the fastest is returned (ties: fewer bytes, then fewer steps).
+
+    Raises :class:`ShardingError` if the types are on different meshes, have different shapes or dtypes, or if
+    the destination is partial over an axis the source is not.
     """
     _check_pair(src, dst)
-    return _synthesize(src, dst)
+    if topology is None:
+        return _synthesize(src, dst)
+    from redist import cost
+
+    topo = cost.topology(topology, src.mesh) if isinstance(topology, str) else topology
+    candidates = [_synthesize(src, dst)]
+    for refine in (False, True):
+        found = _search(src, dst, refine, topo)
+        if found is not None:
+            candidates.append(found)
+    return min(candidates, key=lambda p: (cost.plan_time(p, topo), p.bytes_received, len(p.steps)))
 
 
 @lru_cache(maxsize=1024)
 def _synthesize(src: ShardingType, dst: ShardingType) -> Plan:
+    """The fewest-bytes plan (ties: fewest steps)."""
     plan = _search(src, dst, refine=False)
     reduces = set(src.partial) != set(dst.partial)
     if plan is not None and (reduces or plan.bytes_received == lower_bound_bytes(src, dst)):
@@ -153,7 +169,9 @@ def _synthesize(src: ShardingType, dst: ShardingType) -> Plan:
     return min(candidates, key=lambda p: (p.bytes_received, len(p.steps)))
 
 
-def _search(src: ShardingType, dst: ShardingType, refine: bool) -> Plan | None:
+def _search(src: ShardingType, dst: ShardingType, refine: bool, topo=None) -> Plan | None:
+    """A* over normal-form plans on the atoms of ``refine``; objective: bytes received, or with ``topo``
+    modeled time (a merged step pays its latency once). None if no plan is found."""
     mesh = src.mesh
     atoms = _atoms(mesh, _cut_points(mesh, (src, dst), refine))
     sz = atoms.sizes
@@ -192,9 +210,25 @@ def _search(src: ShardingType, dst: ShardingType, refine: bool) -> Plan | None:
         return k
 
     dst_local = local_bytes(dst_dims)
+    if topo is None:
+        def price(nbytes_scaled, axes, new_step):
+            return nbytes_scaled
 
-    def h(dims) -> int:
-        return max(0, dst_local - local_bytes(dims)) * scale
+        def h(dims):
+            return max(0, dst_local - local_bytes(dims)) * scale
+    else:
+        links = [topo.link(n) for n in atoms.names]
+        fastest = max(link.beta for link in links)
+
+        def price(nbytes_scaled, axes, new_step):
+            if not nbytes_scaled:
+                return 0.0
+            group = [links[a] for a in range(n_atoms) if axes >> a & 1] or links
+            alpha = max(link.alpha for link in group) if new_step else 0.0
+            return alpha + nbytes_scaled / scale / min(link.beta for link in group)
+
+        def h(dims):
+            return max(0, dst_local - local_bytes(dims)) / fastest
 
     # A state: (dims, partial mask, grown, last move tag). ``last`` lets consecutive slices / gathers /
     # reduce-scatters on one dim, or consecutive swaps, merge into one step and be charged once.
@@ -230,15 +264,16 @@ def _search(src: ShardingType, dst: ShardingType, refine: bool) -> Plan | None:
                         if local[i] % sz[a]:
                             continue
                         nd = dims[:i] + (dims[i] + (a,),) + dims[i + 1:]
-                        moves.append((nd, partial, False, ("slice", i), 0, last != ("slice", i), ("slice", i, a)))
+                        moves.append((nd, partial, False, ("slice", i), 0, 0, last != ("slice", i), ("slice", i, a)))
                 if reducible >> a & 1 and partial >> a & 1:
                     for i in range(rank):
                         if local[i] % sz[a]:
                             continue
                         nd = dims[:i] + (dims[i] + (a,),) + dims[i + 1:]
                         cost = (sz[a] - 1) * L * scale // sz[a]
-                        moves.append((nd, partial & ~(1 << a), False, ("rs", i), cost, last != ("rs", i),
+                        moves.append((nd, partial & ~(1 << a), False, ("rs", i), cost, 1 << a, last != ("rs", i),
                                       ("rs", i, a)))
+        singles = []
         for i in range(rank):
             di = dims[i]
             for m in range(1, len(di) + 1):
@@ -247,30 +282,46 @@ def _search(src: ShardingType, dst: ShardingType, refine: bool) -> Plan | None:
                 for j in range(rank):
                     if j == i or local[j] % k:
                         continue
+                    singles.append((i, j, m, suffix, k))
                     nd = list(dims)
                     nd[i] = di[: len(di) - m]
                     nd[j] = dims[j] + suffix
-                    moves.append((tuple(nd), partial, grown, None, (k - 1) * L * scale // k, True,
-                                  ("a2a", i, j, m)))
-                if not (mask(suffix) & wanted):
+                    moves.append((tuple(nd), partial, grown, None, (k - 1) * L * scale // k, mask(suffix), True,
+                                  ("a2a", ((i, j, m),))))
+                # Gathers on different dims commute: take minor dims first, while the buffer is small (a
+                # gather along a minor dim interleaves and needs a transpose; along dim 0 it appends).
+                if not (mask(suffix) & wanted) and not (last and last[0] == "gather" and last[1] < i):
                     nd = dims[:i] + (di[: len(di) - m],) + dims[i + 1:]
-                    moves.append((nd, partial, True, ("gather", i), (k - 1) * L * scale, last != ("gather", i),
-                                  ("gather", i, m)))
+                    moves.append((nd, partial, True, ("gather", i), (k - 1) * L * scale, mask(suffix),
+                                  last != ("gather", i), ("gather", i, m)))
+        # Two moves between four distinct dims in one all-to-all over both groups (XLA does the same).
+        for x, (i1, j1, m1, suffix1, k1) in enumerate(singles):
+            for i2, j2, m2, suffix2, k2 in singles[x + 1:]:
+                if len({i1, j1, i2, j2}) < 4:
+                    continue
+                nd = list(dims)
+                nd[i1], nd[i2] = dims[i1][: len(dims[i1]) - m1], dims[i2][: len(dims[i2]) - m2]
+                nd[j1], nd[j2] = dims[j1] + suffix1, dims[j2] + suffix2
+                k = k1 * k2
+                moves.append((tuple(nd), partial, grown, None, (k - 1) * L * scale // k, mask(suffix1 + suffix2),
+                              True, ("a2a", ((i1, j1, m1), (i2, j2, m2)))))
         if partial & reducible:
             k = 1
             for a in range(n_atoms):
                 if (partial & reducible) >> a & 1:
                     k *= sz[a]
-            moves.append((dims, partial & ~reducible, grown, None, 2 * (k - 1) * L * scale // k, True, ("ar",)))
+            moves.append((dims, partial & ~reducible, grown, None, 2 * (k - 1) * L * scale // k,
+                          partial & reducible, True, ("ar",)))
         chain = last[1] if last and last[0] == "swap" else 0
         if chain < _MAX_SWAPS:
             tag = ("swap", chain + 1)
             cost = 0 if chain else L * scale
             for nd in _swaps(dims, sz, free & wanted):
-                moves.append((nd, partial, grown, tag, cost, not chain, ("swap", nd)))
-        for nd, npartial, ngrown, ntag, cost, new_step, move in moves:
+                moved = mask(a for d, e in zip(dims, nd) for a, b in zip(d, e) if a != b)
+                moves.append((nd, partial, grown, tag, cost, moved, not chain, ("swap", nd)))
+        for nd, npartial, ngrown, ntag, nbytes, axes, new_step, move in moves:
             nstate = (nd, npartial, ngrown, ntag)
-            ng, ns = g + cost, nsteps + (1 if new_step else 0)
+            ng, ns = g + price(nbytes, axes, new_step), nsteps + (1 if new_step else 0)
             old = best.get(nstate)
             if old is None or (ng, ns) < old:
                 best[nstate] = (ng, ns)
@@ -338,8 +389,8 @@ def _build(src, dst, mesh, atoms, parent, state) -> Plan:
             else:
                 step = S.AllGather(i, tok(dims[i][len(dims[i]) - m:]))
         elif kind == "a2a":
-            _, i, j, m = move
-            step = S.AllToAll(i, j, tok(dims[i][len(dims[i]) - m:]))
+            parts = [(i, j, tok(dims[i][len(dims[i]) - m:])) for i, j, m in move[1]]
+            step = S.AllToAll(*parts[0]) if len(parts) == 1 else S.MultiAllToAll(tuple(parts))
         elif kind == "ar":
             step = S.AllReduce(remove_axes(mesh, t.partial, dst.partial))
         elif kind == "swap":

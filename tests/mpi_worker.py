@@ -122,6 +122,7 @@ def classic_pairs(mesh_shape) -> list[tuple[str, str, str]]:
             (m, f"f64[{a * b}, {a * b}] partial{{x,y}}", f"f64[{a * b}{{y}}, {a * b}{{x}}]"),
             (m, f"f64[{a * b}, {a * b}] partial{{x,y}}", f"f64[{a * b}, {a * b}] partial{{y}}"),
             (m, f"bf16[{a * b}{{x}}, {a * b}]", f"bf16[{a * b}, {a * b}{{x,y}}]"),
+            (m, f"f32[{2 * b}{{y}}, {2 * a}{{x}}, {2 * a}, {b}]", f"f32[{2 * b}, {2 * a}, {2 * a}{{x}}, {b}{{y}}]"),
         ]
     if mesh_shape == (4, 2):  # P('y', None, 'x') -> P(None, ('x', 'y'), None)
         out.append(("x=4,y=2", "f32[8{y}, 16, 8{x}]", "f32[8, 16{x,y}, 8]"))

@@ -60,6 +60,7 @@ CLASSIC = [
     ((2, 2, 2), ("a", "b", "c"), (8,), PS(("a", "b", "c")), PS(("c", "b", "a"))),
     ((2, 2, 2), ("x", "y", "z"), (), PS(), PS()),                            # scalar
     ((1, 8), ("u", "v"), (8, 2), PS("v", "u"), PS(("u", "v"))),              # size-1 axis
+    ((2, 4), ("x", "y"), (8, 4, 8, 4), PS("y", "x"), PS(None, None, "x", "y")),  # two moves, one all-to-all
 ]
 
 

@@ -78,6 +78,7 @@ CLASSIC = [
     (Mesh({"x": 6}), "f32[12{x}, 6]", "f32[12, 6{x}]", ["all_to_all"]),
     (MESH, "f32[16, 16] partial{x}", "f32[16{x}, 16]", ["reduce_scatter"]),
     (MESH, "f32[16, 16] partial{x}", "f32[16, 16]", ["all_reduce"]),
+    (MESH, "f32[8{y}, 4{x}, 8, 4]", "f32[8, 4, 8{x}, 4{y}]", ["all_to_all"]),  # two moves at once
 ]
 
 

@@ -31,6 +31,10 @@ def run(program: P.Program, shards: list[np.ndarray]) -> list[np.ndarray]:
 
 def _step(mesh, ins, bufs):
     out = list(bufs)
+    if isinstance(ins, P.Reshape):
+        return [x.reshape(ins.shape) for x in bufs]
+    if isinstance(ins, P.Transpose):
+        return [np.ascontiguousarray(np.transpose(x, ins.perm)) for x in bufs]
     if isinstance(ins, P.CollectivePermute):
         return [bufs[s].copy() if s != d else bufs[d] for d, s in enumerate(ins.sources)]
     for group in mesh.groups(ins.axes):
