@@ -1,0 +1,20 @@
+"""partir_core: PartIR-style partitioning of JAX programs with schedules of tactics.
+
+    mesh = redist.Mesh({"batch": 2, "model": 4})
+    pf = partir_core.jit(train_step, mesh, [
+        partir_core.ManualPartition({"x": 0}, axis="batch"),
+        partir_core.ManualPartition({"params/w1": 1, "params/w2": 0}, axis="model"),
+    ])
+    out = pf(params, x)                  # runs on mesh.size JAX devices, equals train_step(params, x)
+    lowered = pf.lower(params, x)        # types, collectives, .after(k), conflicts, .simulate()
+
+Modules: ``ir`` (trace and inline), ``registry`` (factor rules), ``propagation``, ``tactics``,
+``lowering`` (local program under shard_map), ``simulator``, ``partition`` (jit), ``models``, ``schedules``.
+"""
+
+from partir_core.partition import Partitioned, PartitionedFunction, jit
+from partir_core.simulator import HARDWARE, Hardware, Simulation
+from partir_core.tactics import AutomaticPartition, ManualPartition, PartitionError
+
+__all__ = ["jit", "ManualPartition", "AutomaticPartition", "PartitionError", "Partitioned",
+           "PartitionedFunction", "Hardware", "HARDWARE", "Simulation"]

@@ -1,0 +1,308 @@
+"""Lowering: from the propagated IR to one SPMD program of local ops and collectives, and running it.
+
+:func:`analyze` fixes, for every equation, the factor axes it runs with (:class:`OpSharding`): the types its
+operands must have and the types of its results (partial where a contracted factor is split). Values then have
+the type their producer gives them (inputs: the tactics' types).
+
+:func:`lower` turns that into a :class:`LocalProgram`, a list of instructions on per-device buffers:
+
+- ``Reshard``: an operand whose type does not fit what its op needs is moved by ``redist.synthesize(src, dst)``
+  and run with ``redist.jax.run_program``. Pending sums become ``all_reduce`` / ``reduce_scatter`` this way,
+  when consumed by an op that needs a non-partial operand, and at the outputs. If a plan names sub-axes
+  (``y:(2)2``) or cannot be synthesized, the reshard falls back to reducing, all-gathering to replicated and
+  slicing locally (recorded in :attr:`LocalProgram.fallbacks`).
+- ``Compute``: the primitive on local shards, through its registry rule's local form (local shapes, block
+  offsets); ops with no rule run on replicated operands with their original parameters.
+- ``Finish``: ``pmax``/``pmin`` after a max/min reduction over a split dim.
+
+:meth:`LocalProgram.run` interprets the program inside one ``jax.shard_map`` over the whole mesh, with the
+inputs' and outputs' ``partition_spec()`` as specs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import redist
+from redist.types import ShardingType
+
+from partir_core.ir import CONTROL_FLOW, Graph
+from partir_core.propagation import State, dim_axes, fit_use, resolve
+from partir_core.registry import LocalContext, Rule, _bind, flops
+
+
+@dataclass
+class OpSharding:
+    """How one equation runs: factor axes, operand types it needs, result types it gives."""
+
+    rule: Rule | None
+    use: dict
+    in_types: list
+    out_types: list
+    finish: list  # (kind "max"/"min", axes)
+    new_partial: tuple
+
+
+@dataclass
+class Analysis:
+    ops: list[OpSharding]
+    types: dict[int, ShardingType]  # every value's type as produced
+    unsupported: list[tuple[int, str, str]]  # (eqn, primitive, why)
+
+
+def replicated(graph: Graph, v: int, mesh) -> ShardingType:
+    shape = graph.shape(v)
+    return ShardingType(mesh, shape, graph.dtype(v), ((),) * len(shape))
+
+
+def analyze(graph: Graph, rules: list, state: State, mesh) -> Analysis:
+    types: dict[int, ShardingType] = {}
+    for v in graph.invars:
+        types[v] = ShardingType(mesh, graph.shape(v), graph.dtype(v), tuple(state.dims[v]))
+    for v in graph.consts:
+        types[v] = replicated(graph, v, mesh)
+    ops, unsupported = [], []
+    for i, (eqn, rule) in enumerate(zip(graph.eqns, rules)):
+        if rule is None:
+            why = ("control flow: kept replicated (operands gathered, results replicated)"
+                   if eqn.name in CONTROL_FLOW else "no factor rule: kept replicated")
+            unsupported.append((i, eqn.name, why))
+            ins = [replicated(graph, v, mesh) for v in eqn.invars]
+            outs = [replicated(graph, v, mesh) for v in eqn.outvars]
+            ops.append(OpSharding(None, {}, ins, outs, [], ()))
+            for v, t in zip(eqn.outvars, outs):
+                types[v] = t
+            continue
+        use, _, _ = resolve(graph, rule, eqn, state, mesh, i)
+        use = fit_use(mesh, rule, use)
+        used = {a for axes, _ in use.values() for a in axes}
+        new_partial = tuple(a for f, k in rule.reduce.items() if k == "sum" and f in use for a in use[f][0])
+        finish = [(k, use[f][0]) for f, k in rule.reduce.items() if k in ("max", "min") and f in use]
+        # pending sums that may pass through a linear op
+        partials = [types[v].partial for v in eqn.invars]
+        keep = [()] * len(partials)
+        if rule.linear == "all" and partials and partials[0] and all(p == partials[0] for p in partials) \
+                and not set(partials[0]) & used:
+            keep = list(partials)
+        elif rule.linear == "one" and sum(bool(p) for p in partials) == 1:
+            j = next(k for k, p in enumerate(partials) if p)
+            if not set(partials[j]) & used:
+                keep[j] = partials[j]
+        passed = next((p for p in keep if p), ())
+        ins = [ShardingType(mesh, graph.shape(v), graph.dtype(v),
+                            tuple(dim_axes(mesh, rule, use, fs) for fs in dims), keep[k])
+               for k, (v, dims) in enumerate(zip(eqn.invars, rule.operands))]
+        outs = [ShardingType(mesh, graph.shape(v), graph.dtype(v),
+                             tuple(dim_axes(mesh, rule, use, fs) for fs in dims), tuple(passed) + new_partial)
+                for v, dims in zip(eqn.outvars, rule.results)]
+        ops.append(OpSharding(rule, use, ins, outs, finish, new_partial))
+        for v, t in zip(eqn.outvars, outs):
+            types[v] = t
+    return Analysis(ops, types, unsupported)
+
+
+# ------------------------------------------------------------------------------------ the program
+@dataclass(frozen=True)
+class Collective:
+    """One collective of the partitioned program: ``bytes`` received per device (redist's accounting)."""
+
+    kind: str
+    axes: tuple
+    bytes: float
+    where: str
+
+
+@dataclass
+class Reshard:
+    src_buf: object
+    dst_buf: object
+    src: ShardingType
+    dst: ShardingType
+    plan: object  # redist.Plan or None (fallback)
+    collectives: list
+
+
+@dataclass
+class Compute:
+    eqn_index: int
+    reads: list
+    writes: list
+    ctx_args: dict
+    flops: float
+
+
+@dataclass
+class Finish:
+    buf: object
+    kind: str
+    axes: tuple
+    collectives: list
+
+
+@dataclass
+class LocalProgram:
+    """Instructions over per-device buffers (value ids, or ``("r", n)`` for resharded copies)."""
+
+    graph: Graph
+    mesh: object
+    analysis: Analysis
+    instructions: list
+    in_types: list
+    out_types: list
+    out_bufs: list
+    buf_bytes: dict
+    fallbacks: list = field(default_factory=list)
+
+    @property
+    def collectives(self) -> list[Collective]:
+        return [c for ins in self.instructions if isinstance(ins, (Reshard, Finish)) for c in ins.collectives]
+
+    def jax_mesh(self):
+        devs = np.array(jax.devices()[: self.mesh.size])
+        if devs.size < self.mesh.size:
+            raise redist.ShardingError(f"the mesh {self.mesh} needs {self.mesh.size} JAX devices, "
+                                       f"only {devs.size} are available")
+        return jax.sharding.Mesh(devs.reshape(self.mesh.shape), self.mesh.names)
+
+    def body(self, *xs):
+        """The per-device program (call inside ``shard_map``)."""
+        g = self.graph
+        env = {v: x for v, x in zip(g.invars, xs)}
+        for v, c in g.consts.items():
+            env[v] = jnp.asarray(c, dtype=g.dtype(v))
+        for ins in self.instructions:
+            if isinstance(ins, Reshard):
+                env[ins.dst_buf] = _reshard(env[ins.src_buf], ins)
+            elif isinstance(ins, Compute):
+                eqn = g.eqns[ins.eqn_index]
+                op = self.analysis.ops[ins.eqn_index]
+                vals = [env[b] for b in ins.reads]
+                ctx = LocalContext(eqn, [t.local_shape for t in op.in_types],
+                                   [t.local_shape for t in op.out_types], [t.dims for t in op.out_types],
+                                   self.mesh, op.new_partial)
+                if op.rule is None or op.rule.local is None:
+                    outs = _bind(ctx, *vals)
+                else:
+                    outs = op.rule.local(ctx, *vals)
+                for b, x in zip(ins.writes, outs):
+                    env[b] = x
+            elif isinstance(ins, Finish):
+                red = lax.pmax if ins.kind == "max" else lax.pmin
+                env[ins.buf] = red(env[ins.buf], tuple(ins.axes))
+        return tuple(env[b] for b in self.out_bufs)
+
+    def run(self, *flat_args):
+        return self.executable()(*flat_args)
+
+    def executable(self):
+        if not hasattr(self, "_exe"):
+            mapped = jax.shard_map(self.body, mesh=self.jax_mesh(),
+                                   in_specs=tuple(t.partition_spec() for t in self.in_types),
+                                   out_specs=tuple(t.partition_spec() for t in self.out_types),
+                                   check_vma=False)
+            self._exe = jax.jit(mapped)
+        return self._exe
+
+
+_PLANS: dict = {}
+
+
+def _plan(src: ShardingType, dst: ShardingType):
+    """``(plan or None, collectives)``; None means: use the gather-and-slice fallback."""
+    key = (src, dst)
+    if key not in _PLANS:
+        try:
+            plan = redist.synthesize(src, dst)
+            if any(":" in a for a in plan.program.axis_tokens()):
+                raise redist.ShardingError("plan names sub-axes")
+            cols = [(s.kind, tuple(getattr(s, "axes", ()) or src.mesh.names), float(b))
+                    for s, b in zip(plan.steps, plan.step_bytes()) if s.kind != "all_slice"]
+            _PLANS[key] = (plan, cols)
+        except (redist.ShardingError, NotImplementedError, RecursionError) as e:
+            _PLANS[key] = (None, _fallback_collectives(src, dst), str(e))
+    return _PLANS[key]
+
+
+def _fallback_collectives(src, dst):
+    out = []
+    t = src
+    drop = tuple(a for a in src.partial if a not in dst.partial)
+    if drop:
+        k = src.mesh.group_size(drop)
+        out.append(("all_reduce", drop, 2 * (k - 1) / k * t.local_bytes))
+        t = t.replace(partial=dst.partial)
+    for d, axes in enumerate(t.dims):
+        if axes:
+            k = src.mesh.group_size(axes)
+            dims = list(t.dims)
+            dims[d] = ()
+            t = t.replace(dims=tuple(dims))
+            out.append(("all_gather", tuple(axes), (k - 1) / k * t.local_bytes))
+    return out
+
+
+def _reshard(x, ins: Reshard):
+    if ins.plan is not None:
+        from redist.jax import run_program
+
+        return run_program(ins.plan.program, x)
+    src, dst = ins.src, ins.dst
+    drop = tuple(a for a in src.partial if a not in dst.partial)
+    if drop:
+        x = lax.psum(x.astype(jnp.int32), drop) != 0 if x.dtype == jnp.bool_ else lax.psum(x, drop)
+    for d, axes in enumerate(src.dims):
+        if axes:
+            x = lax.all_gather(x, tuple(axes), axis=d, tiled=True)
+    for d, axes in enumerate(dst.dims):
+        if axes:
+            n = dst.local_shape[d]
+            x = lax.dynamic_slice_in_dim(x, lax.axis_index(tuple(axes)) * n, n, axis=d)
+    return x
+
+
+def lower(graph: Graph, analysis: Analysis, mesh) -> LocalProgram:
+    types = analysis.types
+    instructions: list = []
+    buf_bytes = {v: t.local_bytes for v, t in types.items()}
+    fallbacks = []
+    counter = [0]
+
+    def move(buf, src, dst, where):
+        if src == dst:
+            return buf
+        entry = _plan(src, dst)
+        plan, cols = entry[0], entry[1]
+        if plan is None:
+            fallbacks.append((where, str(src), str(dst), entry[2]))
+        counter[0] += 1
+        new = ("r", counter[0])
+        buf_bytes[new] = dst.local_bytes
+        instructions.append(Reshard(buf, new, src, dst, plan,
+                                    [Collective(k, a, b, where) for k, a, b in cols]))
+        return new
+
+    for i, (eqn, op) in enumerate(zip(graph.eqns, analysis.ops)):
+        where = f"eqn {i} ({eqn.name})"
+        reads = [move(v, types[v], t, where) for v, t in zip(eqn.invars, op.in_types)]
+        f = flops(eqn.name, [t.local_shape for t in op.in_types], [t.local_shape for t in op.out_types],
+                  eqn.params)
+        instructions.append(Compute(i, reads, list(eqn.outvars), {}, f))
+        for kind, axes in op.finish:
+            k = mesh.group_size(tuple(axes))
+            b = sum(2 * (k - 1) / k * t.local_bytes for t in op.out_types)
+            instructions.append(Finish(eqn.outvars[0], kind, tuple(axes),
+                                       [Collective("all_reduce_" + kind, tuple(axes), b, where)]))
+    out_types, out_bufs = [], []
+    for j, v in enumerate(graph.outvars):
+        t = types[v]
+        dst = t.replace(partial=())
+        out_bufs.append(move(v, t, dst, f"output {j}"))
+        out_types.append(dst)
+    in_types = [types[v] for v in graph.invars]
+    return LocalProgram(graph, mesh, analysis, instructions, in_types, out_types, out_bufs, buf_bytes,
+                        fallbacks)

@@ -1,0 +1,216 @@
+"""Sharding propagation through the tile-mapping registry, to a fixed point.
+
+The state (:class:`State`) gives every non-constant value, per dim, the mesh axes it is split over (major →
+minor) and the *provenance* of that decision: the index of the tactic that made it (directly, or through
+propagation). Propagation works op by op: the axes of each factor of the op's rule are read off the dims that
+carry it (:func:`resolve`), then written to every dim carrying it that is still undecided or whose axes are a
+prefix of the factor's (a refinement). It never overrides a decision.
+
+A *conflict* is two incompatible demands at one op: two dims of one factor with different axes (neither a
+prefix of the other), or one mesh axis demanded by two factors of one op. The earliest decision (lowest
+provenance) is what the op will use when lowered, but propagation stops there for that factor, and the
+conflict is recorded (:class:`Conflict`). Values that a tactic pinned (``ManualPartition({path: None})``)
+are never changed by propagation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from partir_core.ir import Graph
+from partir_core.registry import Rule
+
+Axes = tuple  # tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """Incompatible demands at one op. ``demands``: ``(value, dim, axes, tactic)`` per dim involved."""
+
+    tactic: int
+    eqn: int
+    primitive: str
+    factor: str
+    demands: tuple
+    kept: tuple
+    reason: str
+
+    def __str__(self):
+        ds = "; ".join(f"%{v} dim {d} {{{','.join(a)}}} (tactic {t})" for v, d, a, t in self.demands)
+        return (f"conflict at eqn {self.eqn} ({self.primitive}), factor {self.factor}: {self.reason}; "
+                f"demands {ds}; op uses {{{','.join(self.kept)}}}")
+
+
+@dataclass
+class State:
+    """Per value: ``dims[v][d]`` axes, ``prov[v][d]`` the tactic that decided them (None: undecided)."""
+
+    dims: dict[int, list[Axes]]
+    prov: dict[int, list[int | None]]
+    pinned: set[int] = field(default_factory=set)
+    conflicts: list[Conflict] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, graph: Graph) -> "State":
+        vals = set(graph.invars) | {v for e in graph.eqns for v in e.outvars}
+        return cls({v: [()] * len(graph.shape(v)) for v in vals},
+                   {v: [None] * len(graph.shape(v)) for v in vals})
+
+    def copy(self) -> "State":
+        return State({v: list(d) for v, d in self.dims.items()}, {v: list(p) for v, p in self.prov.items()},
+                     set(self.pinned), list(self.conflicts))
+
+
+# ------------------------------------------------------------------------- compound dims
+def group(mesh, axes) -> int:
+    return mesh.group_size(tuple(axes))
+
+
+def decompose(mesh, axes: Axes, factors, sizes) -> list[Axes] | None:
+    """Split a dim's axes over its factors (major → minor), or None if no split fits."""
+    if not factors:
+        return [] if not axes else None
+    if not axes:
+        return [()] * len(factors)
+    f, rest = factors[0], factors[1:]
+    if sizes[f] % group(mesh, axes) == 0:
+        return [tuple(axes)] + [()] * len(rest)
+    for j in range(1, len(axes)):
+        if group(mesh, axes[:j]) == sizes[f]:
+            tail = decompose(mesh, axes[j:], rest, sizes)
+            return None if tail is None else [tuple(axes[:j])] + tail
+    return None
+
+
+def compose(mesh, per_factor: list[Axes], factors, sizes) -> Axes | None:
+    """The dim's axes when its factors are split as given, or None if the blocks would not be contiguous
+    (a factor before the last split one is not fully split)."""
+    last = max((i for i, a in enumerate(per_factor) if a), default=-1)
+    for i in range(last):
+        if group(mesh, per_factor[i]) != sizes[factors[i]]:
+            return None
+    return tuple(a for axes in per_factor for a in axes)
+
+
+def _slots(rule: Rule, eqn):
+    """``(value, dim, factors)`` for every dim of every operand and result."""
+    for v, dims in list(zip(eqn.invars, rule.operands)) + list(zip(eqn.outvars, rule.results)):
+        for d, fs in enumerate(dims):
+            yield v, d, fs
+
+
+def resolve(graph: Graph, rule: Rule, eqn, state: State, mesh, eqn_index: int = -1, tactic: int = -1):
+    """Factor axes at one op: ``(use, spread, conflicts)``.
+
+    ``use[f] = (axes, provenance)`` is what lowering uses (the earliest decision wins a conflict);
+    ``spread`` is the subset that propagation may write (conflicted factors excluded)."""
+    cands: dict[str, list] = {}
+    for v, d, fs in _slots(rule, eqn):
+        if v in graph.consts or not fs:
+            continue
+        axes = state.dims[v][d]
+        if not axes:
+            continue
+        parts = decompose(mesh, axes, fs, rule.sizes)
+        if parts is None:
+            continue
+        for f, a in zip(fs, parts):
+            if a:
+                cands.setdefault(f, []).append((v, d, a, state.prov[v][d]))
+    use, spread, conflicts = {}, {}, []
+
+    def pv(p):
+        return 1 << 30 if p is None else p
+
+    for f in rule.factors():
+        cs = cands.get(f)
+        if not cs or not rule.shardable(f):
+            continue
+        longest = max((c[2] for c in cs), key=len)
+        prov = min(pv(c[3]) for c in cs)
+        if all(longest[: len(c[2])] == c[2] for c in cs):
+            use[f] = spread[f] = (longest, prov)
+        else:
+            win = min(cs, key=lambda c: pv(c[3]))
+            use[f] = (win[2], pv(win[3]))
+            conflicts.append(Conflict(tactic, eqn_index, eqn.name, f,
+                                      tuple((c[0], c[1], c[2], c[3]) for c in cs), win[2],
+                                      "dims of one factor demand different axes"))
+    # one mesh axis per op: earlier decisions keep it
+    taken: dict[str, str] = {}
+    for f in sorted(use, key=lambda f: use[f][1]):
+        axes, _ = use[f]
+        clash = [a for a in axes if a in taken]
+        if clash:
+            other = taken[clash[0]]
+            conflicts.append(Conflict(tactic, eqn_index, eqn.name, f,
+                                      tuple((c[0], c[1], c[2], c[3]) for c in cands.get(f, [])),
+                                      use[other][0],
+                                      f"mesh axis {clash[0]!r} already splits factor {other} of this op"))
+            del use[f]
+            spread.pop(f, None)
+            continue
+        for a in axes:
+            taken[a] = f
+    return use, spread, conflicts
+
+
+def fit_use(mesh, rule: Rule, use: dict) -> dict:
+    """Drop factor choices until every operand and result dim composes (contiguous blocks)."""
+    use = dict(use)
+    changed = True
+    while changed:
+        changed = False
+        for dims in rule.operands + rule.results:
+            for fs in dims:
+                per = [use.get(f, ((), 0))[0] for f in fs]
+                if compose(mesh, per, fs, rule.sizes) is None:
+                    last = max(i for i, a in enumerate(per) if a)
+                    del use[fs[last]]
+                    changed = True
+    return use
+
+
+def dim_axes(mesh, rule: Rule, use: dict, fs) -> Axes:
+    return compose(mesh, [use.get(f, ((), 0))[0] for f in fs], fs, rule.sizes) or ()
+
+
+def propagate(graph: Graph, rules: list, state: State, mesh, tactic: int, max_rounds: int = 100) -> State:
+    """Propagate ``state`` to a fixed point (forward and backward sweeps); records conflicts, in place."""
+    seen = {(c.eqn, c.factor) for c in state.conflicts}
+    order = list(range(len(graph.eqns)))
+    for rnd in range(max_rounds):
+        changed = False
+        for i in (order if rnd % 2 == 0 else order[::-1]):
+            rule = rules[i]
+            if rule is None:
+                continue
+            eqn = graph.eqns[i]
+            _, spread, conflicts = resolve(graph, rule, eqn, state, mesh, i, tactic)
+            for c in conflicts:
+                if (i, c.factor) not in seen:
+                    seen.add((i, c.factor))
+                    state.conflicts.append(c)
+            if not spread:
+                continue
+            for v, d, fs in _slots(rule, eqn):
+                if v in graph.consts or v in state.pinned or not fs:
+                    continue
+                if not any(f in spread for f in fs):
+                    continue
+                per = [spread.get(f, ((), 0))[0] for f in fs]
+                target = compose(mesh, per, fs, rule.sizes)
+                cur = state.dims[v][d]
+                if not target or target == cur or target[: len(cur)] != cur:
+                    continue
+                others = {a for j, ax in enumerate(state.dims[v]) if j != d for a in ax}
+                if others & set(target) or graph.shape(v)[d] % group(mesh, target):
+                    continue
+                state.dims[v][d] = target
+                if state.prov[v][d] is None:
+                    provs = [spread[f][1] for f in fs if f in spread]
+                    state.prov[v][d] = min(provs) if provs else tactic
+                changed = True
+        if not changed:
+            break
+    return state

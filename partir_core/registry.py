@@ -1,0 +1,534 @@
+"""The tile-mapping registry: per primitive, an einsum-like *factor rule* and its local (per-shard) form.
+
+A :class:`Rule` names, for every operand and result dim, the factors it is made of (major → minor), as in
+Shardy's ``(i,k),(k,j)->(i,j)``. Sharding a factor on mesh axes shards every dim that carries it the same
+way; a dim made of several factors (a reshape merging ``(h, d) → hd``) is split over their axes in order,
+which is valid only if every factor but the last sharded one is fully split. A dim with no factor (``()``)
+must be replicated.
+
+Factors that occur in operands but in no result are *reductions*: ``reduce[f] == "sum"`` makes the result a
+pending sum over f's axes (contracting dims of ``dot_general``, the reduced dims of ``reduce_sum``, the
+scattered dims of ``scatter-add``); ``"max"``/``"min"`` are finished at once with ``pmax``/``pmin``. Any
+factor in ``blocked`` (and any non-result factor that is not a reduction) may not be sharded: its dims are
+gathered before the op. Factors that occur only in results (``iota``, new ``broadcast_in_dim`` dims) are
+produced locally, at the device's block offset.
+
+``linear`` says which operands may stay pending sums through the op: ``"all"`` (all operands pending over the
+same axes, e.g. ``add``), ``"one"`` (exactly one operand pending, e.g. ``mul``, ``dot_general``), or None.
+
+``local(ctx, *xs)`` runs the op on local shards (default: the primitive with its own params); ``ctx`` is a
+:class:`LocalContext` giving local shapes and block offsets. :func:`rule_for` returns None for a primitive
+with no rule; the partitioner then runs it on replicated operands and reports it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+from jax import lax
+
+Dims = list  # per dim: tuple of factor names
+
+ELEMENTWISE = {
+    "add", "sub", "mul", "div", "rem", "pow", "max", "min", "neg", "sign", "abs", "floor", "ceil", "round",
+    "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan", "sqrt", "rsqrt", "cbrt",
+    "square", "integer_pow", "erf", "erfc", "erf_inv", "is_finite", "atan2", "nextafter", "not", "and", "or",
+    "xor", "eq", "ne", "lt", "le", "gt", "ge", "select_n", "clamp", "convert_element_type", "stop_gradient",
+    "add_any", "copy", "copy_p", "reduce_precision", "real", "imag", "conj", "asin", "acos", "atan", "sinh",
+    "cosh", "asinh", "acosh", "atanh", "shift_left", "shift_right_logical", "shift_right_arithmetic",
+    "population_count", "clz", "optimization_barrier",
+}
+IDENTITY = {"sharding_constraint", "mesh_cast", "reshard"}
+LINEAR_ALL = {"add", "sub", "add_any", "neg", "copy", "copy_p", "reduce_sum", "transpose", "reshape",
+              "broadcast_in_dim", "squeeze"}
+LINEAR_ONE = {"mul", "dot_general"}
+
+
+@dataclass
+class Rule:
+    """A factor rule; see the module docstring."""
+
+    operands: list[Dims]
+    results: list[Dims]
+    sizes: dict[str, int]
+    reduce: dict[str, str] = field(default_factory=dict)
+    blocked: frozenset = frozenset()
+    linear: str | None = None
+    local: Callable | None = None
+
+    def factors(self) -> list[str]:
+        """All factors, in order of first appearance (results first)."""
+        seen: dict[str, None] = {}
+        for dims in self.results + self.operands:
+            for fs in dims:
+                for f in fs:
+                    seen.setdefault(f, None)
+        return list(seen)
+
+    def result_factors(self) -> set[str]:
+        return {f for dims in self.results for fs in dims for f in fs}
+
+    def shardable(self, f: str) -> bool:
+        return f not in self.blocked and (f in self.result_factors() or f in self.reduce)
+
+    def __str__(self) -> str:
+        def side(lst):
+            return ",".join("(" + ",".join("·".join(fs) if fs else "_" for fs in d) + ")" for d in lst)
+
+        text = f"{side(self.operands)}->{side(self.results)}"
+        extra = [f"{k}{{{','.join(sorted(f for f, v in self.reduce.items() if v == k))}}}"
+                 for k in ("sum", "max", "min") if k in self.reduce.values()]
+        if self.blocked:
+            extra.append("blocked{" + ",".join(sorted(self.blocked)) + "}")
+        return text + (" " + " ".join(extra) if extra else "")
+
+
+@dataclass
+class LocalContext:
+    """What a rule's local implementation may ask about the current device's shards.
+
+    ``in_shapes``/``out_shapes`` are local shapes; ``offset(r, d)`` is the traced global index at which this
+    device's block of dim ``d`` of result ``r`` starts; ``new_partial`` are the axes over which this op makes
+    its results pending sums (for ``scatter-add``, whose operand must then be counted once)."""
+
+    eqn: Any
+    in_shapes: list[tuple[int, ...]]
+    out_shapes: list[tuple[int, ...]]
+    out_dims: list[tuple[tuple[str, ...], ...]]
+    mesh: Any
+    new_partial: tuple[str, ...] = ()
+
+    def offset(self, r: int, d: int):
+        axes = self.out_dims[r][d]
+        if not axes:
+            return 0
+        return lax.axis_index(tuple(axes)) * self.out_shapes[r][d]
+
+
+class _Names:
+    def __init__(self):
+        self.it = (f"f{i}" for i in itertools.count())
+        self.sizes: dict[str, int] = {}
+
+    def __call__(self, size: int) -> tuple[str, ...]:
+        """A fresh factor for a dim of ``size`` (size-1 dims get none)."""
+        if size == 1:
+            return ()
+        f = next(self.it)
+        self.sizes[f] = size
+        return (f,)
+
+
+def _bind(ctx, *xs, **overrides):
+    e = ctx.eqn
+    out = e.prim.bind(*xs, **{**e.params, **overrides})
+    return list(out) if e.prim.multiple_results else [out]
+
+
+# ---------------------------------------------------------------------------------------- the rules
+def _elementwise(eqn, shapes, out_shapes):
+    n = _Names()
+    out = out_shapes[0]
+    dims = [n(s) for s in out]
+    ops = []
+    for s in shapes:
+        if len(s) == len(out) and all(a == b or a == 1 for a, b in zip(s, out)):
+            ops.append([f if a == b else () for f, a, b in zip(dims, s, out)])  # size-1 dims broadcast
+        elif len(s) == 0:
+            ops.append([])
+        else:
+            return None
+    name = eqn.name
+    linear = "all" if name in LINEAR_ALL else "one" if name in LINEAR_ONE else None
+    if name == "convert_element_type":
+        floating = all(np.issubdtype(d, np.floating) for d in (eqn.in_dtypes[0], eqn.params["new_dtype"]))
+        linear = "all" if floating else None
+    if name == "div":
+        linear = None
+    local = (lambda ctx, x: [x]) if name in IDENTITY else None
+    return Rule(ops, [list(dims) for _ in out_shapes], n.sizes, linear=linear, local=local)
+
+
+def _dot_general(eqn, shapes, out_shapes):
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    ls, rs = shapes
+    n = _Names()
+    lhs: list = [None] * len(ls)
+    rhs: list = [None] * len(rs)
+    out = []
+    reduce = {}
+    for a, b in zip(lb, rb):
+        lhs[a] = rhs[b] = n(ls[a])
+        out.append(lhs[a])
+    for a, b in zip(lc, rc):
+        lhs[a] = rhs[b] = n(ls[a])
+        for f in lhs[a]:
+            reduce[f] = "sum"
+    for i, s in enumerate(ls):
+        if lhs[i] is None:
+            lhs[i] = n(s)
+            out.append(lhs[i])
+    for i, s in enumerate(rs):
+        if rhs[i] is None:
+            rhs[i] = n(s)
+            out.append(rhs[i])
+    return Rule([lhs, rhs], [out], n.sizes, reduce=reduce, linear="one")
+
+
+def _broadcast_in_dim(eqn, shapes, out_shapes):
+    n = _Names()
+    shape, bd = eqn.params["shape"], eqn.params["broadcast_dimensions"]
+    out = [n(s) for s in shape]
+    op = [out[o] if shapes[0][i] == shape[o] else () for i, o in enumerate(bd)]
+    ops = [op] + [[] for _ in shapes[1:]]  # dynamic shape operands (none in practice)
+
+    def local(ctx, x, *rest):
+        return _bind(ctx, x, *rest, shape=tuple(ctx.out_shapes[0]), sharding=None)
+
+    return Rule(ops, [out], n.sizes, linear="all", local=local)
+
+
+def _reshape(eqn, shapes, out_shapes):
+    n = _Names()
+    src, dst = tuple(shapes[0]), tuple(out_shapes[0])
+    op: list = [()] * len(src)
+    out: list = [()] * len(dst)
+    blocked = set()
+    si = [i for i, s in enumerate(src) if s != 1]
+    di = [i for i, s in enumerate(dst) if s != 1]
+    a = b = 0
+    while a < len(si) or b < len(di):
+        ga, gb = [si[a]], [di[b]]
+        pa, pb = src[si[a]], dst[di[b]]
+        a += 1
+        b += 1
+        while pa != pb:
+            if pa < pb:
+                ga.append(si[a]); pa *= src[si[a]]; a += 1  # noqa: E702
+            else:
+                gb.append(di[b]); pb *= dst[di[b]]; b += 1  # noqa: E702
+        if len(ga) == 1:
+            fs = tuple(f for j in gb for f in n(dst[j]))
+            op[ga[0]] = fs
+            for j, f in zip(gb, fs):
+                out[j] = (f,)
+        elif len(gb) == 1:
+            fs = tuple(f for j in ga for f in n(src[j]))
+            out[gb[0]] = fs
+            for j, f in zip(ga, fs):
+                op[j] = (f,)
+        else:  # a general regrouping: not shardable
+            for j in ga:
+                op[j] = n(src[j]); blocked.update(op[j])  # noqa: E702
+            for j in gb:
+                out[j] = n(dst[j]); blocked.update(out[j])  # noqa: E702
+
+    def local(ctx, x, *rest):
+        return _bind(ctx, x, *rest, new_sizes=tuple(ctx.out_shapes[0]), dimensions=None, sharding=None)
+
+    return Rule([op] + [[] for _ in shapes[1:]], [out], n.sizes, blocked=frozenset(blocked), linear="all",
+                local=local)
+
+
+def _transpose(eqn, shapes, out_shapes):
+    n = _Names()
+    op = [n(s) for s in shapes[0]]
+    return Rule([op], [[op[p] for p in eqn.params["permutation"]]], n.sizes, linear="all")
+
+
+def _squeeze(eqn, shapes, out_shapes):
+    n = _Names()
+    gone = {d % len(shapes[0]) for d in eqn.params["dimensions"]}
+    op = [n(s) for s in shapes[0]]
+    return Rule([op], [[f for i, f in enumerate(op) if i not in gone]], n.sizes, linear="all")
+
+
+def _reduction(kind):
+    def rule(eqn, shapes, out_shapes):
+        n = _Names()
+        axes = set(eqn.params["axes"])
+        op = [n(s) for s in shapes[0]]
+        out = [f for i, f in enumerate(op) if i not in axes]
+        red = [f for i, fs in enumerate(op) if i in axes for f in fs]
+        if kind is None:
+            return Rule([op], [out] * len(out_shapes), n.sizes, blocked=frozenset(red))
+        return Rule([op], [out], n.sizes, reduce={f: kind for f in red},
+                    linear="all" if kind == "sum" else None)
+
+    return rule
+
+
+def _iota(eqn, shapes, out_shapes):
+    n = _Names()
+    out = [n(s) for s in eqn.params["shape"]]
+    dim = eqn.params["dimension"]
+
+    def local(ctx):
+        shape = tuple(ctx.out_shapes[0])
+        x = lax.iota(eqn.params["dtype"], shape[dim]) + ctx.offset(0, dim)
+        x = x.astype(eqn.params["dtype"])
+        return [lax.broadcast_in_dim(x, shape, (dim,))]
+
+    return Rule([], [out], n.sizes, local=local)
+
+
+def _gather(eqn, shapes, out_shapes):
+    dn = eqn.params["dimension_numbers"]
+    if dn.operand_batching_dims or dn.start_indices_batching_dims:
+        return None
+    ops, idx = shapes
+    slice_sizes = eqn.params["slice_sizes"]
+    n = _Names()
+    blocked = set()
+    op: list = []
+    passthrough = []
+    for d, s in enumerate(ops):
+        fs = n(s)
+        if d in dn.collapsed_slice_dims or d in dn.start_index_map or slice_sizes[d] != s:
+            blocked.update(fs)
+        else:
+            passthrough.append(d)
+        op.append(fs)
+    # indices: (..., index_vector) ; output batch dims follow the indices' leading dims in order
+    idx_dims = [n(s) for s in idx[:-1]] + [n(idx[-1])]
+    blocked.update(idx_dims[-1])
+    out: list = [()] * len(out_shapes[0])
+    window = [d for d in range(len(ops)) if d not in dn.collapsed_slice_dims]
+    for pos, d in zip(dn.offset_dims, window):
+        out[pos] = op[d] if d in passthrough else n(out_shapes[0][pos])
+        if d not in passthrough:
+            blocked.update(out[pos])
+    batch_pos = [p for p in range(len(out)) if p not in dn.offset_dims]
+    for p, fs in zip(batch_pos, idx_dims[:-1]):
+        out[p] = fs
+
+    def local(ctx, x, i):
+        sizes = tuple(ctx.in_shapes[0][d] if d in passthrough else s for d, s in enumerate(slice_sizes))
+        return _bind(ctx, x, i, slice_sizes=sizes)
+
+    return Rule([op, idx_dims], [out], n.sizes, blocked=frozenset(blocked), local=local)
+
+
+def _scatter_add(eqn, shapes, out_shapes):
+    dn = eqn.params["dimension_numbers"]
+    if dn.operand_batching_dims or dn.scatter_indices_batching_dims:
+        return None
+    ops, idx, upd = shapes
+    n = _Names()
+    blocked = set()
+    op = [n(s) for s in ops]
+    window_dims = [d for d in range(len(ops)) if d not in dn.inserted_window_dims]
+    up: list = [()] * len(upd)
+    for pos, d in zip(dn.update_window_dims, window_dims):
+        if upd[pos] == ops[d] and d not in dn.scatter_dims_to_operand_dims:
+            up[pos] = op[d]
+        else:
+            up[pos] = n(upd[pos])
+            blocked.update(up[pos]); blocked.update(op[d])  # noqa: E702
+    for d in dn.inserted_window_dims:
+        blocked.update(op[d])
+    for d in dn.scatter_dims_to_operand_dims:
+        blocked.update(op[d])
+    idx_dims = [n(s) for s in idx[:-1]] + [n(idx[-1])]
+    blocked.update(idx_dims[-1])
+    scatter_pos = [p for p in range(len(upd)) if p not in dn.update_window_dims]
+    reduce = {}
+    for p, fs in zip(scatter_pos, idx_dims[:-1]):
+        up[p] = fs
+        for f in fs:
+            reduce[f] = "sum"
+
+    def local(ctx, x, i, u):
+        if ctx.new_partial:  # the operand must be counted once in the pending sum
+            first = lax.axis_index(tuple(ctx.new_partial)) == 0
+            x = x * first.astype(x.dtype)
+        return _bind(ctx, x, i, u)
+
+    return Rule([op, idx_dims, up], [op], n.sizes, reduce=reduce, blocked=frozenset(blocked), local=local)
+
+
+def _concatenate(eqn, shapes, out_shapes):
+    n = _Names()
+    dim = eqn.params["dimension"]
+    out = [n(s) for s in out_shapes[0]]
+    blocked = set(out[dim])
+    ops = []
+    for s in shapes:
+        o = list(out)
+        o[dim] = n(s[dim])
+        blocked.update(o[dim])
+        ops.append(o)
+    return Rule(ops, [out], n.sizes, blocked=frozenset(blocked))
+
+
+def _pad(eqn, shapes, out_shapes):
+    n = _Names()
+    op, out, blocked = [], [], set()
+    for s, so, cfg in zip(shapes[0], out_shapes[0], eqn.params["padding_config"]):
+        if tuple(cfg) == (0, 0, 0):
+            f = n(s)
+            op.append(f); out.append(f)  # noqa: E702
+        else:
+            a, b = n(s), n(so)
+            op.append(a); out.append(b); blocked.update(a + b)  # noqa: E702
+    return Rule([op, []], [out], n.sizes, blocked=frozenset(blocked))
+
+
+def _sliceish(kept_full):
+    """Rules for slice-like ops: dims sliced whole share a factor, the others are blocked."""
+
+    def build(shapes_in, shape_out, full):
+        n = _Names()
+        op, out, blocked = [], [], set()
+        for d, (s, so) in enumerate(zip(shapes_in, shape_out)):
+            if full(d):
+                f = n(s)
+                op.append(f); out.append(f)  # noqa: E702
+            else:
+                a, b = n(s), n(so)
+                op.append(a); out.append(b); blocked.update(a + b)  # noqa: E702
+        return n, op, out, blocked
+
+    return build
+
+
+def _dynamic_slice(eqn, shapes, out_shapes):
+    sizes = eqn.params["slice_sizes"]
+    x = shapes[0]
+    full = [sizes[d] == x[d] for d in range(len(x))]
+    n, op, out, blocked = _sliceish(None)(x, out_shapes[0], lambda d: full[d])
+
+    def local(ctx, x, *idx):
+        return _bind(ctx, x, *idx, slice_sizes=tuple(ctx.out_shapes[0]))
+
+    return Rule([op] + [[] for _ in shapes[1:]], [out], n.sizes, blocked=frozenset(blocked), local=local)
+
+
+def _dynamic_update_slice(eqn, shapes, out_shapes):
+    x, u = shapes[0], shapes[1]
+    n = _Names()
+    op, up, blocked = [], [], set()
+    for d in range(len(x)):
+        if x[d] == u[d]:
+            f = n(x[d])
+            op.append(f); up.append(f)  # noqa: E702
+        else:
+            a, b = n(x[d]), n(u[d])
+            op.append(a); up.append(b); blocked.update(a + b)  # noqa: E702
+    return Rule([op, up] + [[] for _ in shapes[2:]], [op], n.sizes, blocked=frozenset(blocked))
+
+
+def _slice(eqn, shapes, out_shapes):
+    p = eqn.params
+    x = shapes[0]
+    strides = p["strides"] or (1,) * len(x)
+    full = [p["start_indices"][d] == 0 and p["limit_indices"][d] == x[d] and strides[d] == 1
+            for d in range(len(x))]
+    n, op, out, blocked = _sliceish(None)(x, out_shapes[0], lambda d: full[d])
+
+    def local(ctx, x):
+        lim = tuple(ctx.in_shapes[0][d] if full[d] else p["limit_indices"][d] for d in range(len(x.shape)))
+        return _bind(ctx, x, limit_indices=lim)
+
+    return Rule([op], [out], n.sizes, blocked=frozenset(blocked), local=local)
+
+
+def _along_axis(param):
+    """Ops that act along one dim (``split``, ``sort``, ``cumsum``-like): that dim is blocked."""
+
+    def rule(eqn, shapes, out_shapes):
+        n = _Names()
+        ax = eqn.params[param] % len(shapes[0])
+        base = [n(s) for s in shapes[0]]
+        blocked = set(base[ax])
+        ops = []
+        for s in shapes:
+            o = list(base)
+            o[ax] = n(s[ax]); blocked.update(o[ax])  # noqa: E702
+            ops.append(o)
+        outs = []
+        for s in out_shapes:
+            o = list(base)
+            o[ax] = n(s[ax]); blocked.update(o[ax])  # noqa: E702
+            outs.append(o)
+        return Rule(ops, outs, n.sizes, blocked=frozenset(blocked))
+
+    return rule
+
+
+RULES: dict[str, Callable] = {
+    "dot_general": _dot_general,
+    "broadcast_in_dim": _broadcast_in_dim,
+    "reshape": _reshape,
+    "transpose": _transpose,
+    "squeeze": _squeeze,
+    "reduce_sum": _reduction("sum"),
+    "reduce_max": _reduction("max"),
+    "reduce_min": _reduction("min"),
+    "reduce_prod": _reduction(None),
+    "reduce_and": _reduction(None),
+    "reduce_or": _reduction(None),
+    "argmax": _reduction(None),
+    "argmin": _reduction(None),
+    "iota": _iota,
+    "gather": _gather,
+    "scatter-add": _scatter_add,
+    "scatter_add": _scatter_add,
+    "concatenate": _concatenate,
+    "pad": _pad,
+    "dynamic_slice": _dynamic_slice,
+    "dynamic_update_slice": _dynamic_update_slice,
+    "slice": _slice,
+    "split": _along_axis("axis"),
+    "sort": _along_axis("dimension"),
+}
+for _name in ELEMENTWISE | IDENTITY:
+    RULES[_name] = _elementwise
+
+
+class EqnView:
+    """The parts of an equation a rule reads."""
+
+    def __init__(self, eqn, graph):
+        self.prim = eqn.prim
+        self.name = eqn.name
+        self.params = eqn.params
+        self.in_dtypes = [graph.dtype(v) for v in eqn.invars]
+
+
+def rule_for(eqn, graph) -> Rule | None:
+    """The factor rule of ``eqn`` in ``graph``, or None if its primitive has none (or this use is not covered)."""
+    make = RULES.get(eqn.name)
+    if make is None:
+        return None
+    shapes = [graph.shape(v) for v in eqn.invars]
+    out_shapes = [graph.shape(v) for v in eqn.outvars]
+    try:
+        rule = make(EqnView(eqn, graph), shapes, out_shapes)
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return None
+    if rule is None:
+        return None
+    assert len(rule.operands) == len(shapes) and len(rule.results) == len(out_shapes), eqn.name
+    return rule
+
+
+def supported_primitives() -> list[str]:
+    """The primitives with a factor rule."""
+    return sorted(RULES)
+
+
+def flops(name: str, in_shapes, out_shapes, params) -> float:
+    """FLOPs of one op on the given (local) shapes: ``2·M·N·K`` for ``dot_general``, one per output (or
+    input, for reductions) element otherwise."""
+    if name == "dot_general":
+        (lc, _), _ = params["dimension_numbers"]
+        k = math.prod(in_shapes[0][d] for d in lc)
+        return 2.0 * math.prod(out_shapes[0]) * k
+    if name.startswith("reduce_") or name in ("argmax", "argmin"):
+        return float(math.prod(in_shapes[0]))
+    return float(sum(math.prod(s) for s in out_shapes))

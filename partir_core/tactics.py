@@ -1,0 +1,119 @@
+"""Tactics: the steps of a partitioning schedule, each incremental on the result of those before it.
+
+``ManualPartition({path: dim, ...}, axis="model")`` shards dim ``dim`` of every input whose path matches
+``path`` (``fnmatch`` wildcards: ``"params/*/w1"``) on mesh axis ``axis``, then propagates to a fixed point.
+A dim already split by an earlier tactic is split further (``axis`` appended at the minor end). ``dim=None``
+*pins* the matched inputs: propagation will never change their sharding (they stay as they are, usually
+replicated), which is how ZeRO-2 keeps parameters whole while sharding the optimizer state.
+
+Errors (:class:`PartitionError`, a ``ShardingError``/``ValueError``) are raised by :meth:`validate` before
+anything runs: a path matching no input, a dim out of range or not divisible by the axis size, an unknown
+axis. ``AutomaticPartition`` has its final signature but is not implemented yet.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+
+from redist.errors import ShardingError
+
+from partir_core.ir import Graph
+from partir_core.propagation import Conflict, State
+
+
+class PartitionError(ShardingError):
+    """A schedule that cannot apply to this function: names the path, dim or axis at fault."""
+
+
+@dataclass
+class ManualPartition:
+    """Shard input dims on one mesh axis: ``ManualPartition({"params/*/w1": 1, "x": 0}, axis="model")``."""
+
+    dims: dict
+    axis: str = "model"
+
+    def check_mesh(self, mesh) -> None:
+        if self.axis not in mesh.names:
+            raise PartitionError(f"ManualPartition: unknown mesh axis {self.axis!r}; the mesh has axes "
+                                 f"{', '.join(mesh.names)}")
+
+    def matches(self, graph: Graph) -> list[tuple[str, int, int | None]]:
+        """``(path, value, dim)`` for every input each path pattern names (dims normalised)."""
+        out = []
+        for pattern, dim in self.dims.items():
+            hits = [(p, v) for p, v in zip(graph.in_paths, graph.invars) if fnmatch.fnmatchcase(p, pattern)]
+            if not hits:
+                shown = ", ".join(graph.in_paths[:12]) + (", …" if len(graph.in_paths) > 12 else "")
+                raise PartitionError(f"ManualPartition: path {pattern!r} matches no input; inputs are {shown}")
+            for p, v in hits:
+                if dim is None:
+                    out.append((p, v, None))
+                    continue
+                rank = len(graph.shape(v))
+                if isinstance(dim, bool) or not isinstance(dim, int) or not -rank <= dim < rank:
+                    raise PartitionError(f"ManualPartition: dim {dim!r} is out of range for input {p!r} of shape "
+                                         f"{graph.shape(v)} (path {pattern!r})")
+                out.append((p, v, dim % rank))
+        return out
+
+    def validate(self, graph: Graph, mesh) -> None:
+        self.check_mesh(mesh)
+        size = dict(mesh.axes)[self.axis]
+        for p, v, d in self.matches(graph):
+            if d is not None and graph.shape(v)[d] % size:
+                raise PartitionError(f"ManualPartition: dim {d} of input {p!r} has size {graph.shape(v)[d]}, "
+                                     f"which does not divide by mesh axis {self.axis!r} of size {size}")
+
+    def apply(self, graph: Graph, state: State, mesh, index: int) -> None:
+        """Record this tactic's decisions in ``state`` (propagation is the caller's)."""
+        for p, v, d in self.matches(graph):
+            if d is None:
+                state.pinned.add(v)
+                continue
+            cur = state.dims[v][d]
+            if self.axis in cur:
+                continue
+            used = [a for ax in state.dims[v] for a in ax]
+            blocked = v in state.pinned or self.axis in used or \
+                graph.shape(v)[d] % mesh.group_size(tuple(cur) + (self.axis,))
+            if blocked:
+                why = "the input is pinned" if v in state.pinned else \
+                    f"axis {self.axis!r} already splits another dim" if self.axis in used else \
+                    f"dim {d} does not divide over {cur + (self.axis,)}"
+                state.conflicts.append(Conflict(index, -1, "input " + p, f"dim {d}",
+                                                ((v, d, (self.axis,), index),), tuple(cur), why))
+                continue
+            state.dims[v][d] = tuple(cur) + (self.axis,)
+            if state.prov[v][d] is None:
+                state.prov[v][d] = index
+
+    def __str__(self):
+        return f"ManualPartition({self.dims!r}, axis={self.axis!r})"
+
+
+@dataclass
+class AutomaticPartition:
+    """Search for a sharding on ``axes`` (Monte Carlo tree search scored by the simulator). Not implemented
+    yet: applying it raises ``NotImplementedError``."""
+
+    axes: list = field(default_factory=list)
+    memory_budget_bytes: int | None = None
+    time_budget_s: float = 60
+    seed: int = 0
+
+    def check_mesh(self, mesh) -> None:
+        for a in self.axes:
+            if a not in mesh.names:
+                raise PartitionError(f"AutomaticPartition: unknown mesh axis {a!r}; the mesh has axes "
+                                     f"{', '.join(mesh.names)}")
+
+    def validate(self, graph: Graph, mesh) -> None:
+        self.check_mesh(mesh)
+
+    def apply(self, graph, state, mesh, index):
+        raise NotImplementedError("AutomaticPartition is not implemented yet (a later issue); "
+                                  "use ManualPartition tactics or the presets in partir_core.schedules")
+
+    def __str__(self):
+        return f"AutomaticPartition(axes={self.axes!r})"

@@ -1,0 +1,273 @@
+"""partir_core: schedules run and equal the unpartitioned step; propagation, conflicts, errors, simulator."""
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+from jax import lax  # noqa: E402
+
+import redist  # noqa: E402
+import partir_core as pc  # noqa: E402
+from partir_core import models, schedules  # noqa: E402
+from partir_core.registry import supported_primitives  # noqa: E402
+
+if len(jax.devices()) < 8:
+    pytest.skip("needs 8 JAX devices (tests/conftest.py sets XLA_FLAGS)", allow_module_level=True)
+
+MESH = redist.Mesh({"batch": 2, "model": 4})
+MP = pc.ManualPartition
+
+
+def t(text):
+    return redist.ShardingType.parse(text, MESH)
+
+
+def assert_same(got, want):
+    gl, wl = jax.tree.leaves(got), jax.tree.leaves(want)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(gl, wl):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+
+
+def outs(low):
+    return jax.tree.leaves(low.out_types, is_leaf=lambda x: isinstance(x, redist.ShardingType))
+
+
+_MODELS = {}
+
+
+def model_and_inputs(name):
+    if name not in _MODELS:
+        m = models.MODELS[name]()
+        ins = m.init(jax.random.key(0))
+        _MODELS[name] = (m, ins, m.step(*ins))
+    return _MODELS[name]
+
+
+CASES = [(m, s) for m in ("mlp", "gnn") for s in ("BP", "MP", "Z2", "Z3", "BP+MP", "BP+Z2", "BP+MP+Z3")]
+CASES += [("transformer", s) for s in ("BP", "MP", "Z2", "Z3", "EMB", "BP+MP", "BP+MP+Z3", "BP+EMB")]
+
+
+@pytest.mark.parametrize("model,name", CASES)
+def test_preset_schedule_matches_unpartitioned(model, name):
+    m, ins, want = model_and_inputs(model)
+    pf = pc.jit(m.step, MESH, schedules.schedule(name, m, ins, mesh=MESH))
+    assert_same(pf(*ins), want)
+    low = pf.lower(*ins)
+    assert not low.unsupported and not low.fallbacks
+    assert jax.tree.structure(low.in_types) == jax.tree.structure(ins)
+    sim = low.simulate()
+    assert sim.step_time_s > 0 and sim.peak_bytes > 0 and sim.flops > 0
+
+
+def test_megatron_mlp_types():
+    m, ins, want = model_and_inputs("mlp")
+    pf = pc.jit(m.step, MESH, [MP({"x": 0, "y": 0}, axis="batch"),
+                               MP({"params/w1": 1, "params/b1": 0, "params/w2": 0}, axis="model")])
+    low = pf.lower(*ins)
+    g = low.graph
+    assert low.input_type("params/w1") == t("f32[16, 64{model}]")
+    assert low.input_type("params/w2") == t("f32[64{model}, 8]")
+    dots = [e for e in g.eqns if e.name == "dot_general"]
+    hidden = low.types[dots[0].outvars[0]]  # x @ w1: column-split
+    assert hidden == t("f32[8{batch}, 64{model}]")
+    out = low.types[dots[1].outvars[0]]  # h @ w2: row-split → a pending sum
+    assert out == t("f32[8{batch}, 8] partial{model}")
+    assert any(c.kind in ("all_reduce", "reduce_scatter") and "model" in c.axes for c in low.collectives)
+    # the text after each tactic: unpartitioned, then batch only, then both
+    assert "{" not in low.after(0).split("= ")[-1] and "batch" not in low.after(0)
+    assert "batch" in low.after(1) and "model" not in low.after(1)
+    assert "partial{model}" in low.after(2)
+    assert_same(pf(*ins), want)
+
+
+def test_propagation_reaches_inputs_backward():
+    """Sharding w1's columns alone gives w2 row-split through the hidden dim (backward to an input)."""
+    m, ins, want = model_and_inputs("mlp")
+    low = pc.jit(m.step, MESH, [MP({"params/w1": 1}, axis="model")]).lower(*ins)
+    assert low.input_type("params/w2") == t("f32[64{model}, 8]")
+    assert low.input_type("params/b1") == t("f32[64{model}]")
+
+
+def test_earlier_tactic_wins_and_conflict_is_recorded():
+    def f(a, c):
+        return jnp.tanh(a @ c)
+
+    a = jax.random.normal(jax.random.key(1), (8, 4))
+    c = jax.random.normal(jax.random.key(2), (4, 8))
+    pf = pc.jit(f, MESH, [MP({"a": 0}, axis="batch"), MP({"c": 1}, axis="batch")])
+    low = pf.lower(a, c)
+    assert low.input_type("a") == t("f32[8{batch}, 4]")
+    assert low.input_type("c") == t("f32[4, 8{batch}]")
+    assert outs(low)[0] == t("f32[8{batch}, 8]")  # tactic 1's decision is kept at the dot
+    (conflict,) = low.conflicts
+    assert conflict.primitive == "dot_general" and conflict.tactic == 2 and "'batch'" in str(conflict)
+    assert "batch" in low.after(1) and low.after(1).count("batch") < low.after(2).count("batch")
+    assert_same(pf(a, c), f(a, c))
+
+
+def test_input_already_decided_by_propagation_is_a_conflict():
+    def f(a, b):
+        return jnp.tanh(a) + b
+
+    a, b = jnp.arange(32.0).reshape(8, 4), jnp.ones((8, 4))
+    low = pc.jit(f, MESH, [MP({"a": 0}, axis="batch"), MP({"b": 1}, axis="batch")]).lower(a, b)
+    assert low.input_type("b") == t("f32[8{batch}, 4]")  # propagated from tactic 1, never overridden
+    assert len(low.conflicts) == 1 and "input b" in str(low.conflicts[0])
+
+
+def test_later_tactic_refines_a_dim():
+    def f(a):
+        return jnp.exp(a) * 2.0
+
+    a = jnp.ones((16, 4))
+    low = pc.jit(f, MESH, [MP({"a": 0}, axis="batch"), MP({"a": 0}, axis="model")]).lower(a)
+    assert low.input_type("a") == t("f32[16{batch,model}, 4]")
+    assert outs(low)[0] == t("f32[16{batch,model}, 4]")
+
+
+def test_errors_before_running():
+    calls = []
+
+    def f(params, x):
+        calls.append(1)
+        return x @ params["w"]
+
+    params, x = {"w": jnp.ones((4, 6))}, jnp.ones((8, 4))
+    with pytest.raises(pc.PartitionError, match="params/nope"):
+        pc.jit(f, MESH, [MP({"params/nope": 0})]).lower(params, x)
+    with pytest.raises(pc.PartitionError, match=r"dim 5"):
+        pc.jit(f, MESH, [MP({"params/w": 5})])(params, x)
+    with pytest.raises(ValueError, match=r"params/w.*does not divide"):
+        pc.jit(f, MESH, [MP({"params/w": 1}, axis="model")])(params, x)
+    with pytest.raises(redist.ShardingError, match="'nope'"):
+        pc.jit(f, MESH, [MP({"x": 0}, axis="nope")])
+    assert len(calls) == 3  # only tracing happened; nothing ran partitioned
+    with pytest.raises(NotImplementedError, match="not implemented yet"):
+        pc.jit(f, MESH, [pc.AutomaticPartition(axes=["batch"])]).lower(params, x)
+
+
+def test_wildcards_match_several():
+    m, ins, _ = model_and_inputs("transformer")
+    low = pc.jit(m.step, MESH, [MP({"params/layers/*/w1": 1}, axis="model")]).lower(*ins)
+    for i in range(2):
+        assert low.input_type(f"params/layers/{i}/w1").dims == ((), ("model",))
+
+
+def test_jax_jit_of_partitioned_function():
+    m, ins, want = model_and_inputs("mlp")
+    pf = pc.jit(m.step, MESH, schedules.schedule("BP+MP", m, ins, mesh=MESH))
+    assert_same(jax.jit(pf)(*ins), want)
+
+
+def test_simulator_comm_grows_with_communication():
+    m, ins, _ = model_and_inputs("transformer")
+
+    def sim(name, hw=None):
+        pf = pc.jit(m.step, MESH, schedules.schedule(name, m, ins, mesh=MESH) if name else [])
+        return pf.lower(*ins).simulate(hw)
+
+    none, bp, z3 = sim(""), sim("BP"), sim("BP+MP+Z3")
+    assert none.comm_bytes == 0 and bp.comm_bytes > 0 and z3.comm_bytes > bp.comm_bytes
+    assert bp.flops < none.flops and bp.peak_bytes < none.peak_bytes
+    for hw in ("cpu-host", "tpu-v4", "a100-nvlink", pc.Hardware("mine", 1e12, 1e11, 1e-6, 1e10)):
+        s = sim("BP", hw)
+        assert s.step_time_s > 0 and s.peak_bytes > 0 and s.comm_bytes > 0 and s.flops > 0
+    assert sim("BP", "tpu-v4").step_time_s < sim("BP", "cpu-host").step_time_s
+
+
+def test_primitive_without_rule_is_replicated_and_reported():
+    def f(x, w):
+        h = x @ w
+        return jnp.cumsum(h, axis=0) + h, jnp.sum(h)
+
+    x, w = jax.random.normal(jax.random.key(1), (8, 4)), jax.random.normal(jax.random.key(2), (4, 8))
+    pf = pc.jit(f, MESH, [MP({"x": 0}, axis="batch"), MP({"w": 1}, axis="model")])
+    low = pf.lower(x, w)
+    assert [u[1] for u in low.unsupported] == ["cumsum"]
+    assert_same(pf(x, w), f(x, w))
+
+
+def test_control_flow_kept_replicated():
+    def f(x, w):
+        def body(c, row):
+            return c + row @ w, None
+
+        out, _ = lax.scan(body, jnp.zeros(w.shape[1]), x)
+        return jnp.tanh(x @ w), out
+
+    x, w = jax.random.normal(jax.random.key(1), (8, 4)), jax.random.normal(jax.random.key(2), (4, 8))
+    pf = pc.jit(f, MESH, [MP({"x": 0}, axis="batch")])
+    low = pf.lower(x, w)
+    assert any(u[1] == "scan" and "replicated" in u[2] for u in low.unsupported)
+    assert outs(low)[0] == t("f32[8{batch}, 8]")
+    assert_same(pf(x, w), f(x, w))
+
+
+def test_inlines_calls_and_custom_jvp():
+    @jax.jit
+    def inner(x):
+        return jax.nn.relu(x) * 2.0
+
+    def f(x):
+        return inner(x) + jax.nn.gelu(x)
+
+    x = jax.random.normal(jax.random.key(3), (8, 16))
+    pf = pc.jit(f, MESH, [MP({"x": 1}, axis="model")])
+    low = pf.lower(x)
+    assert not low.unsupported and {"jit", "custom_jvp_call"} <= set(low.graph.inlined)
+    assert outs(low)[0] == t("f32[8, 16{model}]") and not low.collectives
+    assert_same(pf(x), f(x))
+
+
+def test_sharded_iota_and_reductions():
+    def f(x):
+        pos = lax.broadcasted_iota(jnp.float32, x.shape, 1)
+        y = x + pos
+        return jnp.max(y, axis=1), jnp.sum(y, axis=1), jax.nn.log_softmax(y, axis=1)
+
+    x = jax.random.normal(jax.random.key(4), (8, 16))
+    pf = pc.jit(f, MESH, [MP({"x": 1}, axis="model"), MP({"x": 0}, axis="batch")])
+    low = pf.lower(x)
+    kinds = {c.kind for c in low.collectives}
+    assert "all_reduce_max" in kinds
+    assert_same(pf(x), f(x))
+
+
+def test_registry_covers_a_training_step():
+    need = {"dot_general", "add", "sub", "mul", "div", "max", "neg", "eq", "lt", "select_n", "broadcast_in_dim",
+            "reshape", "transpose", "reduce_sum", "reduce_max", "iota", "convert_element_type", "integer_pow",
+            "exp", "log", "tanh", "rsqrt", "sqrt", "stop_gradient", "add_any", "gather", "scatter-add",
+            "concatenate", "pad", "dynamic_slice"}
+    assert need <= set(supported_primitives())
+
+
+def test_concat_pad_dynamic_slice():
+    def f(x):
+        y = jnp.concatenate([x, x * 2], axis=1)
+        z = jnp.pad(y, ((0, 0), (1, 1)))
+        return lax.dynamic_slice_in_dim(z, 2, 4, axis=1) + 1.0, z[:, 3:]
+
+    x = jax.random.normal(jax.random.key(5), (8, 6))
+    pf = pc.jit(f, MESH, [MP({"x": 0}, axis="batch")])
+    low = pf.lower(x)
+    assert not low.unsupported
+    assert outs(low)[0].dims[0] == ("batch",)
+    assert_same(pf(x), f(x))
+
+
+def test_gather_and_slice_fallback_when_no_plan(monkeypatch):
+    """If redist gives no usable plan, reshards reduce, gather and slice locally, and say so."""
+    from partir_core import lowering
+
+    def no_plan(src, dst):
+        raise redist.ShardingError("no plan (test)")
+
+    monkeypatch.setattr(lowering, "_PLANS", {})
+    monkeypatch.setattr(lowering.redist, "synthesize", no_plan)
+    m, ins, want = model_and_inputs("mlp")
+    pf = pc.jit(m.step, MESH, schedules.schedule("BP+MP+Z3", m, ins, mesh=MESH))
+    low = pf.lower(*ins)
+    assert low.fallbacks and all("no plan" in f[3] for f in low.fallbacks)
+    assert_same(pf(*ins), want)
