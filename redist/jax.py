@@ -151,13 +151,11 @@ def _summed(op, x):
 
 def _permute(mesh: Mesh, ins: P.CollectivePermute, x, all_axes):
     """Device d gets device ``sources[d]``'s buffer; ppermute indexes devices linearly over all axes in
-    mesh order, which is the device id. Devices that receive nothing keep their own buffer."""
-    pairs = ins.pairs()
-    if not pairs:
+    mesh order, which is the device id. Devices that keep their buffer are listed as ``(d, d)`` pairs, so the
+    permutation is whole and no device is left with ppermute's zeros."""
+    if not ins.pairs():
         return x
-    moved = lax.ppermute(x, all_axes, perm=pairs)
-    receives = jnp.asarray(np.array([s != d for d, s in enumerate(ins.sources)]))
-    return jnp.where(receives[lax.axis_index(all_axes)], moved, x)
+    return lax.ppermute(x, all_axes, perm=[(s, d) for d, s in enumerate(ins.sources)])
 
 
 # ---------------------------------------------------------------------- reshard
