@@ -15,8 +15,9 @@ from redist.mesh import Mesh
 from redist.plan import Plan
 from redist.synthesis import synthesize
 from redist.types import ShardingType
+from redist.verify import Verdict, verify
 
 __all__ = [
     "Mesh", "ShardingType", "ShardingError", "Plan", "synthesize", "lower_bound_bytes",
-    "shard", "unshard", "execute",
+    "shard", "unshard", "execute", "verify", "Verdict",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from redist.errors import ShardingError
-from redist.types import ShardingType, remove_axes
+from redist.types import ShardingType, check_factorization, remove_axes
 
 
 def lower_bound_bytes(src: ShardingType, dst: ShardingType) -> int:
@@ -17,7 +17,7 @@ def lower_bound_bytes(src: ShardingType, dst: ShardingType) -> int:
     devices), every element a device ends with needs at least one value from another device, so the bound is
     ``max_d |T_d| · itemsize``. No plan can receive less.
     """
-    _check_pair(src, dst)
+    check_pair(src, dst)
     mesh = src.mesh
     reduced = remove_axes(mesh, src.partial, dst.partial)
     if mesh.group_size(reduced) > 1:
@@ -31,7 +31,7 @@ def lower_bound_bytes(src: ShardingType, dst: ShardingType) -> int:
     return worst * dst.itemsize
 
 
-def _check_pair(src: ShardingType, dst: ShardingType) -> None:
+def check_pair(src: ShardingType, dst: ShardingType) -> None:
     """Raise :class:`ShardingError` unless ``dst`` is a possible redistribution target of ``src``."""
     if not isinstance(src, ShardingType) or not isinstance(dst, ShardingType):
         raise ShardingError("source and destination must be redist.ShardingType values")
@@ -41,6 +41,15 @@ def _check_pair(src: ShardingType, dst: ShardingType) -> None:
         raise ShardingError(f"source shape {list(src.shape)} differs from destination shape {list(dst.shape)}")
     if src.dtype != dst.dtype:
         raise ShardingError(f"source dtype {src.dtype} differs from destination dtype {dst.dtype}")
+    tokens = {}
+    for t in (src, dst):
+        for tok in [a for d in t.dims for a in d] + list(t.partial):
+            tokens.setdefault(src.mesh.sub_axis(tok)[0], []).append(tok)
+    for name, toks in tokens.items():
+        try:
+            check_factorization(src.mesh, name, toks)
+        except ShardingError as e:
+            raise ShardingError(f"source {src} and destination {dst}: {e}") from None
     if remove_axes(src.mesh, src.partial, dst.partial) is None:
         extra = [a for a in dst.partial if remove_axes(src.mesh, src.partial, (a,)) is None]
         raise ShardingError(

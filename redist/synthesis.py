@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from redist import steps as S
-from redist.bounds import _check_pair, lower_bound_bytes
+from redist.bounds import check_pair, lower_bound_bytes
 from redist.errors import ShardingError
 from redist.mesh import Mesh, sub_axis_token
 from redist.plan import Plan
@@ -140,7 +140,7 @@ def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
     Raises :class:`ShardingError` if the types are on different meshes, have different shapes or dtypes, or if
     the destination is partial over an axis the source is not.
     """
-    _check_pair(src, dst)
+    check_pair(src, dst)
     if topology is None:
         return _synthesize(src, dst)
     from redist import cost

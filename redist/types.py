@@ -95,6 +95,8 @@ class ShardingType:
                         which = f"mesh axis {a!r}" if a == a2 else f"mesh axes {a2!r} and {a!r} overlap and are"
                         raise ShardingError(f"{which} used twice (in {where2} and in {where})")
                 seen.setdefault(name, []).append((pre, size, a, where))
+        for name, spans in seen.items():
+            check_factorization(self.mesh, name, [a for _, _, a, _ in spans])
         order = {n: i for i, n in enumerate(self.mesh.names)}
         partial = sorted(self.partial, key=lambda a: (order[self.mesh.sub_axis(a)[0]], self.mesh.sub_axis(a)[1]))
         object.__setattr__(self, "partial", canonical_axes(self.mesh, partial))
@@ -271,6 +273,18 @@ def _tokens(mesh: Mesh, pieces) -> tuple[str, ...]:
     from redist.mesh import sub_axis_token
 
     return tuple(sub_axis_token(n, lo, hi // lo, mesh.axis_size(n)) for n, lo, hi in merged)
+
+
+def check_factorization(mesh: Mesh, name: str, tokens) -> None:
+    """Sub-axes of one axis must cut it at points that each divide the next (a chain of factors): ``x:(1)2``
+    and ``x:(3)2`` of an axis of size 6 are not factors of one decomposition and cannot be used together."""
+    points = sorted({p for tok in tokens for p in (mesh.sub_axis(tok)[1], mesh.sub_axis(tok)[1] * mesh.sub_axis(tok)[2])}
+                    | {1, mesh.axis_size(name)})
+    for lo, hi in zip(points, points[1:]):
+        if hi % lo:
+            raise ShardingError(
+                f"sub-axes {', '.join(tokens)} split mesh axis {name!r} (size {mesh.axis_size(name)}) in "
+                "incompatible ways: they are not factors of one decomposition of the axis")
 
 
 def canonical_axes(mesh: Mesh, tokens) -> tuple[str, ...]:

@@ -25,6 +25,8 @@ which local index of the buffer before it the element came from:
   it); index + r·n_out along ``dim``.
 - ``AllReduce(axes)``: a sum over the group, fresh symbolic member, same index.
 - ``CollectivePermute(sources)``: the device ``sources[d]`` (a table over the device id), same index.
+- ``Transpose(perm)``: same device; input index ``perm[a]`` is output index ``a``.
+- ``Reshape(shape)``: same device; the index with the same row-major position in the input shape.
 
 At the source, the source type's meaning gives the global index and summand coordinate the element is.
 Queries (``unsat`` = proved):
@@ -34,8 +36,10 @@ Queries (``unsat`` = proved):
 2. *sums* (only with partial axes or reductions): with ``Q`` the destination's partial axes, the
    contributors to the group sum at (device, index) are indexed by (summation members, Q-coordinates of
    the group member); their number must equal the number of source summand coordinates, and query 2 asks
-   for two different contributors with the same source summand coordinate (i.e. proves injectivity, hence
-   a bijection onto the summands: each summand is added exactly once).
+   for two different contributors with the same source summand coordinate, or from two different source
+   partial groups (SPEC 4: *any* summands whose group sums are right must work, so the summands of one
+   group need not agree with those of a replica group). ``unsat`` proves the contributors are a bijection
+   onto the summands of one source group: each is added exactly once.
 
 ``peak_bytes`` and ``bytes_received`` are recomputed from the instructions and buffer shapes (which are the
 same on every device of an SPMD program; the shapes are themselves re-derived from the instructions).
@@ -188,6 +192,14 @@ def _derive_shapes(program, mesh_sizes) -> list[tuple[int, ...]]:
         if isinstance(ins, P.CollectivePermute):
             if sorted(ins.sources) != list(range(n_dev)):
                 raise _Refuted(f"{where}: sources are not a permutation of the {n_dev} devices")
+        elif isinstance(ins, P.Reshape):
+            if math.prod(ins.shape) != math.prod(x) or any(n < 0 for n in ins.shape):
+                raise _Refuted(f"{where}: cannot view a buffer of shape {tuple(x)} as {tuple(ins.shape)}")
+            x = list(ins.shape)
+        elif isinstance(ins, P.Transpose):
+            if sorted(ins.perm) != list(range(len(x))):
+                raise _Refuted(f"{where}: {tuple(ins.perm)} is not a permutation of the {len(x)} dims")
+            x = [x[p] for p in ins.perm]
         elif type(ins) in (P.Slice, P.AllGather, P.ReduceScatter, P.AllReduce, P.AllToAll):
             k = _ksize(_axes(mesh_sizes, ins.axes, where))
             if isinstance(ins, (P.Slice, P.ReduceScatter)):
@@ -216,7 +228,7 @@ def _derive_shapes(program, mesh_sizes) -> list[tuple[int, ...]]:
 
 def program_bytes(program, mesh_sizes=None) -> list[Fraction]:
     """Bytes each device receives over the program, per device id, from the instructions and shapes alone:
-    Slice 0; AllGather (k−1)/k·L_out; AllToAll (k−1)/k·L; ReduceScatter (k−1)/k·L_in; AllReduce 2(k−1)/k·L;
+    Reshape, Transpose and Slice 0; AllGather (k−1)/k·L_out; AllToAll (k−1)/k·L; ReduceScatter (k−1)/k·L_in; AllReduce 2(k−1)/k·L;
     CollectivePermute L on a device whose source is another device."""
     mesh_sizes = mesh_sizes or dict(program.mesh.axes)
     n_dev = math.prod(mesh_sizes.values())
@@ -227,6 +239,8 @@ def program_bytes(program, mesh_sizes=None) -> list[Fraction]:
         L_out = math.prod(program.shapes[t + 1]) * item
         if isinstance(ins, P.CollectivePermute):
             totals = [b + (L_in if s != d else 0) for d, (b, s) in enumerate(zip(totals, ins.sources))]
+            continue
+        if isinstance(ins, (P.Reshape, P.Transpose)):
             continue
         k = _ksize(_axes(mesh_sizes, ins.axes, f"instruction {t}"))
         if isinstance(ins, P.Slice):
@@ -295,6 +309,24 @@ class _Walk:
                     self.defs.append(new[name] == expr)
                 c = new
                 continue
+            if isinstance(ins, P.Transpose):
+                # result dim a is input dim perm[a]
+                before = [None] * len(idx)
+                for a, p in enumerate(ins.perm):
+                    before[p] = idx[a]
+                idx = self._named(t, before)
+                continue
+            if isinstance(ins, P.Reshape):
+                # the same row-major position in both shapes
+                flat = z3.IntVal(0)
+                for d, n in enumerate(n_out):
+                    flat = flat * n + idx[d]
+                before, stride = [], math.prod(n_in)
+                for n in n_in:
+                    stride //= n
+                    before.append((flat / stride) % n)
+                idx = self._named(t, before)
+                continue
             axes = _axes(self.mesh_sizes, ins.axes, f"instruction {t}")
             if isinstance(ins, P.Slice):
                 idx[ins.dim] = idx[ins.dim] + _rank(c, axes) * n_out[ins.dim]
@@ -335,6 +367,15 @@ class _Walk:
                 idx2.append(v)
             c, idx = c2, idx2
         return c, idx
+
+    def _named(self, t: int, idx: list) -> list:
+        """Fresh names for the index before instruction ``t`` (keeps the solver's terms small)."""
+        out = []
+        for d, e in enumerate(idx):
+            v = z3.Int(f"{self.tag}_i{t}_{d}")
+            self.defs.append(v == e)
+            out.append(v)
+        return out
 
 
 def _model_int(model, e) -> int:
@@ -462,11 +503,13 @@ def _verify(program, src, dst, costs, timeout_ms, details) -> None:
         cs, ii = wk.run(cc, list(base_idx))
         _, _, summ, _ = _type_meaning(mesh_sizes, src, cs, ii)
         members = qs + [v for _, vs, _ in wk.sum_vars for v in vs]
-        walks.append((wk, members, summ, cs))
-    (w1, m1, s1, cs1), (w2, m2, s2, cs2) = walks
+        walks.append((wk, members, summ, cs, _group_key(cs, src_partial)))
+    (w1, m1, s1, cs1, g1), (w2, m2, s2, cs2, g2) = walks
     differ = z3.Or([a != b for a, b in zip(m1, m2)])
     same = z3.And([a == b for a, b in zip(s1, s2)])
-    s, res = _solve(base_ranges + w1.ranges + w1.defs + w2.ranges + w2.defs + [differ, same], timeout_ms)
+    other_group = z3.Or([a != b for a, b in zip(g1, g2)])
+    s, res = _solve(base_ranges + w1.ranges + w1.defs + w2.ranges + w2.defs + [differ, z3.Or(same, other_group)],
+                    timeout_ms)
     if res == z3.unknown:
         raise _Refuted(f"Z3 could not decide the summation query ({s.reason_unknown()})")
     if res == z3.sat:
@@ -474,13 +517,27 @@ def _verify(program, src, dst, costs, timeout_ms, details) -> None:
         dev = {n: _model_int(mdl, base_c[n]) for n in names}
         index = tuple(_model_int(mdl, v) for v in base_idx)
         src_dev = [{n: _model_int(mdl, cc[n]) for n in names} for cc in (cs1, cs2)]
-        summ = tuple(_model_int(mdl, e) for e in s1)
+        summ = [{a.token: _model_int(mdl, e) for a, e in zip(src_partial, ss)} for ss in (s1, s2)]
+        from_devs = [_dev_id(d, mesh_sizes) for d in src_dev]
         cx = {"device": _dev_id(dev, mesh_sizes), "coords": dev, "index": index,
-              "holds": {"summand": dict(zip([a.token for a in src_partial], summ)),
-                        "added_from_devices": [_dev_id(d, mesh_sizes) for d in src_dev]},
-              "expected": {"summand_added": "once"}}
-        raise _Refuted(f"the group sum at device {cx['device']} {dev}, local index {index} adds source summand "
-                       f"{cx['holds']['summand']} twice (from devices {cx['holds']['added_from_devices']})", cx)
+              "holds": {"summands": summ, "added_from_devices": from_devs},
+              "expected": {"summands": "each summand of one source partial group, exactly once"}}
+        if summ[0] == summ[1]:
+            why = f"adds source summand {summ[0]} twice (from devices {from_devs})"
+        else:
+            why = (f"mixes summands of different source partial groups (devices {from_devs} are in different "
+                   f"groups over {{{','.join(a.token for a in src_partial)}}})")
+        raise _Refuted(f"the group sum at device {cx['device']} {dev}, local index {index} {why}", cx)
+
+
+def _group_key(c: dict, partial: tuple[_Axis, ...]) -> list:
+    """Which partial group a device is in: its coordinates with those on the partial axes zeroed. The
+    source's summands are only constrained to sum right within a group (SPEC 4: any summands whose group
+    sums are right), so a group sum must take all its summands from one group."""
+    key = dict(c)
+    for ax in partial:
+        key[ax.name] = key[ax.name] - _sub(c, ax) * ax.stride
+    return list(key.values())
 
 
 def _dev_id(coords: dict, mesh_sizes: dict) -> int:

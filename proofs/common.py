@@ -1,0 +1,213 @@
+"""Shared helpers for the proof scripts and tests: meshes, sharding types (random and exhaustive), and a
+numpy oracle that runs a program on concrete data. The oracle uses the library's own data helpers
+(``shard``/``unshard``) and the numpy backend: it is an independent *witness*, not the verifier."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import numpy as np
+
+from redist.backends import numpy_backend
+from redist.bounds import check_pair
+from redist.errors import ShardingError
+from redist.mesh import Mesh
+from redist.types import ShardingType
+
+AXIS_SIZES = [1, 2, 3, 4, 5, 6, 8]
+
+
+# ----------------------------------------------------------------------------- meshes
+def all_meshes(max_devices: int = 8, min_size: int = 2, max_axes: int = 3) -> list[Mesh]:
+    """Every mesh (ordered axis sizes >= min_size) with at most ``max_devices`` devices."""
+    out = []
+
+    def rec(shape):
+        if shape:
+            out.append(Mesh({n: s for n, s in zip("xyzw", shape)}))
+        if len(shape) == max_axes:
+            return
+        for s in range(min_size, max_devices + 1):
+            if math.prod(shape) * s <= max_devices:
+                rec(shape + (s,))
+
+    rec(())
+    return out
+
+
+def random_mesh(rng: random.Random, max_axes: int = 4, max_devices: int = 16, min_devices: int = 1) -> Mesh:
+    while True:
+        n = rng.randint(1, max_axes)
+        sizes = []
+        for _ in range(n):
+            budget = max_devices // max(1, math.prod(sizes))
+            sizes.append(rng.choice([s for s in AXIS_SIZES if s <= budget] or [1]))
+        if math.prod(sizes) >= min_devices:
+            return Mesh({f"a{i}": s for i, s in enumerate(sizes)})
+
+
+# ----------------------------------------------------------------------------- layouts
+def _factorizations(n: int) -> list[list[int]]:
+    """Ordered factorizations of n into factors >= 2 (for splitting an axis into sub-axes)."""
+    if n == 1:
+        return [[]]
+    out = []
+    for f in range(2, n + 1):
+        if n % f == 0:
+            out += [[f] + rest for rest in _factorizations(n // f)]
+    return out
+
+
+def _tokens_of(mesh: Mesh, name: str, factors: list[int]) -> list[str]:
+    full = mesh.axis_size(name)
+    if len(factors) <= 1:
+        return [name]
+    toks, pre = [], 1
+    for f in factors:
+        toks.append(f"{name}:({pre}){f}")
+        pre *= f
+    return toks
+
+
+def random_layout(rng: random.Random, mesh: Mesh, rank: int, partial=True, sub_axes: float = 0.0,
+                  forbid_partial=()):
+    """Per-dim token lists and partial tokens: every axis (or sub-axis) goes to a dim, partial or nowhere."""
+    tokens = []
+    for name, size in mesh.axes:
+        facts = _factorizations(size)
+        split = [f for f in facts if len(f) > 1]
+        if split and rng.random() < sub_axes:
+            tokens += _tokens_of(mesh, name, rng.choice(split))
+        else:
+            tokens.append(name)
+    rng.shuffle(tokens)
+    dims = [[] for _ in range(rank)]
+    part = []
+    for a in tokens:
+        choice = rng.randint(0, rank + 1)
+        if choice < rank:
+            dims[choice].append(a)
+        elif choice == rank and partial and a not in forbid_partial:
+            part.append(a)
+    return tuple(map(tuple, dims)), tuple(part)
+
+
+def random_pair(rng: random.Random, mesh: Mesh, max_rank: int = 3, partial: float = 0.3, sub_axes: float = 0.2,
+                dtype: str = "f32", multipliers=(1, 1, 2, 3)):
+    """A (source, destination) pair with a common shape; dst.partial is a subset of src.partial. Sub-axes of
+    one axis on the two sides always come from one factorization of it (others are rejected by redist)."""
+    while True:
+        try:
+            src, dst = _random_pair(rng, mesh, max_rank, partial, sub_axes, dtype, multipliers)
+            check_pair(src, dst)
+            return src, dst
+        except ShardingError:
+            continue
+
+
+def _random_pair(rng, mesh, max_rank, partial, sub_axes, dtype, multipliers):
+    rank = rng.randint(0, max_rank)
+    d1, p1 = random_layout(rng, mesh, rank, partial=rng.random() < partial, sub_axes=sub_axes)
+    d2, _ = random_layout(rng, mesh, rank, partial=False, sub_axes=sub_axes)
+    used2 = _pieces_used(mesh, d2)
+    p1 = ShardingType(mesh, (), dtype, (), p1).partial  # canonical tokens (adjacent sub-axes merge)
+    free = [a for a in p1 if not (_pieces_used(mesh, ((a,),)) & used2)]
+    p2 = tuple(a for a in free if rng.random() < 0.5)
+    shape = []
+    for i in range(rank):
+        k = math.lcm(mesh.group_size(d1[i]), mesh.group_size(d2[i]))
+        shape.append(k * rng.choice(multipliers))
+    src = ShardingType(mesh, tuple(shape), dtype, d1, p1)
+    dst = ShardingType(mesh, tuple(shape), dtype, d2, p2)
+    return src, dst
+
+
+def _pieces_used(mesh: Mesh, dims) -> set:
+    """Unit factor positions (axis, position) covered by tokens, for overlap tests."""
+    out = set()
+    for d in dims:
+        for tok in d:
+            name, pre, size = mesh.sub_axis(tok)
+            out |= {(name, p) for p in range(pre, pre * size)}
+    return out
+
+
+def all_layouts(mesh: Mesh, rank: int, partial: bool = True):
+    """Every assignment of the mesh's whole axes to (ordered) dims, partial, or nowhere."""
+    names = mesh.names
+    slots = list(range(rank + (2 if partial else 1)))  # dims..., rank = unused, rank+1 = partial
+    for assign in itertools.product(slots, repeat=len(names)):
+        groups = {s: [a for a, g in zip(names, assign) if g == s] for s in slots}
+        orders = [itertools.permutations(groups[i]) for i in range(rank)]
+        part = tuple(groups.get(rank + 1, ())) if partial else ()
+        for dims in itertools.product(*orders):
+            yield tuple(tuple(d) for d in dims), part
+
+
+def all_pairs(mesh: Mesh, rank: int, dtype: str = "f32", multiplier: int = 1):
+    """Every (src, dst) pair of whole-axis layouts with dst.partial a subset of src.partial, each dim the
+    smallest size both sides divide (``multiplier`` times that)."""
+    layouts = list(all_layouts(mesh, rank))
+    for d1, p1 in layouts:
+        for d2, p2 in layouts:
+            if not set(p2) <= set(p1):
+                continue
+            shape = tuple(math.lcm(mesh.group_size(a), mesh.group_size(b)) * multiplier for a, b in zip(d1, d2))
+            yield (ShardingType(mesh, shape, dtype, d1, p1), ShardingType(mesh, shape, dtype, d2, p2))
+
+
+# ----------------------------------------------------------------------------- numpy oracle
+def source_buffers(src: ShardingType, rng: np.random.Generator):
+    """Per-device buffers of ``src`` and the global value. Elements are distinct integers (so a misplaced
+    element shows); for a partial type every partial group gets its own random summands (SPEC 4: any summands
+    whose group sums are right), so dropping, doubling or mixing summands shows too."""
+    mesh = src.mesh
+    n = math.prod(src.shape)
+    value = (rng.permutation(n) + 1).reshape(src.shape).astype(src.np_dtype)
+    full = src.replace(partial=())
+    from redist.data import shard
+
+    whole = shard(full, value)
+    if not src.partial:
+        return whole, value
+    bufs = [rng.integers(-50, 51, size=x.shape).astype(x.dtype) for x in whole]
+    groups: dict = {}
+    for d in range(mesh.size):
+        key = []
+        c = mesh.coords(d)
+        for name in mesh.names:
+            v = c[name]
+            for a in src.partial:
+                an, pre, size = mesh.sub_axis(a)
+                if an == name:
+                    v -= mesh.axis_coord(c, a) * (mesh.axis_size(name) // (pre * size))
+            key.append(v)
+        groups.setdefault(tuple(key), []).append(d)
+    for members in groups.values():
+        first, rest = members[0], members[1:]
+        bufs[first] = (whole[first] - sum((bufs[d] for d in rest), np.zeros_like(whole[first]))).astype(
+            whole[first].dtype)
+    return bufs, value
+
+
+def oracle(program, src: ShardingType, dst: ShardingType, seed: int = 0, trials: int = 2) -> tuple[bool, str]:
+    """Run ``program`` with the numpy backend on random data of type ``src``; True iff the result is the
+    same value laid out as ``dst`` (group sums for partial ``dst``; replicas must agree). A program that
+    raises at run time, or gives the wrong local shape, is wrong."""
+    from redist.data import unshard
+
+    rng = np.random.default_rng(seed)
+    for _ in range(trials):
+        bufs, value = source_buffers(src, rng)
+        try:
+            out = numpy_backend.run(program, bufs)
+            if any(tuple(x.shape) != dst.local_shape for x in out):
+                return False, "wrong local shape"
+            got = unshard(dst, out)
+        except Exception as e:  # noqa: BLE001 - a program that raises at run time is wrong
+            return False, f"raised {type(e).__name__}: {e}"
+        if not np.array_equal(got, value):
+            return False, "wrong values"
+    return True, "equal"
