@@ -12,6 +12,7 @@ import numpy as np
 
 from redist.backends import numpy_backend
 from redist.bounds import check_pair
+from redist.data import summands
 from redist.errors import ShardingError
 from redist.mesh import Mesh
 from redist.types import ShardingType
@@ -163,33 +164,9 @@ def source_buffers(src: ShardingType, rng: np.random.Generator):
     """Per-device buffers of ``src`` and the global value. Elements are distinct integers (so a misplaced
     element shows); for a partial type every partial group gets its own random summands (SPEC 4: any summands
     whose group sums are right), so dropping, doubling or mixing summands shows too."""
-    mesh = src.mesh
     n = math.prod(src.shape)
     value = (rng.permutation(n) + 1).reshape(src.shape).astype(src.np_dtype)
-    full = src.replace(partial=())
-    from redist.data import shard
-
-    whole = shard(full, value)
-    if not src.partial:
-        return whole, value
-    bufs = [rng.integers(-50, 51, size=x.shape).astype(x.dtype) for x in whole]
-    groups: dict = {}
-    for d in range(mesh.size):
-        key = []
-        c = mesh.coords(d)
-        for name in mesh.names:
-            v = c[name]
-            for a in src.partial:
-                an, pre, size = mesh.sub_axis(a)
-                if an == name:
-                    v -= mesh.axis_coord(c, a) * (mesh.axis_size(name) // (pre * size))
-            key.append(v)
-        groups.setdefault(tuple(key), []).append(d)
-    for members in groups.values():
-        first, rest = members[0], members[1:]
-        bufs[first] = (whole[first] - sum((bufs[d] for d in rest), np.zeros_like(whole[first]))).astype(
-            whole[first].dtype)
-    return bufs, value
+    return summands(src, value, rng, low=-50, high=51), value
 
 
 def oracle(program, src: ShardingType, dst: ShardingType, seed: int = 0, trials: int = 2) -> tuple[bool, str]:

@@ -11,7 +11,7 @@ symbolic positive integers (no upper bound needed); ``div``/``mod`` by a symboli
 defining constraints ``x = q·m + r, 0 ≤ r < m``.
 
 Part 2 — the same rules as the synthesizer implements them: every step of the plans for a seeded sample
-of pairs (meshes ≤ 16 devices, sub-axes, partial types) is lowered alone (``lower_step``) and proved by
+of pairs (meshes ≤ 16 devices, sub-axes, partial types) is lowered alone (``lower``) and proved by
 :func:`redist.verify.verify_program` to turn its input type into ``step.apply(input)``; its byte count
 (``step.bytes_received``) must equal what the verifier derives from the instruction.
 """
@@ -137,8 +137,7 @@ def concrete_rules(n_pairs: int = 400, seed: int = 1) -> dict:
             synth_errors.append(f"{mesh}: {src} -> {dst}: {type(e).__name__}: {e}")
             continue
         for step, t_in, t_out in zip(plan.steps, plan.types, plan.types[1:]):
-            ins = P.lower_step(step, t_in)
-            prog = P.Program(mesh, t_in.np_dtype, (ins,), (t_in.local_shape, t_out.local_shape))
+            prog = P.lower((step,), (t_in, t_out))
             v = verify_program(prog, t_in, step.apply(t_in))
             by_kind[step.kind] = by_kind.get(step.kind, 0) + 1
             if not v.ok:

@@ -19,6 +19,25 @@ def shard(t: ShardingType, global_array) -> list[np.ndarray]:
     return [np.array(x[t.local_box(d)], copy=True) for d in range(t.mesh.size)]
 
 
+def summands(t: ShardingType, value, rng: np.random.Generator, low: int = -4, high: int = 5) -> list[np.ndarray]:
+    """Per-device buffers of ``t`` whose partial-group sums are ``value``'s blocks (``shard`` for a type
+    without partial axes).
+
+    Every group of devices that differ only in the partial axes gets its own random integer summands in
+    ``[low, high)``, and its first member the remainder, so float sums of integer values are exact; test
+    data that catches a plan which drops, doubles or mixes summands (any summands whose group sums are right
+    must give the right result).
+    """
+    whole = shard(t.replace(partial=()), value)
+    if not t.partial:
+        return whole
+    bufs = [rng.integers(low, high, size=x.shape).astype(x.dtype) for x in whole]
+    for group in t.mesh.groups(t.partial):
+        rest = sum((bufs[d] for d in group[1:]), np.zeros_like(whole[group[0]]))
+        bufs[group[0]] = (whole[group[0]] - rest).astype(whole[group[0]].dtype)
+    return bufs
+
+
 def unshard(t: ShardingType, shards) -> np.ndarray:
     """The global array that per-device ``shards`` of type ``t`` represent; partial axes are summed.
 

@@ -40,17 +40,9 @@ def _value(t, seed=0):
 
 
 def _summands(t, value, seed=1):
-    """Buffers whose partial-group sums are ``value``: random integers, fixed up on each group's first."""
-    import redist
+    from redist.data import summands
 
-    whole = redist.shard(t.replace(partial=()), value)
-    if not t.partial:
-        return whole
-    rng = np.random.default_rng(seed)
-    bufs = [rng.integers(-4, 5, size=x.shape).astype(x.dtype) for x in whole]
-    for group in t.mesh.groups(t.partial):
-        bufs[group[0]] = whole[group[0]] - sum((bufs[d] for d in group[1:]), np.zeros_like(whole[group[0]]))
-    return bufs
+    return summands(t, value, np.random.default_rng(seed))
 
 
 def _expected(dst, value, out):

@@ -15,8 +15,8 @@ any other slice would have to be gathered again and can only cost more.
 Choice. A* over these states, minimising (bytes received, number of steps). Costs are exact integers in
 units of ``1 / mesh.size`` bytes (every ``k`` divides the mesh size). The heuristic ``max(0, L_dst − L)``
 is admissible: buffers grow only through all-gathers, which receive exactly what they add. Sizes of axes are
-arbitrary integers. When the plan over the named atoms does not meet the lower bound (for a plan without
-reductions, where the bound is tight enough to tell), or no plan exists over
+arbitrary integers. When the plan over the named atoms does not meet the lower bound or takes three steps or
+more (for a plan without reductions, where the bound is tight enough to tell), or no plan exists over
 them (an axis must be swapped for a part of another of a different size), the search is run again with every
 atom split into prime factors (Shardy's sub-axes) and the better plan is kept.
 """
@@ -38,6 +38,8 @@ from redist.types import ShardingType, remove_axes
 # matter (reorder a dim, bring atoms in from elsewhere). Bounding the chain keeps the search small.
 _MAX_SWAPS = 3
 _MAX_EXPANSIONS = 200_000
+# The search over sub-axes refines a plan that usually exists already; it gives up sooner.
+_MAX_REFINED_EXPANSIONS = 8_000
 
 
 @dataclass(frozen=True)
@@ -159,9 +161,10 @@ def _synthesize(src: ShardingType, dst: ShardingType) -> Plan:
     """The fewest-bytes plan (ties: fewest steps)."""
     plan = _search(src, dst, refine=False)
     reduces = set(src.partial) != set(dst.partial)
-    if plan is not None and (reduces or plan.bytes_received == lower_bound_bytes(src, dst)):
+    if plan is not None and (reduces or (plan.bytes_received == lower_bound_bytes(src, dst) and len(plan.steps) < 3)):
         return plan
-    # Sub-axes can help (or be needed): search again over prime-sized atoms, keep the better plan.
+    # Sub-axes can help (or be needed): search again over prime-sized atoms, keep the better plan. A plan at
+    # the bound may still shrink: slice, permute, gather of a whole axis is often slice, permute of a part.
     finer = _search(src, dst, refine=True)
     if finer is None and plan is None:
         raise AssertionError(f"no memory-bounded plan found from {src} to {dst}")
@@ -247,7 +250,7 @@ def _search(src: ShardingType, dst: ShardingType, refine: bool, topo=None) -> Pl
         if (dims, partial) == goal:
             return _build(src, dst, mesh, atoms, parent, state)
         expansions += 1
-        if expansions > _MAX_EXPANSIONS:
+        if expansions > (_MAX_REFINED_EXPANSIONS if refine else _MAX_EXPANSIONS):
             return None
         L = local_bytes(dims)
         used = mask(a for d in dims for a in d)

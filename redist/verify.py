@@ -317,14 +317,18 @@ class _Walk:
                 idx = self._named(t, before)
                 continue
             if isinstance(ins, P.Reshape):
-                # the same row-major position in both shapes
-                flat = z3.IntVal(0)
-                for d, n in enumerate(n_out):
-                    flat = flat * n + idx[d]
-                before, stride = [], math.prod(n_in)
-                for n in n_in:
-                    stride //= n
-                    before.append((flat / stride) % n)
+                # The same row-major position in both shapes, group by group: runs of dims whose sizes
+                # multiply to the same number map onto each other (a split or a merge of dims).
+                before = [None] * len(n_in)
+                for dims_in, dims_out in _reshape_groups(n_in, n_out):
+                    flat = z3.IntVal(0)
+                    for d in dims_out:
+                        flat = flat * n_out[d] + idx[d]
+                    stride = math.prod(n_in[d] for d in dims_in)
+                    for pos, d in enumerate(dims_in):
+                        stride //= n_in[d]
+                        digit = flat / stride if stride > 1 else flat
+                        before[d] = digit if pos == 0 else digit % n_in[d]
                 idx = self._named(t, before)
                 continue
             axes = _axes(self.mesh_sizes, ins.axes, f"instruction {t}")
@@ -376,6 +380,35 @@ class _Walk:
             self.defs.append(v == e)
             out.append(v)
         return out
+
+
+def _reshape_groups(shape_in, shape_out) -> list[tuple[list[int], list[int]]]:
+    """Align two shapes of equal size into runs of dims with equal products, e.g. (8, 4) and (2, 4, 4) give
+    ([0], [0, 1]) and ([1], [2]): row-major positions within a run correspond, whatever the other runs hold."""
+    if 0 in shape_in or 0 in shape_out:
+        return [(list(range(len(shape_in))), list(range(len(shape_out))))]
+    groups, i, j = [], 0, 0
+    while i < len(shape_in) or j < len(shape_out):
+        gi, gj, pa, pb = [], [], 1, 1
+        if i < len(shape_in):
+            gi.append(i)
+            pa *= shape_in[i]
+            i += 1
+        if j < len(shape_out):
+            gj.append(j)
+            pb *= shape_out[j]
+            j += 1
+        while pa != pb:
+            if pa < pb:
+                gi.append(i)
+                pa *= shape_in[i]
+                i += 1
+            else:
+                gj.append(j)
+                pb *= shape_out[j]
+                j += 1
+        groups.append((gi, gj))
+    return groups
 
 
 def _model_int(model, e) -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 from hypothesis import strategies as st
 
 import redist
@@ -54,25 +53,3 @@ def type_pairs(draw, mesh=None, max_rank=4, partial=True, dtype="f32"):
     src = redist.ShardingType(mesh, tuple(shape), dtype, d1, p1)
     dst = redist.ShardingType(mesh, tuple(shape), dtype, d2, p2)
     return src, dst
-
-
-def summands(t: redist.ShardingType, value: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
-    """Per-device buffers of the partial type ``t`` whose group sums are ``value``'s blocks.
-
-    Every summand is a random small integer, except one per group that makes the sum right, so that float
-    sums are exact and a plan that drops, doubles or misplaces a summand is caught.
-    """
-    whole = redist.shard(t.replace(partial=()), value)
-    if not t.partial:
-        return whole
-    mesh = t.mesh
-    bufs = [rng.integers(-4, 5, size=x.shape).astype(x.dtype) for x in whole]
-    groups: dict = {}
-    for d in range(mesh.size):
-        key = tuple(mesh.coords(d)[n] for n in mesh.names if n not in t.partial)
-        groups.setdefault(key, []).append(d)
-    for members in groups.values():
-        first, rest = members[0], members[1:]
-        bufs[first] = (whole[first] - sum((bufs[d] for d in rest), np.zeros_like(whole[first]))).astype(
-            whole[first].dtype)
-    return bufs

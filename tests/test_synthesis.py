@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 import redist
 from redist import Mesh, ShardingError, ShardingType, lower_bound_bytes, synthesize
 from redist.steps import AllGather, AllSlice, AllToAll, Permute, permute_sources
-from tests.strategies import summands, type_pairs
+from redist.data import summands
+from tests.strategies import type_pairs
 
 
 def _value(t: ShardingType, seed: int = 0) -> np.ndarray:
