@@ -13,7 +13,8 @@ Per case, measured identically for both sides:
   (``redist.xla_baseline``), counted per device as in ``redist.steps``; bound = ``redist.lower_bound_bytes``.
 - memory: type level ``plan.peak_bytes``; ``compiled.memory_analysis()`` temp + output bytes of both compiled
   programs (ours: ``jax.jit(lambda a: redist.jax.reshard(a, dst, src=src), out_shardings=dst)``).
-- modeled time (``redist.cost``) per topology preset: ours ``plan_time(plan)``, XLA's ``records_time`` of its
+- modeled time (``redist.cost``) per topology preset: ours ``plan_time`` of the plan synthesized for that
+  topology (``synthesize(src, dst, topology=...)``, cost-driven choice), XLA's ``records_time`` of its
   parsed collectives, at the measured size and at a large size (dim 0 scaled so the array is ``--model-mib``
   MiB; XLA is compiled again at that shape, nothing is run), where bandwidth rather than latency dominates.
 - wall time on 8 host devices: both compiled programs on one input made once with
@@ -243,12 +244,16 @@ def _large(t: redist.ShardingType, mib: float) -> redist.ShardingType:
     return redist.ShardingType(t.mesh, tuple(shape), t.dtype, t.dims, t.partial)
 
 
-def modeled(plan, xla_collectives, mesh) -> dict:
+def modeled(src, dst, xla_collectives) -> dict:
+    """Per topology: our plan chosen for that topology (``synthesize(..., topology=)``) against XLA's
+    collectives, both priced by ``redist.cost``."""
     out = {}
     for name in TOPOLOGIES:
-        topo = cost.topology(name, mesh)
+        topo = cost.topology(name, src.mesh)
+        plan = redist.synthesize(src, dst, topology=topo)
         ours, theirs = cost.plan_time(plan, topo), cost.records_time(xla_collectives, topo)
-        out[name] = {"ours_s": ours, "xla_s": theirs, "speedup": _ratio(theirs, ours)}
+        out[name] = {"ours_s": ours, "xla_s": theirs, "speedup": _ratio(theirs, ours),
+                     "plan": [str(s) for s in plan.steps]}
     return out
 
 
@@ -282,11 +287,11 @@ def measure_case(case: Case, repeats: int, model_mib: float, run: bool = True) -
                    "ours_temp_plus_output": ours.memory.temp_plus_output,
                    "xla_temp_plus_output": xla.memory.temp_plus_output,
                    "ours": vars(ours.memory), "xla": vars(xla.memory)},
-        "modeled": modeled(plan, xla.collectives, src.mesh),
+        "modeled": modeled(src, dst, xla.collectives),
     }
     big_src, big_dst = _large(src, model_mib), _large(dst, model_mib)
     big_xla = xb.compile_xla(big_src, big_dst)
-    row["modeled_large"] = modeled(redist.synthesize(big_src, big_dst), big_xla.collectives, src.mesh)
+    row["modeled_large"] = modeled(big_src, big_dst, big_xla.collectives)
     row["modeled_large"]["shape"] = list(big_src.shape)
     if run:
         x, host = xb.make_input(src)

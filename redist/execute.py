@@ -7,18 +7,24 @@ import numpy as np
 from redist.errors import ShardingError
 from redist.plan import Plan
 
-BACKENDS = ("numpy",)
+BACKENDS = ("numpy", "jax")
 
 
 def execute(plan: Plan, shards, backend: str = "numpy") -> list[np.ndarray]:
     """Execute ``plan`` on ``shards`` (one local buffer per device id, of type ``plan.src``).
 
-    Returns the buffers of type ``plan.dst``. For a partial source, any summands whose group sums are the
+    ``backend``: ``"numpy"`` (the reference, in this process) or ``"jax"`` (JAX collectives on the first
+    ``mesh.size`` JAX devices; see :func:`redist.jax.run_on_buffers`). MPI runs one process per device:
+    use :func:`redist.mpi.reshard` on every rank. Returns the buffers of type ``plan.dst``. For a partial source, any summands whose group sums are the
     value give the value's destination layout (summed where the destination is not partial).
     """
     if backend == "numpy":
         from redist.backends import numpy_backend
 
         return numpy_backend.run(plan.program, shards)
+    if backend == "jax":
+        from redist.jax import run_on_buffers
+
+        return run_on_buffers(plan.program, shards)
     raise ShardingError(f"unknown backend {backend!r}; execute() runs {', '.join(BACKENDS)} "
-                        "(use redist.jax.reshard or redist.mpi.reshard for the runtimes)")
+                        "(MPI runs one process per device: call redist.mpi.reshard on every rank)")

@@ -35,7 +35,8 @@ from redist.mesh import Mesh, sub_axis_token
 from redist.synthesis import synthesize
 from redist.types import ShardingType
 
-__all__ = ["reshard", "run_program", "refined_axis_names", "refine_mesh", "redist_mesh", "sharding_type"]
+__all__ = ["reshard", "run_program", "run_on_buffers", "refined_axis_names", "refine_mesh", "redist_mesh",
+           "sharding_type"]
 
 
 # ---------------------------------------------------------------------- meshes and axis names
@@ -133,7 +134,7 @@ def run_program(program: P.Program, x, axis_names: Mapping[str, tuple[str, ...]]
         elif isinstance(ins, P.AllGather):
             x = lax.all_gather(x, axes, axis=ins.dim, tiled=True)
         elif isinstance(ins, P.AllToAll):
-            x = lax.all_to_all(x, axes, ins.split_dim, ins.concat_dim, tiled=True)
+            x = _all_to_all(x, axes, ins.split_dim, ins.concat_dim, mesh.group_size(ins.axes))
         elif isinstance(ins, P.ReduceScatter):
             x = _summed(lambda v: lax.psum_scatter(v, axes, scatter_dimension=ins.dim, tiled=True), x)
         elif isinstance(ins, P.AllReduce):
@@ -141,6 +142,21 @@ def run_program(program: P.Program, x, axis_names: Mapping[str, tuple[str, ...]]
         else:
             raise TypeError(f"unknown instruction {ins!r}")
     return x
+
+
+def _all_to_all(x, axes, split_dim: int, concat_dim: int, k: int):
+    """Tiled all-to-all through a leading dim of k chunks: split ``split_dim`` into (k, n/k), bring the
+    chunks to the front, exchange them (chunk j to rank j; afterwards the front dim indexes the sender), and
+    merge the sender index in as the major part of ``concat_dim``. Same result as ``lax.all_to_all(...,
+    tiled=True)``; XLA's CPU all-to-all then needs no extra temporary chunk (as its own resharding)."""
+    if split_dim == concat_dim:
+        return lax.all_to_all(x, axes, split_dim, concat_dim, tiled=True)
+    shape = list(x.shape)
+    y = x.reshape(shape[:split_dim] + [k, shape[split_dim] // k] + shape[split_dim + 1:])
+    y = lax.all_to_all(jnp.moveaxis(y, split_dim, 0), axes, 0, 0, tiled=True)
+    rest = list(y.shape[1:])
+    rest[concat_dim] *= k
+    return jnp.moveaxis(y, 0, concat_dim).reshape(rest)
 
 
 def _summed(op, x):
@@ -156,6 +172,36 @@ def _permute(mesh: Mesh, ins: P.CollectivePermute, x, all_axes):
     if not ins.pairs():
         return x
     return lax.ppermute(x, all_axes, perm=[(s, d) for d, s in enumerate(ins.sources)])
+
+
+def run_on_buffers(program: P.Program, shards, jax_mesh=None) -> list[np.ndarray]:
+    """Run ``program`` on arbitrary per-device buffers (index = device id; partial summands, say) with JAX
+    collectives on host or accelerator devices; returns the new buffers, in device order.
+
+    ``jax_mesh`` defaults to the first ``program.mesh.size`` devices in the mesh's shape. The buffers are
+    placed on their devices as one array with a leading device dim, and each device runs the program on its
+    own buffer under ``jax.shard_map`` — the per-device counterpart of :func:`reshard`, behind
+    ``redist.execute(plan, shards, backend="jax")``.
+    """
+    mesh = program.mesh
+    if len(shards) != mesh.size:
+        raise ShardingError(f"expected {mesh.size} shards (one per device), got {len(shards)}")
+    if jax_mesh is None:
+        jax_mesh = jax.sharding.Mesh(np.array(jax.devices()[: mesh.size]).reshape(mesh.shape), mesh.names)
+    refined, names = refine_mesh(jax_mesh, program.axis_tokens())
+    spec = PartitionSpec(tuple(refined.axis_names))
+    local = tuple(program.shapes[0])
+    for d, x in enumerate(shards):
+        if tuple(np.shape(x)) != local:
+            raise ShardingError(f"shard of device {d} has shape {np.shape(x)}, expected {local}")
+    x = jax.make_array_from_single_device_arrays(
+        (mesh.size,) + local, NamedSharding(refined, spec),
+        [jax.device_put(np.asarray(b, dtype=program.dtype)[None], dev) for b, dev in zip(shards, refined.devices.flat)])
+    f = jax.shard_map(lambda b: run_program(program, b[0], names)[None], mesh=refined, in_specs=spec,
+                      out_specs=spec, check_vma=False)
+    y = jax.jit(f)(x)
+    by_device = {s.device: np.asarray(s.data)[0] for s in y.addressable_shards}
+    return [by_device[dev] for dev in refined.devices.flat]
 
 
 # ---------------------------------------------------------------------- reshard

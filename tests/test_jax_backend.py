@@ -17,6 +17,8 @@ from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as PS  # noqa: E402
 
 import redist.jax as rj  # noqa: E402
+from redist.data import summands  # noqa: E402
+from tests.strategies import meshes, type_pairs  # noqa: E402
 
 if len(jax.devices()) < 8:
     pytest.skip("needs 8 JAX devices (tests/conftest.py sets XLA_FLAGS)", allow_module_level=True)
@@ -244,20 +246,6 @@ def test_agrees_with_numpy_backend(case):
 
 
 # ---------------------------------------------------------------------- run_program on arbitrary buffers
-def run_on_buffers(program, mesh, shards):
-    """Run ``program`` under shard_map on the given per-device buffers (index = device id)."""
-    refined, names = rj.refine_mesh(mesh, program.axis_tokens())
-    every = tuple(refined.axis_names)
-    spec = PS(every)
-    glob = (mesh.size * program.shapes[0][0],) + tuple(program.shapes[0][1:])
-    sharding = NamedSharding(refined, spec)
-    x = jax.make_array_from_single_device_arrays(
-        glob, sharding, [jax.device_put(s, d) for s, d in zip(shards, refined.devices.flat)])
-    f = jax.shard_map(lambda b: rj.run_program(program, b, names), mesh=refined, in_specs=spec,
-                      out_specs=spec, check_vma=False)
-    return shards_by_position(jax.jit(f)(x), refined)
-
-
 def test_partial_summands():
     mesh = jmesh((2, 2, 2), ("x", "y", "z"))
     rm = rj.redist_mesh(mesh)
@@ -271,7 +259,7 @@ def test_partial_summands():
         assert any(isinstance(i, (P.ReduceScatter, P.AllReduce)) for i in program.instructions), program
         shards = [rng.integers(-50, 50, size=src.local_shape).astype(src.np_dtype) for _ in range(8)]
         want = numpy_backend.run(program, shards)
-        got = run_on_buffers(program, mesh, shards)
+        got = rj.run_on_buffers(program, shards, mesh)
         for w, g in zip(want, got):
             np.testing.assert_array_equal(g, w)
 
@@ -315,6 +303,19 @@ def test_multi_axis_groups_are_row_major_in_the_listed_order():
         program = P.Program(rm, np.dtype(np.int32), tuple(instructions), tuple(shapes))
         shards = [rng.integers(-50, 50, size=shape0).astype(np.int32) for _ in range(rm.size)]
         want = numpy_backend.run(program, shards)
-        got = run_on_buffers(program, mesh, shards)
+        got = rj.run_on_buffers(program, shards, mesh)
         for w, g in zip(want, got):
             np.testing.assert_array_equal(g, w)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data(), st.integers(0, 2**16))
+def test_execute_on_jax_devices_agrees_with_numpy_for_partial_sources(data, seed):
+    src, dst = data.draw(type_pairs(mesh=data.draw(meshes(max_axes=3, max_devices=8)), max_rank=3))
+    plan = redist.synthesize(src, dst)
+    value = np.random.default_rng(seed).integers(-20, 20, size=src.shape).astype(src.np_dtype)
+    shards = summands(src, value, np.random.default_rng(seed + 1))
+    want = redist.execute(plan, shards)
+    got = redist.execute(plan, shards, backend="jax")
+    for w, g in zip(want, got):
+        np.testing.assert_array_equal(g, w)
