@@ -2,9 +2,10 @@
 
 Search space. A state is a sharding of the array over *atoms*: the mesh axes, or the pieces of them that
 the source or destination name as sub-axes. Steps act at the minor end of a dim's atom list (a stack):
-``all_slice`` and ``reduce_scatter`` push, ``all_gather`` pops, ``all_to_all`` moves a suffix from one dim to
-another (or two such moves between four distinct dims at once), ``all_reduce`` drops partial atoms, and a ``permute`` swaps two atoms (within a dim, across dims
-with equal sizes, or with an unused atom of the same size), several swaps in a row forming one permute.
+``all_slice`` and ``reduce_scatter`` push, ``all_gather`` pops, ``all_to_all`` moves a suffix from one dim
+to another (or two such moves between four distinct dims at once), ``all_reduce`` drops partial atoms, and
+a ``permute`` swaps two atoms (within a dim, across dims with equal sizes, or with an unused atom of the
+same size), several swaps in a row forming one permute.
 
 Invariant (memory-efficient normal form). Along every plan the local size never rises and then falls
 again: once a step has grown the buffer (an ``all_gather``), no ``all_slice`` or ``reduce_scatter`` follows.
@@ -29,10 +30,9 @@ from functools import lru_cache
 
 from redist import steps as S
 from redist.bounds import check_pair, lower_bound_bytes
-from redist.errors import ShardingError
-from redist.mesh import Mesh, sub_axis_token
+from redist.mesh import Mesh
 from redist.plan import Plan
-from redist.types import ShardingType, remove_axes
+from redist.types import ShardingType, remove_axes, tokens_of_pieces
 
 # Several swaps in a row merge into one permute; a permute needs at most rank + 1 swaps in the cases that
 # matter (reorder a dim, bring atoms in from elsewhere). Bounding the chain keeps the search small.
@@ -49,7 +49,6 @@ class _Atoms:
     names: tuple[str, ...]
     pres: tuple[int, ...]
     sizes: tuple[int, ...]
-    tokens: tuple[str, ...]
 
     def index_of(self, name: str, pre: int) -> int:
         for i, (n, p) in enumerate(zip(self.names, self.pres)):
@@ -88,15 +87,14 @@ def _prime_factors(n: int) -> list[int]:
 
 
 def _atoms(mesh: Mesh, cuts) -> _Atoms:
-    names, pres, sizes, tokens = [], [], [], []
-    for n, full in mesh.axes:
+    names, pres, sizes = [], [], []
+    for n, _ in mesh.axes:
         pts = cuts[n]
         for lo, hi in zip(pts, pts[1:]):
             names.append(n)
             pres.append(lo)
             sizes.append(hi // lo)
-            tokens.append(sub_axis_token(n, lo, hi // lo, full))
-    return _Atoms(tuple(names), tuple(pres), tuple(sizes), tuple(tokens))
+    return _Atoms(tuple(names), tuple(pres), tuple(sizes))
 
 
 def _expand(mesh: Mesh, atoms: _Atoms, tokens) -> tuple[int, ...]:
@@ -113,21 +111,8 @@ def _expand(mesh: Mesh, atoms: _Atoms, tokens) -> tuple[int, ...]:
 
 
 def _compress(mesh: Mesh, atoms: _Atoms, run) -> tuple[str, ...]:
-    """Tokens for a list of atoms: adjacent pieces of one axis, in order, merge into one sub-axis."""
-    out: list[list[int]] = []
-    for i in run:
-        if out and atoms.names[out[-1][-1]] == atoms.names[i] and out[-1][-1] + 1 == i:
-            out[-1].append(i)
-        else:
-            out.append([i])
-    toks = []
-    for grp in out:
-        name, pre = atoms.names[grp[0]], atoms.pres[grp[0]]
-        size = 1
-        for i in grp:
-            size *= atoms.sizes[i]
-        toks.append(sub_axis_token(name, pre, size, mesh.axis_size(name)))
-    return tuple(toks)
+    """Canonical tokens for a list of atoms (adjacent pieces of one axis, in order, merge)."""
+    return tokens_of_pieces(mesh, [(atoms.names[i], atoms.pres[i], atoms.pres[i] * atoms.sizes[i]) for i in run])
 
 
 def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
@@ -161,13 +146,15 @@ def _synthesize(src: ShardingType, dst: ShardingType) -> Plan:
     """The fewest-bytes plan (ties: fewest steps)."""
     plan = _search(src, dst, refine=False)
     reduces = set(src.partial) != set(dst.partial)
-    if plan is not None and (reduces or (plan.bytes_received == lower_bound_bytes(src, dst) and len(plan.steps) < 3)):
-        return plan
+    if plan is not None:
+        if reduces or (plan.bytes_received == lower_bound_bytes(src, dst) and len(plan.steps) < 3):
+            return plan
     # Sub-axes can help (or be needed): search again over prime-sized atoms, keep the better plan. A plan at
     # the bound may still shrink: slice, permute, gather of a whole axis is often slice, permute of a part.
     finer = _search(src, dst, refine=True)
     if finer is None and plan is None:
-        raise AssertionError(f"no memory-bounded plan found from {src} to {dst}")
+        raise RuntimeError(f"no memory-bounded plan from {src} to {dst} within the search budget "
+                           f"({_MAX_EXPANSIONS} states); please report this pair")
     candidates = [p for p in (plan, finer) if p is not None]
     return min(candidates, key=lambda p: (p.bytes_received, len(p.steps)))
 

@@ -262,16 +262,17 @@ def _pieces(mesh: Mesh, token_lists) -> list[list[tuple[str, int, int]]]:
     return out
 
 
-def _tokens(mesh: Mesh, pieces) -> tuple[str, ...]:
-    """Canonical tokens for pieces: adjacent, contiguous pieces of one axis merge (``y:(1)2, y:(2)2`` → ``y``)."""
+def tokens_of_pieces(mesh: Mesh, pieces) -> tuple[str, ...]:
+    """Canonical tokens for (axis, lo, hi) pieces, major to minor: adjacent, contiguous pieces of one axis
+    merge (``y:(1)2, y:(2)2`` → ``y``)."""
+    from redist.mesh import sub_axis_token
+
     merged: list[list] = []
     for name, lo, hi in pieces:
         if merged and merged[-1][0] == name and merged[-1][2] == lo:
             merged[-1][2] = hi
         else:
             merged.append([name, lo, hi])
-    from redist.mesh import sub_axis_token
-
     return tuple(sub_axis_token(n, lo, hi // lo, mesh.axis_size(n)) for n, lo, hi in merged)
 
 
@@ -289,7 +290,7 @@ def check_factorization(mesh: Mesh, name: str, tokens) -> None:
 
 def canonical_axes(mesh: Mesh, tokens) -> tuple[str, ...]:
     """``tokens`` with adjacent contiguous sub-axes of one axis merged."""
-    return _tokens(mesh, _pieces(mesh, [tokens])[0])
+    return tokens_of_pieces(mesh, _pieces(mesh, [tokens])[0])
 
 
 def strip_suffix(mesh: Mesh, tokens, suffix) -> tuple[str, ...] | None:
@@ -297,7 +298,7 @@ def strip_suffix(mesh: Mesh, tokens, suffix) -> tuple[str, ...] | None:
     whole, end = _pieces(mesh, [tokens, suffix])
     if not end or whole[len(whole) - len(end):] != end:
         return None
-    return _tokens(mesh, whole[: len(whole) - len(end)])
+    return tokens_of_pieces(mesh, whole[: len(whole) - len(end)])
 
 
 def remove_axes(mesh: Mesh, tokens, remove) -> tuple[str, ...] | None:
@@ -305,4 +306,4 @@ def remove_axes(mesh: Mesh, tokens, remove) -> tuple[str, ...] | None:
     have, drop = _pieces(mesh, [tokens, remove])
     if not set(drop) <= set(have):
         return None
-    return _tokens(mesh, [p for p in have if p not in set(drop)])
+    return tokens_of_pieces(mesh, [p for p in have if p not in set(drop)])
