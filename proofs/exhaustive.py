@@ -87,7 +87,7 @@ def random_pairs(n: int, seed: int = 0, devices: int = 16):
     out = []
     while len(out) < n:
         mesh = random_mesh(rng, max_axes=4, max_devices=devices, min_devices=devices)
-        out.append(random_pair(rng, mesh, max_rank=3, partial=0.4, sub_axes=0.25))
+        out.append(random_pair(rng, mesh, max_rank=4, partial=0.4, sub_axes=0.25))
     return out
 
 
@@ -116,7 +116,7 @@ def run_exhaustive(workers: int = 2, max_devices: int = 8, max_rank: int = 3) ->
 def run_random(n: int = 10_000, workers: int = 2, seed: int = 0) -> dict:
     t = time.perf_counter()
     pairs = random_pairs(n, seed)
-    return summarize(f"random: {n} pairs on 16-device meshes (sub-axes, partial)", _run(pairs, workers),
+    return summarize(f"random: {n} pairs on 16-device meshes, rank <= 4 (sub-axes, partial)", _run(pairs, workers),
                      time.perf_counter() - t)
 
 
