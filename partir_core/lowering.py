@@ -1,13 +1,17 @@
 """Lowering: from the propagated IR to one SPMD program of local ops and collectives, and running it.
 
 :func:`analyze` fixes, for every equation, the factor axes it runs with (:class:`OpSharding`): the types its
-operands must have and the types of its results (partial where a contracted factor is split). Values then have
-the type their producer gives them (inputs: the tactics' types).
+operands must have and the types of its results (partial where a contracted factor is split). The propagated
+state proposes one choice per op; where that choice needs communication, the op also tries the alternatives
+made of the axes its operands and results carry and keeps the one that moves the fewest bytes (operands
+resharded from their produced types, results resharded to the types wanted of them); a few passes refine what
+results are wanted in from what their readers asked for, keeping the cheapest program. Values then have the
+type their producer gives them (inputs: the tactics' types; outputs: the state's types).
 
 :func:`lower` turns that into a :class:`LocalProgram`, a list of instructions on per-device buffers:
 
 - ``Reshard``: an operand whose type does not fit what its op needs is moved by ``redist.synthesize(src, dst)``
-  and run with ``redist.jax.run_program``. Pending sums become ``all_reduce`` / ``reduce_scatter`` this way,
+  and run with ``redist.jax.run_program``; one buffer moved to one type is moved once and reused. Pending sums become ``all_reduce`` / ``reduce_scatter`` this way,
   when consumed by an op that needs a non-partial operand, and at the outputs. If a plan names sub-axes
   (``y:(2)2``) or cannot be synthesized, the reshard falls back to reducing, all-gathering to replicated and
   slicing locally (recorded in :attr:`LocalProgram.fallbacks`).
@@ -21,6 +25,7 @@ inputs' and outputs' ``partition_spec()`` as specs.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import jax
@@ -53,6 +58,7 @@ class Analysis:
     ops: list[OpSharding]
     types: dict[int, ShardingType]  # every value's type as produced
     unsupported: list[tuple[int, str, str]]  # (eqn, primitive, why)
+    state: State | None = None  # the propagated state the choices were made from
 
 
 def replicated(graph: Graph, v: int, mesh) -> ShardingType:
@@ -60,7 +66,18 @@ def replicated(graph: Graph, v: int, mesh) -> ShardingType:
     return ShardingType(mesh, shape, graph.dtype(v), ((),) * len(shape))
 
 
-def analyze(graph: Graph, rules: list, state: State, mesh) -> Analysis:
+def _analyze_once(graph: Graph, rules: list, state: State, mesh, choose: bool, targets) -> Analysis:
+    """Fix every op's factor axes, in program order.
+
+    The propagated state proposes one choice per op (:func:`resolve`, earliest decision wins a conflict).
+    With ``choose``, an op whose proposed choice needs communication (an operand resharded, or a result
+    that is not already what the state wants for it) also tries the alternatives made of the axes its
+    operands and results carry (in the state or as actually produced), prefixes of those, and none, and
+    keeps the one that moves the fewest bytes: operands resharded from their produced types, plus results
+    resharded to the types the state gives them (a pending sum reduced there). Ties keep the proposal.
+    This is the local, cost-based choice XLA's partitioner makes per op (gather a small activation rather
+    than a large weight, keep a contraction local, ...). ``targets[v]``: the types value ``v`` is wanted in
+    (None: the state's type)."""
     types: dict[int, ShardingType] = {}
     for v in graph.invars:
         types[v] = ShardingType(mesh, graph.shape(v), graph.dtype(v), tuple(state.dims[v]))
@@ -79,31 +96,184 @@ def analyze(graph: Graph, rules: list, state: State, mesh) -> Analysis:
                 types[v] = t
             continue
         use, _, _ = resolve(graph, rule, eqn, state, mesh, i)
-        use = fit_use(mesh, rule, use)
-        used = {a for axes, _ in use.values() for a in axes}
-        new_partial = tuple(a for f, k in rule.reduce.items() if k == "sum" and f in use for a in use[f][0])
-        finish = [(k, use[f][0]) for f, k in rule.reduce.items() if k in ("max", "min") and f in use]
-        # pending sums that may pass through a linear op
-        partials = [types[v].partial for v in eqn.invars]
-        keep = [()] * len(partials)
-        if rule.linear == "all" and partials and partials[0] and all(p == partials[0] for p in partials) \
-                and not set(partials[0]) & used:
-            keep = list(partials)
-        elif rule.linear == "one" and sum(bool(p) for p in partials) == 1:
-            j = next(k for k, p in enumerate(partials) if p)
-            if not set(partials[j]) & used:
-                keep[j] = partials[j]
-        passed = next((p for p in keep if p), ())
-        ins = [ShardingType(mesh, graph.shape(v), graph.dtype(v),
-                            tuple(dim_axes(mesh, rule, use, fs) for fs in dims), keep[k])
-               for k, (v, dims) in enumerate(zip(eqn.invars, rule.operands))]
-        outs = [ShardingType(mesh, graph.shape(v), graph.dtype(v),
-                             tuple(dim_axes(mesh, rule, use, fs) for fs in dims), tuple(passed) + new_partial)
-                for v, dims in zip(eqn.outvars, rule.results)]
-        ops.append(OpSharding(rule, use, ins, outs, finish, new_partial))
-        for v, t in zip(eqn.outvars, outs):
+        use = fit_use(mesh, rule, _drop_clashes(use))
+        op = _op_sharding(graph, rule, eqn, use, types, mesh)
+        if choose:
+            cost = _op_cost(graph, eqn, op, types, state, mesh, targets)
+            if cost > 0:
+                for alt in _alternatives(graph, rule, eqn, state, types, mesh, use):
+                    cand = _op_sharding(graph, rule, eqn, alt, types, mesh)
+                    c = _op_cost(graph, eqn, cand, types, state, mesh, targets)
+                    if c < cost:
+                        op, cost = cand, c
+                        if c == 0:
+                            break
+        ops.append(op)
+        for v, t in zip(eqn.outvars, op.out_types):
             types[v] = t
-    return Analysis(ops, types, unsupported)
+    return Analysis(ops, types, unsupported, state)
+
+
+def analyze(graph: Graph, rules: list, state: State, mesh, choose: bool = True, passes: int = 3) -> Analysis:
+    """Fix every op's factor axes (see :func:`_analyze_once`). With ``choose``, the first pass prices results
+    against the types the state gives them; each further pass prices them against the types their readers
+    asked for in the pass before (and the outputs' types), and the pass whose program moves the fewest bytes
+    is kept (the first one on ties)."""
+    best = _analyze_once(graph, rules, state, mesh, choose, None)
+    if not choose:
+        return best
+    best_cost = program_bytes(graph, best, state, mesh)
+    cur = best
+    for _ in range(passes - 1):
+        nxt = _analyze_once(graph, rules, state, mesh, True, _demands(graph, cur, state, mesh))
+        c = program_bytes(graph, nxt, state, mesh)
+        if c < best_cost:
+            best, best_cost = nxt, c
+        if nxt.types == cur.types:
+            break
+        cur = nxt
+    return best
+
+
+def _out_type(graph, analysis, state, v, mesh) -> ShardingType:
+    if state is not None and v in state.dims and v not in graph.invars:
+        return state_type(graph, state, v, mesh)
+    return analysis.types[v].replace(partial=())
+
+
+def _demands(graph, analysis, state, mesh) -> dict:
+    """Per value: the distinct types its readers (and the outputs) want it in."""
+    want: dict = {}
+    for eqn, op in zip(graph.eqns, analysis.ops):
+        for v, t in zip(eqn.invars, op.in_types):
+            if v not in graph.consts:
+                want.setdefault(v, set()).add(t)
+    for v in graph.outvars:
+        if v not in graph.consts:
+            want.setdefault(v, set()).add(_out_type(graph, analysis, state, v, mesh))
+    return {v: sorted(ts, key=str) for v, ts in want.items()}
+
+
+def program_bytes(graph, analysis, state, mesh) -> float:
+    """Bytes a device receives in the program lowered from ``analysis`` (each distinct reshard once)."""
+    total = 0.0
+    for v, ts in _demands(graph, analysis, state, mesh).items():
+        total += sum(reshard_bytes(analysis.types[v], t) for t in ts)
+    for op in analysis.ops:
+        for _, axes in op.finish:
+            k = mesh.group_size(tuple(axes))
+            total += sum(2 * (k - 1) / k * t.local_bytes for t in op.out_types)
+    return total
+
+
+def _drop_clashes(use: dict) -> dict:
+    """One mesh axis per op: a factor whose axes clash with an earlier-decided factor keeps the longest
+    prefix that does not clash (rather than nothing)."""
+    out, taken = {}, set()
+    for f in sorted(use, key=lambda f: use[f][1]):
+        axes, prov = use[f]
+        keep = []
+        for a in axes:
+            if a in taken:
+                break
+            keep.append(a)
+        if keep:
+            out[f] = (tuple(keep), prov)
+            taken.update(keep)
+    return out
+
+
+def _op_sharding(graph, rule, eqn, use, types, mesh) -> OpSharding:
+    used = {a for axes, _ in use.values() for a in axes}
+    new_partial = tuple(a for f, k in rule.reduce.items() if k == "sum" and f in use for a in use[f][0])
+    finish = [(k, use[f][0]) for f, k in rule.reduce.items() if k in ("max", "min") and f in use]
+    # pending sums that may pass through a linear op
+    partials = [types[v].partial for v in eqn.invars]
+    keep = [()] * len(partials)
+    if rule.linear == "all" and partials and partials[0] and all(p == partials[0] for p in partials) \
+            and not set(partials[0]) & used:
+        keep = list(partials)
+    elif rule.linear == "one" and sum(bool(p) for p in partials) == 1:
+        j = next(k for k, p in enumerate(partials) if p)
+        if not set(partials[j]) & used:
+            keep[j] = partials[j]
+    passed = next((p for p in keep if p), ())
+    ins = [ShardingType(mesh, graph.shape(v), graph.dtype(v),
+                        tuple(dim_axes(mesh, rule, use, fs) for fs in dims), keep[k])
+           for k, (v, dims) in enumerate(zip(eqn.invars, rule.operands))]
+    outs = [ShardingType(mesh, graph.shape(v), graph.dtype(v),
+                         tuple(dim_axes(mesh, rule, use, fs) for fs in dims), tuple(passed) + new_partial)
+            for v, dims in zip(eqn.outvars, rule.results)]
+    return OpSharding(rule, use, ins, outs, finish, new_partial)
+
+
+def state_type(graph, state, v, mesh) -> ShardingType:
+    """The (non-partial) type propagation gives value ``v``."""
+    return ShardingType(mesh, graph.shape(v), graph.dtype(v), tuple(state.dims[v]))
+
+
+def reshard_bytes(src: ShardingType, dst: ShardingType) -> float:
+    """Bytes a device receives moving ``src`` to ``dst`` (the plan lowering would run)."""
+    if src == dst:
+        return 0.0
+    return float(sum(b for _, _, b in _plan(src, dst)[1]))
+
+
+def _op_cost(graph, eqn, op: OpSharding, types, state, mesh, targets=None) -> float:
+    cost = sum(reshard_bytes(types[v], t) for v, t in zip(eqn.invars, op.in_types))
+    for v, t in zip(eqn.outvars, op.out_types):
+        if targets is not None and v in targets:
+            cost += sum(reshard_bytes(t, want) for want in targets[v])
+        elif v in state.dims:
+            cost += reshard_bytes(t, state_type(graph, state, v, mesh))
+    for _, axes in op.finish:
+        k = mesh.group_size(tuple(axes))
+        cost += sum(2 * (k - 1) / k * t.local_bytes for t in op.out_types)
+    return cost
+
+
+def _alternatives(graph, rule, eqn, state, types, mesh, base, limit: int = 96):
+    """Factor choices to compare with ``base``: per shardable factor, the axes its dims carry (in the
+    state, or as operands are produced), their prefixes, or none; combinations with an axis used twice or
+    blocks that do not compose are dropped (at most ``limit`` are returned)."""
+    from partir_core.propagation import decompose
+
+    opts: dict[str, set] = {}
+    slots = [(types[v].dims, fs_list) for v, fs_list in zip(eqn.invars, rule.operands)]
+    slots += [(tuple(state.dims[v]), fs_list) for v, fs_list in zip(eqn.invars, rule.operands)
+              if v in state.dims]
+    slots += [(tuple(state.dims[v]), fs_list) for v, fs_list in zip(eqn.outvars, rule.results)
+              if v in state.dims]
+    for dims, fs_list in slots:
+        for axes, fs in zip(dims, fs_list):
+            if not axes or not fs:
+                continue
+            parts = decompose(mesh, axes, fs, rule.sizes)
+            if parts is None:
+                continue
+            for f, a in zip(fs, parts):
+                if a and rule.shardable(f):
+                    for j in range(1, len(a) + 1):
+                        opts.setdefault(f, set()).add(tuple(a[:j]))
+    for f, (a, _) in base.items():
+        opts.setdefault(f, set()).add(tuple(a))
+    factors = sorted(opts)
+    choices = [[None] + sorted(opts[f]) for f in factors]
+    out, seen = [], set()
+    for combo in itertools.product(*choices):
+        axes = [a for c in combo if c for a in c]
+        if len(axes) != len(set(axes)):
+            continue
+        use = {f: (c, 0) for f, c in zip(factors, combo) if c}
+        use = fit_use(mesh, rule, use)
+        key = tuple(sorted((f, u[0]) for f, u in use.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(use)
+        if len(out) >= limit:
+            break
+    return out
 
 
 # ------------------------------------------------------------------------------------ the program
@@ -265,16 +435,23 @@ def _reshard(x, ins: Reshard):
     return x
 
 
-def lower(graph: Graph, analysis: Analysis, mesh) -> LocalProgram:
+def lower(graph: Graph, analysis: Analysis, mesh, state: State | None = None) -> LocalProgram:
+    """The local program of ``analysis``. A reshard of one buffer to one type is made once and its result
+    reused by every later reader. Outputs are given the type propagation gives them (``state``; without
+    it, their producer's type with pending sums reduced)."""
     types = analysis.types
+    state = analysis.state if state is None else state
     instructions: list = []
     buf_bytes = {v: t.local_bytes for v, t in types.items()}
     fallbacks = []
     counter = [0]
+    made: dict = {}
 
     def move(buf, src, dst, where):
         if src == dst:
             return buf
+        if (buf, dst) in made:
+            return made[(buf, dst)]
         entry = _plan(src, dst)
         plan, cols = entry[0], entry[1]
         if plan is None:
@@ -284,6 +461,7 @@ def lower(graph: Graph, analysis: Analysis, mesh) -> LocalProgram:
         buf_bytes[new] = dst.local_bytes
         instructions.append(Reshard(buf, new, src, dst, plan,
                                     [Collective(k, a, b, where) for k, a, b in cols]))
+        made[(buf, dst)] = new
         return new
 
     for i, (eqn, op) in enumerate(zip(graph.eqns, analysis.ops)):
@@ -300,7 +478,7 @@ def lower(graph: Graph, analysis: Analysis, mesh) -> LocalProgram:
     out_types, out_bufs = [], []
     for j, v in enumerate(graph.outvars):
         t = types[v]
-        dst = t.replace(partial=())
+        dst = _out_type(graph, analysis, state, v, mesh)
         out_bufs.append(move(v, t, dst, f"output {j}"))
         out_types.append(dst)
     in_types = [types[v] for v in graph.invars]

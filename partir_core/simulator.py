@@ -1,25 +1,45 @@
 """An analytical simulator of the lowered SPMD program (per device).
 
-- Compute: roofline per op, ``max(flops / peak_flops, bytes_moved / hbm_bw)``, where bytes moved are the op's
-  local operand and result buffers.
+Fusion. XLA fuses elementwise work into its consumers, so the simulator first decides which local values are
+*materialized* (get a buffer and a kernel of their own): inputs, reshard results, outputs, and every result of
+an op that is not fusible (``dot_general``, reductions, gather/scatter, sort, control flow, ...), that is read
+by an op that cannot take it fused (a ``dot_general``, gather/scatter, a reshard, a collective), or that is read
+by several ops (XLA does not duplicate such producers into every consumer). A result of a fusible op
+(elementwise, broadcasts, reshapes, transposes, iota, ...) read by exactly one fusible op or reduction is fused:
+it gets no buffer, and its reader reads its materialized sources instead.
+
+- Compute: per op ``max(flops / peak_flops, bytes_moved / hbm_bw)``, ``bytes_moved`` the materialized buffers
+  it reads and writes; plus ``op_overhead_s`` per kernel (one per materialized op result, one per reshard's
+  local step) -- on a CPU host, launch and thread-pool dispatch dominate small programs.
 - Collectives: alpha-beta, ``alpha + bytes / beta`` per collective, ``bytes`` the bytes a device receives
   (redist's accounting), ``beta`` the slowest link among the collective's axes (``axis_bw`` overrides
-  ``link_bw`` per axis).
-- Memory: liveness over the local program: a buffer is live from the instruction that writes it (inputs:
-  from the start) to its last read (outputs: to the end); ``peak_bytes`` is the largest sum of live buffers.
+  ``link_bw`` per axis); ``kind_links`` may give a collective kind its own ``(alpha, beta)``.
+- Memory: what XLA's ``compiled.memory_analysis()`` reports for the compiled program, argument + output +
+  temp − alias bytes per device: every input's local buffer (all program long), plus the peak of the
+  materialized temporaries (reshard results and intermediate values) and outputs live at once, by liveness
+  over the local program (a buffer is live from the op that writes it to its last effective read; an output
+  to the end), but at least all outputs once: XLA's buffer assignment lets a temporary use an output's
+  allocation before that output is written. Nothing is donated, so nothing aliases.
+- Step time: ``launch_s`` (one program launch) + kernels x ``op_overhead_s`` + compute + collectives, in
+  sequence (nothing overlaps).
 
-Presets: ``HARDWARE["cpu-host"]`` (the default), ``"tpu-v4"``, ``"a100-nvlink"``; any :class:`Hardware` may
-be passed instead.
+Presets: ``HARDWARE["cpu-host"]`` (the default; JAX host devices: collectives from redist.cost's calibrated
+``cpu-host`` link, ``bench/results/cpu_host_profile.json``; compute from ``bench/results/cpu_host_compute.json``
+written by ``bench/partitioning.py --calibrate``, else :data:`CPU_COMPUTE_DEFAULT`), ``"tpu-v4"``,
+``"a100-nvlink"``; any :class:`Hardware` may be passed instead.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
 class Hardware:
-    """Per-device peak FLOP/s and memory bandwidth; per-collective latency and link bandwidth (bytes/s)."""
+    """Per-device peak FLOP/s and memory bandwidth, per-kernel overhead; per-collective latency and link
+    bandwidth (bytes/s), optionally per collective kind (``kind_links[kind] = (alpha, beta)``)."""
 
     name: str
     peak_flops: float
@@ -27,16 +47,77 @@ class Hardware:
     alpha_s: float
     link_bw: float
     axis_bw: dict = field(default_factory=dict)
+    op_overhead_s: float = 0.0
+    kind_links: dict = field(default_factory=dict)
+    launch_s: float = 0.0
 
     def beta(self, axes) -> float:
         return min((self.axis_bw.get(a, self.link_bw) for a in axes), default=self.link_bw)
 
+    def collective_time(self, kind: str, axes, nbytes: float) -> float:
+        if nbytes <= 0:
+            return 0.0
+        alpha, beta = self.kind_links.get(kind, (self.alpha_s, None))
+        if beta is None or any(a in self.axis_bw for a in axes):
+            beta = self.beta(axes)
+        return alpha + nbytes / beta
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CPU_COMPUTE_PROFILE = os.path.join(ROOT, "bench", "results", "cpu_host_compute.json")
+# Measured on the 2-core development machine with 8 host devices running at once (bench/partitioning.py
+# --calibrate): per-device throughput, so the 8 devices' share of the cores is included.
+CPU_COMPUTE_DEFAULT = {"peak_flops": 8.0e9, "hbm_bw": 7.0e8, "op_overhead_s": 1.0e-6, "launch_s": 2.5e-4}
+
+
+def cpu_host(compute_path: str | None = None) -> Hardware:
+    """The ``cpu-host`` preset from the calibration files (see the module docstring)."""
+    from redist import cost
+
+    comp = dict(CPU_COMPUTE_DEFAULT)
+    path = CPU_COMPUTE_PROFILE if compute_path is None else compute_path
+    if os.path.exists(path):
+        with open(path) as f:
+            comp.update({k: float(v) for k, v in json.load(f).items() if k in CPU_COMPUTE_DEFAULT})
+    link = cost.cpu_host_link()
+    # the profile's alpha is used as is: inside a program a collective is a rendezvous of the 8 device
+    # threads on the host's few cores, and costs about what a one-collective program does
+    launch = comp["launch_s"]
+
+    def alpha(a):
+        return float(a)
+
+    kinds = {}
+    try:
+        with open(cost.CPU_HOST_PROFILE) as f:
+            per = json.load(f).get("per_kind", {})
+        names = {"all_gather": "all_gather", "all_to_all": "all_to_all", "ppermute": "permute"}
+        kinds = {names.get(k, k): (alpha(v["alpha"]), float(v["beta"])) for k, v in per.items()}
+    except (OSError, ValueError, KeyError):
+        pass
+    return Hardware("cpu-host", comp["peak_flops"], comp["hbm_bw"], alpha(link.alpha), link.beta,
+                    op_overhead_s=comp["op_overhead_s"], kind_links=kinds, launch_s=launch)
+
 
 HARDWARE = {
-    "cpu-host": Hardware("cpu-host", peak_flops=5e10, hbm_bw=2e10, alpha_s=2e-5, link_bw=5e9),
-    "tpu-v4": Hardware("tpu-v4", peak_flops=2.75e14, hbm_bw=1.2e12, alpha_s=2e-6, link_bw=4.5e10),
-    "a100-nvlink": Hardware("a100-nvlink", peak_flops=1.56e14, hbm_bw=1.55e12, alpha_s=5e-6, link_bw=3e11),
+    "cpu-host": cpu_host(),
+    "tpu-v4": Hardware("tpu-v4", peak_flops=2.75e14, hbm_bw=1.2e12, alpha_s=2e-6, link_bw=4.5e10,
+                       op_overhead_s=1e-6),
+    "a100-nvlink": Hardware("a100-nvlink", peak_flops=1.56e14, hbm_bw=1.55e12, alpha_s=5e-6, link_bw=3e11,
+                            op_overhead_s=4e-6),
 }
+
+# Ops XLA fuses into their consumers (loop fusion); reductions take fused operands (input fusion).
+FUSIBLE = {
+    "add", "sub", "mul", "div", "rem", "pow", "max", "min", "neg", "sign", "abs", "floor", "ceil", "round",
+    "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan", "sqrt", "rsqrt", "cbrt",
+    "square", "integer_pow", "erf", "erfc", "erf_inv", "is_finite", "atan2", "not", "and", "or", "xor", "eq",
+    "ne", "lt", "le", "gt", "ge", "select_n", "clamp", "convert_element_type", "stop_gradient", "add_any",
+    "copy", "copy_p", "broadcast_in_dim", "reshape", "transpose", "squeeze", "iota", "sharding_constraint",
+    "mesh_cast", "reshard", "reduce_precision", "slice", "dynamic_slice", "pad", "concatenate",
+}
+TAKES_FUSED = FUSIBLE | {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
+                         "argmax", "argmin"}
 
 
 @dataclass(frozen=True)
@@ -50,56 +131,135 @@ class Simulation:
     compute_time_s: float
     comm_time_s: float
     hardware: str
+    kernels: int = 0
+    argument_bytes: int = 0
+    output_bytes: int = 0
+    temp_bytes: int = 0
 
     def __str__(self):
         return (f"{self.hardware}: step {self.step_time_s * 1e3:.3f} ms (compute {self.compute_time_s * 1e3:.3f}, "
-                f"comm {self.comm_time_s * 1e3:.3f}), peak {self.peak_bytes} B, comm {self.comm_bytes:.0f} B, "
+                f"comm {self.comm_time_s * 1e3:.3f}), peak {self.peak_bytes} B (args {self.argument_bytes}, "
+                f"outputs {self.output_bytes}, temp {self.temp_bytes}), comm {self.comm_bytes:.0f} B, "
                 f"{self.flops:.3g} FLOPs")
+
+
+def _hardware(hardware) -> Hardware:
+    if hardware is None:
+        hardware = "cpu-host"
+    if isinstance(hardware, str):
+        if hardware not in HARDWARE:
+            raise ValueError(f"unknown hardware preset {hardware!r}; presets: {', '.join(HARDWARE)}")
+        return HARDWARE[hardware]
+    return hardware
+
+
+def materialized(program) -> set:
+    """The buffers of ``program`` that get memory of their own (see the module docstring)."""
+    from partir_core.lowering import Compute, Finish, Reshard
+
+    g = program.graph
+    producer: dict = {}
+    readers: dict = {}
+    for ins in program.instructions:
+        if isinstance(ins, Compute):
+            name = g.eqns[ins.eqn_index].name
+            for b in ins.writes:
+                producer[b] = name
+            for b in ins.reads:
+                readers.setdefault(b, []).append(name)
+        elif isinstance(ins, Reshard):
+            readers.setdefault(ins.src_buf, []).append("<reshard>")
+        elif isinstance(ins, Finish):
+            readers.setdefault(ins.buf, []).append("<collective>")
+    out = set(g.invars) | set(program.out_bufs)
+    for ins in program.instructions:
+        if isinstance(ins, Reshard):
+            out.add(ins.dst_buf)
+        elif isinstance(ins, Compute):
+            for b in ins.writes:
+                rs = readers.get(b, [])
+                if producer[b] not in FUSIBLE or len(rs) != 1 or rs[0] not in TAKES_FUSED:
+                    out.add(b)
+    return out - set(g.consts)
 
 
 def simulate(program, hardware=None) -> Simulation:
     """Simulate a :class:`partir_core.lowering.LocalProgram` on ``hardware`` (a preset name or a Hardware)."""
     from partir_core.lowering import Compute, Finish, Reshard
 
-    if hardware is None:
-        hardware = "cpu-host"
-    hw = HARDWARE[hardware] if isinstance(hardware, str) else hardware
-    if isinstance(hardware, str) and hardware not in HARDWARE:
-        raise ValueError(f"unknown hardware preset {hardware!r}; presets: {', '.join(HARDWARE)}")
+    hw = _hardware(hardware)
     size = program.buf_bytes
-    compute_t = comm_t = total_flops = comm_bytes = 0.0
-    reads_at: dict = {}
+    mat = materialized(program)
+    consts = set(program.graph.consts)
     steps = program.instructions
-    for t, ins in enumerate(steps):
-        for b in _reads(ins):
-            reads_at[b] = t
-    end = len(steps)
-    for b in program.out_bufs:
-        reads_at[b] = end
+    # fused values: readers read their materialized sources instead
+    sources: dict = {}
+
+    def srcs(b):
+        if b in consts:
+            return ()
+        if b in mat or b not in sources:
+            return (b,)
+        return sources[b]
+
+    compute_t = comm_t = total_flops = comm_bytes = 0.0
+    kernels = 0
+    eff_reads: list = []
     for ins in steps:
+        reads = []
+        for b in _reads(ins):
+            reads.extend(srcs(b))
+        reads = list(dict.fromkeys(reads))
+        eff_reads.append(reads)
         if isinstance(ins, Compute):
-            moved = sum(size.get(b, 0) for b in ins.reads) + sum(size.get(b, 0) for b in ins.writes)
+            writes = [b for b in ins.writes if b in mat]
+            for b in ins.writes:
+                if b not in mat:
+                    sources[b] = tuple(reads)
+            moved = sum(size.get(b, 0) for b in reads) + sum(size.get(b, 0) for b in writes)
             compute_t += max(ins.flops / hw.peak_flops, moved / hw.hbm_bw)
             total_flops += ins.flops
+            if writes:
+                kernels += 1
+        elif isinstance(ins, Reshard):
+            steps_n = len(ins.plan.steps) if ins.plan is not None else max(1, len(ins.collectives))
+            kernels += steps_n
+            compute_t += 2 * ins.dst.local_bytes / hw.hbm_bw
         if isinstance(ins, (Reshard, Finish)):
             for c in ins.collectives:
-                comm_t += hw.alpha_s + c.bytes / hw.beta(c.axes)
+                comm_t += hw.collective_time(c.kind, c.axes, c.bytes)
                 comm_bytes += c.bytes
-    # liveness: inputs live from the start; constants are not buffers
-    live_set = {v for v in program.graph.invars if v in reads_at}
-    live = sum(size[v] for v in live_set)
-    peak = live
+    compute_t += kernels * hw.op_overhead_s + hw.launch_s
+    # memory: arguments all program long; temporaries and outputs by liveness (outputs from the op that
+    # writes them to the end); XLA's buffer assignment lets a temporary share an output's allocation while
+    # that output is not yet written, so the outputs and temporaries together take max(outputs, peak live)
+    ins_set = set(program.graph.invars)
+    out_set = set(program.out_bufs)
+    arg_bytes = sum(size.get(v, 0) for v in program.graph.invars)
+    out_bytes = sum(size.get(b, 0) for b in out_set if b not in ins_set)
+    last: dict = {}
+    for t, reads in enumerate(eff_reads):
+        for b in reads:
+            last[b] = t
+    end = len(steps)
+    for b in out_set:
+        last[b] = end
+    live_set: set = set()
+    live = peak = 0
     for t, ins in enumerate(steps):
         for b in _writes(ins):
-            if b not in live_set:
+            if b in mat and b not in ins_set and b not in live_set:
                 live_set.add(b)
                 live += size.get(b, 0)
         peak = max(peak, live)
-        for b in set(_reads(ins)) | set(_writes(ins)):
-            if b in live_set and reads_at.get(b, -1) <= t:
+        for b in list(live_set):
+            if last.get(b, -1) <= t:
                 live_set.discard(b)
                 live -= size.get(b, 0)
-    return Simulation(compute_t + comm_t, int(peak), comm_bytes, total_flops, compute_t, comm_t, hw.name)
+    peak = max(peak, out_bytes)
+    total = arg_bytes + peak
+    return Simulation(compute_t + comm_t, int(total), comm_bytes, total_flops, compute_t, comm_t, hw.name,
+                      kernels, int(arg_bytes), int(out_bytes), int(peak - out_bytes))
 
 
 def _reads(ins):

@@ -1,0 +1,373 @@
+"""Partitioning benchmark: partir_core's schedules against XLA partitioning the same step, per model.
+
+Setup. 8 host devices as the 2-axis mesh ``batch=2, model=4``; the models of ``partir_core.models`` (mlp,
+transformer, gnn, default sizes) and the schedule presets of ``partir_core.schedules`` and their compositions
+(EMB only for the transformer, which has embeddings). Per model x schedule:
+
+- (a) match: ``pf(*inputs)`` against the unpartitioned step (rtol 1e-4, atol 1e-5).
+- (b) bytes: ours = the sum of ``pf.lower(*inputs).collectives`` bytes (redist's per-device accounting), also
+  read back from our compiled HLO; XLA's = ``jax.jit(step, in_shardings=..., out_shardings=...)`` with OUR
+  input and output shardings (``NamedSharding`` of the lowered program's input and output types), compiled,
+  its collectives parsed by ``redist.xla_baseline.parse_hlo`` (per device, same accounting, max over devices).
+- (c) time: both compiled programs on the same device-resident inputs; 2 warm-up calls each, then
+  ``--repeats`` rounds, interleaved (the order alternates every round), each call timed with
+  ``time.perf_counter`` around the call and ``block_until_ready``; medians; ratio = ours / XLA.
+- (d) memory: the simulator's ``peak_bytes`` (argument + output + peak temporaries, per device) against
+  ``compiled.memory_analysis()`` argument + output + temp - alias of OUR compiled program (the target: the
+  simulator models our program); XLA's program's figure is reported alongside.
+- (e) Spearman rank correlation between ``simulate("cpu-host").step_time_s`` and our measured median step
+  time, across the schedules of each model and pooled over all models.
+
+Simulator calibration (``cpu-host`` compute; collectives use redist.cost's calibrated ``cpu-host`` link from
+``bench/results/cpu_host_profile.json``). Three microbenchmarks, each a replicated program on all 8 host devices
+at once run through ``partir_core.jit`` (so the 8 devices' share of the machine's cores is included), median of
+9 timed calls: per-kernel overhead = slope of time against the simulator's kernel count over chains of 16 and 96
+small ``tanh(x @ w)`` layers; launch = a one-kernel program (``x + 1``, 8 elements) less one kernel; FLOP/s = a chain of 16 ``tanh(x @ w)`` at 128x128; bytes/s = 16 rounds of
+``a = a*0.5 + sum(a)*1e-6`` over 64K f32 (a reduction and an elementwise pass each: 3 passes over ``a``), both at
+the in-cache sizes of these models' local ops, launch and kernel overheads subtracted. The simulator charges
+the launch once per step and uses the profile's collective alpha and beta as they are. Written to ``bench/results/cpu_host_compute.json``,
+which the simulator's ``cpu-host`` preset reads. Runs when that file is missing or with ``--calibrate``.
+
+Outputs: a table on stdout, ``bench/results/partitioning.json``, ``bench/results/partitioning.png``
+(simulated vs measured step time per model; bytes ours vs XLA).
+
+    python bench/partitioning.py [--quick] [--repeats 15] [--calibrate]
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import partir_core as pc  # noqa: E402
+import redist  # noqa: E402
+from partir_core import models, schedules, simulator  # noqa: E402
+from redist import xla_baseline as xb  # noqa: E402
+
+RESULTS = os.path.join(ROOT, "bench", "results")
+MESH = redist.Mesh({"batch": 2, "model": 4})
+COMMON = ["BP", "MP", "Z2", "Z3", "BP+MP", "BP+Z2", "BP+Z3", "BP+MP+Z3"]
+SCHEDULES = {"mlp": COMMON, "gnn": COMMON, "transformer": COMMON + ["EMB", "BP+EMB", "BP+MP+EMB"]}
+QUICK = {"mlp": ["BP", "MP", "Z3", "BP+MP", "BP+MP+Z3"], "gnn": ["BP", "MP", "Z3", "BP+MP", "BP+MP+Z3"],
+         "transformer": ["BP", "MP", "Z3", "EMB", "BP+MP", "BP+MP+Z3"]}
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def median_time(fn, args, repeats=9, warmup=2):
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def time_pair(f_ours, f_xla, a_ours, a_xla, repeats):
+    for _ in range(2):
+        jax.block_until_ready(f_ours(*a_ours))
+        jax.block_until_ready(f_xla(*a_xla))
+    ours, xla = [], []
+    for r in range(repeats):
+        order = [(f_ours, a_ours, ours), (f_xla, a_xla, xla)]
+        if r % 2:
+            order.reverse()
+        for f, a, acc in order:
+            t0 = time.perf_counter()
+            jax.block_until_ready(f(*a))
+            acc.append(time.perf_counter() - t0)
+    return statistics.median(ours), statistics.median(xla)
+
+
+def spearman(xs, ys) -> float:
+    def ranks(v):
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+
+    if len(xs) < 3:
+        return float("nan")
+    rx, ry = np.array(ranks(xs)), np.array(ranks(ys))
+    if rx.std() == 0 or ry.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def total_bytes(cols) -> float:
+    if not cols:
+        return 0.0
+    return float(np.sum([c.device_bytes for c in cols], axis=0).max())
+
+
+def mem_total(m: xb.MemoryStats) -> int:
+    return m.argument + m.output + m.temp - m.alias
+
+
+# ---------------------------------------------------------------------------------------------- calibration
+def calibrate(path: str) -> dict:
+    """Per-device compute throughput of the host devices (see the module docstring); writes ``path``."""
+    mesh = MESH
+    key = jax.random.key(0)
+
+    def chain(n):
+        def f(x, w):
+            for _ in range(n):
+                x = jnp.tanh(x @ w)
+            return x
+        return f
+
+    def measure(fn, *args):
+        low = pc.jit(fn, mesh, []).lower(*args)
+        exe = low.program.executable()
+        leaves = jax.tree.leaves(args)
+        t = median_time(exe, leaves)
+        return t, low.simulate(simulator.Hardware("count", 1e30, 1e30, 0, 1e30))
+
+    x = jax.random.normal(key, (8, 8))
+    w = jax.random.normal(key, (8, 8)) * 0.1
+    t1, s1 = measure(chain(16), x, w)
+    t2, s2 = measure(chain(96), x, w)
+    overhead = max((t2 - t1) / max(s2.kernels - s1.kernels, 1), 1e-7)
+    tl, sl = measure(lambda a: a + 1.0, x)  # one tiny kernel: the cost of launching a program on 8 devices
+    base = max(tl - overhead * sl.kernels, 0.0)
+    # throughput at the sizes these models' local ops have (tens to hundreds of KB: in cache)
+    n = 128
+    big = jax.random.normal(key, (n, n)) * (1 / n) ** 0.5
+    tm, sm = measure(chain(16), big, big)
+    peak_flops = sm.flops / max(tm - base - overhead * sm.kernels, 1e-6)
+
+    def stream(a):
+        for _ in range(16):
+            a = a * 0.5 + jnp.sum(a) * 1e-6  # a reduction and an elementwise kernel, both reading a
+        return a
+
+    v = jax.random.normal(key, (1 << 16,))
+    te, se = measure(stream, v)
+    hbm_bw = 16 * 3 * v.size * 4 / max(te - base - overhead * se.kernels, 1e-6)
+    out = {"peak_flops": peak_flops, "hbm_bw": hbm_bw, "op_overhead_s": overhead, "launch_s": base,
+           "method": "8 host devices at once, replicated partir_core programs, median of 9 calls after 2 "
+                     "warm-ups: overhead = slope over tanh(x@w) chains of 16 and 96 layers (8x8) per simulated "
+                     "kernel; launch from a one-kernel program; FLOP/s from a chain of 16 tanh(x@w) 128x128; "
+                     "bytes/s from 16 rounds of a = a*0.5 + sum(a)*1e-6 over 64K f32 (3 passes each); launch "
+                     "and kernel overheads subtracted",
+           "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+           "jax": jax.__version__}
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- one case
+def run_case(model, inputs, want, name, repeats):
+    rec = {"model": model.name, "schedule": name}
+    t0 = time.perf_counter()
+    pf = pc.jit(model.step, MESH, schedules.schedule(name, model, inputs, mesh=MESH))
+    low = pf.lower(*inputs)
+    rec["lower_s"] = time.perf_counter() - t0
+    got = pf(*inputs)
+    errs = [float(np.max(np.abs(np.asarray(a) - np.asarray(b)) / (1e-5 + 1e-4 * np.abs(np.asarray(b)))))
+            if np.size(a) else 0.0 for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want))]
+    rec["match"] = bool(max(errs) <= 1.0) and jax.tree.structure(got) == jax.tree.structure(want)
+    rec["unsupported"] = len(low.unsupported)
+    rec["fallbacks"] = len(low.fallbacks)
+    rec["conflicts"] = len(low.conflicts)
+
+    flat = jax.tree.leaves(inputs)
+    ish = [xb.named_sharding(t) for t in low.program.in_types]
+    osh = [xb.named_sharding(t) for t in low.program.out_types]
+    args = [jax.device_put(x, s) for x, s in zip(flat, ish)]
+    ours_fn = low.program.executable()
+    ours_c = ours_fn.lower(*args).compile()
+    xla_fn = jax.jit(model.step, in_shardings=jax.tree_util.tree_unflatten(low.graph.in_tree, ish),
+                     out_shardings=jax.tree_util.tree_unflatten(low.graph.out_tree, osh))
+    xargs = jax.tree_util.tree_unflatten(low.graph.in_tree, args)
+    xla_c = xla_fn.lower(*xargs).compile()
+    ours_cols = xb.parse_hlo(ours_c.as_text(), MESH)
+    xla_cols = xb.parse_hlo(xla_c.as_text(), MESH)
+    rec["bytes_ours"] = float(sum(c.bytes for c in low.collectives))
+    rec["bytes_ours_hlo"] = total_bytes(ours_cols)
+    rec["bytes_xla"] = total_bytes(xla_cols)
+    rec["n_collectives_ours"] = len([c for c in ours_cols if c.bytes_received > 0])
+    rec["n_collectives_xla"] = len([c for c in xla_cols if c.bytes_received > 0])
+    rec["bytes_ratio"] = rec["bytes_ours"] / rec["bytes_xla"] if rec["bytes_xla"] else (
+        1.0 if rec["bytes_ours"] == 0 else float("inf"))
+    # XLA's result equals ours too (the comparison is of the same function)
+    xla_out = xla_c(*xargs)
+    rec["xla_match"] = all(np.allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+                           for a, b in zip(jax.tree.leaves(xla_out), jax.tree.leaves(want)))
+
+    sim = low.simulate("cpu-host")
+    rec["sim_step_s"] = sim.step_time_s
+    rec["sim_compute_s"] = sim.compute_time_s
+    rec["sim_comm_s"] = sim.comm_time_s
+    rec["sim_kernels"] = sim.kernels
+    rec["sim_peak_bytes"] = sim.peak_bytes
+    mo, mx = xb.MemoryStats.of(ours_c), xb.MemoryStats.of(xla_c)
+    rec["mem_ours"] = mo.__dict__ | {"total": mem_total(mo)}
+    rec["mem_xla"] = mx.__dict__ | {"total": mem_total(mx)}
+    rec["mem_err_vs_ours"] = sim.peak_bytes / mem_total(mo) - 1
+    rec["mem_err_vs_xla"] = sim.peak_bytes / mem_total(mx) - 1
+
+    t_ours, t_xla = time_pair(ours_c, xla_c, args, xargs, repeats)
+    rec["time_ours_s"] = t_ours
+    rec["time_xla_s"] = t_xla
+    rec["time_ratio"] = t_ours / t_xla
+    return rec
+
+
+# ---------------------------------------------------------------------------------------------- output
+def table(rows) -> str:
+    head = (f"{'model':12s} {'schedule':10s} {'match':5s} {'ours B':>9s} {'XLA B':>9s} {'B ratio':>7s} "
+            f"{'ours ms':>8s} {'XLA ms':>8s} {'t ratio':>7s} {'sim MB':>8s} {'ours MB':>8s} {'err%':>6s} "
+            f"{'XLA MB':>8s} {'err%':>6s} {'sim ms':>8s}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r['model']:12s} {r['schedule']:10s} {'yes' if r['match'] else 'NO':5s} {r['bytes_ours']:9.0f} "
+            f"{r['bytes_xla']:9.0f} {r['bytes_ratio']:7.2f} {r['time_ours_s'] * 1e3:8.3f} "
+            f"{r['time_xla_s'] * 1e3:8.3f} {r['time_ratio']:7.2f} {r['sim_peak_bytes'] / 1e6:8.4f} "
+            f"{r['mem_ours']['total'] / 1e6:8.4f} {100 * r['mem_err_vs_ours']:6.1f} "
+            f"{r['mem_xla']['total'] / 1e6:8.4f} {100 * r['mem_err_vs_xla']:6.1f} {r['sim_step_s'] * 1e3:8.3f}")
+    return "\n".join(lines)
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted({r["model"] for r in rows}, key=list(SCHEDULES).index)
+    fig, axs = plt.subplots(1, 2, figsize=(14, 5.5))
+    ax = axs[0]
+    for m, mk in zip(names, "os^"):
+        rs = [r for r in rows if r["model"] == m]
+        ax.scatter([r["sim_step_s"] * 1e3 for r in rs], [r["time_ours_s"] * 1e3 for r in rs], marker=mk, label=m)
+        for r in rs:
+            ax.annotate(r["schedule"], (r["sim_step_s"] * 1e3, r["time_ours_s"] * 1e3), fontsize=6)
+    lo = min(min(r["sim_step_s"], r["time_ours_s"]) for r in rows) * 1e3 * 0.8
+    hi = max(max(r["sim_step_s"], r["time_ours_s"]) for r in rows) * 1e3 * 1.2
+    ax.plot([lo, hi], [lo, hi], "k:", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("simulated step time, cpu-host (ms)")
+    ax.set_ylabel("measured step time, ours (ms)")
+    ax.set_title("simulated vs measured step time (8 host devices, batch=2 x model=4)")
+    ax.legend()
+    ax = axs[1]
+    labels = [f"{r['model'][:5]} {r['schedule']}" for r in rows]
+    xs = np.arange(len(rows))
+    ax.bar(xs - 0.2, [r["bytes_ours"] for r in rows], 0.4, label="ours")
+    ax.bar(xs + 0.2, [r["bytes_xla"] for r in rows], 0.4, label="XLA")
+    ax.set_yscale("log")
+    ax.set_xticks(xs)
+    ax.set_xticklabels(labels, rotation=90, fontsize=7)
+    ax.set_ylabel("bytes received per device per step")
+    ax.set_title("collective bytes: ours vs XLA (same in/out shardings)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer schedules, 10 timed rounds")
+    ap.add_argument("--repeats", type=int, default=None, help="timed rounds per case (default 15; quick 10)")
+    ap.add_argument("--calibrate", action="store_true", help="re-run the cpu-host compute calibration")
+    ap.add_argument("--models", default="mlp,gnn,transformer")
+    ap.add_argument("--out", default=os.path.join(RESULTS, "partitioning.json"))
+    args = ap.parse_args(argv)
+    repeats = args.repeats or (10 if args.quick else 15)
+    logging.getLogger("jax").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+    start = time.perf_counter()
+    if len(jax.devices()) < 8:
+        raise SystemExit("needs 8 JAX devices")
+    calib = None
+    if args.calibrate or not os.path.exists(simulator.CPU_COMPUTE_PROFILE):
+        calib = calibrate(simulator.CPU_COMPUTE_PROFILE)
+        simulator.HARDWARE["cpu-host"] = simulator.cpu_host()
+        print("calibrated cpu-host compute:", {k: v for k, v in calib.items() if k not in ("method",)})
+    hw = simulator.HARDWARE["cpu-host"]
+    print(f"simulator cpu-host: peak {hw.peak_flops:.3g} FLOP/s, {hw.hbm_bw:.3g} B/s, overhead "
+          f"{hw.op_overhead_s * 1e6:.1f} us/kernel, collectives alpha {hw.alpha_s * 1e6:.0f} us, beta "
+          f"{hw.link_bw:.3g} B/s", flush=True)
+    rows = []
+    chosen = QUICK if args.quick else SCHEDULES
+    for mname in args.models.split(","):
+        model = models.MODELS[mname]()
+        inputs = model.init(jax.random.key(0))
+        want = jax.jit(model.step)(*inputs)
+        for name in chosen[mname]:
+            rec = run_case(model, inputs, want, name, repeats)
+            rows.append(rec)
+            print(f"  {mname:12s} {name:10s} match={rec['match']} bytes {rec['bytes_ours']:.0f}/"
+                  f"{rec['bytes_xla']:.0f} time {rec['time_ours_s'] * 1e3:.2f}/{rec['time_xla_s'] * 1e3:.2f} ms "
+                  f"mem sim {rec['sim_peak_bytes']} ours {rec['mem_ours']['total']} ({time.perf_counter() - start:.0f}s)",
+                  flush=True)
+    spear = {}
+    for m in {r["model"] for r in rows}:
+        rs = [r for r in rows if r["model"] == m]
+        spear[m] = spearman([r["sim_step_s"] for r in rs], [r["time_ours_s"] for r in rs])
+    spear["pooled"] = spearman([r["sim_step_s"] for r in rows], [r["time_ours_s"] for r in rows])
+    mem_errs = [abs(r["mem_err_vs_ours"]) for r in rows]
+    summary = {
+        "mesh": "batch=2, model=4 (8 host devices)",
+        "cases": len(rows),
+        "all_match": all(r["match"] for r in rows),
+        "max_bytes_ratio": max(r["bytes_ratio"] for r in rows),
+        "cases_bytes_over_1.1": [f"{r['model']} {r['schedule']}" for r in rows if r["bytes_ratio"] > 1.1],
+        "geomean_time_ratio": float(np.exp(np.mean([np.log(r["time_ratio"]) for r in rows]))),
+        "max_abs_mem_err_vs_ours": max(mem_errs),
+        "cases_mem_err_over_15pct": [f"{r['model']} {r['schedule']}" for r in rows if abs(r["mem_err_vs_ours"]) > 0.15],
+        "max_abs_mem_err_vs_xla": max(abs(r["mem_err_vs_xla"]) for r in rows),
+        "spearman_sim_vs_measured": spear,
+        "repeats": repeats,
+        "quick": args.quick,
+        "hardware": {"peak_flops": hw.peak_flops, "hbm_bw": hw.hbm_bw, "op_overhead_s": hw.op_overhead_s,
+                     "alpha_s": hw.alpha_s, "link_bw": hw.link_bw, "kind_links": hw.kind_links},
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+                   f"jax {jax.__version__}",
+    }
+    summary["runtime_s"] = time.perf_counter() - start
+    print()
+    print(table(rows))
+    print()
+    print("Spearman(sim step time, measured):", {k: round(v, 3) for k, v in spear.items()})
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("hardware",)}, indent=1))
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"summary": summary, "cases": rows, "calibration": calib}, f, indent=1)
+    plot(rows, os.path.splitext(args.out)[0] + ".png")
+    print(f"wrote {args.out} and {os.path.splitext(args.out)[0]}.png in {time.perf_counter() - start:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
