@@ -137,38 +137,39 @@ def _lower_one(step, t_in) -> Instruction:
 
 
 def _multi_all_to_all(step, t_in) -> tuple[Instruction, ...]:
-    """Moves ``(i_m -> j_m, axes_m)``: split every ``j_m`` into ``(k_m, rest)``, bring the ``k_m`` to the front
-    and merge them into one dim of ``k`` chunks (row-major, so chunk index = rank over all the axes),
-    exchange chunk ``r`` with member ``r``, then split the front dim by sender ``(s_1, …, s_M)`` and put each
-    ``s_m`` at the major end of ``i_m``."""
+    """Moves ``(i_m -> j_m, axes_m)``: split every destination ``j`` into (the chunk counts ``k_m`` of the moves
+    into it, in move order, then the rest), bring the chunk dims to the front in move order and merge them
+    into one dim of ``k`` chunks (row-major, so chunk index = rank over all the axes), exchange chunk ``r``
+    with member ``r``, then split the front dim by sender ``(s_1, …, s_M)`` and put each ``s_m`` at the major
+    end of its source dim ``i_m``."""
     mesh = t_in.mesh
     shape = list(t_in.local_shape)
     ks = [mesh.group_size(axes) for _, _, axes in step.moves]
-    splits = {j: k for (_, j, _), k in zip(step.moves, ks)}
-    # Expanded dims: ("c", j) the chunk index of split dim j, ("d", d) the (rest of) original dim d.
-    expanded = []
+    # Expanded dims: ("c", m) the chunk index of move m in its destination, ("d", d) the rest of dim d.
+    expanded, sizes = [], {}
     for d, n in enumerate(shape):
-        expanded += [("c", d), ("d", d)] if d in splits else [("d", d)]
-    sizes = {("c", j): k for j, k in splits.items()}
-    sizes.update({("d", d): n // splits.get(d, 1) for d, n in enumerate(shape)})
-    front = [("c", j) for _, j, _ in step.moves]
+        into = [m for m, (_, j, _) in enumerate(step.moves) if j == d]
+        expanded += [("c", m) for m in into] + [("d", d)]
+        sizes.update({("c", m): ks[m] for m in into})
+        sizes[("d", d)] = n // math.prod(ks[m] for m in into)
+    front = [("c", m) for m in range(len(step.moves))]
     rest = [e for e in expanded if e[0] == "d"]
-    order = front + rest
     ins = [
         Reshape(tuple(sizes[e] for e in expanded)),
-        Transpose(tuple(expanded.index(e) for e in order)),
+        Transpose(tuple(expanded.index(e) for e in front + rest)),
         Reshape((math.prod(ks),) + tuple(sizes[e] for e in rest)),
         AllToAll(0, 0, step.axes),
     ]
-    # After the exchange the front dims index the sender; each goes just before its concat dim i_m.
-    senders = [("s", i) for i, _, _ in step.moves]
-    sizes.update({("s", i): k for (i, _, _), k in zip(step.moves, ks)})
-    received = senders + rest
+    # After the exchange the front dims index the sender; each goes just before its source dim i_m.
+    senders = [("s", m) for m in range(len(step.moves))]
+    sizes.update({("s", m): k for m, k in enumerate(ks)})
+    source_of = {i: m for m, (i, _, _) in enumerate(step.moves)}
     final = []
     for e in rest:
-        if ("s", e[1]) in sizes:
-            final.append(("s", e[1]))
+        if e[1] in source_of:
+            final.append(("s", source_of[e[1]]))
         final.append(e)
+    received = senders + rest
     ins += [
         Reshape(tuple(sizes[e] for e in received)),
         Transpose(tuple(received.index(e) for e in final)),

@@ -3,7 +3,7 @@
 Search space. A state is a sharding of the array over *atoms*: the mesh axes, or the pieces of them that
 the source or destination name as sub-axes. Steps act at the minor end of a dim's atom list (a stack):
 ``all_slice`` and ``reduce_scatter`` push, ``all_gather`` pops, ``all_to_all`` moves a suffix from one dim
-to another (or two such moves between four distinct dims at once), ``all_reduce`` drops partial atoms, and
+to another (or two such moves at once, from two dims), ``all_reduce`` drops partial atoms, and
 a ``permute`` swaps two atoms (within a dim, across dims with equal sizes, or with an unused atom of the
 same size), several swaps in a row forming one permute.
 
@@ -284,15 +284,19 @@ def _search(src: ShardingType, dst: ShardingType, refine: bool, topo=None) -> Pl
                     nd = dims[:i] + (di[: len(di) - m],) + dims[i + 1:]
                     moves.append((nd, partial, True, ("gather", i), (k - 1) * L * scale, mask(suffix),
                                   last != ("gather", i), ("gather", i, m)))
-        # Two moves between four distinct dims in one all-to-all over both groups (XLA does the same).
+        # Two moves in one all-to-all over both groups (XLA does the same): from two dims into two others, or
+        # into one (appended in move order, so both orders are tried).
         for x, (i1, j1, m1, suffix1, k1) in enumerate(singles):
-            for i2, j2, m2, suffix2, k2 in singles[x + 1:]:
-                if len({i1, j1, i2, j2}) < 4:
+            for y, (i2, j2, m2, suffix2, k2) in enumerate(singles):
+                if i1 == i2 or {i1, i2} & {j1, j2} or (j1 != j2 and y <= x):
+                    continue
+                k = k1 * k2
+                if j1 == j2 and local[j1] % k:
                     continue
                 nd = list(dims)
                 nd[i1], nd[i2] = dims[i1][: len(dims[i1]) - m1], dims[i2][: len(dims[i2]) - m2]
-                nd[j1], nd[j2] = dims[j1] + suffix1, dims[j2] + suffix2
-                k = k1 * k2
+                nd[j1] = dims[j1] + suffix1
+                nd[j2] = nd[j2] + suffix2
                 moves.append((tuple(nd), partial, grown, None, (k - 1) * L * scale // k, mask(suffix1 + suffix2),
                               True, ("a2a", ((i1, j1, m1), (i2, j2, m2)))))
         if partial & reducible:
