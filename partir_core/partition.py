@@ -7,7 +7,7 @@ returns. ``pf`` can itself be traced by ``jax.jit``. Lowerings are cached per ar
 
 ``pf.lower(*args)`` returns the :class:`Partitioned` program: input/output sharding types (pytrees of
 ``redist.ShardingType``), collectives, text after each tactic, conflicts, unsupported primitives,
-``simulate()``.
+``simulate()``, and ``automatic`` (what an ``AutomaticPartition`` found, as pasteable manual tactics).
 """
 
 from __future__ import annotations
@@ -25,19 +25,27 @@ from partir_core.lowering import LocalProgram, analyze, lower
 from partir_core.propagation import State, propagate
 from partir_core.registry import rule_for
 from partir_core.simulator import simulate as _simulate
-from partir_core.tactics import PartitionError
+from partir_core.tactics import AutomaticPartition, PartitionError
 
 
 class Partitioned:
     """A partitioned program (see the module docstring)."""
 
-    def __init__(self, graph, rules, mesh, schedule, states, program: LocalProgram):
+    def __init__(self, graph, rules, mesh, schedule, states, program: LocalProgram, automatic=()):
         self.graph = graph
         self.rules = rules
         self.mesh = mesh
         self.schedule = list(schedule)
         self.states = states  # states[k]: after k tactics
         self.program = program
+        self.automatic_results = list(automatic)
+
+    @property
+    def automatic(self):
+        """The result of the (last) ``AutomaticPartition`` in the schedule, or None: its ``tactics`` (manual
+        tactics to paste in its place), ``code``, ``text`` (the program after it), ``action_space`` sizes,
+        ``groups`` and search ``stats`` (see :class:`partir_core.automatic.AutoResult`)."""
+        return self.automatic_results[-1] if self.automatic_results else None
 
     # ---------------------------------------------------------------- types
     @property
@@ -148,12 +156,19 @@ class PartitionedFunction:
         rules = [rule_for(e, graph) for e in graph.eqns]
         state = State.empty(graph)
         states = [state.copy()]
+        automatic = []
         for k, tactic in enumerate(self.schedule, start=1):
-            tactic.apply(graph, state, self.mesh, k)
+            if isinstance(tactic, AutomaticPartition):
+                result = tactic.apply(graph, state, self.mesh, k, rules=rules)
+                result.text = render(graph, rules, state, self.mesh)
+                result.state = None  # the Partitioned keeps it as states[k]
+                automatic.append(result)
+            else:
+                tactic.apply(graph, state, self.mesh, k)
             propagate(graph, rules, state, self.mesh, k)
             states.append(state.copy())
         program = lower(graph, analyze(graph, rules, state, self.mesh), self.mesh)
-        return Partitioned(graph, rules, self.mesh, self.schedule, states, program)
+        return Partitioned(graph, rules, self.mesh, self.schedule, states, program, automatic)
 
     def __call__(self, *args):
         return self.lower(*args).run(*args)

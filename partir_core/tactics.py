@@ -8,7 +8,7 @@ replicated), which is how ZeRO-2 keeps parameters whole while sharding the optim
 
 Errors (:class:`PartitionError`, a ``ShardingError``/``ValueError``) are raised by :meth:`validate` before
 anything runs: a path matching no input, a dim out of range or not divisible by the axis size, an unknown
-axis. ``AutomaticPartition`` has its final signature but is not implemented yet.
+axis. ``AutomaticPartition`` searches for the tactics (see :mod:`partir_core.automatic`).
 """
 
 from __future__ import annotations
@@ -94,13 +94,27 @@ class ManualPartition:
 
 @dataclass
 class AutomaticPartition:
-    """Search for a sharding on ``axes`` (Monte Carlo tree search scored by the simulator). Not implemented
-    yet: applying it raises ``NotImplementedError``."""
+    """Search for shardings on ``axes`` that fit ``memory_budget_bytes`` and minimise simulated step time:
+    Monte Carlo tree search over "shard dimension group g on axis a" (:mod:`partir_core.automatic`),
+    starting from the tactics before it, which it leaves intact (propagation never overrides them).
+
+    ``axes``: the mesh axes it may use (empty: all). ``memory_budget_bytes``: per-device simulated peak
+    (None: no limit). ``time_budget_s``: wall-clock limit of the search. ``seed``: tie-breaking; the search
+    is deterministic for a seed when it stops by ``max_evals``, ``patience`` or exhaustion rather than by
+    time. ``hardware``: the simulator profile (None: the default). ``progress``: a progress bar on stderr
+    (None: when stderr is a terminal). The result (``Partitioned.automatic``) lists the chosen actions as
+    :class:`ManualPartition` tactics that reproduce the program when pasted in its place."""
 
     axes: list = field(default_factory=list)
     memory_budget_bytes: int | None = None
     time_budget_s: float = 60
     seed: int = 0
+    hardware: object = None
+    max_evals: int | None = None
+    patience: int | None = None
+    max_depth: int | None = None
+    exploration: float = 0.7
+    progress: bool | None = None
 
     def check_mesh(self, mesh) -> None:
         for a in self.axes:
@@ -110,10 +124,30 @@ class AutomaticPartition:
 
     def validate(self, graph: Graph, mesh) -> None:
         self.check_mesh(mesh)
+        if self.memory_budget_bytes is not None and not self.memory_budget_bytes > 0:
+            raise PartitionError(f"AutomaticPartition: memory_budget_bytes must be positive or None, "
+                                 f"got {self.memory_budget_bytes!r}")
+        if not self.time_budget_s > 0:
+            raise PartitionError(f"AutomaticPartition: time_budget_s must be positive, got {self.time_budget_s!r}")
 
-    def apply(self, graph, state, mesh, index):
-        raise NotImplementedError("AutomaticPartition is not implemented yet (a later issue); "
-                                  "use ManualPartition tactics or the presets in partir_core.schedules")
+    def search(self, graph: Graph, rules, state: State, mesh, index: int):
+        """Run the search from ``state``; returns an :class:`partir_core.automatic.AutoResult` whose ``state``
+        is the propagated state after the chosen tactics (``state`` itself is not modified)."""
+        from partir_core.automatic import search
+
+        return search(graph, rules, state, mesh, index, self)
+
+    def apply(self, graph: Graph, state: State, mesh, index: int, rules=None) -> None:
+        """Search, then record the chosen sharding in ``state`` (in place)."""
+        if rules is None:
+            from partir_core.registry import rule_for
+
+            rules = [rule_for(e, graph) for e in graph.eqns]
+        result = self.search(graph, rules, state, mesh, index)
+        state.dims, state.prov = result.state.dims, result.state.prov
+        state.pinned, state.conflicts = result.state.pinned, result.state.conflicts
+        return result
 
     def __str__(self):
-        return f"AutomaticPartition(axes={self.axes!r})"
+        budget = f", memory_budget_bytes={self.memory_budget_bytes}" if self.memory_budget_bytes else ""
+        return f"AutomaticPartition(axes={self.axes!r}{budget}, time_budget_s={self.time_budget_s}, seed={self.seed})"

@@ -1,0 +1,239 @@
+"""Dimension groups: which tensor dims of a whole program must share a sharding (as in TOAST/Automap).
+
+Every dim of every (non-constant) value is a node. At each op, the registry's factor rule says which dims
+carry the same factor (``dot_general`` ``(i,k),(k,j)->(i,j)``: the ``k`` dims of both operands, the ``i``
+dims of lhs and result, ...); sharding that factor shards all of them alike, so a union-find joins them.
+Over the whole traced program (forward, ``jax.grad``'s backward pass and the optimizer update) this leaves
+a few dozen groups: for an MLP, ``w1``'s output dim, ``b1``, ``w2``'s input dim, the hidden activations and
+their gradients and momenta are one group ("the hidden dim"), which is what Megatron splits.
+
+- A dim made of several factors (a reshape merging ``(heads, dh) → d``) joins the group of its *major*
+  factor: sharding the merged dim on one axis shards that factor.
+- Blocked factors (``gather``'s indexed dim, a ``concatenate``'s dim, ...) and ops without a rule join
+  nothing: those dims must be replicated there, and lowering reshards around them.
+
+*Conflicts* are the places where one group cannot be sharded on one axis everywhere: a value with two of
+its dims in the same group (attention scores ``(b, h, q, k)`` carry the sequence group twice, a square
+``x @ x.T`` likewise). Sharding such a group on an axis shards one of those dims; which one is decided by
+propagation order.
+
+Groups are reached through *inputs*: a group is actionable if some input dim (a parameter, optimizer state
+or data dim) is in it. *Layer grouping* then merges groups whose input dims coincide up to layer indices
+(``params/layers/0/w1:1`` and ``params/layers/1/w1:1``): one decision for every layer, as experts make it.
+
+:func:`analyze_groups` returns :class:`DimGroups`, with the action space sizes before and after grouping.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from partir_core.ir import Graph
+
+KIND_ORDER = {"param": 0, "state": 1, "data": 2}
+
+
+class _UnionFind:
+    def __init__(self):
+        self.parent: dict = {}
+
+    def add(self, x):
+        self.parent.setdefault(x, x)
+
+    def find(self, x):
+        root = x
+        while self.parent[root] != root:
+            root = self.parent[root]
+        while self.parent[x] != root:
+            self.parent[x], x = root, self.parent[x]
+        return root
+
+    def union(self, a, b):
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            if rb < ra:
+                ra, rb = rb, ra
+            self.parent[rb] = ra
+
+
+def input_kind(path: str) -> str:
+    """``param`` (``params/...``), ``state`` (optimizer state: ``momentum/...``, ``opt_state/...``, ...) or
+    ``data`` (everything else)."""
+    head = path.split("/", 1)[0]
+    if head in ("params", "param", "weights", "variables"):
+        return "param"
+    if "/" in path and head not in ("batch", "data", "inputs"):
+        return "state"
+    return "data"
+
+
+def layer_pattern(path: str) -> str:
+    """The path with every all-digit component replaced by ``*`` (``params/layers/0/w1`` → ``params/layers/*/w1``)."""
+    return "/".join("*" if re.fullmatch(r"\d+", c) else c for c in path.split("/"))
+
+
+@dataclass
+class Group:
+    """One group of dims that share a sharding. ``members``: ``(value, dim)``; ``inputs``: ``(path, dim)`` of
+    the input dims in it; ``size``: the size of its factor; ``rep``: the input dim that stands for it (a
+    parameter if any: the largest, then the first in input order)."""
+
+    id: int
+    members: list
+    inputs: list
+    size: int
+    rep: tuple | None
+    bytes: int = 0  # global bytes of the values it touches (each value once): a rough measure of weight
+    conflicts: list = field(default_factory=list)  # (value, dims, where)
+
+    def __str__(self):
+        ins = ", ".join(f"{p}:{d}" for p, d in self.inputs[:6]) + (", …" if len(self.inputs) > 6 else "")
+        return f"group {self.id} (size {self.size}, {len(self.members)} dims; inputs {ins})"
+
+
+@dataclass
+class MacroGroup:
+    """Groups merged by layer grouping; one search decision. ``reps``: one input dim per member group."""
+
+    id: int
+    groups: list
+    reps: list
+    size: int
+    bytes: int
+    kind: str
+
+    @property
+    def signature(self) -> str:
+        return ", ".join(sorted({f"{layer_pattern(p)}:{d}" for g in self.groups for p, d in g.inputs}))
+
+    def __str__(self):
+        reps = ", ".join(f"{p}:{d}" for p, d in self.reps)
+        return f"decision {self.id}: {len(self.groups)} group(s), size {self.size}, via {reps}"
+
+
+@dataclass
+class DimGroups:
+    """The analysis result (see the module docstring)."""
+
+    groups: list
+    macro: list
+    conflicts: list
+    n_values: int
+    n_dims: int
+    n_input_dims: int
+    group_of: dict
+
+    def action_space(self, mesh, axes) -> dict:
+        """Sizes of the action space "shard X on axis a" for ``axes``:
+
+        - ``values_dims_axes``: every dim of every value, on every axis (no analysis);
+        - ``input_dims_axes``: every input dim, on every axis (what manual tactics name);
+        - ``groups_axes``: every actionable group (reached through an input dim), on every axis;
+        - ``decisions_axes``: after layer grouping (what the search explores);
+        - ``legal``: of those, the ones whose input dim divides by the axis size."""
+        sizes = dict(mesh.axes)
+        n = len(axes)
+        legal = sum(1 for m in self.macro for a in axes if m.size % sizes[a] == 0 and m.size >= sizes[a])
+        return {"values_dims_axes": self.n_dims * n, "input_dims_axes": self.n_input_dims * n,
+                "groups_axes": sum(1 for g in self.groups if g.inputs) * n,
+                "decisions_axes": len(self.macro) * n, "legal": legal, "values": self.n_values,
+                "axes": n}
+
+    def find(self, v: int, d: int) -> Group | None:
+        gid = self.group_of.get((v, d))
+        return None if gid is None else self.groups[gid]
+
+    def report(self, mesh=None, axes=None) -> str:
+        lines = [f"{self.n_values} values, {self.n_dims} dims ({self.n_input_dims} input dims) → "
+                 f"{len(self.groups)} groups, {sum(1 for g in self.groups if g.inputs)} with an input dim, "
+                 f"{len(self.macro)} decisions after layer grouping; {len(self.conflicts)} conflicts"]
+        if mesh is not None and axes:
+            lines.append("action space: " + ", ".join(f"{k}={v}" for k, v in self.action_space(mesh, axes).items()))
+        for m in self.macro:
+            lines.append(f"  {m}  [{m.signature}]")
+        for c in self.conflicts[:20]:
+            lines.append(f"  conflict: group {c[0]}: %{c[1]} dims {c[2]} ({c[3]})")
+        return "\n".join(lines)
+
+
+def analyze_groups(graph: Graph, rules: list) -> DimGroups:
+    """Union-find over the registry's factors across ``graph`` (see the module docstring)."""
+    uf = _UnionFind()
+    values = [v for v in graph.invars] + [v for e in graph.eqns for v in e.outvars]
+    values = [v for v in dict.fromkeys(values) if v not in graph.consts]
+    for v in values:
+        for d, s in enumerate(graph.shape(v)):
+            if s > 1:
+                uf.add((v, d))
+    producer: dict = {}
+    for i, (eqn, rule) in enumerate(zip(graph.eqns, rules)):
+        for v in eqn.outvars:
+            producer[v] = i
+        if rule is None:
+            continue
+        slots: dict = {}
+        for vals, dims_list in ((eqn.invars, rule.operands), (eqn.outvars, rule.results)):
+            for v, dims in zip(vals, dims_list):
+                if v in graph.consts:
+                    continue
+                for d, fs in enumerate(dims):
+                    if fs and (v, d) in uf.parent:
+                        slots.setdefault(fs[0], []).append((v, d))
+        for f, ss in slots.items():
+            if f in rule.blocked or not rule.shardable(f):
+                continue
+            for s in ss[1:]:
+                uf.union(ss[0], s)
+    # collect
+    members: dict = {}
+    for node in uf.parent:
+        members.setdefault(uf.find(node), []).append(node)
+    path_of = dict(zip(graph.invars, graph.in_paths))
+    value_of = dict(zip(graph.in_paths, graph.invars))
+    order = {v: i for i, v in enumerate(graph.invars)}
+    roots = sorted(members, key=lambda r: min(members[r]))
+    groups, group_of = [], {}
+    for gid, r in enumerate(roots):
+        ms = sorted(members[r])
+        ins = sorted(((path_of[v], d) for v, d in ms if v in path_of), key=lambda pd: (order[value_of[pd[0]]], pd[1]))
+        seen = {v for v, _ in ms}
+        nbytes = sum(math.prod(graph.shape(v)) * graph.dtype(v).itemsize for v in seen)
+        rep = None
+        if ins:
+            def key(pd):
+                v = value_of[pd[0]]
+                return (KIND_ORDER[input_kind(pd[0])], -math.prod(graph.shape(v)), order[v], pd[1])
+            rep = min(ins, key=key)
+        size = graph.shape(ms[0][0])[ms[0][1]]
+        if rep is not None:
+            size = graph.shape(value_of[rep[0]])[rep[1]]
+        g = Group(gid, ms, ins, size, rep, nbytes)
+        by_value: dict = {}
+        for v, d in ms:
+            by_value.setdefault(v, []).append(d)
+        for v, ds in by_value.items():
+            if len(ds) > 1:
+                where = f"input {path_of[v]}" if v in path_of else \
+                    f"eqn {producer[v]} ({graph.eqns[producer[v]].name})"
+                g.conflicts.append((gid, v, tuple(ds), where))
+        groups.append(g)
+        for node in ms:
+            group_of[node] = gid
+    # layer grouping: groups whose input dims coincide up to layer indices
+    by_sig: dict = {}
+    for g in groups:
+        if not g.inputs:
+            continue
+        sig = tuple(sorted({(layer_pattern(p), d) for p, d in g.inputs}))
+        by_sig.setdefault(sig, []).append(g)
+    macro = []
+    for gs in sorted(by_sig.values(), key=lambda gs: gs[0].id):
+        kind = min((input_kind(p) for g in gs for p, _ in g.inputs), key=KIND_ORDER.get)
+        macro.append(MacroGroup(len(macro), gs, [g.rep for g in gs], min(g.size for g in gs),
+                                sum(g.bytes for g in gs), kind))
+    conflicts = [c for g in groups for c in g.conflicts]
+    n_dims = sum(len(graph.shape(v)) for v in values)
+    n_input_dims = sum(len(graph.shape(v)) for v in graph.invars)
+    return DimGroups(groups, macro, conflicts, len(values), n_dims, n_input_dims, group_of)

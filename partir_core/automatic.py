@@ -1,0 +1,403 @@
+"""Automatic partitioning: Monte Carlo tree search over "shard dimension group g on mesh axis a".
+
+The decision space comes from :mod:`partir_core.analysis`: dims that must share a sharding form groups
+(union-find over the registry's factors, backward pass included), groups are reached through an input dim
+(a parameter if the group has one), and groups that differ only by layer index form one decision. An
+*action* is ``(decision, axis)``; it is applied as the :class:`~partir_core.ManualPartition` that names the
+decision's representative input dims (``ManualPartition({"params/layers/*/w1": 1}, axis="model")``),
+followed by propagation, exactly as a hand-written tactic would be. So the search result *is* a list of
+manual tactics, and pasting them into a schedule reproduces the program.
+
+Search state: a *set* of actions, applied in a canonical order (decisions that reach data inputs first, as
+batch parallelism is composed first by hand; then the others in program order; axes in the order given).
+Provenance keeps that order: the j-th action gets tactic index ``k + j/1000`` (``k``: the
+``AutomaticPartition``'s place in the schedule), so earlier actions win conflicts, as earlier tactics do.
+An action that changes nothing where it is applied (its input dim already split on that axis, the axis
+taken by another dim of the input, a pinned input) is not a move.
+
+Evaluation (cheap: the program is traced once): the state of a set is its canonical prefix's state plus one
+action and propagation (states are cached by prefix), then :func:`partir_core.lowering.analyze`/``lower``
+and the simulator; results are cached per action set and per resulting sharding. The reward of a state is
+``0.5 + 0.5·t0/(t0 + t)`` (``t`` its simulated step time, ``t0`` that of the starting state) when its
+simulated peak memory fits ``memory_budget_bytes``, and ``0.45·budget/peak`` (always lower) when it does not.
+
+Tree policy: UCT over the sets (a node per set, shared between the orders that reach it), with each node's
+value the best reward found below it (the problem is deterministic: the best leaf matters, not the mean),
+normalised among siblings; progressive widening (a node with ``n`` visits has at most ``⌈2√n⌉`` children),
+children tried in order of their action's all-moves-as-first value (the best reward of any evaluated set
+containing it; actions never evaluated first). Every expansion is evaluated directly (no random rollouts:
+every state is a complete strategy). Ties are broken by a ``random.Random(seed)``, so a search with the
+same seed, budget and stopping rule is deterministic; it stops at ``time_budget_s``, after ``max_evals``
+evaluations, when ``patience`` evaluations in a row did not improve the best, or when the tree is exhausted.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import random
+import sys
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from partir_core.analysis import DimGroups, analyze_groups, input_kind
+from partir_core.lowering import analyze, lower
+from partir_core.propagation import State, propagate
+from partir_core.simulator import simulate
+from partir_core.tactics import ManualPartition, PartitionError
+
+STEP = 1e-3  # provenance step between the actions of one AutomaticPartition
+
+
+@dataclass(frozen=True)
+class Action:
+    """Shard decision ``decision`` (a :class:`~partir_core.analysis.MacroGroup`) on mesh axis ``axis``."""
+
+    decision: int
+    axis: str
+    dims: tuple  # ((path pattern, dim), ...) of the ManualPartition
+
+    @property
+    def tactic(self) -> ManualPartition:
+        return ManualPartition(dict(self.dims), axis=self.axis)
+
+    def __str__(self):
+        return str(self.tactic)
+
+
+@dataclass
+class Evaluation:
+    step_time_s: float
+    peak_bytes: int
+    feasible: bool
+    reward: float
+    error: str | None = None
+
+
+@dataclass
+class AutoResult:
+    """What an :class:`~partir_core.AutomaticPartition` found (``Partitioned.automatic``).
+
+    ``tactics``: the chosen actions as manual tactics, in the order they apply (paste them into a schedule
+    in place of the ``AutomaticPartition``); ``code``: the same as Python source; ``text``: the program after
+    them; ``action_space``: sizes before and after grouping; ``groups``: the analysis; ``stats``: search
+    statistics (evaluations, cache hits, iterations, seconds, why it stopped, best over time)."""
+
+    tactics: list
+    actions: list
+    step_time_s: float
+    peak_bytes: int
+    memory_budget_bytes: int | None
+    action_space: dict
+    groups: DimGroups
+    stats: dict
+    start_time_s: float
+    start_peak_bytes: int
+    text: str = ""
+    state: State | None = field(default=None, repr=False)
+
+    @property
+    def code(self) -> str:
+        return "[\n" + "".join(f"    {t},\n" for t in self.tactics) + "]"
+
+    def __str__(self):
+        st = self.stats
+        return (f"AutomaticPartition: {len(self.tactics)} tactic(s), simulated step "
+                f"{self.step_time_s * 1e3:.4f} ms, peak {self.peak_bytes} B"
+                + (f" (budget {self.memory_budget_bytes} B)" if self.memory_budget_bytes else "")
+                + f"; from {self.start_time_s * 1e3:.4f} ms / {self.start_peak_bytes} B; "
+                f"{st['evaluations']} evaluations in {st['seconds']:.1f} s ({st['stopped']}); "
+                f"action space {self.action_space['values_dims_axes']} → {self.action_space['decisions_axes']}\n"
+                + self.code)
+
+
+# ----------------------------------------------------------------------------------- actions
+def compress(pairs, in_paths) -> tuple:
+    """``((pattern, dim), ...)`` naming exactly the input dims ``pairs`` (``(path, dim)``): paths that differ
+    only in all-digit components are joined by a ``*`` wildcard when it matches nothing else."""
+    by: dict = {}
+    for p, d in pairs:
+        parts = p.split("/")
+        key = (tuple("*" if c.isdigit() else c for c in parts), d)
+        by.setdefault(key, []).append(p)
+    out = []
+    for (parts, d), paths in by.items():
+        pattern = "/".join(parts)
+        hits = [q for q in in_paths if fnmatch.fnmatchcase(q, pattern)]
+        if len(paths) > 1 and sorted(hits) == sorted(paths):
+            out.append((pattern, d))
+        else:
+            out.extend((p, d) for p in paths)
+    return tuple(out)
+
+
+def build_actions(groups: DimGroups, graph, mesh, axes) -> list[Action]:
+    """The legal actions in canonical order (see the module docstring)."""
+    sizes = dict(mesh.axes)
+    paths = set(graph.in_paths)
+
+    def data_first(m):
+        has_data = any(input_kind(p) == "data" for g in m.groups for p, _ in g.inputs)
+        return (0 if has_data else 1, m.id)
+
+    out = []
+    for m in sorted(groups.macro, key=data_first):
+        dims = compress(m.reps, graph.in_paths)
+        assert all(p in paths or "*" in p for p, _ in dims)
+        for a in axes:
+            shape_ok = all(graph.shape(graph.invars[graph.in_paths.index(p)])[d] % sizes[a] == 0
+                           for p, d in m.reps)
+            if shape_ok and sizes[a] > 1:
+                out.append(Action(m.id, a, dims))
+    return out
+
+
+# ---------------------------------------------------------------------------------- evaluation
+class Evaluator:
+    """States and simulations of action sets, cached (see the module docstring)."""
+
+    def __init__(self, graph, rules, mesh, base: State, index: int, actions: list, hardware, budget,
+                 max_states: int = 512):
+        self.graph, self.rules, self.mesh = graph, rules, mesh
+        self.base, self.index, self.actions = base, index, actions
+        self.rank = {a: i for i, a in enumerate(actions)}
+        self.hardware, self.budget = hardware, budget
+        self.tactics = {a: a.tactic for a in actions}
+        self.matches = {a: [v for _, v, _ in self.tactics[a].matches(graph)] for a in actions}
+        self.states: OrderedDict = OrderedDict()
+        self.max_states = max_states
+        self.noop: set = set()
+        self.evals: dict = {}
+        self.by_fingerprint: dict = {}
+        self.values = sorted(base.dims)
+        self.n_sim = self.n_hits = self.n_fp_hits = 0
+        self.t0 = None
+
+    def key(self, acts) -> tuple:
+        return tuple(sorted(acts, key=self.rank.__getitem__))
+
+    def state(self, key: tuple) -> State | None:
+        """The propagated state after ``key`` (canonical order), or None if some action is not a move."""
+        if key in self.noop:
+            return None
+        if not key:
+            return self.base
+        if key in self.states:
+            self.states.move_to_end(key)
+            return self.states[key]
+        parent = self.state(key[:-1])
+        if parent is None:
+            self.noop.add(key)
+            return None
+        a = key[-1]
+        s = parent.copy()
+        before = [tuple(s.dims[v]) for v in self.matches[a]]
+        k = self.index + STEP * (len(key) - 1)
+        n_conf = len(s.conflicts)
+        self.tactics[a].apply(self.graph, s, self.mesh, k)
+        if [tuple(s.dims[v]) for v in self.matches[a]] == before:
+            del s.conflicts[n_conf:]
+            self.noop.add(key)
+            return None
+        propagate(self.graph, self.rules, s, self.mesh, k)
+        self.states[key] = s
+        if len(self.states) > self.max_states:
+            self.states.popitem(last=False)
+        return s
+
+    def fingerprint(self, s: State) -> tuple:
+        provs = sorted({p for v in self.values for p in s.prov[v] if p is not None})
+        rank = {p: i for i, p in enumerate(provs)}
+        return (tuple(tuple(s.dims[v]) for v in self.values),
+                tuple(tuple(None if p is None else rank[p] for p in s.prov[v]) for v in self.values),
+                frozenset(s.pinned))
+
+    def evaluate(self, key: tuple) -> Evaluation | None:
+        if key in self.evals:
+            self.n_hits += 1
+            return self.evals[key]
+        s = self.state(key)
+        if s is None:
+            return None
+        fp = self.fingerprint(s)
+        if fp in self.by_fingerprint:
+            self.n_fp_hits += 1
+            ev = self.by_fingerprint[fp]
+        else:
+            try:
+                sim = simulate(lower(self.graph, analyze(self.graph, self.rules, s, self.mesh), self.mesh),
+                               self.hardware)
+                t, peak, err = sim.step_time_s, sim.peak_bytes, None
+            except Exception as e:  # a state the lowering cannot handle is never chosen
+                t, peak, err = math.inf, 1 << 62, f"{type(e).__name__}: {e}"
+            self.n_sim += 1
+            if self.t0 is None:
+                self.t0 = t if math.isfinite(t) and t > 0 else 1.0
+            ev = Evaluation(t, peak, err is None and (self.budget is None or peak <= self.budget),
+                            self.reward(t, peak, err), err)
+            self.by_fingerprint[fp] = ev
+        self.evals[key] = ev
+        return ev
+
+    def reward(self, t, peak, err) -> float:
+        if err is not None:
+            return 0.0
+        if self.budget is not None and peak > self.budget:
+            return 0.45 * self.budget / peak
+        return 0.5 + 0.5 * self.t0 / (self.t0 + t)
+
+
+# ---------------------------------------------------------------------------------------- MCTS
+class _Node:
+    __slots__ = ("key", "n", "best", "children", "tried", "exhausted", "reward")
+
+    def __init__(self, key, reward):
+        self.key = key
+        self.n = 0
+        self.best = reward
+        self.reward = reward
+        self.children: list = []  # child keys
+        self.tried: set = set()  # actions tried here (moves or not)
+        self.exhausted = False
+
+
+def search(graph, rules, state: State, mesh, index: int, tactic, log=None) -> AutoResult:
+    """Run the search for ``tactic`` (an :class:`~partir_core.AutomaticPartition`) from ``state`` (after the
+    tactics before it); returns the :class:`AutoResult`. Does not modify ``state``."""
+    t_start = time.perf_counter()
+    axes = list(tactic.axes) or list(mesh.names)
+    groups = analyze_groups(graph, rules)
+    actions = build_actions(groups, graph, mesh, axes)
+    space = groups.action_space(mesh, axes)
+    space["actions"] = len(actions)
+    budget = tactic.memory_budget_bytes
+    ev = Evaluator(graph, rules, mesh, state.copy(), index, actions, tactic.hardware, budget)
+    rng = random.Random(tactic.seed)
+    max_depth = tactic.max_depth if tactic.max_depth is not None else 2 * len(axes) + 2
+    patience = tactic.patience if tactic.patience is not None else 40 + 4 * len(actions)
+    deadline = t_start + float(tactic.time_budget_s)
+
+    root_eval = ev.evaluate(())
+    nodes: dict = {(): _Node((), root_eval.reward)}
+    amaf: dict = {}  # action -> best reward of an evaluated set containing it
+    best_key, best = (), root_eval
+    history = [(0.0, root_eval.step_time_s if root_eval.feasible else None, 1)]
+    since_improved = iterations = 0
+    stopped = "exhausted"
+
+    def better(e, k, than_e, than_k):
+        if e.feasible != than_e.feasible:
+            return e.feasible
+        if e.feasible:
+            return (e.step_time_s, len(k), e.peak_bytes) < (than_e.step_time_s, len(than_k), than_e.peak_bytes)
+        return (e.peak_bytes, e.step_time_s, len(k)) < (than_e.peak_bytes, than_e.step_time_s, len(than_k))
+
+    progress = tactic.progress if tactic.progress is not None else sys.stderr.isatty()
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=round(float(tactic.time_budget_s), 1), unit="s", file=sys.stderr, leave=False,
+                   desc="AutomaticPartition", bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f}s "
+                   "{postfix}")
+    last_tick = t_start
+
+    while True:
+        now = time.perf_counter()
+        if now >= deadline:
+            stopped = "time budget"
+            break
+        if tactic.max_evals is not None and ev.n_sim >= tactic.max_evals:
+            stopped = "max_evals"
+            break
+        if since_improved >= patience:
+            stopped = "converged"
+            break
+        root = nodes[()]
+        if root.exhausted:
+            stopped = "exhausted"
+            break
+        iterations += 1
+        # ---- selection
+        path = [root]
+        node = root
+        new_key = None
+        while True:
+            legal = [a for a in actions if a not in node.tried and a not in node.key]
+            limit = max(2, math.ceil(2 * math.sqrt(node.n + 1)))
+            live = [nodes[c] for c in node.children if not nodes[c].exhausted]
+            if len(node.key) < max_depth and legal and (len(node.children) < limit or not live):
+                # expansion: the untried action with the best all-moves-as-first value (untried first)
+                legal.sort(key=lambda a: (-amaf.get(a, 2.0), ev.rank[a], rng.random()))
+                a = legal[0]
+                node.tried.add(a)
+                k = ev.key(node.key + (a,))
+                e = ev.evaluate(k)
+                if e is None:
+                    continue  # not a move here; try the next action
+                if k in nodes:  # reached by another order: share it
+                    if k not in node.children:
+                        node.children.append(k)
+                    child = nodes[k]
+                    if child.exhausted:
+                        continue
+                    path.append(child)
+                    new_key = k
+                    break
+                child = _Node(k, e.reward)
+                nodes[k] = child
+                node.children.append(k)
+                path.append(child)
+                new_key = k
+                break
+            if not live:  # no legal action left and every child exhausted
+                node.exhausted = True
+                break
+            lo = min(c.best for c in live)
+            hi = max(c.best for c in live)
+            span = (hi - lo) or 1.0
+            ln = math.log(node.n + 1)
+            node = max(live, key=lambda c: ((c.best - lo) / span + tactic.exploration *
+                                            math.sqrt(ln / (c.n + 1)), rng.random()))
+            path.append(node)
+        if new_key is None:
+            for p in path:
+                p.n += 1
+            continue
+        e = ev.evals[new_key]
+        for p in path:
+            p.n += 1
+            p.best = max(p.best, e.reward)
+        for a in new_key:
+            amaf[a] = max(amaf.get(a, 0.0), e.reward)
+        if better(e, new_key, best, best_key):
+            best, best_key = e, new_key
+            since_improved = 0
+            history.append((time.perf_counter() - t_start, e.step_time_s if e.feasible else None, ev.n_sim))
+        else:
+            since_improved += 1
+        now = time.perf_counter()
+        if bar is not None and now - last_tick >= 0.5:
+            bar.n = round(min(now - t_start, bar.total), 1)
+            bar.set_postfix_str(f"evals={ev.n_sim} best={best.step_time_s * 1e3:.4f}ms "
+                                f"peak={best.peak_bytes}{'' if best.feasible else ' (over budget)'}")
+            last_tick = now
+        if log is not None:
+            log(iterations, ev.n_sim, best)
+    if bar is not None:
+        bar.close()
+    seconds = time.perf_counter() - t_start
+    stats = {"evaluations": ev.n_sim, "cache_hits": ev.n_hits, "same_state_hits": ev.n_fp_hits,
+             "iterations": iterations, "nodes": len(nodes), "seconds": seconds, "stopped": stopped,
+             "best_reward": best.reward, "history": history, "max_depth": max_depth, "patience": patience}
+    if not best.feasible:
+        hint = f"; the smallest peak found is {best.peak_bytes} B with {[str(a) for a in best_key]}" \
+            if best.error is None else ""
+        raise PartitionError(
+            f"AutomaticPartition: no sharding found within memory_budget_bytes={budget} after "
+            f"{ev.n_sim} evaluations ({seconds:.1f} s, {stopped}){hint}; raise the budget, add mesh axes "
+            f"to axes={axes}, or give more time_budget_s")
+    final = ev.state(best_key)
+    return AutoResult([a.tactic for a in best_key], list(best_key), best.step_time_s, best.peak_bytes, budget,
+                      space, groups, stats, root_eval.step_time_s, root_eval.peak_bytes, state=final)
