@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from functools import lru_cache
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
@@ -77,7 +78,12 @@ class Mesh:
         axis ``y`` of size ``S`` viewed as ``pre × size × S/(pre·size)`` (major to minor); the sub-axis is the
         middle factor, and a device's coordinate on it is ``(c[y] // (S // (pre·size))) % size``.
         """
-        m = _SUB_AXIS.match(token) if isinstance(token, str) else None
+        if not isinstance(token, str):
+            raise ShardingError(f"cannot read axis {token!r}; expected a mesh axis name or NAME:(PRE)SIZE")
+        return _resolve(self, token)
+
+    def _resolve(self, token: str) -> tuple[str, int, int]:
+        m = _SUB_AXIS.match(token)
         if not m:
             raise ShardingError(f"cannot read axis {token!r}; expected a mesh axis name or NAME:(PRE)SIZE")
         full = dict(self.axes).get(m["name"])
@@ -155,3 +161,9 @@ class Mesh:
 
     def __repr__(self) -> str:
         return f"Mesh({dict(self.axes)!r})"
+
+
+@lru_cache(maxsize=65536)
+def _resolve(mesh: Mesh, token: str) -> tuple[str, int, int]:
+    """Cached :meth:`Mesh.sub_axis` (types are built often, by the synthesizer and by partitioning)."""
+    return mesh._resolve(token)

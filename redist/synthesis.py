@@ -90,6 +90,8 @@ def _atoms(mesh: Mesh, cuts) -> _Atoms:
     names, pres, sizes = [], [], []
     for n, _ in mesh.axes:
         pts = cuts[n]
+        if len(pts) == 1:  # an axis of size 1 is one atom of size 1 (placing it moves no data)
+            pts = [1, 1]
         for lo, hi in zip(pts, pts[1:]):
             names.append(n)
             pres.append(lo)
@@ -102,11 +104,14 @@ def _expand(mesh: Mesh, atoms: _Atoms, tokens) -> tuple[int, ...]:
     out = []
     for tok in tokens:
         name, pre, size = mesh.sub_axis(tok)
+        end = pre * size
         i = atoms.index_of(name, pre)
-        while pre < mesh.sub_axis(tok)[1] * size:
+        while True:
             out.append(i)
             pre *= atoms.sizes[i]
             i += 1
+            if pre >= end:
+                break
     return tuple(out)
 
 

@@ -96,7 +96,8 @@ class ShardingType:
                         raise ShardingError(f"{which} used twice (in {where2} and in {where})")
                 seen.setdefault(name, []).append((pre, size, a, where))
         for name, spans in seen.items():
-            check_factorization(self.mesh, name, [a for _, _, a, _ in spans])
+            if len(spans) > 1:  # one token of an axis always fits a factorization of it
+                check_factorization(self.mesh, name, [a for _, _, a, _ in spans])
         order = {n: i for i, n in enumerate(self.mesh.names)}
         partial = sorted(self.partial, key=lambda a: (order[self.mesh.sub_axis(a)[0]], self.mesh.sub_axis(a)[1]))
         object.__setattr__(self, "partial", canonical_axes(self.mesh, partial))
@@ -256,6 +257,9 @@ def _pieces(mesh: Mesh, token_lists) -> list[list[tuple[str, int, int]]]:
     for span in spans:
         pieces = []
         for name, lo, hi in span:
+            if lo == hi:  # an axis of size 1: one piece
+                pieces.append((name, lo, hi))
+                continue
             pts = sorted(p for p in cuts[name] if lo <= p <= hi)
             pieces.extend((name, a, b) for a, b in zip(pts, pts[1:]))
         out.append(pieces)
@@ -290,6 +294,8 @@ def check_factorization(mesh: Mesh, name: str, tokens) -> None:
 
 def canonical_axes(mesh: Mesh, tokens) -> tuple[str, ...]:
     """``tokens`` with adjacent contiguous sub-axes of one axis merged."""
+    if not any(":" in t for t in tokens):  # whole axes are canonical already
+        return tuple(tokens)
     return tokens_of_pieces(mesh, _pieces(mesh, [tokens])[0])
 
 
