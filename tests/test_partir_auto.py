@@ -8,6 +8,7 @@ import pytest
 jax = pytest.importorskip("jax")
 
 import redist  # noqa: E402
+from tests.partir_helpers import assert_same, model_and_inputs  # noqa: E402
 import partir_core as pc  # noqa: E402
 from partir_core import models, schedules  # noqa: E402
 from partir_core.analysis import analyze_groups  # noqa: E402
@@ -20,21 +21,8 @@ MESH3 = redist.Mesh({"batch": 2, "model": 2, "z": 2})
 MP = pc.ManualPartition
 AP = pc.AutomaticPartition
 
-_MODELS = {}
 
 
-def model_and_inputs(name):
-    if name not in _MODELS:
-        m = models.MODELS[name]()
-        ins = m.init(jax.random.key(0))
-        _MODELS[name] = (m, ins, m.step(*ins))
-    return _MODELS[name]
-
-
-def assert_same(got, want):
-    assert jax.tree.structure(got) == jax.tree.structure(want)
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
 
 
 def bp_budget(name, mesh, fraction=0.8):

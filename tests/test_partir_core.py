@@ -8,6 +8,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
 import redist  # noqa: E402
+from tests.partir_helpers import assert_same, model_and_inputs  # noqa: E402
 import partir_core as pc  # noqa: E402
 from partir_core import models, schedules  # noqa: E402
 from partir_core.registry import supported_primitives  # noqa: E402
@@ -23,26 +24,10 @@ def t(text):
     return redist.ShardingType.parse(text, MESH)
 
 
-def assert_same(got, want):
-    gl, wl = jax.tree.leaves(got), jax.tree.leaves(want)
-    assert jax.tree.structure(got) == jax.tree.structure(want)
-    for a, b in zip(gl, wl):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
-
-
 def outs(low):
     return jax.tree.leaves(low.out_types, is_leaf=lambda x: isinstance(x, redist.ShardingType))
 
 
-_MODELS = {}
-
-
-def model_and_inputs(name):
-    if name not in _MODELS:
-        m = models.MODELS[name]()
-        ins = m.init(jax.random.key(0))
-        _MODELS[name] = (m, ins, m.step(*ins))
-    return _MODELS[name]
 
 
 CASES = [(m, s) for m in ("mlp", "gnn") for s in ("BP", "MP", "Z2", "Z3", "BP+MP", "BP+Z2", "BP+MP+Z3")]
