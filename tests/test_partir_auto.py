@@ -10,7 +10,7 @@ jax = pytest.importorskip("jax")
 import redist  # noqa: E402
 from tests.partir_helpers import assert_same, model_and_inputs  # noqa: E402
 import partir_core as pc  # noqa: E402
-from partir_core import models, schedules  # noqa: E402
+from partir_core import schedules  # noqa: E402
 from partir_core.analysis import analyze_groups  # noqa: E402
 
 if len(jax.devices()) < 8:
@@ -20,9 +20,6 @@ MESH = redist.Mesh({"batch": 2, "model": 4})
 MESH3 = redist.Mesh({"batch": 2, "model": 2, "z": 2})
 MP = pc.ManualPartition
 AP = pc.AutomaticPartition
-
-
-
 
 
 def bp_budget(name, mesh, fraction=0.8):

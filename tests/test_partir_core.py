@@ -10,7 +10,7 @@ from jax import lax  # noqa: E402
 import redist  # noqa: E402
 from tests.partir_helpers import assert_same, model_and_inputs  # noqa: E402
 import partir_core as pc  # noqa: E402
-from partir_core import models, schedules  # noqa: E402
+from partir_core import schedules  # noqa: E402
 from partir_core.registry import supported_primitives  # noqa: E402
 
 if len(jax.devices()) < 8:
