@@ -18,14 +18,17 @@ transformer, gnn, default sizes) and the schedule presets of ``partir_core.sched
 - (e) Spearman rank correlation between ``simulate("cpu-host").step_time_s`` and our measured median step
   time, across the schedules of each model and pooled over all models.
 
-Simulator calibration (``cpu-host`` compute; collectives use redist.cost's calibrated ``cpu-host`` link from
-``bench/results/cpu_host_profile.json``). Three microbenchmarks, each a replicated program on all 8 host devices
+Simulator calibration (``cpu-host`` compute and in-program collective latency; collective bandwidths from
+redist.cost's calibrated ``cpu-host`` link, ``bench/results/cpu_host_profile.json``). Three microbenchmarks, each a replicated program on all 8 host devices
 at once run through ``partir_core.jit`` (so the 8 devices' share of the machine's cores is included), median of
 9 timed calls: per-kernel overhead = slope of time against the simulator's kernel count over chains of 16 and 96
 small ``tanh(x @ w)`` layers; launch = a one-kernel program (``x + 1``, 8 elements) less one kernel; FLOP/s = a chain of 16 ``tanh(x @ w)`` at 128x128; bytes/s = 16 rounds of
 ``a = a*0.5 + sum(a)*1e-6`` over 64K f32 (a reduction and an elementwise pass each: 3 passes over ``a``), both at
-the in-cache sizes of these models' local ops, launch and kernel overheads subtracted. The simulator charges
-the launch once per step and uses the profile's collective alpha and beta as they are. Written to ``bench/results/cpu_host_compute.json``,
+the in-cache sizes of these models' local ops, launch and kernel overheads subtracted. In-program collective
+latency per kind (``calibrate_collectives``): the slope of chains of 0 and 16 collectives of 2 KB on the
+mesh's axis groups (2, 4, 8 devices), fitted as ``a0 + per_peer * (k - 1)``; a collective inside one program
+costs far less than the profile's one-collective program. The simulator charges the launch once per step, these
+latencies, and the profile's bandwidths. Written to ``bench/results/cpu_host_compute.json``,
 which the simulator's ``cpu-host`` preset reads. Runs when that file is missing or with ``--calibrate``.
 
 Outputs: a table on stdout, ``bench/results/partitioning.json``, ``bench/results/partitioning.png``
@@ -172,15 +175,64 @@ def calibrate(path: str) -> dict:
     te, se = measure(stream, v)
     hbm_bw = 16 * 3 * v.size * 4 / max(te - base - overhead * se.kernels, 1e-6)
     out = {"peak_flops": peak_flops, "hbm_bw": hbm_bw, "op_overhead_s": overhead, "launch_s": base,
+           "collective_alpha": calibrate_collectives(overhead),
            "method": "8 host devices at once, replicated partir_core programs, median of 9 calls after 2 "
                      "warm-ups: overhead = slope over tanh(x@w) chains of 16 and 96 layers (8x8) per simulated "
                      "kernel; launch from a one-kernel program; FLOP/s from a chain of 16 tanh(x@w) 128x128; "
                      "bytes/s from 16 rounds of a = a*0.5 + sum(a)*1e-6 over 64K f32 (3 passes each); launch "
-                     "and kernel overheads subtracted",
+                     "and kernel overheads subtracted. collective_alpha[kind] = [a0, per_peer]: the in-program "
+                     "latency of one collective over a group of k devices is a0 + per_peer * (k - 1), fitted "
+                     "by least squares to the per-collective slope (chains of 0 and 16 collectives of 2 KB, "
+                     "each followed by a fused scale, one kernel overhead subtracted) over the mesh's axis "
+                     "groups batch (2), model (4) and batch+model (8)",
            "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
            "jax": jax.__version__}
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
+    return out
+
+
+def calibrate_collectives(overhead: float, chain: int = 16) -> dict:
+    """In-program latency of one collective per kind (see the module docstring): ``{kind: [a0, per_peer]}``
+    (seconds), kinds named as redist names them."""
+    from jax import lax
+    from jax.sharding import PartitionSpec
+
+    jmesh = jax.sharding.Mesh(np.array(jax.devices()[: MESH.size]).reshape(MESH.shape), MESH.names)
+    groups = [("batch",), ("model",), ("batch", "model")]
+
+    def step(kind, axes, k, x):
+        if kind == "all_reduce":
+            return lax.psum(x, axes) * (1.0 / k)
+        if kind == "all_gather":
+            return lax.all_gather(x, axes, axis=0, tiled=True)[: x.shape[0]] * 0.5
+        if kind == "reduce_scatter":
+            return jnp.tile(lax.psum_scatter(x, axes, scatter_dimension=0, tiled=True), (k, 1)) * 0.5
+        if kind == "all_to_all":
+            return lax.all_to_all(x, axes, 0, 0, tiled=True) * 0.5
+        return lax.ppermute(x, axes, [(i, (i + 1) % k) for i in range(k)]) * 0.5
+
+    def program(kind, axes, n):
+        k = MESH.group_size(axes)
+
+        def body(x):
+            for _ in range(n):
+                x = step(kind, axes, k, x)
+            return x
+        return jax.jit(jax.shard_map(body, mesh=jmesh, in_specs=PartitionSpec(), out_specs=PartitionSpec(),
+                                     check_vma=False))
+
+    x = jnp.ones((8, 64), jnp.float32)
+    out = {}
+    for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "permute"):
+        ks, ts = [], []
+        for axes in groups:
+            t0 = median_time(program(kind, axes, 0), [x], repeats=15, warmup=3)
+            t1 = median_time(program(kind, axes, chain), [x], repeats=15, warmup=3)
+            ks.append(MESH.group_size(axes) - 1)
+            ts.append(max((t1 - t0) / chain - overhead, 0.0))
+        per_peer = max(float(np.polyfit(ks, ts, 1)[0]), 0.0)
+        out[kind] = [max(float(np.mean(ts)) - per_peer * float(np.mean(ks)), 0.0), per_peer]
     return out
 
 

@@ -11,15 +11,19 @@ it gets no buffer, and its reader reads its materialized sources instead.
 - Compute: per op ``max(flops / peak_flops, bytes_moved / hbm_bw)``, ``bytes_moved`` the materialized buffers
   it reads and writes; plus ``op_overhead_s`` per kernel (one per materialized op result, one per reshard's
   local step) -- on a CPU host, launch and thread-pool dispatch dominate small programs.
-- Collectives: alpha-beta, ``alpha + bytes / beta`` per collective, ``bytes`` the bytes a device receives
-  (redist's accounting), ``beta`` the slowest link among the collective's axes (``axis_bw`` overrides
-  ``link_bw`` per axis); ``kind_links`` may give a collective kind its own ``(alpha, beta)``.
+- Collectives: alpha-beta, ``alpha + alpha_per_peer * (k - 1) + bytes / beta`` per collective over a group
+  of ``k`` devices, ``bytes`` the bytes a device receives (redist's accounting), ``beta`` the slowest link
+  among the collective's axes (``axis_bw`` overrides ``link_bw`` per axis); ``kind_links`` may give a
+  collective kind its own ``(alpha, beta)`` and ``alpha_per_peer`` its own per-peer latency (a
+  ``all_reduce_max``/``all_reduce_min`` without an entry of its own takes ``all_reduce``'s).
 - Memory: what XLA's ``compiled.memory_analysis()`` reports for the compiled program, argument + output +
-  temp − alias bytes per device: every input's local buffer (all program long), plus the peak of the
-  materialized temporaries (reshard results and intermediate values) and outputs live at once, by liveness
-  over the local program (a buffer is live from the op that writes it to its last effective read; an output
-  to the end), but at least all outputs once: XLA's buffer assignment lets a temporary use an output's
-  allocation before that output is written. Nothing is donated, so nothing aliases.
+  temp − alias bytes per device: every input's local buffer (all program long); every output's allocation
+  (and, for several outputs, the output tuple's 8-byte pointers); and the temporary block. Materialized
+  temporaries (reshard results and intermediate values) are live from the op that writes them to their last
+  effective read, outputs from their write to the end. As XLA's buffer assignment does, a temporary reuses an
+  output's allocation when it fits in it and is dead before that output is written (largest temporaries
+  first); the temporary block holds the peak of the others live at once. Nothing is donated, so nothing
+  aliases.
 - Step time: ``launch_s`` (one program launch) + kernels x ``op_overhead_s`` + compute + collectives, in
   sequence (nothing overlaps).
 
@@ -39,7 +43,8 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class Hardware:
     """Per-device peak FLOP/s and memory bandwidth, per-kernel overhead; per-collective latency and link
-    bandwidth (bytes/s), optionally per collective kind (``kind_links[kind] = (alpha, beta)``)."""
+    bandwidth (bytes/s), optionally per collective kind (``kind_links[kind] = (alpha, beta)``) and per peer
+    in the group (``alpha_per_peer[kind]``, seconds per device beyond the first)."""
 
     name: str
     peak_flops: float
@@ -50,17 +55,20 @@ class Hardware:
     op_overhead_s: float = 0.0
     kind_links: dict = field(default_factory=dict)
     launch_s: float = 0.0
+    alpha_per_peer: dict = field(default_factory=dict)
 
     def beta(self, axes) -> float:
         return min((self.axis_bw.get(a, self.link_bw) for a in axes), default=self.link_bw)
 
-    def collective_time(self, kind: str, axes, nbytes: float) -> float:
+    def collective_time(self, kind: str, axes, nbytes: float, group: int = 1) -> float:
+        """Seconds for one collective of ``kind`` over ``axes`` (``group`` devices), ``nbytes`` received."""
         if nbytes <= 0:
             return 0.0
-        alpha, beta = self.kind_links.get(kind, (self.alpha_s, None))
+        base = "all_reduce" if kind.startswith("all_reduce_") and kind not in self.kind_links else kind
+        alpha, beta = self.kind_links.get(base, (self.alpha_s, None))
         if beta is None or any(a in self.axis_bw for a in axes):
             beta = self.beta(axes)
-        return alpha + nbytes / beta
+        return alpha + self.alpha_per_peer.get(base, 0.0) * max(group - 1, 0) + nbytes / beta
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -71,32 +79,36 @@ CPU_COMPUTE_DEFAULT = {"peak_flops": 8.0e9, "hbm_bw": 7.0e8, "op_overhead_s": 1.
 
 
 def cpu_host(compute_path: str | None = None) -> Hardware:
-    """The ``cpu-host`` preset from the calibration files (see the module docstring)."""
+    """The ``cpu-host`` preset from the calibration files (see the module docstring).
+
+    Bandwidths per collective kind come from redist's ``cpu-host`` profile. Latencies come from the compute
+    profile's ``collective_alpha`` (``{kind: [a0, per_peer]}``, measured inside one program, where a
+    collective costs far less than the profile's one-collective program launch) where it has the kind,
+    else from redist's profile."""
     from redist import cost
 
     comp = dict(CPU_COMPUTE_DEFAULT)
+    in_program: dict = {}
     path = CPU_COMPUTE_PROFILE if compute_path is None else compute_path
     if os.path.exists(path):
         with open(path) as f:
-            comp.update({k: float(v) for k, v in json.load(f).items() if k in CPU_COMPUTE_DEFAULT})
+            data = json.load(f)
+        comp.update({k: float(v) for k, v in data.items() if k in CPU_COMPUTE_DEFAULT})
+        in_program = {k: (float(a0), float(peer)) for k, (a0, peer) in data.get("collective_alpha", {}).items()}
     link = cost.cpu_host_link()
-    # the profile's alpha is used as is: inside a program a collective is a rendezvous of the 8 device
-    # threads on the host's few cores, and costs about what a one-collective program does
-    launch = comp["launch_s"]
-
-    def alpha(a):
-        return float(a)
-
     kinds = {}
     try:
         with open(cost.CPU_HOST_PROFILE) as f:
             per = json.load(f).get("per_kind", {})
         names = {"all_gather": "all_gather", "all_to_all": "all_to_all", "ppermute": "permute"}
-        kinds = {names.get(k, k): (alpha(v["alpha"]), float(v["beta"])) for k, v in per.items()}
+        kinds = {names.get(k, k): (float(v["alpha"]), float(v["beta"])) for k, v in per.items()}
     except (OSError, ValueError, KeyError):
         pass
-    return Hardware("cpu-host", comp["peak_flops"], comp["hbm_bw"], alpha(link.alpha), link.beta,
-                    op_overhead_s=comp["op_overhead_s"], kind_links=kinds, launch_s=launch)
+    for k, (a0, _) in in_program.items():
+        kinds[k] = (a0, kinds.get(k, (None, link.beta))[1])
+    return Hardware("cpu-host", comp["peak_flops"], comp["hbm_bw"], float(link.alpha), link.beta,
+                    op_overhead_s=comp["op_overhead_s"], kind_links=kinds, launch_s=comp["launch_s"],
+                    alpha_per_peer={k: peer for k, (_, peer) in in_program.items()})
 
 
 HARDWARE = {
@@ -227,37 +239,66 @@ def simulate(program, hardware=None) -> Simulation:
             compute_t += 2 * ins.dst.local_bytes / hw.hbm_bw
         if isinstance(ins, (Reshard, Finish)):
             for c in ins.collectives:
-                comm_t += hw.collective_time(c.kind, c.axes, c.bytes)
+                comm_t += hw.collective_time(c.kind, c.axes, c.bytes, program.mesh.group_size(tuple(c.axes)))
                 comm_bytes += c.bytes
     compute_t += kernels * hw.op_overhead_s + hw.launch_s
-    # memory: arguments all program long; temporaries and outputs by liveness (outputs from the op that
-    # writes them to the end); XLA's buffer assignment lets a temporary share an output's allocation while
-    # that output is not yet written, so the outputs and temporaries together take max(outputs, peak live)
+    # memory: arguments all program long; outputs and temporaries by liveness (see the module docstring)
     ins_set = set(program.graph.invars)
     out_set = set(program.out_bufs)
     arg_bytes = sum(size.get(v, 0) for v in program.graph.invars)
-    out_bytes = sum(size.get(b, 0) for b in out_set if b not in ins_set)
+    outs = [b for b in out_set if b not in ins_set]
+    out_bytes = sum(size.get(b, 0) for b in outs)
+    if len(program.out_bufs) > 1:
+        out_bytes += 8 * len(program.out_bufs)  # the output tuple's table of pointers
     last: dict = {}
     for t, reads in enumerate(eff_reads):
         for b in reads:
             last[b] = t
     end = len(steps)
-    for b in out_set:
-        last[b] = end
-    live_set: set = set()
-    live = peak = 0
+    first: dict = {}
     for t, ins in enumerate(steps):
         for b in _writes(ins):
-            if b in mat and b not in ins_set and b not in live_set:
-                live_set.add(b)
-                live += size.get(b, 0)
+            if b in mat and b not in ins_set:
+                first.setdefault(b, t)
+    # an elementwise kernel writes its result in place of an operand of the same size it reads last
+    for t, ins in enumerate(steps):
+        if isinstance(ins, Compute) and program.graph.eqns[ins.eqn_index].name in FUSIBLE:
+            sizes = {size.get(b, 0) for b in ins.writes if b in mat}
+            for b in eff_reads[t]:
+                if last.get(b) == t and b in first and b not in out_set and size.get(b, 0) in sizes:
+                    last[b] = t - 1
+                    sizes.discard(size.get(b, 0))
+    temps = {b: (t, max(last.get(b, t), t)) for b, t in first.items() if b not in out_set}
+    heap = _heap_peak(temps, {b: (first.get(b, 0), end) for b in outs}, size)
+    return Simulation(compute_t + comm_t, int(arg_bytes + out_bytes + heap), comm_bytes, total_flops, compute_t,
+                      comm_t, hw.name, kernels, int(arg_bytes), int(out_bytes), int(heap))
+
+
+def _heap_peak(temps: dict, outs: dict, size: dict) -> int:
+    """Peak bytes of the temporaries that do not share an output's allocation.
+
+    As XLA's buffer assignment does, temporaries are taken largest first, each placed in the first output
+    allocation at least its size whose values (the output from its write to the end, and the temporaries
+    already placed there) are never live at the same time as it; the others are live in the temporary block,
+    whose size is the peak of their live bytes. ``temps`` and ``outs`` map a buffer to its live range
+    ``(first step, last step)``, both inclusive."""
+    allocs = [(size.get(b, 0), [rng]) for b, rng in sorted(outs.items(), key=lambda kv: -size.get(kv[0], 0))]
+    rest = []
+    for b, (s, e) in sorted(temps.items(), key=lambda kv: (-size.get(kv[0], 0), kv[1])):
+        for cap, ranges in allocs:
+            if cap >= size.get(b, 0) and all(e < s2 or e2 < s for s2, e2 in ranges):
+                ranges.append((s, e))
+                break
+        else:
+            rest.append((s, e, size.get(b, 0)))
+    events = sorted([(s, n) for s, _, n in rest] + [(e + 1, -n) for _, e, n in rest], key=lambda x: (x[0], x[1]))
+    live = peak = 0
+    for _, n in events:
+        live += n
         peak = max(peak, live)
-        for b in list(live_set):
-            if last.get(b, -1) <= t:
-                live_set.discard(b)
-                live -= size.get(b, 0)
-    peak = max(peak, out_bytes)
-    total = arg_bytes + peak
+    return peak
+
+
     return Simulation(compute_t + comm_t, int(total), comm_bytes, total_flops, compute_t, comm_t, hw.name,
                       kernels, int(arg_bytes), int(out_bytes), int(peak - out_bytes))
 
