@@ -133,17 +133,51 @@ def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
     the destination is partial over an axis the source is not.
     """
     check_pair(src, dst)
+    core_src, core_dst = _without_unit_axes(src, dst.partial), _without_unit_axes(dst, dst.partial)
     if topology is None:
-        return _synthesize(src, dst)
-    from redist import cost
+        core = _synthesize(core_src, core_dst)
+    else:
+        from redist import cost
 
-    topo = cost.topology(topology, src.mesh) if isinstance(topology, str) else topology
-    candidates = [_synthesize(src, dst)]
-    for refine in (False, True):
-        found = _search(src, dst, refine, topo)
-        if found is not None:
-            candidates.append(found)
-    return min(candidates, key=lambda p: (cost.plan_time(p, topo), p.bytes_received, len(p.steps)))
+        topo = cost.topology(topology, src.mesh) if isinstance(topology, str) else topology
+        candidates = [_synthesize(core_src, core_dst)]
+        for refine in (False, True):
+            found = _search(core_src, core_dst, refine, topo)
+            if found is not None:
+                candidates.append(found)
+        core = min(candidates, key=lambda p: (cost.plan_time(p, topo), p.bytes_received, len(p.steps)))
+    return _with_unit_axes(src, dst, core)
+
+
+def _without_unit_axes(t: ShardingType, keep_partial) -> ShardingType:
+    """``t`` without its mesh axes of size 1 (they split nothing): out of the dims, and out of the partial
+    axes unless ``keep_partial`` names them."""
+    unit = {n for n, size in t.mesh.axes if size == 1}
+    return t.replace(dims=tuple(tuple(a for a in d if a not in unit) for d in t.dims),
+                     partial=tuple(a for a in t.partial if a not in unit or a in keep_partial))
+
+
+def _with_unit_axes(src: ShardingType, dst: ShardingType, core: Plan) -> Plan:
+    """``core`` (between the types without size-1 axes) with the steps that drop and place those axes: they
+    move no data, so an ``all_reduce`` or ``permute`` over them receives nothing."""
+    steps, t = [], src
+    reduced = tuple(a for a in src.partial if a not in core.src.partial)
+    if reduced:
+        steps.append(S.AllReduce(reduced))
+        t = steps[-1].apply(t)
+    if t != core.src:
+        steps.append(S.Permute(core.src.dims))
+    steps += core.steps
+    if core.dst != dst:
+        if steps and isinstance(steps[-1], S.Permute):  # two permutes in a row are one
+            steps.pop()
+        steps.append(S.Permute(dst.dims))
+    if tuple(steps) == core.steps:
+        return core
+    types = [src]
+    for step in steps:
+        types.append(step.apply(types[-1]))
+    return Plan(tuple(steps), tuple(types))
 
 
 @lru_cache(maxsize=1024)
@@ -156,7 +190,8 @@ def _synthesize(src: ShardingType, dst: ShardingType) -> Plan:
             return plan
     # Sub-axes can help (or be needed): search again over prime-sized atoms, keep the better plan. A plan at
     # the bound may still shrink: slice, permute, gather of a whole axis is often slice, permute of a part.
-    finer = _search(src, dst, refine=True)
+    # When no plan exists over whole axes, the search over sub-axes is the only way and gets the full budget.
+    finer = _search(src, dst, refine=True, budget=None if plan is None else _MAX_REFINED_EXPANSIONS)
     if finer is None and plan is None:
         raise RuntimeError(f"no memory-bounded plan from {src} to {dst} within the search budget "
                            f"({_MAX_EXPANSIONS} states); please report this pair")
@@ -164,9 +199,12 @@ def _synthesize(src: ShardingType, dst: ShardingType) -> Plan:
     return min(candidates, key=lambda p: (p.bytes_received, len(p.steps)))
 
 
-def _search(src: ShardingType, dst: ShardingType, refine: bool, topo=None) -> Plan | None:
+def _search(src: ShardingType, dst: ShardingType, refine: bool, topo=None, budget=None) -> Plan | None:
     """A* over normal-form plans on the atoms of ``refine``; objective: bytes received, or with ``topo``
-    modeled time (a merged step pays its latency once). None if no plan is found."""
+    modeled time (a merged step pays its latency once). None if no plan is found within ``budget`` expanded
+    states (default: ``_MAX_EXPANSIONS``, or ``_MAX_REFINED_EXPANSIONS`` over sub-axes with a topology)."""
+    if budget is None:
+        budget = _MAX_REFINED_EXPANSIONS if (refine and topo is not None) else _MAX_EXPANSIONS
     mesh = src.mesh
     atoms = _atoms(mesh, _cut_points(mesh, (src, dst), refine))
     sz = atoms.sizes
@@ -242,7 +280,7 @@ def _search(src: ShardingType, dst: ShardingType, refine: bool, topo=None) -> Pl
         if (dims, partial) == goal:
             return _build(src, dst, mesh, atoms, parent, state)
         expansions += 1
-        if expansions > (_MAX_REFINED_EXPANSIONS if refine else _MAX_EXPANSIONS):
+        if expansions > budget:
             return None
         L = local_bytes(dims)
         used = mask(a for d in dims for a in d)

@@ -91,7 +91,7 @@ class ShardingType:
             for a in names:
                 name, pre, size = self.mesh.sub_axis(a)
                 for p2, s2, a2, where2 in seen.get(name, []):
-                    if pre < p2 * s2 and p2 < pre * size:
+                    if (pre, size) == (p2, s2) or (pre < p2 * s2 and p2 < pre * size):
                         which = f"mesh axis {a!r}" if a == a2 else f"mesh axes {a2!r} and {a!r} overlap and are"
                         raise ShardingError(f"{which} used twice (in {where2} and in {where})")
                 seen.setdefault(name, []).append((pre, size, a, where))
