@@ -21,7 +21,8 @@ Instructions (``x`` is a device's buffer before, ``r`` its group rank):
 
 The numpy, JAX and MPI backends execute these, and :mod:`redist.verify` proves these same instructions
 correct. Lowering is one instruction per plan step, except that an all-to-all of several moves becomes
-one ``AllToAll`` over a leading dim of chunks, between local reshapes and transposes; nothing in the program
+one ``AllToAll`` over a leading dim of chunks, between local reshapes and transposes, and that a step which
+moves nothing (over size-1 axes, or an identity permutation) has no instruction; nothing in the program
 refers back to sharding types.
 """
 
@@ -184,10 +185,24 @@ def lower(steps, types) -> Program:
     instructions, shapes = [], [t0.local_shape]
     for step, t in zip(steps, types):
         for ins in lower_step(step, t):
+            if _moves_nothing(ins, shapes[-1], t0.mesh):
+                continue
             instructions.append(ins)
             shapes.append(_shape_after(ins, shapes[-1], t0.mesh))
     assert shapes[-1] == types[-1].local_shape
     return Program(mesh=t0.mesh, dtype=t0.np_dtype, instructions=tuple(instructions), shapes=tuple(shapes))
+
+
+def _moves_nothing(ins, shape, mesh) -> bool:
+    """Instructions that leave every buffer as it is (steps over size-1 axes, identity permutations) are
+    left out of the program."""
+    if isinstance(ins, CollectivePermute):
+        return not ins.pairs()
+    if isinstance(ins, Reshape):
+        return tuple(ins.shape) == tuple(shape)
+    if isinstance(ins, Transpose):
+        return tuple(ins.perm) == tuple(range(len(shape)))
+    return mesh.group_size(ins.axes) == 1
 
 
 def _shape_after(ins, shape, mesh) -> tuple[int, ...]:
