@@ -50,11 +50,7 @@ def redist_mesh(jax_mesh) -> Mesh:
 
 def _pieces(mesh: Mesh, tokens) -> dict[str, list[tuple[int, int]]]:
     """Per mesh axis, its factor ranges ``[lo, hi)`` (major to minor) after splitting at every token's ends."""
-    cuts = {n: {1, s} for n, s in mesh.axes}
-    for tok in tokens:
-        name, pre, size = mesh.sub_axis(tok)
-        cuts[name] |= {pre, pre * size}
-    return {n: list(zip(sorted(c), sorted(c)[1:])) for n, c in cuts.items()}
+    return {n: list(zip(pts, pts[1:])) for n, pts in mesh.cut_points(tokens).items()}
 
 
 def refined_axis_names(mesh: Mesh, tokens) -> dict[str, tuple[str, ...]]:

@@ -139,6 +139,15 @@ class Mesh:
             r = r * self.axis_size(n) + self.axis_coord(c, n)
         return r
 
+    def cut_points(self, tokens) -> dict[str, list[int]]:
+        """Per mesh axis, the sorted factor boundaries that ``tokens`` use (``1`` and the axis size included):
+        splitting each axis there gives the coarsest pieces of which every token is a run."""
+        cuts = {n: {1, s} for n, s in self.axes}
+        for tok in tokens:
+            name, pre, size = self.sub_axis(tok)
+            cuts[name] |= {pre, pre * size}
+        return {n: sorted(c) for n, c in cuts.items()}
+
     def groups(self, names: tuple[str, ...]) -> list[list[int]]:
         """The groups over ``names`` (axes or sub-axes), each listing its devices in rank order.
 

@@ -136,7 +136,7 @@ class _Context:
         """``(sub-communicator, k)`` for this rank's group over ``axes``; created collectively, once."""
         key = (self.mesh, tuple(axes))
         if key not in self.groups:
-            color = _group_color(self.mesh, self.rank, axes)
+            color = next(group[0] for group in self.mesh.groups(tuple(axes)) if self.rank in group)
             sub = self.comm.Split(color, self.mesh.group_index(self.rank, axes))
             assert sub.Get_size() == self.mesh.group_size(tuple(axes))
             self.groups[key] = sub
@@ -168,16 +168,6 @@ def clear_cache(comm=None) -> None:
     for sub in ctx.groups.values():
         sub.Free()
     ctx.comm.Free()
-
-
-def _group_color(mesh: Mesh, device: int, axes) -> int:
-    """The id of the rank-0 device of ``device``'s group over ``axes`` (the group's coordinates zeroed)."""
-    c = mesh.coords(device)
-    for a in axes:
-        name, pre, size = mesh.sub_axis(a)
-        stride = mesh.axis_size(name) // (pre * size)
-        c[name] -= ((c[name] // stride) % size) * stride
-    return mesh.device(c)
 
 
 # ---------------------------------------------------------------------------------------------- buffers

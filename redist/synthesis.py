@@ -58,14 +58,10 @@ class _Atoms:
 
 
 def _cut_points(mesh: Mesh, types, refine: bool) -> dict[str, list[int]]:
-    cuts = {n: {1, s} for n, s in mesh.axes}
-    for t in types:
-        for tok in [a for d in t.dims for a in d] + list(t.partial):
-            name, pre, size = mesh.sub_axis(tok)
-            cuts[name] |= {pre, pre * size}
+    """The atoms' boundaries per axis: those the types' tokens use, each gap split into primes if ``refine``."""
+    cuts = mesh.cut_points([a for t in types for d in t.dims for a in d] + [a for t in types for a in t.partial])
     out = {}
-    for n, c in cuts.items():
-        pts = sorted(c)
+    for n, pts in cuts.items():
         if refine:
             fine = [1]
             for lo, hi in zip(pts, pts[1:]):
