@@ -174,14 +174,8 @@ def step_axes(step, t_in) -> tuple[str, ...]:
     """The axes a step communicates over: its own axes, or for a permute the mesh axes along which some
     device's source device differs from it (in mesh order)."""
     if isinstance(step, S.Permute):
-        mesh = t_in.mesh
         sources = S.permute_sources(t_in, step.apply(t_in))
-        moved = set()
-        for d, s in enumerate(sources):
-            if s != d:
-                cd, cs = mesh.coords(d), mesh.coords(s)
-                moved.update(n for n in mesh.names if cd[n] != cs[n])
-        return tuple(n for n in mesh.names if n in moved)
+        return t_in.mesh.varying_axes((d, s) for d, s in enumerate(sources) if s != d)
     if isinstance(step, S.AllSlice):
         return ()
     return tuple(step.axes)

@@ -15,8 +15,9 @@ def execute(plan: Plan, shards, backend: str = "numpy") -> list[np.ndarray]:
 
     ``backend``: ``"numpy"`` (the reference, in this process) or ``"jax"`` (JAX collectives on the first
     ``mesh.size`` JAX devices; see :func:`redist.jax.run_on_buffers`). MPI runs one process per device:
-    use :func:`redist.mpi.reshard` on every rank. Returns the buffers of type ``plan.dst``. For a partial source, any summands whose group sums are the
-    value give the value's destination layout (summed where the destination is not partial).
+    use :func:`redist.mpi.reshard` on every rank. Returns the buffers of type ``plan.dst``. For a partial
+    source, any summands whose group sums are the value give the value's destination layout (summed where
+    the destination is not partial).
     """
     if backend == "numpy":
         from redist.backends import numpy_backend

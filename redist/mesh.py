@@ -14,6 +14,17 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _SUB_AXIS = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::\((?P<pre>\d+)\)(?P<size>\d+))?\Z")
 
 
+def prime_factors(n: int) -> list[int]:
+    """The prime factors of ``n``, smallest first, with repetition (``12`` → ``[2, 2, 3]``)."""
+    out, p = [], 2
+    while p * p <= n:
+        while n % p == 0:
+            out.append(p)
+            n //= p
+        p += 1
+    return out + ([n] if n > 1 else [])
+
+
 def sub_axis_token(name: str, pre: int, size: int, full: int) -> str:
     """The token naming factor ``size`` of axis ``name`` after ``pre`` (Shardy's ``name:(pre)size``).
 
@@ -147,6 +158,14 @@ class Mesh:
             name, pre, size = self.sub_axis(tok)
             cuts[name] |= {pre, pre * size}
         return {n: sorted(c) for n, c in cuts.items()}
+
+    def varying_axes(self, device_sets) -> tuple[str, ...]:
+        """The mesh axes, in mesh order, along which the members of some set of devices differ."""
+        varying = set()
+        for devices in device_sets:
+            coords = [self.coords(d) for d in devices]
+            varying.update(n for n in self.names if len({c[n] for c in coords}) > 1)
+        return tuple(n for n in self.names if n in varying)
 
     def groups(self, names: tuple[str, ...]) -> list[list[int]]:
         """The groups over ``names`` (axes or sub-axes), each listing its devices in rank order.

@@ -30,7 +30,7 @@ from functools import lru_cache
 
 from redist import steps as S
 from redist.bounds import check_pair, lower_bound_bytes
-from redist.mesh import Mesh
+from redist.mesh import Mesh, prime_factors
 from redist.plan import Plan
 from redist.types import ShardingType, remove_axes, tokens_of_pieces
 
@@ -65,21 +65,11 @@ def _cut_points(mesh: Mesh, types, refine: bool) -> dict[str, list[int]]:
         if refine:
             fine = [1]
             for lo, hi in zip(pts, pts[1:]):
-                for p in _prime_factors(hi // lo):
+                for p in prime_factors(hi // lo):
                     fine.append(fine[-1] * p)
             pts = fine
         out[n] = pts
     return out
-
-
-def _prime_factors(n: int) -> list[int]:
-    out, p = [], 2
-    while p * p <= n:
-        while n % p == 0:
-            out.append(p)
-            n //= p
-        p += 1
-    return out + ([n] if n > 1 else [])
 
 
 def _atoms(mesh: Mesh, cuts) -> _Atoms:

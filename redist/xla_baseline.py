@@ -46,7 +46,7 @@ from functools import lru_cache
 import numpy as np
 
 from redist.errors import ShardingError
-from redist.mesh import Mesh, sub_axis_token
+from redist.mesh import Mesh, prime_factors, sub_axis_token
 from redist.types import ShardingType, canonical_axes
 
 __all__ = [
@@ -213,16 +213,8 @@ def _atoms(mesh: Mesh) -> list[str]:
     """Every mesh axis split into prime factors, as sub-axis tokens, in mesh order (major to minor)."""
     out = []
     for name, size in mesh.axes:
-        pre, n, p = 1, size, 2
-        primes = []
-        while p * p <= n:
-            while n % p == 0:
-                primes.append(p)
-                n //= p
-            p += 1
-        if n > 1:
-            primes.append(n)
-        for q in primes:
+        pre = 1
+        for q in prime_factors(size):
             out.append(sub_axis_token(name, pre, q, size))
             pre *= q
     return out
@@ -253,15 +245,6 @@ def groups_to_axes(mesh: Mesh, groups: tuple[tuple[int, ...], ...]) -> tuple[str
                 if all(tuple(g) == want[frozenset(g)] for g in mesh.groups(order)):
                     return canonical_axes(mesh, order)
     return None
-
-
-def _span(mesh: Mesh, sets) -> tuple[str, ...]:
-    """Mesh axes along which members of some device set differ."""
-    varying = set()
-    for devs in sets:
-        coords = [mesh.coords(d) for d in devs]
-        varying.update(n for n in mesh.names if len({c[n] for c in coords}) > 1)
-    return tuple(n for n in mesh.names if n in varying)
 
 
 # ---------------------------------------------------------------------------------------------- HLO text
@@ -381,7 +364,7 @@ def _collective(ins: _Instr, base: str, mesh: Mesh) -> Collective | None:
         dev = [0.0] * n
         for s, t in moved:
             dev[t] = float(L)
-        return Collective(kind, None, _span(mesh, moved), max(dev, default=0.0), result_shapes, dtype,
+        return Collective(kind, None, mesh.varying_axes(moved), max(dev, default=0.0), result_shapes, dtype,
                           pairs=pairs, device_bytes=tuple(dev), name=ins.name)
     groups = parse_replica_groups(ins.attrs, n)
     k = len(groups[0])
@@ -393,7 +376,7 @@ def _collective(ins: _Instr, base: str, mesh: Mesh) -> Collective | None:
     }[kind]
     members = {d for g in groups for d in g}
     dev = tuple(float(per) if d in members else 0.0 for d in range(n))
-    return Collective(kind, groups_to_axes(mesh, groups), _span(mesh, groups), float(per), result_shapes, dtype,
+    return Collective(kind, groups_to_axes(mesh, groups), mesh.varying_axes(groups), float(per), result_shapes, dtype,
                       groups=groups, device_bytes=dev, name=ins.name)
 
 
