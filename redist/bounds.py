@@ -11,7 +11,7 @@ from redist.types import ShardingType, check_factorization, remove_axes
 def lower_bound_bytes(src: ShardingType, dst: ShardingType) -> int:
     """``max_d (|T_d| − |T_d ∩ S_d|) · itemsize``: what some device lacks and must receive.
 
-    ``S_d`` and ``T_d`` are the elements device ``d`` holds before and after. For partial types an element is
+    ``S_d`` and ``T_d`` are the elements device ``d`` holds before and after (padding is not an element). For partial types an element is
     an (index, summand) pair, and a device keeps its own summand coordinates: with the same partial axes on
     both sides the formula is unchanged. When partial axes are reduced (over a group of two or more
     devices), every element a device ends with needs at least one value from another device, so the bound is
@@ -21,14 +21,21 @@ def lower_bound_bytes(src: ShardingType, dst: ShardingType) -> int:
     mesh = src.mesh
     reduced = remove_axes(mesh, src.partial, dst.partial)
     if mesh.group_size(reduced) > 1:
-        return math.prod(dst.local_shape) * dst.itemsize
-    worst = 0
-    for d in range(mesh.size):
-        overlap = 1
-        for s, t in zip(src.local_box(d), dst.local_box(d)):
-            overlap *= max(0, min(s.stop, t.stop) - max(s.start, t.start))
-        worst = max(worst, math.prod(dst.local_shape) - overlap)
-    return worst * dst.itemsize
+        return max(_size(dst.local_box(d)) for d in range(mesh.size)) * dst.itemsize
+    return max(missing_elements(src, dst, d) for d in range(mesh.size)) * dst.itemsize
+
+
+def missing_elements(src: ShardingType, dst: ShardingType, device: int) -> int:
+    """How many of the elements ``device`` holds under ``dst`` it does not hold under ``src`` (padding is not
+    an element)."""
+    overlap = 1
+    for s, t in zip(src.local_box(device), dst.local_box(device)):
+        overlap *= max(0, min(s.stop, t.stop) - max(s.start, t.start))
+    return _size(dst.local_box(device)) - overlap
+
+
+def _size(box) -> int:
+    return math.prod(s.stop - s.start for s in box)
 
 
 def check_pair(src: ShardingType, dst: ShardingType) -> None:

@@ -171,12 +171,16 @@ def collective_time(axes: Iterable[str], nbytes: float, topo: Topology) -> float
 
 
 def step_axes(step, t_in) -> tuple[str, ...]:
-    """The axes a step communicates over: its own axes, or for a permute the mesh axes along which some
-    device's source device differs from it (in mesh order)."""
+    """The axes a step communicates over: its own axes, or for a permute or an exchange the mesh axes along
+    which some device's source device differs from it (in mesh order). An exchange is priced as one
+    collective over them (one latency)."""
     if isinstance(step, S.Permute):
         sources = S.permute_sources(t_in, step.apply(t_in))
         return t_in.mesh.varying_axes((d, s) for d, s in enumerate(sources) if s != d)
-    if isinstance(step, S.AllSlice):
+    if isinstance(step, S.Exchange):
+        copies = S.exchange_copies(t_in, step.apply(t_in))
+        return t_in.mesh.varying_axes((d, c.source) for d, cs in enumerate(copies) for c in cs if c.source != d)
+    if isinstance(step, (S.AllSlice, S.Pad, S.Unpad)):
         return ()
     return tuple(step.axes)
 

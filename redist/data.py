@@ -16,7 +16,12 @@ def shard(t: ShardingType, global_array) -> list[np.ndarray]:
     if x.shape != t.shape:
         raise ShardingError(f"array of shape {x.shape} does not match the type {t}")
     x = x.astype(t.np_dtype, copy=False)
-    return [np.array(x[t.local_box(d)], copy=True) for d in range(t.mesh.size)]
+    out = []
+    for d in range(t.mesh.size):
+        local = np.zeros(t.local_shape, t.np_dtype)  # padding (uneven dims) is zero
+        local[t.data_box(d)] = x[t.local_box(d)]
+        out.append(local)
+    return out
 
 
 def summands(t: ShardingType, value, rng: np.random.Generator, low: int = -4, high: int = 5) -> list[np.ndarray]:
@@ -24,24 +29,24 @@ def summands(t: ShardingType, value, rng: np.random.Generator, low: int = -4, hi
     without partial axes).
 
     Every group of devices that differ only in the partial axes gets its own random integer summands in
-    ``[low, high)``, and its first member the remainder, so float sums of integer values are exact; test
+    ``[low, high)`` (padding too), and its first member the remainder, so float sums of integer values are exact; test
     data that catches a plan which drops, doubles or mixes summands (any summands whose group sums are right
     must give the right result).
     """
     whole = shard(t.replace(partial=()), value)
     if not t.partial:
         return whole
-    bufs = [rng.integers(low, high, size=x.shape).astype(x.dtype) for x in whole]
+    bufs = [np.asarray(rng.integers(low, high, size=x.shape)).astype(x.dtype) for x in whole]
     for group in t.mesh.groups(t.partial):
         rest = sum((bufs[d] for d in group[1:]), np.zeros_like(whole[group[0]]))
-        bufs[group[0]] = (whole[group[0]] - rest).astype(whole[group[0]].dtype)
+        bufs[group[0]] = np.asarray(whole[group[0]] - rest).astype(whole[group[0]].dtype)
     return bufs
 
 
 def unshard(t: ShardingType, shards) -> np.ndarray:
     """The global array that per-device ``shards`` of type ``t`` represent; partial axes are summed.
 
-    Each group of devices that differ only in the partial axes contributes the sum of its buffers to its
+    Only the data part of each buffer is read (padding is not). Each group of devices that differ only in the partial axes contributes the sum of its buffers to its
     block. Replicas must agree: if two groups that hold the same block disagree, this raises
     :class:`ShardingError` rather than pick one.
     """
@@ -58,6 +63,7 @@ def unshard(t: ShardingType, shards) -> np.ndarray:
         for d in group[1:]:
             total = (total + np.asarray(shards[d], dtype=t.np_dtype)).astype(t.np_dtype)
         box = t.local_box(group[0])
+        total = total[t.data_box(group[0])]
         key = tuple((s.start, s.stop) for s in box)
         if key in seen:
             if not np.array_equal(seen[key], total, equal_nan=total.dtype.kind == "f"):

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
 
-from redist import steps as S
 from redist.program import Program, lower
 
 
@@ -56,9 +55,8 @@ class Plan:
         """Bytes each device receives over the whole plan (collectives count as in the steps' table)."""
         totals = [Fraction(0)] * self.src.mesh.size
         for step, t in zip(self.steps, self.types):
-            if isinstance(step, S.Permute):
-                moved = S.permute_sources(t, step.apply(t))
-                totals = [b + (t.local_bytes if s != d else 0) for d, (b, s) in enumerate(zip(totals, moved))]
+            if hasattr(step, "device_bytes"):  # point-to-point steps: each device receives its own amount
+                totals = [b + x for b, x in zip(totals, step.device_bytes(t))]
             else:
                 totals = [b + step.bytes_received(t) for b in totals]
         return tuple(totals)

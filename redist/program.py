@@ -18,12 +18,16 @@ Instructions (``x`` is a device's buffer before, ``r`` its group rank):
 - ``AllReduce(axes)``: sum the group's buffers.
 - ``CollectivePermute(sources)``: device d's new buffer is device ``sources[d]``'s buffer (a permutation of
   the devices; ``sources[d] == d`` means d keeps its buffer and receives nothing).
+- ``Exchange(shape, copies)``: device d's new buffer has ``shape``, zero where no copy writes (padding), and
+  for each :class:`~redist.steps.Copy` ``c`` in ``copies[d]``: ``new[c.dst_start : c.dst_start + c.size] =
+  (buffer of device c.source)[c.src_start : c.src_start + c.size]`` (boxes, per dim). Point-to-point: it
+  differs per device, and the boxes of one device do not overlap.
 
 The numpy, JAX and MPI backends execute these, and :mod:`redist.verify` proves these same instructions
 correct. Lowering is one instruction per plan step, except that an all-to-all of several moves becomes
 one ``AllToAll`` over a leading dim of chunks, between local reshapes and transposes, and that a step which
 moves nothing (over size-1 axes, or an identity permutation) has no instruction; nothing in the program
-refers back to sharding types.
+refers back to sharding types. ``pad`` and ``unpad`` steps are views and have no instruction.
 """
 
 from __future__ import annotations
@@ -86,7 +90,22 @@ class CollectivePermute:
         return tuple((s, d) for d, s in enumerate(self.sources) if s != d)
 
 
-Instruction = Reshape | Transpose | Slice | AllGather | AllToAll | ReduceScatter | AllReduce | CollectivePermute
+@dataclass(frozen=True)
+class Exchange:
+    shape: tuple[int, ...]
+    copies: tuple[tuple[S.Copy, ...], ...]  # per destination device
+
+    def received(self, device: int) -> int:
+        """Elements ``device`` receives from other devices."""
+        return sum(math.prod(c.size) for c in self.copies[device] if c.source != device)
+
+    def __str__(self) -> str:
+        moved = sum(1 for d, cs in enumerate(self.copies) for c in cs if c.source != d)
+        return f"Exchange(shape={self.shape}, {moved} transfers between devices)"
+
+
+Instruction = (Reshape | Transpose | Slice | AllGather | AllToAll | ReduceScatter | AllReduce | CollectivePermute
+               | Exchange)
 
 
 @dataclass(frozen=True)
@@ -118,6 +137,8 @@ def lower_step(step, t_in) -> tuple[Instruction, ...]:
     """The instructions that implement one typed step on buffers of type ``t_in``."""
     if isinstance(step, S.MultiAllToAll):
         return _multi_all_to_all(step, t_in)
+    if isinstance(step, (S.Pad, S.Unpad)):
+        return ()
     return (_lower_one(step, t_in),)
 
 
@@ -134,6 +155,9 @@ def _lower_one(step, t_in) -> Instruction:
         return AllReduce(step.axes)
     if isinstance(step, S.Permute):
         return CollectivePermute(S.permute_sources(t_in, step.apply(t_in)))
+    if isinstance(step, S.Exchange):
+        t_out = step.apply(t_in)
+        return Exchange(t_out.local_shape, S.exchange_copies(t_in, t_out))
     raise TypeError(f"no lowering for step {step!r}")
 
 
@@ -198,6 +222,8 @@ def _moves_nothing(ins, shape, mesh) -> bool:
     left out of the program."""
     if isinstance(ins, CollectivePermute):
         return not ins.pairs()
+    if isinstance(ins, Exchange):
+        return False
     if isinstance(ins, Reshape):
         return tuple(ins.shape) == tuple(shape)
     if isinstance(ins, Transpose):
@@ -213,6 +239,8 @@ def _shape_after(ins, shape, mesh) -> tuple[int, ...]:
         return tuple(ins.shape)
     if isinstance(ins, Transpose):
         return tuple(shape[p] for p in ins.perm)
+    if isinstance(ins, Exchange):
+        return tuple(ins.shape)
     if isinstance(ins, (Slice, ReduceScatter)):
         s[ins.dim] //= mesh.group_size(ins.axes)
     elif isinstance(ins, AllGather):

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 
+from redist.bounds import missing_elements
 from redist.errors import ShardingError
 from redist.types import ShardingType, remove_axes, strip_suffix
 
@@ -36,11 +37,21 @@ def _axes(axes) -> str:
     return "{" + ",".join(axes) + "}"
 
 
-def _rebuild(step, t: ShardingType, dims, partial=None) -> ShardingType:
+def _rebuild(step, t: ShardingType, dims, partial=None, regrouped=()) -> ShardingType:
+    """``t`` with new ``dims`` and ``partial``; the dims in ``regrouped`` change their block count and must be
+    even before and after (see "Uneven dims" above)."""
     try:
-        return t.replace(dims=dims, partial=partial)
+        out = t.replace(dims=dims, partial=partial)
     except ShardingError as e:
         raise ShardingError(f"{step} does not fit {t}: {e}") from None
+    for d in regrouped:
+        for which, u in (("before", t), ("after", out)):
+            if not u.is_even(d):
+                raise ShardingError(
+                    f"{step} does not fit {t}: dim {d} (size {u.shape[d]}) does not divide into its "
+                    f"{u.blocks(d)} blocks {which} the step, and uneven blocks do not nest; synthesize() runs "
+                    "such dims on their padded view or with an exchange")
+    return out
 
 
 def _without_suffix(step, t: ShardingType, dim: int, axes) -> tuple[str, ...]:
@@ -81,7 +92,7 @@ class AllSlice:
         _check_named(self, t, self.axes)
         dims = list(t.dims)
         dims[self.dim] = dims[self.dim] + tuple(self.axes)
-        return _rebuild(self, t, tuple(dims))
+        return _rebuild(self, t, tuple(dims), regrouped=(self.dim,))
 
     def bytes_received(self, t: ShardingType) -> Fraction:
         return Fraction(0)
@@ -101,7 +112,7 @@ class AllGather:
     def apply(self, t: ShardingType) -> ShardingType:
         dims = list(t.dims)
         dims[self.dim] = _without_suffix(self, t, self.dim, self.axes)
-        return _rebuild(self, t, tuple(dims))
+        return _rebuild(self, t, tuple(dims), regrouped=(self.dim,))
 
     def bytes_received(self, t: ShardingType) -> Fraction:
         k = t.mesh.group_size(self.axes)
@@ -128,7 +139,7 @@ class AllToAll:
         dims = list(t.dims)
         dims[self.src_dim] = _without_suffix(self, t, self.src_dim, self.axes)
         dims[self.dst_dim] = dims[self.dst_dim] + tuple(self.axes)
-        return _rebuild(self, t, tuple(dims))
+        return _rebuild(self, t, tuple(dims), regrouped=(self.src_dim, self.dst_dim))
 
     def bytes_received(self, t: ShardingType) -> Fraction:
         k = t.mesh.group_size(self.axes)
@@ -164,7 +175,7 @@ class MultiAllToAll:
             _check_dim(self, t, j)
             dims[i] = _without_suffix(self, t, i, axes)
             dims[j] = dims[j] + tuple(axes)
-        return _rebuild(self, t, tuple(dims))
+        return _rebuild(self, t, tuple(dims), regrouped=tuple(d for i, j, _ in self.moves for d in (i, j)))
 
     def bytes_received(self, t: ShardingType) -> Fraction:
         k = t.mesh.group_size(self.axes)
@@ -191,8 +202,11 @@ class Permute:
         return out
 
     def bytes_received(self, t: ShardingType) -> Fraction:
-        sources = permute_sources(t, self.apply(t))
-        return Fraction(t.local_bytes if any(s != d for d, s in enumerate(sources)) else 0)
+        return max(self.device_bytes(t))
+
+    def device_bytes(self, t: ShardingType) -> tuple[Fraction, ...]:
+        """Per device: the whole buffer if it moves, else nothing."""
+        return tuple(Fraction(t.local_bytes if s != d else 0) for d, s in enumerate(permute_sources(t, self.apply(t))))
 
     def __str__(self):
         return "permute(to [" + ", ".join(_axes(d) for d in self.dims) + "])"
@@ -211,7 +225,7 @@ class ReduceScatter:
         partial = _partial_without(self, t, self.axes)
         dims = list(t.dims)
         dims[self.dim] = dims[self.dim] + tuple(self.axes)
-        return _rebuild(self, t, tuple(dims), partial)
+        return _rebuild(self, t, tuple(dims), partial, regrouped=(self.dim,))
 
     def bytes_received(self, t: ShardingType) -> Fraction:
         k = t.mesh.group_size(self.axes)
@@ -239,7 +253,74 @@ class AllReduce:
         return f"all_reduce({_axes(self.axes)})"
 
 
-Step = AllSlice | AllGather | AllToAll | MultiAllToAll | Permute | ReduceScatter | AllReduce
+@dataclass(frozen=True)
+class Exchange:
+    """Point-to-point: every device gets each element of its block under ``dims`` that it lacks, from one
+    device that holds it (same partial coordinates), and keeps what it has (see :func:`exchange_copies`)."""
+
+    dims: tuple[tuple[str, ...], ...]
+    kind = "exchange"
+
+    def apply(self, t: ShardingType) -> ShardingType:
+        if len(self.dims) != t.rank:
+            raise ShardingError(f"{self} does not fit {t}: it names {len(self.dims)} dims")
+        return _rebuild(self, t, tuple(tuple(d) for d in self.dims))
+
+    def bytes_received(self, t: ShardingType) -> Fraction:
+        return max(self.device_bytes(t))
+
+    def device_bytes(self, t: ShardingType) -> tuple[Fraction, ...]:
+        """Per device: the elements of its new block it does not hold already (padding is not sent)."""
+        out = self.apply(t)
+        return tuple(Fraction(missing_elements(t, out, d) * t.itemsize) for d in range(t.mesh.size))
+
+    def __str__(self):
+        return "exchange(to [" + ", ".join(_axes(d) for d in self.dims) + "])"
+
+
+@dataclass(frozen=True)
+class Pad:
+    """View the array as its ``padded_shape`` (uneven dims rounded up to a multiple of their block count).
+    No buffer changes: the padded view lays out every element where the uneven type does."""
+
+    kind = "pad"
+
+    def apply(self, t: ShardingType) -> ShardingType:
+        return t.padded()
+
+    def bytes_received(self, t: ShardingType) -> Fraction:
+        return Fraction(0)
+
+    def __str__(self):
+        return "pad"
+
+
+@dataclass(frozen=True)
+class Unpad:
+    """View a padded array as ``shape``, the inverse of :class:`Pad`: ``t.shape`` must be the padded shape of
+    ``shape`` under ``t``'s axes. The elements beyond ``shape`` become padding."""
+
+    shape: tuple[int, ...]
+    kind = "unpad"
+
+    def apply(self, t: ShardingType) -> ShardingType:
+        try:
+            out = ShardingType(t.mesh, self.shape, t.dtype, t.dims, t.partial)
+        except ShardingError as e:
+            raise ShardingError(f"{self} does not fit {t}: {e}") from None
+        if out.padded_shape != t.shape:
+            raise ShardingError(f"{self} does not fit {t}: its padded shape is {list(out.padded_shape)}, "
+                                f"not {list(t.shape)}")
+        return out
+
+    def bytes_received(self, t: ShardingType) -> Fraction:
+        return Fraction(0)
+
+    def __str__(self):
+        return f"unpad(to {list(self.shape)})"
+
+
+Step = AllSlice | AllGather | AllToAll | MultiAllToAll | Permute | ReduceScatter | AllReduce | Exchange | Pad | Unpad
 
 
 @lru_cache(maxsize=4096)
@@ -266,3 +347,51 @@ def permute_sources(t_in: ShardingType, t_out: ShardingType) -> tuple[int, ...]:
     for d in range(mesh.size):
         sources.append(d if k_in[d] == k_out[d] else spare[k_out[d]].pop(0))
     return tuple(sources)
+
+
+@dataclass(frozen=True)
+class Copy:
+    """``dst[dst_start : dst_start + size] = buffer of device source[src_start : src_start + size]``, per dim."""
+
+    source: int
+    src_start: tuple[int, ...]
+    dst_start: tuple[int, ...]
+    size: tuple[int, ...]
+
+
+@lru_cache(maxsize=1024)
+def exchange_copies(t_in: ShardingType, t_out: ShardingType) -> tuple[tuple[Copy, ...], ...]:
+    """For each device, the copies that assemble its buffer under ``t_out`` from buffers under ``t_in``.
+
+    Both types have the same partial axes, and a device takes summands only from devices with its partial
+    coordinates, whose choice depends only on its other coordinates: the devices of one destination partial
+    group read from the devices of one source partial group. Each source block (the elements some devices
+    hold) that meets the device's destination block is copied once: from the device itself if it holds the
+    block, else from the holder that shares the most mesh coordinates with it (then the lowest id).
+    """
+    mesh = t_in.mesh
+    n = mesh.size
+    coords = [tuple(mesh.coords(d).values()) for d in range(n)]
+
+    def layer(d):
+        return tuple(mesh.group_index(d, (a,)) for a in t_in.partial)
+
+    holders: dict = {}
+    for d in range(n):
+        holders.setdefault((layer(d), tuple((s.start, s.stop) for s in t_in.local_box(d))), []).append(d)
+    out = []
+    for d in range(n):
+        want = t_out.local_box(d)
+        copies = []
+        for (lay, box), devs in holders.items():
+            if lay != layer(d):
+                continue
+            lo = [max(a, w.start) for (a, _), w in zip(box, want)]
+            hi = [min(b, w.stop) for (_, b), w in zip(box, want)]
+            if any(h <= l for l, h in zip(lo, hi)):
+                continue
+            s = d if d in devs else min(devs, key=lambda e: (-sum(x == y for x, y in zip(coords[e], coords[d])), e))
+            copies.append(Copy(s, tuple(l - a for l, (a, _) in zip(lo, box)),
+                               tuple(l - w.start for l, w in zip(lo, want)), tuple(h - l for l, h in zip(lo, hi))))
+        out.append(tuple(sorted(copies, key=lambda c: c.source != d)))
+    return tuple(out)

@@ -30,6 +30,7 @@ from functools import lru_cache
 
 from redist import steps as S
 from redist.bounds import check_pair, lower_bound_bytes
+from redist.errors import ShardingError
 from redist.mesh import Mesh, prime_factors
 from redist.plan import Plan
 from redist.types import ShardingType, remove_axes, tokens_of_pieces
@@ -119,6 +120,8 @@ def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
     the destination is partial over an axis the source is not.
     """
     check_pair(src, dst)
+    if not (src.is_even() and dst.is_even()):
+        return _synthesize_uneven(src, dst, topology)
     core_src, core_dst = _without_unit_axes(src, dst.partial), _without_unit_axes(dst, dst.partial)
     if topology is None:
         core = _synthesize(core_src, core_dst)
@@ -133,6 +136,43 @@ def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
                 candidates.append(found)
         core = min(candidates, key=lambda p: (cost.plan_time(p, topo), p.bytes_received, len(p.steps)))
     return _with_unit_axes(src, dst, core)
+
+
+def _synthesize_uneven(src: ShardingType, dst: ShardingType, topology) -> Plan:
+    """A plan between types with uneven dims (see "Uneven dims" in :mod:`redist.steps`).
+
+    With equal padded shapes, the plan between the padded views, between a ``pad`` and an ``unpad`` (views:
+    the buffers are those of the collectives' plan, and its peak and bytes are theirs). Otherwise one
+    ``exchange``, which receives exactly the lower bound, with an ``all_reduce`` of the reduced partial axes
+    on the side with the smaller buffer (before, if the destination places a reduced axis in a dim). Peak: ``max(src, dst)`` local bytes either way.
+    """
+    if src == dst:
+        return Plan((), (src,))
+    if src.padded_shape == dst.padded_shape:
+        core = synthesize(src.padded(), dst.padded(), topology)
+        steps = (S.Pad(),) + core.steps + (S.Unpad(src.shape),)
+    else:
+        reduced = remove_axes(src.mesh, src.partial, dst.partial)
+        exchange = S.Exchange(dst.dims)
+        if not reduced:
+            steps = (exchange,)
+        elif dst.local_bytes < src.local_bytes and _is_type(src, dst.dims, src.partial):
+            steps = (exchange, S.AllReduce(reduced))
+        else:
+            steps = (S.AllReduce(reduced), exchange)
+    types = [src]
+    for step in steps:
+        types.append(step.apply(types[-1]))
+    return Plan(steps, tuple(types))
+
+
+def _is_type(t: ShardingType, dims, partial) -> bool:
+    """Whether ``t`` with ``dims`` and ``partial`` is a valid type (no axis used twice)."""
+    try:
+        t.replace(dims=dims, partial=partial)
+    except ShardingError:
+        return False
+    return True
 
 
 def _without_unit_axes(t: ShardingType, keep_partial) -> ShardingType:

@@ -3,8 +3,14 @@
 ``f32[1024{x}, 512{y,z}] partial{w}`` says: dim 0 is split over mesh axis ``x``; dim 1 over ``y`` (major)
 then ``z`` (minor); each group of devices that differ only in ``w`` holds summands whose sum is the value.
 Axes a type does not name replicate. On device coordinates ``c``, a dim of size ``N`` split over axes
-``(a1, …, ak)`` has block index ``b = ((c[a1]·s[a2] + c[a2])·s[a3] + …)`` and local size ``L = N / (s[a1]…s[ak])``;
-the device holds elements ``[b·L, (b+1)·L)`` of it. This is JAX's ``PartitionSpec(("a1", …, "ak"))``.
+``(a1, …, ak)`` (``k = s[a1]…s[ak]`` blocks) has block index ``b = ((c[a1]·s[a2] + c[a2])·s[a3] + …)`` and local
+size ``L = ceil(N / k)``; the device holds elements ``[min(N, b·L), min(N, (b+1)·L))`` of it, at the start of its
+local buffer, which is padded to ``L`` (XLA's padding rule; the padding holds no data and is never read as
+data). This is JAX's ``PartitionSpec(("a1", …, "ak"))``.
+
+A dim is *even* when ``k`` divides ``N``. An uneven type is the same layout as the even type of its
+``padded_shape`` (each dim ``k·L``) whose trailing elements are padding: the collectives of :mod:`redist.steps`
+run on that padded view, and layouts whose padded views differ are bridged by a point-to-point exchange.
 """
 
 from __future__ import annotations
@@ -103,13 +109,6 @@ class ShardingType:
         object.__setattr__(self, "partial", canonical_axes(self.mesh, partial))
         dims = tuple(canonical_axes(self.mesh, d) for d in dims)
         object.__setattr__(self, "dims", dims)
-        for i, (n, d) in enumerate(zip(self.shape, dims)):
-            k = self.mesh.group_size(d)
-            if n % k:
-                raise ShardingError(
-                    f"dim {i} of size {n} does not divide over axes {{{','.join(d)}}} ({k} blocks); "
-                    "non-divisible dims are not supported yet"
-                )
 
     # ------------------------------------------------------------------ text form
     @classmethod
@@ -187,11 +186,27 @@ class ShardingType:
 
     @property
     def local_shape(self) -> tuple[int, ...]:
-        return tuple(n // self.blocks(i) for i, n in enumerate(self.shape))
+        """The local buffer's shape, padding included: ``ceil(N / k)`` per dim."""
+        return tuple(-(-n // self.blocks(i)) for i, n in enumerate(self.shape))
 
     @property
     def local_bytes(self) -> int:
+        """The local buffer's size in bytes, padding included (what a device allocates)."""
         return math.prod(self.local_shape) * self.itemsize
+
+    @property
+    def padded_shape(self) -> tuple[int, ...]:
+        """Each dim rounded up to a multiple of its block count: the shape of the even view of this layout."""
+        return tuple(L * self.blocks(i) for i, L in enumerate(self.local_shape))
+
+    def is_even(self, dim: int | None = None) -> bool:
+        """Whether dim ``dim`` (default: every dim) divides evenly into its blocks, i.e. has no padding."""
+        dims = range(self.rank) if dim is None else (dim,)
+        return all(self.padded_shape[i] == self.shape[i] for i in dims)
+
+    def padded(self) -> "ShardingType":
+        """The even type of shape ``padded_shape`` with the same axes: every device's buffer is the same."""
+        return ShardingType(self.mesh, self.padded_shape, self.dtype, self.dims, self.partial)
 
     @property
     def global_bytes(self) -> int:
@@ -207,11 +222,16 @@ class ShardingType:
         return self.mesh.group_index(device, self.dims[dim])
 
     def local_box(self, device: int) -> tuple[slice, ...]:
-        """The global index box that ``device`` holds."""
+        """The global index box of the elements ``device`` holds (its data; for an uneven dim it can be shorter
+        than the local buffer, or empty). They sit at the start of the local buffer: see :meth:`data_box`."""
         return tuple(
-            slice(self.block_index(i, device) * L, (self.block_index(i, device) + 1) * L)
-            for i, L in enumerate(self.local_shape)
+            slice(min(n, self.block_index(i, device) * L), min(n, (self.block_index(i, device) + 1) * L))
+            for i, (n, L) in enumerate(zip(self.shape, self.local_shape))
         )
+
+    def data_box(self, device: int) -> tuple[slice, ...]:
+        """The local index box that holds ``device``'s data (the rest of the buffer is padding)."""
+        return tuple(slice(0, s.stop - s.start) for s in self.local_box(device))
 
     def replace(self, dims=None, partial=None) -> "ShardingType":
         return ShardingType(

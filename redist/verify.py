@@ -8,8 +8,8 @@ block arithmetic (``block_index``, ``local_box``, ``local_shape``, ``Mesh.group_
 type is stated once, below, in Z3 terms, from the contract (SPEC section 2):
 
     A dim of size N with axes (a1 … ak), major → minor, on a device with coordinates c has block index
-    b = ((c[a1]·s[a2] + c[a2])·s[a3] + …), L = N / (s[a1]·…·s[ak]); local index i of that dim is global
-    index b·L + i. A sub-axis ``name:(pre)size`` of an axis of size S has coordinate
+    b = ((c[a1]·s[a2] + c[a2])·s[a3] + …), L = ceil(N / (s[a1]·…·s[ak])); local index i of that dim is global
+    index b·L + i, which is data if b·L + i < N and padding otherwise. A sub-axis ``name:(pre)size`` of an axis of size S has coordinate
     (c[name] // (S / (pre·size))) % size. Partial axes: the buffers of the devices that differ only on
     them are summands of the value, summand coordinate = the device's coordinates on the partial axes.
 
@@ -25,14 +25,19 @@ which local index of the buffer before it the element came from:
   it); index + r·n_out along ``dim``.
 - ``AllReduce(axes)``: a sum over the group, fresh symbolic member, same index.
 - ``CollectivePermute(sources)``: the device ``sources[d]`` (a table over the device id), same index.
+- ``Exchange(shape, copies)``: a table over the device id and the copies' boxes: the copy of device d whose
+  destination box holds the index gives the source device and index; an index no copy writes is *unwritten*
+  (the walk records that it must not be).
 - ``Transpose(perm)``: same device; input index ``perm[a]`` is output index ``a``.
 - ``Reshape(shape)``: same device; the index with the same row-major position in the input shape.
 
 At the source, the source type's meaning gives the global index and summand coordinate the element is.
 Queries (``unsat`` = proved):
 
-1. *values*: some device, local index and choice of summation members where the source global index
-   differs from the one the destination type assigns there;
+1. *values*: some device, local index that the destination type says is data, and choice of summation
+   members where the element is unwritten by an exchange, comes from a padding position of the source, or
+   has a source global index other than the one the destination type assigns there (padding positions
+   of the result may hold anything);
 2. *sums* (only with partial axes or reductions): with ``Q`` the destination's partial axes, the
    contributors to the group sum at (device, index) are indexed by (summation members, Q-coordinates of
    the group member); their number must equal the number of source summand coordinates, and query 2 asks
@@ -152,6 +157,10 @@ def _with_rank(c: dict, axes: tuple[_Axis, ...], j) -> dict:
     return out
 
 
+def _all(conds) -> z3.BoolRef:
+    return z3.And(conds) if conds else z3.BoolVal(True)
+
+
 def _ksize(axes) -> int:
     return math.prod(a.size for a in axes)
 
@@ -159,21 +168,23 @@ def _ksize(axes) -> int:
 # ----------------------------------------------------------------------------- the meaning of a type
 def _type_meaning(mesh_sizes, t, c: dict, idx):
     """SPEC section 2, stated in Z3: the global index that local index ``idx`` is on a device with
-    coordinates ``c`` under type ``t``, and the device's summand coordinates (its coordinates on the
-    partial axes). Returns ``(global index exprs, local shape, summand exprs)``."""
-    g, local = [], []
+    coordinates ``c`` under type ``t``, whether it is data (not padding), and the device's summand
+    coordinates (its coordinates on the partial axes). Returns ``(global index exprs, local shape, summand
+    exprs, partial axes, data condition)``."""
+    g, local, data = [], [], []
     for d, (n, tokens) in enumerate(zip(t.shape, t.dims)):
         axes = _axes(mesh_sizes, tokens, f"dim {d} of {t}")
         k = _ksize(axes)
-        if n % k:
-            raise _Refuted(f"dim {d} of {t} (size {n}) does not divide into {k} blocks")
-        L = n // k
+        L = -(-n // k)
         local.append(L)
-        g.append(_rank(c, axes) * L + idx[d] if idx is not None else None)
+        if idx is not None:
+            g.append(_rank(c, axes) * L + idx[d])
+            if n % k:
+                data.append(g[-1] < n)
     partial = _axes(mesh_sizes, tuple(t.partial), f"partial of {t}")
     used = [a for d, toks in enumerate(t.dims) for a in _axes(mesh_sizes, toks, f"dim {d} of {t}")]
     _axes(mesh_sizes, tuple(a.token for a in used) + tuple(a.token for a in partial), f"{t}")
-    return g, tuple(local), [_sub(c, a) for a in partial], partial
+    return g, tuple(local), [_sub(c, a) for a in partial], partial, _all(data)
 
 
 # ----------------------------------------------------------------------------- shapes and bytes
@@ -192,6 +203,9 @@ def _derive_shapes(program, mesh_sizes) -> list[tuple[int, ...]]:
         if isinstance(ins, P.CollectivePermute):
             if sorted(ins.sources) != list(range(n_dev)):
                 raise _Refuted(f"{where}: sources are not a permutation of the {n_dev} devices")
+        elif isinstance(ins, P.Exchange):
+            _check_copies(ins, tuple(x), n_dev, where)
+            x = list(ins.shape)
         elif isinstance(ins, P.Reshape):
             if math.prod(ins.shape) != math.prod(x) or any(n < 0 for n in ins.shape):
                 raise _Refuted(f"{where}: cannot view a buffer of shape {tuple(x)} as {tuple(ins.shape)}")
@@ -226,10 +240,29 @@ def _derive_shapes(program, mesh_sizes) -> list[tuple[int, ...]]:
     return shapes
 
 
+def _check_copies(ins, shape_in, n_dev: int, where: str) -> None:
+    """An exchange's copies must name devices, fit both buffers, and not overlap on one device."""
+    if len(ins.copies) != n_dev:
+        raise _Refuted(f"{where}: copies for {len(ins.copies)} devices, the mesh has {n_dev}")
+    for d, copies in enumerate(ins.copies):
+        for c in copies:
+            if not 0 <= c.source < n_dev:
+                raise _Refuted(f"{where}: device {d} copies from device {c.source}, which does not exist")
+            for lo_in, lo_out, n, cap_in, cap_out in zip(c.src_start, c.dst_start, c.size, shape_in, ins.shape):
+                if n < 0 or lo_in < 0 or lo_out < 0 or lo_in + n > cap_in or lo_out + n > cap_out:
+                    raise _Refuted(f"{where}: copy {c} of device {d} does not fit buffers {shape_in} -> {ins.shape}")
+        for a in range(len(copies)):
+            for b in range(a):
+                if all(x.dst_start[i] < y.dst_start[i] + y.size[i] and y.dst_start[i] < x.dst_start[i] + x.size[i]
+                       for x, y in [(copies[a], copies[b])] for i in range(len(ins.shape))):
+                    raise _Refuted(f"{where}: copies {copies[b]} and {copies[a]} of device {d} overlap")
+
+
 def program_bytes(program, mesh_sizes=None) -> list[Fraction]:
     """Bytes each device receives over the program, per device id, from the instructions and shapes alone:
     Reshape, Transpose and Slice 0; AllGather (k−1)/k·L_out; AllToAll (k−1)/k·L; ReduceScatter (k−1)/k·L_in; AllReduce 2(k−1)/k·L;
-    CollectivePermute L on a device whose source is another device."""
+    CollectivePermute L on a device whose source is another device; Exchange the elements a device copies
+    from other devices."""
     mesh_sizes = mesh_sizes or dict(program.mesh.axes)
     n_dev = math.prod(mesh_sizes.values())
     item = program.dtype.itemsize if hasattr(program.dtype, "itemsize") else __import__("numpy").dtype(program.dtype).itemsize
@@ -239,6 +272,9 @@ def program_bytes(program, mesh_sizes=None) -> list[Fraction]:
         L_out = math.prod(program.shapes[t + 1]) * item
         if isinstance(ins, P.CollectivePermute):
             totals = [b + (L_in if s != d else 0) for d, (b, s) in enumerate(zip(totals, ins.sources))]
+            continue
+        if isinstance(ins, P.Exchange):
+            totals = [b + ins.received(d) * item for d, b in enumerate(totals)]
             continue
         if isinstance(ins, (P.Reshape, P.Transpose)):
             continue
@@ -269,6 +305,7 @@ class _Walk:
         self.defs: list = []  # definitional constraints (each has exactly one solution per input)
         self.ranges: list = []  # ranges of the free variables
         self.sum_vars: list = []  # (instruction index, fresh member coordinate vars)
+        self.written: list = []  # conditions: the element was written by every exchange it passed
         self.n = 0
 
     def fresh(self, base: str, lo: int, hi: int):
@@ -308,6 +345,9 @@ class _Walk:
                         expr = z3.If(did == d, self.coords_of(s)[name], expr)
                     self.defs.append(new[name] == expr)
                 c = new
+                continue
+            if isinstance(ins, P.Exchange):
+                c, idx = self._exchange(t, ins, c, idx)
                 continue
             if isinstance(ins, P.Transpose):
                 # result dim a is input dim perm[a]
@@ -371,6 +411,28 @@ class _Walk:
                 idx2.append(v)
             c, idx = c2, idx2
         return c, idx
+
+    def _exchange(self, t: int, ins, c: dict, idx: list):
+        """Read an exchange backward: the copy whose destination box (on this device) holds the index."""
+        did = self.device_id(c)
+        hit = []
+        src_c = {name: c[name] for name in self.names}
+        src_i = list(idx)
+        for d, copies in enumerate(ins.copies):
+            for cp in copies:
+                inside = z3.And([did == d] + [z3.And(i >= lo, i < lo + n) for i, lo, n in zip(idx, cp.dst_start, cp.size)])
+                hit.append(inside)
+                coords = self.coords_of(cp.source)
+                src_c = {name: z3.If(inside, coords[name], src_c[name]) for name in self.names}
+                src_i = [z3.If(inside, i - lo_out + lo_in, e)
+                         for i, e, lo_in, lo_out in zip(idx, src_i, cp.src_start, cp.dst_start)]
+        self.written.append(z3.Or(hit) if hit else z3.BoolVal(False))
+        c2 = {}
+        for name in self.names:
+            v = z3.Int(f"{self.tag}_x{t}_{name}")
+            self.defs.append(v == src_c[name])
+            c2[name] = v
+        return c2, self._named(t, src_i)
 
     def _named(self, t: int, idx: list) -> list:
         """Fresh names for the index before instruction ``t`` (keeps the solver's terms small)."""
@@ -460,8 +522,8 @@ def _verify(program, src, dst, costs, timeout_ms, details) -> None:
         raise _Refuted("the types and the program are on different meshes")
     if tuple(src.shape) != tuple(dst.shape):
         raise _Refuted(f"source shape {src.shape} and claimed shape {dst.shape} differ")
-    _, src_local, _, src_partial = _type_meaning(mesh_sizes, src, {n: z3.IntVal(0) for n in names}, None)
-    _, dst_local, _, dst_partial = _type_meaning(mesh_sizes, dst, {n: z3.IntVal(0) for n in names}, None)
+    _, src_local, _, src_partial, _ = _type_meaning(mesh_sizes, src, {n: z3.IntVal(0) for n in names}, None)
+    _, dst_local, _, dst_partial, _ = _type_meaning(mesh_sizes, dst, {n: z3.IntVal(0) for n in names}, None)
     if tuple(program.shapes[0]) != src_local:
         raise _Refuted(f"the program starts from local shape {tuple(program.shapes[0])}, but {src} is {src_local}")
     shapes = _derive_shapes(program, mesh_sizes)
@@ -491,19 +553,30 @@ def _verify(program, src, dst, costs, timeout_ms, details) -> None:
     w = _Walk(program, mesh_sizes, "a")
     c = {n: w.fresh(f"dev_{n}", 0, s) for n, s in mesh_sizes.items()}
     idx = [w.fresh(f"idx{d}", 0, L) for d, L in enumerate(dst_local)]
-    want, _, _, _ = _type_meaning(mesh_sizes, dst, c, idx)
+    want, _, _, _, is_data = _type_meaning(mesh_sizes, dst, c, idx)
     c0, i0 = w.run(c, idx)
-    got, _, summand, _ = _type_meaning(mesh_sizes, src, c0, i0)
-    bad = z3.Or([a != b for a, b in zip(got, want)]) if got else z3.BoolVal(False)
-    s, res = _solve(w.ranges + w.defs + [bad], timeout_ms)
+    got, _, summand, _, from_data = _type_meaning(mesh_sizes, src, c0, i0)
+    unwritten = z3.Not(_all(w.written))
+    bad = z3.Or([unwritten, z3.Not(from_data)] + [a != b for a, b in zip(got, want)])
+    s, res = _solve(w.ranges + w.defs + [is_data, bad], timeout_ms)
     details["queries"] = 1
     if res == z3.unknown:
         raise _Refuted(f"Z3 could not decide the value query ({s.reason_unknown()})")
     if res == z3.sat:
         mdl = s.model()
         cx = _cex(mdl, w, names, c, idx, want, c0, i0, got, summand, src_partial)
+        where = f"device {cx['device']} {cx['coords']} at local index {cx['index']}"
+        if not z3.is_true(mdl.eval(_all(w.written), model_completion=True)):
+            cx["holds"] = {"unwritten": True}
+            raise _Refuted(f"{where} is never written by an exchange, but {dst} puts global element "
+                           f"{cx['expected']['global_index']} there", cx)
+        if not z3.is_true(mdl.eval(from_data, model_completion=True)):
+            cx["holds"]["padding"] = True
+            raise _Refuted(f"{where} holds padding of {src} (device {cx['holds']['from_device']}, local index "
+                           f"{cx['holds']['from_local_index']}), but {dst} puts global element "
+                           f"{cx['expected']['global_index']} there", cx)
         raise _Refuted(
-            f"device {cx['device']} {cx['coords']} at local index {cx['index']} holds global element "
+            f"{where} holds global element "
             f"{cx['holds']['global_index']} (from device {cx['holds']['from_device']}), but {dst} puts "
             f"{cx['expected']['global_index']} there", cx)
     # ---- query 2: sums
@@ -525,6 +598,7 @@ def _verify(program, src, dst, costs, timeout_ms, details) -> None:
     base_ranges = [z3.And(base_c[n] >= 0, base_c[n] < s) for n, s in mesh_sizes.items()]
     base_idx = [z3.Int(f"base_i{d}") for d in range(len(dst_local))]
     base_ranges += [z3.And(v >= 0, v < L) for v, L in zip(base_idx, dst_local)]
+    base_ranges.append(_type_meaning(mesh_sizes, dst, base_c, base_idx)[4])  # data positions only
     for tag in ("p", "q"):
         wk = _Walk(program, mesh_sizes, tag)
         cc = dict(base_c)
@@ -534,14 +608,15 @@ def _verify(program, src, dst, costs, timeout_ms, details) -> None:
             qs.append(v)
             cc = _with_sub(cc, ax, v)
         cs, ii = wk.run(cc, list(base_idx))
-        _, _, summ, _ = _type_meaning(mesh_sizes, src, cs, ii)
+        _, _, summ, _, _ = _type_meaning(mesh_sizes, src, cs, ii)
         members = qs + [v for _, vs, _ in wk.sum_vars for v in vs]
         walks.append((wk, members, summ, cs, _group_key(cs, src_partial)))
     (w1, m1, s1, cs1, g1), (w2, m2, s2, cs2, g2) = walks
     differ = z3.Or([a != b for a, b in zip(m1, m2)])
     same = z3.And([a == b for a, b in zip(s1, s2)])
     other_group = z3.Or([a != b for a, b in zip(g1, g2)])
-    s, res = _solve(base_ranges + w1.ranges + w1.defs + w2.ranges + w2.defs + [differ, z3.Or(same, other_group)],
+    s, res = _solve(base_ranges + w1.ranges + w1.defs + w1.written + w2.ranges + w2.defs + w2.written
+                    + [differ, z3.Or(same, other_group)],
                     timeout_ms)
     if res == z3.unknown:
         raise _Refuted(f"Z3 could not decide the summation query ({s.reason_unknown()})")

@@ -37,9 +37,10 @@ def layouts(draw, mesh, rank, partial=True):
 
 
 @st.composite
-def type_pairs(draw, mesh=None, max_rank=4, partial=True, dtype="f32"):
+def type_pairs(draw, mesh=None, max_rank=4, partial=True, dtype="f32", uneven=False):
     """A (source, destination) pair on one mesh with a common shape; the destination's partial axes are a
-    subset of the source's."""
+    subset of the source's. Dims divide evenly on both sides, unless ``uneven``: then every dim has any
+    size from 0 to twice the larger block count plus one, mostly not a multiple of either."""
     mesh = mesh or draw(meshes())
     rank = draw(st.integers(0, max_rank))
     d1, p1 = draw(layouts(mesh, rank, partial))
@@ -48,6 +49,9 @@ def type_pairs(draw, mesh=None, max_rank=4, partial=True, dtype="f32"):
     p2 = tuple(a for a in free if draw(st.booleans()))
     shape = []
     for i in range(rank):
+        if uneven:
+            shape.append(draw(st.integers(0, 2 * max(mesh.group_size(d1[i]), mesh.group_size(d2[i])) + 1)))
+            continue
         k = math.lcm(mesh.group_size(d1[i]), mesh.group_size(d2[i]))
         shape.append(k * draw(st.sampled_from([1, 1, 2, 3])))
     src = redist.ShardingType(mesh, tuple(shape), dtype, d1, p1)

@@ -11,7 +11,7 @@ import redist
 from redist import Mesh, ShardingError, ShardingType, lower_bound_bytes, synthesize
 from redist.steps import AllGather, AllSlice, AllToAll, Permute, permute_sources
 from redist.data import summands
-from tests.strategies import type_pairs
+from tests.strategies import layouts, type_pairs
 
 
 def _value(t: ShardingType, seed: int = 0) -> np.ndarray:
@@ -243,3 +243,106 @@ def test_plan_text_and_json():
     data = json.loads(plan.to_json())
     assert data["steps"][0]["kind"] == "all_to_all"
     assert data["bytes_received"] == plan.bytes_received == math.prod((8, 16)) * 4 // 2
+
+
+# ---------------------------------------------------------------------------- uneven dims (XLA's padding rule)
+# The class of bug to catch (PyTorch DTensor, uneven nested shards): a plan that treats the blocks of an
+# uneven dim as if they nested, so that a device ends up with another device's elements or with padding
+# where data belongs, while every shape looks right. The properties below poison every padding position
+# of the source, then demand the exact destination block on every device (not just a global array that
+# unshards right), the memory bound in padded bytes, and bytes at the lower bound for point-to-point plans.
+
+def _poisoned(t: ShardingType, bufs):
+    """``bufs`` with every padding position of type ``t`` set to NaN: reading one as data shows."""
+    out = []
+    for d, b in enumerate(bufs):
+        b = np.array(b, dtype=np.float64)
+        pad = np.ones(b.shape, bool)
+        pad[t.data_box(d)] = False
+        b[pad] = np.nan
+        out.append(b.astype(t.np_dtype))
+    return out
+
+
+def _run_uneven(src, dst, seed=0, backend="numpy"):
+    plan = synthesize(src, dst)
+    rng = np.random.default_rng(seed)
+    value = rng.integers(-50, 50, size=src.shape).astype(src.np_dtype)
+    out = redist.execute(plan, _poisoned(src, summands(src, value, rng)), backend=backend)
+    assert all(x.shape == dst.local_shape for x in out)
+    if dst.partial:
+        assert np.array_equal(redist.unshard(dst, out), value), str(plan)
+    else:
+        want = redist.shard(dst, value)
+        for d in range(src.mesh.size):
+            box = dst.data_box(d)
+            assert np.array_equal(out[d][box], want[d][box]), f"device {d} of {plan}"
+    return plan
+
+
+@given(type_pairs(uneven=True, max_rank=3), st.integers(0, 2**16))
+@settings(max_examples=300, deadline=None)
+def test_uneven_plans_put_every_element_where_the_type_says(pair, seed):
+    src, dst = pair
+    plan = _run_uneven(src, dst, seed)
+    assert plan.types[0] == src and plan.types[-1] == dst
+    assert plan.peak_bytes <= max(src.local_bytes, dst.local_bytes)
+    bound = lower_bound_bytes(src, dst)
+    assert plan.bytes_received >= bound
+    if any(s.kind == "exchange" for s in plan.steps) and set(src.partial) == set(dst.partial):
+        assert plan.bytes_received == bound, str(plan)
+
+
+@given(st.data())
+@settings(max_examples=100, deadline=None)
+def test_uneven_plans_compose(data):
+    """src -> mid -> dst in two plans holds the same blocks as src -> dst in one: no hop may leave a
+    layout that only looks like its type."""
+    src, mid = data.draw(type_pairs(max_rank=2, partial=False, uneven=True))
+    dst = src.replace(dims=data.draw(layouts(src.mesh, src.rank, partial=False))[0])
+    value = np.arange(math.prod(src.shape), dtype=np.float32).reshape(src.shape)
+    bufs = _poisoned(src, redist.shard(src, value))
+    two = redist.execute(synthesize(mid, dst), redist.execute(synthesize(src, mid), bufs))
+    one = redist.execute(synthesize(src, dst), bufs)
+    for d in range(src.mesh.size):
+        box = dst.data_box(d)
+        assert np.array_equal(two[d][box], one[d][box]) and np.array_equal(one[d][box], redist.shard(dst, value)[d][box])
+
+
+UNEVEN = [
+    # (mesh, src, dst, expected step kinds)
+    (MESH, "f32[50257{y}, 6]", "f32[50257, 6{y}]", ["exchange"]),  # a vocabulary over 4 devices
+    (MESH, "f32[13{x,y}]", "f32[13{y,x}]", ["pad", "permute", "unpad"]),  # same padded shape: collectives
+    (MESH, "f32[7{x}, 8{y}]", "f32[7{x}, 8]", ["pad", "all_gather", "unpad"]),  # the even dim moves
+    (MESH, "f32[5]", "f32[5{x}]", ["exchange"]),  # receives nothing: the device keeps its block
+    (MESH, "f32[5{x}]", "f32[5]", ["exchange"]),
+    (MESH, "f32[5{x}]", "f32[5{x,y}]", ["exchange"]),  # the nested split that does not nest
+    (MESH, "f32[5{x,y}]", "f32[5{x}]", ["exchange"]),
+    (MESH, "f32[9, 3] partial{x}", "f32[9{y}, 3]", ["exchange", "all_reduce"]),  # reduce the smaller buffer
+    (MESH, "f32[9, 3] partial{y}", "f32[9{y}, 3]", ["all_reduce", "exchange"]),  # y must be reduced first
+    (MESH, "f32[9{y}, 3] partial{x}", "f32[9, 3{y}] partial{x}", ["exchange"]),
+]
+
+
+@pytest.mark.parametrize("mesh, a, b, kinds", UNEVEN)
+def test_uneven_named_cases(mesh, a, b, kinds):
+    src, dst = ShardingType.parse(a, mesh), ShardingType.parse(b, mesh)
+    plan = _run_uneven(src, dst)
+    assert [s.kind for s in plan.steps] == kinds, str(plan)
+    if "exchange" in kinds and set(src.partial) == set(dst.partial):
+        assert plan.bytes_received == lower_bound_bytes(src, dst)
+    assert redist.verify(plan).ok
+
+
+@pytest.mark.parametrize(
+    "step, text",
+    [
+        (AllSlice(0, ("y",)), "f32[5{x}]"),  # 5{x} blocks [0,3) [3,5); 5{x,y} blocks do not split them
+        (AllGather(0, ("y",)), "f32[5{x,y}]"),
+        (AllToAll(0, 1, ("x",)), "f32[5{x}, 4]"),
+        (AllToAll(1, 0, ("x",)), "f32[5, 4{x}]"),
+    ],
+)
+def test_collectives_refuse_uneven_blocks(step, text):
+    with pytest.raises(ShardingError, match="uneven blocks do not nest"):
+        step.apply(ShardingType.parse(text, MESH))

@@ -207,3 +207,59 @@ def test_large_mesh_rank4_is_fast():
     plan = synthesize(T("f32[64{a}, 32{b}, 16{c}, 8{d}]", mesh), T("f32[64{d,c}, 32{a}, 16, 8{b}]", mesh))
     v = verify(plan)
     assert v.ok and v.seconds < 5
+
+
+# ---------------------------------------------------------------------------- uneven dims
+def test_uneven_plans_are_proved_and_padding_is_never_data():
+    mesh = Mesh({"x": 2, "y": 2})
+    for a, b in [("f32[5{x}, 3]", "f32[5{y}, 3{x}]"), ("f32[7{x,y}]", "f32[7{y,x}]"), ("f32[5]", "f32[5{x,y}]"),
+                 ("f32[5{x}]", "f32[5]"), ("f32[9, 3] partial{x}", "f32[9{y}, 3]"),
+                 ("f32[9{y}, 3] partial{x}", "f32[9, 3{y}] partial{x}")]:
+        plan = synthesize(T(a, mesh), T(b, mesh))
+        v = verify(plan)
+        assert v.ok, (a, b, v.reason)
+    # f32[3{x}]: device x=0 holds [0, 2); device x=1 holds [2, 3) and one padding element. An exchange that
+    # keeps everything but fills device 0's index 1 from device 2's padding reads padding as data.
+    from redist.steps import Copy
+
+    src = T("f32[3{x}]", mesh)
+    keep = [(Copy(d, (0,), (0,), (2,)),) for d in range(mesh.size)]
+    keep[0] = (Copy(0, (0,), (0,), (1,)), Copy(2, (1,), (1,), (1,)))
+    prog = P.Program(mesh, src.np_dtype, (P.Exchange((2,), tuple(keep)),), ((2,), (2,)))
+    v = verify_program(prog, src, src)
+    assert not v.ok and "padding" in v.reason, v.reason
+    assert v.counterexample["device"] == 0 and v.counterexample["index"] == (1,)
+    assert oracle(prog, src, src)[0] is False
+    # Copying padding into padding is fine: nobody reads it.
+    keep[0] = (Copy(0, (0,), (0,), (2,)),)
+    keep[2] = (Copy(2, (0,), (0,), (1,)), Copy(3, (1,), (1,), (1,)))
+    prog = P.Program(mesh, src.np_dtype, (P.Exchange((2,), tuple(keep)),), ((2,), (2,)))
+    assert verify_program(prog, src, src).ok and oracle(prog, src, src)[0]
+
+
+def test_exchange_mutants_are_refuted():
+    mesh = Mesh({"x": 2, "y": 2})
+    src, dst = T("f32[5{x}, 3]", mesh), T("f32[5{y}, 3{x}]", mesh)
+    plan = synthesize(src, dst)
+    (ex,) = plan.program.instructions
+    assert isinstance(ex, P.Exchange)
+    d = next(d for d, cs in enumerate(ex.copies) if any(c.source != d for c in cs))
+    c = next(c for c in ex.copies[d] if c.source != d)
+
+    def with_copies(new):
+        copies = list(ex.copies)
+        copies[d] = tuple(new)
+        return _mut(plan, [dataclasses.replace(ex, copies=tuple(copies))])
+
+    dropped = with_copies([x for x in ex.copies[d] if x != c])
+    v = verify_program(dropped, src, dst)
+    assert not v.ok and "never written" in v.reason and v.counterexample["device"] == d
+    other = next(s for s in range(mesh.size) if s not in (c.source, d))
+    wrong_source = with_copies([dataclasses.replace(x, source=other) if x == c else x for x in ex.copies[d]])
+    assert not verify_program(wrong_source, src, dst).ok
+    assert oracle(wrong_source, src, dst)[0] is False
+    overlapping = with_copies(list(ex.copies[d]) + [c])
+    assert "overlap" in verify_program(overlapping, src, dst).reason
+    too_big = with_copies([dataclasses.replace(x, size=(x.size[0] + 9,) + x.size[1:]) if x == c else x
+                           for x in ex.copies[d]])
+    assert "does not fit" in verify_program(too_big, src, dst).reason

@@ -37,6 +37,8 @@ def _step(mesh, ins, bufs):
         return [np.ascontiguousarray(np.transpose(x, ins.perm)) for x in bufs]
     if isinstance(ins, P.CollectivePermute):
         return [bufs[s].copy() if s != d else bufs[d] for d, s in enumerate(ins.sources)]
+    if isinstance(ins, P.Exchange):
+        return [_assemble(ins.shape, copies, bufs) for copies in ins.copies]
     for group in mesh.groups(ins.axes):
         k = len(group)
         xs = [bufs[d] for d in group]
@@ -62,6 +64,17 @@ def _step(mesh, ins, bufs):
         else:
             raise TypeError(f"unknown instruction {ins!r}")
     return out
+
+
+def _assemble(shape, copies, bufs):
+    out = np.zeros(shape, bufs[0].dtype)
+    for c in copies:
+        out[_box(c.dst_start, c.size)] = bufs[c.source][_box(c.src_start, c.size)]
+    return out
+
+
+def _box(start, size):
+    return tuple(slice(a, a + n) for a, n in zip(start, size))
 
 
 def _sum(xs):
