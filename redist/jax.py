@@ -20,6 +20,8 @@ given, which is ``Mesh.group_index``; ``tests/test_jax_backend.py`` checks this.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import Mapping
 
@@ -32,6 +34,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from redist import program as P
 from redist.errors import ShardingError
 from redist.mesh import Mesh, sub_axis_token
+from redist.steps import Copy
 from redist.synthesis import synthesize
 from redist.types import ShardingType
 
@@ -102,7 +105,8 @@ def run_program(program: P.Program, x, axis_names: Mapping[str, tuple[str, ...]]
     (or the JAX mesh itself when the program names no sub-axes), all of its axes manual. ``axis_names``
     maps each token and mesh axis name to refined JAX axis names; by default
     ``refined_axis_names(program.mesh, program.axis_tokens())``. Returns the buffer of shape
-    ``program.shapes[-1]``. Pending sums of ``bool`` buffers are logical or (as in the numpy backend).
+    ``program.shapes[-1]``. Pending sums of ``bool`` buffers are logical or (as in the numpy backend). A
+    program whose buffers are all empty runs no collective.
     """
     mesh = program.mesh
     names = axis_names if axis_names is not None else refined_axis_names(mesh, program.axis_tokens())
@@ -112,9 +116,15 @@ def run_program(program: P.Program, x, axis_names: Mapping[str, tuple[str, ...]]
 
     if tuple(x.shape) != tuple(program.shapes[0]):
         raise ShardingError(f"local buffer has shape {tuple(x.shape)}, the program expects {program.shapes[0]}")
+    if all(math.prod(s) == 0 for s in program.shapes):
+        # Nothing to move (a dim of size 0); XLA rejects some collectives of empty operands.
+        return jnp.zeros(program.shapes[-1], x.dtype)
     for ins in program.instructions:
         if isinstance(ins, P.CollectivePermute):
             x = _permute(mesh, ins, x, jaxes(mesh.names))
+            continue
+        if isinstance(ins, P.Exchange):
+            x = _exchange(ins, x, jaxes(mesh.names), mesh.size)
             continue
         if isinstance(ins, P.Reshape):
             x = x.reshape(ins.shape)
@@ -170,6 +180,83 @@ def _permute(mesh: Mesh, ins: P.CollectivePermute, x, all_axes):
     return lax.ppermute(x, all_axes, perm=[(s, d) for d, s in enumerate(ins.sources)])
 
 
+@dataclass(frozen=True, eq=False)
+class _Round:
+    """One round of an :class:`~redist.program.Exchange`: every device sends at most one slab, to device
+    ``(sender + shift) mod n`` (``shift == 0``: a copy within the device, nothing sent).
+
+    The slab has the static shape ``slab`` (per dim, the largest copy of the round); a smaller copy fills its
+    start and the rest is dropped on arrival. Tables are indexed by device id, with a column per dim:
+    ``src_start`` for the device as sender (0 where it sends nothing), ``dst_start`` and ``size`` for it as
+    receiver, with an extra leading column for a unit dim put in front of the output: size 1 where the
+    device receives in this round, 0 where it does not (then every write of the round is dropped, rank 0
+    arrays included).
+    """
+
+    shift: int
+    senders: tuple[int, ...]
+    slab: tuple[int, ...]
+    src_start: np.ndarray  # (n, rank) int32
+    dst_start: np.ndarray  # (n, rank + 1) int32
+    size: np.ndarray       # (n, rank + 1) int32
+
+
+@lru_cache(maxsize=256)
+def _exchange_rounds(ins: P.Exchange, n: int) -> tuple[_Round, ...]:
+    """The copies of ``ins`` in rounds keyed by (shift, how many earlier copies of that pair there are), so
+    that within a round each device sends at most once and receives at most once; copies of no elements are
+    left out, and so are rounds without any."""
+    rounds: dict[tuple[int, int], list[tuple[int, int, Copy]]] = {}
+    for d, copies in enumerate(ins.copies):
+        seen: dict[int, int] = {}
+        for c in copies:
+            if math.prod(c.size) == 0:
+                continue
+            j = seen.get(c.source, 0)
+            seen[c.source] = j + 1
+            rounds.setdefault(((d - c.source) % n, j), []).append((c.source, d, c))
+    rank = len(ins.shape)
+    out = []
+    for (shift, _), moves in sorted(rounds.items()):
+        src_start = np.zeros((n, rank), np.int32)
+        dst_start = np.zeros((n, rank + 1), np.int32)
+        size = np.zeros((n, rank + 1), np.int32)
+        for s, d, c in moves:
+            src_start[s] = c.src_start
+            dst_start[d, 1:] = c.dst_start
+            size[d] = (1,) + tuple(c.size)
+        slab = tuple(int(m) for m in size[:, 1:].max(axis=0))
+        out.append(_Round(shift, tuple(s for s, _, _ in moves), slab, src_start, dst_start, size))
+    return tuple(out)
+
+
+def _exchange(ins: P.Exchange, x, all_axes, n: int):
+    """Point-to-point exchange, as rounds of :func:`_exchange_rounds`: each device gathers its slab with
+    ``jnp.take`` along each dim (indices from its row of the round's tables, clipped into the buffer), one
+    ``lax.ppermute`` over the round's (sender, receiver) pairs moves the slabs, and each receiver scatters its
+    slab into the output with ``mode="drop"``, its indices past a copy's size (or all of them, if it receives
+    nothing) out of range. The output starts as zeros, which stay where no copy writes. The device's id is
+    its linear index over all ``n`` devices' mesh axes (row-major), as ``ppermute`` numbers devices."""
+    me = lax.axis_index(all_axes)
+    out = jnp.zeros((1,) + tuple(ins.shape), x.dtype)  # a leading unit dim: see _Round
+    for rnd in _exchange_rounds(ins, n):
+        start = jnp.asarray(rnd.src_start)[me]
+        slab = x
+        for dim, m in enumerate(rnd.slab):
+            if m == x.shape[dim] and not rnd.src_start[:, dim].any():
+                continue  # every sender takes the whole dim
+            slab = jnp.take(slab, start[dim] + jnp.arange(m, dtype=jnp.int32), axis=dim, mode="clip")
+        if rnd.shift:
+            slab = lax.ppermute(slab, all_axes, perm=[(s, (s + rnd.shift) % n) for s in rnd.senders])
+        dst, size = jnp.asarray(rnd.dst_start)[me], jnp.asarray(rnd.size)[me]
+        index = []
+        for dim, m in enumerate((1,) + rnd.slab):
+            i = jnp.arange(m, dtype=jnp.int32)
+            index.append(jnp.where(i < size[dim], dst[dim] + i, out.shape[dim]))
+        out = out.at[jnp.ix_(*index)].set(slab[None], mode="drop")
+    return out[0]
+
+
 def run_on_buffers(program: P.Program, shards, jax_mesh=None) -> list[np.ndarray]:
     """Run ``program`` on arbitrary per-device buffers (index = device id; partial summands, say) with JAX
     collectives on host or accelerator devices; returns the new buffers, in device order.
@@ -177,7 +264,8 @@ def run_on_buffers(program: P.Program, shards, jax_mesh=None) -> list[np.ndarray
     ``jax_mesh`` defaults to the first ``program.mesh.size`` devices in the mesh's shape. The buffers are
     placed on their devices as one array with a leading device dim, and each device runs the program on its
     own buffer under ``jax.shard_map`` — the per-device counterpart of :func:`reshard`, behind
-    ``redist.execute(plan, shards, backend="jax")``.
+    ``redist.execute(plan, shards, backend="jax")``. Types with uneven dims run here, on their padded local
+    buffers (not through :func:`reshard`: JAX does not pad shards).
     """
     mesh = program.mesh
     if len(shards) != mesh.size:
@@ -214,6 +302,17 @@ def sharding_type(shape, dtype, sharding, mesh: Mesh | None = None) -> ShardingT
     entries = tuple(None if e is PartitionSpec.UNCONSTRAINED else e for e in spec)
     return ShardingType.from_partition_spec(
         tuple(shape), dtype, entries, mesh if mesh is not None else redist_mesh(sharding.mesh))
+
+
+def _check_even(t: ShardingType, which: str) -> None:
+    """JAX lays out a ``NamedSharding`` only on dims its blocks divide (shards are not padded), and
+    ``jax.shard_map`` likewise: raise for an uneven dim of ``t``, naming it and its axes."""
+    for i, (n, axes) in enumerate(zip(t.shape, t.dims)):
+        if not t.is_even(i):
+            raise ShardingError(
+                f"{which}: dim {i} (size {n}) does not divide into its {t.blocks(i)} blocks over "
+                f"{{{','.join(axes)}}}; JAX shards only even dims, so reshard needs them (uneven layouts run on "
+                "padded per-device buffers with redist.jax.run_on_buffers)")
 
 
 def _same_mesh(a, b) -> bool:
@@ -275,6 +374,8 @@ def reshard(x, sharding, *, src=None):
         raise ShardingError(f"unsupported dtype {x.dtype}") from None
     src_t = sharding_type(x.shape, dtype, src, mesh)
     dst_t = sharding_type(x.shape, dtype, sharding, mesh)
+    _check_even(src_t, "the array's sharding")
+    _check_even(dst_t, "the target sharding")
     if any(e is PartitionSpec.UNCONSTRAINED for e in sharding.spec):
         sharding = NamedSharding(jmesh, PartitionSpec(
             *(None if e is PartitionSpec.UNCONSTRAINED else e for e in sharding.spec)))

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import math
 import sys
 import traceback
@@ -310,6 +311,57 @@ def _collective_permute(ctx, ins: P.CollectivePermute, buf):
     return out, True
 
 
+def _exchange(ctx, ins: P.Exchange, buf):
+    """One ``Alltoallv`` of contiguous bytes over the private communicator, then copies within the rank.
+
+    The data for rank ``d`` is the boxes of ``ins.copies[d]`` whose source is this rank, packed one after the
+    other in copy order; the receiver unpacks its own ``ins.copies[rank]`` from each source in the same order,
+    so both sides agree on the layout without further messages. Copies from the rank itself are done
+    directly. Positions no copy writes are zero. Besides the input, the send and receive buffers are alive
+    together, then the receive buffer and the output (the send buffer is freed before the output exists,
+    an owned input right after the local copies)."""
+    x = buf.take()
+    me, n = ctx.rank, ctx.mesh.size
+    itemsize = x.dtype.itemsize
+    outgoing = [[c for c in ins.copies[d] if c.source == me] if d != me else [] for d in range(n)]
+    incoming = [c for c in ins.copies[me] if c.source != me]
+    send_counts = [sum(math.prod(c.size) for c in cs) * itemsize for cs in outgoing]
+    recv_counts = [0] * n
+    for c in incoming:
+        recv_counts[c.source] += math.prod(c.size) * itemsize
+    send = np.empty(sum(send_counts), np.uint8)
+    at = 0
+    for cs in outgoing:
+        for c in cs:
+            nbytes = math.prod(c.size) * itemsize
+            send[at: at + nbytes].view(x.dtype).reshape(c.size)[...] = x[_box(c.src_start, c.size)]
+            at += nbytes
+    recv = np.empty(sum(recv_counts), np.uint8)
+    ctx.comm.Alltoallv([send, (send_counts, _offsets(send_counts)), MPI.BYTE],
+                       [recv, (recv_counts, _offsets(recv_counts)), MPI.BYTE])
+    del send
+    out = np.zeros(ins.shape, dtype=x.dtype)
+    for c in ins.copies[me]:
+        if c.source == me:
+            out[_box(c.dst_start, c.size)] = x[_box(c.src_start, c.size)]
+    del x
+    at = _offsets(recv_counts)
+    for c in incoming:
+        nbytes = math.prod(c.size) * itemsize
+        out[_box(c.dst_start, c.size)] = recv[at[c.source]: at[c.source] + nbytes].view(out.dtype).reshape(c.size)
+        at[c.source] += nbytes
+    return out, True
+
+
+def _box(start, size) -> tuple[slice, ...]:
+    return tuple(slice(a, a + m) for a, m in zip(start, size))
+
+
+def _offsets(counts) -> list[int]:
+    """Displacements of blocks of ``counts`` packed one after the other."""
+    return [0] + list(itertools.accumulate(counts))[:-1]
+
+
 def _reshape(ctx, ins: P.Reshape, buf):
     """A view with the new shape (the buffer is C-contiguous)."""
     owned, x = buf.owned, buf.take()
@@ -331,6 +383,7 @@ _RUN = {
     P.ReduceScatter: _reduce_scatter,
     P.AllReduce: _all_reduce,
     P.CollectivePermute: _collective_permute,
+    P.Exchange: _exchange,
 }
 
 

@@ -1,7 +1,10 @@
 """Worker for tests/test_mpi_backend.py, run under ``mpiexec -n N``; each mode prints one summary line.
 
-    cases SEED COUNT   random (seeded) and classic reshards on every mesh of size N, against the numpy
-                       backend: ``ranks=N cases=C passed=P core_mismatch=M subcomms_stable=1``
+    cases SEED COUNT [UNEVEN]
+                       random (seeded) and classic reshards on every mesh of size N, then UNEVEN (default 0)
+                       pairs with non-divisible dims drawn by Hypothesis plus named uneven cases, against the
+                       numpy backend: ``ranks=N cases=C passed=P core_mismatch=M subcomms_stable=1`` and
+                       ``uneven cases=U passed=Q exchanges=E``
     errors             argument errors must raise ShardingError on every rank: ``errors=E all_raised=A``
     memory             tracemalloc peak per reshard: ``memory cases=C within=W worst_ratio=R ...``
     fail               rank 0 raises in the middle of a plan; abort_on_error must end the job
@@ -22,6 +25,7 @@ from mpi4py import MPI
 
 import redist
 import redist.mpi
+from redist.data import summands
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
@@ -149,6 +153,73 @@ def make_shards(rng, src: redist.ShardingType) -> list[np.ndarray]:
     return shards
 
 
+def uneven_pairs(seed: int, count: int) -> list[tuple[redist.ShardingType, redist.ShardingType]]:
+    """``count`` pairs with non-divisible dims from ``type_pairs(uneven=True)`` on the meshes of this size
+    (partial sources included, except for bool), then the named cases; drawn on rank 0 and broadcast (type
+    objects, not data), so that every rank runs the same cases."""
+    pairs = None
+    if RANK == 0 and count:
+        from hypothesis import HealthCheck, given, settings
+        from hypothesis import seed as hypothesis_seed
+        from hypothesis import strategies as st
+
+        from tests.strategies import type_pairs
+
+        meshes = [make_mesh(shape) for shape in MESHES[SIZE]]
+        drawn = []
+
+        @hypothesis_seed(seed)
+        @settings(max_examples=count, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(st.sampled_from(DTYPES).flatmap(lambda dt: st.sampled_from(meshes).flatmap(
+            lambda m: type_pairs(mesh=m, max_rank=3, dtype=dt, uneven=True, partial=dt != "bool"))))
+        def draw(pair):
+            drawn.append(pair)
+
+        draw()
+        pairs = drawn
+    pairs = COMM.bcast(pairs if count else [], root=0)
+    for mtext, a, b in uneven_named_pairs():
+        mesh = redist.Mesh.parse(mtext)
+        pairs.append((redist.ShardingType.parse(a, mesh), redist.ShardingType.parse(b, mesh)))
+    return pairs
+
+
+def uneven_named_pairs() -> list[tuple[str, str, str]]:
+    """(mesh, src, dst) texts with non-divisible dims, on a 1-d mesh of this size and, for 4 and 8, a 2-d one."""
+    n = SIZE
+    out = [
+        (f"x={n}", f"f32[{2 * n + 5}{{x}}, 6]", f"f32[{2 * n + 5}, 6{{x}}]"),   # f32[13{x}, 6] on x=4
+        (f"x={n}", "f32[5]", "f32[5{x}]"),
+        (f"x={n}", "f32[5{x}]", "f32[5]"),
+        (f"x={n}", f"i32[{n + 1}{{x}}, 3]", f"i32[{n + 1}, 3{{x}}]"),
+        (f"x={n}", f"bool[{n - 1}{{x}}, 3]", f"bool[{n - 1}, 3{{x}}]"),
+    ]
+    if n in (4, 8):
+        m = f"x=2,y={n // 2}"
+        out += [
+            (m, "f32[5{x}, 3]", "f32[5{y}, 3{x}]"),
+            (m, "f32[7{x,y}]", "f32[7{y,x}]"),
+            (m, "f64[5{x}, 3] partial{y}", "f64[5{y}, 3{x}]"),   # a reduced axis
+            (m, "f64[3, 7{y}] partial{x}", "f64[3{x}, 7]"),
+            (m, "bf16[5{x}, 9{y}]", "bf16[5{y,x}, 9]"),
+        ]
+    return out
+
+
+def poisoned(t: redist.ShardingType, bufs: list[np.ndarray]) -> list[np.ndarray]:
+    """Copies of ``bufs`` with the padding outside each device's data box set to NaN (floats) or a sentinel
+    (integers: 111; bool: True), so a plan that reads padding as data gives a wrong value."""
+    fill = np.nan if t.np_dtype.kind in "fV" else True if t.dtype == "bool" else 111
+    out = []
+    for d, b in enumerate(bufs):
+        b = np.array(b, order="C")
+        data = np.zeros(b.shape, bool)
+        data[t.data_box(d)] = True
+        b[~data] = fill
+        out.append(b)
+    return out
+
+
 # ------------------------------------------------------------------------------------ modes
 KINDS: dict[str, int] = {}
 
@@ -169,7 +240,30 @@ def run_case(src, dst, rng, failures: list, label: str) -> tuple[bool, bool]:
     return ok, core_ok
 
 
-def mode_cases(seed: int, count: int) -> None:
+def run_uneven_case(src, dst, rng, failures: list, label: str) -> tuple[bool, bool]:
+    """(passed, core_ok) for one pair with uneven dims: random integer values (summands for a partial
+    source) with poisoned padding; this rank's result must equal the numpy backend's buffer (NaN padding
+    included) and the numpy backend's result must unshard to the value. All ranks return the same."""
+    plan = redist.synthesize(src, dst)
+    for ins in plan.program.instructions:
+        KINDS[type(ins).__name__] = KINDS.get(type(ins).__name__, 0) + 1
+    if src.dtype == "bool":
+        value = rng.random(src.shape) < 0.5
+    else:
+        value = rng.integers(-20, 20, size=src.shape).astype(src.np_dtype)
+    shards = poisoned(src, summands(src, value, rng))
+    expected = redist.execute(plan, shards)
+    core_ok = np.array_equal(redist.unshard(dst, expected), value)
+    out = redist.mpi.reshard(shards[RANK].copy(), src, dst, COMM)
+    mine = (out.shape == dst.local_shape and out.dtype == dst.np_dtype
+            and np.array_equal(out, expected[RANK], equal_nan=True))
+    ok = all_true(mine)
+    if not ok and len(failures) < 5:
+        failures.append(f"{label}: {src} -> {dst}\n{plan.program}")
+    return ok, core_ok
+
+
+def mode_cases(seed: int, count: int, uneven: int) -> None:
     t0 = time.time()
     cases = passed = mismatched = 0
     failures: list[str] = []
@@ -193,9 +287,16 @@ def mode_cases(seed: int, count: int) -> None:
     for _ in range(3):
         run_case(src, dst, np.random.default_rng(0), failures, "repeat")
     stable = int(len(redist.mpi._context(COMM, mesh).groups) == before)
+    u_cases = u_passed = exchanges = 0
+    for i, (src, dst) in enumerate(uneven_pairs(seed, uneven)):
+        before_ex = KINDS.get("Exchange", 0)
+        ok, core_ok = run_uneven_case(src, dst, np.random.default_rng([seed, 7, i]), failures, f"uneven {i}")
+        exchanges += KINDS.get("Exchange", 0) > before_ex
+        u_cases, u_passed, mismatched = u_cases + 1, u_passed + ok, mismatched + (not core_ok)
     for f in failures:
         say("FAILED", f)
     say("instructions run:", " ".join(f"{k}={v}" for k, v in sorted(KINDS.items())))
+    say(f"uneven cases={u_cases} passed={u_passed} exchanges={exchanges}")
     say(f"ranks={SIZE} cases={cases} passed={passed} core_mismatch={mismatched} subcomms_stable={stable} "
         f"seconds={time.time() - t0:.1f}")
 
@@ -256,6 +357,10 @@ MEMORY_PAIRS = [  # mesh x=2,y=2 (4 ranks); f64, local buffers of 2-8 MiB
     ("f64[1024{x}, 1024, 2{y}]", "f64[1024, 1024{y,x}, 2]"),
     ("f64[1024, 1024{y,x}]", "f64[1024{y}, 1024{x}]"),
     ("f64[2048{x}, 512] partial{y}", "f64[2048{y}, 512]"),
+    # uneven dims: point-to-point exchanges (send and receive buffers, then receive buffer and output)
+    ("f64[1023{x,y}, 1024]", "f64[1023, 1024]"),
+    ("f64[1023{x}, 1024]", "f64[1023, 1024{x,y}]"),
+    ("f64[1023, 1024] partial{x,y}", "f64[1023{x}, 1024{y}]"),
 ]
 SLACK = 64 * 1024  # Python objects alive next to the buffers (arrays' headers, datatypes, frames)
 
@@ -317,7 +422,7 @@ if __name__ == "__main__":
     mode = sys.argv[1]
     with redist.mpi.abort_on_error(COMM):
         if mode == "cases":
-            mode_cases(int(sys.argv[2]), int(sys.argv[3]))
+            mode_cases(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 0)
         elif mode == "errors":
             mode_errors()
         elif mode == "memory":

@@ -53,7 +53,8 @@ def test_import_redist_does_not_import_mpi4py():
 
 @pytest.mark.parametrize("n", [4, 6, 8])
 def test_random_and_classic_reshards_match_numpy_backend(n):
-    proc, _ = mpirun(n, "cases", str(100 + n), "400")
+    """Even cases, then uneven ones (Hypothesis pairs and named cases, poisoned padding) in the same job."""
+    proc, _ = mpirun(n, "cases", str(100 + n), "400", "100")
     got = summary(proc, r"ranks=(?P<ranks>\d+) cases=(?P<cases>\d+) passed=(?P<passed>\d+) "
                         r"core_mismatch=(?P<core>\d+) subcomms_stable=(?P<stable>\d)")
     assert int(got["ranks"]) == n
@@ -61,8 +62,12 @@ def test_random_and_classic_reshards_match_numpy_backend(n):
     assert got["passed"] == got["cases"], proc.stdout[-6000:]
     assert got["core"] == "0", "the numpy backend disagrees with unshard:\n" + proc.stdout[-6000:]
     assert got["stable"] == "1", "repeated reshards created new sub-communicators"
+    uneven = summary(proc, r"uneven cases=(?P<cases>\d+) passed=(?P<passed>\d+) exchanges=(?P<exchanges>\d+)")
+    assert int(uneven["cases"]) >= 100
+    assert uneven["passed"] == uneven["cases"], proc.stdout[-6000:]
+    assert int(uneven["exchanges"]) >= 10, proc.stdout[-6000:]
     kinds = re.search(r"instructions run: (.*)", proc.stdout).group(1)
-    for kind in ("Slice", "AllGather", "AllToAll", "ReduceScatter", "AllReduce", "CollectivePermute"):
+    for kind in ("Slice", "AllGather", "AllToAll", "ReduceScatter", "AllReduce", "CollectivePermute", "Exchange"):
         assert f"{kind}=" in kinds, f"no {kind} ran: {kinds}"
 
 
