@@ -9,9 +9,12 @@ transformer, gnn, default sizes) and the schedule presets of ``partir_core.sched
   read back from our compiled HLO; XLA's = ``jax.jit(step, in_shardings=..., out_shardings=...)`` with OUR
   input and output shardings (``NamedSharding`` of the lowered program's input and output types), compiled,
   its collectives parsed by ``redist.xla_baseline.parse_hlo`` (per device, same accounting, max over devices).
-- (c) time: both compiled programs on the same device-resident inputs; 2 warm-up calls each, then
-  ``--repeats`` rounds, interleaved (the order alternates every round), each call timed with
-  ``time.perf_counter`` around the call and ``block_until_ready``; medians; ratio = ours / XLA.
+- (c) time: per model, all its cases' compiled programs (ours and XLA's) on the same device-resident inputs,
+  timed together (``interleaved_times``): 2 warm-up calls each, then ``--rounds`` rounds in which every program
+  runs a burst of ``--repeats`` calls (each timed with ``time.perf_counter`` around the call and
+  ``block_until_ready``), the order reversed every other round; a program's time is the minimum over rounds of
+  its per-round median (the host's speed drifts by tens of percent over seconds; programs timed in the same
+  round share its state, and the minimum keeps the undisturbed rounds); ratio = ours / XLA.
 - (d) memory: the simulator's ``peak_bytes`` (argument + output + peak temporaries, per device) against
   ``compiled.memory_analysis()`` argument + output + temp - alias of OUR compiled program (the target: the
   simulator models our program); XLA's program's figure is reported alongside.
@@ -19,22 +22,25 @@ transformer, gnn, default sizes) and the schedule presets of ``partir_core.sched
   time, across the schedules of each model and pooled over all models.
 
 Simulator calibration (``cpu-host`` compute and in-program collective latency; collective bandwidths from
-redist.cost's calibrated ``cpu-host`` link, ``bench/results/cpu_host_profile.json``). Three microbenchmarks, each a replicated program on all 8 host devices
-at once run through ``partir_core.jit`` (so the 8 devices' share of the machine's cores is included), median of
-9 timed calls: per-kernel overhead = slope of time against the simulator's kernel count over chains of 16 and 96
-small ``tanh(x @ w)`` layers; launch = a one-kernel program (``x + 1``, 8 elements) less one kernel; FLOP/s = a chain of 16 ``tanh(x @ w)`` at 128x128; bytes/s = 16 rounds of
-``a = a*0.5 + sum(a)*1e-6`` over 64K f32 (a reduction and an elementwise pass each: 3 passes over ``a``), both at
-the in-cache sizes of these models' local ops, launch and kernel overheads subtracted. In-program collective
-latency per kind (``calibrate_collectives``): the slope of chains of 0 and 16 collectives of 2 KB on the
-mesh's axis groups (2, 4, 8 devices), fitted as ``a0 + per_peer * (k - 1)``; a collective inside one program
-costs far less than the profile's one-collective program. The simulator charges the launch once per step, these
-latencies, and the profile's bandwidths. Written to ``bench/results/cpu_host_compute.json``,
-which the simulator's ``cpu-host`` preset reads. Runs when that file is missing or with ``--calibrate``.
+redist.cost's calibrated ``cpu-host`` link, ``bench/results/cpu_host_profile.json``). Microbenchmarks, each a
+replicated program on all 8 host devices at once run through ``partir_core.jit`` (so the 8 devices' share of
+the machine's cores is included), all timed together by ``interleaved_times``: per-kernel overhead = slope of
+time against the simulator's kernel count over chains of 16 and 96 small ``tanh(x @ w)`` layers; launch = a
+one-kernel program (``x + 1``, 8 elements) less one kernel; FLOP/s = the marginal cost of FLOPs between chains
+of 16 ``tanh(x @ w)`` at the two ``SIZES["matmul"]``; bytes/s = the marginal cost of bytes between 16 rounds of
+``a = a*0.5 + sum(a)*1e-6`` (a reduction and an elementwise pass each: 3 passes over ``a``) at the two
+``SIZES["stream"]``, sizes spanning these models' local ops; the two programs of a pair have the same kernels,
+so per-kernel costs cancel. In-program collective latency per kind (``calibrate_collectives``): the slope of
+chains of 0 and 16 collectives of 2 KB on the mesh's axis groups (2, 4, 8 devices), fitted as
+``a0 + per_peer * (k - 1)``; a collective inside one program costs far less than the profile's one-collective
+program. The simulator charges the launch once per step, these latencies, and the profile's bandwidths.
+Written to ``bench/results/cpu_host_compute.json``, which the simulator's ``cpu-host`` preset reads. Runs
+when that file is missing or with ``--calibrate``.
 
 Outputs: a table on stdout, ``bench/results/partitioning.json``, ``bench/results/partitioning.png``
 (simulated vs measured step time per model; bytes ours vs XLA).
 
-    python bench/partitioning.py [--quick] [--repeats 15] [--calibrate]
+    python bench/partitioning.py [--quick] [--rounds 8] [--repeats 10] [--calibrate]
 """
 
 from __future__ import annotations
@@ -69,6 +75,8 @@ RESULTS = os.path.join(ROOT, "bench", "results")
 MESH = redist.Mesh({"batch": 2, "model": 4})
 COMMON = ["BP", "MP", "Z2", "Z3", "BP+MP", "BP+Z2", "BP+Z3", "BP+MP+Z3"]
 SCHEDULES = {"mlp": COMMON, "gnn": COMMON, "transformer": COMMON + ["EMB", "BP+EMB", "BP+MP+EMB"]}
+# calibration sizes spanning these models' local ops: square matmuls, and f32 vectors for bytes/s
+SIZES = {"matmul": (32, 128), "stream": (1024, 16384)}
 QUICK = {"mlp": ["BP", "MP", "Z3", "BP+MP", "BP+MP+Z3"], "gnn": ["BP", "MP", "Z3", "BP+MP", "BP+MP+Z3"],
          "transformer": ["BP", "MP", "Z3", "EMB", "BP+MP", "BP+MP+Z3"]}
 
@@ -85,20 +93,29 @@ def median_time(fn, args, repeats=9, warmup=2):
     return statistics.median(ts)
 
 
-def time_pair(f_ours, f_xla, a_ours, a_xla, repeats):
-    for _ in range(2):
-        jax.block_until_ready(f_ours(*a_ours))
-        jax.block_until_ready(f_xla(*a_xla))
-    ours, xla = [], []
-    for r in range(repeats):
-        order = [(f_ours, a_ours, ours), (f_xla, a_xla, xla)]
-        if r % 2:
-            order.reverse()
-        for f, a, acc in order:
-            t0 = time.perf_counter()
-            jax.block_until_ready(f(*a))
-            acc.append(time.perf_counter() - t0)
-    return statistics.median(ours), statistics.median(xla)
+def interleaved_times(calls, rounds, burst, warmup=2):
+    """Robust step times of several programs on a 2-core host whose speed drifts over seconds.
+
+    ``calls``: ``[(fn, args), ...]``. After ``warmup`` calls each, ``rounds`` rounds; in every round each
+    program runs a burst of ``burst`` calls (each timed with ``perf_counter`` around the call and
+    ``block_until_ready``), the programs in turn, the order reversed every other round; a program's time is
+    the minimum over rounds of its per-round median. Programs timed in the same round share the machine's
+    state, and the minimum keeps the rounds the host ran undisturbed. Returns one time per program."""
+    for fn, a in calls:
+        for _ in range(warmup):
+            jax.block_until_ready(fn(*a))
+    best = [float("inf")] * len(calls)
+    order = list(range(len(calls)))
+    for r in range(rounds):
+        for i in (order if r % 2 == 0 else order[::-1]):
+            fn, a = calls[i]
+            ts = []
+            for _ in range(burst):
+                t0 = time.perf_counter()
+                jax.block_until_ready(fn(*a))
+                ts.append(time.perf_counter() - t0)
+            best[i] = min(best[i], statistics.median(ts))
+    return best
 
 
 def spearman(xs, ys) -> float:
@@ -134,8 +151,8 @@ def mem_total(m: xb.MemoryStats) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- calibration
-def calibrate(path: str) -> dict:
-    """Per-device compute throughput of the host devices (see the module docstring); writes ``path``."""
+def calibrate(path: str, rounds: int = 8) -> dict:
+    """Per-device compute costs of the host devices (see the module docstring); writes ``path``."""
     mesh = MESH
     key = jax.random.key(0)
 
@@ -146,45 +163,51 @@ def calibrate(path: str) -> dict:
             return x
         return f
 
-    def measure(fn, *args):
-        low = pc.jit(fn, mesh, []).lower(*args)
-        exe = low.program.executable()
-        leaves = jax.tree.leaves(args)
-        t = median_time(exe, leaves)
-        return t, low.simulate(simulator.Hardware("count", 1e30, 1e30, 0, 1e30))
-
-    x = jax.random.normal(key, (8, 8))
-    w = jax.random.normal(key, (8, 8)) * 0.1
-    t1, s1 = measure(chain(16), x, w)
-    t2, s2 = measure(chain(96), x, w)
-    overhead = max((t2 - t1) / max(s2.kernels - s1.kernels, 1), 1e-7)
-    tl, sl = measure(lambda a: a + 1.0, x)  # one tiny kernel: the cost of launching a program on 8 devices
-    base = max(tl - overhead * sl.kernels, 0.0)
-    # throughput at the sizes these models' local ops have (tens to hundreds of KB: in cache)
-    n = 128
-    big = jax.random.normal(key, (n, n)) * (1 / n) ** 0.5
-    tm, sm = measure(chain(16), big, big)
-    peak_flops = sm.flops / max(tm - base - overhead * sm.kernels, 1e-6)
-
     def stream(a):
         for _ in range(16):
             a = a * 0.5 + jnp.sum(a) * 1e-6  # a reduction and an elementwise kernel, both reading a
         return a
 
-    v = jax.random.normal(key, (1 << 16,))
-    te, se = measure(stream, v)
-    hbm_bw = 16 * 3 * v.size * 4 / max(te - base - overhead * se.kernels, 1e-6)
+    def program(fn, *args):
+        low = pc.jit(fn, mesh, []).lower(*args)
+        sim = low.simulate(simulator.Hardware("count", 1e30, 1e30, 0, 1e30))
+        return (low.program.executable(), jax.tree.leaves(args)), sim
+
+    def square(n):
+        return jax.random.normal(key, (n, n)) * (1 / n) ** 0.5
+
+    small, big = SIZES["matmul"]
+    short, long_ = SIZES["stream"]
+    progs = {
+        "chain16": program(chain(16), square(8), square(8)),
+        "chain96": program(chain(96), square(8), square(8)),
+        "one": program(lambda a: a + 1.0, square(8)),  # one tiny kernel: launching a program on 8 devices
+        "mm_small": program(chain(16), square(small), square(small)),
+        "mm_big": program(chain(16), square(big), square(big)),
+        "stream_short": program(stream, jax.random.normal(key, (short,))),
+        "stream_long": program(stream, jax.random.normal(key, (long_,))),
+    }
+    t = dict(zip(progs, interleaved_times([c for c, _ in progs.values()], rounds, 9)))
+    sim = {k: s for k, (_, s) in progs.items()}
+    overhead = max((t["chain96"] - t["chain16"]) / max(sim["chain96"].kernels - sim["chain16"].kernels, 1), 1e-7)
+    base = max(t["one"] - overhead * sim["one"].kernels, 0.0)
+    # marginal costs: the two programs of a pair have the same kernels, so launch and overheads cancel
+    peak_flops = (sim["mm_big"].flops - sim["mm_small"].flops) / max(t["mm_big"] - t["mm_small"], 1e-7)
+    hbm_bw = 16 * 3 * 4 * (long_ - short) / max(t["stream_long"] - t["stream_short"], 1e-7)
     out = {"peak_flops": peak_flops, "hbm_bw": hbm_bw, "op_overhead_s": overhead, "launch_s": base,
-           "collective_alpha": calibrate_collectives(overhead),
-           "method": "8 host devices at once, replicated partir_core programs, median of 9 calls after 2 "
-                     "warm-ups: overhead = slope over tanh(x@w) chains of 16 and 96 layers (8x8) per simulated "
-                     "kernel; launch from a one-kernel program; FLOP/s from a chain of 16 tanh(x@w) 128x128; "
-                     "bytes/s from 16 rounds of a = a*0.5 + sum(a)*1e-6 over 64K f32 (3 passes each); launch "
-                     "and kernel overheads subtracted. collective_alpha[kind] = [a0, per_peer]: the in-program "
+           "collective_alpha": calibrate_collectives(overhead, rounds=rounds),
+           "method": f"8 host devices at once, replicated partir_core programs, all timed together "
+                     f"({rounds} interleaved rounds of 9 calls each, minimum over rounds of the per-round "
+                     f"median): overhead = slope over tanh(x@w) chains of 16 and 96 layers (8x8) per simulated "
+                     f"kernel; launch from a one-kernel program; FLOP/s = the marginal cost of FLOPs between "
+                     f"chains of 16 tanh(x@w) at {small}x{small} and {big}x{big}; bytes/s = the marginal cost of "
+                     f"bytes between 16 rounds of a = a*0.5 + sum(a)*1e-6 (3 passes over a each) over {short} "
+                     f"and {long_} f32, the sizes of these models' local ops (same kernels in each pair, so "
+                     f"per-kernel costs cancel). collective_alpha[kind] = [a0, per_peer]: the in-program "
                      "latency of one collective over a group of k devices is a0 + per_peer * (k - 1), fitted "
                      "by least squares to the per-collective slope (chains of 0 and 16 collectives of 2 KB, "
                      "each followed by a fused scale, one kernel overhead subtracted) over the mesh's axis "
-                     "groups batch (2), model (4) and batch+model (8)",
+                     "groups batch (2), model (4) and batch+model (8), timed the same way",
            "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
            "jax": jax.__version__}
     with open(path, "w") as f:
@@ -192,7 +215,7 @@ def calibrate(path: str) -> dict:
     return out
 
 
-def calibrate_collectives(overhead: float, chain: int = 16) -> dict:
+def calibrate_collectives(overhead: float, chain: int = 16, rounds: int = 8) -> dict:
     """In-program latency of one collective per kind (see the module docstring): ``{kind: [a0, per_peer]}``
     (seconds), kinds named as redist names them."""
     from jax import lax
@@ -223,21 +246,23 @@ def calibrate_collectives(overhead: float, chain: int = 16) -> dict:
                                      check_vma=False))
 
     x = jnp.ones((8, 64), jnp.float32)
+    kinds = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "permute")
+    cases = [(kind, axes) for kind in kinds for axes in groups]
+    empty = program("all_reduce", groups[0], 0)
+    t = interleaved_times([(empty, [x])] + [(program(kind, axes, chain), [x]) for kind, axes in cases], rounds, 9)
+    slope = {c: max((b - t[0]) / chain - overhead, 0.0) for c, b in zip(cases, t[1:])}
     out = {}
-    for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "permute"):
-        ks, ts = [], []
-        for axes in groups:
-            t0 = median_time(program(kind, axes, 0), [x], repeats=15, warmup=3)
-            t1 = median_time(program(kind, axes, chain), [x], repeats=15, warmup=3)
-            ks.append(MESH.group_size(axes) - 1)
-            ts.append(max((t1 - t0) / chain - overhead, 0.0))
+    for kind in kinds:
+        ks = [MESH.group_size(axes) - 1 for axes in groups]
+        ts = [slope[(kind, axes)] for axes in groups]
         per_peer = max(float(np.polyfit(ks, ts, 1)[0]), 0.0)
         out[kind] = [max(float(np.mean(ts)) - per_peer * float(np.mean(ks)), 0.0), per_peer]
     return out
 
 
 # ---------------------------------------------------------------------------------------------- one case
-def run_case(model, inputs, want, name, repeats):
+def run_case(model, inputs, want, name):
+    """Everything but timing for one model x schedule: the record and ``[(ours, args), (XLA, args)]``."""
     rec = {"model": model.name, "schedule": name}
     t0 = time.perf_counter()
     pf = pc.jit(model.step, MESH, schedules.schedule(name, model, inputs, mesh=MESH))
@@ -287,11 +312,7 @@ def run_case(model, inputs, want, name, repeats):
     rec["mem_err_vs_ours"] = sim.peak_bytes / mem_total(mo) - 1
     rec["mem_err_vs_xla"] = sim.peak_bytes / mem_total(mx) - 1
 
-    t_ours, t_xla = time_pair(ours_c, xla_c, args, xargs, repeats)
-    rec["time_ours_s"] = t_ours
-    rec["time_xla_s"] = t_xla
-    rec["time_ratio"] = t_ours / t_xla
-    return rec
+    return rec, [(ours_c, args), (xla_c, xargs)]
 
 
 # ---------------------------------------------------------------------------------------------- output
@@ -350,13 +371,15 @@ def plot(rows, path):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer schedules, 10 timed rounds")
-    ap.add_argument("--repeats", type=int, default=None, help="timed rounds per case (default 15; quick 10)")
+    ap.add_argument("--quick", action="store_true", help="fewer schedules, 4 timed rounds")
+    ap.add_argument("--repeats", type=int, default=10, help="timed calls per program per round (default 10)")
+    ap.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds (default 8; quick 4)")
     ap.add_argument("--calibrate", action="store_true", help="re-run the cpu-host compute calibration")
     ap.add_argument("--models", default="mlp,gnn,transformer")
     ap.add_argument("--out", default=os.path.join(RESULTS, "partitioning.json"))
     args = ap.parse_args(argv)
-    repeats = args.repeats or (10 if args.quick else 15)
+    repeats = args.repeats
+    rounds = args.rounds or (4 if args.quick else 8)
     logging.getLogger("jax").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
     start = time.perf_counter()
@@ -377,10 +400,17 @@ def main(argv=None):
         model = models.MODELS[mname]()
         inputs = model.init(jax.random.key(0))
         want = jax.jit(model.step)(*inputs)
+        recs, calls = [], []
         for name in chosen[mname]:
-            rec = run_case(model, inputs, want, name, repeats)
+            rec, pair = run_case(model, inputs, want, name)
+            recs.append(rec)
+            calls += pair
+        times = interleaved_times(calls, rounds, repeats)
+        for k, rec in enumerate(recs):
+            rec["time_ours_s"], rec["time_xla_s"] = times[2 * k], times[2 * k + 1]
+            rec["time_ratio"] = rec["time_ours_s"] / rec["time_xla_s"]
             rows.append(rec)
-            print(f"  {mname:12s} {name:10s} match={rec['match']} bytes {rec['bytes_ours']:.0f}/"
+            print(f"  {mname:12s} {rec['schedule']:10s} match={rec['match']} bytes {rec['bytes_ours']:.0f}/"
                   f"{rec['bytes_xla']:.0f} time {rec['time_ours_s'] * 1e3:.2f}/{rec['time_xla_s'] * 1e3:.2f} ms "
                   f"mem sim {rec['sim_peak_bytes']} ours {rec['mem_ours']['total']} ({time.perf_counter() - start:.0f}s)",
                   flush=True)
@@ -401,7 +431,9 @@ def main(argv=None):
         "cases_mem_err_over_15pct": [f"{r['model']} {r['schedule']}" for r in rows if abs(r["mem_err_vs_ours"]) > 0.15],
         "max_abs_mem_err_vs_xla": max(abs(r["mem_err_vs_xla"]) for r in rows),
         "spearman_sim_vs_measured": spear,
-        "repeats": repeats,
+        "timing": f"per model, all its cases' programs (ours and XLA's) interleaved: {rounds} rounds, each a "
+                  f"burst of {repeats} calls per program, the order reversed every other round; time = the "
+                  f"minimum over rounds of the per-round median",
         "quick": args.quick,
         "hardware": {"peak_flops": hw.peak_flops, "hbm_bw": hw.hbm_bw, "op_overhead_s": hw.op_overhead_s,
                      "alpha_s": hw.alpha_s, "link_bw": hw.link_bw, "kind_links": hw.kind_links},

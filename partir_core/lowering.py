@@ -74,10 +74,12 @@ def _analyze_once(graph: Graph, rules: list, state: State, mesh, choose: bool, t
     that is not already what the state wants for it) also tries the alternatives made of the axes its
     operands and results carry (in the state or as actually produced), prefixes of those, and none, and
     keeps the one that moves the fewest bytes: operands resharded from their produced types, plus results
-    resharded to the types the state gives them (a pending sum reduced there). Ties keep the proposal.
+    resharded to the types they are wanted in (a pending sum reduced there). Ties keep the proposal.
     This is the local, cost-based choice XLA's partitioner makes per op (gather a small activation rather
-    than a large weight, keep a contraction local, ...). ``targets[v]``: the types value ``v`` is wanted in
-    (None: the state's type)."""
+    than a large weight, keep a contraction local, ...). ``targets``: None prices every result against the
+    state's type for it; a dict prices result ``v`` against the types ``targets[v]`` (none: free);
+    :data:`FOLLOW` prices no result, so each op takes the layout its operands arrive in where that is
+    cheapest (a layout chosen at one op then carries along the values computed from it)."""
     types: dict[int, ShardingType] = {}
     for v in graph.invars:
         types[v] = ShardingType(mesh, graph.shape(v), graph.dtype(v), tuple(state.dims[v]))
@@ -114,24 +116,34 @@ def _analyze_once(graph: Graph, rules: list, state: State, mesh, choose: bool, t
     return Analysis(ops, types, unsupported, state)
 
 
+FOLLOW = "follow"  # ``targets`` of a pass that prices no result (see :func:`_analyze_once`)
+
+
 def analyze(graph: Graph, rules: list, state: State, mesh, choose: bool = True, passes: int = 3) -> Analysis:
-    """Fix every op's factor axes (see :func:`_analyze_once`). With ``choose``, the first pass prices results
-    against the types the state gives them; each further pass prices them against the types their readers
-    asked for in the pass before (and the outputs' types), and the pass whose program moves the fewest bytes
-    is kept (the first one on ties)."""
-    best = _analyze_once(graph, rules, state, mesh, choose, None)
+    """Fix every op's factor axes (see :func:`_analyze_once`). With ``choose``, two starting passes are
+    refined: one pricing results against the types the state gives them, one pricing no result
+    (:data:`FOLLOW`: values keep the layout an op chose for them, so a per-op choice that differs from the
+    state, e.g. a matmul keeping a sharded weight local, is not undone by a reshard at every reader). Each
+    further pass prices results against the types their readers asked for in the pass before (and the
+    outputs' types). Of all passes, the one whose program moves the fewest bytes is kept (the first one on
+    ties, so the state-priced start wins unless another is strictly cheaper)."""
+    first = _analyze_once(graph, rules, state, mesh, choose, None)
     if not choose:
-        return best
-    best_cost = program_bytes(graph, best, state, mesh)
-    cur = best
-    for _ in range(passes - 1):
-        nxt = _analyze_once(graph, rules, state, mesh, True, _demands(graph, cur, state, mesh))
-        c = program_bytes(graph, nxt, state, mesh)
+        return first
+    best, best_cost = first, program_bytes(graph, first, state, mesh)
+    for start in (first, _analyze_once(graph, rules, state, mesh, True, FOLLOW)):
+        cur = start
+        c = program_bytes(graph, cur, state, mesh)
         if c < best_cost:
-            best, best_cost = nxt, c
-        if nxt.types == cur.types:
-            break
-        cur = nxt
+            best, best_cost = cur, c
+        for _ in range(passes - 1):
+            nxt = _analyze_once(graph, rules, state, mesh, True, _demands(graph, cur, state, mesh))
+            c = program_bytes(graph, nxt, state, mesh)
+            if c < best_cost:
+                best, best_cost = nxt, c
+            if nxt.types == cur.types:
+                break
+            cur = nxt
     return best
 
 
@@ -222,6 +234,8 @@ def reshard_bytes(src: ShardingType, dst: ShardingType) -> float:
 def _op_cost(graph, eqn, op: OpSharding, types, state, mesh, targets=None) -> float:
     cost = sum(reshard_bytes(types[v], t) for v, t in zip(eqn.invars, op.in_types))
     for v, t in zip(eqn.outvars, op.out_types):
+        if targets is FOLLOW:
+            continue
         if targets is not None and v in targets:
             cost += sum(reshard_bytes(t, want) for want in targets[v])
         elif v in state.dims:

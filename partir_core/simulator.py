@@ -299,10 +299,6 @@ def _heap_peak(temps: dict, outs: dict, size: dict) -> int:
     return peak
 
 
-    return Simulation(compute_t + comm_t, int(total), comm_bytes, total_flops, compute_t, comm_t, hw.name,
-                      kernels, int(arg_bytes), int(out_bytes), int(peak - out_bytes))
-
-
 def _reads(ins):
     from partir_core.lowering import Compute, Finish, Reshard
 
