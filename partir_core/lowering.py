@@ -313,10 +313,14 @@ class Reshard:
 
 @dataclass
 class Compute:
+    """Run equation ``eqn_index`` on local shards. ``masks``: ``(operand, dim, kind)`` for every operand dim
+    that is split unevenly and that the op reduces over (a contraction, a reduction, the summed dims of a
+    scatter-add): its padding is replaced by the reduction's identity first (see :func:`_mask_padding`)."""
+
     eqn_index: int
     reads: list
     writes: list
-    ctx_args: dict
+    masks: list
     flops: float
 
 
@@ -366,6 +370,8 @@ class LocalProgram:
                 eqn = g.eqns[ins.eqn_index]
                 op = self.analysis.ops[ins.eqn_index]
                 vals = [env[b] for b in ins.reads]
+                for i, d, kind in ins.masks:
+                    vals[i] = _mask_padding(vals[i], op.in_types[i], d, kind)
                 ctx = LocalContext(eqn, [t.local_shape for t in op.in_types],
                                    [t.local_shape for t in op.out_types], [t.dims for t in op.out_types],
                                    self.mesh, op.new_partial)
@@ -384,13 +390,43 @@ class LocalProgram:
         return self.executable()(*flat_args)
 
     def executable(self):
+        """The jitted program on global arrays. ``shard_map`` needs dims that divide their axes, so inputs
+        with uneven dims are padded (with zeros) to their ``padded_shape`` first, whose blocks are exactly
+        the padded local buffers, and outputs are cut back to their shape."""
         if not hasattr(self, "_exe"):
             mapped = jax.shard_map(self.body, mesh=self.jax_mesh(),
                                    in_specs=tuple(t.partition_spec() for t in self.in_types),
                                    out_specs=tuple(t.partition_spec() for t in self.out_types),
                                    check_vma=False)
-            self._exe = jax.jit(mapped)
+
+            def run(*xs):
+                xs = [x if t.is_even() else jnp.pad(x, [(0, p - n) for n, p in zip(t.shape, t.padded_shape)])
+                      for x, t in zip(xs, self.in_types)]
+                outs = mapped(*xs)
+                return tuple(y if t.is_even() else y[tuple(slice(0, n) for n in t.shape)]
+                             for y, t in zip(outs, self.out_types))
+
+            self._exe = jax.jit(run)
         return self._exe
+
+
+_IDENTITY = {"sum": 0, "max": -np.inf, "min": np.inf}
+
+
+def _mask_padding(x, t: ShardingType, dim: int, kind: str):
+    """``x`` (a local buffer of type ``t``) with the padding of uneven dim ``dim`` set to the identity of a
+    ``kind`` reduction (0 for sums, -inf / +inf or the dtype's extremes for max / min), so that reducing
+    over the dim counts data only. Padding holds whatever the ops before computed there (never data)."""
+    L = t.local_shape[dim]
+    start = lax.axis_index(tuple(t.dims[dim])) * L
+    valid = lax.broadcasted_iota(jnp.int32, x.shape, dim) + start < t.shape[dim]
+    fill = _IDENTITY[kind]
+    if jnp.issubdtype(x.dtype, jnp.integer) and fill:
+        info = jnp.iinfo(x.dtype)
+        fill = info.min if fill < 0 else info.max
+    elif x.dtype == jnp.bool_:
+        fill = kind == "min"
+    return jnp.where(valid, x, jnp.asarray(fill, x.dtype))
 
 
 _PLANS: dict = {}
@@ -449,6 +485,20 @@ def _reshard(x, ins: Reshard):
     return x
 
 
+def _masks(op: OpSharding) -> list:
+    """The operand dims of ``op`` whose padding must be masked: split unevenly and reduced over by the op."""
+    if op.rule is None:
+        return []
+    out = []
+    for i, (dims, t) in enumerate(zip(op.rule.operands, op.in_types)):
+        for d, fs in enumerate(dims):
+            kinds = {op.rule.reduce[f] for f in fs if f in op.rule.reduce and f in op.use}
+            if kinds and not t.is_even(d):
+                (kind,) = kinds
+                out.append((i, d, kind))
+    return out
+
+
 def lower(graph: Graph, analysis: Analysis, mesh, state: State | None = None) -> LocalProgram:
     """The local program of ``analysis``. A reshard of one buffer to one type is made once and its result
     reused by every later reader. Outputs are given the type propagation gives them (``state``; without
@@ -483,7 +533,7 @@ def lower(graph: Graph, analysis: Analysis, mesh, state: State | None = None) ->
         reads = [move(v, types[v], t, where) for v, t in zip(eqn.invars, op.in_types)]
         f = flops(eqn.name, [t.local_shape for t in op.in_types], [t.local_shape for t in op.out_types],
                   eqn.params)
-        instructions.append(Compute(i, reads, list(eqn.outvars), {}, f))
+        instructions.append(Compute(i, reads, list(eqn.outvars), _masks(op), f))
         for kind, axes in op.finish:
             k = mesh.group_size(tuple(axes))
             b = sum(2 * (k - 1) / k * t.local_bytes for t in op.out_types)

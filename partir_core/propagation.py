@@ -84,11 +84,14 @@ def decompose(mesh, axes: Axes, factors, sizes) -> list[Axes] | None:
 
 def compose(mesh, per_factor: list[Axes], factors, sizes) -> Axes | None:
     """The dim's axes when its factors are split as given, or None if the blocks would not be contiguous
-    (a factor before the last split one is not fully split)."""
+    (a factor before the last split one is not fully split, or a dim of several factors would be split
+    unevenly: uneven blocks of a compound dim do not follow its factors)."""
     last = max((i for i, a in enumerate(per_factor) if a), default=-1)
     for i in range(last):
         if group(mesh, per_factor[i]) != sizes[factors[i]]:
             return None
+    if len(factors) > 1 and last >= 0 and sizes[factors[last]] % group(mesh, per_factor[last]):
+        return None
     return tuple(a for axes in per_factor for a in axes)
 
 
@@ -111,7 +114,7 @@ def resolve(graph: Graph, rule: Rule, eqn, state: State, mesh, eqn_index: int = 
         axes = state.dims[v][d]
         if not axes:
             continue
-        parts = decompose(mesh, axes, fs, rule.sizes)
+        parts = [tuple(axes)] if len(fs) == 1 else decompose(mesh, axes, fs, rule.sizes)
         if parts is None:
             continue
         for f, a in zip(fs, parts):
@@ -204,7 +207,7 @@ def propagate(graph: Graph, rules: list, state: State, mesh, tactic: int, max_ro
                 if not target or target == cur or target[: len(cur)] != cur:
                     continue
                 others = {a for j, ax in enumerate(state.dims[v]) if j != d for a in ax}
-                if others & set(target) or graph.shape(v)[d] % group(mesh, target):
+                if others & set(target) or (len(fs) > 1 and graph.shape(v)[d] % group(mesh, target)):
                     continue
                 state.dims[v][d] = target
                 if state.prov[v][d] is None:

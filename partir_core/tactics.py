@@ -7,8 +7,9 @@ A dim already split by an earlier tactic is split further (``axis`` appended at 
 replicated), which is how ZeRO-2 keeps parameters whole while sharding the optimizer state.
 
 Errors (:class:`PartitionError`, a ``ShardingError``/``ValueError``) are raised by :meth:`validate` before
-anything runs: a path matching no input, a dim out of range or not divisible by the axis size, an unknown
-axis. ``AutomaticPartition`` searches for the tactics (see :mod:`partir_core.automatic`).
+anything runs: a path matching no input, a dim out of range, an unknown axis. A dim need not divide by
+the axis size: it is then split by XLA's padding rule (ceil-sized blocks, padded local buffers; SPEC 2),
+and ops that reduce over it count its data only. ``AutomaticPartition`` searches for the tactics (see :mod:`partir_core.automatic`).
 """
 
 from __future__ import annotations
@@ -59,11 +60,7 @@ class ManualPartition:
 
     def validate(self, graph: Graph, mesh) -> None:
         self.check_mesh(mesh)
-        size = dict(mesh.axes)[self.axis]
-        for p, v, d in self.matches(graph):
-            if d is not None and graph.shape(v)[d] % size:
-                raise PartitionError(f"ManualPartition: dim {d} of input {p!r} has size {graph.shape(v)[d]}, "
-                                     f"which does not divide by mesh axis {self.axis!r} of size {size}")
+        self.matches(graph)
 
     def apply(self, graph: Graph, state: State, mesh, index: int) -> None:
         """Record this tactic's decisions in ``state`` (propagation is the caller's)."""
@@ -75,12 +72,9 @@ class ManualPartition:
             if self.axis in cur:
                 continue
             used = [a for ax in state.dims[v] for a in ax]
-            blocked = v in state.pinned or self.axis in used or \
-                graph.shape(v)[d] % mesh.group_size(tuple(cur) + (self.axis,))
-            if blocked:
-                why = "the input is pinned" if v in state.pinned else \
-                    f"axis {self.axis!r} already splits another dim" if self.axis in used else \
-                    f"dim {d} does not divide over {cur + (self.axis,)}"
+            if v in state.pinned or self.axis in used:
+                why = ("the input is pinned" if v in state.pinned
+                       else f"axis {self.axis!r} already splits another dim")
                 state.conflicts.append(Conflict(index, -1, "input " + p, f"dim {d}",
                                                 ((v, d, (self.axis,), index),), tuple(cur), why))
                 continue
