@@ -141,29 +141,49 @@ def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
 def _synthesize_uneven(src: ShardingType, dst: ShardingType, topology) -> Plan:
     """A plan between types with uneven dims (see "Uneven dims" in :mod:`redist.steps`).
 
-    With equal padded shapes, the plan between the padded views, between a ``pad`` and an ``unpad`` (views:
-    the buffers are those of the collectives' plan, and its peak and bytes are theirs). Otherwise one
-    ``exchange``, which receives exactly the lower bound, with an ``all_reduce`` of the reduced partial axes
-    on the side with the smaller buffer (before, if the destination places a reduced axis in a dim). Peak: ``max(src, dst)`` local bytes either way.
+    With equal padded shapes: the plan between the padded views, between a ``pad`` and an ``unpad`` (views:
+    the buffers are those of the collectives' plan, and its peak and bytes are theirs). Otherwise the plan
+    ends with an ``exchange``, which receives exactly what each device lacks. Without pending sums to reduce
+    that is the whole plan, at the lower bound. With them, the fewest-bytes of: an ``all_reduce`` before or
+    after the exchange (after: if the destination does not place a reduced axis in a dim), and a plan on
+    the padded view that reduce-scatters the reduced axes onto one dim whose padded size they keep, then the
+    exchange. Peak: at most ``max(src, dst)`` local bytes in every case.
     """
     if src == dst:
         return Plan((), (src,))
     if src.padded_shape == dst.padded_shape:
-        core = synthesize(src.padded(), dst.padded(), topology)
-        steps = (S.Pad(),) + core.steps + (S.Unpad(src.shape),)
-    else:
-        reduced = remove_axes(src.mesh, src.partial, dst.partial)
-        exchange = S.Exchange(dst.dims)
-        if not reduced:
-            steps = (exchange,)
-        elif dst.local_bytes < src.local_bytes and _is_type(src, dst.dims, src.partial):
-            steps = (exchange, S.AllReduce(reduced))
-        else:
-            steps = (S.AllReduce(reduced), exchange)
+        return _between_padded_views(src, dst, topology)
+    reduced = remove_axes(src.mesh, src.partial, dst.partial)
+    exchange = S.Exchange(dst.dims)
+    if not reduced:
+        return _typed_plan(src, (exchange,))
+    candidates = [_typed_plan(src, (S.AllReduce(reduced), exchange))]
+    if _is_type(src, dst.dims, src.partial):
+        candidates.append(_typed_plan(src, (exchange, S.AllReduce(reduced))))
+    bound = max(src.local_bytes, dst.local_bytes)
+    for d in range(src.rank):
+        if not _is_type(src, src.dims[:d] + (src.dims[d] + reduced,) + src.dims[d + 1:], dst.partial):
+            continue
+        mid = src.replace(dims=src.dims[:d] + (src.dims[d] + reduced,) + src.dims[d + 1:], partial=dst.partial)
+        if mid.padded_shape == src.padded_shape and mid.local_bytes <= bound:
+            first = _between_padded_views(src, mid, topology)
+            candidates.append(_typed_plan(src, first.steps + (exchange,)))
+    return min(candidates, key=lambda p: (p.bytes_received, len(p.steps)))
+
+
+def _between_padded_views(src: ShardingType, dst: ShardingType, topology) -> Plan:
+    """``pad``, the plan between the even padded views, ``unpad`` (src and dst have one padded shape)."""
+    core = synthesize(src.padded(), dst.padded(), topology)
+    if src.is_even() and dst.is_even():
+        return core
+    return _typed_plan(src, (S.Pad(),) + core.steps + (S.Unpad(src.shape),))
+
+
+def _typed_plan(src: ShardingType, steps) -> Plan:
     types = [src]
     for step in steps:
         types.append(step.apply(types[-1]))
-    return Plan(steps, tuple(types))
+    return Plan(tuple(steps), tuple(types))
 
 
 def _is_type(t: ShardingType, dims, partial) -> bool:

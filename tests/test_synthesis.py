@@ -321,6 +321,8 @@ UNEVEN = [
     (MESH, "f32[9, 3] partial{x}", "f32[9{y}, 3]", ["exchange", "all_reduce"]),  # reduce the smaller buffer
     (MESH, "f32[9, 3] partial{y}", "f32[9{y}, 3]", ["all_reduce", "exchange"]),  # y must be reduced first
     (MESH, "f32[9{y}, 3] partial{x}", "f32[9, 3{y}] partial{x}", ["exchange"]),
+    # reduce-scatter the sums onto the even dim, then exchange: 232 B, where all_reduce + exchange takes 336 B
+    (Mesh({"x": 2, "y": 2}), "f32[7, 8] partial{x,y}", "f32[7{x}, 8{y}]", ["reduce_scatter", "exchange"]),
 ]
 
 
