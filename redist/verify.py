@@ -413,26 +413,29 @@ class _Walk:
         return c, idx
 
     def _exchange(self, t: int, ins, c: dict, idx: list):
-        """Read an exchange backward: the copy whose destination box (on this device) holds the index."""
+        """Read an exchange backward: the copy whose destination box (on this device) holds the index.
+
+        A selector ``k`` names that copy (``k == J``, the number of copies: none holds it, the element is
+        unwritten). Each copy is one implication, ``k == j → (device and index in its box) ∧ (source device
+        and index)``, and ``k == J → no box holds it``; the boxes of one device do not overlap, so ``k`` is a
+        function of the device and index. This keeps the encoding linear in the number of copies (an
+        if-then-else chain over thousands of copies is much slower to solve)."""
         did = self.device_id(c)
-        hit = []
-        src_c = {name: c[name] for name in self.names}
-        src_i = list(idx)
-        for d, copies in enumerate(ins.copies):
-            for cp in copies:
-                inside = z3.And([did == d] + [z3.And(i >= lo, i < lo + n) for i, lo, n in zip(idx, cp.dst_start, cp.size)])
-                hit.append(inside)
-                coords = self.coords_of(cp.source)
-                src_c = {name: z3.If(inside, coords[name], src_c[name]) for name in self.names}
-                src_i = [z3.If(inside, i - lo_out + lo_in, e)
-                         for i, e, lo_in, lo_out in zip(idx, src_i, cp.src_start, cp.dst_start)]
-        self.written.append(z3.Or(hit) if hit else z3.BoolVal(False))
-        c2 = {}
-        for name in self.names:
-            v = z3.Int(f"{self.tag}_x{t}_{name}")
-            self.defs.append(v == src_c[name])
-            c2[name] = v
-        return c2, self._named(t, src_i)
+        flat = [(d, cp) for d, copies in enumerate(ins.copies) for cp in copies]
+        k = self.fresh(f"copy{t}", 0, len(flat) + 1)
+        c2 = {name: z3.Int(f"{self.tag}_x{t}_{name}") for name in self.names}
+        i2 = [z3.Int(f"{self.tag}_i{t}_{d}") for d in range(len(idx))]
+        covers = []
+        for j, (d, cp) in enumerate(flat):
+            inside = z3.And([did == d] + [z3.And(i >= lo, i < lo + n) for i, lo, n in zip(idx, cp.dst_start, cp.size)])
+            covers.append(inside)
+            coords = self.coords_of(cp.source)
+            self.defs.append(z3.Implies(k == j, z3.And(
+                [inside] + [c2[name] == coords[name] for name in self.names]
+                + [a == i - lo_out + lo_in for a, i, lo_in, lo_out in zip(i2, idx, cp.src_start, cp.dst_start)])))
+        self.defs.append(z3.Implies(k == len(flat), z3.And([z3.Not(x) for x in covers])))
+        self.written.append(k < len(flat))
+        return c2, i2
 
     def _named(self, t: int, idx: list) -> list:
         """Fresh names for the index before instruction ``t`` (keeps the solver's terms small)."""
