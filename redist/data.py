@@ -72,3 +72,18 @@ def unshard(t: ShardingType, shards) -> np.ndarray:
         seen[key] = total
         out[box] = total
     return out
+
+
+def poison_padding(t: ShardingType, bufs) -> list[np.ndarray]:
+    """Copies of per-device buffers of ``t`` with every padding position (outside :meth:`ShardingType.data_box`)
+    set to NaN (floats) or a sentinel (integers: 111, bool: True). For tests: a program that reads padding as
+    data then gives a wrong value."""
+    fill = np.nan if t.np_dtype.kind in "fV" else True if t.dtype == "bool" else 111
+    out = []
+    for d, b in enumerate(bufs):
+        b = np.array(b, dtype=t.np_dtype, order="C")
+        data = np.zeros(b.shape, bool)
+        data[t.data_box(d)] = True
+        b[~data] = fill
+        out.append(b)
+    return out

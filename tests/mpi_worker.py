@@ -25,7 +25,7 @@ from mpi4py import MPI
 
 import redist
 import redist.mpi
-from redist.data import summands
+from redist.data import poison_padding, summands
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
@@ -206,19 +206,6 @@ def uneven_named_pairs() -> list[tuple[str, str, str]]:
     return out
 
 
-def poisoned(t: redist.ShardingType, bufs: list[np.ndarray]) -> list[np.ndarray]:
-    """Copies of ``bufs`` with the padding outside each device's data box set to NaN (floats) or a sentinel
-    (integers: 111; bool: True), so a plan that reads padding as data gives a wrong value."""
-    fill = np.nan if t.np_dtype.kind in "fV" else True if t.dtype == "bool" else 111
-    out = []
-    for d, b in enumerate(bufs):
-        b = np.array(b, order="C")
-        data = np.zeros(b.shape, bool)
-        data[t.data_box(d)] = True
-        b[~data] = fill
-        out.append(b)
-    return out
-
 
 # ------------------------------------------------------------------------------------ modes
 KINDS: dict[str, int] = {}
@@ -251,7 +238,7 @@ def run_uneven_case(src, dst, rng, failures: list, label: str) -> tuple[bool, bo
         value = rng.random(src.shape) < 0.5
     else:
         value = rng.integers(-20, 20, size=src.shape).astype(src.np_dtype)
-    shards = poisoned(src, summands(src, value, rng))
+    shards = poison_padding(src, summands(src, value, rng))
     expected = redist.execute(plan, shards)
     core_ok = np.array_equal(redist.unshard(dst, expected), value)
     out = redist.mpi.reshard(shards[RANK].copy(), src, dst, COMM)

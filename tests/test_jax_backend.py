@@ -17,7 +17,7 @@ from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as PS  # noqa: E402
 
 import redist.jax as rj  # noqa: E402
-from redist.data import summands  # noqa: E402
+from redist.data import poison_padding, summands  # noqa: E402
 from tests.strategies import meshes, type_pairs  # noqa: E402
 
 if len(jax.devices()) < 8:
@@ -322,19 +322,6 @@ def test_execute_on_jax_devices_agrees_with_numpy_for_partial_sources(data, seed
 
 
 # ---------------------------------------------------------------------- uneven dims: the Exchange instruction
-def poisoned(t, bufs):
-    """Copies of ``bufs`` with the padding outside each device's data box set to NaN (floats), 111 (ints) or
-    True (bool): a plan that reads padding as data then gives a wrong value."""
-    fill = np.nan if t.np_dtype.kind in "fV" else True if t.dtype == "bool" else 111
-    out = []
-    for d, b in enumerate(bufs):
-        b = np.array(b)
-        data = np.zeros(b.shape, bool)
-        data[t.data_box(d)] = True
-        b[~data] = fill
-        out.append(b)
-    return out
-
 
 def check_uneven(src, dst, seed):
     """Run the plan on poisoned buffers (integer summands for a partial source) with JAX collectives, under a
@@ -346,7 +333,7 @@ def check_uneven(src, dst, seed):
         value = rng.random(src.shape) < 0.5
     else:
         value = rng.integers(-20, 20, size=src.shape).astype(src.np_dtype)
-    shards = poisoned(src, summands(src, value, rng))
+    shards = poison_padding(src, summands(src, value, rng))
     want = redist.execute(plan, shards)
     with jax.transfer_guard("disallow"):
         got = redist.execute(plan, shards, backend="jax")

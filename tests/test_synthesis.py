@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import redist
 from redist import Mesh, ShardingError, ShardingType, lower_bound_bytes, synthesize
 from redist.steps import AllGather, AllSlice, AllToAll, Permute, permute_sources
-from redist.data import summands
+from redist.data import poison_padding, summands
 from tests.strategies import layouts, type_pairs
 
 
@@ -252,23 +252,12 @@ def test_plan_text_and_json():
 # of the source, then demand the exact destination block on every device (not just a global array that
 # unshards right), the memory bound in padded bytes, and bytes at the lower bound for point-to-point plans.
 
-def _poisoned(t: ShardingType, bufs):
-    """``bufs`` with every padding position of type ``t`` set to NaN: reading one as data shows."""
-    out = []
-    for d, b in enumerate(bufs):
-        b = np.array(b, dtype=np.float64)
-        pad = np.ones(b.shape, bool)
-        pad[t.data_box(d)] = False
-        b[pad] = np.nan
-        out.append(b.astype(t.np_dtype))
-    return out
-
 
 def _run_uneven(src, dst, seed=0, backend="numpy"):
     plan = synthesize(src, dst)
     rng = np.random.default_rng(seed)
     value = rng.integers(-50, 50, size=src.shape).astype(src.np_dtype)
-    out = redist.execute(plan, _poisoned(src, summands(src, value, rng)), backend=backend)
+    out = redist.execute(plan, poison_padding(src, summands(src, value, rng)), backend=backend)
     assert all(x.shape == dst.local_shape for x in out)
     if dst.partial:
         assert np.array_equal(redist.unshard(dst, out), value), str(plan)
@@ -301,7 +290,7 @@ def test_uneven_plans_compose(data):
     src, mid = data.draw(type_pairs(max_rank=2, partial=False, uneven=True))
     dst = src.replace(dims=data.draw(layouts(src.mesh, src.rank, partial=False))[0])
     value = np.arange(math.prod(src.shape), dtype=np.float32).reshape(src.shape)
-    bufs = _poisoned(src, redist.shard(src, value))
+    bufs = poison_padding(src, redist.shard(src, value))
     two = redist.execute(synthesize(mid, dst), redist.execute(synthesize(src, mid), bufs))
     one = redist.execute(synthesize(src, dst), bufs)
     for d in range(src.mesh.size):
