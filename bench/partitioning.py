@@ -29,7 +29,9 @@ time against the simulator's kernel count over chains of 16 and 96 small ``tanh(
 one-kernel program (``x + 1``, 8 elements) less one kernel; FLOP/s = the marginal cost of FLOPs between chains
 of 16 ``tanh(x @ w)`` at the two ``SIZES["matmul"]``; bytes/s = the marginal cost of bytes between 16 rounds of
 ``a = a*0.5 + sum(a)*1e-6`` (a reduction and an elementwise pass each: 3 passes over ``a``) at the two
-``SIZES["stream"]``, sizes spanning these models' local ops; the two programs of a pair have the same kernels,
+``SIZES["stream"]``, sizes spanning these models' larger local ops and both split over XLA's CPU thread pool
+(at 1024 f32 the fusions are not split, and the pool dispatch, not bytes, made most of the difference: ~10 GB/s
+rather than ~3 GB/s); the two programs of a pair have the same kernels,
 so per-kernel costs cancel. In-program collective latency per kind (``calibrate_collectives``): the slope of
 chains of 0 and 16 collectives of 2 KB on the mesh's axis groups (2, 4, 8 devices), fitted as
 ``a0 + per_peer * (k - 1)``; a collective inside one program costs far less than the profile's one-collective
@@ -76,7 +78,9 @@ MESH = redist.Mesh({"batch": 2, "model": 4})
 COMMON = ["BP", "MP", "Z2", "Z3", "BP+MP", "BP+Z2", "BP+Z3", "BP+MP+Z3"]
 SCHEDULES = {"mlp": COMMON, "gnn": COMMON, "transformer": COMMON + ["EMB", "BP+EMB", "BP+MP+EMB"]}
 # calibration sizes spanning these models' local ops: square matmuls, and f32 vectors for bytes/s
-SIZES = {"matmul": (32, 128), "stream": (1024, 16384)}
+# (both stream sizes above the size at which XLA's CPU backend splits a loop fusion over its thread pool, so
+# that the pair differs in bytes only, not in how its kernels are dispatched)
+SIZES = {"matmul": (32, 128), "stream": (4096, 16384)}
 QUICK = {"mlp": ["BP", "MP", "Z3", "BP+MP", "BP+MP+Z3"], "gnn": ["BP", "MP", "Z3", "BP+MP", "BP+MP+Z3"],
          "transformer": ["BP", "MP", "Z3", "EMB", "BP+MP", "BP+MP+Z3"]}
 
@@ -202,7 +206,8 @@ def calibrate(path: str, rounds: int = 8) -> dict:
                      f"kernel; launch from a one-kernel program; FLOP/s = the marginal cost of FLOPs between "
                      f"chains of 16 tanh(x@w) at {small}x{small} and {big}x{big}; bytes/s = the marginal cost of "
                      f"bytes between 16 rounds of a = a*0.5 + sum(a)*1e-6 (3 passes over a each) over {short} "
-                     f"and {long_} f32, the sizes of these models' local ops (same kernels in each pair, so "
+                     f"and {long_} f32, the sizes of these models' larger local ops (same kernels, each split over the "
+                     f"thread pool, in each pair, so "
                      f"per-kernel costs cancel). collective_alpha[kind] = [a0, per_peer]: the in-program "
                      "latency of one collective over a group of k devices is a0 + per_peer * (k - 1), fitted "
                      "by least squares to the per-collective slope (chains of 0 and 16 collectives of 2 KB, "

@@ -98,7 +98,8 @@ def main(argv=None) -> dict:
     rng = random.Random(args.seed)
     even, even_rows = measure([random_pair(rng) for _ in range(args.cases)])
     uneven, uneven_rows = measure([random_pair(rng, uneven=True) for _ in range(args.uneven)])
-    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    machine = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+               f"Python {platform.python_version()}")
     summary = {**even, "seed": args.seed, "machine": machine, "uneven": uneven}
     _print("even dims", even)
     _print("uneven dims (padding)", uneven)

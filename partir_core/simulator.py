@@ -11,8 +11,10 @@ it gets no buffer, and its reader reads its materialized sources instead.
 - Compute: per op ``max(flops / peak_flops, bytes_moved / hbm_bw)``, ``bytes_moved`` the materialized buffers
   it reads and writes; plus ``op_overhead_s`` per kernel (one per materialized op result, one per reshard's
   local step) -- on a CPU host, launch and thread-pool dispatch dominate small programs.
-- Collectives: alpha-beta, ``alpha + alpha_per_peer * (k - 1) + bytes / beta`` per collective over a group
-  of ``k`` devices, ``bytes`` the bytes a device receives (redist's accounting), ``beta`` the slowest link
+- Collectives: as the compiled program runs them (:func:`combined_collectives`: XLA merges independent
+  all-reduces of one reduction over the same devices into one), each alpha-beta,
+  ``alpha + alpha_per_peer * (k - 1) + bytes / beta`` per collective over a group of ``k`` devices, ``bytes``
+  the bytes a device receives (redist's accounting; summed over a combined group), ``beta`` the slowest link
   among the collective's axes (``axis_bw`` overrides ``link_bw`` per axis); ``kind_links`` may give a
   collective kind its own ``(alpha, beta)`` and ``alpha_per_peer`` its own per-peer latency (a
   ``all_reduce_max``/``all_reduce_min`` without an entry of its own takes ``all_reduce``'s).
@@ -195,6 +197,44 @@ def materialized(program) -> set:
     return out - set(g.consts)
 
 
+def combined_collectives(program) -> list:
+    """The program's collectives as the compiled program runs them: a list of groups (lists of
+    :class:`~partir_core.lowering.Collective`), each group one collective of the compiled program.
+
+    XLA's all-reduce combiner merges all-reduces of the same reduction over the same devices into one tuple
+    all-reduce when none of them depends on another's result; it has no counterpart for all-gathers,
+    reduce-scatters, all-to-alls or permutes on the CPU backend, which stay one collective each (as the
+    compiled HLO shows). Modelled greedily in program order: an all-reduce joins the open group of its
+    ``(kind, axes)`` unless its operand depends on a member of that group, which closes the group."""
+    from partir_core.lowering import Finish, Reshard
+
+    deps: dict = {}  # buffer -> bitmask of the collectives (indices into ``cols``) its value depends on
+    groups: list = []
+    open_group: dict = {}  # (kind, axes) -> (index into groups, bitmask of its members)
+    n = 0
+    for ins in program.instructions:
+        mask = 0
+        for b in _reads(ins):
+            mask |= deps.get(b, 0)
+        if isinstance(ins, (Reshard, Finish)):
+            for c in ins.collectives:
+                bit = 1 << n
+                n += 1
+                key = (c.kind, tuple(c.axes))
+                if c.kind.startswith("all_reduce") and key in open_group and not mask & open_group[key][1]:
+                    g, members = open_group[key]
+                    groups[g].append(c)
+                    open_group[key] = (g, members | bit)
+                else:
+                    groups.append([c])
+                    if c.kind.startswith("all_reduce"):
+                        open_group[key] = (len(groups) - 1, bit)
+                mask |= bit  # a later step of the same reshard reads this one's result
+        for b in (_writes(ins) if not isinstance(ins, Finish) else [ins.buf]):
+            deps[b] = mask
+    return groups
+
+
 def simulate(program, hardware=None) -> Simulation:
     """Simulate a :class:`partir_core.lowering.LocalProgram` on ``hardware`` (a preset name or a Hardware)."""
     from partir_core.lowering import Compute, Finish, Reshard
@@ -238,9 +278,11 @@ def simulate(program, hardware=None) -> Simulation:
             kernels += steps_n
             compute_t += 2 * ins.dst.local_bytes / hw.hbm_bw
         if isinstance(ins, (Reshard, Finish)):
-            for c in ins.collectives:
-                comm_t += hw.collective_time(c.kind, c.axes, c.bytes, program.mesh.group_size(tuple(c.axes)))
-                comm_bytes += c.bytes
+            comm_bytes += sum(c.bytes for c in ins.collectives)
+    for group in combined_collectives(program):
+        c = group[0]
+        comm_t += hw.collective_time(c.kind, c.axes, sum(g.bytes for g in group),
+                                     program.mesh.group_size(tuple(c.axes)))
     compute_t += kernels * hw.op_overhead_s + hw.launch_s
     # memory: arguments all program long; outputs and temporaries by liveness (see the module docstring)
     ins_set = set(program.graph.invars)

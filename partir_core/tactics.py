@@ -6,10 +6,10 @@ A dim already split by an earlier tactic is split further (``axis`` appended at 
 *pins* the matched inputs: propagation will never change their sharding (they stay as they are, usually
 replicated), which is how ZeRO-2 keeps parameters whole while sharding the optimizer state.
 
-Errors (:class:`PartitionError`, a ``ShardingError``/``ValueError``) are raised by :meth:`validate` before
-anything runs: a path matching no input, a dim out of range, an unknown axis. A dim need not divide by
-the axis size: it is then split by XLA's padding rule (ceil-sized blocks, padded local buffers; SPEC 2),
-and ops that reduce over it count its data only. ``AutomaticPartition`` searches for the tactics (see :mod:`partir_core.automatic`).
+Errors (:class:`PartitionError`, a ``ShardingError``/``ValueError``) are raised by :meth:`validate` before anything
+runs: a path matching no input, a dim out of range, an unknown axis. A dim need not divide by the axis size: it is
+then split by XLA's padding rule (ceil-sized blocks, padded local buffers; SPEC 2), and ops that reduce over it
+count its data only. ``AutomaticPartition`` searches for the tactics (see :mod:`partir_core.automatic`).
 """
 
 from __future__ import annotations

@@ -11,11 +11,11 @@ from redist.types import ShardingType, check_factorization, remove_axes
 def lower_bound_bytes(src: ShardingType, dst: ShardingType) -> int:
     """``max_d (|T_d| − |T_d ∩ S_d|) · itemsize``: what some device lacks and must receive.
 
-    ``S_d`` and ``T_d`` are the elements device ``d`` holds before and after (padding is not an element). For partial types an element is
-    an (index, summand) pair, and a device keeps its own summand coordinates: with the same partial axes on
-    both sides the formula is unchanged. When partial axes are reduced (over a group of two or more
-    devices), every element a device ends with needs at least one value from another device, so the bound is
-    ``max_d |T_d| · itemsize``. No plan can receive less.
+    ``S_d`` and ``T_d`` are the elements device ``d`` holds before and after (padding is not an element).
+    For partial types an element is an (index, summand) pair, and a device keeps its own summand coordinates:
+    with the same partial axes on both sides the formula is unchanged. When partial axes are reduced (over a
+    group of two or more devices), every element a device ends with needs at least one value from another
+    device, so the bound is ``max_d |T_d| · itemsize``. No plan can receive less.
     """
     check_pair(src, dst)
     mesh = src.mesh

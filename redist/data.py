@@ -46,9 +46,9 @@ def summands(t: ShardingType, value, rng: np.random.Generator, low: int = -4, hi
 def unshard(t: ShardingType, shards) -> np.ndarray:
     """The global array that per-device ``shards`` of type ``t`` represent; partial axes are summed.
 
-    Only the data part of each buffer is read (padding is not). Each group of devices that differ only in the partial axes contributes the sum of its buffers to its
-    block. Replicas must agree: if two groups that hold the same block disagree, this raises
-    :class:`ShardingError` rather than pick one.
+    Only the data part of each buffer is read (padding is not). Each group of devices that differ only in the
+    partial axes contributes the sum of its buffers to its block. Replicas must agree: if two groups that hold
+    the same block disagree, this raises :class:`ShardingError` rather than pick one.
     """
     mesh = t.mesh
     if len(shards) != mesh.size:

@@ -9,9 +9,10 @@ type is stated once, below, in Z3 terms, from the contract (SPEC section 2):
 
     A dim of size N with axes (a1 … ak), major → minor, on a device with coordinates c has block index
     b = ((c[a1]·s[a2] + c[a2])·s[a3] + …), L = ceil(N / (s[a1]·…·s[ak])); local index i of that dim is global
-    index b·L + i, which is data if b·L + i < N and padding otherwise. A sub-axis ``name:(pre)size`` of an axis of size S has coordinate
-    (c[name] // (S / (pre·size))) % size. Partial axes: the buffers of the devices that differ only on
-    them are summands of the value, summand coordinate = the device's coordinates on the partial axes.
+    index b·L + i, which is data if b·L + i < N and padding otherwise. A sub-axis ``name:(pre)size`` of an
+    axis of size S has coordinate (c[name] // (S / (pre·size))) % size. Partial axes: the buffers of the
+    devices that differ only on them are summands of the value, summand coordinate = the device's
+    coordinates on the partial axes.
 
 The proof follows each element of the result backward. For a symbolic device (mesh coordinates are Z3
 integers in range) and a symbolic local index, each instruction, read in reverse, says which device and

@@ -65,3 +65,20 @@ def test_simulated_memory_tracks_compiled_memory():
     total = mem.argument + mem.output + mem.temp - mem.alias
     assert abs(sim.peak_bytes / total - 1) < 0.15
     assert sim.argument_bytes == mem.argument
+
+
+@pytest.mark.parametrize("name", ["BP", "BP+MP", "BP+Z2"])
+def test_combined_collectives_are_the_compiled_programs(name):
+    # XLA merges independent all-reduces over the same devices (BP's per-parameter gradient sums become one);
+    # the simulator's groups are the collectives of the compiled program
+    from partir_core.simulator import combined_collectives
+
+    m = models.transformer()
+    ins = m.init(jax.random.key(0))
+    low = pc.jit(m.step, MESH, schedules.schedule(name, m, ins, mesh=MESH)).lower(*ins)
+    args = [jax.device_put(x, xb.named_sharding(t)) for x, t in zip(jax.tree.leaves(ins), low.program.in_types)]
+    hlo = low.program.executable().lower(*args).compile().as_text()
+    compiled = [c for c in xb.parse_hlo(hlo, MESH) if c.bytes_received > 0]
+    groups = combined_collectives(low.program)
+    assert len(groups) == len(compiled)
+    assert sum(len(g) for g in groups) == len(low.collectives)
