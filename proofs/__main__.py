@@ -77,14 +77,24 @@ def main(argv=None) -> int:
                  "ok" if not rd["failed"] else "FAIL", rd["seconds"]))
     failures += [f["pair"] + ": " + f["error"] for f in rd["failures"]]
 
+    un = exhaustive.run_random_uneven(n=300 if quick else 3000, workers=workers)
+    rows.append((un["check"], f"{un['passed']}/{un['cases']} pairs proved, oracle agrees",
+                 "ok" if not un["failed"] else "FAIL", un["seconds"]))
+    failures += [f["pair"] + ": " + f["error"] for f in un["failures"]]
+    notes.append("random uneven plans by shape: " + ", ".join(f"{k} {v}" for k, v in un["by_shape"].items())
+                 + f"; {un['at_bound']} exchange plans without a reduction receive exactly lower_bound_bytes")
+
     mu = mutation.run(n_plans=100 if quick else 300)
-    notes.append("mutation by operator (killed/mutants): "
-                 + ", ".join(f"{k} {v['killed']}/{v['mutants']}" for k, v in mu["by_op"].items()))
+    notes.append("mutation by operator (killed/mutants, ill-formed): "
+                 + ", ".join(f"{k} {v['killed']}/{v['mutants']} ({v['ill_formed']})" for k, v in mu["by_op"].items()))
+    notes.append("mutation: uneven plans mutated by shape: "
+                 + ", ".join(f"{k} {v}" for k, v in sorted(mu["uneven_plans"].items())))
     rows.append((f"mutation: {mu['plans']} plans, {mu['mutants']} mutants ({mu['ill_formed']} ill-formed)",
                  f"{mu['killed_by_verify']}/{mu['non_equivalent']} non-equivalent killed "
                  f"({100 * mu['kill_rate']:.1f}%), {mu['equivalent_survivors']} equivalent survivors",
                  "ok" if mu["ok"] and mu["kill_rate"] == 1.0 else "FAIL", mu["seconds"]))
     failures += mu["unsound"] + mu["false_alarms"]
+    failures += [f"mutation: no uneven plan with {k} was mutated" for k in mu["missing_uneven_kinds"]]
 
     med = rd["median_verify_s"]
     rows.append(("speed: median verify, random 16-device pairs", f"median {med * 1000:.1f} ms, "

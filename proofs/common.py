@@ -96,19 +96,28 @@ def random_layout(rng: random.Random, mesh: Mesh, rank: int, partial=True, sub_a
 
 
 def random_pair(rng: random.Random, mesh: Mesh, max_rank: int = 3, partial: float = 0.3, sub_axes: float = 0.2,
-                dtype: str = "f32", multipliers=(1, 1, 2, 3)):
+                dtype: str = "f32", multipliers=(1, 1, 2, 3), uneven: float = 0.0):
     """A (source, destination) pair with a common shape; dst.partial is a subset of src.partial. Sub-axes of
-    one axis on the two sides always come from one factorization of it (others are rejected by redist)."""
+    one axis on the two sides always come from one factorization of it (others are rejected by redist).
+
+    Each dim is a multiple of the block counts of both sides (``multipliers`` times their lcm), except that
+    with probability ``uneven`` the pair is *uneven*: every dim gets any size from 0 to twice the larger of
+    its two block counts plus one, and draws in which both types still divide evenly are rejected, so an
+    uneven pair has padding on at least one side (XLA's padding rule, SPEC 2). The mesh must then have two
+    devices or more. The default (``uneven=0``) draws exactly what it did before uneven dims existed."""
     while True:
+        want_uneven = uneven > 0 and rng.random() < uneven
         try:
-            src, dst = _random_pair(rng, mesh, max_rank, partial, sub_axes, dtype, multipliers)
+            src, dst = _random_pair(rng, mesh, max_rank, partial, sub_axes, dtype, multipliers, want_uneven)
             check_pair(src, dst)
-            return src, dst
         except ShardingError:
             continue
+        if want_uneven and src.is_even() and dst.is_even():
+            continue
+        return src, dst
 
 
-def _random_pair(rng, mesh, max_rank, partial, sub_axes, dtype, multipliers):
+def _random_pair(rng, mesh, max_rank, partial, sub_axes, dtype, multipliers, uneven=False):
     rank = rng.randint(0, max_rank)
     d1, p1 = random_layout(rng, mesh, rank, partial=rng.random() < partial, sub_axes=sub_axes)
     d2, _ = random_layout(rng, mesh, rank, partial=False, sub_axes=sub_axes)
@@ -118,8 +127,8 @@ def _random_pair(rng, mesh, max_rank, partial, sub_axes, dtype, multipliers):
     p2 = tuple(a for a in free if rng.random() < 0.5)
     shape = []
     for i in range(rank):
-        k = math.lcm(mesh.group_size(d1[i]), mesh.group_size(d2[i]))
-        shape.append(k * rng.choice(multipliers))
+        k1, k2 = mesh.group_size(d1[i]), mesh.group_size(d2[i])
+        shape.append(rng.randint(0, 2 * max(k1, k2) + 1) if uneven else math.lcm(k1, k2) * rng.choice(multipliers))
     src = ShardingType(mesh, tuple(shape), dtype, d1, p1)
     dst = ShardingType(mesh, tuple(shape), dtype, d2, p2)
     return src, dst
@@ -160,19 +169,41 @@ def all_pairs(mesh: Mesh, rank: int, dtype: str = "f32", multiplier: int = 1):
 
 
 # ----------------------------------------------------------------------------- numpy oracle
+def padding_value(dtype: np.dtype):
+    """What the oracle writes into padding: NaN for floating dtypes (it spreads through sums and equals
+    nothing), the largest integer for integer dtypes (data are 1..n and summands are small, so it and its
+    sums with data are far from any datum)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in "iu":
+        return np.iinfo(dtype).max
+    if dtype.kind == "b":
+        raise ValueError("bool buffers have no value that cannot be data")
+    return np.nan
+
+
 def source_buffers(src: ShardingType, rng: np.random.Generator):
     """Per-device buffers of ``src`` and the global value. Elements are distinct integers (so a misplaced
     element shows); for a partial type every partial group gets its own random summands (SPEC 4: any summands
-    whose group sums are right), so dropping, doubling or mixing summands shows too."""
+    whose group sums are right), so dropping, doubling or mixing summands shows too. Every padding position
+    of every buffer (uneven dims, SPEC 2) holds :func:`padding_value`, so a program that reads padding as
+    data gives a wrong datum."""
     n = math.prod(src.shape)
     value = (rng.permutation(n) + 1).reshape(src.shape).astype(src.np_dtype)
-    return summands(src, value, rng, low=-50, high=51), value
+    bufs = summands(src, value, rng, low=-50, high=51)
+    if not src.is_even():
+        for d, x in enumerate(bufs):
+            data = x[src.data_box(d)].copy()
+            x[...] = padding_value(x.dtype)
+            x[src.data_box(d)] = data
+    return bufs, value
 
 
 def oracle(program, src: ShardingType, dst: ShardingType, seed: int = 0, trials: int = 2) -> tuple[bool, str]:
-    """Run ``program`` with the numpy backend on random data of type ``src``; True iff the result is the
-    same value laid out as ``dst`` (group sums for partial ``dst``; replicas must agree). A program that
-    raises at run time, or gives the wrong local shape, is wrong."""
+    """Run ``program`` with the numpy backend on random data of type ``src`` (padding filled by
+    :func:`source_buffers`); True iff the result is the same value laid out as ``dst`` (group sums for
+    partial ``dst``; replicas must agree), compared at the data positions of ``dst`` only: ``unshard`` reads
+    no padding, which may hold anything. A program that raises at run time, or gives the wrong local shape,
+    is wrong."""
     from redist.data import unshard
 
     rng = np.random.default_rng(seed)

@@ -4,12 +4,18 @@
   of rank 0–3 on every mesh of at most 8 devices (axis sizes >= 2), each dim the smallest size both
   sides divide;
 - random: a seeded sample of pairs on 16-device meshes (1–4 axes, sub-axes, partial types, dims up to 3×
-  the smallest legal size).
+  the smallest legal size);
+- random uneven: a seeded sample of pairs with non-divisible dims (XLA's padding rule, SPEC 2) on meshes
+  of 2–16 devices (1–4 axes, sub-axes, partial types, rank 1–3), every dim of any size from 0 to twice
+  its larger block count plus one, at least one dim uneven on one side.
 
-For each pair: the plan is synthesized, ``verify(plan)`` must prove it (values, group sums, peak_bytes and
-bytes_received against the instructions), the program's largest buffer (from the verifier's own shape
-derivation) must be at most max(src, dst) local bytes (computed here from SPEC 2, not from the type
-class), and bytes_received must not beat ``lower_bound_bytes``.
+For each pair: the plan is synthesized, ``verify(plan)`` must prove it (values at every data position of
+the destination, never read from source padding; group sums; peak_bytes and bytes_received against the
+instructions), the program's largest buffer (from the verifier's own shape derivation) must be at most
+max(src, dst) local bytes (computed here from SPEC 2, not from the type class), and bytes_received must not
+beat ``lower_bound_bytes``. For uneven pairs also: a plan with an exchange and no reduction must receive
+exactly ``lower_bound_bytes`` (the exchange sends each device only the elements it lacks), and the numpy
+oracle (source padding filled with NaN) must give the destination's value.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import random
 import statistics
 import sys
 import time
+from collections import Counter
 
 from redist.bounds import lower_bound_bytes
 from redist.synthesis import synthesize
@@ -27,14 +34,33 @@ from redist.verify import verify
 
 
 def _local_bytes(t) -> int:
+    """A device's buffer in bytes, padding included: ceil(N / k) per dim (SPEC 2)."""
     n = 1
     for size, axes in zip(t.shape, t.dims):
         k = math.prod(t.mesh.axis_size(a) for a in axes)
-        n *= size // k
+        n *= -(-size // k)
     return n * t.itemsize
 
 
-def check_pair(pair) -> dict:
+def plan_shape(plan) -> str:
+    """How a plan is built: its step kinds in order, joined by `` + ``, with each ``pad`` … ``unpad`` run
+    (collectives on the padded view) written ``padded collectives``; ``no steps`` for an empty plan. E.g.
+    ``exchange``, ``all_reduce + exchange``, ``padded collectives + exchange``."""
+    parts, padded = [], False
+    for kind in (s.kind for s in plan.steps):
+        if kind == "pad":
+            padded = True
+            parts.append("padded collectives")
+        elif kind == "unpad":
+            padded = False
+        elif not padded:
+            parts.append(kind)
+    return " + ".join(parts) or "no steps"
+
+
+def check_pair(pair, uneven: bool = False) -> dict:
+    """The checks of the module docstring for one pair; ``uneven`` adds those for uneven pairs and records
+    the plan's :func:`plan_shape`."""
     src, dst = pair
     out = {"pair": f"{src.mesh}: {src} -> {dst}", "ok": False, "seconds": 0.0}
     try:
@@ -51,9 +77,23 @@ def check_pair(pair) -> dict:
     if v.details["peak_bytes"] > bound:
         out["error"] = f"memory bound: peak {v.details['peak_bytes']} > max(src, dst) local bytes {bound}"
         return out
-    if plan.bytes_received < lower_bound_bytes(src, dst):
-        out["error"] = f"bytes_received {plan.bytes_received} below lower_bound_bytes {lower_bound_bytes(src, dst)}"
+    least = lower_bound_bytes(src, dst)
+    if plan.bytes_received < least:
+        out["error"] = f"bytes_received {plan.bytes_received} below lower_bound_bytes {least}"
         return out
+    if uneven:
+        from proofs.common import oracle
+
+        kinds = {s.kind for s in plan.steps}
+        out["shape"] = plan_shape(plan)
+        out["at_bound"] = "exchange" in kinds and not kinds & {"all_reduce", "reduce_scatter"}
+        if out["at_bound"] and plan.bytes_received != least:
+            out["error"] = f"exchange plan receives {plan.bytes_received} bytes, not lower_bound_bytes {least}"
+            return out
+        ok, why = oracle(plan.program, src, dst)
+        if not ok:
+            out["error"] = f"numpy oracle: {why}"
+            return out
     out["ok"] = True
     return out
 
@@ -62,12 +102,16 @@ def _chunk(pairs):
     return [check_pair(p) for p in pairs]
 
 
-def _run(pairs, workers: int, chunk: int = 64) -> list[dict]:
+def _chunk_uneven(pairs):
+    return [check_pair(p, uneven=True) for p in pairs]
+
+
+def _run(pairs, workers: int, chunk: int = 64, check=_chunk) -> list[dict]:
     chunks = [pairs[i:i + chunk] for i in range(0, len(pairs), chunk)]
     if workers <= 1:
-        return [r for c in chunks for r in _chunk(c)]
+        return [r for c in chunks for r in check(c)]
     with mp.get_context("spawn").Pool(workers) as pool:
-        return [r for rs in pool.imap_unordered(_chunk, chunks) for r in rs]
+        return [r for rs in pool.imap_unordered(check, chunks) for r in rs]
 
 
 def exhaustive_pairs(max_devices: int = 8, max_rank: int = 3):
@@ -88,6 +132,17 @@ def random_pairs(n: int, seed: int = 0, devices: int = 16):
     while len(out) < n:
         mesh = random_mesh(rng, max_axes=4, max_devices=devices, min_devices=devices)
         out.append(random_pair(rng, mesh, max_rank=4, partial=0.4, sub_axes=0.25))
+    return out
+
+
+def random_uneven_pairs(n: int, seed: int = 0, max_devices: int = 16):
+    from proofs.common import random_mesh, random_pair
+
+    rng = random.Random(seed)
+    out = []
+    while len(out) < n:
+        mesh = random_mesh(rng, max_axes=4, max_devices=max_devices, min_devices=2)
+        out.append(random_pair(rng, mesh, max_rank=3, partial=0.4, sub_axes=0.25, uneven=1.0))
     return out
 
 
@@ -120,8 +175,23 @@ def run_random(n: int = 10_000, workers: int = 2, seed: int = 0) -> dict:
                      time.perf_counter() - t)
 
 
+def run_random_uneven(n: int = 3000, workers: int = 2, seed: int = 0) -> dict:
+    """:func:`run_random` on :func:`random_uneven_pairs`, with the uneven checks; adds ``by_shape`` (proved
+    plans per :func:`plan_shape`) and ``at_bound`` (proved exchange plans without a reduction, each
+    receiving exactly the lower bound)."""
+    t = time.perf_counter()
+    results = _run(random_uneven_pairs(n, seed), workers, check=_chunk_uneven)
+    out = summarize(f"random uneven: {n} pairs on meshes <= 16 devices, rank <= 3 (sub-axes, partial)", results,
+                    time.perf_counter() - t)
+    proved = [r for r in results if r["ok"]]
+    out["by_shape"] = dict(Counter(r["shape"] for r in proved).most_common())
+    out["at_bound"] = sum(r["at_bound"] for r in proved)
+    return out
+
+
 if __name__ == "__main__":
-    res = run_exhaustive() if "--random" not in sys.argv else run_random()
+    res = (run_random_uneven() if "--uneven" in sys.argv else run_random() if "--random" in sys.argv
+           else run_exhaustive())
     print({k: v for k, v in res.items() if k != "failures"})
     for f in res["failures"]:
         print(f)

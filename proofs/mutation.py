@@ -3,7 +3,8 @@
 Operators (each mutant is a modified :class:`redist.program.Program`; its buffer shapes are re-derived from
 its instructions so that it is a well-formed program wherever the mutation allows — a mutant whose shapes
 cannot be derived, e.g. a split that no longer divides, is ill-formed: it keeps the original shapes and the
-verifier must still refute it; the numpy backend raises on it):
+verifier must still refute it; the numpy backend raises on it or, for an exchange copy off a buffer's edge,
+which numpy slicing clips, gives a wrong result):
 
 - ``reverse_axes``: an instruction's axes tuple reversed (swaps the group members' order);
 - ``wrong_dim``: an instruction's dim (or split / concat dim) moved to another dim;
@@ -14,7 +15,19 @@ verifier must still refute it; the numpy backend raises on it):
 - ``swap_permute_pair``: two entries of a collective permute's source table exchanged;
 - ``reduce_kind``: a reduce-scatter turned into an all-reduce or back (with a slice);
 - ``swap_transpose``: two entries of a local transpose's permutation exchanged (the transposes around a
-  two-move all-to-all).
+  two-move all-to-all);
+- on an ``Exchange`` (point-to-point copies, uneven dims): ``drop_copy`` (one copy of one device removed),
+  ``shift_copy_src`` / ``shift_copy_dst`` (one copy's ``src_start`` / ``dst_start`` moved by ±1 along one
+  dim, where the exchange stays well-formed), ``shift_copy_off`` (such a move that leaves the exchange
+  ill-formed: off a buffer's edge, or onto another copy of the device), ``copy_source`` (one copy reads
+  another device) and ``shrink_copy`` (one copy's size less one along one dim). An exchange is ill-formed
+  when a copy names no device, does not fit the buffer it reads or the one it writes, or overlaps another
+  copy of its device.
+
+Uneven plans are mutated too: fixed pairs of both kinds (collectives on the padded view between ``pad`` and
+``unpad``, whose program is the even program on the padded buffers, so the operators above apply; and an
+exchange, with or without an all-reduce), and a share of the random pairs. The oracle fills source padding
+with NaN, so a mutant that reads padding as data is non-equivalent.
 
 Not covered: an off-by-one slice bound. The instruction set cannot express it (a ``Slice`` always keeps
 chunk ``r`` of ``k`` equal chunks), and a mutant-only subclass would be executed by the numpy backend as
@@ -39,6 +52,7 @@ from redist.verify import verify_program
 
 
 def derive_shapes(prog: P.Program, instructions) -> tuple | None:
+    """The buffer shapes of ``instructions`` from ``prog``'s input shape, or None if they are ill-formed."""
     mesh = prog.mesh
     shapes = [tuple(prog.shapes[0])]
     for ins in instructions:
@@ -46,6 +60,10 @@ def derive_shapes(prog: P.Program, instructions) -> tuple | None:
         try:
             if isinstance(ins, P.CollectivePermute):
                 pass
+            elif isinstance(ins, P.Exchange):
+                if not _copies_fit(ins, tuple(x), mesh.size):
+                    return None
+                x = list(ins.shape)
             elif isinstance(ins, P.Reshape):
                 if math.prod(ins.shape) != math.prod(x):
                     return None
@@ -71,6 +89,55 @@ def derive_shapes(prog: P.Program, instructions) -> tuple | None:
             return None
         shapes.append(tuple(x))
     return tuple(shapes)
+
+
+def _copies_fit(ins: P.Exchange, shape_in: tuple, n_dev: int) -> bool:
+    """Whether an exchange is well-formed on buffers of ``shape_in``: copies for every device, each from an
+    existing device, inside the buffer it reads and the one it writes, none overlapping another of its device."""
+    if len(ins.copies) != n_dev:
+        return False
+    for copies in ins.copies:
+        for c in copies:
+            if not 0 <= c.source < n_dev or not len(c.src_start) == len(c.dst_start) == len(c.size) == len(shape_in):
+                return False
+            if any(n < 0 or a < 0 or b < 0 or a + n > cap_in or b + n > cap_out
+                   for a, b, n, cap_in, cap_out in zip(c.src_start, c.dst_start, c.size, shape_in, ins.shape)):
+                return False
+        for i, c in enumerate(copies):
+            for e in copies[:i]:
+                if all(c.dst_start[k] < e.dst_start[k] + e.size[k] and e.dst_start[k] < c.dst_start[k] + c.size[k]
+                       for k in range(len(ins.shape))):
+                    return False
+    return True
+
+
+def _exchange_mutants(x: P.Exchange, shape_in: tuple, n_dev: int):
+    """(operator, description, mutated exchange) for every exchange mutant of the module docstring, for an
+    exchange that reads buffers of ``shape_in``."""
+    def with_copy(d, j, new):
+        copies = list(x.copies)
+        copies[d] = copies[d][:j] + ((new,) if new is not None else ()) + copies[d][j + 1:]
+        return P.Exchange(x.shape, tuple(copies))
+
+    def moved(start, k, delta):
+        return start[:k] + (start[k] + delta,) + start[k + 1:]
+
+    for d, copies in enumerate(x.copies):
+        for j, c in enumerate(copies):
+            yield "drop_copy", f"device {d} copy {j} ({c}) dropped", with_copy(d, j, None)
+            for k in range(len(c.size)):
+                for delta in (1, -1):
+                    for field in ("src_start", "dst_start"):
+                        y = with_copy(d, j, dataclasses.replace(c, **{field: moved(getattr(c, field), k, delta)}))
+                        op = f"shift_copy_{field[:3]}" if _copies_fit(y, shape_in, n_dev) else "shift_copy_off"
+                        yield op, f"device {d} copy {j} {field}[{k}] {delta:+d}", y
+                if c.size[k] >= 1:
+                    yield ("shrink_copy", f"device {d} copy {j} size[{k}] -1",
+                           with_copy(d, j, dataclasses.replace(c, size=moved(c.size, k, -1))))
+            for e in range(n_dev):
+                if e != c.source:
+                    yield ("copy_source", f"device {d} copy {j} source {c.source} -> {e}",
+                           with_copy(d, j, dataclasses.replace(c, source=e)))
 
 
 def _tokens(mesh):
@@ -132,6 +199,9 @@ def mutants(prog: P.Program, rng: random.Random, max_per_op: int = 3):
                     p2[a], p2[b] = p2[b], p2[a]
                     add("swap_transpose", f"{t}: perm entries {a} <-> {b}",
                         ins[:t] + [P.Transpose(tuple(p2))] + ins[t + 1:])
+        if isinstance(x, P.Exchange):
+            for op, desc, y in _exchange_mutants(x, prog.shapes[t], mesh.size):
+                add(op, f"{t}: {desc}", ins[:t] + [y] + ins[t + 1:])
         if isinstance(x, P.ReduceScatter):
             add("reduce_kind", f"{t}: reduce_scatter -> all_reduce", ins[:t] + [P.AllReduce(x.axes)] + ins[t + 1:])
         if isinstance(x, P.AllReduce) and rank:
@@ -151,22 +221,38 @@ FIXED_PAIRS = [
     ("x=4,y=2", "f32[16{y}, 16, 16{x}]", "f32[16, 16{x,y}, 16]"),
 ]
 
+# Uneven pairs: plans of collectives on the padded view (with and without a reduction), and plans with an
+# exchange (sub-axes' worth of copies, a kept partial axis, a reduced one).
+FIXED_UNEVEN_PAIRS = [
+    ("x=2,y=2", "f32[7{x}, 3{y}]", "f32[7{y}, 3{x}]"),
+    ("x=2,y=4", "f32[7{x}] partial{y}", "f32[7{y}]"),
+    ("x=2,y=2", "f32[7{x,y}, 4]", "f32[7{x}, 4{y}]"),
+    ("x=2,y=4", "f32[7{x}, 5{y}]", "f32[7{y}, 5{x}]"),
+    ("x=3,y=2", "f32[5{x,y}, 3]", "f32[5, 3{y}]"),
+    ("x=2,y=2", "f32[5{x}, 3] partial{y}", "f32[5, 3{x}] partial{y}"),
+    ("x=2,y=3", "f32[5{x}, 4] partial{y}", "f32[5{x}, 4{y}]"),
+]
+# The two kinds of uneven plan (words of :func:`proofs.exhaustive.plan_shape`) that the run must mutate.
+UNEVEN_KINDS = ("padded collectives", "exchange")
 
-def run(n_plans: int = 300, seed: int = 0, max_per_op: int = 3, verbose: bool = False) -> dict:
+def run(n_plans: int = 300, seed: int = 0, max_per_op: int = 3, uneven: float = 0.3) -> dict:
+    """Mutate the fixed pairs' plans, then random plans (a share ``uneven`` of them uneven) up to ``n_plans``
+    plans. ``uneven_plans`` counts the uneven plans mutated by :func:`proofs.exhaustive.plan_shape`; ``ok``
+    also needs each of :data:`UNEVEN_KINDS` in some of them."""
     from proofs.common import random_mesh, random_pair
     from redist import Mesh, ShardingType
 
     rng = random.Random(seed)
     t0 = time.perf_counter()
     stats = {"plans": 0, "mutants": 0, "ill_formed": 0, "killed_by_verify": 0, "survivors": 0,
-             "equivalent_survivors": 0, "unsound": [], "false_alarms": [], "by_op": {}}
-    for mesh_text, a, b in FIXED_PAIRS:
+             "equivalent_survivors": 0, "unsound": [], "false_alarms": [], "by_op": {}, "uneven_plans": {}}
+    for mesh_text, a, b in FIXED_PAIRS + FIXED_UNEVEN_PAIRS:
         mesh = Mesh.parse(mesh_text)
         src, dst = ShardingType.parse(a, mesh), ShardingType.parse(b, mesh)
         _mutate(synthesize(src, dst), src, dst, rng, max_per_op, stats)
     while stats["plans"] < n_plans:
         mesh = random_mesh(rng, max_axes=3, max_devices=8, min_devices=2)
-        src, dst = random_pair(rng, mesh, max_rank=3, partial=0.4, sub_axes=0.25)
+        src, dst = random_pair(rng, mesh, max_rank=3, partial=0.4, sub_axes=0.25, uneven=uneven)
         plan = synthesize(src, dst)
         if plan.steps:
             _mutate(plan, src, dst, rng, max_per_op, stats)
@@ -174,25 +260,32 @@ def run(n_plans: int = 300, seed: int = 0, max_per_op: int = 3, verbose: bool = 
     stats["non_equivalent"] = non_equiv
     stats["kill_rate"] = stats["killed_by_verify"] / non_equiv if non_equiv else 1.0
     stats["seconds"] = time.perf_counter() - t0
-    stats["ok"] = not stats["unsound"] and not stats["false_alarms"]
+    stats["missing_uneven_kinds"] = [k for k in UNEVEN_KINDS if not any(k in shape for shape in stats["uneven_plans"])]
+    stats["ok"] = not stats["unsound"] and not stats["false_alarms"] and not stats["missing_uneven_kinds"]
     return stats
 
 
 def _mutate(plan, src, dst, rng, max_per_op, stats) -> None:
     """Mutate one plan's program; count every mutant into ``stats``."""
     from proofs.common import oracle
+    from proofs.exhaustive import plan_shape
 
     stats["plans"] += 1
+    if not (src.is_even() and dst.is_even()):
+        shape = plan_shape(plan)
+        stats["uneven_plans"][shape] = stats["uneven_plans"].get(shape, 0) + 1
     prog = plan.program
     for op, desc, new in mutants(prog, rng, max_per_op):
         shapes = derive_shapes(prog, new)
-        row = stats["by_op"].setdefault(op, {"mutants": 0, "killed": 0, "equivalent": 0})
+        row = stats["by_op"].setdefault(op, {"mutants": 0, "killed": 0, "equivalent": 0, "ill_formed": 0})
         row["mutants"] += 1
         stats["mutants"] += 1
         if shapes is None:
             # Ill-formed (a split that does not divide, a dim that does not exist): hand the verifier the
-            # program with the original shapes, padded; it must refute it. The backend raises on it.
+            # program with the original shapes, padded; it must refute it. The backend raises on it or gives
+            # a wrong result (see the module docstring); if it gave the right one, that is a false alarm below.
             stats["ill_formed"] += 1
+            row["ill_formed"] += 1
             shapes = (tuple(prog.shapes) + (prog.shapes[-1],) * len(new))[: len(new) + 1]
         mut = P.Program(prog.mesh, prog.dtype, new, shapes)
         v = verify_program(mut, src, dst)
@@ -217,10 +310,11 @@ def _mutate(plan, src, dst, rng, max_per_op, stats) -> None:
 if __name__ == "__main__":
     s = run(int(sys.argv[1]) if len(sys.argv) > 1 else 300)
     for k, v in s.items():
-        if k not in ("unsound", "false_alarms", "by_op"):
+        if k not in ("unsound", "false_alarms", "by_op", "uneven_plans"):
             print(f"{k}: {v}")
     for op, row in s["by_op"].items():
         print(f"  {op:<18} {row}")
+    print("uneven plans:", s["uneven_plans"])
     for line in s["unsound"] + s["false_alarms"]:
         print(line)
     sys.exit(0 if s["ok"] else 1)
