@@ -12,7 +12,7 @@ import numpy as np
 
 from redist.backends import numpy_backend
 from redist.bounds import check_pair
-from redist.data import summands
+from redist.data import poison_padding, summands
 from redist.errors import ShardingError
 from redist.mesh import Mesh
 from redist.types import ShardingType
@@ -169,33 +169,16 @@ def all_pairs(mesh: Mesh, rank: int, dtype: str = "f32", multiplier: int = 1):
 
 
 # ----------------------------------------------------------------------------- numpy oracle
-def padding_value(dtype: np.dtype):
-    """What the oracle writes into padding: NaN for floating dtypes (it spreads through sums and equals
-    nothing), the largest integer for integer dtypes (data are 1..n and summands are small, so it and its
-    sums with data are far from any datum)."""
-    dtype = np.dtype(dtype)
-    if dtype.kind in "iu":
-        return np.iinfo(dtype).max
-    if dtype.kind == "b":
-        raise ValueError("bool buffers have no value that cannot be data")
-    return np.nan
-
-
 def source_buffers(src: ShardingType, rng: np.random.Generator):
     """Per-device buffers of ``src`` and the global value. Elements are distinct integers (so a misplaced
     element shows); for a partial type every partial group gets its own random summands (SPEC 4: any summands
     whose group sums are right), so dropping, doubling or mixing summands shows too. Every padding position
-    of every buffer (uneven dims, SPEC 2) holds :func:`padding_value`, so a program that reads padding as
-    data gives a wrong datum."""
+    of every buffer (uneven dims, SPEC 2) is poisoned (:func:`redist.data.poison_padding`: NaN, or the largest
+    integer), so a program that reads padding as data gives a wrong datum."""
     n = math.prod(src.shape)
     value = (rng.permutation(n) + 1).reshape(src.shape).astype(src.np_dtype)
     bufs = summands(src, value, rng, low=-50, high=51)
-    if not src.is_even():
-        for d, x in enumerate(bufs):
-            data = x[src.data_box(d)].copy()
-            x[...] = padding_value(x.dtype)
-            x[src.data_box(d)] = data
-    return bufs, value
+    return (bufs if src.is_even() else poison_padding(src, bufs)), value
 
 
 def oracle(program, src: ShardingType, dst: ShardingType, seed: int = 0, trials: int = 2) -> tuple[bool, str]:

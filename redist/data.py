@@ -76,9 +76,11 @@ def unshard(t: ShardingType, shards) -> np.ndarray:
 
 def poison_padding(t: ShardingType, bufs) -> list[np.ndarray]:
     """Copies of per-device buffers of ``t`` with every padding position (outside :meth:`ShardingType.data_box`)
-    set to NaN (floats) or a sentinel (integers: 111, bool: True). For tests: a program that reads padding as
-    data then gives a wrong value."""
-    fill = np.nan if t.np_dtype.kind in "fV" else True if t.dtype == "bool" else 111
+    set to NaN (floats; it spreads through sums and equals nothing), the largest integer (integer dtypes) or
+    True (bool, which has no value that cannot be data). For tests: a program that reads padding as data then
+    gives a wrong value."""
+    kind = t.np_dtype.kind
+    fill = np.iinfo(t.np_dtype).max if kind in "iu" else True if kind == "b" else np.nan
     out = []
     for d, b in enumerate(bufs):
         b = np.array(b, dtype=t.np_dtype, order="C")
