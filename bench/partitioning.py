@@ -35,7 +35,9 @@ rather than ~3 GB/s); the two programs of a pair have the same kernels,
 so per-kernel costs cancel. In-program collective latency per kind (``calibrate_collectives``): the slope of
 chains of 0 and 16 collectives of 2 KB on the mesh's axis groups (2, 4, 8 devices), fitted as
 ``a0 + per_peer * (k - 1)``; a collective inside one program costs far less than the profile's one-collective
-program. The simulator charges the launch once per step, these latencies, and the profile's bandwidths.
+program. ``combine_ratio``: XLA combines independent all-reduces into one, but each further operand still
+costs most of a collective's latency; the ratio of that cost (1 vs 16 independent psums) to an all-reduce's
+in the chain. The simulator charges the launch once per step, these latencies, and the profile's bandwidths.
 Written to ``bench/results/cpu_host_compute.json``, which the simulator's ``cpu-host`` preset reads. Runs
 when that file is missing or with ``--calibrate``.
 
@@ -199,7 +201,7 @@ def calibrate(path: str, rounds: int = 8) -> dict:
     peak_flops = (sim["mm_big"].flops - sim["mm_small"].flops) / max(t["mm_big"] - t["mm_small"], 1e-7)
     hbm_bw = 16 * 3 * 4 * (long_ - short) / max(t["stream_long"] - t["stream_short"], 1e-7)
     out = {"peak_flops": peak_flops, "hbm_bw": hbm_bw, "op_overhead_s": overhead, "launch_s": base,
-           "collective_alpha": calibrate_collectives(overhead, rounds=rounds),
+           **calibrate_collectives(overhead, rounds=rounds),
            "method": f"8 host devices at once, replicated partir_core programs, all timed together "
                      f"({rounds} interleaved rounds of 9 calls each, minimum over rounds of the per-round "
                      f"median): overhead = slope over tanh(x@w) chains of 16 and 96 layers (8x8) per simulated "
@@ -212,7 +214,10 @@ def calibrate(path: str, rounds: int = 8) -> dict:
                      "latency of one collective over a group of k devices is a0 + per_peer * (k - 1), fitted "
                      "by least squares to the per-collective slope (chains of 0 and 16 collectives of 2 KB, "
                      "each followed by a fused scale, one kernel overhead subtracted) over the mesh's axis "
-                     "groups batch (2), model (4) and batch+model (8), timed the same way",
+                     "groups batch (2), model (4) and batch+model (8), timed the same way. combine_ratio: "
+                     "the cost of each further operand of a combined all-reduce (1 and 16 independent "
+                     "psums, which XLA combines into one) over an all-reduce's in the chain, mean over "
+                     "the three groups",
            "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
            "jax": jax.__version__}
     with open(path, "w") as f:
@@ -221,8 +226,8 @@ def calibrate(path: str, rounds: int = 8) -> dict:
 
 
 def calibrate_collectives(overhead: float, chain: int = 16, rounds: int = 8) -> dict:
-    """In-program latency of one collective per kind (see the module docstring): ``{kind: [a0, per_peer]}``
-    (seconds), kinds named as redist names them."""
+    """In-program latency of one collective per kind (see the module docstring): ``{"collective_alpha": {kind:
+    [a0, per_peer]} (seconds, kinds named as redist names them), "combine_ratio": r}``."""
     from jax import lax
     from jax.sharding import PartitionSpec
 
@@ -250,18 +255,36 @@ def calibrate_collectives(overhead: float, chain: int = 16, rounds: int = 8) -> 
         return jax.jit(jax.shard_map(body, mesh=jmesh, in_specs=PartitionSpec(), out_specs=PartitionSpec(),
                                      check_vma=False))
 
+    def combined(axes, n):
+        """``n`` independent all-reduces over ``axes``: XLA combines them into one tuple all-reduce."""
+        k = MESH.group_size(axes)
+
+        def body(x):
+            return sum(lax.psum(x * (1.0 + i), axes) for i in range(n)) * (1.0 / k)
+        return jax.jit(jax.shard_map(body, mesh=jmesh, in_specs=PartitionSpec(), out_specs=PartitionSpec(),
+                                     check_vma=False))
+
     x = jnp.ones((8, 64), jnp.float32)
     kinds = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "permute")
     cases = [(kind, axes) for kind in kinds for axes in groups]
     empty = program("all_reduce", groups[0], 0)
-    t = interleaved_times([(empty, [x])] + [(program(kind, axes, chain), [x]) for kind, axes in cases], rounds, 9)
+    programs = [(empty, [x])] + [(program(kind, axes, chain), [x]) for kind, axes in cases]
+    programs += [(combined(axes, 1), [x]) for axes in groups] + [(combined(axes, chain), [x]) for axes in groups]
+    t = interleaved_times(programs, rounds, 9)
     slope = {c: max((b - t[0]) / chain - overhead, 0.0) for c, b in zip(cases, t[1:])}
-    out = {}
+    one, many = t[1 + len(cases):1 + len(cases) + len(groups)], t[1 + len(cases) + len(groups):]
+    # each further operand of a combined all-reduce (its own multiply fused in: one kernel overhead less),
+    # against one all-reduce of a dependent chain
+    ratios = [max((b - a) / (chain - 1) - overhead, 0.0) / slope[("all_reduce", axes)]
+              for a, b, axes in zip(one, many, groups) if slope[("all_reduce", axes)] > 0]
+    out = {"combine_ratio": float(np.mean(ratios)) if ratios else 1.0}
+    alphas = {}
     for kind in kinds:
         ks = [MESH.group_size(axes) - 1 for axes in groups]
         ts = [slope[(kind, axes)] for axes in groups]
         per_peer = max(float(np.polyfit(ks, ts, 1)[0]), 0.0)
-        out[kind] = [max(float(np.mean(ts)) - per_peer * float(np.mean(ks)), 0.0), per_peer]
+        alphas[kind] = [max(float(np.mean(ts)) - per_peer * float(np.mean(ks)), 0.0), per_peer]
+    out["collective_alpha"] = alphas
     return out
 
 

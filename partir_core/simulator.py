@@ -12,7 +12,8 @@ it gets no buffer, and its reader reads its materialized sources instead.
   it reads and writes; plus ``op_overhead_s`` per kernel (one per materialized op result, one per reshard's
   local step) -- on a CPU host, launch and thread-pool dispatch dominate small programs.
 - Collectives: as the compiled program runs them (:func:`combined_collectives`: XLA merges independent
-  all-reduces of one reduction over the same devices into one), each alpha-beta,
+  all-reduces of one reduction over the same devices into one, whose every operand after the first still
+  costs ``combine_ratio`` times a collective's latency: calibrated, about 0.96 on the CPU host), each alpha-beta,
   ``alpha + alpha_per_peer * (k - 1) + bytes / beta`` per collective over a group of ``k`` devices, ``bytes``
   the bytes a device receives (redist's accounting; summed over a combined group), ``beta`` the slowest link
   among the collective's axes (``axis_bw`` overrides ``link_bw`` per axis); ``kind_links`` may give a
@@ -46,7 +47,8 @@ from dataclasses import dataclass, field
 class Hardware:
     """Per-device peak FLOP/s and memory bandwidth, per-kernel overhead; per-collective latency and link
     bandwidth (bytes/s), optionally per collective kind (``kind_links[kind] = (alpha, beta)``) and per peer
-    in the group (``alpha_per_peer[kind]``, seconds per device beyond the first)."""
+    in the group (``alpha_per_peer[kind]``, seconds per device beyond the first). ``combine_ratio``: the
+    latency of each further operand of a combined all-reduce, as a fraction of a separate collective's."""
 
     name: str
     peak_flops: float
@@ -58,26 +60,30 @@ class Hardware:
     kind_links: dict = field(default_factory=dict)
     launch_s: float = 0.0
     alpha_per_peer: dict = field(default_factory=dict)
+    combine_ratio: float = 0.0
 
     def beta(self, axes) -> float:
         return min((self.axis_bw.get(a, self.link_bw) for a in axes), default=self.link_bw)
 
-    def collective_time(self, kind: str, axes, nbytes: float, group: int = 1) -> float:
-        """Seconds for one collective of ``kind`` over ``axes`` (``group`` devices), ``nbytes`` received."""
+    def collective_time(self, kind: str, axes, nbytes: float, group: int = 1, operands: int = 1) -> float:
+        """Seconds for one collective of ``kind`` over ``axes`` (``group`` devices), ``nbytes`` received, made of
+        ``operands`` combined collectives (each after the first adds ``combine_ratio`` of the latency)."""
         if nbytes <= 0:
             return 0.0
         base = "all_reduce" if kind.startswith("all_reduce_") and kind not in self.kind_links else kind
         alpha, beta = self.kind_links.get(base, (self.alpha_s, None))
         if beta is None or any(a in self.axis_bw for a in axes):
             beta = self.beta(axes)
-        return alpha + self.alpha_per_peer.get(base, 0.0) * max(group - 1, 0) + nbytes / beta
+        latency = alpha + self.alpha_per_peer.get(base, 0.0) * max(group - 1, 0)
+        return latency * (1 + self.combine_ratio * (operands - 1)) + nbytes / beta
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU_COMPUTE_PROFILE = os.path.join(ROOT, "bench", "results", "cpu_host_compute.json")
 # Measured on the 2-core development machine with 8 host devices running at once (bench/partitioning.py
 # --calibrate): per-device throughput, so the 8 devices' share of the cores is included.
-CPU_COMPUTE_DEFAULT = {"peak_flops": 8.0e9, "hbm_bw": 7.0e8, "op_overhead_s": 1.0e-6, "launch_s": 2.5e-4}
+CPU_COMPUTE_DEFAULT = {"peak_flops": 8.0e9, "hbm_bw": 7.0e8, "op_overhead_s": 1.0e-6, "launch_s": 2.5e-4,
+                       "combine_ratio": 1.0}
 
 
 def cpu_host(compute_path: str | None = None) -> Hardware:
@@ -110,7 +116,8 @@ def cpu_host(compute_path: str | None = None) -> Hardware:
         kinds[k] = (a0, kinds.get(k, (None, link.beta))[1])
     return Hardware("cpu-host", comp["peak_flops"], comp["hbm_bw"], float(link.alpha), link.beta,
                     op_overhead_s=comp["op_overhead_s"], kind_links=kinds, launch_s=comp["launch_s"],
-                    alpha_per_peer={k: peer for k, (_, peer) in in_program.items()})
+                    alpha_per_peer={k: peer for k, (_, peer) in in_program.items()},
+                    combine_ratio=comp["combine_ratio"])
 
 
 HARDWARE = {
@@ -282,7 +289,7 @@ def simulate(program, hardware=None) -> Simulation:
     for group in combined_collectives(program):
         c = group[0]
         comm_t += hw.collective_time(c.kind, c.axes, sum(g.bytes for g in group),
-                                     program.mesh.group_size(tuple(c.axes)))
+                                     program.mesh.group_size(tuple(c.axes)), operands=len(group))
     compute_t += kernels * hw.op_overhead_s + hw.launch_s
     # memory: arguments all program long; outputs and temporaries by liveness (see the module docstring)
     ins_set = set(program.graph.invars)
