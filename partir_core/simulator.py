@@ -2,11 +2,15 @@
 
 Fusion. XLA fuses elementwise work into its consumers, so the simulator first decides which local values are
 *materialized* (get a buffer and a kernel of their own): inputs, reshard results, outputs, and every result of
-an op that is not fusible (``dot_general``, reductions, gather/scatter, sort, control flow, ...), that is read
-by an op that cannot take it fused (a ``dot_general``, gather/scatter, a reshard, a collective), or that is read
-by several ops (XLA does not duplicate such producers into every consumer). A result of a fusible op
-(elementwise, broadcasts, reshapes, transposes, iota, ...) read by exactly one fusible op or reduction is fused:
-it gets no buffer, and its reader reads its materialized sources instead.
+an op that is not fusible (``dot_general``, reductions, gather/scatter, sort, control flow, ...) or that is read
+by an op that cannot take it fused (a ``dot_general``, gather/scatter, a reshard, a collective). A result of a
+fusible op (elementwise, broadcasts, reshapes, transposes, iota, ...) read only by fusible ops and reductions is
+fused: it gets no buffer, and its readers read its materialized sources instead. When it reaches several
+kernels (its readers' kernels, through the fused values they write), XLA duplicates it into each of them, except
+an expensive op (:data:`EXPENSIVE`: transcendentals, float division), which it computes once, and except where
+one of those kernels is a library reduction (:func:`_library_reduction`: the CPU backend runs large float sums,
+maxima and minima with YNNPACK, whose fusion takes only producers it is the sole reader of); such a value is
+materialized.
 
 - Compute: per op ``max(flops / peak_flops, bytes_moved / hbm_bw)``, ``bytes_moved`` the materialized buffers
   it reads and writes; plus ``op_overhead_s`` per kernel (one per materialized op result, one per reshard's
@@ -41,6 +45,8 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -137,6 +143,12 @@ FUSIBLE = {
     "copy", "copy_p", "broadcast_in_dim", "reshape", "transpose", "squeeze", "iota", "sharding_constraint",
     "mesh_cast", "reshard", "reduce_precision", "slice", "dynamic_slice", "pad", "concatenate",
 }
+# Fusible ops XLA counts expensive (transcendentals, float division): never duplicated into several consumers.
+EXPENSIVE = {"div", "rem", "pow", "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sqrt", "rsqrt",
+             "cbrt", "tan", "erf", "erfc", "erf_inv", "atan2"}
+# Reductions XLA's CPU backend hands to YNNPACK once their operand has this many elements.
+LIBRARY_REDUCTIONS = {"reduce_sum", "reduce_max", "reduce_min"}
+LIBRARY_MIN_ELEMENTS = 4096
 TAKES_FUSED = FUSIBLE | {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
                          "argmax", "argmin"}
 
@@ -179,29 +191,56 @@ def materialized(program) -> set:
     from partir_core.lowering import Compute, Finish, Reshard
 
     g = program.graph
-    producer: dict = {}
-    readers: dict = {}
-    for ins in program.instructions:
+    steps = program.instructions
+    readers: dict = {}  # buffer -> [(instruction index, op name)]
+    for t, ins in enumerate(steps):
         if isinstance(ins, Compute):
-            name = g.eqns[ins.eqn_index].name
-            for b in ins.writes:
-                producer[b] = name
             for b in ins.reads:
-                readers.setdefault(b, []).append(name)
+                readers.setdefault(b, []).append((t, g.eqns[ins.eqn_index].name))
         elif isinstance(ins, Reshard):
-            readers.setdefault(ins.src_buf, []).append("<reshard>")
+            readers.setdefault(ins.src_buf, []).append((t, "<reshard>"))
         elif isinstance(ins, Finish):
-            readers.setdefault(ins.buf, []).append("<collective>")
-    out = set(g.invars) | set(program.out_bufs)
-    for ins in program.instructions:
-        if isinstance(ins, Reshard):
-            out.add(ins.dst_buf)
-        elif isinstance(ins, Compute):
-            for b in ins.writes:
-                rs = readers.get(b, [])
-                if producer[b] not in FUSIBLE or len(rs) != 1 or rs[0] not in TAKES_FUSED:
-                    out.add(b)
+            readers.setdefault(ins.buf, []).append((t, "<collective>"))
+    out = set(g.invars) | set(program.out_bufs) | {i.dst_buf for i in steps if isinstance(i, Reshard)}
+
+    def library(t):  # the kernel of instruction t is a library reduction
+        ins = steps[t]
+        if not isinstance(ins, Compute):
+            return False
+        name = g.eqns[ins.eqn_index].name
+        return _library_reduction(name, program.buf_bytes.get(ins.reads[0], 0), g.dtype(ins.writes[0]))
+
+    # kernels[b]: the instructions whose kernels read b, directly or through the fused values that read it;
+    # decided consumers first
+    kernels: dict = {}
+    for t in reversed(range(len(steps))):
+        ins = steps[t]
+        if not isinstance(ins, Compute):
+            continue
+        name = g.eqns[ins.eqn_index].name
+        for b in ins.writes:
+            rs = readers.get(b, [])
+            ks = set()
+            for tr, _ in rs:
+                ws = steps[tr].writes if isinstance(steps[tr], Compute) else []
+                if not ws or any(w in out for w in ws):
+                    ks.add(tr)
+                else:
+                    ks.update(*(kernels[w] for w in ws))
+            kernels[b] = ks
+            fused = name in FUSIBLE and rs and all(r in TAKES_FUSED for _, r in rs)
+            if not fused or len(ks) > 1 and (name in EXPENSIVE or any(library(k) for k in ks)):
+                out.add(b)
     return out - set(g.consts)
+
+
+def _library_reduction(name: str, nbytes: int, dtype) -> bool:
+    """Whether XLA's CPU backend runs a reduction ``name`` of a ``nbytes`` operand of ``dtype`` as a library
+    (YNNPACK) kernel rather than a loop: sums, maxima and minima of floats of at least
+    :data:`LIBRARY_MIN_ELEMENTS` elements."""
+    dtype = np.dtype(dtype)
+    return (name in LIBRARY_REDUCTIONS and np.issubdtype(dtype, np.floating)
+            and nbytes // dtype.itemsize >= LIBRARY_MIN_ELEMENTS)
 
 
 def combined_collectives(program) -> list:
