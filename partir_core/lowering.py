@@ -34,6 +34,7 @@ import numpy as np
 from jax import lax
 
 import redist
+from redist.bounds import check_pair
 from redist.types import ShardingType
 
 from partir_core.ir import CONTROL_FLOW, Graph
@@ -225,9 +226,15 @@ def state_type(graph, state, v, mesh) -> ShardingType:
 
 
 def reshard_bytes(src: ShardingType, dst: ShardingType) -> float:
-    """Bytes a device receives moving ``src`` to ``dst`` (the plan lowering would run)."""
+    """Bytes a device receives moving ``src`` to ``dst`` (the plan lowering would run); infinite when no
+    redistribution can do it (``dst`` is partial over an axis ``src`` is not): a choice that needs it is
+    never taken."""
     if src == dst:
         return 0.0
+    try:
+        check_pair(src, dst)
+    except redist.ShardingError:
+        return float("inf")
     return float(sum(b for _, _, b in _plan(src, dst)[1]))
 
 
