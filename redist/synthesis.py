@@ -144,10 +144,10 @@ def _synthesize_uneven(src: ShardingType, dst: ShardingType, topology) -> Plan:
     With equal padded shapes: the plan between the padded views, between a ``pad`` and an ``unpad`` (views:
     the buffers are those of the collectives' plan, and its peak and bytes are theirs). Otherwise the plan
     ends with an ``exchange``, which receives exactly what each device lacks. Without pending sums to reduce
-    that is the whole plan, at the lower bound. With them, the fewest-bytes of: an ``all_reduce`` before or
-    after the exchange (after: if the destination does not place a reduced axis in a dim), and a plan on
-    the padded view that reduce-scatters the reduced axes onto one dim whose padded size they keep, then the
-    exchange. Peak: at most ``max(src, dst)`` local bytes in every case.
+    that is the whole plan, at the lower bound. With them, the fewest-bytes (with ``topology``: the fastest)
+    of: an ``all_reduce`` before or after the exchange (after: if the destination does not place a reduced
+    axis in a dim), and a plan on the padded view that reduce-scatters the reduced axes onto one dim whose
+    padded size they keep, then the exchange. Peak: at most ``max(src, dst)`` local bytes in every case.
     """
     if src == dst:
         return Plan((), (src,))
@@ -162,13 +162,19 @@ def _synthesize_uneven(src: ShardingType, dst: ShardingType, topology) -> Plan:
         candidates.append(_typed_plan(src, (exchange, S.AllReduce(reduced))))
     bound = max(src.local_bytes, dst.local_bytes)
     for d in range(src.rank):
-        if not _is_type(src, src.dims[:d] + (src.dims[d] + reduced,) + src.dims[d + 1:], dst.partial):
+        dims = src.dims[:d] + (src.dims[d] + reduced,) + src.dims[d + 1:]
+        if not _is_type(src, dims, dst.partial):
             continue
-        mid = src.replace(dims=src.dims[:d] + (src.dims[d] + reduced,) + src.dims[d + 1:], partial=dst.partial)
+        mid = src.replace(dims=dims, partial=dst.partial)
         if mid.padded_shape == src.padded_shape and mid.local_bytes <= bound:
             first = _between_padded_views(src, mid, topology)
             candidates.append(_typed_plan(src, first.steps + (exchange,)))
-    return min(candidates, key=lambda p: (p.bytes_received, len(p.steps)))
+    if topology is None:
+        return min(candidates, key=lambda p: (p.bytes_received, len(p.steps)))
+    from redist import cost
+
+    topo = cost.topology(topology, src.mesh) if isinstance(topology, str) else topology
+    return min(candidates, key=lambda p: (cost.plan_time(p, topo), p.bytes_received, len(p.steps)))
 
 
 def _between_padded_views(src: ShardingType, dst: ShardingType, topology) -> Plan:

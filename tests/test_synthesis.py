@@ -338,3 +338,16 @@ def test_uneven_named_cases(mesh, a, b, kinds):
 def test_collectives_refuse_uneven_blocks(step, text):
     with pytest.raises(ShardingError, match="uneven blocks do not nest"):
         step.apply(ShardingType.parse(text, MESH))
+
+
+def test_uneven_plans_with_a_topology_are_the_fastest_candidate():
+    from redist import cost
+
+    m = Mesh({"x": 2, "y": 2})
+    src, dst = ShardingType.parse("f32[7, 8] partial{x,y}", m), ShardingType.parse("f32[7{x}, 8{y}]", m)
+    by_bytes = synthesize(src, dst)
+    for preset in ("tpu-v4", "cpu-host"):
+        plan = synthesize(src, dst, topology=preset)
+        topo = cost.topology(preset, m)
+        assert cost.plan_time(plan, topo) <= cost.plan_time(by_bytes, topo)
+        assert plan.peak_bytes <= max(src.local_bytes, dst.local_bytes) and redist.verify(plan).ok
