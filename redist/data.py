@@ -29,13 +29,23 @@ def summands(t: ShardingType, value, rng: np.random.Generator, low: int = -4, hi
     without partial axes).
 
     Every group of devices that differ only in the partial axes gets its own random integer summands in
-    ``[low, high)`` (padding too), and its first member the remainder, so float sums of integer values are exact; test
-    data that catches a plan which drops, doubles or mixes summands (any summands whose group sums are right
-    must give the right result).
+    ``[low, high)`` (padding too), and its first member the remainder, so float sums of integer values are
+    exact; test data that catches a plan which drops, doubles or mixes summands (any summands whose group sums
+    are right must give the right result). For ``bool``, whose sum is a logical or, the summands are random
+    bits where the value is true (the first member's set wherever no other member's is) and false elsewhere.
     """
     whole = shard(t.replace(partial=()), value)
     if not t.partial:
         return whole
+    if t.dtype == "bool":
+        bufs = [np.asarray(rng.random(x.shape) < 0.5) for x in whole]
+        for group in t.mesh.groups(t.partial):
+            value_bits = whole[group[0]]
+            for d in group[1:]:
+                bufs[d] = bufs[d] & value_bits
+            rest = np.logical_or.reduce([bufs[d] for d in group[1:]]) if group[1:] else np.zeros_like(value_bits)
+            bufs[group[0]] = value_bits & (~rest | bufs[group[0]])
+        return [np.asarray(b) for b in bufs]
     bufs = [np.asarray(rng.integers(low, high, size=x.shape)).astype(x.dtype) for x in whole]
     for group in t.mesh.groups(t.partial):
         rest = sum((bufs[d] for d in group[1:]), np.zeros_like(whole[group[0]]))

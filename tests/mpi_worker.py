@@ -155,7 +155,7 @@ def make_shards(rng, src: redist.ShardingType) -> list[np.ndarray]:
 
 def uneven_pairs(seed: int, count: int) -> list[tuple[redist.ShardingType, redist.ShardingType]]:
     """``count`` pairs with non-divisible dims from ``type_pairs(uneven=True)`` on the meshes of this size
-    (partial sources included, except for bool), then the named cases; drawn on rank 0 and broadcast (type
+    (partial sources included), then the named cases; drawn on rank 0 and broadcast (type
     objects, not data), so that every rank runs the same cases."""
     pairs = None
     if RANK == 0 and count:
@@ -171,7 +171,7 @@ def uneven_pairs(seed: int, count: int) -> list[tuple[redist.ShardingType, redis
         @hypothesis_seed(seed)
         @settings(max_examples=count, database=None, deadline=None, suppress_health_check=list(HealthCheck))
         @given(st.sampled_from(DTYPES).flatmap(lambda dt: st.sampled_from(meshes).flatmap(
-            lambda m: type_pairs(mesh=m, max_rank=3, dtype=dt, uneven=True, partial=dt != "bool"))))
+            lambda m: type_pairs(mesh=m, max_rank=3, dtype=dt, uneven=True))))
         def draw(pair):
             drawn.append(pair)
 

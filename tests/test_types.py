@@ -161,3 +161,21 @@ def test_uneven_shard_unshard_round_trip(mesh, data):
         assert not s[pad].any()  # padding is zero
         s[pad] = np.nan  # and never read back
     assert np.array_equal(redist.unshard(src, shards), x)
+
+
+def test_bool_summands_or_to_the_value():
+    """A pending sum of bools is a logical or: summands are random bits under the value's true bits, and
+    every member but the first can be dropped or not without the first carrying everything."""
+    import numpy as np
+
+    mesh = Mesh({"x": 2, "y": 4})
+    t = ShardingType.parse("bool[9{y}, 3] partial{x}", mesh)
+    value = np.random.default_rng(0).random(t.shape) < 0.5
+    seen_split = False
+    for seed in range(5):
+        bufs = redist.data.summands(t, value, np.random.default_rng(seed))
+        assert all(b.shape == t.local_shape and b.dtype == np.bool_ for b in bufs)
+        assert np.array_equal(redist.unshard(t, bufs), value)
+        seen_split |= any(not np.array_equal(bufs[g[0]], redist.shard(t.replace(partial=()), value)[g[0]])
+                          for g in mesh.groups(t.partial))
+    assert seen_split  # the first member does not always hold the whole value
