@@ -334,7 +334,7 @@ def _exchange(ctx, ins: P.Exchange, buf):
     for cs in outgoing:
         for c in cs:
             nbytes = math.prod(c.size) * itemsize
-            send[at: at + nbytes].view(x.dtype).reshape(c.size)[...] = x[_box(c.src_start, c.size)]
+            send[at: at + nbytes].view(x.dtype).reshape(c.size)[...] = x[c.src_box]
             at += nbytes
     recv = np.empty(sum(recv_counts), np.uint8)
     ctx.comm.Alltoallv([send, (send_counts, _offsets(send_counts)), MPI.BYTE],
@@ -343,18 +343,14 @@ def _exchange(ctx, ins: P.Exchange, buf):
     out = np.zeros(ins.shape, dtype=x.dtype)
     for c in ins.copies[me]:
         if c.source == me:
-            out[_box(c.dst_start, c.size)] = x[_box(c.src_start, c.size)]
+            out[c.dst_box] = x[c.src_box]
     del x
     at = _offsets(recv_counts)
     for c in incoming:
         nbytes = math.prod(c.size) * itemsize
-        out[_box(c.dst_start, c.size)] = recv[at[c.source]: at[c.source] + nbytes].view(out.dtype).reshape(c.size)
+        out[c.dst_box] = recv[at[c.source]: at[c.source] + nbytes].view(out.dtype).reshape(c.size)
         at[c.source] += nbytes
     return out, True
-
-
-def _box(start, size) -> tuple[slice, ...]:
-    return tuple(slice(a, a + m) for a, m in zip(start, size))
 
 
 def _offsets(counts) -> list[int]:

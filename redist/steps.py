@@ -358,6 +358,16 @@ class Copy:
     dst_start: tuple[int, ...]
     size: tuple[int, ...]
 
+    @property
+    def src_box(self) -> tuple[slice, ...]:
+        """The copied box of the source device's buffer."""
+        return tuple(slice(a, a + n) for a, n in zip(self.src_start, self.size))
+
+    @property
+    def dst_box(self) -> tuple[slice, ...]:
+        """The box of the destination buffer it fills."""
+        return tuple(slice(a, a + n) for a, n in zip(self.dst_start, self.size))
+
 
 @lru_cache(maxsize=1024)
 def exchange_copies(t_in: ShardingType, t_out: ShardingType) -> tuple[tuple[Copy, ...], ...]:
@@ -373,18 +383,16 @@ def exchange_copies(t_in: ShardingType, t_out: ShardingType) -> tuple[tuple[Copy
     n = mesh.size
     coords = [tuple(mesh.coords(d).values()) for d in range(n)]
 
-    def layer(d):
-        return tuple(mesh.group_index(d, (a,)) for a in t_in.partial)
-
+    layer = [tuple(mesh.group_index(d, (a,)) for a in t_in.partial) for d in range(n)]
     holders: dict = {}
     for d in range(n):
-        holders.setdefault((layer(d), tuple((s.start, s.stop) for s in t_in.local_box(d))), []).append(d)
+        holders.setdefault((layer[d], tuple((s.start, s.stop) for s in t_in.local_box(d))), []).append(d)
     out = []
     for d in range(n):
         want = t_out.local_box(d)
         copies = []
         for (lay, box), devs in holders.items():
-            if lay != layer(d):
+            if lay != layer[d]:
                 continue
             lo = [max(a, w.start) for (a, _), w in zip(box, want)]
             hi = [min(b, w.stop) for (_, b), w in zip(box, want)]

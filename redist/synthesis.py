@@ -158,15 +158,12 @@ def _synthesize_uneven(src: ShardingType, dst: ShardingType, topology) -> Plan:
     if not reduced:
         return _typed_plan(src, (exchange,))
     candidates = [_typed_plan(src, (S.AllReduce(reduced), exchange))]
-    if _is_type(src, dst.dims, src.partial):
+    if _type_or_none(src, dst.dims, src.partial) is not None:
         candidates.append(_typed_plan(src, (exchange, S.AllReduce(reduced))))
     bound = max(src.local_bytes, dst.local_bytes)
     for d in range(src.rank):
-        dims = src.dims[:d] + (src.dims[d] + reduced,) + src.dims[d + 1:]
-        if not _is_type(src, dims, dst.partial):
-            continue
-        mid = src.replace(dims=dims, partial=dst.partial)
-        if mid.padded_shape == src.padded_shape and mid.local_bytes <= bound:
+        mid = _type_or_none(src, src.dims[:d] + (src.dims[d] + reduced,) + src.dims[d + 1:], dst.partial)
+        if mid is not None and mid.padded_shape == src.padded_shape and mid.local_bytes <= bound:
             first = _between_padded_views(src, mid, topology)
             candidates.append(_typed_plan(src, first.steps + (exchange,)))
     if topology is None:
@@ -192,13 +189,12 @@ def _typed_plan(src: ShardingType, steps) -> Plan:
     return Plan(tuple(steps), tuple(types))
 
 
-def _is_type(t: ShardingType, dims, partial) -> bool:
-    """Whether ``t`` with ``dims`` and ``partial`` is a valid type (no axis used twice)."""
+def _type_or_none(t: ShardingType, dims, partial) -> ShardingType | None:
+    """``t`` with ``dims`` and ``partial``, or None if that is not a valid type (an axis used twice)."""
     try:
-        t.replace(dims=dims, partial=partial)
+        return t.replace(dims=dims, partial=partial)
     except ShardingError:
-        return False
-    return True
+        return None
 
 
 def _without_unit_axes(t: ShardingType, keep_partial) -> ShardingType:

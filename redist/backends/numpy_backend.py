@@ -69,12 +69,8 @@ def _step(mesh, ins, bufs):
 def _assemble(shape, copies, bufs):
     out = np.zeros(shape, bufs[0].dtype)
     for c in copies:
-        out[_box(c.dst_start, c.size)] = bufs[c.source][_box(c.src_start, c.size)]
+        out[c.dst_box] = bufs[c.source][c.src_box]
     return out
-
-
-def _box(start, size):
-    return tuple(slice(a, a + n) for a, n in zip(start, size))
 
 
 def _sum(xs):
