@@ -99,3 +99,14 @@ def poison_padding(t: ShardingType, bufs) -> list[np.ndarray]:
         b[~data] = fill
         out.append(b)
     return out
+
+
+def poisoned_source(t: ShardingType, rng: np.random.Generator, low: int = -20, high: int = 20):
+    """For tests: a random value of ``t``'s shape and dtype (random bits for bool, integers in ``[low, high)``
+    otherwise) and per-device buffers of ``t`` that hold it (:func:`summands`) with their padding poisoned
+    (:func:`poison_padding`). Returns ``(value, buffers)``."""
+    if t.dtype == "bool":
+        value = rng.random(t.shape) < 0.5
+    else:
+        value = rng.integers(low, high, size=t.shape).astype(t.np_dtype)
+    return value, poison_padding(t, summands(t, value, rng))

@@ -25,7 +25,7 @@ from mpi4py import MPI
 
 import redist
 import redist.mpi
-from redist.data import poison_padding, summands
+from redist.data import poisoned_source
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
@@ -234,11 +234,7 @@ def run_uneven_case(src, dst, rng, failures: list, label: str) -> tuple[bool, bo
     plan = redist.synthesize(src, dst)
     for ins in plan.program.instructions:
         KINDS[type(ins).__name__] = KINDS.get(type(ins).__name__, 0) + 1
-    if src.dtype == "bool":
-        value = rng.random(src.shape) < 0.5
-    else:
-        value = rng.integers(-20, 20, size=src.shape).astype(src.np_dtype)
-    shards = poison_padding(src, summands(src, value, rng))
+    value, shards = poisoned_source(src, rng)
     expected = redist.execute(plan, shards)
     core_ok = np.array_equal(redist.unshard(dst, expected), value)
     out = redist.mpi.reshard(shards[RANK].copy(), src, dst, COMM)

@@ -17,7 +17,7 @@ from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as PS  # noqa: E402
 
 import redist.jax as rj  # noqa: E402
-from redist.data import poison_padding, summands  # noqa: E402
+from redist.data import poisoned_source, summands  # noqa: E402
 from tests.strategies import meshes, type_pairs  # noqa: E402
 
 if len(jax.devices()) < 8:
@@ -329,11 +329,7 @@ def check_uneven(src, dst, seed):
     the value. Returns the plan."""
     plan = redist.synthesize(src, dst)
     rng = np.random.default_rng(seed)
-    if src.dtype == "bool":
-        value = rng.random(src.shape) < 0.5
-    else:
-        value = rng.integers(-20, 20, size=src.shape).astype(src.np_dtype)
-    shards = poison_padding(src, summands(src, value, rng))
+    value, shards = poisoned_source(src, rng)
     want = redist.execute(plan, shards)
     with jax.transfer_guard("disallow"):
         got = redist.execute(plan, shards, backend="jax")

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import redist
 from redist import Mesh, ShardingError, ShardingType, lower_bound_bytes, synthesize
 from redist.steps import AllGather, AllSlice, AllToAll, Permute, permute_sources
-from redist.data import poison_padding, summands
+from redist.data import poison_padding, poisoned_source, summands
 from tests.strategies import layouts, type_pairs
 
 
@@ -253,11 +253,10 @@ def test_plan_text_and_json():
 # unshards right), the memory bound in padded bytes, and bytes at the lower bound for point-to-point plans.
 
 
-def _run_uneven(src, dst, seed=0, backend="numpy"):
+def _run_uneven(src, dst, seed=0):
     plan = synthesize(src, dst)
-    rng = np.random.default_rng(seed)
-    value = rng.integers(-50, 50, size=src.shape).astype(src.np_dtype)
-    out = redist.execute(plan, poison_padding(src, summands(src, value, rng)), backend=backend)
+    value, bufs = poisoned_source(src, np.random.default_rng(seed), low=-50, high=50)
+    out = redist.execute(plan, bufs)
     assert all(x.shape == dst.local_shape for x in out)
     if dst.partial:
         assert np.array_equal(redist.unshard(dst, out), value), str(plan)
