@@ -8,6 +8,7 @@ primitive (``jit``/``pjit``, ``closed_call``, ``core_call``, ``remat``/``checkpo
 Values are integers. Each has a global shape and dtype (:attr:`Graph.avals`). A value is an *input* (one per
 flattened argument leaf, named by its path), the result of an equation, or a *constant* (a jaxpr literal or
 closed-over const, held in :attr:`Graph.consts`; constants are replicated and never constrain sharding).
+An array of random keys keeps its key dtype (``key<fry>``) and key shape (see :mod:`partir_core.keys`).
 
 Input paths: the function's parameter name, then the pytree keys joined by ``/``
 (``"params/layers/0/w1"``, ``"x"``).
@@ -22,6 +23,8 @@ from typing import Any
 import jax
 import numpy as np
 from jax.extend import core as jcore
+
+from partir_core import keys
 
 INLINED = ("pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
            "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin")
@@ -49,7 +52,7 @@ class Graph:
     invars: list[int]
     outvars: list[int]
     eqns: list[Eqn]
-    avals: dict[int, tuple[tuple[int, ...], np.dtype]]
+    avals: dict[int, tuple[tuple[int, ...], Any]]  # (shape, numpy dtype or key dtype)
     consts: dict[int, Any] = field(default_factory=dict)
     in_paths: list[str] = field(default_factory=list)
     in_tree: Any = None
@@ -59,7 +62,8 @@ class Graph:
     def shape(self, v: int) -> tuple[int, ...]:
         return self.avals[v][0]
 
-    def dtype(self, v: int) -> np.dtype:
+    def dtype(self, v: int):
+        """A numpy dtype, or a JAX key dtype for an array of random keys."""
         return self.avals[v][1]
 
     def users(self) -> dict[int, list[int]]:
@@ -114,7 +118,8 @@ class _Builder:
     def new(self, aval) -> int:
         v = self.n
         self.n += 1
-        self.avals[v] = (tuple(int(d) for d in aval.shape), np.dtype(aval.dtype))
+        dtype = aval.dtype if keys.is_key(aval.dtype) else np.dtype(aval.dtype)
+        self.avals[v] = (tuple(int(d) for d in aval.shape), dtype)
         return v
 
     def const(self, value, aval) -> int:

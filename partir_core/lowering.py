@@ -21,6 +21,9 @@ type their producer gives them (inputs: the tactics' types; outputs: the state's
 
 :meth:`LocalProgram.run` interprets the program inside one ``jax.shard_map`` over the whole mesh, with the
 inputs' and outputs' ``partition_spec()`` as specs.
+
+Arrays of random keys are typed by their key data (:mod:`partir_core.keys`, :func:`value_type`): buffers hold
+key arrays, ops see key shapes (:func:`local_shapes`), and reshards and the ``shard_map`` boundary move key data.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import redist
 from redist.bounds import check_pair
 from redist.types import ShardingType
 
+from partir_core import keys
 from partir_core.ir import CONTROL_FLOW, Graph
 from partir_core.propagation import State, dim_axes, fit_use, resolve
 from partir_core.registry import LocalContext, Rule, _bind, flops
@@ -62,9 +66,20 @@ class Analysis:
     state: State | None = None  # the propagated state the choices were made from
 
 
+def value_type(graph: Graph, v: int, mesh, dims, partial=()) -> ShardingType:
+    """Value ``v``'s type with its dims split as ``dims``: a key array is typed by its key data, with the
+    key-data dims replicated after ``dims`` (:func:`partir_core.keys.sharding_type`)."""
+    return keys.sharding_type(mesh, graph.shape(v), graph.dtype(v), dims, partial)
+
+
 def replicated(graph: Graph, v: int, mesh) -> ShardingType:
-    shape = graph.shape(v)
-    return ShardingType(mesh, shape, graph.dtype(v), ((),) * len(shape))
+    return value_type(graph, v, mesh, ((),) * len(graph.shape(v)))
+
+
+def local_shapes(graph: Graph, values, types) -> list[tuple[int, ...]]:
+    """The local shapes of ``values`` of the given types, as their ops see them: a key array's without its
+    key-data dims."""
+    return [t.local_shape[: len(graph.shape(v))] for v, t in zip(values, types)]
 
 
 def _analyze_once(graph: Graph, rules: list, state: State, mesh, choose: bool, targets) -> Analysis:
@@ -83,7 +98,7 @@ def _analyze_once(graph: Graph, rules: list, state: State, mesh, choose: bool, t
     cheapest (a layout chosen at one op then carries along the values computed from it)."""
     types: dict[int, ShardingType] = {}
     for v in graph.invars:
-        types[v] = ShardingType(mesh, graph.shape(v), graph.dtype(v), tuple(state.dims[v]))
+        types[v] = value_type(graph, v, mesh, tuple(state.dims[v]))
     for v in graph.consts:
         types[v] = replicated(graph, v, mesh)
     ops, unsupported = [], []
@@ -211,18 +226,17 @@ def _op_sharding(graph, rule, eqn, use, types, mesh) -> OpSharding:
         if not set(partials[j]) & used:
             keep[j] = partials[j]
     passed = next((p for p in keep if p), ())
-    ins = [ShardingType(mesh, graph.shape(v), graph.dtype(v),
-                        tuple(dim_axes(mesh, rule, use, fs) for fs in dims), keep[k])
+    ins = [value_type(graph, v, mesh, tuple(dim_axes(mesh, rule, use, fs) for fs in dims), keep[k])
            for k, (v, dims) in enumerate(zip(eqn.invars, rule.operands))]
-    outs = [ShardingType(mesh, graph.shape(v), graph.dtype(v),
-                         tuple(dim_axes(mesh, rule, use, fs) for fs in dims), tuple(passed) + new_partial)
+    outs = [value_type(graph, v, mesh, tuple(dim_axes(mesh, rule, use, fs) for fs in dims),
+                       tuple(passed) + new_partial)
             for v, dims in zip(eqn.outvars, rule.results)]
     return OpSharding(rule, use, ins, outs, finish, new_partial)
 
 
 def state_type(graph, state, v, mesh) -> ShardingType:
     """The (non-partial) type propagation gives value ``v``."""
-    return ShardingType(mesh, graph.shape(v), graph.dtype(v), tuple(state.dims[v]))
+    return value_type(graph, v, mesh, tuple(state.dims[v]))
 
 
 def reshard_bytes(src: ShardingType, dst: ShardingType) -> float:
@@ -367,9 +381,9 @@ class LocalProgram:
     def body(self, *xs):
         """The per-device program (call inside ``shard_map``)."""
         g = self.graph
-        env = {v: x for v, x in zip(g.invars, xs)}
+        env = {v: keys.from_data(x, g.dtype(v)) for v, x in zip(g.invars, xs)}
         for v, c in g.consts.items():
-            env[v] = jnp.asarray(c, dtype=g.dtype(v))
+            env[v] = c if keys.is_key(g.dtype(v)) else jnp.asarray(c, dtype=g.dtype(v))
         for ins in self.instructions:
             if isinstance(ins, Reshard):
                 env[ins.dst_buf] = _reshard(env[ins.src_buf], ins)
@@ -379,8 +393,8 @@ class LocalProgram:
                 vals = [env[b] for b in ins.reads]
                 for i, d, kind in ins.masks:
                     vals[i] = _mask_padding(vals[i], op.in_types[i], d, kind)
-                ctx = LocalContext(eqn, [t.local_shape for t in op.in_types],
-                                   [t.local_shape for t in op.out_types], [t.dims for t in op.out_types],
+                ctx = LocalContext(eqn, local_shapes(g, eqn.invars, op.in_types),
+                                   local_shapes(g, eqn.outvars, op.out_types), [t.dims for t in op.out_types],
                                    self.mesh, op.new_partial)
                 if op.rule is None or op.rule.local is None:
                     outs = _bind(ctx, *vals)
@@ -391,7 +405,7 @@ class LocalProgram:
             elif isinstance(ins, Finish):
                 red = lax.pmax if ins.kind == "max" else lax.pmin
                 env[ins.buf] = red(env[ins.buf], tuple(ins.axes))
-        return tuple(env[b] for b in self.out_bufs)
+        return tuple(keys.to_data(env[b]) for b in self.out_bufs)
 
     def run(self, *flat_args):
         return self.executable()(*flat_args)
@@ -399,7 +413,8 @@ class LocalProgram:
     def executable(self):
         """The jitted program on global arrays. ``shard_map`` needs dims that divide their axes, so inputs
         with uneven dims are padded (with zeros) to their ``padded_shape`` first, whose blocks are exactly
-        the padded local buffers, and outputs are cut back to their shape."""
+        the padded local buffers, and outputs are cut back to their shape. Key arrays cross the boundary as
+        their key data (their types' arrays)."""
         if not hasattr(self, "_exe"):
             mapped = jax.shard_map(self.body, mesh=self.jax_mesh(),
                                    in_specs=tuple(t.partition_spec() for t in self.in_types),
@@ -407,11 +422,13 @@ class LocalProgram:
                                    check_vma=False)
 
             def run(*xs):
+                xs = [keys.to_data(x) for x in xs]
                 xs = [x if t.is_even() else jnp.pad(x, [(0, p - n) for n, p in zip(t.shape, t.padded_shape)])
                       for x, t in zip(xs, self.in_types)]
                 outs = mapped(*xs)
-                return tuple(y if t.is_even() else y[tuple(slice(0, n) for n in t.shape)]
-                             for y, t in zip(outs, self.out_types))
+                outs = [y if t.is_even() else y[tuple(slice(0, n) for n in t.shape)]
+                        for y, t in zip(outs, self.out_types)]
+                return tuple(keys.from_data(y, self.graph.dtype(v)) for y, v in zip(outs, self.graph.outvars))
 
             self._exe = jax.jit(run)
         return self._exe
@@ -474,6 +491,8 @@ def _fallback_collectives(src, dst):
 
 
 def _reshard(x, ins: Reshard):
+    if keys.is_key(x.dtype):  # a key array's type is its key data's
+        return keys.from_data(_reshard(keys.to_data(x), ins), x.dtype)
     if ins.plan is not None:
         from redist.jax import run_program
 
@@ -538,8 +557,8 @@ def lower(graph: Graph, analysis: Analysis, mesh, state: State | None = None) ->
     for i, (eqn, op) in enumerate(zip(graph.eqns, analysis.ops)):
         where = f"eqn {i} ({eqn.name})"
         reads = [move(v, types[v], t, where) for v, t in zip(eqn.invars, op.in_types)]
-        f = flops(eqn.name, [t.local_shape for t in op.in_types], [t.local_shape for t in op.out_types],
-                  eqn.params)
+        f = flops(eqn.name, local_shapes(graph, eqn.invars, op.in_types),
+                  local_shapes(graph, eqn.outvars, op.out_types), eqn.params)
         instructions.append(Compute(i, reads, list(eqn.outvars), _masks(op), f))
         for kind, axes in op.finish:
             k = mesh.group_size(tuple(axes))

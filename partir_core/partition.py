@@ -20,7 +20,7 @@ import numpy as np
 import redist
 from redist.mesh import Mesh
 
-from partir_core import ir
+from partir_core import ir, keys
 from partir_core.lowering import LocalProgram, analyze, lower
 from partir_core.propagation import State, propagate
 from partir_core.registry import rule_for
@@ -109,7 +109,8 @@ def render(graph, rules, state, mesh) -> str:
 
     def name(v):
         if v in graph.consts:
-            c = np.asarray(graph.consts[v])
+            c = graph.consts[v]
+            c = np.asarray(keys.to_data(c) if keys.is_key(graph.dtype(v)) else c)  # a key shows its key data
             return repr(c.item()) if c.size == 1 else f"const{v}"
         return f"%{v}"
 

@@ -19,6 +19,15 @@ same axes, e.g. ``add``), ``"one"`` (exactly one operand pending, e.g. ``mul``, 
 ``local(ctx, *xs)`` runs the op on local shards (default: the primitive with its own params); ``ctx`` is a
 :class:`LocalContext` giving local shapes and block offsets. :func:`rule_for` returns None for a primitive
 with no rule; the partitioner then runs it on replicated operands and reports it.
+
+Random keys (:mod:`partir_core.keys`): rules see a key array's key shape. ``random_seed``, ``random_fold_in``,
+``random_clone`` and the raw ``threefry2x32`` hash act on each element alone, so they are elementwise.
+``random_bits`` and ``random_split`` map each key to a block of new values: the key dims share factors with the
+result's leading dims (JAX defines a batched draw per key, so a device drawing for its own keys gets exactly
+those keys' bits), and the new dims are *blocked*: every device draws a key's values whole, and a reader that
+wants them split slices them locally (a reshard that moves nothing). So a partitioned step draws the same bits
+as the unpartitioned one. ``random_wrap`` / ``random_unwrap`` convert to and from key data, whose trailing
+key-data dims stay replicated.
 """
 
 from __future__ import annotations
@@ -41,6 +50,9 @@ ELEMENTWISE = {
     "add_any", "copy", "copy_p", "reduce_precision", "real", "imag", "conj", "asin", "acos", "atan", "sinh",
     "cosh", "asinh", "acosh", "atanh", "shift_left", "shift_right_logical", "shift_right_arithmetic",
     "population_count", "clz", "optimization_barrier",
+    # bit-level and random-key ops that act on each element alone (bitcast_convert_type keeps the shape only
+    # between equal bit widths; the other bitcasts get no rule)
+    "bitcast_convert_type", "random_seed", "random_fold_in", "random_clone", "threefry2x32",
 }
 IDENTITY = {"sharding_constraint", "mesh_cast", "reshard"}
 LINEAR_ALL = {"add", "sub", "add_any", "neg", "copy", "copy_p", "reduce_sum", "transpose", "reshape",
@@ -276,6 +288,28 @@ def _iota(eqn, shapes, out_shapes):
     return Rule([], [out], n.sizes, local=local)
 
 
+def _random_draw(eqn, shapes, out_shapes):
+    """``random_bits`` / ``random_split``: keys ``S`` → values ``S + shape``, drawn whole per key."""
+    n = _Names()
+    per_key = [n(s) for s in shapes[0]]
+    new = [n(s) for s in out_shapes[0][len(shapes[0]):]]
+    return Rule([per_key], [per_key + new], n.sizes, blocked=frozenset(f for fs in new for f in fs))
+
+
+def _random_wrap(eqn, shapes, out_shapes):
+    """``random_wrap``: key data ``S + K`` → keys ``S`` (the key-data dims ``K`` replicated)."""
+    n = _Names()
+    dims = [n(s) for s in out_shapes[0]]
+    return Rule([dims + [()] * (len(shapes[0]) - len(dims))], [dims], n.sizes)
+
+
+def _random_unwrap(eqn, shapes, out_shapes):
+    """``random_unwrap``: keys ``S`` → key data ``S + K`` (the key-data dims ``K`` replicated)."""
+    n = _Names()
+    dims = [n(s) for s in shapes[0]]
+    return Rule([dims], [dims + [()] * (len(out_shapes[0]) - len(dims))], n.sizes)
+
+
 def _gather(eqn, shapes, out_shapes):
     dn = eqn.params["dimension_numbers"]
     if dn.operand_batching_dims or dn.start_indices_batching_dims:
@@ -485,6 +519,10 @@ RULES: dict[str, Callable] = {
     "slice": _slice,
     "split": _along_axis("axis"),
     "sort": _along_axis("dimension"),
+    "random_bits": _random_draw,
+    "random_split": _random_draw,
+    "random_wrap": _random_wrap,
+    "random_unwrap": _random_unwrap,
 }
 for _name in ELEMENTWISE | IDENTITY:
     RULES[_name] = _elementwise

@@ -30,7 +30,8 @@ materialized.
   effective read, outputs from their write to the end. As XLA's buffer assignment does, a temporary reuses an
   output's allocation when it fits in it and is dead before that output is written (largest temporaries
   first); the temporary block holds the peak of the others live at once. Nothing is donated, so nothing
-  aliases.
+  aliases. An op that XLA runs as a loop over buffers of its own (:data:`SCRATCH`: the threefry hash of
+  ``random_bits``) also holds that scratch while it runs.
 - Step time: ``launch_s`` (one program launch) + kernels x ``op_overhead_s`` + compute + collectives, in
   sequence (nothing overlaps).
 
@@ -142,6 +143,10 @@ FUSIBLE = {
     "ne", "lt", "le", "gt", "ge", "select_n", "clamp", "convert_element_type", "stop_gradient", "add_any",
     "copy", "copy_p", "broadcast_in_dim", "reshape", "transpose", "squeeze", "iota", "sharding_constraint",
     "mesh_cast", "reshard", "reduce_precision", "slice", "dynamic_slice", "pad", "concatenate",
+    # bit-level ops of random draws, and the conversions between keys and key data (they change no bits);
+    # random_bits and the other threefry ops are not fused: XLA's CPU backend runs the hash as a loop
+    "shift_left", "shift_right_logical", "shift_right_arithmetic", "bitcast_convert_type", "random_wrap",
+    "random_unwrap", "random_clone",
 }
 # Fusible ops XLA counts expensive (transcendentals, float division): never duplicated into several consumers.
 EXPENSIVE = {"div", "rem", "pow", "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sqrt", "rsqrt",
@@ -149,6 +154,10 @@ EXPENSIVE = {"div", "rem", "pow", "exp", "exp2", "log", "log1p", "expm1", "tanh"
 # Reductions XLA's CPU backend hands to YNNPACK once their operand has this many elements.
 LIBRARY_REDUCTIONS = {"reduce_sum", "reduce_max", "reduce_min"}
 LIBRARY_MIN_ELEMENTS = 4096
+# Scratch an op holds while it runs, in multiples of its results' bytes: XLA's CPU backend runs the threefry
+# hash of ``random_bits`` as a while loop; a dropout mask's compiled program holds 3 bytes of temporaries per
+# byte of random bits beside them (memory_analysis of f32[n, 1024] masks, n = 64..512, whole and batch-split).
+SCRATCH = {"random_bits": 3}
 TAKES_FUSED = FUSIBLE | {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
                          "argmax", "argmin"}
 
@@ -238,9 +247,10 @@ def _library_reduction(name: str, nbytes: int, dtype) -> bool:
     """Whether XLA's CPU backend runs a reduction ``name`` of a ``nbytes`` operand of ``dtype`` as a library
     (YNNPACK) kernel rather than a loop: sums, maxima and minima of floats of at least
     :data:`LIBRARY_MIN_ELEMENTS` elements."""
+    if name not in LIBRARY_REDUCTIONS:  # before reading the dtype, which may be a key dtype
+        return False
     dtype = np.dtype(dtype)
-    return (name in LIBRARY_REDUCTIONS and np.issubdtype(dtype, np.floating)
-            and nbytes // dtype.itemsize >= LIBRARY_MIN_ELEMENTS)
+    return np.issubdtype(dtype, np.floating) and nbytes // dtype.itemsize >= LIBRARY_MIN_ELEMENTS
 
 
 def combined_collectives(program) -> list:
@@ -286,7 +296,7 @@ def simulate(program, hardware=None) -> Simulation:
     from partir_core.lowering import Compute, Finish, Reshard
 
     hw = _hardware(hardware)
-    size = program.buf_bytes
+    size = dict(program.buf_bytes)
     mat = materialized(program)
     consts = set(program.graph.consts)
     steps = program.instructions
@@ -357,6 +367,11 @@ def simulate(program, hardware=None) -> Simulation:
                     last[b] = t - 1
                     sizes.discard(size.get(b, 0))
     temps = {b: (t, max(last.get(b, t), t)) for b, t in first.items() if b not in out_set}
+    for t, ins in enumerate(steps):
+        factor = isinstance(ins, Compute) and SCRATCH.get(program.graph.eqns[ins.eqn_index].name)
+        if factor:
+            size[("scratch", t)] = factor * sum(size.get(b, 0) for b in ins.writes)
+            temps[("scratch", t)] = (t, t)
     heap = _heap_peak(temps, {b: (first.get(b, 0), end) for b in outs}, size)
     return Simulation(compute_t + comm_t, int(arg_bytes + out_bytes + heap), comm_bytes, total_flops, compute_t,
                       comm_t, hw.name, kernels, int(arg_bytes), int(out_bytes), int(heap))
