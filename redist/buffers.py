@@ -25,7 +25,6 @@ To round or wrap on purpose, convert first (``x.astype(np.float32)``).
 from __future__ import annotations
 
 import numbers
-import reprlib
 import warnings
 from collections.abc import Sequence
 
@@ -81,17 +80,20 @@ def lossless(given, want) -> bool:
 
 
 def describe(x) -> str:
-    """A short description of a user's object for messages: its type and a truncated repr."""
-    return f"{type(x).__name__} {reprlib.repr(x)}"
+    """A user's object in a message: its type, then its text (``str`` where the type defines one, else
+    ``repr``, as for strings, whose quotes show), cut to 60 characters."""
+    own_str = type(x).__str__ is not object.__str__ and not isinstance(x, (str, bytes))
+    text = str(x) if own_str else repr(x)
+    return f"{type(x).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
 
 
 def as_array(data, dtype, what: str, copy: bool = False) -> np.ndarray:
     """``data`` as a numpy array of ``dtype``, under the rule of this module.
 
     Returns ``data`` itself when it already is a numpy array of ``dtype`` and ``copy`` is false, else a new
-    (C-contiguous) array. ``what`` names the data in messages (``"shard of device 3"``). Raises :class:`ShardingError` (and
-    nothing else) when ``data`` is no array of numbers (a string, ``None``, a ragged list, a traced JAX
-    value) or when converting it could change a value.
+    (C-contiguous) array. ``what`` names the data in messages (``"shard of device 3"``). Raises
+    :class:`ShardingError` (and nothing else) when ``data`` is no array of numbers (a string, ``None``, a
+    ragged list, a traced JAX value) or when converting it could change a value.
     """
     want = np.dtype(dtype)
     if data is None or isinstance(data, (str, bytes)):

@@ -40,8 +40,8 @@ from redist.steps import Copy
 from redist.synthesis import synthesize
 from redist.types import ShardingType
 
-__all__ = ["reshard", "run_program", "run_on_buffers", "refined_axis_names", "refine_mesh", "redist_mesh",
-           "sharding_type"]
+__all__ = ["reshard", "run_program", "run_on_buffers", "in_dtype", "refined_axis_names", "refine_mesh",
+           "redist_mesh", "sharding_type"]
 
 
 # ---------------------------------------------------------------------- meshes and axis names
@@ -110,6 +110,7 @@ def run_program(program: P.Program, x, axis_names: Mapping[str, tuple[str, ...]]
     ``program.shapes[-1]``. Pending sums of ``bool`` buffers are logical or (as in the numpy backend). A
     program whose buffers are all empty runs no collective.
     """
+    _check_program(program)
     mesh = program.mesh
     names = axis_names if axis_names is not None else refined_axis_names(mesh, program.axis_tokens())
 
@@ -150,6 +151,11 @@ def run_program(program: P.Program, x, axis_names: Mapping[str, tuple[str, ...]]
         else:
             raise TypeError(f"unknown instruction {ins!r}")
     return x
+
+
+def _check_program(program) -> None:
+    if not isinstance(program, P.Program):
+        raise ShardingError(f"expected a redist.program.Program (plan.program), got {describe(program)}")
 
 
 def _all_to_all(x, axes, split_dim: int, concat_dim: int, k: int):
@@ -276,6 +282,7 @@ def run_on_buffers(program: P.Program, shards, jax_mesh=None) -> list[np.ndarray
     :class:`ShardingError` for shards that do not fit, for a mesh larger than JAX's device count, or for a
     ``jax_mesh`` whose axes are not the program's.
     """
+    _check_program(program)
     mesh = program.mesh
     bufs = device_buffers(shards, mesh.size, program.shapes[0], program.dtype)
     if jax_mesh is None:
