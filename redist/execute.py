@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from redist.buffers import describe
 from redist.errors import ShardingError
 from redist.plan import Plan
 
@@ -14,11 +15,20 @@ def execute(plan: Plan, shards, backend: str = "numpy") -> list[np.ndarray]:
     """Execute ``plan`` on ``shards`` (one local buffer per device id, of type ``plan.src``).
 
     ``backend``: ``"numpy"`` (the reference, in this process) or ``"jax"`` (JAX collectives on the first
-    ``mesh.size`` JAX devices; see :func:`redist.jax.run_on_buffers`). MPI runs one process per device:
-    use :func:`redist.mpi.reshard` on every rank. Returns the buffers of type ``plan.dst``. For a partial
+    ``mesh.size`` JAX devices, in the plan's dtype whatever JAX's x64 mode; see
+    :func:`redist.jax.run_on_buffers`). MPI runs one process per device: use :func:`redist.mpi.reshard` on
+    every rank. Returns new arrays (never the caller's), the buffers of type ``plan.dst``. For a partial
     source, any summands whose group sums are the value give the value's destination layout (summed where
     the destination is not partial).
+
+    ``shards`` is a list or tuple of ``mesh.size`` arrays of ``plan.src.local_shape``. No value is converted
+    with loss (:mod:`redist.buffers`): each shard has the plan's dtype, or one whose every value the plan's
+    dtype holds (``i8`` for ``i32``, ``f32`` for ``f64``), or is Python numbers that it holds exactly;
+    ``f64``, ``i64`` or complex shards for an ``f32`` plan raise. Raises :class:`ShardingError` for a
+    ``plan`` that is no :class:`Plan`, an unknown ``backend``, or shards that do not fit (naming the device).
     """
+    if not isinstance(plan, Plan):
+        raise ShardingError(f"execute needs a redist.Plan (from redist.synthesize(src, dst)), got {describe(plan)}")
     if backend == "numpy":
         from redist.backends import numpy_backend
 

@@ -20,6 +20,7 @@ given, which is ``Mesh.group_index``; ``tests/test_jax_backend.py`` checks this.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from functools import lru_cache, partial
@@ -32,14 +33,15 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from redist import program as P
+from redist.buffers import describe, device_buffers
 from redist.errors import ShardingError
 from redist.mesh import Mesh, sub_axis_token
 from redist.steps import Copy
 from redist.synthesis import synthesize
 from redist.types import ShardingType
 
-__all__ = ["reshard", "run_program", "run_on_buffers", "refined_axis_names", "refine_mesh", "redist_mesh",
-           "sharding_type"]
+__all__ = ["reshard", "run_program", "run_on_buffers", "in_dtype", "refined_axis_names", "refine_mesh",
+           "redist_mesh", "sharding_type"]
 
 
 # ---------------------------------------------------------------------- meshes and axis names
@@ -108,6 +110,7 @@ def run_program(program: P.Program, x, axis_names: Mapping[str, tuple[str, ...]]
     ``program.shapes[-1]``. Pending sums of ``bool`` buffers are logical or (as in the numpy backend). A
     program whose buffers are all empty runs no collective.
     """
+    _check_program(program)
     mesh = program.mesh
     names = axis_names if axis_names is not None else refined_axis_names(mesh, program.axis_tokens())
 
@@ -118,7 +121,7 @@ def run_program(program: P.Program, x, axis_names: Mapping[str, tuple[str, ...]]
         raise ShardingError(f"local buffer has shape {tuple(x.shape)}, the program expects {program.shapes[0]}")
     if all(math.prod(s) == 0 for s in program.shapes):
         # Nothing to move (a dim of size 0); XLA rejects some collectives of empty operands.
-        return jnp.zeros(program.shapes[-1], x.dtype)
+        return x.reshape(program.shapes[-1])
     for ins in program.instructions:
         if isinstance(ins, P.CollectivePermute):
             x = _permute(mesh, ins, x, jaxes(mesh.names))
@@ -148,6 +151,11 @@ def run_program(program: P.Program, x, axis_names: Mapping[str, tuple[str, ...]]
         else:
             raise TypeError(f"unknown instruction {ins!r}")
     return x
+
+
+def _check_program(program) -> None:
+    if not isinstance(program, P.Program):
+        raise ShardingError(f"expected a redist.program.Program (plan.program), got {describe(program)}")
 
 
 def _all_to_all(x, axes, split_dim: int, concat_dim: int, k: int):
@@ -238,7 +246,8 @@ def _exchange(ins: P.Exchange, x, all_axes, n: int):
     nothing) out of range. The output starts as zeros, which stay where no copy writes. The device's id is
     its linear index over all ``n`` devices' mesh axes (row-major), as ``ppermute`` numbers devices."""
     me = lax.axis_index(all_axes)
-    out = jnp.zeros((1,) + tuple(ins.shape), x.dtype)  # a leading unit dim: see _Round
+    # A leading unit dim: see _Round. zeros_like keeps x's dtype (jnp.zeros would narrow f64 without x64).
+    out = jnp.zeros_like(x, shape=(1,) + tuple(ins.shape))
     for rnd in _exchange_rounds(ins, n):
         start = jnp.asarray(rnd.src_start)[me]
         slab = x
@@ -259,33 +268,56 @@ def _exchange(ins: P.Exchange, x, all_axes, n: int):
 
 def run_on_buffers(program: P.Program, shards, jax_mesh=None) -> list[np.ndarray]:
     """Run ``program`` on arbitrary per-device buffers (index = device id; partial summands, say) with JAX
-    collectives on host or accelerator devices; returns the new buffers, in device order.
+    collectives on host or accelerator devices; returns new numpy arrays (writable, never the caller's), in
+    device order, of ``program.dtype``.
 
     ``jax_mesh`` defaults to the first ``program.mesh.size`` devices in the mesh's shape. The buffers are
     placed on their devices as one array with a leading device dim, and each device runs the program on its
     own buffer under ``jax.shard_map`` — the per-device counterpart of :func:`reshard`, behind
     ``redist.execute(plan, shards, backend="jax")``. Types with uneven dims run here, on their padded local
-    buffers (not through :func:`reshard`: JAX does not pad shards).
+    buffers (not through :func:`reshard`: JAX does not pad shards). A 64-bit dtype runs with JAX's x64 mode
+    switched on for the call (:func:`in_dtype`), so nothing is narrowed to 32 bits.
+
+    ``shards`` are taken by :func:`redist.buffers.device_buffers` (no lossy conversion). Raises
+    :class:`ShardingError` for shards that do not fit, for a mesh larger than JAX's device count, or for a
+    ``jax_mesh`` whose axes are not the program's.
     """
+    _check_program(program)
     mesh = program.mesh
-    if len(shards) != mesh.size:
-        raise ShardingError(f"expected {mesh.size} shards (one per device), got {len(shards)}")
+    bufs = device_buffers(shards, mesh.size, program.shapes[0], program.dtype)
     if jax_mesh is None:
-        jax_mesh = jax.sharding.Mesh(np.array(jax.devices()[: mesh.size]).reshape(mesh.shape), mesh.names)
+        devices = jax.devices()
+        if len(devices) < mesh.size:
+            raise ShardingError(
+                f"the plan's mesh has {mesh.size} devices, JAX has {len(devices)} ({devices[0].platform}); run "
+                f"it on a mesh of at most {len(devices)} devices, or give JAX more (on the CPU: "
+                f"XLA_FLAGS=--xla_force_host_platform_device_count={mesh.size} before JAX starts)")
+        jax_mesh = jax.sharding.Mesh(np.array(devices[: mesh.size]).reshape(mesh.shape), mesh.names)
+    elif redist_mesh(jax_mesh).axes != mesh.axes:
+        raise ShardingError(f"jax_mesh has axes {dict(zip(jax_mesh.axis_names, jax_mesh.axis_sizes))}, the "
+                            f"program runs on mesh {mesh}")
     refined, names = refine_mesh(jax_mesh, program.axis_tokens())
+    if all(math.prod(s) == 0 for s in program.shapes):
+        return [np.zeros(program.shapes[-1], program.dtype) for _ in bufs]  # nothing to move (see _empty)
     spec = PartitionSpec(tuple(refined.axis_names))
-    local = tuple(program.shapes[0])
-    for d, x in enumerate(shards):
-        if tuple(np.shape(x)) != local:
-            raise ShardingError(f"shard of device {d} has shape {np.shape(x)}, expected {local}")
-    x = jax.make_array_from_single_device_arrays(
-        (mesh.size,) + local, NamedSharding(refined, spec),
-        [jax.device_put(np.asarray(b, dtype=program.dtype)[None], dev) for b, dev in zip(shards, refined.devices.flat)])
-    f = jax.shard_map(lambda b: run_program(program, b[0], names)[None], mesh=refined, in_specs=spec,
-                      out_specs=spec, check_vma=False)
-    y = jax.jit(f)(x)
-    by_device = {s.device: np.asarray(s.data)[0] for s in y.addressable_shards}
+    with in_dtype(program.dtype):
+        x = jax.make_array_from_single_device_arrays(
+            (mesh.size,) + tuple(program.shapes[0]), NamedSharding(refined, spec),
+            [jax.device_put(b[None], dev) for b, dev in zip(bufs, refined.devices.flat)])
+        f = jax.shard_map(lambda b: run_program(program, b[0], names)[None], mesh=refined, in_specs=spec,
+                          out_specs=spec, check_vma=False)
+        y = jax.jit(f)(x)
+        by_device = {s.device: np.array(s.data)[0] for s in y.addressable_shards}
     return [by_device[dev] for dev in refined.devices.flat]
+
+
+def in_dtype(dtype):
+    """A context in which JAX keeps ``dtype``: JAX's x64 mode switched on for the context (this thread only)
+    where JAX's current mode would narrow ``dtype`` (``f64``, ``i64``, ``u64`` to 32 bits), else no change."""
+    dtype = np.dtype(dtype)
+    if jax.dtypes.canonicalize_dtype(dtype) == dtype:
+        return contextlib.nullcontext()
+    return jax.enable_x64(True)
 
 
 # ---------------------------------------------------------------------- reshard
@@ -340,10 +372,16 @@ def reshard(x, sharding, *, src=None):
     Limitation: under ``jax.jit`` inside a ``jax.set_mesh`` context, a plan that needs sub-axes fails in JAX
     (the refined mesh is not the context mesh); outside such a context, and eagerly, it works.
 
-    Raises :class:`ShardingError` if ``sharding`` (or ``x``'s sharding) is not a ``NamedSharding``, the meshes
-    differ, or the shape does not fit the shardings (an unknown axis, too many spec entries, a dim that does
-    not divide).
+    The result has ``x``'s dtype: a 64-bit array (made under JAX's x64 mode) stays 64-bit even where x64 is
+    off for this call.
+
+    Raises :class:`ShardingError` if ``x`` is no JAX array, ``sharding`` (or ``x``'s sharding) is not a
+    ``NamedSharding``, the meshes differ, or the shape does not fit the shardings (an unknown axis, too many
+    spec entries, a dim that does not divide).
     """
+    if not isinstance(x, jax.Array):
+        raise ShardingError(f"reshard moves a jax.Array laid out on a mesh (jax.device_put(x, NamedSharding(mesh, "
+                            f"spec))), got {describe(x)}")
     if not isinstance(sharding, NamedSharding):
         raise ShardingError(f"reshard needs a NamedSharding as the target, got {type(sharding).__name__}")
     jmesh = sharding.mesh
@@ -381,7 +419,10 @@ def reshard(x, sharding, *, src=None):
             *(None if e is PartitionSpec.UNCONSTRAINED else e for e in sharding.spec)))
     fn = _shard_mapped(src_t, dst_t, jmesh)
     if not traced:
-        return _jitted(src_t, dst_t, jmesh, sharding)(x)
+        with in_dtype(dtype):
+            if x.size == 0:
+                return _empty(x.shape, dtype, sharding)
+            return _jitted(src_t, dst_t, jmesh, sharding)(x)
     # The shard_map's result is laid out on the refined mesh, element for element as ``sharding`` says;
     # restating it on the original mesh moves no data (it only changes the type).
     y = fn(x)
@@ -408,6 +449,14 @@ def _shard_mapped(src_t: ShardingType, dst_t: ShardingType, jmesh):
     # With Explicit axes the array's type names its mesh: restate it on the refined mesh first (the same
     # layout, so no data moves).
     return lambda x: mapped(jax.sharding.reshard(x, NamedSharding(refined, in_spec)))
+
+
+def _empty(shape, dtype, sharding: NamedSharding):
+    """An array of no elements laid out as ``sharding``, made on the devices. (JAX 0.10's ``jit`` gives a
+    zero-size result shards of the global shape, which cannot be read back, whatever its ``out_shardings``.)"""
+    local = sharding.shard_shape(tuple(shape))
+    return jax.make_array_from_single_device_arrays(
+        tuple(shape), sharding, [jnp.zeros(local, dtype, device=d) for d in sharding.addressable_devices])
 
 
 @lru_cache(maxsize=256)

@@ -11,8 +11,10 @@ Contracts:
 - :func:`reshard` is collective over ``comm``: every rank calls it with its own shard of ``src`` and the same
   ``src`` and ``dst``. Rank ``r`` is device ``r`` of ``src.mesh`` (row-major ids, see :class:`redist.Mesh`).
 - Before any data moves, the ranks agree on their arguments with one small ``Allgather``; a wrong
-  ``comm.size``, arguments that differ between ranks, or a local buffer whose shape or dtype does not fit
-  ``src`` on any rank make *every* rank raise :class:`redist.ShardingError` (and nothing else happens).
+  ``comm.size``, arguments that differ between ranks, or a local buffer whose shape does not fit ``src`` or
+  whose data does not convert to its dtype without loss (:mod:`redist.buffers`) on any rank make *every*
+  rank raise :class:`redist.ShardingError` (and nothing else happens).
+- The result is always a new array; the caller's buffer is never returned, aliased or written to.
 - Data travels in numpy buffers through the buffer (uppercase) methods of mpi4py, never pickled, always
   as contiguous bytes: chunks are packed along a leading dim with numpy before a collective and merged
   into place after it (MPICH's derived datatypes for strided chunks measured 2-3x slower here). At most
@@ -33,13 +35,16 @@ import contextlib
 import hashlib
 import itertools
 import math
+import os
 import sys
 import traceback
+from typing import NoReturn
 
 import numpy as np
 from mpi4py import MPI
 
 from redist import program as P
+from redist.buffers import as_array, describe
 from redist.errors import ShardingError
 from redist.mesh import Mesh
 from redist.synthesis import synthesize
@@ -55,51 +60,87 @@ def reshard(local, src: ShardingType, dst: ShardingType, comm=None) -> np.ndarra
     """This rank's shard of type ``dst``, given its shard ``local`` of type ``src``.
 
     Collective over ``comm`` (default ``MPI.COMM_WORLD``); rank ``r`` is device ``r`` and ``comm.size`` must
-    equal ``src.mesh.size``. The result is a new C-contiguous array, except that an empty plan (``src ==
-    dst``) returns ``local`` itself when it is already a C-contiguous array of the right dtype.
-    Raises :class:`ShardingError` on every rank, before moving any data, if the ranks' arguments disagree,
-    if ``comm.size`` is wrong, if some rank's ``local`` does not have ``src.local_shape`` and ``src``'s dtype,
-    or if no plan exists from ``src`` to ``dst``.
+    equal ``src.mesh.size``. The result is always a new C-contiguous array, never ``local`` or a view of it
+    (not even for an empty plan, ``src == dst``, or a rank whose buffer stays put). ``local`` is converted to
+    ``src``'s dtype only without loss (:mod:`redist.buffers`, as :func:`redist.execute` takes shards).
+    Raises :class:`ShardingError` if ``comm`` is no MPI intracommunicator (on the ranks that passed it), and on
+    every rank, before moving any data, if the ranks' arguments disagree, if ``comm.size`` is wrong, if some
+    rank's ``local`` does not have ``src.local_shape`` or does not convert to ``src``'s dtype, or if no plan
+    exists from ``src`` to ``dst``.
     """
-    comm = MPI.COMM_WORLD if comm is None else comm
-    _agree(comm, local, src, dst)
+    comm = _communicator(comm)
+    x = _agree(comm, local, src, dst)
     plan = synthesize(src, dst)  # deterministic: every rank gets the same plan or the same error
-    return run_program(plan.program, local, comm)
+    return _run(plan.program, x, _owned(x, local), comm)
 
 
 def run_program(program: P.Program, local, comm=None) -> np.ndarray:
     """Execute a buffer program on this rank's buffer; collective over ``comm`` like :func:`reshard`.
 
     The low-level entry: it does not make the ranks agree on their arguments first, so a wrong local shape
-    raises on this rank only. The input buffer is never written to."""
-    comm = MPI.COMM_WORLD if comm is None else comm
-    x = np.asarray(local, dtype=program.dtype, order="C")
+    or dtype raises on this rank only. The input buffer is never written to; the result is a new array."""
+    comm = _communicator(comm)
+    if not isinstance(program, P.Program):
+        raise ShardingError(f"run_program needs a redist.program.Program (plan.program), got {describe(program)}")
+    x = np.asarray(as_array(local, program.dtype, f"rank {comm.Get_rank()}: the local buffer"), order="C")
     if x.shape != tuple(program.shapes[0]):
         raise ShardingError(f"rank {comm.Get_rank()}: local buffer has shape {x.shape}, "
                             f"the program expects {tuple(program.shapes[0])}")
+    return _run(program, x, _owned(x, local), comm)
+
+
+def _communicator(comm):
+    """``comm``, or ``MPI.COMM_WORLD`` for None; raise unless it is a usable intracommunicator."""
+    if comm is None:
+        return MPI.COMM_WORLD
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise ShardingError(f"comm must be an MPI intracommunicator such as MPI.COMM_WORLD (one rank per device), "
+                            f"got {describe(comm)}")
+    return comm
+
+
+def _owned(x: np.ndarray, local) -> bool:
+    """Whether ``x``, the caller's ``local`` converted, is a new array that the program may overwrite and
+    return: never when it is (a view of) the caller's memory, e.g. ``local`` itself or a JAX buffer."""
+    if not x.flags.writeable:
+        return False
+    if isinstance(local, (np.ndarray, np.generic)) or hasattr(local, "__array__"):
+        return not np.may_share_memory(x, np.asarray(local))
+    return True  # Python numbers: converting them made x
+
+
+def _run(program: P.Program, x: np.ndarray, owned: bool, comm) -> np.ndarray:
+    """Run ``program`` on the checked C-contiguous buffer ``x``; a buffer that is not ``owned`` is never written
+    to, and the result is copied if it still is that buffer (or a view of it) at the end."""
     if x.size == 0:  # every buffer of the program is empty on every rank
         return np.empty(program.shapes[-1], dtype=program.dtype)
     ctx = _context(comm, program.mesh)
-    owned = not (isinstance(local, np.ndarray) and np.may_share_memory(x, local))
     buf = _Buffer(x, owned)
     del x
     for ins in program.instructions:
         y, owned = _RUN[type(ins)](ctx, ins, buf)
         buf = _Buffer(y, owned)
         del y
-    return buf.take()
+    return buf.take() if buf.owned else buf.take().copy()
 
 
 # ---------------------------------------------------------------------------------------------- agreement
-def _agree(comm, local, src, dst) -> None:
-    """One ``Allgather`` of (digest of the arguments, local-buffer check) per rank; raise on every rank."""
+def _agree(comm, local, src, dst) -> np.ndarray:
+    """One ``Allgather`` of (digest of the arguments, local-buffer check) per rank; raise on every rank.
+    Returns ``local`` as a C-contiguous array of ``src``'s dtype (the caller's own where it already is one)."""
     rank, size = comm.Get_rank(), comm.Get_size()
     typed = isinstance(src, ShardingType) and isinstance(dst, ShardingType)
-    text = f"{src.mesh}|{src}|{dst.mesh}|{dst}" if typed else f"{src!r}|{dst!r}"
+    # Untyped arguments are compared by type only: their reprs may hold addresses that differ between ranks.
+    text = f"{src.mesh}|{src}|{dst.mesh}|{dst}" if typed else f"{type(src).__qualname__}|{type(dst).__qualname__}"
     digest = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
-    shape, dtype = np.shape(local), getattr(local, "dtype", None)
-    ok = typed and tuple(shape) == src.local_shape and dtype == src.np_dtype
-    mine = np.array([digest, int(ok)], dtype=np.int64)
+    x, problem = None, "src is no ShardingType"
+    if typed:
+        try:
+            x = np.asarray(as_array(local, src.np_dtype, "it"), order="C")
+            problem = "" if x.shape == src.local_shape else f"it has shape {x.shape}"
+        except ShardingError as e:
+            problem = str(e)
+    mine = np.array([digest, int(not problem)], dtype=np.int64)
     every = np.empty((size, 2), dtype=np.int64)
     comm.Allgather(mine, every)
 
@@ -111,16 +152,18 @@ def _agree(comm, local, src, dst) -> None:
             "redist.mpi.reshard was called with different arguments on different ranks (rank groups "
             f"{sorted(groups.values())}); on rank {rank}: src={src}, dst={dst}")
     if not typed:
-        raise ShardingError(f"redist.mpi.reshard needs ShardingType src and dst, got {src!r} and {dst!r}")
+        raise ShardingError(f"redist.mpi.reshard needs ShardingType src and dst, got {describe(src)} and "
+                            f"{describe(dst)}")
     if size != src.mesh.size:
         raise ShardingError(f"redist.mpi.reshard: the communicator has {size} ranks but mesh {src.mesh} has "
                             f"{src.mesh.size} devices; run with one rank per device")
     bad = [r for r in range(size) if not every[r, 1]]
     if bad:
-        here = f"; this rank has shape {tuple(shape)}, dtype {dtype}" if rank in bad else ""
+        here = f"; on this rank (rank {rank}) {problem}" if problem else ""
         raise ShardingError(
             f"redist.mpi.reshard: the local buffer on rank(s) {bad} does not match src {src} "
             f"(expected shape {src.local_shape}, dtype {src.np_dtype.name}){here}")
+    return x
 
 
 # ---------------------------------------------------------------------------------------------- communicators
@@ -389,8 +432,12 @@ def abort_on_error(comm=None, errorcode: int = 1):
     """Wrap SPMD code so that an exception on any rank aborts the whole job instead of leaving the others
     blocked in a collective: the traceback is printed to stderr (prefixed with the rank), then
     ``comm.Abort(errorcode)`` ends every process of ``comm`` (``mpiexec`` exits non-zero).
-    ``SystemExit`` with status 0 passes through."""
-    comm = MPI.COMM_WORLD if comm is None else comm
+    ``SystemExit`` with status 0 passes through.
+
+    Nothing after the block runs on the failing rank: MPICH's ``MPI_Abort`` may return (or take a while)
+    before the process manager kills the job, so the rank then ends itself with ``os._exit(errorcode)``
+    (after flushing stdout and stderr; no ``finally`` blocks, ``atexit`` handlers or code after the block)."""
+    comm = _communicator(comm)
     try:
         yield
     except SystemExit as e:
@@ -401,11 +448,14 @@ def abort_on_error(comm=None, errorcode: int = 1):
         _abort(comm, errorcode)
 
 
-def _abort(comm, errorcode: int) -> None:
+def _abort(comm, errorcode: int) -> NoReturn:
     rank = comm.Get_rank()
     text = traceback.format_exc()
     sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in text.rstrip().splitlines()))
     sys.stderr.write(f"[rank {rank}] redist.mpi.abort_on_error: aborting all {comm.Get_size()} ranks\n")
     sys.stderr.flush()
     sys.stdout.flush()
-    comm.Abort(errorcode)
+    try:
+        comm.Abort(errorcode)
+    finally:
+        os._exit(errorcode)

@@ -1,4 +1,5 @@
-"""Worker for tests/test_mpi_backend.py, run under ``mpiexec -n N``; each mode prints one summary line.
+"""Worker for tests/test_mpi_backend.py and proofs/differential.py, run under ``mpiexec -n N`` (launched by
+tests/mpi_launch.py); each mode prints one summary line.
 
     cases SEED COUNT [UNEVEN]
                        random (seeded) and classic reshards on every mesh of size N, then UNEVEN (default 0)
@@ -6,8 +7,15 @@
                        numpy backend: ``ranks=N cases=C passed=P core_mismatch=M subcomms_stable=1`` and
                        ``uneven cases=U passed=Q exchanges=E``
     errors             argument errors must raise ShardingError on every rank: ``errors=E all_raised=A``
+    fresh              results are new arrays, lossless inputs are accepted:
+                       ``fresh plans=P fresh=F lossless inputs=L accepted=A``
     memory             tracemalloc peak per reshard: ``memory cases=C within=W worst_ratio=R ...``
     fail               rank 0 raises in the middle of a plan; abort_on_error must end the job
+    after_block MARKER RANK
+                       RANK raises inside abort_on_error (-1: no rank); each rank past the block writes
+                       MARKER.<rank>
+    differential SEED FIRST COUNT
+                       cases FIRST... of ``python -m proofs.differential --mpi``: ``differential {json tally}``
 
 Every rank derives the same cases from the same seed, computes every device's shard and the numpy
 backend's result, runs its own part through redist.mpi.reshard, and checks it exactly.
@@ -303,15 +311,32 @@ def mode_errors() -> None:
     good = np.zeros(src.local_shape)
     big = make_mesh((2 * SIZE,))
     bsrc, bdst = (redist.ShardingType.parse(t, big) for t in (f"f64[{2 * SIZE}{{x}}]", f"f64[{2 * SIZE}]"))
+    gen = (x for x in good)
+    f32 = [redist.ShardingType.parse(str(t).replace("f64", "f32"), mesh) for t in (src, dst)]
     checks = [
         ("wrong comm.size", lambda: redist.mpi.reshard(np.zeros(1), bsrc, bdst, COMM)),
+        ('comm="x"', lambda: redist.mpi.reshard(good, src, dst, "x")),
+        ("comm=42", lambda: redist.mpi.reshard(good, src, dst, 42)),
+        ("comm=COMM_NULL", lambda: redist.mpi.reshard(good, src, dst, MPI.COMM_NULL)),
+        ('run_program comm="x"', lambda: redist.mpi.run_program(redist.synthesize(src, dst).program, good, "x")),
+        ("run_program of no program", lambda: redist.mpi.run_program("program", good, COMM)),
+        ("src None", lambda: redist.mpi.reshard(good, None, dst, COMM)),
+        ("src and dst text", lambda: redist.mpi.reshard(good, str(src), str(dst), COMM)),
+        ("src object()", lambda: redist.mpi.reshard(good, object(), dst, COMM)),
+        ("dst on another mesh", lambda: redist.mpi.reshard(good, src, bdst, COMM)),
+        ("local None", lambda: redist.mpi.reshard(None, src, dst, COMM)),
+        ("local text on rank 3", lambda: redist.mpi.reshard("abc" if RANK == 3 else good, src, dst, COMM)),
+        ("local generator", lambda: redist.mpi.reshard(gen, src, dst, COMM)),
+        ("complex local on rank 0",
+         lambda: redist.mpi.reshard(good.astype(np.complex128) if RANK == 0 else good, src, dst, COMM)),
+        ("f32 src, f64 local", lambda: redist.mpi.reshard(good, *f32, COMM)),
         ("mismatched dst across ranks", lambda: redist.mpi.reshard(good, src, other if RANK == 0 else dst, COMM)),
         ("mismatched src across ranks",
          lambda: redist.mpi.reshard(good, src if RANK != 1 else src.replace(dims=((), ())), dst, COMM)),
         ("wrong local shape on rank 2",
          lambda: redist.mpi.reshard(np.zeros((1, 4)) if RANK == 2 else good, src, dst, COMM)),
-        ("wrong dtype on rank 1",
-         lambda: redist.mpi.reshard(good.astype(np.float32) if RANK == 1 else good, src, dst, COMM)),
+        ("lossy dtype on rank 1",
+         lambda: redist.mpi.reshard(good.astype(np.int64) if RANK == 1 else good, src, dst, COMM)),
         ("no plan (dst partial, src not)",
          lambda: redist.mpi.reshard(good, src, other.replace(partial=(mesh.names[-1],)), COMM)),
     ]
@@ -324,6 +349,53 @@ def mode_errors() -> None:
                                      redist.execute(redist.synthesize(src, dst), x)[RANK]))
         raised -= not ok
     say(f"errors={len(checks)} all_raised={raised}")
+
+
+def mode_fresh() -> None:
+    """Results are new arrays: never ``local`` nor its memory, not on a rank whose buffer stays put (identity,
+    permute-only, pad/unpad plans); writing into a result leaves ``local`` as it was. Lossless inputs (i8
+    data and Python ints for an i32 type) are accepted and give the type's dtype."""
+    mesh = make_mesh(MESHES[SIZE][-1])
+    n = mesh.size
+    x, y = mesh.names[0], mesh.names[-1]
+    pairs = [(f"f64[{2 * n}{{{x}}}]", f"f64[{2 * n}{{{x}}}]"),                    # no step
+             (f"f64[{2 * n}{{{x},{y}}}]", f"f64[{2 * n}{{{y},{x}}}]"),            # one permute
+             (f"f64[{2 * n - 1}{{{x},{y}}}]", f"f64[{2 * n - 1}{{{y},{x}}}]"),    # pad, permute, unpad
+             (f"f64[{n}{{{x}}}, 4]", f"f64[{n}, 4{{{x}}}]")]
+    fresh = checked = 0
+    for a, b in pairs:
+        src, dst = redist.ShardingType.parse(a, mesh), redist.ShardingType.parse(b, mesh)
+        value = np.arange(np.prod(src.shape), dtype=np.float64).reshape(src.shape)
+        local = redist.shard(src, value)[RANK]
+        kept = local.copy()
+        out = redist.mpi.reshard(local, src, dst, COMM)
+        ok = not np.shares_memory(out, local) and out.flags.writeable and out.flags.c_contiguous
+        out[...] = -1
+        ok = ok and np.array_equal(local, kept)
+        fresh += all_true(ok)
+        checked += 1
+        say(f"  {a} -> {b}: {[s.kind for s in redist.synthesize(src, dst).steps]} fresh={int(all_true(ok))}")
+    src, dst = (redist.ShardingType.parse(t, mesh) for t in (f"i32[{n}{{{x}}}, 4]", f"i32[{n}, 4{{{x}}}]"))
+    value = np.arange(4 * n, dtype=np.int32).reshape(n, 4) - 2 * n
+    want = redist.execute(redist.synthesize(src, dst), redist.shard(src, value))[RANK]
+    local = redist.shard(src, value)[RANK]
+    lossless = 0
+    for given in (local.astype(np.int8), local.tolist()):
+        out = redist.mpi.reshard(given, src, dst, COMM)
+        lossless += all_true(out.dtype == np.int32 and np.array_equal(out, want))
+    say(f"fresh plans={checked} fresh={fresh} lossless inputs=2 accepted={lossless}")
+
+
+def mode_after_block(marker: str, failing_rank: int) -> None:
+    """Rank ``failing_rank`` raises inside ``abort_on_error`` (-1: none does); every rank that gets past the
+    block writes ``marker.RANK``. After an abort no rank may have written its file."""
+    with redist.mpi.abort_on_error(COMM):
+        if RANK == failing_rank:
+            raise RuntimeError(f"injected failure on rank {RANK} inside abort_on_error")
+        COMM.Barrier()
+    with open(f"{marker}.{RANK}", "w") as f:
+        f.write("after the block\n")
+    say("after_block: every rank got past the block")
 
 
 MEMORY_PAIRS = [  # mesh x=2,y=2 (4 ranks); f64, local buffers of 2-8 MiB
@@ -377,6 +449,19 @@ def mode_memory() -> None:
     say(f"memory cases={len(lines)} within={within} worst_ratio={worst:.4f}")
 
 
+def mode_differential(seed: int, first: int, count: int) -> None:
+    """Cases ``first …`` of ``proofs.differential``'s MPI run on meshes of this job's size; rank 0 prints the
+    tally as ``differential {json}``."""
+    import json
+    from dataclasses import asdict
+
+    from proofs.differential import mpi_cases
+
+    tally = mpi_cases(seed, first, count, COMM)
+    if tally is not None:
+        print("differential " + json.dumps(asdict(tally)), flush=True)
+
+
 def mode_fail() -> None:
     mesh = redist.Mesh.parse("x=2,y=2")
     src = redist.ShardingType.parse("f64[8{x}, 8] partial{y}", mesh)
@@ -412,5 +497,11 @@ if __name__ == "__main__":
             mode_memory()
         elif mode == "fail":
             mode_fail()
+        elif mode == "fresh":
+            mode_fresh()
+        elif mode == "after_block":
+            mode_after_block(sys.argv[2], int(sys.argv[3]))
+        elif mode == "differential":
+            mode_differential(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
         else:
             raise SystemExit(f"unknown mode {mode!r}")

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKER = os.path.join(ROOT, "tests", "mpi_worker.py")
-MPIEXEC = os.path.join(sys.prefix, "bin", "mpiexec")
+from tests.mpi_launch import MPIEXEC, ROOT
+from tests.mpi_launch import mpirun as launch
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists(MPIEXEC), reason=f"no mpiexec in this environment ({MPIEXEC}); install the mpich wheel"
@@ -24,19 +21,11 @@ pytestmark = pytest.mark.skipif(
 
 
 def mpirun(n: int, *args: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess, float]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    cmd = [MPIEXEC, "-n", str(n), sys.executable, WORKER, *args]
-    t0 = time.monotonic()
-    # A session of its own, so that a hung job can be killed whole (mpiexec and every rank it started).
-    with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as p:
-        try:
-            out, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            out, err = p.communicate()
-            pytest.fail(f"mpiexec -n {n} {' '.join(args)} hung for {timeout} s; output:\n{(out + err)[-6000:]}")
-    return subprocess.CompletedProcess(cmd, p.returncode, out, err), time.monotonic() - t0
+    proc, seconds, hung = launch(n, *args, timeout=timeout)
+    if hung:
+        pytest.fail(f"mpiexec -n {n} {' '.join(args)} hung for {timeout} s; output:\n"
+                    f"{(proc.stdout + proc.stderr)[-6000:]}")
+    return proc, seconds
 
 
 def summary(proc, pattern: str) -> dict[str, str]:
@@ -78,6 +67,36 @@ def test_argument_errors_raise_on_every_rank():
     assert "the communicator has 4 ranks but mesh x=8 has 8 devices" in proc.stdout
     assert "different arguments on different ranks" in proc.stdout
     assert "the local buffer on rank(s) [2] does not match" in proc.stdout
+    assert "comm must be an MPI intracommunicator such as MPI.COMM_WORLD (one rank per device), got str 'x'" \
+        in proc.stdout
+    assert "needs ShardingType src and dst, got NoneType None" in proc.stdout
+    assert ("the local buffer on rank(s) [0] does not match src f64[8{x}, 4] (expected shape (4, 4), dtype "
+            "float64); on this rank (rank 0) it has dtype complex128, expected float64") in proc.stdout
+
+
+def test_results_are_new_arrays_and_lossless_inputs_are_accepted():
+    proc, _ = mpirun(4, "fresh", timeout=120)
+    got = summary(proc, r"fresh plans=(?P<plans>\d+) fresh=(?P<fresh>\d+) lossless inputs=(?P<inputs>\d+) "
+                        r"accepted=(?P<accepted>\d+)")
+    assert got["fresh"] == got["plans"] == "4", proc.stdout
+    assert got["accepted"] == got["inputs"], proc.stdout
+    assert "['permute'] fresh=1" in proc.stdout and "['pad', 'permute', 'unpad'] fresh=1" in proc.stdout
+
+
+def test_nothing_after_the_block_runs_on_a_failing_rank(tmp_path):
+    """The failing rank ends inside abort_on_error: MPI_Abort can return before the job is killed, and the
+    code after the block must not run meanwhile. Without a failure every rank writes its marker (so the check
+    can see a marker at all)."""
+    marker = str(tmp_path / "after")
+    proc, _ = mpirun(4, "after_block", marker, "-1", timeout=60)
+    assert proc.returncode == 0 and sorted(os.listdir(tmp_path)) == [f"after.{r}" for r in range(4)], proc.stderr
+    for f in tmp_path.iterdir():
+        f.unlink()
+    proc, _ = mpirun(4, "after_block", marker, "1", timeout=60)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "injected failure on rank 1 inside abort_on_error" in out and "aborting all 4 ranks" in out
+    assert os.listdir(tmp_path) == [], f"code after the block ran: {os.listdir(tmp_path)}\n{out}"
 
 
 def test_memory_within_twice_the_larger_local_buffer():

@@ -220,14 +220,14 @@ def test_execute_rejects_bad_shards_and_backends():
     with pytest.raises(ShardingError, match="has shape"):
         redist.execute(plan, [np.zeros(3, np.float32)] * 8)
     with pytest.raises(ShardingError, match="unknown backend"):
-        redist.execute(plan, redist.shard(t, np.zeros(8)), backend="tpu")
+        redist.execute(plan, redist.shard(t, np.zeros(8, np.float32)), backend="tpu")
     with pytest.raises(ShardingError, match="partial"):
         redist.shard(ShardingType.parse("f32[8] partial{x}", MESH), np.zeros(8))
 
 
 def test_unshard_rejects_disagreeing_replicas():
     t = ShardingType.parse("f32[8{x}]", MESH)
-    shards = redist.shard(t, np.arange(8.0))
+    shards = redist.shard(t, np.arange(8, dtype=np.float32))
     shards[1] = shards[1] + 1  # device 1 is a replica of device 0's block
     with pytest.raises(ShardingError, match="disagree"):
         redist.unshard(t, shards)

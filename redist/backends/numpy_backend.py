@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from redist import program as P
+from redist.buffers import device_buffers
 from redist.errors import ShardingError
 
 
@@ -15,15 +16,16 @@ def _chunks(x, dim, k):
     return np.split(x, k, axis=dim)
 
 
-def run(program: P.Program, shards: list[np.ndarray]) -> list[np.ndarray]:
-    """Execute ``program`` on per-device buffers (index = device id); returns the new buffers."""
+def run(program: P.Program, shards) -> list[np.ndarray]:
+    """Execute ``program`` on per-device buffers (index = device id); returns the new buffers.
+
+    ``shards`` are taken by :func:`redist.buffers.device_buffers` (one per device, of ``program.shapes[0]``,
+    of ``program.dtype`` or one that converts without loss; else :class:`ShardingError`). The program runs on
+    copies: the results are new arrays, never the caller's (not even for devices whose buffer stays put),
+    and the caller's arrays are never written to.
+    """
     mesh = program.mesh
-    if len(shards) != mesh.size:
-        raise ShardingError(f"expected {mesh.size} shards (one per device), got {len(shards)}")
-    for d, (x, shape) in enumerate(zip(shards, [program.shapes[0]] * mesh.size)):
-        if tuple(np.shape(x)) != tuple(shape):
-            raise ShardingError(f"shard of device {d} has shape {np.shape(x)}, expected {tuple(shape)}")
-    bufs = [np.asarray(x, dtype=program.dtype) for x in shards]
+    bufs = device_buffers(shards, mesh.size, program.shapes[0], program.dtype, copy=True)
     for ins in program.instructions:
         bufs = _step(mesh, ins, bufs)
     return bufs
