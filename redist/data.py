@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from redist.errors import ShardingError
+from redist.errors import ShardingError, shown
 from redist.types import ShardingType
 
 
 def shard(t: ShardingType, global_array) -> list[np.ndarray]:
     """The local buffer of every device (index = device id) for ``global_array`` laid out as ``t``."""
+    _check_type(t, "shard")
     if t.partial:
         raise ShardingError(f"cannot shard a global array as the partial type {t}: summands are not determined")
     x = np.asarray(global_array)
@@ -22,6 +23,11 @@ def shard(t: ShardingType, global_array) -> list[np.ndarray]:
         local[t.data_box(d)] = x[t.local_box(d)]
         out.append(local)
     return out
+
+
+def _check_type(t, where: str) -> None:
+    if not isinstance(t, ShardingType):
+        raise ShardingError(f"{where}() takes a redist.ShardingType first, got {type(t).__name__} {shown(t)}")
 
 
 def summands(t: ShardingType, value, rng: np.random.Generator, low: int = -4, high: int = 5) -> list[np.ndarray]:
@@ -60,6 +66,7 @@ def unshard(t: ShardingType, shards) -> np.ndarray:
     partial axes contributes the sum of its buffers to its block. Replicas must agree: if two groups that hold
     the same block disagree, this raises :class:`ShardingError` rather than pick one.
     """
+    _check_type(t, "unshard")
     mesh = t.mesh
     if len(shards) != mesh.size:
         raise ShardingError(f"expected {mesh.size} shards (one per device), got {len(shards)}")
