@@ -83,8 +83,11 @@ def key_name(k) -> str:
     return str(k)
 
 
-def input_paths(fn, args) -> tuple[list[str], list[Any], Any]:
-    """``(paths, leaves, treedef)`` of the positional ``args`` of ``fn``, named by its parameters."""
+def input_paths(fn, args, kwargs=None) -> tuple[list[str], list[Any], Any]:
+    """``(paths, leaves, treedef)`` of the positional ``args`` of ``fn`` and then of its keyword ``kwargs`` (in
+    their order), named by its parameters (an entry of ``**name``: ``name/key``); ``treedef`` is that of
+    ``(*args, *kwargs.values())``."""
+    kwargs = kwargs or {}
     try:
         params = [p for p in inspect.signature(fn).parameters.values()]
     except (TypeError, ValueError):
@@ -98,7 +101,10 @@ def input_paths(fn, args) -> tuple[list[str], list[Any], Any]:
             names.append(f"{var}/{i - sum(p.kind != p.VAR_POSITIONAL for p in params[:i])}")
         else:
             names.append(f"arg{i}")
-    with_path, treedef = jax.tree_util.tree_flatten_with_path(tuple(args))
+    var_kw = next((p.name for p in params if p.kind == p.VAR_KEYWORD), None)
+    named = {p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    names += [k if k in named or var_kw is None else f"{var_kw}/{k}" for k in kwargs]
+    with_path, treedef = jax.tree_util.tree_flatten_with_path(tuple(args) + tuple(kwargs.values()))
     paths, leaves = [], []
     for kp, leaf in with_path:
         head = names[kp[0].idx]
@@ -172,13 +178,16 @@ def _inner_jaxpr(e):
     return None
 
 
-def trace(fn, args) -> Graph:
-    """Trace ``fn(*args)`` (arrays or ``jax.ShapeDtypeStruct`` leaves) into a flat :class:`Graph`."""
-    paths, leaves, treedef = input_paths(fn, args)
+def trace(fn, args, kwargs=None) -> Graph:
+    """Trace ``fn(*args, **kwargs)`` (arrays or ``jax.ShapeDtypeStruct`` leaves) into a flat :class:`Graph`; its
+    inputs are the leaves of ``(*args, *kwargs.values())``."""
+    kwargs = kwargs or {}
+    paths, leaves, treedef = input_paths(fn, args, kwargs)
     out_tree = []
 
     def flat(*xs):
-        out = fn(*jax.tree_util.tree_unflatten(treedef, xs))
+        values = jax.tree_util.tree_unflatten(treedef, xs)
+        out = fn(*values[:len(args)], **dict(zip(kwargs, values[len(args):])))
         outs, tree = jax.tree_util.tree_flatten(out)
         out_tree.append(tree)
         return outs

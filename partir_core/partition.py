@@ -1,11 +1,12 @@
 """The entry point: ``partir_core.jit(fn, mesh, schedule)`` and the partitioned program it lowers to.
 
-``pf = partir_core.jit(fn, mesh, schedule)`` has ``fn``'s signature. ``pf(*args)`` traces ``fn`` on the
-arguments' shapes, applies the tactics in order (each followed by propagation to a fixed point), lowers to
-one ``jax.shard_map`` program over the ``mesh.size`` first JAX devices, runs it and returns what ``fn``
-returns. ``pf`` can itself be traced by ``jax.jit``. Lowerings are cached per argument structure and shapes.
+``pf = partir_core.jit(fn, mesh, schedule)`` has ``fn``'s signature: ``pf(*args, **kwargs)`` binds its
+arguments as ``fn`` would (a missing or extra argument is a :class:`~partir_core.PartitionError` naming it),
+traces ``fn`` on the arguments' shapes, applies the tactics in order (each followed by propagation to a fixed
+point), lowers to one ``jax.shard_map`` program over the ``mesh.size`` first JAX devices, runs it and returns
+what ``fn`` returns. ``pf`` can itself be traced by ``jax.jit``. Lowerings are cached per argument structure and shapes.
 
-``pf.lower(*args)`` returns the :class:`Partitioned` program: input/output sharding types (pytrees of
+``pf.lower(*args, **kwargs)`` returns the :class:`Partitioned` program: input/output sharding types (pytrees of
 ``redist.ShardingType``), collectives, text after each tactic, conflicts, unsupported primitives,
 ``simulate()``, and ``automatic`` (what an ``AutomaticPartition`` found, as pasteable manual tactics).
 """
@@ -13,11 +14,13 @@ returns. ``pf`` can itself be traced by ``jax.jit``. Lowerings are cached per ar
 from __future__ import annotations
 
 import functools
+import inspect
 
 import jax
 import numpy as np
 
 import redist
+from redist.errors import shown
 from redist.mesh import Mesh
 
 from partir_core import ir, keys
@@ -25,7 +28,7 @@ from partir_core.lowering import LocalProgram, analyze, lower
 from partir_core.propagation import State, propagate
 from partir_core.registry import rule_for
 from partir_core.simulator import simulate as _simulate
-from partir_core.tactics import AutomaticPartition, PartitionError
+from partir_core.tactics import AutomaticPartition, PartitionError, check_schedule
 
 
 class Partitioned:
@@ -58,6 +61,9 @@ class Partitioned:
 
     def input_type(self, path: str) -> redist.ShardingType:
         """The type of the input named ``path``."""
+        if path not in self.graph.in_paths:
+            shown_paths = ", ".join(self.graph.in_paths[:12]) + (", …" if len(self.graph.in_paths) > 12 else "")
+            raise PartitionError(f"no input is named {shown(path)}; inputs are {shown_paths}")
         return self.program.in_types[self.graph.in_paths.index(path)]
 
     @property
@@ -87,8 +93,9 @@ class Partitioned:
 
     def after(self, k: int) -> str:
         """The IR text after the first ``k`` tactics (``after(0)``: unpartitioned)."""
-        if not 0 <= k < len(self.states):
-            raise IndexError(f"after({k}): the schedule has {len(self.states) - 1} tactics")
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < len(self.states):
+            raise PartitionError(f"after({shown(k)}): k must be an int from 0 to {len(self.states) - 1}, the number "
+                                 "of tactics in the schedule")
         return render(self.graph, self.rules, self.states[k], self.mesh)
 
     def __str__(self):
@@ -99,6 +106,7 @@ class Partitioned:
         return _simulate(self.program, hardware)
 
     def run(self, *args):
+        """Run on ``args``: the arguments as lowered, positional ones first, then the values of the keyword ones."""
         leaves = jax.tree_util.tree_leaves(tuple(args))
         outs = self.program.run(*leaves)
         return jax.tree_util.tree_unflatten(self.graph.out_tree, list(outs))
@@ -127,31 +135,66 @@ def render(graph, rules, state, mesh) -> str:
 
 
 class PartitionedFunction:
-    """What :func:`jit` returns: call it like ``fn``; ``lower(*args)`` gives the :class:`Partitioned`."""
+    """What :func:`jit` returns: call it like ``fn``; ``lower(*args, **kwargs)`` gives the :class:`Partitioned`."""
 
     def __init__(self, fn, mesh: Mesh, schedule):
+        if not callable(fn):
+            raise PartitionError(f"partir_core.jit needs a function to partition, got {type(fn).__name__} {shown(fn)}")
         if not isinstance(mesh, Mesh):
             raise PartitionError(f"partir_core.jit needs a redist.Mesh, got {type(mesh).__name__}")
         self.fn = fn
         self.mesh = mesh
-        self.schedule = list(schedule)
-        for t in self.schedule:
-            t.check_mesh(mesh)
+        self.schedule = check_schedule(schedule, mesh)
+        try:
+            self._signature = inspect.signature(fn)
+        except (TypeError, ValueError):  # some builtins have none: arguments are then taken as given
+            self._signature = None
         self._cache: dict = {}
         functools.update_wrapper(self, fn)
 
-    def _key(self, args):
-        leaves, tree = jax.tree_util.tree_flatten(tuple(args))
-        return tree, tuple((tuple(np.shape(x)), str(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype)) for x in leaves)
+    def _bind(self, args, kwargs) -> tuple[tuple, dict]:
+        """``(args, kwargs)`` as ``fn`` binds them: every argument that can be positional is, and the keyword
+        ones follow ``fn``'s parameter order. Raises :class:`PartitionError` naming a missing or extra argument."""
+        name = getattr(self.fn, "__name__", "fn")
+        if self._signature is None:
+            if kwargs:
+                raise PartitionError(f"{name} has no signature to bind keyword arguments to; pass them positionally")
+            return args, kwargs
+        try:
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError as e:
+            given = f"{len(args)} positional" + (f" and keywords {', '.join(kwargs)}" if kwargs else "")
+            raise PartitionError(f"arguments do not fit {name}{self._signature}: {e} (given {given})") from None
+        return bound.args, bound.kwargs
 
-    def lower(self, *args) -> Partitioned:
-        key = self._key(args)
+    def _key(self, args, kwargs):
+        """What a lowering depends on: the argument structure and every input's shape and dtype. Raises
+        :class:`PartitionError` for an input that is neither an array nor a number."""
+        paths, leaves, tree = ir.input_paths(self.fn, args, kwargs)
+        specs = []
+        for path, x in zip(paths, leaves):
+            if hasattr(x, "dtype"):
+                dtype = x.dtype
+            elif isinstance(x, (bool, int, float, complex)):
+                dtype = np.asarray(x).dtype
+            else:
+                raise PartitionError(f"input {path!r} is {type(x).__name__} {shown(x)}; inputs are arrays or numbers")
+            if isinstance(dtype, np.dtype) and dtype.kind in "OSUV":
+                raise PartitionError(f"input {path!r} has dtype {dtype}; inputs are arrays of numbers")
+            specs.append((tuple(np.shape(x)), str(dtype)))
+        return tuple(kwargs), tree, tuple(specs)
+
+    def lower(self, *args, **kwargs) -> Partitioned:
+        return self._lowered(*self._bind(args, kwargs))
+
+    def _lowered(self, args, kwargs) -> Partitioned:
+        key = self._key(args, kwargs)
         if key not in self._cache:
-            self._cache[key] = self._lower(args)
+            self._cache[key] = self._lower(args, kwargs)
         return self._cache[key]
 
-    def _lower(self, args) -> Partitioned:
-        graph = ir.trace(self.fn, args)
+    def _lower(self, args, kwargs) -> Partitioned:
+        graph = ir.trace(self.fn, args, kwargs)
         for t in self.schedule:  # every error before anything runs
             t.validate(graph, self.mesh)
         rules = [rule_for(e, graph) for e in graph.eqns]
@@ -171,10 +214,13 @@ class PartitionedFunction:
         program = lower(graph, analyze(graph, rules, state, self.mesh), self.mesh)
         return Partitioned(graph, rules, self.mesh, self.schedule, states, program, automatic)
 
-    def __call__(self, *args):
-        return self.lower(*args).run(*args)
+    def __call__(self, *args, **kwargs):
+        args, kwargs = self._bind(args, kwargs)
+        return self._lowered(args, kwargs).run(*args, *kwargs.values())
 
 
 def jit(fn, mesh: Mesh, schedule=()) -> PartitionedFunction:
-    """Partition ``fn`` over ``mesh`` with ``schedule`` (a list of tactics); see the module docstring."""
+    """Partition ``fn`` over ``mesh`` with ``schedule`` (a list of tactics); see the module docstring. Raises
+    :class:`PartitionError` for a ``fn`` that is not callable, a ``mesh`` that is not a :class:`redist.Mesh`, a
+    schedule that is not a list of tactics, or a tactic naming an axis the mesh lacks."""
     return PartitionedFunction(fn, mesh, schedule)

@@ -22,8 +22,10 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from redist.errors import shown
+
 from partir_core.ir import input_paths
-from partir_core.tactics import ManualPartition
+from partir_core.tactics import ManualPartition, PartitionError
 
 COLUMN = {"wq": 1, "wk": 1, "wv": 1, "w1": 1, "b1": 0}
 ROW = {"wo": 0, "w2": 0}
@@ -35,7 +37,11 @@ def _leaves(model, inputs, prefix):
 
 
 def _axis_size(mesh, axis, default=2):
-    return dict(mesh.axes)[axis] if mesh is not None else default
+    if mesh is None:
+        return default
+    if axis not in mesh.names:
+        raise PartitionError(f"unknown mesh axis {shown(axis)}; the mesh has axes {', '.join(mesh.names)}")
+    return dict(mesh.axes)[axis]
 
 
 def BP(model, inputs, batch_axis="batch", model_axis="model", mesh=None):
@@ -79,7 +85,7 @@ def EMB(model, inputs, batch_axis="batch", model_axis="model", mesh=None):
     names = {p for p, _ in _leaves(model, inputs, "params")}
     dims = {p: d for p, d in (("params/embed", 1), ("params/unembed", 1)) if p in names}
     if not dims:
-        raise ValueError(f"EMB needs params/embed or params/unembed; model {model.name!r} has neither")
+        raise PartitionError(f"EMB needs params/embed or params/unembed; model {model.name!r} has neither")
     return [ManualPartition(dims, axis=model_axis)]
 
 
@@ -87,10 +93,13 @@ PRESETS = {"BP": BP, "MP": MP, "Z2": Z2, "Z3": Z3, "EMB": EMB}
 
 
 def schedule(name: str, model, inputs, batch_axis="batch", model_axis="model", mesh=None):
-    """The tactics of a preset or ``"+"``-composition of presets (``"BP+MP+Z3"``), in order."""
+    """The tactics of a preset or ``"+"``-composition of presets (``"BP+MP+Z3"``), in order. Raises
+    :class:`PartitionError` for an unknown name, or an axis that ``mesh`` (when given) lacks."""
+    if not isinstance(name, str):
+        raise PartitionError(f"a schedule name is a string like 'BP+MP', got {type(name).__name__} {shown(name)}")
     out = []
     for part in name.split("+"):
         if part not in PRESETS:
-            raise ValueError(f"unknown schedule {part!r}; presets: {', '.join(PRESETS)}")
+            raise PartitionError(f"unknown schedule {part!r} in {name!r}; presets: {', '.join(PRESETS)}")
         out += PRESETS[part](model, inputs, batch_axis=batch_axis, model_axis=model_axis, mesh=mesh)
     return out

@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from redist.errors import ShardingError, shown
+
 
 @dataclass(frozen=True)
 class Hardware:
@@ -185,14 +187,18 @@ class Simulation:
                 f"{self.flops:.3g} FLOPs")
 
 
-def _hardware(hardware) -> Hardware:
+def hardware_profile(hardware) -> Hardware:
+    """The :class:`Hardware` that a ``hardware=`` argument names: None (the default, ``"cpu-host"``), a preset
+    name of :data:`HARDWARE`, or a :class:`Hardware` itself. Raises :class:`redist.ShardingError` for anything
+    else, listing the presets."""
     if hardware is None:
         hardware = "cpu-host"
-    if isinstance(hardware, str):
-        if hardware not in HARDWARE:
-            raise ValueError(f"unknown hardware preset {hardware!r}; presets: {', '.join(HARDWARE)}")
+    if isinstance(hardware, Hardware):
+        return hardware
+    if isinstance(hardware, str) and hardware in HARDWARE:
         return HARDWARE[hardware]
-    return hardware
+    raise ShardingError(f"unknown hardware {shown(hardware)}; give a preset name ({', '.join(HARDWARE)}) or a "
+                        "partir_core.Hardware")
 
 
 def materialized(program) -> set:
@@ -295,7 +301,7 @@ def simulate(program, hardware=None) -> Simulation:
     """Simulate a :class:`partir_core.lowering.LocalProgram` on ``hardware`` (a preset name or a Hardware)."""
     from partir_core.lowering import Compute, Finish, Reshard
 
-    hw = _hardware(hardware)
+    hw = hardware_profile(hardware)
     size = dict(program.buf_bytes)
     mat = materialized(program)
     consts = set(program.graph.consts)

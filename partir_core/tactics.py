@@ -6,21 +6,26 @@ A dim already split by an earlier tactic is split further (``axis`` appended at 
 *pins* the matched inputs: propagation will never change their sharding (they stay as they are, usually
 replicated), which is how ZeRO-2 keeps parameters whole while sharding the optimizer state.
 
-Errors (:class:`PartitionError`, a ``ShardingError``/``ValueError``) are raised by :meth:`validate` before anything
-runs: a path matching no input, a dim out of range, an unknown axis. A dim need not divide by the axis size: it is
-then split by XLA's padding rule (ceil-sized blocks, padded local buffers; SPEC 2), and ops that reduce over it
-count its data only. ``AutomaticPartition`` searches for the tactics (see :mod:`partir_core.automatic`).
+Errors (:class:`PartitionError`, a ``ShardingError``/``ValueError``) are raised before anything runs: arguments of
+the wrong kind when a tactic is made (dims not a dict, a time budget that is not a positive number), an unknown
+axis when the schedule meets the mesh (:func:`check_schedule`), a path matching no input or a dim out of range
+by :meth:`validate`. A dim need not divide by the axis size: it is then split by XLA's padding rule (ceil-sized
+blocks, padded local buffers; SPEC 2), and ops that reduce over it count its data only. ``AutomaticPartition``
+searches for the tactics (see :mod:`partir_core.automatic`).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import math
+import numbers
 from dataclasses import dataclass, field
 
-from redist.errors import ShardingError
+from redist.errors import ShardingError, shown
 
 from partir_core.ir import Graph
 from partir_core.propagation import Conflict, State
+from partir_core.simulator import hardware_profile
 
 
 class PartitionError(ShardingError):
@@ -33,6 +38,24 @@ class ManualPartition:
 
     dims: dict
     axis: str = "model"
+
+    def __post_init__(self):
+        self.check_arguments()
+
+    def check_arguments(self) -> None:
+        """Raise :class:`PartitionError` unless ``dims`` maps path patterns to dims (ints, or None to pin) and
+        ``axis`` is a name."""
+        if not isinstance(self.dims, dict):
+            raise PartitionError(f"ManualPartition: dims must be a dict {{path: dim}} like {{'x': 0}}, got "
+                                 f"{type(self.dims).__name__} {shown(self.dims)}")
+        for path, dim in self.dims.items():
+            if not isinstance(path, str):
+                raise PartitionError(f"ManualPartition: path {shown(path)} must be a string like 'params/w1'")
+            if dim is not None and (isinstance(dim, bool) or not isinstance(dim, numbers.Integral)):
+                raise PartitionError(f"ManualPartition: the dim of path {path!r} must be an int (or None to pin "
+                                     f"the input), got {type(dim).__name__} {shown(dim)}")
+        if not isinstance(self.axis, str):
+            raise PartitionError(f"ManualPartition: axis must be a mesh axis name, got {shown(self.axis)}")
 
     def check_mesh(self, mesh) -> None:
         if self.axis not in mesh.names:
@@ -52,13 +75,14 @@ class ManualPartition:
                     out.append((p, v, None))
                     continue
                 rank = len(graph.shape(v))
-                if isinstance(dim, bool) or not isinstance(dim, int) or not -rank <= dim < rank:
+                if not -rank <= dim < rank:
                     raise PartitionError(f"ManualPartition: dim {dim!r} is out of range for input {p!r} of shape "
                                          f"{graph.shape(v)} (path {pattern!r})")
-                out.append((p, v, dim % rank))
+                out.append((p, v, int(dim) % rank))
         return out
 
     def validate(self, graph: Graph, mesh) -> None:
+        self.check_arguments()
         self.check_mesh(mesh)
         self.matches(graph)
 
@@ -110,6 +134,37 @@ class AutomaticPartition:
     exploration: float = 0.7
     progress: bool | None = None
 
+    def __post_init__(self):
+        self.check_arguments()
+
+    def check_arguments(self) -> None:
+        """Raise :class:`PartitionError` naming the first argument of the wrong kind or out of range."""
+        def fail(name, expected):
+            raise PartitionError(f"AutomaticPartition: {name} must be {expected}, got {shown(getattr(self, name))}")
+
+        if isinstance(self.axes, str) or not isinstance(self.axes, (list, tuple)) or not all(
+                isinstance(a, str) for a in self.axes):
+            fail("axes", "a list of mesh axis names like ['batch']")
+        if self.memory_budget_bytes is not None and not (_finite(self.memory_budget_bytes)
+                                                         and self.memory_budget_bytes > 0):
+            fail("memory_budget_bytes", "a finite number of bytes > 0, or None for no limit")
+        if not (_finite(self.time_budget_s) and self.time_budget_s > 0):
+            fail("time_budget_s", "a finite number of seconds > 0")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
+            fail("seed", "an int")
+        for name in ("max_evals", "patience", "max_depth"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
+                fail(name, "an int >= 1, or None")
+        if not (_finite(self.exploration) and self.exploration >= 0):
+            fail("exploration", "a finite number >= 0")
+        if self.progress is not None and not isinstance(self.progress, bool):
+            fail("progress", "True, False or None")
+        try:
+            hardware_profile(self.hardware)
+        except ShardingError as e:
+            raise PartitionError(f"AutomaticPartition: {e}") from None
+
     def check_mesh(self, mesh) -> None:
         for a in self.axes:
             if a not in mesh.names:
@@ -117,12 +172,8 @@ class AutomaticPartition:
                                      f"{', '.join(mesh.names)}")
 
     def validate(self, graph: Graph, mesh) -> None:
+        self.check_arguments()
         self.check_mesh(mesh)
-        if self.memory_budget_bytes is not None and not self.memory_budget_bytes > 0:
-            raise PartitionError(f"AutomaticPartition: memory_budget_bytes must be positive or None, "
-                                 f"got {self.memory_budget_bytes!r}")
-        if not self.time_budget_s > 0:
-            raise PartitionError(f"AutomaticPartition: time_budget_s must be positive, got {self.time_budget_s!r}")
 
     def search(self, graph: Graph, rules, state: State, mesh, index: int):
         """Run the search from ``state``; returns an :class:`partir_core.automatic.AutoResult` whose ``state``
@@ -145,3 +196,30 @@ class AutomaticPartition:
     def __str__(self):
         budget = f", memory_budget_bytes={self.memory_budget_bytes}" if self.memory_budget_bytes else ""
         return f"AutomaticPartition(axes={self.axes!r}{budget}, time_budget_s={self.time_budget_s}, seed={self.seed})"
+
+
+def _finite(x) -> bool:
+    """A finite real number (not a bool, not NaN)."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+
+
+TACTICS = (ManualPartition, AutomaticPartition)
+
+
+def check_schedule(schedule, mesh) -> list:
+    """``schedule`` as a list of tactics whose axes are on ``mesh``; :class:`PartitionError` for anything else (a
+    single tactic, a preset's name, None, or an element that is not a tactic)."""
+    if isinstance(schedule, TACTICS):
+        raise PartitionError(f"a schedule is a list of tactics; put the single tactic in a list: [{schedule}]")
+    if isinstance(schedule, str):
+        raise PartitionError(f"a schedule is a list of tactics, got the string {schedule!r}; preset strategies are "
+                             "built by partir_core.schedules.schedule(name, model, inputs)")
+    if not isinstance(schedule, (list, tuple)):
+        raise PartitionError(f"a schedule is a list of tactics (ManualPartition, AutomaticPartition), got "
+                             f"{type(schedule).__name__} {shown(schedule)}")
+    for k, tactic in enumerate(schedule):
+        if not isinstance(tactic, TACTICS):
+            raise PartitionError(f"schedule entry {k} is {type(tactic).__name__} {shown(tactic)}, not a tactic "
+                                 "(ManualPartition or AutomaticPartition)")
+        tactic.check_mesh(mesh)
+    return list(schedule)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from redist.errors import ShardingError
+from redist.errors import ShardingError, shown
 from redist.types import ShardingType, check_factorization, remove_axes
 
 
@@ -38,10 +38,13 @@ def _size(box) -> int:
     return math.prod(s.stop - s.start for s in box)
 
 
-def check_pair(src: ShardingType, dst: ShardingType) -> None:
-    """Raise :class:`ShardingError` unless ``dst`` is a possible redistribution target of ``src``."""
-    if not isinstance(src, ShardingType) or not isinstance(dst, ShardingType):
-        raise ShardingError("source and destination must be redist.ShardingType values")
+def check_pair(src: ShardingType, dst: ShardingType, topology=None) -> None:
+    """Raise :class:`ShardingError` unless ``dst`` is a possible redistribution target of ``src`` and
+    ``topology`` a valid ``topology=`` argument on their mesh (:func:`redist.cost.as_topology`)."""
+    for what, t in (("source", src), ("destination", dst)):
+        if not isinstance(t, ShardingType):
+            raise ShardingError(f"the {what} must be a redist.ShardingType (e.g. ShardingType.parse('f32[8{{x}}]', "
+                                f"mesh)), got {type(t).__name__} {shown(t)}")
     if src.mesh != dst.mesh:
         raise ShardingError(f"source and destination are on different meshes ({src.mesh} and {dst.mesh})")
     if src.shape != dst.shape:
@@ -63,3 +66,7 @@ def check_pair(src: ShardingType, dst: ShardingType) -> None:
             f"destination {dst} is partial over {{{','.join(extra)}}} but the source {src} is not: "
             "a redistribution can only reduce pending sums, not create them"
         )
+    if topology is not None:
+        from redist.cost import as_topology  # not at the top: cost imports steps, which imports this module
+
+        as_topology(topology, src.mesh)

@@ -1,4 +1,8 @@
-"""Command line: ``redist plan SRC DST --mesh x=2,y=4`` prints a plan; ``redist demo`` runs the demo."""
+"""Command line: ``redist plan SRC DST --mesh x=2,y=4`` prints a plan; ``redist demo`` runs the demo.
+
+Every error (a usage error, bad input, or a failure inside) is one line on stderr, ``redist: error: ...``, and
+exit status 2; never a traceback.
+"""
 
 from __future__ import annotations
 
@@ -49,8 +53,42 @@ def cmd_demo(args) -> int:
     return demo_main(backends=args.backends)
 
 
+class _UsageError(Exception):
+    """A command line argparse cannot read (raised by :class:`_Parser` instead of printing usage and exiting)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its usage errors reported the way :func:`main` reports every error: in one line."""
+
+    def error(self, message):
+        raise _UsageError(f"{self.prog}: error: {message} (see '{self.prog} --help')")
+
+
+def _one_line(text: str) -> str:
+    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="redist", description=__doc__)
+    """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status (0 done, 1 a demo
+    check failed, 2 an error, reported in one line on stderr)."""
+    parser = _build_parser()
+    try:
+        args = parser.parse_args(argv)
+        return args.func(args)
+    except _UsageError as e:
+        print(_one_line(e), file=sys.stderr)
+    except ShardingError as e:
+        print(f"redist: error: {_one_line(e)}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("redist: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug of ours: still one line, and the words to report it with
+        print(f"redist: error: internal error {type(e).__name__}: {_one_line(e)} (please report this)", file=sys.stderr)
+    return 2
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="redist", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="synthesize and print a redistribution plan")
     p.add_argument("src", help="source type, e.g. 'f32[1024{x}, 512]'")
@@ -62,12 +100,7 @@ def main(argv=None) -> int:
     d = sub.add_parser("demo", help="plan, verify and run classic reshards on every backend")
     d.add_argument("--backends", default="numpy,jax,mpi", help="comma-separated: numpy,jax,mpi")
     d.set_defaults(func=cmd_demo)
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except ShardingError as e:
-        print(f"redist: error: {e}", file=sys.stderr)
-        return 2
+    return parser
 
 
 if __name__ == "__main__":

@@ -33,16 +33,18 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from redist import steps as S
-from redist.errors import ShardingError
+from redist.errors import ShardingError, shown
 from redist.mesh import Mesh
+from redist.plan import Plan
 
 __all__ = [
-    "Link", "Topology", "PRESETS", "CPU_HOST_DEFAULT", "CPU_HOST_PROFILE", "topology", "preset_names",
+    "Link", "Topology", "PRESETS", "CPU_HOST_DEFAULT", "CPU_HOST_PROFILE", "topology", "as_topology", "preset_names",
     "collective_time", "step_time", "step_axes", "plan_time", "records_time", "cpu_host_link",
 ]
 
@@ -55,10 +57,14 @@ class Link:
     beta: float
 
     def __post_init__(self):
-        if not (self.alpha >= 0 and math.isfinite(self.alpha)):
-            raise ShardingError(f"link latency alpha={self.alpha!r} must be a finite number >= 0 seconds")
-        if not (self.beta > 0 and math.isfinite(self.beta)):
-            raise ShardingError(f"link bandwidth beta={self.beta!r} must be a finite number > 0 bytes/s")
+        if not (_is_real(self.alpha) and self.alpha >= 0 and math.isfinite(self.alpha)):
+            raise ShardingError(f"link latency alpha={shown(self.alpha)} must be a finite number >= 0 seconds")
+        if not (_is_real(self.beta) and self.beta > 0 and math.isfinite(self.beta)):
+            raise ShardingError(f"link bandwidth beta={shown(self.beta)} must be a finite number > 0 bytes/s")
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,18 @@ class Topology:
 
     name: str
     links: tuple[tuple[str, Link], ...]
+
+    def __post_init__(self):
+        if not isinstance(self.name, str):
+            raise ShardingError(f"a topology's name must be a string, got {shown(self.name)}")
+        try:
+            links = tuple((n, l) for n, l in self.links)
+        except (TypeError, ValueError):
+            links = None
+        if links is None or not all(isinstance(n, str) and isinstance(l, Link) for n, l in links):
+            raise ShardingError(f"topology {self.name!r}: links must be (mesh axis name, redist.cost.Link) pairs, "
+                                f"got {shown(self.links)}")
+        object.__setattr__(self, "links", links)
 
     def link(self, token: str) -> Link:
         """The link of a mesh axis, or of the axis a sub-axis token ``name:(pre)size`` is part of."""
@@ -154,10 +172,26 @@ def topology(name: str, mesh: Mesh) -> Topology:
     """The preset ``name`` laid over ``mesh``'s axes. Raises :class:`ShardingError` for an unknown name."""
     if not isinstance(mesh, Mesh):
         raise ShardingError(f"topology() needs a redist.Mesh, got {type(mesh).__name__}")
-    build = PRESETS.get(name)
+    build = PRESETS.get(name) if isinstance(name, str) else None
     if build is None:
-        raise ShardingError(f"unknown topology preset {name!r}; known presets: {', '.join(PRESETS)}")
+        raise ShardingError(f"unknown topology preset {shown(name)}; known presets: {', '.join(PRESETS)}")
     return Topology(name, build(mesh))
+
+
+def as_topology(value, mesh: Mesh) -> Topology | None:
+    """A ``topology=`` argument as the :class:`Topology` it names on ``mesh``: None stays None (no cost
+    model), a preset name is laid over ``mesh`` (:func:`topology`), and a :class:`Topology` must give a link
+    to every axis of ``mesh``. Anything else raises :class:`ShardingError`."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return topology(value, mesh)
+    if not isinstance(value, Topology):
+        raise ShardingError(f"topology must be a preset name ({', '.join(PRESETS)}) or a redist.cost.Topology, "
+                            f"got {type(value).__name__} {shown(value)}")
+    for name in mesh.names:
+        value.link(name)  # raises, naming the axis it lacks
+    return value
 
 
 # ---------------------------------------------------------------------------------------------- pricing
@@ -193,8 +227,14 @@ def step_time(step, t_in, topo: Topology) -> float:
     return collective_time(step_axes(step, t_in), float(nbytes), topo)
 
 
-def plan_time(plan, topo: Topology) -> float:
-    """Modeled seconds of a :class:`redist.Plan`: the sum of its steps' times."""
+def plan_time(plan, topo: Topology | str) -> float:
+    """Modeled seconds of a :class:`redist.Plan` on ``topo`` (a :class:`Topology` or a preset name): the sum of
+    its steps' times."""
+    if not isinstance(plan, Plan):
+        raise ShardingError(f"plan_time() takes a redist.Plan, got {type(plan).__name__} {shown(plan)}")
+    if topo is None:
+        raise ShardingError(f"plan_time() needs a topology: a preset name ({', '.join(PRESETS)}) or a Topology")
+    topo = as_topology(topo, plan.src.mesh)
     return sum(step_time(s, t, topo) for s, t in zip(plan.steps, plan.types))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from redist.buffers import as_array, device_buffers
-from redist.errors import ShardingError
+from redist.errors import ShardingError, shown
 from redist.types import ShardingType
 
 
@@ -18,6 +18,7 @@ def shard(t: ShardingType, global_array) -> list[np.ndarray]:
     exactly. Raises :class:`ShardingError` for a partial ``t``, a shape other than ``t.shape``, or data that
     does not fit (complex or ``f64`` data for ``f32``, NaN or 3.7 for ``i32``, 300 for ``u8``).
     """
+    _check_type(t, "shard")
     if t.partial:
         raise ShardingError(f"cannot shard a global array as the partial type {t}: summands are not determined")
     x = as_array(global_array, t.np_dtype, f"the global array for {t}")
@@ -29,6 +30,11 @@ def shard(t: ShardingType, global_array) -> list[np.ndarray]:
         local[t.data_box(d)] = x[t.local_box(d)]
         out.append(local)
     return out
+
+
+def _check_type(t, where: str) -> None:
+    if not isinstance(t, ShardingType):
+        raise ShardingError(f"{where}() takes a redist.ShardingType first, got {type(t).__name__} {shown(t)}")
 
 
 def summands(t: ShardingType, value, rng: np.random.Generator, low: int = -4, high: int = 5) -> list[np.ndarray]:
@@ -69,6 +75,7 @@ def unshard(t: ShardingType, shards) -> np.ndarray:
     as :func:`redist.buffers.device_buffers` takes them (one per device, ``t.local_shape``, ``t``'s dtype or
     one that converts without loss), else :class:`ShardingError`.
     """
+    _check_type(t, "unshard")
     mesh = t.mesh
     shards = device_buffers(shards, mesh.size, t.local_shape, t.np_dtype)
     out = np.zeros(t.shape, dtype=t.np_dtype)

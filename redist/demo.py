@@ -14,6 +14,9 @@ import sys
 
 import numpy as np
 
+from redist.errors import ShardingError, shown
+
+BACKENDS = ("numpy", "jax", "mpi")
 CASES = [
     # (mesh, source, destination, what it is)
     ("x=8", "f32[64{x}, 32]", "f32[64, 32{x}]", "move a sharded dim"),
@@ -109,8 +112,8 @@ def mpi_worker():
 
 def run_mpi(n=8, timeout=300):
     mpiexec = os.path.join(sys.prefix, "bin", "mpiexec")
-    if not os.path.exists(mpiexec):
-        return [None] * len(CASES), f"no mpiexec in {sys.prefix}/bin"
+    if not os.path.exists(mpiexec):  # asked for and not run: a failed check, not a skipped one
+        return [False] * len(CASES), f"no mpiexec in {sys.prefix}/bin"
     cmd = [mpiexec, "-n", str(n), sys.executable, "-m", "redist.demo", "--mpi-worker"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -126,12 +129,27 @@ def _mark(ok):
     return {True: "ok", False: "FAIL", None: "-"}[ok]
 
 
+def backend_names(text: str) -> set[str]:
+    """The backends that ``text`` (comma-separated, e.g. ``"numpy,jax"``) names; :class:`ShardingError` for a
+    name that is none of :data:`BACKENDS` (an empty one included)."""
+    if not isinstance(text, str):
+        raise ShardingError(f"backends must be a comma-separated string like 'numpy,jax', got {shown(text)}")
+    names = {b.strip() for b in text.split(",")}
+    unknown = sorted(names - set(BACKENDS))
+    if unknown:
+        raise ShardingError(f"unknown backend {', '.join(map(repr, unknown))} in {text!r}; the backends are "
+                            f"{', '.join(BACKENDS)} (comma-separated)")
+    return names
+
+
 def main(backends="numpy,jax,mpi") -> int:
+    """Run the demo on ``backends`` (comma-separated names of :data:`BACKENDS`); returns 0 when every check
+    passed, 1 otherwise. Raises :class:`ShardingError` for an unknown backend, before running anything."""
+    wanted = backend_names(backends)
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import redist
 
-    wanted = set(backends.split(","))
     mpi_results, mpi_error = run_mpi() if "mpi" in wanted else ([None] * len(CASES), None)
     header = f"{'case':<36}{'plan':<44}{'bytes / bound':>16}{'peak / max':>14}  {'Z3':<5}{'numpy':<6}{'jax':<5}{'mpi':<5}"
     print(header)

@@ -1,4 +1,9 @@
-"""Device meshes: ordered named axes, devices numbered row-major (the last axis varies fastest)."""
+"""Device meshes: ordered named axes, devices numbered row-major (the last axis varies fastest).
+
+Numbers in the text forms (``x=4``, ``y:(2)2``, and the sizes of :mod:`redist.types`) are ASCII decimal digits
+``0-9`` only: ``str.isdigit`` and the regex ``\\d`` also accept ``'²'`` and ``'٢'``, which are refused here
+(:func:`read_decimal`), so that every text form reads numbers the same way.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +13,31 @@ from functools import lru_cache
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
-from redist.errors import ShardingError
+import numpy as np
+
+from redist.errors import ShardingError, shown
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_SUB_AXIS = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::\((?P<pre>\d+)\)(?P<size>\d+))?\Z")
+_SUB_AXIS = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::\((?P<pre>[0-9]+)\)(?P<size>[0-9]+))?\Z")
+_AXIS_TEXT = re.compile(r"(?P<name>[^=]*)=(?P<size>[0-9]+)\Z")
+
+MAX_DEVICES = 2**31 - 1
+"""The most devices a mesh may have: MPI ranks and JAX/XLA device ids are 32-bit integers."""
+
+
+def read_decimal(digits: str, what: str, limit: int) -> int:
+    """The value of ``digits`` (ASCII ``0-9``, already matched by the caller) if it is at most ``limit``.
+
+    Raises :class:`ShardingError` naming ``what`` otherwise, without converting a number longer than ``limit``
+    (Python's ``int()`` refuses strings of over 4,300 digits, and is quadratic in their length).
+    """
+    significant = digits.lstrip("0") or "0"
+    if len(significant) <= len(str(limit)):
+        value = int(significant)
+        if value <= limit:
+            return value
+    text = digits if len(digits) <= 24 else f"{digits[:12]}…{digits[-6:]} ({len(digits)} digits)"
+    raise ShardingError(f"{what} {text} is too large; the limit is {limit}")
 
 
 def prime_factors(n: int) -> list[int]:
@@ -44,30 +70,40 @@ class Mesh:
     axes: tuple[tuple[str, int], ...]
 
     def __init__(self, axes: Mapping[str, int] | tuple[tuple[str, int], ...]):
-        items = tuple(axes.items()) if isinstance(axes, Mapping) else tuple(axes)
+        """``axes``: a mapping from axis name to size, or ``(name, size)`` pairs, in mesh order. Names are
+        identifiers, sizes integers >= 1, at most :data:`MAX_DEVICES` devices in all; else
+        :class:`ShardingError`."""
+        items = _axis_items(axes)
         seen = set()
-        for name, size in items:
+        for name, n in items:
             if not isinstance(name, str) or not _NAME.match(name):
-                raise ShardingError(f"mesh axis name {name!r} is not an identifier")
+                raise ShardingError(f"mesh axis name {shown(name)} is not an identifier")
             if name in seen:
                 raise ShardingError(f"mesh axis {name!r} is named twice")
-            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-                raise ShardingError(f"mesh axis {name!r} has size {size!r}; sizes are integers >= 1")
+            if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+                raise ShardingError(f"mesh axis {name!r} has size {shown(n)}; sizes are integers >= 1")
             seen.add(name)
-        object.__setattr__(self, "axes", tuple((n, int(s)) for n, s in items))
+        axes = tuple((n, int(s)) for n, s in items)
+        if math.prod(s for _, s in axes) > MAX_DEVICES:
+            raise ShardingError(f"mesh {', '.join(f'{n}={shown(s)}' for n, s in axes)} has more than {MAX_DEVICES} "
+                                "devices")
+        object.__setattr__(self, "axes", axes)
 
     @classmethod
     def parse(cls, text: str) -> "Mesh":
-        """Parse ``"x=2,y=4"`` (whitespace-insensitive)."""
+        """Parse ``"x=2,y=4"`` (whitespace-insensitive; sizes in ASCII digits)."""
+        if not isinstance(text, str):
+            raise ShardingError(f"mesh text must be a string like 'x=2,y=4', got {type(text).__name__} {shown(text)}")
         body = "".join(text.split())
         if not body:
             raise ShardingError("empty mesh text; expected something like 'x=2,y=4'")
         items = []
         for part in body.split(","):
-            name, eq, size = part.partition("=")
-            if not eq or not size.isdigit():
-                raise ShardingError(f"cannot read mesh axis {part!r} in {text!r}; expected NAME=SIZE")
-            items.append((name, int(size)))
+            m = _AXIS_TEXT.match(part)
+            if not m:
+                raise ShardingError(f"cannot read mesh axis {shown(part)} in {shown(text)}; expected NAME=SIZE "
+                                    "with SIZE in digits 0-9")
+            items.append((m["name"], read_decimal(m["size"], f"the size of mesh axis {m['name']!r}", MAX_DEVICES)))
         return cls(tuple(items))
 
     @property
@@ -90,13 +126,14 @@ class Mesh:
         middle factor, and a device's coordinate on it is ``(c[y] // (S // (pre·size))) % size``.
         """
         if not isinstance(token, str):
-            raise ShardingError(f"cannot read axis {token!r}; expected a mesh axis name or NAME:(PRE)SIZE")
+            raise ShardingError(f"cannot read axis {shown(token)}; expected a mesh axis name or NAME:(PRE)SIZE")
         return _resolve(self, token)
 
     def _resolve(self, token: str) -> tuple[str, int, int]:
         m = _SUB_AXIS.match(token)
         if not m:
-            raise ShardingError(f"cannot read axis {token!r}; expected a mesh axis name or NAME:(PRE)SIZE")
+            raise ShardingError(f"cannot read axis {shown(token)}; expected a mesh axis name or NAME:(PRE)SIZE "
+                                "with PRE and SIZE in digits 0-9")
         full = dict(self.axes).get(m["name"])
         if full is None:
             raise ShardingError(
@@ -104,7 +141,8 @@ class Mesh:
             )
         if m["pre"] is None:
             return m["name"], 1, full
-        pre, size = int(m["pre"]), int(m["size"])
+        pre = read_decimal(m["pre"], f"the pre-size of sub-axis {shown(token)}", MAX_DEVICES)
+        size = read_decimal(m["size"], f"the size of sub-axis {shown(token)}", MAX_DEVICES)
         if pre < 1 or size < 2 or full % (pre * size):
             raise ShardingError(f"sub-axis {token!r} does not fit mesh axis {m['name']!r} of size {full}")
         return m["name"], pre, size
@@ -189,6 +227,23 @@ class Mesh:
 
     def __repr__(self) -> str:
         return f"Mesh({dict(self.axes)!r})"
+
+
+def _axis_items(axes) -> tuple:
+    """The ``(name, size)`` pairs of a :class:`Mesh` argument, or :class:`ShardingError`."""
+    if isinstance(axes, Mapping):
+        return tuple(axes.items())
+    hint = "a dict like {'x': 2, 'y': 4} or (name, size) pairs"
+    if isinstance(axes, str):
+        raise ShardingError(f"Mesh takes {hint}, got the string {shown(axes)} (Mesh.parse reads text)")
+    try:
+        items = tuple(axes)
+    except TypeError:
+        raise ShardingError(f"Mesh takes {hint}, got {type(axes).__name__} {shown(axes)}") from None
+    for item in items:
+        if isinstance(item, str) or not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise ShardingError(f"Mesh takes {hint}; {shown(item)} is not a (name, size) pair")
+    return items
 
 
 @lru_cache(maxsize=65536)

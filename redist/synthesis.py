@@ -119,7 +119,7 @@ def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
     Raises :class:`ShardingError` if the types are on different meshes, have different shapes or dtypes, or if
     the destination is partial over an axis the source is not.
     """
-    check_pair(src, dst)
+    check_pair(src, dst, topology)
     if not (src.is_even() and dst.is_even()):
         return _synthesize_uneven(src, dst, topology)
     core_src, core_dst = _without_unit_axes(src, dst.partial), _without_unit_axes(dst, dst.partial)
@@ -128,7 +128,7 @@ def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
     else:
         from redist import cost
 
-        topo = cost.topology(topology, src.mesh) if isinstance(topology, str) else topology
+        topo = cost.as_topology(topology, src.mesh)
         candidates = [_synthesize(core_src, core_dst)]
         for refine in (False, True):
             found = _search(core_src, core_dst, refine, topo)
@@ -170,7 +170,7 @@ def _synthesize_uneven(src: ShardingType, dst: ShardingType, topology) -> Plan:
         return min(candidates, key=lambda p: (p.bytes_received, len(p.steps)))
     from redist import cost
 
-    topo = cost.topology(topology, src.mesh) if isinstance(topology, str) else topology
+    topo = cost.as_topology(topology, src.mesh)
     return min(candidates, key=lambda p: (cost.plan_time(p, topo), p.bytes_received, len(p.steps)))
 
 

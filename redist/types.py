@@ -11,20 +11,27 @@ data). This is JAX's ``PartitionSpec(("a1", …, "ak"))``.
 A dim is *even* when ``k`` divides ``N``. An uneven type is the same layout as the even type of its
 ``padded_shape`` (each dim ``k·L``) whose trailing elements are padding: the collectives of :mod:`redist.steps`
 run on that padded view, and layouts whose padded views differ are bridged by a point-to-point exchange.
+
+Sizes are written in ASCII digits ``0-9`` (as everywhere in redist's text forms, see :mod:`redist.mesh`); an
+array has at most :data:`MAX_ELEMENTS` elements. Parsing and construction take time linear in the length of
+the text and in the rank.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
-from redist.errors import ShardingError
-from redist.mesh import Mesh
+from redist.errors import ShardingError, shown
+from redist.mesh import Mesh, read_decimal
 
 DTYPES: dict[str, np.dtype] = {
     "f16": np.dtype(np.float16),
@@ -41,8 +48,12 @@ DTYPES: dict[str, np.dtype] = {
 }
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
+MAX_ELEMENTS = 2**63 - 1
+"""The most elements an array may have (and so the largest dim): numpy, JAX and XLA index with 64-bit integers."""
+
 _TYPE_RE = re.compile(r"(?P<dtype>[a-z0-9]+)\[(?P<dims>[^\]]*)\](?:partial\{(?P<partial>[^}]*)\})?\Z")
-_DIM_RE = re.compile(r"(?P<size>-?\d+)(?:\{(?P<axes>[^}]*)\})?\Z")
+# One dim and the comma after it; matched at successive positions of the dims text (one pass, no splitting).
+_DIM_RE = re.compile(r"(?P<size>-?[0-9]+)(?:\{(?P<axes>[^{}]*)\})?(?P<comma>,?)")
 
 
 def dtype_name(dtype: Any) -> str:
@@ -50,18 +61,11 @@ def dtype_name(dtype: Any) -> str:
     if isinstance(dtype, str) and dtype in DTYPES:
         return dtype
     try:
+        if dtype is None:  # np.dtype(None) is float64: never guess a dtype
+            raise TypeError
         return _DTYPE_NAMES[np.dtype(dtype)]
-    except (TypeError, KeyError):
-        raise ShardingError(f"unsupported dtype {dtype!r}; use one of {', '.join(DTYPES)}") from None
-
-
-def _split_axes(text: str, where: str) -> tuple[str, ...]:
-    if text == "":
-        return ()
-    names = tuple(text.split(","))
-    if any(n == "" for n in names):
-        raise ShardingError(f"empty axis name in {where}")
-    return names
+    except (TypeError, KeyError, ValueError):
+        raise ShardingError(f"unsupported dtype {shown(dtype)}; use one of {', '.join(DTYPES)}") from None
 
 
 @dataclass(frozen=True)
@@ -81,59 +85,55 @@ class ShardingType:
     partial: tuple[str, ...] = ()
 
     def __post_init__(self):
-        shape = tuple(self.shape)
-        dims = tuple(tuple(d) for d in self.dims)
-        object.__setattr__(self, "shape", shape)
-        object.__setattr__(self, "dims", dims)
+        if not isinstance(self.mesh, Mesh):
+            raise ShardingError(f"a sharding type needs a redist.Mesh, got {type(self.mesh).__name__} {shown(self.mesh)}")
+        shape = _sizes(self.shape)
+        dims = _axis_lists(self.dims)
+        partial = _axis_tokens(self.partial, "the partial axes")
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
         if len(dims) != len(shape):
             raise ShardingError(f"{len(shape)} dims in the shape but {len(dims)} dim shardings")
-        for i, n in enumerate(shape):
-            if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-                raise ShardingError(f"dim {i} has size {n!r}; sizes are integers >= 0")
-        object.__setattr__(self, "shape", tuple(int(n) for n in shape))
-        seen: dict[str, list[tuple[int, int, str, str]]] = {}
-        for where, names in [(f"dim {i}", d) for i, d in enumerate(dims)] + [("partial", tuple(self.partial))]:
+        object.__setattr__(self, "shape", shape)
+        seen: dict[str, list[tuple[int, int, str, int | str]]] = {}
+        for where, names in [*enumerate(dims), ("partial", partial)]:
             for a in names:
                 name, pre, size = self.mesh.sub_axis(a)
                 for p2, s2, a2, where2 in seen.get(name, []):
                     if (pre, size) == (p2, s2) or (pre < p2 * s2 and p2 < pre * size):
                         which = f"mesh axis {a!r}" if a == a2 else f"mesh axes {a2!r} and {a!r} overlap and are"
-                        raise ShardingError(f"{which} used twice (in {where2} and in {where})")
+                        raise ShardingError(f"{which} used twice (in {_place(where2)} and in {_place(where)})")
                 seen.setdefault(name, []).append((pre, size, a, where))
         for name, spans in seen.items():
             if len(spans) > 1:  # one token of an axis always fits a factorization of it
                 check_factorization(self.mesh, name, [a for _, _, a, _ in spans])
         order = {n: i for i, n in enumerate(self.mesh.names)}
-        partial = sorted(self.partial, key=lambda a: (order[self.mesh.sub_axis(a)[0]], self.mesh.sub_axis(a)[1]))
+        partial = sorted(partial, key=lambda a: (order[self.mesh.sub_axis(a)[0]], self.mesh.sub_axis(a)[1]))
         object.__setattr__(self, "partial", canonical_axes(self.mesh, partial))
-        dims = tuple(canonical_axes(self.mesh, d) for d in dims)
-        object.__setattr__(self, "dims", dims)
+        object.__setattr__(self, "dims", tuple(canonical_axes(self.mesh, d) for d in dims))
 
     # ------------------------------------------------------------------ text form
     @classmethod
     def parse(cls, text: str, mesh: Mesh) -> "ShardingType":
-        """Parse the text form, e.g. ``"f32[1024{x}, 512{y,z}] partial{w}"`` (whitespace-insensitive)."""
+        """Parse the text form, e.g. ``"f32[1024{x}, 512{y,z}] partial{w}"`` (whitespace-insensitive), in time
+        linear in the length of ``text``. Raises :class:`ShardingError` quoting the part it cannot read."""
+        if not isinstance(text, str):
+            raise ShardingError(f"a sharding type's text must be a string like 'f32[1024{{x}}, 512]', got "
+                                f"{type(text).__name__} {shown(text)}")
+        if not isinstance(mesh, Mesh):
+            raise ShardingError(f"parsing {shown(text)} needs a redist.Mesh, got {type(mesh).__name__} {shown(mesh)}")
         body = "".join(text.split())
         m = _TYPE_RE.match(body)
         if not m:
             raise ShardingError(
-                f"cannot read sharding type {text!r}; expected e.g. 'f32[1024{{x}}, 512{{y,z}}] partial{{w}}'"
+                f"cannot read sharding type {shown(text)}; expected e.g. 'f32[1024{{x}}, 512{{y,z}}] partial{{w}}'"
             )
         if m["dtype"] not in DTYPES:
-            raise ShardingError(f"unknown dtype {m['dtype']!r} in {text!r}; use one of {', '.join(DTYPES)}")
-        shape, dims = [], []
-        if m["dims"]:
-            for i, part in enumerate(_split_dims(m["dims"])):
-                dm = _DIM_RE.match(part)
-                if not dm:
-                    raise ShardingError(f"cannot read dim {i} {part!r} in {text!r}; expected SIZE or SIZE{{axes}}")
-                shape.append(int(dm["size"]))
-                dims.append(_split_axes(dm["axes"] or "", f"dim {i} of {text!r}"))
-        partial = _split_axes(m["partial"] or "", f"partial{{…}} of {text!r}")
+            raise ShardingError(f"unknown dtype {m['dtype']!r} in {shown(text)}; use one of {', '.join(DTYPES)}")
+        shape, dims = _parse_dims(m["dims"], text)
+        partial = _axis_names(m["partial"], "partial{…}", text)
         if len(set(partial)) != len(partial):
-            raise ShardingError(f"an axis is listed twice in partial{{…}} of {text!r}")
-        return cls(mesh, tuple(shape), m["dtype"], tuple(dims), partial)
+            raise ShardingError(f"an axis is listed twice in partial{{…}} of {shown(text)}")
+        return cls(mesh, shape, m["dtype"], dims, partial)
 
     def __str__(self) -> str:
         dims = ", ".join(f"{n}{{{','.join(d)}}}" if d else str(n) for n, d in zip(self.shape, self.dims))
@@ -146,20 +146,26 @@ class ShardingType:
     # ------------------------------------------------------------------ JAX interop
     @classmethod
     def from_partition_spec(cls, shape, dtype, spec, mesh: Mesh, partial=()) -> "ShardingType":
-        """Build a type from a JAX ``PartitionSpec`` or a tuple like ``(("x", "y"), None)``."""
-        entries = tuple(spec)
+        """Build a type from a JAX ``PartitionSpec`` or a tuple like ``(("x", "y"), None)``: one entry per
+        leading dim (missing trailing entries replicate), each None, an axis name or a tuple of axis names.
+        Raises :class:`ShardingError` for anything else, naming the entry."""
+        shape = _sizes(shape)
+        entries = _spec_entries(spec)
         if len(entries) > len(shape):
-            raise ShardingError(f"partition spec {spec!r} has {len(entries)} entries for a rank-{len(shape)} array")
-        entries += (None,) * (len(shape) - len(entries))
+            raise ShardingError(f"partition spec {shown(spec)} has {len(entries)} entries for a rank-{len(shape)} array")
         dims = []
-        for e in entries:
+        for i, e in enumerate(entries):
             if e is None:
                 dims.append(())
             elif isinstance(e, str):
                 dims.append((e,))
-            else:
+            elif isinstance(e, (tuple, list)) and all(isinstance(a, str) for a in e):
                 dims.append(tuple(e))
-        return cls(mesh, tuple(shape), dtype, tuple(dims), tuple(partial))
+            else:
+                raise ShardingError(f"entry {i} of partition spec {shown(spec)} is {shown(e)}; expected None, a mesh "
+                                    "axis name or a tuple of axis names")
+        dims += [()] * (len(shape) - len(entries))
+        return cls(mesh, shape, dtype, tuple(dims), partial)
 
     def partition_spec(self):
         """The JAX ``PartitionSpec`` of this type (partial axes are not part of it)."""
@@ -184,7 +190,7 @@ class ShardingType:
         """How many blocks dim ``dim`` is split into."""
         return self.mesh.group_size(self.dims[dim])
 
-    @property
+    @cached_property
     def local_shape(self) -> tuple[int, ...]:
         """The local buffer's shape, padding included: ``ceil(N / k)`` per dim."""
         return tuple(-(-n // self.blocks(i)) for i, n in enumerate(self.shape))
@@ -194,7 +200,7 @@ class ShardingType:
         """The local buffer's size in bytes, padding included (what a device allocates)."""
         return math.prod(self.local_shape) * self.itemsize
 
-    @property
+    @cached_property
     def padded_shape(self) -> tuple[int, ...]:
         """Each dim rounded up to a multiple of its block count: the shape of the even view of this layout."""
         return tuple(L * self.blocks(i) for i, L in enumerate(self.local_shape))
@@ -240,21 +246,107 @@ class ShardingType:
         )
 
 
-def _split_dims(text: str) -> list[str]:
-    """Split ``"8{x,y},4,2{z}"`` at the commas that are outside braces."""
-    parts, depth, cur = [], 0, ""
-    for ch in text:
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    parts.append(cur)
-    return parts
+# ---------------------------------------------------------------------- reading and checking arguments
+def _parse_dims(body: str, text: str) -> tuple[tuple[int, ...], tuple[tuple[str, ...], ...]]:
+    """The sizes and axis lists of ``body`` (``"8{x,y},4,2{z}"``, whitespace removed), read left to right in one
+    pass: linear in its length. ``text`` (the user's whole text) is quoted only in an error."""
+    shape: list[int] = []
+    dims: list[tuple[str, ...]] = []
+    pos = 0
+    while body:
+        m = _DIM_RE.match(body, pos)
+        if m is None or (not m["comma"] and m.end() != len(body)):
+            end = body.find(",", pos)
+            part = body[pos:] if end < 0 else body[pos:end]
+            raise ShardingError(f"cannot read dim {len(shape)} {shown(part)} in {shown(text)}; "
+                                "expected SIZE or SIZE{axes}, SIZE in digits 0-9")
+        if m["size"].startswith("-"):
+            raise ShardingError(f"dim {len(shape)} has size {shown(m['size'])}; sizes are integers >= 0")
+        shape.append(read_decimal(m["size"], f"the size of dim {len(shape)}", MAX_ELEMENTS))
+        dims.append(_axis_names(m["axes"], len(dims), text))
+        pos = m.end()
+        if not m["comma"]:
+            break
+    return tuple(shape), tuple(dims)
+
+
+def _axis_names(axes: str | None, where: int | str, text: str) -> tuple[str, ...]:
+    """``"y,z"`` → ``("y", "z")``; ``where`` (a dim's index, or ``"partial{…}"``) and ``text`` name the list in an
+    error."""
+    if not axes:
+        return ()
+    names = tuple(axes.split(","))
+    if "" in names:
+        raise ShardingError(f"empty axis name in {_place(where)} of {shown(text)}")
+    return names
+
+
+def _spec_entries(spec) -> tuple:
+    """The entries of a JAX ``PartitionSpec`` or of a tuple or list standing for one."""
+    jax_sharding = sys.modules.get("jax.sharding")  # a PartitionSpec exists only once JAX is imported
+    if jax_sharding is not None and isinstance(spec, jax_sharding.PartitionSpec):
+        if spec.unreduced or spec.reduced:
+            raise ShardingError(f"partition spec {spec} has unreduced or reduced axes; give pending sums as "
+                                "partial=(axis, ...) instead")
+        return tuple(spec.partitions)
+    if not _is_list(spec):
+        raise ShardingError(f"partition spec must be a PartitionSpec or a tuple like (('x', 'y'), None), got "
+                            f"{type(spec).__name__} {shown(spec)}")
+    return tuple(spec)
+
+
+def _place(where: int | str) -> str:
+    return f"dim {where}" if isinstance(where, int) else where
+
+
+def _is_list(value) -> bool:
+    """A tuple, list or other sequence (not a string): what a shape or an axis list may be given as."""
+    return isinstance(value, (Sequence, np.ndarray)) and not isinstance(value, (str, bytes))
+
+
+def _sizes(shape) -> tuple[int, ...]:
+    """``shape`` as a tuple of ints in ``[0, MAX_ELEMENTS]`` with at most :data:`MAX_ELEMENTS` elements in all."""
+    if not _is_list(shape):
+        raise ShardingError(f"shape must be a tuple of dim sizes like (1024, 512), got {type(shape).__name__} "
+                            f"{shown(shape)}")
+    for i, n in enumerate(shape):
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= MAX_ELEMENTS:
+            raise ShardingError(f"dim {i} has size {shown(n)}; sizes are integers >= 0 (at most {MAX_ELEMENTS})")
+    shape = tuple(int(n) for n in shape)
+    if 0 not in shape:
+        total = 1
+        for n in shape:  # stop at the limit: the product of a huge rank is a huge number
+            total *= n
+            if total > MAX_ELEMENTS:
+                raise ShardingError(f"shape {shown(shape)} has more than {MAX_ELEMENTS} elements")
+    return shape
+
+
+def _axis_tokens(names, what: int | str) -> tuple[str, ...]:
+    """``names`` (mesh axis or sub-axis names) as a tuple; ``what`` (a dim's index, or words) names it in an
+    error."""
+    if type(names) is not tuple:  # the common case is a tuple already, and types are built often
+        if not _is_list(names):
+            raise _not_axis_names(names, what)
+        names = tuple(names)
+    if not all(isinstance(a, str) for a in names):
+        raise _not_axis_names(names, what)
+    return names
+
+
+def _not_axis_names(names, what: int | str) -> ShardingError:
+    what = f"the axes of dim {what}" if isinstance(what, int) else what
+    hint = f" (write ({names!r},) for one axis)" if isinstance(names, str) else ""
+    return ShardingError(f"{what} must be a tuple of mesh axis names like ('x', 'y'), got {type(names).__name__} "
+                         f"{shown(names)}{hint}")
+
+
+def _axis_lists(dims) -> tuple[tuple[str, ...], ...]:
+    """``dims`` (one tuple of axis names per dim) as tuples."""
+    if not _is_list(dims):
+        raise ShardingError(f"dims must be a tuple with one tuple of mesh axis names per dim, like (('x',), ()), "
+                            f"got {type(dims).__name__} {shown(dims)}")
+    return tuple(_axis_tokens(d, i) for i, d in enumerate(dims))
 
 
 # ---------------------------------------------------------------------- axis lists with sub-axes

@@ -179,3 +179,48 @@ def test_bool_summands_or_to_the_value():
         seen_split |= any(not np.array_equal(bufs[g[0]], redist.shard(t.replace(partial=()), value)[g[0]])
                           for g in mesh.groups(t.partial))
     assert seen_split  # the first member does not always hold the whole value
+
+
+# ---------------------------------------------------------------------------- cost of parsing and construction
+def _cpu_seconds(work, repeat=3) -> float:
+    """The least CPU time of ``repeat`` runs of ``work()``, with the garbage collector off while it runs."""
+    import gc
+    import time
+
+    best = float("inf")
+    for _ in range(repeat):
+        gc.collect()
+        gc.disable()
+        try:
+            start = time.process_time()
+            work()
+            best = min(best, time.process_time() - start)
+        finally:
+            gc.enable()
+    return best
+
+
+def test_parse_and_construction_take_time_linear_in_the_rank():
+    """Issue 12, item 11: parsing a rank-8,000 type took 0.2-0.7 s and rank 100,000 over 30 s (the error context
+    quoted the whole text once per dim), and ``is_even()`` recomputed every dim's padded size once per dim (40 s
+    at rank 8,000). This compares the CPU time of the same work at ranks n and 8n (the least of 3 runs): linear
+    work gives a ratio near 8, quadratic work 64; the bound 20 leaves room for a busy machine. It measures a
+    ratio, not a time, so it holds on slow and fast machines alike."""
+    mesh = Mesh({"x": 2, "y": 4})
+
+    def text(rank):
+        return "f32[" + ", ".join(["1"] * (rank - 3) + ["8{x}", "6", "8{y:(1)2, y:(2)2}"]) + "]"
+
+    def work(rank):
+        """Check the type of ``text(rank)``, and return the work to time: parse, build, sizes, print."""
+        source = text(rank)
+        t = ShardingType.parse(source, mesh)
+        assert t.rank == rank and t.dims[-3:] == (("x",), (), ("y",)) and t.local_shape[-3:] == (4, 6, 2)
+        assert ShardingType(mesh, t.shape, t.dtype, t.dims) == t == ShardingType.parse(str(t), mesh)
+        assert t.is_even() and all(t.is_even(i) for i in range(rank))
+        return lambda: (ShardingType.parse(source, mesh).is_even(),
+                        ShardingType(mesh, t.shape, t.dtype, t.dims).padded_shape, str(t))
+
+    small, large = 1000, 8000
+    ratio = _cpu_seconds(work(large)) / _cpu_seconds(work(small))
+    assert ratio < 20, f"8x the rank took {ratio:.1f}x the time"
