@@ -282,6 +282,23 @@ def test_gather_and_slice_fallback_when_no_plan(monkeypatch):
         reshard.move.cache_clear()
 
 
+def test_no_fallback_gathers_uneven_dims(monkeypatch):
+    """The fallback is a plan of redist's steps, whose typing rules refuse to gather an uneven dim (its padded
+    blocks do not concatenate to the array): without a synthesized plan such a move raises, never runs wrong."""
+    from partir_core import reshard
+
+    def no_plan(src, dst):
+        raise redist.ShardingError("no plan (test)")
+
+    monkeypatch.setattr(reshard.redist, "synthesize", no_plan)
+    reshard.move.cache_clear()
+    try:
+        with pytest.raises(redist.ShardingError, match="does not divide into its 4 blocks"):
+            reshard.move(t("f32[6{model}, 8]"), t("f32[6, 8{model}]"))
+    finally:
+        reshard.move.cache_clear()
+
+
 # ---------------------------------------------------------------------------- uneven dims (XLA's padding rule)
 def test_uneven_dims_split_with_padding_and_reductions_count_data_only():
     """6 columns over model=4: blocks of 2, the last device holds only padding. Padding holds whatever the
