@@ -8,9 +8,12 @@ kept. The x-coordinate of a point is the bytes one device receives, counted as i
 (all_gather ``(k−1)/k · L_out``, all_to_all ``(k−1)/k · L``, ppermute ``L``). A least-squares line
 ``t = alpha + bytes / beta`` through all points, weighted by ``1 / t`` (relative error, so that the
 small sizes that set alpha count as much as the large ones), gives the link; per-kind fits are recorded for information.
-Writes ``bench/results/cpu_host_profile.json``, which ``redist.cost`` reads for the ``cpu-host`` preset.
+Writes the ``link`` section of the ``cpu-host`` calibration profile that the package reads in this checkout,
+``redist/profiles/cpu-host.json`` (package data, read by ``redist.cost`` for the ``cpu-host`` preset and shipped
+by ``pip install .``); with ``--out PATH``, of a copy at PATH instead, put in use with
+``redist.cost.use_profile(PATH)`` (see ``bench/calibration.py``).
 
-    python bench/calibrate_cpu_host.py [--repeats 15] [--quick]
+    python bench/calibrate_cpu_host.py [--repeats 15] [--quick] [--out PATH]
 """
 
 from __future__ import annotations
@@ -21,12 +24,10 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from functools import partial  # noqa: E402
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -35,7 +36,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from redist.cost import CPU_HOST_PROFILE  # noqa: E402
+from bench.calibration import PACKAGE_PROFILE, write_section  # noqa: E402
 
 
 def _program(kind: str, mesh, axis: str, k: int):
@@ -76,7 +77,7 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--quick", action="store_true", help="fewer sizes and repeats (a smoke run)")
-    ap.add_argument("--out", default=CPU_HOST_PROFILE)
+    ap.add_argument("--out", default=PACKAGE_PROFILE, help="the profile to write (default: the package's)")
     args = ap.parse_args(argv)
     received = [8 << 10, 64 << 10, 512 << 10, 2 << 20] if not args.quick else [8 << 10, 512 << 10]
     repeats = 5 if args.quick else args.repeats
@@ -117,10 +118,8 @@ def main(argv=None) -> dict:
         "repeats": repeats,
     }
     print(f"fit: alpha = {alpha * 1e6:.1f} us, beta = {beta / 1e9:.3f} GB/s")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {os.path.relpath(args.out)}")
+    write_section(args.out, "link", result)
+    print(f"wrote the link section of {os.path.relpath(args.out)}")
     return result
 
 

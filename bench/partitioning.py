@@ -22,7 +22,7 @@ transformer, gnn, default sizes) and the schedule presets of ``partir_core.sched
   time, across the schedules of each model and pooled over all models.
 
 Simulator calibration (``cpu-host`` compute and in-program collective latency; collective bandwidths from
-redist.cost's calibrated ``cpu-host`` link, ``bench/results/cpu_host_profile.json``). Microbenchmarks, each a
+the ``link`` section of the same profile, ``bench/calibrate_cpu_host.py``). Microbenchmarks, each a
 replicated program on all 8 host devices at once run through ``partir_core.jit`` (so the 8 devices' share of
 the machine's cores is included), all timed together by ``interleaved_times``: per-kernel overhead = slope of
 time against the simulator's kernel count over chains of 16 and 96 small ``tanh(x @ w)`` layers; launch = a
@@ -38,13 +38,15 @@ chains of 0 and 16 collectives of 2 KB on the mesh's axis groups (2, 4, 8 device
 program. ``combine_ratio``: XLA combines independent all-reduces into one, but each further operand still
 costs most of a collective's latency; the ratio of that cost (1 vs 16 independent psums) to an all-reduce's
 in the chain. The simulator charges the launch once per step, these latencies, and the profile's bandwidths.
-Written to ``bench/results/cpu_host_compute.json``, which the simulator's ``cpu-host`` preset reads. Runs
-when that file is missing or with ``--calibrate``.
+Written with ``--calibrate`` as the ``compute`` section of the ``cpu-host`` calibration profile that the package
+reads in this checkout, ``redist/profiles/cpu-host.json`` (package data; the simulator's ``cpu-host`` preset reads
+it), or of the copy ``--profile PATH`` (then put in use with ``redist.cost.use_profile(PATH)``; see
+``bench/calibration.py``); the run then simulates with it.
 
 Outputs: a table on stdout, ``bench/results/partitioning.json``, ``bench/results/partitioning.png``
 (simulated vs measured step time per model; bytes ours vs XLA).
 
-    python bench/partitioning.py [--quick] [--rounds 8] [--repeats 10] [--calibrate]
+    python bench/partitioning.py [--quick] [--rounds 8] [--repeats 10] [--calibrate [--profile PATH]]
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ import numpy as np  # noqa: E402
 
 import partir_core as pc  # noqa: E402
 import redist  # noqa: E402
+from bench.calibration import PACKAGE_PROFILE, write_section  # noqa: E402
 from partir_core import models, schedules, simulator  # noqa: E402
 from redist import xla_baseline as xb  # noqa: E402
 
@@ -158,7 +161,8 @@ def mem_total(m: xb.MemoryStats) -> int:
 
 # ---------------------------------------------------------------------------------------------- calibration
 def calibrate(path: str, rounds: int = 8) -> dict:
-    """Per-device compute costs of the host devices (see the module docstring); writes ``path``."""
+    """Per-device compute costs of the host devices (see the module docstring); writes them as the ``compute``
+    section of the profile at ``path`` and puts it in use."""
     mesh = MESH
     key = jax.random.key(0)
 
@@ -176,7 +180,7 @@ def calibrate(path: str, rounds: int = 8) -> dict:
 
     def program(fn, *args):
         low = pc.jit(fn, mesh, []).lower(*args)
-        sim = low.simulate(simulator.Hardware("count", 1e30, 1e30, 0, 1e30))
+        sim = low.simulate(simulator.Hardware("count", 1e30, 1e30, redist.cost.Link(0, 1e30)))
         return (low.program.executable(), jax.tree.leaves(args)), sim
 
     def square(n):
@@ -220,8 +224,7 @@ def calibrate(path: str, rounds: int = 8) -> dict:
                      "the three groups",
            "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
            "jax": jax.__version__}
-    with open(path, "w") as f:
-        json.dump(out, f, indent=1)
+    write_section(path, "compute", out)
     return out
 
 
@@ -403,6 +406,8 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=10, help="timed calls per program per round (default 10)")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds (default 8; quick 4)")
     ap.add_argument("--calibrate", action="store_true", help="re-run the cpu-host compute calibration")
+    ap.add_argument("--profile", default=PACKAGE_PROFILE,
+                    help="the calibration profile --calibrate writes (default: the package's)")
     ap.add_argument("--models", default="mlp,gnn,transformer")
     ap.add_argument("--out", default=os.path.join(RESULTS, "partitioning.json"))
     args = ap.parse_args(argv)
@@ -414,14 +419,14 @@ def main(argv=None):
     if len(jax.devices()) < 8:
         raise SystemExit("needs 8 JAX devices")
     calib = None
-    if args.calibrate or not os.path.exists(simulator.CPU_COMPUTE_PROFILE):
-        calib = calibrate(simulator.CPU_COMPUTE_PROFILE)
-        simulator.HARDWARE["cpu-host"] = simulator.cpu_host()
+    if args.calibrate:
+        calib = calibrate(args.profile)
         print("calibrated cpu-host compute:", {k: v for k, v in calib.items() if k not in ("method",)})
     hw = simulator.HARDWARE["cpu-host"]
+    network = hw.topology(MESH)
     print(f"simulator cpu-host: peak {hw.peak_flops:.3g} FLOP/s, {hw.hbm_bw:.3g} B/s, overhead "
-          f"{hw.op_overhead_s * 1e6:.1f} us/kernel, collectives alpha {hw.alpha_s * 1e6:.0f} us, beta "
-          f"{hw.link_bw:.3g} B/s", flush=True)
+          f"{hw.op_overhead_s * 1e6:.1f} us/kernel, collectives alpha {network.link('batch').alpha * 1e6:.0f} us, "
+          f"beta {network.link('batch').beta:.3g} B/s ({redist.cost.profile().source})", flush=True)
     rows = []
     chosen = QUICK if args.quick else SCHEDULES
     for mname in args.models.split(","):
@@ -464,7 +469,8 @@ def main(argv=None):
                   f"minimum over rounds of the per-round median",
         "quick": args.quick,
         "hardware": {"peak_flops": hw.peak_flops, "hbm_bw": hw.hbm_bw, "op_overhead_s": hw.op_overhead_s,
-                     "alpha_s": hw.alpha_s, "link_bw": hw.link_bw, "kind_links": hw.kind_links},
+                     "alpha_s": network.link("batch").alpha, "link_bw": network.link("batch").beta,
+                     "kind_links": {k: (l.alpha, l.beta) for k, l in network.kind_links}},
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
                    f"jax {jax.__version__}",
     }

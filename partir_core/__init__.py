@@ -8,8 +8,12 @@
     out = pf(params, x)                  # runs on mesh.size JAX devices, equals train_step(params, x)
     lowered = pf.lower(params, x)        # types, collectives, .after(k), conflicts, .simulate()
 
-Modules: ``ir`` (trace and inline), ``registry`` (factor rules), ``propagation``, ``tactics``,
-``lowering`` (local program under shard_map), ``simulator``, ``partition`` (jit), ``models``, ``schedules``.
+Modules, in dependency order: ``keys`` (random keys as key data), ``ir`` (trace and inline), ``registry``
+(factor rules and their local forms), ``factors`` (the factor algebra: dims ↔ factor axes), ``propagation``
+(to a fixed point), ``reshard`` (the one bridge to redist: plans, their bytes, running them), ``choice``
+(per-op sharding choice), ``program`` (the local program and its run under one ``shard_map``), ``lowering``
+(choice → program), ``simulator`` (redist's cost model for collectives), ``tactics``, ``analysis`` (dim
+groups), ``automatic`` (the search), ``partition`` (``jit``), ``models``, ``schedules``.
 """
 
 from partir_core.partition import Partitioned, PartitionedFunction, jit

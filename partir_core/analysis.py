@@ -36,6 +36,8 @@ KIND_ORDER = {"param": 0, "state": 1, "data": 2}
 
 
 class _UnionFind:
+    """Disjoint sets of orderable items (path compression; the smaller root wins a union; :meth:`add` first)."""
+
     def __init__(self):
         self.parent: dict = {}
 

@@ -16,8 +16,9 @@ An action that changes nothing where it is applied (its input dim already split 
 taken by another dim of the input, a pinned input) is not a move.
 
 Evaluation (cheap: the program is traced once): the state of a set is its canonical prefix's state plus one
-action and propagation (states are cached by prefix), then :func:`partir_core.lowering.analyze`/``lower``
-and the simulator; results are cached per action set and per resulting sharding. The reward of a state is
+action and propagation (states are cached by prefix), then :func:`partir_core.choice.analyze`,
+:func:`partir_core.lowering.lower` and the simulator; results are cached per action set and per resulting
+sharding. A state that cannot be lowered (a ``ShardingError``) is never chosen. The reward of a state is
 ``0.5 + 0.5·t0/(t0 + t)`` (``t`` its simulated step time, ``t0`` that of the starting state) when its
 simulated peak memory fits ``memory_budget_bytes``, and ``0.45·budget/peak`` (always lower) when it does not.
 
@@ -29,6 +30,10 @@ containing it; actions never evaluated first). Every expansion is evaluated dire
 every state is a complete strategy). Ties are broken by a ``random.Random(seed)``, so a search with the
 same seed, budget and stopping rule is deterministic; it stops at ``time_budget_s``, after ``max_evals``
 evaluations, when ``patience`` evaluations in a row did not improve the best, or when the tree is exhausted.
+
+Pieces: :class:`Evaluator` (states and simulations of action sets), :class:`_Tree` (one iteration is
+:meth:`_Tree.descend`, selection then expansion, and :meth:`_Tree.backup`), :func:`_stop_reason`, and
+:func:`search`, the loop that ties them together and keeps the best set found.
 """
 
 from __future__ import annotations
@@ -41,11 +46,14 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from redist.errors import ShardingError
+
 from partir_core.analysis import DimGroups, analyze_groups, input_kind
-from partir_core.lowering import analyze, lower
+from partir_core.choice import analyze
+from partir_core.lowering import lower
 from partir_core.propagation import State, propagate
 from partir_core.simulator import simulate
-from partir_core.tactics import ManualPartition, PartitionError
+from partir_core.tactics import AutomaticPartition, ManualPartition, PartitionError
 
 STEP = 1e-3  # provenance step between the actions of one AutomaticPartition
 
@@ -68,6 +76,9 @@ class Action:
 
 @dataclass
 class Evaluation:
+    """A simulated state: step time and peak bytes (``inf`` and a huge peak when it cannot be lowered, then
+    ``error`` says why), whether it fits the memory budget, and its reward."""
+
     step_time_s: float
     peak_bytes: int
     feasible: bool
@@ -135,7 +146,6 @@ def compress(pairs, in_paths) -> tuple:
 def build_actions(groups: DimGroups, graph, mesh, axes) -> list[Action]:
     """The legal actions in canonical order (see the module docstring)."""
     sizes = dict(mesh.axes)
-    paths = set(graph.in_paths)
 
     def data_first(m):
         has_data = any(input_kind(p) == "data" for g in m.groups for p, _ in g.inputs)
@@ -144,7 +154,6 @@ def build_actions(groups: DimGroups, graph, mesh, axes) -> list[Action]:
     out = []
     for m in sorted(groups.macro, key=data_first):
         dims = compress(m.reps, graph.in_paths)
-        assert all(p in paths or "*" in p for p, _ in dims)
         for a in axes:
             shape_ok = all(graph.shape(graph.invars[graph.in_paths.index(p)])[d] % sizes[a] == 0
                            for p, d in m.reps)
@@ -229,7 +238,7 @@ class Evaluator:
                 sim = simulate(lower(self.graph, analyze(self.graph, self.rules, s, self.mesh), self.mesh),
                                self.hardware)
                 t, peak, err = sim.step_time_s, sim.peak_bytes, None
-            except Exception as e:  # a state the lowering cannot handle is never chosen
+            except ShardingError as e:  # a state that cannot be lowered (no reshard reaches a type) is never chosen
                 t, peak, err = math.inf, 1 << 62, f"{type(e).__name__}: {e}"
             self.n_sim += 1
             if self.t0 is None:
@@ -250,154 +259,206 @@ class Evaluator:
 
 # ---------------------------------------------------------------------------------------- MCTS
 class _Node:
-    __slots__ = ("key", "n", "best", "children", "tried", "exhausted", "reward")
+    """A node of the search tree: the set of actions ``key`` (canonical order), its visit count ``n``, the
+    ``best`` reward found at or below it, the keys of its ``children``, the actions ``tried`` from it (moves
+    or not), and whether nothing below it is left to try (``exhausted``)."""
+
+    __slots__ = ("key", "n", "best", "children", "tried", "exhausted")
 
     def __init__(self, key, reward):
         self.key = key
         self.n = 0
         self.best = reward
-        self.reward = reward
-        self.children: list = []  # child keys
-        self.tried: set = set()  # actions tried here (moves or not)
+        self.children: list = []
+        self.tried: set = set()
         self.exhausted = False
 
 
-def search(graph, rules, state: State, mesh, index: int, tactic, log=None) -> AutoResult:
-    """Run the search for ``tactic`` (an :class:`~partir_core.AutomaticPartition`) from ``state`` (after the
-    tactics before it); returns the :class:`AutoResult`. Does not modify ``state``."""
+class _Tree:
+    """The search tree over action sets (see the module docstring): one node per set, shared between the
+    orders that reach it; :meth:`descend` selects and expands, :meth:`backup` records a result."""
+
+    def __init__(self, ev: Evaluator, actions: list, rng: random.Random, max_depth: int, exploration: float,
+                 root_reward: float):
+        self.ev, self.actions, self.rng = ev, actions, rng
+        self.max_depth, self.exploration = max_depth, exploration
+        self.nodes: dict = {(): _Node((), root_reward)}
+        self.amaf: dict = {}  # action -> best reward of an evaluated set containing it
+
+    @property
+    def exhausted(self) -> bool:
+        return self.nodes[()].exhausted
+
+    def descend(self) -> tuple[list, tuple | None]:
+        """From the root, select children (UCT) until a node may widen, then expand it: ``(path, key of the
+        new node)``, or ``(path, None)`` when the path ends in a node found exhausted."""
+        node = self.nodes[()]
+        path = [node]
+        while True:
+            legal = [a for a in self.actions if a not in node.tried and a not in node.key]
+            width = max(2, math.ceil(2 * math.sqrt(node.n + 1)))  # progressive widening
+            live = [self.nodes[c] for c in node.children if not self.nodes[c].exhausted]
+            if len(node.key) < self.max_depth and legal and (len(node.children) < width or not live):
+                child = self._expand(node, legal)
+                if child is None:
+                    continue  # not a move here, or a shared node already exhausted: try the next action
+                path.append(child)
+                return path, child.key
+            if not live:  # no legal action left and every child exhausted
+                node.exhausted = True
+                return path, None
+            node = self._select(live, node.n)
+            path.append(node)
+
+    def _expand(self, node: _Node, legal: list) -> _Node | None:
+        """Try the untried action with the best all-moves-as-first value (never evaluated first): the child it
+        leads to, or None if it is no move from ``node`` or leads to an exhausted node."""
+        legal.sort(key=lambda a: (-self.amaf.get(a, 2.0), self.ev.rank[a], self.rng.random()))
+        a = legal[0]
+        node.tried.add(a)
+        k = self.ev.key(node.key + (a,))
+        e = self.ev.evaluate(k)
+        if e is None:
+            return None
+        if k in self.nodes:  # reached by another order: share it
+            if k not in node.children:
+                node.children.append(k)
+            child = self.nodes[k]
+            return None if child.exhausted else child
+        child = _Node(k, e.reward)
+        self.nodes[k] = child
+        node.children.append(k)
+        return child
+
+    def _select(self, live: list, visits: int) -> _Node:
+        """UCT over the live children of a node visited ``visits`` times, their best rewards normalised."""
+        lo = min(c.best for c in live)
+        hi = max(c.best for c in live)
+        span = (hi - lo) or 1.0
+        ln = math.log(visits + 1)
+        return max(live, key=lambda c: ((c.best - lo) / span + self.exploration * math.sqrt(ln / (c.n + 1)),
+                                        self.rng.random()))
+
+    def visit(self, path: list) -> None:
+        for p in path:
+            p.n += 1
+
+    def backup(self, path: list, key: tuple, reward: float) -> None:
+        """Record ``reward`` of the new node ``key`` at the end of ``path``."""
+        for p in path:
+            p.n += 1
+            p.best = max(p.best, reward)
+        for a in key:
+            self.amaf[a] = max(self.amaf.get(a, 0.0), reward)
+
+
+def _better(e: Evaluation, k: tuple, than_e: Evaluation, than_k: tuple) -> bool:
+    """Whether ``e`` (of set ``k``) beats ``than_e``: feasible first, then the faster, the fewer actions, the
+    smaller; among infeasible ones, the smaller, the faster, the fewer actions."""
+    if e.feasible != than_e.feasible:
+        return e.feasible
+    if e.feasible:
+        return (e.step_time_s, len(k), e.peak_bytes) < (than_e.step_time_s, len(than_k), than_e.peak_bytes)
+    return (e.peak_bytes, e.step_time_s, len(k)) < (than_e.peak_bytes, than_e.step_time_s, len(than_k))
+
+
+class _Progress:
+    """A tqdm bar on stderr over the time budget, updated at most twice a second (or nothing)."""
+
+    def __init__(self, tactic: AutomaticPartition, t_start: float):
+        self.bar = None
+        self.last = t_start
+        self.t_start = t_start
+        show = tactic.progress if tactic.progress is not None else sys.stderr.isatty()
+        if show:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=round(float(tactic.time_budget_s), 1), unit="s", file=sys.stderr, leave=False,
+                            desc="AutomaticPartition", bar_format="{desc}: {percentage:3.0f}%|{bar}| "
+                            "{n:.0f}/{total:.0f}s {postfix}")
+
+    def tick(self, evaluations: int, best: Evaluation) -> None:
+        now = time.perf_counter()
+        if self.bar is None or now - self.last < 0.5:
+            return
+        self.bar.n = round(min(now - self.t_start, self.bar.total), 1)
+        self.bar.set_postfix_str(f"evals={evaluations} best={best.step_time_s * 1e3:.4f}ms "
+                                 f"peak={best.peak_bytes}{'' if best.feasible else ' (over budget)'}")
+        self.last = now
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartition, log=None) -> AutoResult:
+    """Run the search for ``tactic`` from ``state`` (after the tactics before it, ``index`` its place in the
+    schedule); returns the :class:`AutoResult`, whose ``state`` is the propagated state after the chosen
+    tactics. Does not modify ``state``. ``log(iterations, evaluations, best)`` is called after each
+    iteration that evaluated a new set. Raises :class:`PartitionError` if no state found fits the budget."""
     t_start = time.perf_counter()
     axes = list(tactic.axes) or list(mesh.names)
     groups = analyze_groups(graph, rules)
     actions = build_actions(groups, graph, mesh, axes)
     space = groups.action_space(mesh, axes)
     space["actions"] = len(actions)
-    budget = tactic.memory_budget_bytes
-    ev = Evaluator(graph, rules, mesh, state.copy(), index, actions, tactic.hardware, budget)
-    rng = random.Random(tactic.seed)
+    ev = Evaluator(graph, rules, mesh, state.copy(), index, actions, tactic.hardware, tactic.memory_budget_bytes)
     max_depth = tactic.max_depth if tactic.max_depth is not None else 2 * len(axes) + 2
     patience = tactic.patience if tactic.patience is not None else 40 + 4 * len(actions)
     deadline = t_start + float(tactic.time_budget_s)
 
     root_eval = ev.evaluate(())
-    nodes: dict = {(): _Node((), root_eval.reward)}
-    amaf: dict = {}  # action -> best reward of an evaluated set containing it
+    tree = _Tree(ev, actions, random.Random(tactic.seed), max_depth, tactic.exploration, root_eval.reward)
     best_key, best = (), root_eval
     history = [(0.0, root_eval.step_time_s if root_eval.feasible else None, 1)]
     since_improved = iterations = 0
-    stopped = "exhausted"
-
-    def better(e, k, than_e, than_k):
-        if e.feasible != than_e.feasible:
-            return e.feasible
-        if e.feasible:
-            return (e.step_time_s, len(k), e.peak_bytes) < (than_e.step_time_s, len(than_k), than_e.peak_bytes)
-        return (e.peak_bytes, e.step_time_s, len(k)) < (than_e.peak_bytes, than_e.step_time_s, len(than_k))
-
-    progress = tactic.progress if tactic.progress is not None else sys.stderr.isatty()
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=round(float(tactic.time_budget_s), 1), unit="s", file=sys.stderr, leave=False,
-                   desc="AutomaticPartition", bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f}s "
-                   "{postfix}")
-    last_tick = t_start
-
+    progress = _Progress(tactic, t_start)
     while True:
-        now = time.perf_counter()
-        if now >= deadline:
-            stopped = "time budget"
-            break
-        if tactic.max_evals is not None and ev.n_sim >= tactic.max_evals:
-            stopped = "max_evals"
-            break
-        if since_improved >= patience:
-            stopped = "converged"
-            break
-        root = nodes[()]
-        if root.exhausted:
-            stopped = "exhausted"
+        stopped = _stop_reason(tactic, ev, tree, deadline, since_improved, patience)
+        if stopped:
             break
         iterations += 1
-        # ---- selection
-        path = [root]
-        node = root
-        new_key = None
-        while True:
-            legal = [a for a in actions if a not in node.tried and a not in node.key]
-            limit = max(2, math.ceil(2 * math.sqrt(node.n + 1)))
-            live = [nodes[c] for c in node.children if not nodes[c].exhausted]
-            if len(node.key) < max_depth and legal and (len(node.children) < limit or not live):
-                # expansion: the untried action with the best all-moves-as-first value (untried first)
-                legal.sort(key=lambda a: (-amaf.get(a, 2.0), ev.rank[a], rng.random()))
-                a = legal[0]
-                node.tried.add(a)
-                k = ev.key(node.key + (a,))
-                e = ev.evaluate(k)
-                if e is None:
-                    continue  # not a move here; try the next action
-                if k in nodes:  # reached by another order: share it
-                    if k not in node.children:
-                        node.children.append(k)
-                    child = nodes[k]
-                    if child.exhausted:
-                        continue
-                    path.append(child)
-                    new_key = k
-                    break
-                child = _Node(k, e.reward)
-                nodes[k] = child
-                node.children.append(k)
-                path.append(child)
-                new_key = k
-                break
-            if not live:  # no legal action left and every child exhausted
-                node.exhausted = True
-                break
-            lo = min(c.best for c in live)
-            hi = max(c.best for c in live)
-            span = (hi - lo) or 1.0
-            ln = math.log(node.n + 1)
-            node = max(live, key=lambda c: ((c.best - lo) / span + tactic.exploration *
-                                            math.sqrt(ln / (c.n + 1)), rng.random()))
-            path.append(node)
-        if new_key is None:
-            for p in path:
-                p.n += 1
+        path, key = tree.descend()
+        if key is None:
+            tree.visit(path)
             continue
-        e = ev.evals[new_key]
-        for p in path:
-            p.n += 1
-            p.best = max(p.best, e.reward)
-        for a in new_key:
-            amaf[a] = max(amaf.get(a, 0.0), e.reward)
-        if better(e, new_key, best, best_key):
-            best, best_key = e, new_key
+        e = ev.evals[key]
+        tree.backup(path, key, e.reward)
+        if _better(e, key, best, best_key):
+            best, best_key = e, key
             since_improved = 0
             history.append((time.perf_counter() - t_start, e.step_time_s if e.feasible else None, ev.n_sim))
         else:
             since_improved += 1
-        now = time.perf_counter()
-        if bar is not None and now - last_tick >= 0.5:
-            bar.n = round(min(now - t_start, bar.total), 1)
-            bar.set_postfix_str(f"evals={ev.n_sim} best={best.step_time_s * 1e3:.4f}ms "
-                                f"peak={best.peak_bytes}{'' if best.feasible else ' (over budget)'}")
-            last_tick = now
+        progress.tick(ev.n_sim, best)
         if log is not None:
             log(iterations, ev.n_sim, best)
-    if bar is not None:
-        bar.close()
-    seconds = time.perf_counter() - t_start
+    progress.close()
     stats = {"evaluations": ev.n_sim, "cache_hits": ev.n_hits, "same_state_hits": ev.n_fp_hits,
-             "iterations": iterations, "nodes": len(nodes), "seconds": seconds, "stopped": stopped,
-             "best_reward": best.reward, "history": history, "max_depth": max_depth, "patience": patience}
+             "iterations": iterations, "nodes": len(tree.nodes), "seconds": time.perf_counter() - t_start,
+             "stopped": stopped, "best_reward": best.reward, "history": history, "max_depth": max_depth,
+             "patience": patience}
     if not best.feasible:
         hint = f"; the smallest peak found is {best.peak_bytes} B with {[str(a) for a in best_key]}" \
             if best.error is None else ""
         raise PartitionError(
-            f"AutomaticPartition: no sharding found within memory_budget_bytes={budget} after "
-            f"{ev.n_sim} evaluations ({seconds:.1f} s, {stopped}){hint}; raise the budget, add mesh axes "
+            f"AutomaticPartition: no sharding found within memory_budget_bytes={tactic.memory_budget_bytes} after "
+            f"{ev.n_sim} evaluations ({stats['seconds']:.1f} s, {stopped}){hint}; raise the budget, add mesh axes "
             f"to axes={axes}, or give more time_budget_s")
-    final = ev.state(best_key)
-    return AutoResult([a.tactic for a in best_key], list(best_key), best.step_time_s, best.peak_bytes, budget,
-                      space, groups, stats, root_eval.step_time_s, root_eval.peak_bytes, state=final)
+    return AutoResult([a.tactic for a in best_key], list(best_key), best.step_time_s, best.peak_bytes,
+                      tactic.memory_budget_bytes, space, groups, stats, root_eval.step_time_s, root_eval.peak_bytes,
+                      state=ev.state(best_key))
+
+
+def _stop_reason(tactic: AutomaticPartition, ev: Evaluator, tree: _Tree, deadline: float, since_improved: int,
+                 patience: int) -> str | None:
+    """Why the search stops now (see the module docstring), or None to go on."""
+    if time.perf_counter() >= deadline:
+        return "time budget"
+    if tactic.max_evals is not None and ev.n_sim >= tactic.max_evals:
+        return "max_evals"
+    if since_improved >= patience:
+        return "converged"
+    if tree.exhausted:
+        return "exhausted"
+    return None

@@ -66,14 +66,6 @@ class Graph:
         """A numpy dtype, or a JAX key dtype for an array of random keys."""
         return self.avals[v][1]
 
-    def users(self) -> dict[int, list[int]]:
-        """For each value, the indices of the equations that read it."""
-        out: dict[int, list[int]] = {}
-        for i, e in enumerate(self.eqns):
-            for v in e.invars:
-                out.setdefault(v, []).append(i)
-        return out
-
 
 def key_name(k) -> str:
     """One pytree key as a path component."""
@@ -114,6 +106,9 @@ def input_paths(fn, args, kwargs=None) -> tuple[list[str], list[Any], Any]:
 
 
 class _Builder:
+    """Accumulates the flat graph while jaxprs are inlined: fresh value ids, their avals, constants, equations
+    and the names of the calls inlined."""
+
     def __init__(self):
         self.n = 0
         self.avals: dict[int, tuple] = {}

@@ -24,7 +24,10 @@ from redist.errors import shown
 from redist.mesh import Mesh
 
 from partir_core import ir, keys
-from partir_core.lowering import LocalProgram, analyze, lower
+from partir_core.automatic import search
+from partir_core.choice import analyze
+from partir_core.lowering import lower
+from partir_core.program import LocalProgram
 from partir_core.propagation import State, propagate
 from partir_core.registry import rule_for
 from partir_core.simulator import simulate as _simulate
@@ -203,9 +206,9 @@ class PartitionedFunction:
         automatic = []
         for k, tactic in enumerate(self.schedule, start=1):
             if isinstance(tactic, AutomaticPartition):
-                result = tactic.apply(graph, state, self.mesh, k, rules=rules)
+                result = search(graph, rules, state, self.mesh, k, tactic)
+                state, result.state = result.state, None  # the Partitioned keeps it as states[k]
                 result.text = render(graph, rules, state, self.mesh)
-                result.state = None  # the Partitioned keeps it as states[k]
                 automatic.append(result)
             else:
                 tactic.apply(graph, state, self.mesh, k)

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from partir_core.factors import Axes, compose, decompose, group
 from partir_core.ir import Graph
 from partir_core.registry import Rule
-
-Axes = tuple  # tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -59,40 +58,6 @@ class State:
     def copy(self) -> "State":
         return State({v: list(d) for v, d in self.dims.items()}, {v: list(p) for v, p in self.prov.items()},
                      set(self.pinned), list(self.conflicts))
-
-
-# ------------------------------------------------------------------------- compound dims
-def group(mesh, axes) -> int:
-    return mesh.group_size(tuple(axes))
-
-
-def decompose(mesh, axes: Axes, factors, sizes) -> list[Axes] | None:
-    """Split a dim's axes over its factors (major → minor), or None if no split fits."""
-    if not factors:
-        return [] if not axes else None
-    if not axes:
-        return [()] * len(factors)
-    f, rest = factors[0], factors[1:]
-    if sizes[f] % group(mesh, axes) == 0:
-        return [tuple(axes)] + [()] * len(rest)
-    for j in range(1, len(axes)):
-        if group(mesh, axes[:j]) == sizes[f]:
-            tail = decompose(mesh, axes[j:], rest, sizes)
-            return None if tail is None else [tuple(axes[:j])] + tail
-    return None
-
-
-def compose(mesh, per_factor: list[Axes], factors, sizes) -> Axes | None:
-    """The dim's axes when its factors are split as given, or None if the blocks would not be contiguous
-    (a factor before the last split one is not fully split, or a dim of several factors would be split
-    unevenly: uneven blocks of a compound dim do not follow its factors)."""
-    last = max((i for i, a in enumerate(per_factor) if a), default=-1)
-    for i in range(last):
-        if group(mesh, per_factor[i]) != sizes[factors[i]]:
-            return None
-    if len(factors) > 1 and last >= 0 and sizes[factors[last]] % group(mesh, per_factor[last]):
-        return None
-    return tuple(a for axes in per_factor for a in axes)
 
 
 def _slots(rule: Rule, eqn):
@@ -156,26 +121,6 @@ def resolve(graph: Graph, rule: Rule, eqn, state: State, mesh, eqn_index: int = 
         for a in axes:
             taken[a] = f
     return use, spread, conflicts
-
-
-def fit_use(mesh, rule: Rule, use: dict) -> dict:
-    """Drop factor choices until every operand and result dim composes (contiguous blocks)."""
-    use = dict(use)
-    changed = True
-    while changed:
-        changed = False
-        for dims in rule.operands + rule.results:
-            for fs in dims:
-                per = [use.get(f, ((), 0))[0] for f in fs]
-                if compose(mesh, per, fs, rule.sizes) is None:
-                    last = max(i for i, a in enumerate(per) if a)
-                    del use[fs[last]]
-                    changed = True
-    return use
-
-
-def dim_axes(mesh, rule: Rule, use: dict, fs) -> Axes:
-    return compose(mesh, [use.get(f, ((), 0))[0] for f in fs], fs, rule.sizes) or ()
 
 
 def propagate(graph: Graph, rules: list, state: State, mesh, tactic: int, max_rounds: int = 100) -> State:

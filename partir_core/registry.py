@@ -105,7 +105,9 @@ class LocalContext:
 
     ``in_shapes``/``out_shapes`` are local shapes; ``offset(r, d)`` is the traced global index at which this
     device's block of dim ``d`` of result ``r`` starts; ``new_partial`` are the axes over which this op makes
-    its results pending sums (for ``scatter-add``, whose operand must then be counted once)."""
+    its results pending sums (for ``scatter-add``, whose operand must then be counted once). ``axis_names``
+    maps mesh axes to the names the enclosing ``shard_map``'s mesh gives them (its mesh may be refined:
+    :class:`partir_core.reshard.AxisNames`); :meth:`axis_index` goes through it."""
 
     eqn: Any
     in_shapes: list[tuple[int, ...]]
@@ -113,15 +115,22 @@ class LocalContext:
     out_dims: list[tuple[tuple[str, ...], ...]]
     mesh: Any
     new_partial: tuple[str, ...] = ()
+    axis_names: Callable[[tuple[str, ...]], tuple[str, ...]] = tuple
+
+    def axis_index(self, axes):
+        """This device's index in its group over mesh ``axes`` (row-major over them, traced)."""
+        return lax.axis_index(self.axis_names(tuple(axes)))
 
     def offset(self, r: int, d: int):
         axes = self.out_dims[r][d]
         if not axes:
             return 0
-        return lax.axis_index(tuple(axes)) * self.out_shapes[r][d]
+        return self.axis_index(axes) * self.out_shapes[r][d]
 
 
 class _Names:
+    """Fresh factor names for one rule, and their sizes."""
+
     def __init__(self):
         self.it = (f"f{i}" for i in itertools.count())
         self.sizes: dict[str, int] = {}
@@ -135,7 +144,8 @@ class _Names:
         return (f,)
 
 
-def _bind(ctx, *xs, **overrides):
+def bind(ctx, *xs, **overrides):
+    """The results (a list) of ``ctx``'s primitive on ``xs``, with its parameters updated by ``overrides``."""
     e = ctx.eqn
     out = e.prim.bind(*xs, **{**e.params, **overrides})
     return list(out) if e.prim.multiple_results else [out]
@@ -199,7 +209,7 @@ def _broadcast_in_dim(eqn, shapes, out_shapes):
     ops = [op] + [[] for _ in shapes[1:]]  # dynamic shape operands (none in practice)
 
     def local(ctx, x, *rest):
-        return _bind(ctx, x, *rest, shape=tuple(ctx.out_shapes[0]), sharding=None)
+        return bind(ctx, x, *rest, shape=tuple(ctx.out_shapes[0]), sharding=None)
 
     return Rule(ops, [out], n.sizes, linear="all", local=local)
 
@@ -240,7 +250,7 @@ def _reshape(eqn, shapes, out_shapes):
                 out[j] = n(dst[j]); blocked.update(out[j])  # noqa: E702
 
     def local(ctx, x, *rest):
-        return _bind(ctx, x, *rest, new_sizes=tuple(ctx.out_shapes[0]), dimensions=None, sharding=None)
+        return bind(ctx, x, *rest, new_sizes=tuple(ctx.out_shapes[0]), dimensions=None, sharding=None)
 
     return Rule([op] + [[] for _ in shapes[1:]], [out], n.sizes, blocked=frozenset(blocked), linear="all",
                 local=local)
@@ -342,7 +352,7 @@ def _gather(eqn, shapes, out_shapes):
 
     def local(ctx, x, i):
         sizes = tuple(ctx.in_shapes[0][d] if d in passthrough else s for d, s in enumerate(slice_sizes))
-        return _bind(ctx, x, i, slice_sizes=sizes)
+        return bind(ctx, x, i, slice_sizes=sizes)
 
     return Rule([op, idx_dims], [out], n.sizes, blocked=frozenset(blocked), local=local)
 
@@ -378,9 +388,9 @@ def _scatter_add(eqn, shapes, out_shapes):
 
     def local(ctx, x, i, u):
         if ctx.new_partial:  # the operand must be counted once in the pending sum
-            first = lax.axis_index(tuple(ctx.new_partial)) == 0
+            first = ctx.axis_index(ctx.new_partial) == 0
             x = x * first.astype(x.dtype)
-        return _bind(ctx, x, i, u)
+        return bind(ctx, x, i, u)
 
     return Rule([op, idx_dims, up], [op], n.sizes, reduce=reduce, blocked=frozenset(blocked), local=local)
 
@@ -400,59 +410,42 @@ def _concatenate(eqn, shapes, out_shapes):
 
 
 def _pad(eqn, shapes, out_shapes):
-    n = _Names()
-    op, out, blocked = [], [], set()
-    for s, so, cfg in zip(shapes[0], out_shapes[0], eqn.params["padding_config"]):
-        if tuple(cfg) == (0, 0, 0):
-            f = n(s)
-            op.append(f); out.append(f)  # noqa: E702
-        else:
-            a, b = n(s), n(so)
-            op.append(a); out.append(b); blocked.update(a + b)  # noqa: E702
+    cfg = eqn.params["padding_config"]
+    n, op, out, blocked = _whole_or_blocked(shapes[0], out_shapes[0], lambda d: tuple(cfg[d]) == (0, 0, 0))
     return Rule([op, []], [out], n.sizes, blocked=frozenset(blocked))
 
 
-def _sliceish(kept_full):
-    """Rules for slice-like ops: dims sliced whole share a factor, the others are blocked."""
-
-    def build(shapes_in, shape_out, full):
-        n = _Names()
-        op, out, blocked = [], [], set()
-        for d, (s, so) in enumerate(zip(shapes_in, shape_out)):
-            if full(d):
-                f = n(s)
-                op.append(f); out.append(f)  # noqa: E702
-            else:
-                a, b = n(s), n(so)
-                op.append(a); out.append(b); blocked.update(a + b)  # noqa: E702
-        return n, op, out, blocked
-
-    return build
+def _whole_or_blocked(shape_a, shape_b, whole):
+    """Factors for two values whose dims correspond one to one (an operand and its result or update): a dim
+    pair where ``whole(d)`` shares one factor (shardable); any other pair gets a factor each, both blocked.
+    Returns ``(names, dims of a, dims of b, blocked factors)``."""
+    n = _Names()
+    a_dims, b_dims, blocked = [], [], set()
+    for d, (sa, sb) in enumerate(zip(shape_a, shape_b)):
+        if whole(d):
+            f = n(sa)
+            a_dims.append(f); b_dims.append(f)  # noqa: E702
+        else:
+            fa, fb = n(sa), n(sb)
+            a_dims.append(fa); b_dims.append(fb); blocked.update(fa + fb)  # noqa: E702
+    return n, a_dims, b_dims, blocked
 
 
 def _dynamic_slice(eqn, shapes, out_shapes):
     sizes = eqn.params["slice_sizes"]
     x = shapes[0]
     full = [sizes[d] == x[d] for d in range(len(x))]
-    n, op, out, blocked = _sliceish(None)(x, out_shapes[0], lambda d: full[d])
+    n, op, out, blocked = _whole_or_blocked(x, out_shapes[0], lambda d: full[d])
 
     def local(ctx, x, *idx):
-        return _bind(ctx, x, *idx, slice_sizes=tuple(ctx.out_shapes[0]))
+        return bind(ctx, x, *idx, slice_sizes=tuple(ctx.out_shapes[0]))
 
     return Rule([op] + [[] for _ in shapes[1:]], [out], n.sizes, blocked=frozenset(blocked), local=local)
 
 
 def _dynamic_update_slice(eqn, shapes, out_shapes):
     x, u = shapes[0], shapes[1]
-    n = _Names()
-    op, up, blocked = [], [], set()
-    for d in range(len(x)):
-        if x[d] == u[d]:
-            f = n(x[d])
-            op.append(f); up.append(f)  # noqa: E702
-        else:
-            a, b = n(x[d]), n(u[d])
-            op.append(a); up.append(b); blocked.update(a + b)  # noqa: E702
+    n, op, up, blocked = _whole_or_blocked(x, u, lambda d: x[d] == u[d])
     return Rule([op, up] + [[] for _ in shapes[2:]], [op], n.sizes, blocked=frozenset(blocked))
 
 
@@ -462,11 +455,11 @@ def _slice(eqn, shapes, out_shapes):
     strides = p["strides"] or (1,) * len(x)
     full = [p["start_indices"][d] == 0 and p["limit_indices"][d] == x[d] and strides[d] == 1
             for d in range(len(x))]
-    n, op, out, blocked = _sliceish(None)(x, out_shapes[0], lambda d: full[d])
+    n, op, out, blocked = _whole_or_blocked(x, out_shapes[0], lambda d: full[d])
 
     def local(ctx, x):
         lim = tuple(ctx.in_shapes[0][d] if full[d] else p["limit_indices"][d] for d in range(len(x.shape)))
-        return _bind(ctx, x, limit_indices=lim)
+        return bind(ctx, x, limit_indices=lim)
 
     return Rule([op], [out], n.sizes, blocked=frozenset(blocked), local=local)
 

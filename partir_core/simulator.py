@@ -17,12 +17,11 @@ materialized.
   local step) -- on a CPU host, launch and thread-pool dispatch dominate small programs.
 - Collectives: as the compiled program runs them (:func:`combined_collectives`: XLA merges independent
   all-reduces of one reduction over the same devices into one, whose every operand after the first still
-  costs ``combine_ratio`` times a collective's latency: calibrated, about 0.96 on the CPU host), each alpha-beta,
-  ``alpha + alpha_per_peer * (k - 1) + bytes / beta`` per collective over a group of ``k`` devices, ``bytes``
-  the bytes a device receives (redist's accounting; summed over a combined group), ``beta`` the slowest link
-  among the collective's axes (``axis_bw`` overrides ``link_bw`` per axis); ``kind_links`` may give a
-  collective kind its own ``(alpha, beta)`` and ``alpha_per_peer`` its own per-peer latency (a
-  ``all_reduce_max``/``all_reduce_min`` without an entry of its own takes ``all_reduce``'s).
+  costs a share of a collective's latency), each priced by redist's cost model (:func:`redist.cost.collective_time`
+  with its kind, group size and number of combined operands) on the hardware's :meth:`Hardware.topology` of
+  the program's mesh: ``bytes`` the bytes a device receives (redist's accounting; summed over a combined
+  group), per-axis links, and where the topology has them per-kind links, latency per peer and the combine
+  ratio.
 - Memory: what XLA's ``compiled.memory_analysis()`` reports for the compiled program, argument + output +
   temp − alias bytes per device: every input's local buffer (all program long); every output's allocation
   (and, for several outputs, the output tuple's 8-byte pointers); and the temporary block. Materialized
@@ -35,107 +34,92 @@ materialized.
 - Step time: ``launch_s`` (one program launch) + kernels x ``op_overhead_s`` + compute + collectives, in
   sequence (nothing overlaps).
 
-Presets: ``HARDWARE["cpu-host"]`` (the default; JAX host devices: collectives from redist.cost's calibrated
-``cpu-host`` link, ``bench/results/cpu_host_profile.json``; compute from ``bench/results/cpu_host_compute.json``
-written by ``bench/partitioning.py --calibrate``, else :data:`CPU_COMPUTE_DEFAULT`), ``"tpu-v4"``,
-``"a100-nvlink"``; any :class:`Hardware` may be passed instead.
+Presets (:data:`HARDWARE`): ``"cpu-host"`` (the default; JAX host devices, from redist's calibration profile
+in use, :func:`redist.cost.profile`: its compute figures, and its in-program collective latencies, read when the
+preset is first asked for, never at import), ``"tpu-v4"``, ``"a100-nvlink"``; any :class:`Hardware` may be
+passed instead.
 """
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
+from redist import cost
 from redist.errors import ShardingError, shown
+from redist.mesh import Mesh
+
+from partir_core.program import Compute, Finish, Reshard
 
 
 @dataclass(frozen=True)
 class Hardware:
-    """Per-device peak FLOP/s and memory bandwidth, per-kernel overhead; per-collective latency and link
-    bandwidth (bytes/s), optionally per collective kind (``kind_links[kind] = (alpha, beta)``) and per peer
-    in the group (``alpha_per_peer[kind]``, seconds per device beyond the first). ``combine_ratio``: the
-    latency of each further operand of a combined all-reduce, as a fraction of a separate collective's."""
+    """One device's compute, and the network between devices.
+
+    ``peak_flops`` (FLOP/s) and ``hbm_bw`` (bytes/s) per device, ``op_overhead_s`` per kernel, ``launch_s`` per
+    program. ``network`` prices collectives with :mod:`redist.cost`'s model: a :func:`redist.cost.topology`
+    preset name, a :class:`redist.cost.Link` for every mesh axis, or a function from a :class:`redist.Mesh` to
+    a :class:`redist.cost.Topology` (per-axis links, per-kind links, combined collectives)."""
 
     name: str
     peak_flops: float
     hbm_bw: float
-    alpha_s: float
-    link_bw: float
-    axis_bw: dict = field(default_factory=dict)
+    network: str | cost.Link | Callable[[Mesh], cost.Topology]
     op_overhead_s: float = 0.0
-    kind_links: dict = field(default_factory=dict)
     launch_s: float = 0.0
-    alpha_per_peer: dict = field(default_factory=dict)
-    combine_ratio: float = 0.0
 
-    def beta(self, axes) -> float:
-        return min((self.axis_bw.get(a, self.link_bw) for a in axes), default=self.link_bw)
+    def __post_init__(self):
+        if not (isinstance(self.network, (str, cost.Link)) or callable(self.network)):
+            raise ShardingError(f"Hardware {self.name!r}: network must be a redist.cost preset name, a "
+                                f"redist.cost.Link or a function mesh -> redist.cost.Topology, got "
+                                f"{type(self.network).__name__} {self.network!r}")
 
-    def collective_time(self, kind: str, axes, nbytes: float, group: int = 1, operands: int = 1) -> float:
-        """Seconds for one collective of ``kind`` over ``axes`` (``group`` devices), ``nbytes`` received, made of
-        ``operands`` combined collectives (each after the first adds ``combine_ratio`` of the latency)."""
-        if nbytes <= 0:
-            return 0.0
-        base = "all_reduce" if kind.startswith("all_reduce_") and kind not in self.kind_links else kind
-        alpha, beta = self.kind_links.get(base, (self.alpha_s, None))
-        if beta is None or any(a in self.axis_bw for a in axes):
-            beta = self.beta(axes)
-        latency = alpha + self.alpha_per_peer.get(base, 0.0) * max(group - 1, 0)
-        return latency * (1 + self.combine_ratio * (operands - 1)) + nbytes / beta
+    def topology(self, mesh: Mesh) -> cost.Topology:
+        """The :class:`redist.cost.Topology` of :attr:`network` on ``mesh``."""
+        if isinstance(self.network, str):
+            return cost.topology(self.network, mesh)
+        if isinstance(self.network, cost.Link):
+            return cost.Topology(self.name, tuple((n, self.network) for n in mesh.names))
+        return self.network(mesh)
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CPU_COMPUTE_PROFILE = os.path.join(ROOT, "bench", "results", "cpu_host_compute.json")
-# Measured on the 2-core development machine with 8 host devices running at once (bench/partitioning.py
-# --calibrate): per-device throughput, so the 8 devices' share of the cores is included.
-CPU_COMPUTE_DEFAULT = {"peak_flops": 8.0e9, "hbm_bw": 7.0e8, "op_overhead_s": 1.0e-6, "launch_s": 2.5e-4,
-                       "combine_ratio": 1.0}
+def cpu_host() -> Hardware:
+    """The ``cpu-host`` preset from the calibration profile in use (:func:`redist.cost.profile`): its compute
+    figures, and collectives as they run inside one program (per-kind latency and bandwidth, latency per
+    peer, combined all-reduces: :meth:`redist.cost.Profile.in_program_topology`)."""
+    profile = cost.profile()
+    compute = dict(profile.compute)
+    return Hardware("cpu-host", compute["peak_flops"], compute["hbm_bw"], profile.in_program_topology,
+                    op_overhead_s=compute["op_overhead_s"], launch_s=compute["launch_s"])
 
 
-def cpu_host(compute_path: str | None = None) -> Hardware:
-    """The ``cpu-host`` preset from the calibration files (see the module docstring).
+class _Presets(Mapping):
+    """The hardware presets by name. ``"cpu-host"`` is made from the calibration profile in use each time it
+    is looked up (:func:`cpu_host`), so that nothing is read at import and a profile put in use later counts."""
 
-    Bandwidths per collective kind come from redist's ``cpu-host`` profile. Latencies come from the compute
-    profile's ``collective_alpha`` (``{kind: [a0, per_peer]}``, measured inside one program, where a
-    collective costs far less than the profile's one-collective program launch) where it has the kind,
-    else from redist's profile."""
-    from redist import cost
+    _fixed = {
+        # redist.cost's tpu-v4 link (ICI) on every axis
+        "tpu-v4": Hardware("tpu-v4", peak_flops=2.75e14, hbm_bw=1.2e12, network="tpu-v4", op_overhead_s=1e-6),
+        # NVLink 3 at its nominal 300 GB/s per direction (redist.cost's nvlink-8 preset takes NCCL's measured
+        # 150 GB/s)
+        "a100-nvlink": Hardware("a100-nvlink", peak_flops=1.56e14, hbm_bw=1.55e12, network=cost.Link(5e-6, 3e11),
+                                op_overhead_s=4e-6),
+    }
 
-    comp = dict(CPU_COMPUTE_DEFAULT)
-    in_program: dict = {}
-    path = CPU_COMPUTE_PROFILE if compute_path is None else compute_path
-    if os.path.exists(path):
-        with open(path) as f:
-            data = json.load(f)
-        comp.update({k: float(v) for k, v in data.items() if k in CPU_COMPUTE_DEFAULT})
-        in_program = {k: (float(a0), float(peer)) for k, (a0, peer) in data.get("collective_alpha", {}).items()}
-    link = cost.cpu_host_link()
-    kinds = {}
-    try:
-        with open(cost.CPU_HOST_PROFILE) as f:
-            per = json.load(f).get("per_kind", {})
-        names = {"all_gather": "all_gather", "all_to_all": "all_to_all", "ppermute": "permute"}
-        kinds = {names.get(k, k): (float(v["alpha"]), float(v["beta"])) for k, v in per.items()}
-    except (OSError, ValueError, KeyError):
-        pass
-    for k, (a0, _) in in_program.items():
-        kinds[k] = (a0, kinds.get(k, (None, link.beta))[1])
-    return Hardware("cpu-host", comp["peak_flops"], comp["hbm_bw"], float(link.alpha), link.beta,
-                    op_overhead_s=comp["op_overhead_s"], kind_links=kinds, launch_s=comp["launch_s"],
-                    alpha_per_peer={k: peer for k, (_, peer) in in_program.items()},
-                    combine_ratio=comp["combine_ratio"])
+    def __getitem__(self, name: str) -> Hardware:
+        return cpu_host() if name == "cpu-host" else self._fixed[name]
+
+    def __iter__(self):
+        return iter(("cpu-host", *self._fixed))
+
+    def __len__(self) -> int:
+        return 1 + len(self._fixed)
 
 
-HARDWARE = {
-    "cpu-host": cpu_host(),
-    "tpu-v4": Hardware("tpu-v4", peak_flops=2.75e14, hbm_bw=1.2e12, alpha_s=2e-6, link_bw=4.5e10,
-                       op_overhead_s=1e-6),
-    "a100-nvlink": Hardware("a100-nvlink", peak_flops=1.56e14, hbm_bw=1.55e12, alpha_s=5e-6, link_bw=3e11,
-                            op_overhead_s=4e-6),
-}
+HARDWARE: Mapping[str, Hardware] = _Presets()
 
 # Ops XLA fuses into their consumers (loop fusion); reductions take fused operands (input fusion).
 FUSIBLE = {
@@ -203,8 +187,6 @@ def hardware_profile(hardware) -> Hardware:
 
 def materialized(program) -> set:
     """The buffers of ``program`` that get memory of their own (see the module docstring)."""
-    from partir_core.lowering import Compute, Finish, Reshard
-
     g = program.graph
     steps = program.instructions
     readers: dict = {}  # buffer -> [(instruction index, op name)]
@@ -261,15 +243,13 @@ def _library_reduction(name: str, nbytes: int, dtype) -> bool:
 
 def combined_collectives(program) -> list:
     """The program's collectives as the compiled program runs them: a list of groups (lists of
-    :class:`~partir_core.lowering.Collective`), each group one collective of the compiled program.
+    :class:`~partir_core.reshard.Collective`), each group one collective of the compiled program.
 
     XLA's all-reduce combiner merges all-reduces of the same reduction over the same devices into one tuple
     all-reduce when none of them depends on another's result; it has no counterpart for all-gathers,
     reduce-scatters, all-to-alls or permutes on the CPU backend, which stay one collective each (as the
     compiled HLO shows). Modelled greedily in program order: an all-reduce joins the open group of its
     ``(kind, axes)`` unless its operand depends on a member of that group, which closes the group."""
-    from partir_core.lowering import Finish, Reshard
-
     deps: dict = {}  # buffer -> bitmask of the collectives (indices into ``cols``) its value depends on
     groups: list = []
     open_group: dict = {}  # (kind, axes) -> (index into groups, bitmask of its members)
@@ -298,9 +278,7 @@ def combined_collectives(program) -> list:
 
 
 def simulate(program, hardware=None) -> Simulation:
-    """Simulate a :class:`partir_core.lowering.LocalProgram` on ``hardware`` (a preset name or a Hardware)."""
-    from partir_core.lowering import Compute, Finish, Reshard
-
+    """Simulate a :class:`partir_core.program.LocalProgram` on ``hardware`` (a preset name or a Hardware)."""
     hw = hardware_profile(hardware)
     size = dict(program.buf_bytes)
     mat = materialized(program)
@@ -336,15 +314,15 @@ def simulate(program, hardware=None) -> Simulation:
             if writes:
                 kernels += 1
         elif isinstance(ins, Reshard):
-            steps_n = len(ins.plan.steps) if ins.plan is not None else max(1, len(ins.collectives))
-            kernels += steps_n
+            kernels += len(ins.move.plan.steps)
             compute_t += 2 * ins.dst.local_bytes / hw.hbm_bw
         if isinstance(ins, (Reshard, Finish)):
             comm_bytes += sum(c.bytes for c in ins.collectives)
+    topo = hw.topology(program.mesh)
     for group in combined_collectives(program):
         c = group[0]
-        comm_t += hw.collective_time(c.kind, c.axes, sum(g.bytes for g in group),
-                                     program.mesh.group_size(tuple(c.axes)), operands=len(group))
+        comm_t += cost.collective_time(c.axes, sum(g.bytes for g in group), topo, kind=c.kind,
+                                       group=program.mesh.group_size(tuple(c.axes)), operands=len(group))
     compute_t += kernels * hw.op_overhead_s + hw.launch_s
     # memory: arguments all program long; outputs and temporaries by liveness (see the module docstring)
     ins_set = set(program.graph.invars)
@@ -409,8 +387,6 @@ def _heap_peak(temps: dict, outs: dict, size: dict) -> int:
 
 
 def _reads(ins):
-    from partir_core.lowering import Compute, Finish, Reshard
-
     if isinstance(ins, Reshard):
         return [ins.src_buf]
     if isinstance(ins, Compute):
@@ -421,8 +397,6 @@ def _reads(ins):
 
 
 def _writes(ins):
-    from partir_core.lowering import Compute, Reshard
-
     if isinstance(ins, Reshard):
         return [ins.dst_buf]
     if isinstance(ins, Compute):

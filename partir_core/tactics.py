@@ -121,7 +121,9 @@ class AutomaticPartition:
     is deterministic for a seed when it stops by ``max_evals``, ``patience`` or exhaustion rather than by
     time. ``hardware``: the simulator profile (None: the default). ``progress``: a progress bar on stderr
     (None: when stderr is a terminal). The result (``Partitioned.automatic``) lists the chosen actions as
-    :class:`ManualPartition` tactics that reproduce the program when pasted in its place."""
+    :class:`ManualPartition` tactics that reproduce the program when pasted in its place. This record is the
+    search's configuration; :func:`partir_core.automatic.search` runs it (``partir_core.jit`` does, in schedule
+    order)."""
 
     axes: list = field(default_factory=list)
     memory_budget_bytes: int | None = None
@@ -174,24 +176,6 @@ class AutomaticPartition:
     def validate(self, graph: Graph, mesh) -> None:
         self.check_arguments()
         self.check_mesh(mesh)
-
-    def search(self, graph: Graph, rules, state: State, mesh, index: int):
-        """Run the search from ``state``; returns an :class:`partir_core.automatic.AutoResult` whose ``state``
-        is the propagated state after the chosen tactics (``state`` itself is not modified)."""
-        from partir_core.automatic import search
-
-        return search(graph, rules, state, mesh, index, self)
-
-    def apply(self, graph: Graph, state: State, mesh, index: int, rules=None) -> None:
-        """Search, then record the chosen sharding in ``state`` (in place)."""
-        if rules is None:
-            from partir_core.registry import rule_for
-
-            rules = [rule_for(e, graph) for e in graph.eqns]
-        result = self.search(graph, rules, state, mesh, index)
-        state.dims, state.prov = result.state.dims, result.state.prov
-        state.pinned, state.conflicts = result.state.pinned, result.state.conflicts
-        return result
 
     def __str__(self):
         budget = f", memory_budget_bytes={self.memory_budget_bytes}" if self.memory_budget_bytes else ""

@@ -20,23 +20,47 @@ latencies, a tree ``log k``): it ranks plans that move different volumes, and it
 parsed from its HLO by :mod:`redist.xla_baseline`, with the same formula so that both sides compare on one
 scale (:func:`records_time`).
 
+Refinements, for callers that know more about a collective than its axes (partir_core's simulator prices a
+whole program's collectives with them; :func:`plan_time` and :func:`records_time` price by axes only, so that
+plans and XLA's collectives stay on one scale). A :class:`Link` may charge ``alpha_per_peer`` seconds for
+every group member after the first; a :class:`Topology` may give a collective *kind* a link of its own
+(``kind_links``: a system calibrated per kind; ``all_reduce_max``/``all_reduce_min`` without an entry take
+``all_reduce``'s), and may charge each further operand of a combined collective ``combine_ratio`` of its
+latency (XLA merges independent all-reduces into one). In full, :func:`collective_time` of ``operands``
+combined collectives of ``kind`` over ``k`` devices is
+
+    (alpha + alpha_per_peer · (k − 1)) · (1 + combine_ratio · (operands − 1)) + bytes_on_wire / beta
+
+with ``(alpha, alpha_per_peer, beta)`` the kind's link if the topology has one, else the axes' link.
+
 Presets (:data:`PRESETS`, mapped onto a mesh's axes by :func:`topology`):
 
 - ``"tpu-v4"``: a slice of the TPU v4 3-D torus, every mesh axis on ICI.
 - ``"nvlink-8"``: 8 GPUs joined by NVLink, every axis on NVLink.
 - ``"2x8-nodes"``: 2 nodes of 8 GPUs: the FIRST mesh axis crosses nodes (InfiniBand), the others NVLink.
-- ``"cpu-host"``: JAX host devices in one process, calibrated by ``bench/calibrate_cpu_host.py``, which writes
-  ``bench/results/cpu_host_profile.json``; that file is read when present, otherwise :data:`CPU_HOST_DEFAULT`.
+- ``"cpu-host"``: JAX host devices in one process, from the calibration :class:`Profile` in use.
+
+Calibration profiles. A :class:`Profile` holds the measured figures of one system: the link of a collective
+run as a program of its own (the ``cpu-host`` preset), per kind, the latency of a collective inside a larger
+program, and the compute figures that partir_core's simulator reads. The shipped ``cpu-host`` profile is
+package data (``redist/profiles/cpu-host.json``), read on first use (:func:`profile`), never at import, so an
+installed package and a checkout price alike. :func:`load_profile` reads one from a file or a dict, and
+:func:`use_profile` makes one the profile in use (``bench/calibrate_cpu_host.py`` and ``bench/partitioning.py
+--calibrate`` write the file the package reads in a checkout)::
+
+    redist.cost.use_profile("my-host.json")     # same schema as redist/profiles/cpu-host.json
+    redist.cost.use_profile(None)               # back to the shipped profile
 """
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import math
 import numbers
 import os
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from redist import steps as S
 from redist.errors import ShardingError, shown
@@ -44,23 +68,33 @@ from redist.mesh import Mesh
 from redist.plan import Plan
 
 __all__ = [
-    "Link", "Topology", "PRESETS", "CPU_HOST_DEFAULT", "CPU_HOST_PROFILE", "topology", "as_topology", "preset_names",
-    "collective_time", "step_time", "step_axes", "plan_time", "records_time", "cpu_host_link",
+    "Link", "Topology", "PRESETS", "topology", "as_topology", "preset_names", "collective_time", "step_time",
+    "step_axes", "plan_time", "records_time", "cpu_host_link", "Profile", "load_profile", "use_profile", "profile",
+    "PROFILE_RESOURCE",
 ]
 
 
 @dataclass(frozen=True)
 class Link:
-    """One mesh axis's link: ``alpha`` seconds of latency per collective, ``beta`` bytes/s received per device."""
+    """One mesh axis's link: ``alpha`` seconds of latency per collective, ``beta`` bytes/s received per device,
+    and ``alpha_per_peer`` seconds of latency for every group member after the first (0: a flat latency)."""
 
     alpha: float
     beta: float
+    alpha_per_peer: float = 0.0
 
     def __post_init__(self):
         if not (_is_real(self.alpha) and self.alpha >= 0 and math.isfinite(self.alpha)):
             raise ShardingError(f"link latency alpha={shown(self.alpha)} must be a finite number >= 0 seconds")
         if not (_is_real(self.beta) and self.beta > 0 and math.isfinite(self.beta)):
             raise ShardingError(f"link bandwidth beta={shown(self.beta)} must be a finite number > 0 bytes/s")
+        if not (_is_real(self.alpha_per_peer) and self.alpha_per_peer >= 0 and math.isfinite(self.alpha_per_peer)):
+            raise ShardingError(f"link latency per peer alpha_per_peer={shown(self.alpha_per_peer)} must be a "
+                                "finite number >= 0 seconds")
+
+    def latency(self, group: int) -> float:
+        """Seconds of latency of one collective over ``group`` devices."""
+        return self.alpha + self.alpha_per_peer * (group - 1)
 
 
 def _is_real(x) -> bool:
@@ -72,10 +106,16 @@ class Topology:
     """Per-axis links of a mesh: ``links`` pairs every mesh axis name with its :class:`Link`.
 
     ``name`` says which system it models. Build one from a preset with :func:`topology`, or directly.
+    ``kind_links`` pairs collective kinds (``"all_gather"``, ``"all_reduce"``, ...) with the link that a
+    collective of that kind runs at whatever its axes (a system calibrated per kind); ``combine_ratio`` is the
+    share of a collective's latency that each further operand of a combined collective costs (see the module
+    docstring; both are used only where :func:`collective_time` is given the kind and operand count).
     """
 
     name: str
     links: tuple[tuple[str, Link], ...]
+    kind_links: tuple[tuple[str, Link], ...] = ()
+    combine_ratio: float = 0.0
 
     def __post_init__(self):
         if not isinstance(self.name, str):
@@ -88,6 +128,17 @@ class Topology:
             raise ShardingError(f"topology {self.name!r}: links must be (mesh axis name, redist.cost.Link) pairs, "
                                 f"got {shown(self.links)}")
         object.__setattr__(self, "links", links)
+        try:
+            kinds = tuple((k, l) for k, l in self.kind_links)
+        except (TypeError, ValueError):
+            kinds = None
+        if kinds is None or not all(isinstance(k, str) and isinstance(l, Link) for k, l in kinds):
+            raise ShardingError(f"topology {self.name!r}: kind_links must be (collective kind, redist.cost.Link) "
+                                f"pairs, got {shown(self.kind_links)}")
+        object.__setattr__(self, "kind_links", kinds)
+        if not (_is_real(self.combine_ratio) and 0 <= self.combine_ratio < math.inf):
+            raise ShardingError(f"topology {self.name!r}: combine_ratio={shown(self.combine_ratio)} must be a "
+                                "finite number >= 0")
 
     def link(self, token: str) -> Link:
         """The link of a mesh axis, or of the axis a sub-axis token ``name:(pre)size`` is part of."""
@@ -105,7 +156,15 @@ class Topology:
         links = [self.link(a) for a in axes]
         if not links:
             raise ShardingError("a collective over no axes has no link")
-        return Link(max(l.alpha for l in links), min(l.beta for l in links))
+        return Link(max(l.alpha for l in links), min(l.beta for l in links), max(l.alpha_per_peer for l in links))
+
+    def kind_link(self, kind: str) -> Link | None:
+        """The link of collective ``kind`` if the topology gives the kind one (``all_reduce_max`` and
+        ``all_reduce_min`` fall back to ``all_reduce``'s), else None."""
+        links = dict(self.kind_links)
+        if kind not in links and kind.startswith("all_reduce_"):
+            kind = "all_reduce"
+        return links.get(kind)
 
 
 # ---------------------------------------------------------------------------------------------- presets
@@ -122,26 +181,12 @@ NVLINK = Link(alpha=5e-6, beta=150e9)
 # Between nodes: one 200 Gb/s HDR InfiniBand NIC per GPU gives 25 GB/s per direction; the latency of an
 # inter-node NCCL collective is some 10-20 µs (network round trip plus proxy thread), so alpha = 15 µs.
 INFINIBAND_200G = Link(alpha=15e-6, beta=25e9)
-# JAX host (CPU) devices when no calibration file exists: what bench/calibrate_cpu_host.py measured on a
-# shared 2-core machine (alpha 288 µs, beta 1.78 GB/s; collectives there are memcpys between threads, paced by
-# a per-collective rendezvous). Regenerate the file rather than trusting this on another machine.
-CPU_HOST_DEFAULT = Link(alpha=3e-4, beta=1.8e9)
-CPU_HOST_PROFILE = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "results", "cpu_host_profile.json")
 
 
-def cpu_host_link(path: str | None = None) -> Link:
-    """The ``cpu-host`` link: from the calibration file (``{"alpha": s, "beta": B/s, ...}``) if it exists,
-    else :data:`CPU_HOST_DEFAULT`. A file that exists but cannot be read raises :class:`ShardingError`."""
-    path = CPU_HOST_PROFILE if path is None else path
-    if not os.path.exists(path):
-        return CPU_HOST_DEFAULT
-    try:
-        with open(path) as f:
-            data = json.load(f)
-        return Link(float(data["alpha"]), float(data["beta"]))
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ShardingError(f"cannot read the cpu-host profile {path}: {e}") from None
+def cpu_host_link(path: str | os.PathLike | None = None) -> Link:
+    """The ``cpu-host`` link: that of the profile in use (:func:`profile`), or of the profile file ``path``
+    (read by :func:`load_profile`, which raises :class:`ShardingError` for a file it cannot read)."""
+    return (profile() if path is None else load_profile(path)).link
 
 
 def _uniform(link: Link | Callable[[], Link]):
@@ -195,13 +240,18 @@ def as_topology(value, mesh: Mesh) -> Topology | None:
 
 
 # ---------------------------------------------------------------------------------------------- pricing
-def collective_time(axes: Iterable[str], nbytes: float, topo: Topology) -> float:
-    """``alpha_A + nbytes / beta_A`` for a collective over ``axes``; 0 when it moves no bytes."""
+def collective_time(axes: Iterable[str], nbytes: float, topo: Topology, kind: str | None = None, group: int = 1,
+                    operands: int = 1) -> float:
+    """Seconds of a collective over ``axes`` in which a device receives ``nbytes``; 0 when it moves no bytes.
+
+    ``alpha_A + nbytes / beta_A`` by default. Given its ``kind``, the number of devices in its ``group`` and the
+    number of ``operands`` combined in it, the full formula of the module docstring (the kind's link if
+    ``topo`` has one, latency per peer, combined operands)."""
     axes = tuple(axes)
     if nbytes <= 0 or not axes:
         return 0.0
-    link = topo.axes_link(axes)
-    return link.alpha + float(nbytes) / link.beta
+    link = (kind is not None and topo.kind_link(kind)) or topo.axes_link(axes)
+    return link.latency(group) * (1 + topo.combine_ratio * (operands - 1)) + float(nbytes) / link.beta
 
 
 def step_axes(step, t_in) -> tuple[str, ...]:
@@ -243,3 +293,127 @@ def records_time(records, topo: Topology) -> float:
     spans) and ``.bytes_received`` (per device, the most any device receives in it), such as
     :class:`redist.xla_baseline.Collective`. Local ops (bytes 0) cost nothing."""
     return sum(collective_time(r.span, r.bytes_received, topo) for r in records)
+
+
+# ---------------------------------------------------------------------------------------------- profiles
+PROFILE_RESOURCE = "profiles/cpu-host.json"  # the shipped cpu-host profile, package data of redist
+# JAX's names of the calibrated collectives, as redist names the kinds
+_JAX_KINDS = {"ppermute": "permute"}
+_COMPUTE_FIELDS = ("peak_flops", "hbm_bw", "op_overhead_s", "launch_s")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The calibration of one system (schema: ``redist/profiles/cpu-host.json``).
+
+    ``link``: a collective run as a program of its own (the ``cpu-host`` preset's link on every axis), fitted as
+    ``alpha + bytes / beta``; ``kind_links``: the same fit per collective kind. ``in_program``: per kind, a
+    collective inside a larger program, whose latency is far below a program launch (``alpha``, per peer
+    ``alpha_per_peer``, the kind's bandwidth); ``combine_ratio``: see :class:`Topology`. ``compute``:
+    per-device ``peak_flops``, ``hbm_bw`` (bytes/s), ``op_overhead_s`` (per kernel) and ``launch_s`` (per
+    program), which partir_core's simulator reads. ``source`` says where it was read from."""
+
+    name: str
+    link: Link
+    kind_links: tuple[tuple[str, Link], ...]
+    in_program: tuple[tuple[str, Link], ...]
+    combine_ratio: float
+    compute: tuple[tuple[str, float], ...]
+    source: str
+
+    def in_program_topology(self, mesh: Mesh) -> Topology:
+        """Collectives inside one program: :attr:`link` on every axis of ``mesh``; per kind, the kind's
+        standalone link overridden by its in-program latency; ``combine_ratio``."""
+        kinds = {**dict(self.kind_links), **dict(self.in_program)}
+        return Topology(f"{self.name} (in program)", tuple((n, self.link) for n in mesh.names),
+                        tuple(kinds.items()), self.combine_ratio)
+
+
+def load_profile(source) -> Profile:
+    """Read a calibration profile: ``source`` is a path to its JSON file, the parsed JSON (a dict), or a
+    :class:`Profile` (returned as it is). Raises :class:`ShardingError` naming the file and the field for a
+    file that cannot be read or a field that is missing or not a number."""
+    if isinstance(source, Profile):
+        return source
+    if isinstance(source, (str, os.PathLike)):
+        try:
+            with open(source) as f:
+                data = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ShardingError(f"cannot read the calibration profile {os.fspath(source)!r}: {e}") from None
+        return _parse_profile(data, repr(os.fspath(source)))
+    if isinstance(source, Mapping):
+        return _parse_profile(source, "given as a dict")
+    raise ShardingError(f"a calibration profile is a path to a JSON file, a dict or a redist.cost.Profile, "
+                        f"got {type(source).__name__}")
+
+
+def _parse_profile(data, where: str) -> Profile:
+    """The :class:`Profile` of parsed JSON ``data``; ``where`` names it in errors."""
+    def fail(what):
+        raise ShardingError(f"calibration profile {where}: {what}")
+
+    def section(name):
+        value = data.get(name) if isinstance(data, Mapping) else None
+        if not isinstance(value, Mapping):
+            fail(f"needs a {name!r} object")
+        return value
+
+    def number(value, path):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            fail(f"{path} must be a number, got {value!r}")
+        return float(value)
+
+    def link(alpha, beta, path, per_peer=0.0):
+        try:
+            return Link(alpha, beta, per_peer)
+        except ShardingError as e:
+            fail(f"{path}: {e}")
+
+    def fitted(obj, path):  # {"alpha": s, "beta": B/s}
+        if not isinstance(obj, Mapping):
+            fail(f"{path} must be an object with alpha and beta, got {obj!r}")
+        return link(number(obj.get("alpha"), f"{path}.alpha"), number(obj.get("beta"), f"{path}.beta"), path)
+
+    link_data, compute = section("link"), section("compute")
+    base = fitted(link_data, "link")
+    kinds = {_JAX_KINDS.get(k, k): fitted(v, f"link.per_kind.{k}") for k, v in link_data.get("per_kind", {}).items()}
+    in_program = []
+    for k, pair in compute.get("collective_alpha", {}).items():
+        path = f"compute.collective_alpha.{k}"
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
+            fail(f"{path} must be [alpha, alpha_per_peer], got {pair!r}")
+        kind = _JAX_KINDS.get(k, k)
+        alpha, per_peer = number(pair[0], f"{path}[0]"), number(pair[1], f"{path}[1]")
+        in_program.append((kind, link(alpha, kinds.get(kind, base).beta, path, per_peer)))
+    return Profile(str(data.get("name", "cpu-host")), base, tuple(kinds.items()), tuple(in_program),
+                   number(compute.get("combine_ratio"), "compute.combine_ratio"),
+                   tuple((k, number(compute.get(k), f"compute.{k}")) for k in _COMPUTE_FIELDS), where)
+
+
+_in_use: Profile | None = None
+
+
+def profile() -> Profile:
+    """The calibration profile in use: the one given to :func:`use_profile`, else the shipped ``cpu-host``
+    profile (package data ``redist/`` :data:`PROFILE_RESOURCE`, read on the first call)."""
+    global _in_use
+    if _in_use is None:
+        resource = importlib.resources.files("redist").joinpath(PROFILE_RESOURCE)
+        try:
+            data = json.loads(resource.read_text())
+        except (OSError, ValueError) as e:
+            raise ShardingError(f"cannot read redist's shipped calibration profile {resource}: {e}; the "
+                                "installation is incomplete") from None
+        _in_use = _parse_profile(data, f"{resource}")
+    return _in_use
+
+
+def use_profile(source) -> Profile:
+    """Make ``source`` (see :func:`load_profile`) the calibration profile in use, for the ``cpu-host`` preset
+    and partir_core's ``cpu-host`` hardware; ``None`` goes back to the shipped profile. Returns the profile now
+    in use. Plans and simulations made before keep the figures they were made with. Raises
+    :class:`ShardingError` (and keeps the profile in use) for a profile that cannot be read."""
+    global _in_use
+    _in_use = None if source is None else load_profile(source)
+    return profile()

@@ -192,16 +192,6 @@ def test_records_priced_like_plans():
     assert math.isclose(cost.records_time([rec], topo), cost.plan_time(plan, topo))
 
 
-def test_cpu_host_profile_fallback(tmp_path):
-    assert cost.cpu_host_link(str(tmp_path / "missing.json")) == cost.CPU_HOST_DEFAULT
-    f = tmp_path / "p.json"
-    f.write_text('{"alpha": 1e-4, "beta": 3e9}')
-    assert cost.cpu_host_link(str(f)) == cost.Link(1e-4, 3e9)
-    f.write_text("not json")
-    with pytest.raises(redist.ShardingError, match="cpu-host profile"):
-        cost.cpu_host_link(str(f))
-
-
 # ---------------------------------------------------------------------------------------------- compiled (JAX)
 def _jax8():
     jax = pytest.importorskip("jax")

@@ -9,7 +9,7 @@ import jax.numpy as jnp  # noqa: E402
 import redist  # noqa: E402
 import partir_core as pc  # noqa: E402
 from partir_core import models, schedules  # noqa: E402
-from partir_core.lowering import Reshard  # noqa: E402
+from partir_core.program import Reshard  # noqa: E402
 from redist import xla_baseline as xb  # noqa: E402
 
 if len(jax.devices()) < 8:

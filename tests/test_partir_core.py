@@ -1,6 +1,5 @@
 """partir_core: schedules run and equal the unpartitioned step; propagation, conflicts, errors, simulator."""
 
-import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax")
@@ -8,9 +7,11 @@ import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
 import redist  # noqa: E402
+from redist import cost  # noqa: E402
 from tests.partir_helpers import assert_same, model_and_inputs  # noqa: E402
 import partir_core as pc  # noqa: E402
 from partir_core import schedules  # noqa: E402
+from partir_core.program import Reshard  # noqa: E402
 from partir_core.registry import supported_primitives  # noqa: E402
 
 if len(jax.devices()) < 8:
@@ -152,10 +153,31 @@ def test_simulator_comm_grows_with_communication():
     none, bp, z3 = sim(""), sim("BP"), sim("BP+MP+Z3")
     assert none.comm_bytes == 0 and bp.comm_bytes > 0 and z3.comm_bytes > bp.comm_bytes
     assert bp.flops < none.flops and bp.peak_bytes < none.peak_bytes
-    for hw in ("cpu-host", "tpu-v4", "a100-nvlink", pc.Hardware("mine", 1e12, 1e11, 1e-6, 1e10)):
+    for hw in ("cpu-host", "tpu-v4", "a100-nvlink", pc.Hardware("mine", 1e12, 1e11, cost.Link(1e-6, 1e10))):
         s = sim("BP", hw)
         assert s.step_time_s > 0 and s.peak_bytes > 0 and s.comm_bytes > 0 and s.flops > 0
     assert sim("BP", "tpu-v4").step_time_s < sim("BP", "cpu-host").step_time_s
+
+
+def test_the_simulator_prices_collectives_with_redists_cost_model():
+    """One cost model: a simulation's communication time is redist.cost's time of the compiled program's
+    collectives on the hardware's topology; the tpu-v4 hardware is redist's tpu-v4 preset."""
+    from partir_core.simulator import combined_collectives
+
+    m, ins, _ = model_and_inputs("transformer")
+    low = pc.jit(m.step, MESH, schedules.schedule("BP+MP", m, ins, mesh=MESH)).lower(*ins)
+    link = cost.Link(1e-6, 1e10)
+    mine = pc.Hardware("mine", 1e12, 1e11, link)
+    assert mine.topology(MESH) == cost.Topology("mine", (("batch", link), ("model", link)))
+    assert pc.HARDWARE["tpu-v4"].topology(MESH) == cost.topology("tpu-v4", MESH)
+    for hw in (mine, "tpu-v4", "cpu-host"):
+        topo = (pc.HARDWARE[hw] if isinstance(hw, str) else hw).topology(MESH)
+        want = sum(cost.collective_time(g[0].axes, sum(c.bytes for c in g), topo, kind=g[0].kind,
+                                        group=MESH.group_size(g[0].axes), operands=len(g))
+                   for g in combined_collectives(low.program))
+        assert low.simulate(hw).comm_time_s == pytest.approx(want, rel=1e-12) and want > 0
+    with pytest.raises(redist.ShardingError, match="network must be a redist.cost preset name"):
+        pc.Hardware("old signature", 1e12, 1e11, 1e-6, 1e10)
 
 
 def test_primitive_without_rule_is_replicated_and_reported():
@@ -239,19 +261,42 @@ def test_concat_pad_dynamic_slice():
 
 
 def test_gather_and_slice_fallback_when_no_plan(monkeypatch):
-    """If redist gives no usable plan, reshards reduce, gather and slice locally, and say so."""
-    from partir_core import lowering
+    """If redist gives no plan, reshards reduce, gather and slice (a plan redist prices and runs), and say so."""
+    from partir_core import reshard
 
     def no_plan(src, dst):
         raise redist.ShardingError("no plan (test)")
 
-    monkeypatch.setattr(lowering, "_PLANS", {})
-    monkeypatch.setattr(lowering.redist, "synthesize", no_plan)
-    m, ins, want = model_and_inputs("mlp")
-    pf = pc.jit(m.step, MESH, schedules.schedule("BP+MP+Z3", m, ins, mesh=MESH))
-    low = pf.lower(*ins)
-    assert low.fallbacks and all("no plan" in f[3] for f in low.fallbacks)
-    assert_same(pf(*ins), want)
+    monkeypatch.setattr(reshard.redist, "synthesize", no_plan)
+    reshard.move.cache_clear()
+    try:
+        m, ins, want = model_and_inputs("mlp")
+        pf = pc.jit(m.step, MESH, schedules.schedule("BP+MP+Z3", m, ins, mesh=MESH))
+        low = pf.lower(*ins)
+        assert low.fallbacks and all("no plan" in f[3] for f in low.fallbacks)
+        moves = [i.move for i in low.program.instructions if isinstance(i, Reshard)]
+        assert all(m.fallback for m in moves)
+        assert all(s.kind in ("all_reduce", "all_gather", "all_slice") for m in moves for s in m.plan.steps)
+        assert_same(pf(*ins), want)
+    finally:
+        reshard.move.cache_clear()
+
+
+def test_no_fallback_gathers_uneven_dims(monkeypatch):
+    """The fallback is a plan of redist's steps, whose typing rules refuse to gather an uneven dim (its padded
+    blocks do not concatenate to the array): without a synthesized plan such a move raises, never runs wrong."""
+    from partir_core import reshard
+
+    def no_plan(src, dst):
+        raise redist.ShardingError("no plan (test)")
+
+    monkeypatch.setattr(reshard.redist, "synthesize", no_plan)
+    reshard.move.cache_clear()
+    try:
+        with pytest.raises(redist.ShardingError, match="does not divide into its 4 blocks"):
+            reshard.move(t("f32[6{model}, 8]"), t("f32[6, 8{model}]"))
+    finally:
+        reshard.move.cache_clear()
 
 
 # ---------------------------------------------------------------------------- uneven dims (XLA's padding rule)
@@ -292,7 +337,45 @@ def test_vocabulary_and_batch_that_do_not_divide_the_mesh(name):
 def test_an_impossible_reshard_is_never_priced_as_a_choice():
     """Lowering prices alternatives by reshard bytes; a target that is partial over an axis the source is not
     cannot be reached, so it costs infinity (it once crashed the pricing of the refinement passes)."""
-    from partir_core.lowering import reshard_bytes
+    from partir_core.reshard import reshard_bytes
 
     assert reshard_bytes(t("f32[8{model}, 16] partial{batch}"), t("f32[8, 16] partial{model}")) == float("inf")
     assert reshard_bytes(t("f32[8, 16] partial{batch}"), t("f32[8{batch}, 16]")) > 0
+
+
+# ---------------------------------------------------------------------------- the bridge to redist
+def test_the_bridge_takes_plans_over_sub_axes_and_prices_them_as_redist_does():
+    """A reshard whose best plan splits an axis (model=4 as 2x2) is that plan, not a gather-then-slice
+    fallback; its bytes are redist's, and a finish is priced as redist prices an all_reduce step."""
+    from redist import steps as S
+    from partir_core import reshard
+
+    src, dst = t("f32[16, 16{model}]"), t("f32[16, 16{batch}]")
+    m = reshard.move(src, dst)
+    assert m.fallback is None and m.plan == redist.synthesize(src, dst)
+    assert any(":" in tok for tok in m.plan.program.axis_tokens())
+    assert m.bytes == m.plan.bytes_received == reshard.reshard_bytes(src, dst)
+    assert m.bytes < reshard.Move(reshard._gather_then_slice(src, dst)).bytes
+    out = t("f32[16, 8]")
+    assert reshard.finish_bytes(("model",), [out, out]) == 2 * S.AllReduce(("model",)).bytes_received(out)
+    assert reshard.move.cache_info().maxsize is not None  # bounded
+
+
+def test_reshards_over_sub_axes_run_inside_the_program():
+    """``w + v.T`` with w split (batch, model) and v on batch: moving v.T to w's layout is cheapest over
+    sub-axes of model (a slice and a permute: 512 + 1536 bytes, where the choice without them received
+    1024 + 1536). The program's shard_map runs on the mesh refined at model's halves and still equals the
+    unpartitioned function, with its outputs laid out on the mesh itself."""
+    def f(w, v):
+        return w + v.T
+
+    w, v = jax.random.normal(jax.random.key(0), (32, 32)), jax.random.normal(jax.random.key(1), (32, 32))
+    pf = pc.jit(f, MESH, [MP({"w": 0, "v": 0}, axis="batch"), MP({"w": 1}, axis="model")])
+    low = pf.lower(w, v)
+    assert not low.fallbacks
+    assert {"model:(1)2", "model:(2)2"} <= set(low.program.axis_tokens)
+    assert sum(c.bytes for c in low.collectives) == 2048
+    out = pf(w, v)
+    assert_same(out, f(w, v))
+    assert_same(jax.jit(pf)(w, v), f(w, v))
+    assert out.sharding.mesh.axis_names == ("batch", "model") and out.sharding.spec == outs(low)[0].partition_spec()

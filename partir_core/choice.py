@@ -1,0 +1,270 @@
+"""Per-op sharding choice: the factor axes every equation runs with, and so every value's type.
+
+:func:`analyze` fixes, for every equation, the factor axes it runs with (:class:`OpSharding`): the types its
+operands must have and the types of its results (partial where a contracted factor is split). The propagated
+state proposes one choice per op; where that choice needs communication, the op also tries the alternatives
+made of the axes its operands and results carry and keeps the one that moves the fewest bytes (operands
+resharded from their produced types, results resharded to the types wanted of them, priced by redist through
+:mod:`partir_core.reshard`); a few passes refine what results are wanted in from what their readers asked for,
+keeping the cheapest program. Values then have the type their producer gives them (inputs: the tactics' types;
+outputs: the state's types, :func:`output_type`).
+
+Arrays of random keys are typed by their key data (:mod:`partir_core.keys`, :func:`value_type`): ops see key
+shapes (:func:`local_shapes`), reshards move key data.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from redist.types import ShardingType
+
+from partir_core import keys
+from partir_core.factors import decompose, dim_axes, drop_clashes, fit_use
+from partir_core.ir import CONTROL_FLOW, Graph
+from partir_core.propagation import State, resolve
+from partir_core.registry import Rule
+from partir_core.reshard import finish_bytes, reshard_bytes
+
+
+@dataclass
+class OpSharding:
+    """How one equation runs: its ``rule`` (None: run replicated), the factor axes ``use`` (factor → (axes,
+    provenance)), the types its operands need (``in_types``) and its results get (``out_types``), the
+    reductions to finish with an all-reduce (``finish``: ``(kind "max"/"min", axes)``) and the axes over
+    which its results become pending sums (``new_partial``)."""
+
+    rule: Rule | None
+    use: dict
+    in_types: list
+    out_types: list
+    finish: list
+    new_partial: tuple
+
+
+@dataclass
+class Analysis:
+    """The choice for a whole program: one :class:`OpSharding` per equation, every value's type as its
+    producer gives it, the ops run replicated for lack of a rule, and the state the choices were made from."""
+
+    ops: list[OpSharding]
+    types: dict[int, ShardingType]  # every value's type as produced
+    unsupported: list[tuple[int, str, str]]  # (eqn, primitive, why)
+    state: State | None = None  # the propagated state the choices were made from
+
+
+def value_type(graph: Graph, v: int, mesh, dims, partial=()) -> ShardingType:
+    """Value ``v``'s type with its dims split as ``dims``: a key array is typed by its key data, with the
+    key-data dims replicated after ``dims`` (:func:`partir_core.keys.sharding_type`)."""
+    return keys.sharding_type(mesh, graph.shape(v), graph.dtype(v), dims, partial)
+
+
+def replicated(graph: Graph, v: int, mesh) -> ShardingType:
+    """Value ``v``'s type with every dim whole."""
+    return value_type(graph, v, mesh, ((),) * len(graph.shape(v)))
+
+
+def local_shapes(graph: Graph, values, types) -> list[tuple[int, ...]]:
+    """The local shapes of ``values`` of the given types, as their ops see them: a key array's without its
+    key-data dims."""
+    return [t.local_shape[: len(graph.shape(v))] for v, t in zip(values, types)]
+
+
+def _analyze_once(graph: Graph, rules: list, state: State, mesh, choose: bool, targets) -> Analysis:
+    """Fix every op's factor axes, in program order.
+
+    The propagated state proposes one choice per op (:func:`resolve`, earliest decision wins a conflict).
+    With ``choose``, an op whose proposed choice needs communication (an operand resharded, or a result
+    that is not already what the state wants for it) also tries the alternatives made of the axes its
+    operands and results carry (in the state or as actually produced), prefixes of those, and none, and
+    keeps the one that moves the fewest bytes: operands resharded from their produced types, plus results
+    resharded to the types they are wanted in (a pending sum reduced there). Ties keep the proposal.
+    This is the local, cost-based choice XLA's partitioner makes per op (gather a small activation rather
+    than a large weight, keep a contraction local, ...). ``targets``: None prices every result against the
+    state's type for it; a dict prices result ``v`` against the types ``targets[v]`` (none: free);
+    :data:`FOLLOW` prices no result, so each op takes the layout its operands arrive in where that is
+    cheapest (a layout chosen at one op then carries along the values computed from it)."""
+    types: dict[int, ShardingType] = {}
+    for v in graph.invars:
+        types[v] = value_type(graph, v, mesh, tuple(state.dims[v]))
+    for v in graph.consts:
+        types[v] = replicated(graph, v, mesh)
+    ops, unsupported = [], []
+    for i, (eqn, rule) in enumerate(zip(graph.eqns, rules)):
+        if rule is None:
+            why = ("control flow: kept replicated (operands gathered, results replicated)"
+                   if eqn.name in CONTROL_FLOW else "no factor rule: kept replicated")
+            unsupported.append((i, eqn.name, why))
+            ins = [replicated(graph, v, mesh) for v in eqn.invars]
+            outs = [replicated(graph, v, mesh) for v in eqn.outvars]
+            ops.append(OpSharding(None, {}, ins, outs, [], ()))
+            for v, t in zip(eqn.outvars, outs):
+                types[v] = t
+            continue
+        use, _, _ = resolve(graph, rule, eqn, state, mesh, i)
+        use = fit_use(mesh, rule, drop_clashes(use))
+        op = _op_sharding(graph, rule, eqn, use, types, mesh)
+        if choose:
+            cost = _op_cost(graph, eqn, op, types, state, mesh, targets)
+            if cost > 0:
+                for alt in _alternatives(graph, rule, eqn, state, types, mesh, use):
+                    cand = _op_sharding(graph, rule, eqn, alt, types, mesh)
+                    c = _op_cost(graph, eqn, cand, types, state, mesh, targets)
+                    if c < cost:
+                        op, cost = cand, c
+                        if c == 0:
+                            break
+        ops.append(op)
+        for v, t in zip(eqn.outvars, op.out_types):
+            types[v] = t
+    return Analysis(ops, types, unsupported, state)
+
+
+FOLLOW = "follow"  # ``targets`` of a pass that prices no result (see :func:`_analyze_once`)
+
+
+def analyze(graph: Graph, rules: list, state: State, mesh, choose: bool = True, passes: int = 3) -> Analysis:
+    """Fix every op's factor axes (see :func:`_analyze_once`). With ``choose``, two starting passes are
+    refined: one pricing results against the types the state gives them, one pricing no result
+    (:data:`FOLLOW`: values keep the layout an op chose for them, so a per-op choice that differs from the
+    state, e.g. a matmul keeping a sharded weight local, is not undone by a reshard at every reader). Each
+    further pass prices results against the types their readers asked for in the pass before (and the
+    outputs' types). Of all passes, the one whose program moves the fewest bytes is kept (the first one on
+    ties, so the state-priced start wins unless another is strictly cheaper)."""
+    first = _analyze_once(graph, rules, state, mesh, choose, None)
+    if not choose:
+        return first
+    best, best_cost = first, received_bytes(graph, first, state, mesh)
+    for start in (first, _analyze_once(graph, rules, state, mesh, True, FOLLOW)):
+        cur = start
+        c = received_bytes(graph, cur, state, mesh)
+        if c < best_cost:
+            best, best_cost = cur, c
+        for _ in range(passes - 1):
+            nxt = _analyze_once(graph, rules, state, mesh, True, _demands(graph, cur, state, mesh))
+            c = received_bytes(graph, nxt, state, mesh)
+            if c < best_cost:
+                best, best_cost = nxt, c
+            if nxt.types == cur.types:
+                break
+            cur = nxt
+    return best
+
+
+def output_type(graph, analysis, state, v, mesh) -> ShardingType:
+    """The type output ``v`` is returned in: the one propagation gives it (an input returned as it came, or a
+    value the state does not know: its producer's type with pending sums reduced)."""
+    if state is not None and v in state.dims and v not in graph.invars:
+        return state_type(graph, state, v, mesh)
+    return analysis.types[v].replace(partial=())
+
+
+def _demands(graph, analysis, state, mesh) -> dict:
+    """Per value: the distinct types its readers (and the outputs) want it in."""
+    want: dict = {}
+    for eqn, op in zip(graph.eqns, analysis.ops):
+        for v, t in zip(eqn.invars, op.in_types):
+            if v not in graph.consts:
+                want.setdefault(v, set()).add(t)
+    for v in graph.outvars:
+        if v not in graph.consts:
+            want.setdefault(v, set()).add(output_type(graph, analysis, state, v, mesh))
+    return {v: sorted(ts, key=str) for v, ts in want.items()}
+
+
+def received_bytes(graph, analysis, state, mesh) -> float:
+    """Bytes a device receives in the program lowered from ``analysis`` (each distinct reshard once)."""
+    total = 0.0
+    for v, ts in _demands(graph, analysis, state, mesh).items():
+        total += sum(reshard_bytes(analysis.types[v], t) for t in ts)
+    for op in analysis.ops:
+        for _, axes in op.finish:
+            total += finish_bytes(axes, op.out_types)
+    return total
+
+
+def _op_sharding(graph, rule, eqn, use, types, mesh) -> OpSharding:
+    used = {a for axes, _ in use.values() for a in axes}
+    new_partial = tuple(a for f, k in rule.reduce.items() if k == "sum" and f in use for a in use[f][0])
+    finish = [(k, use[f][0]) for f, k in rule.reduce.items() if k in ("max", "min") and f in use]
+    # pending sums that may pass through a linear op
+    partials = [types[v].partial for v in eqn.invars]
+    keep = [()] * len(partials)
+    if rule.linear == "all" and partials and partials[0] and all(p == partials[0] for p in partials) \
+            and not set(partials[0]) & used:
+        keep = list(partials)
+    elif rule.linear == "one" and sum(bool(p) for p in partials) == 1:
+        j = next(k for k, p in enumerate(partials) if p)
+        if not set(partials[j]) & used:
+            keep[j] = partials[j]
+    passed = next((p for p in keep if p), ())
+    ins = [value_type(graph, v, mesh, tuple(dim_axes(mesh, rule, use, fs) for fs in dims), keep[k])
+           for k, (v, dims) in enumerate(zip(eqn.invars, rule.operands))]
+    outs = [value_type(graph, v, mesh, tuple(dim_axes(mesh, rule, use, fs) for fs in dims),
+                       tuple(passed) + new_partial)
+            for v, dims in zip(eqn.outvars, rule.results)]
+    return OpSharding(rule, use, ins, outs, finish, new_partial)
+
+
+def state_type(graph, state, v, mesh) -> ShardingType:
+    """The (non-partial) type propagation gives value ``v``."""
+    return value_type(graph, v, mesh, tuple(state.dims[v]))
+
+
+def _op_cost(graph, eqn, op: OpSharding, types, state, mesh, targets=None) -> float:
+    """Bytes received running ``eqn`` as ``op``: its operands resharded from ``types``, its results to what
+    ``targets`` wants (see :func:`_analyze_once`), its reductions finished."""
+    cost = sum(reshard_bytes(types[v], t) for v, t in zip(eqn.invars, op.in_types))
+    for v, t in zip(eqn.outvars, op.out_types):
+        if targets is FOLLOW:
+            continue
+        if targets is not None and v in targets:
+            cost += sum(reshard_bytes(t, want) for want in targets[v])
+        elif v in state.dims:
+            cost += reshard_bytes(t, state_type(graph, state, v, mesh))
+    for _, axes in op.finish:
+        cost += finish_bytes(axes, op.out_types)
+    return cost
+
+
+def _alternatives(graph, rule, eqn, state, types, mesh, base, limit: int = 96):
+    """Factor choices to compare with ``base``: per shardable factor, the axes its dims carry (in the
+    state, or as operands are produced), their prefixes, or none; combinations with an axis used twice or
+    blocks that do not compose are dropped (at most ``limit`` are returned)."""
+    opts: dict[str, set] = {}
+    slots = [(types[v].dims, fs_list) for v, fs_list in zip(eqn.invars, rule.operands)]
+    slots += [(tuple(state.dims[v]), fs_list) for v, fs_list in zip(eqn.invars, rule.operands)
+              if v in state.dims]
+    slots += [(tuple(state.dims[v]), fs_list) for v, fs_list in zip(eqn.outvars, rule.results)
+              if v in state.dims]
+    for dims, fs_list in slots:
+        for axes, fs in zip(dims, fs_list):
+            if not axes or not fs:
+                continue
+            parts = decompose(mesh, axes, fs, rule.sizes)
+            if parts is None:
+                continue
+            for f, a in zip(fs, parts):
+                if a and rule.shardable(f):
+                    for j in range(1, len(a) + 1):
+                        opts.setdefault(f, set()).add(tuple(a[:j]))
+    for f, (a, _) in base.items():
+        opts.setdefault(f, set()).add(tuple(a))
+    factors = sorted(opts)
+    choices = [[None] + sorted(opts[f]) for f in factors]
+    out, seen = [], set()
+    for combo in itertools.product(*choices):
+        axes = [a for c in combo if c for a in c]
+        if len(axes) != len(set(axes)):
+            continue
+        use = {f: (c, 0) for f, c in zip(factors, combo) if c}
+        use = fit_use(mesh, rule, use)
+        key = tuple(sorted((f, u[0]) for f, u in use.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(use)
+        if len(out) >= limit:
+            break
+    return out

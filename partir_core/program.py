@@ -1,0 +1,210 @@
+"""The local program: instructions on per-device buffers, and their execution inside one ``jax.shard_map``.
+
+A :class:`LocalProgram` (made by :func:`partir_core.lowering.lower`) is a list of instructions over buffers
+named by value ids, or ``("r", n)`` for resharded copies:
+
+- :class:`Reshard`: a buffer moved to another type by a redist plan (:mod:`partir_core.reshard`).
+- :class:`Compute`: one equation on local shards, through its registry rule's local form (local shapes, block
+  offsets); ops with no rule run on replicated operands with their original parameters. Operand dims that are
+  split unevenly and reduced over first get their padding set to the reduction's identity.
+- :class:`Finish`: ``pmax``/``pmin`` after a max/min reduction over a split dim.
+
+:meth:`LocalProgram.run` interprets it inside one ``jax.shard_map`` over the whole mesh, refined where its
+plans use sub-axes (:func:`partir_core.reshard.refine`), with the inputs' and outputs' partition specs; inputs
+with uneven dims are padded to their padded shape before, outputs cut back after.
+
+Arrays of random keys: buffers hold key arrays, ops see key shapes, and reshards and the ``shard_map`` boundary
+move key data (:mod:`partir_core.keys`).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec
+
+import redist
+from redist.types import ShardingType
+
+from partir_core import keys, reshard
+from partir_core.choice import Analysis, local_shapes
+from partir_core.ir import Graph
+from partir_core.registry import LocalContext, bind
+
+
+@dataclass
+class Reshard:
+    """Move buffer ``src_buf`` (of type ``move.plan.src``) to a new buffer ``dst_buf`` of type
+    ``move.plan.dst``; ``collectives`` are the move's, located in the program."""
+
+    src_buf: object
+    dst_buf: object
+    move: reshard.Move
+    collectives: list
+
+    @property
+    def src(self) -> ShardingType:
+        return self.move.plan.src
+
+    @property
+    def dst(self) -> ShardingType:
+        return self.move.plan.dst
+
+
+@dataclass
+class Compute:
+    """Run equation ``eqn_index`` on local shards: read buffers ``reads``, write ``writes``. ``masks``:
+    ``(operand, dim, kind)`` for every operand dim that is split unevenly and that the op reduces over (a
+    contraction, a reduction, the summed dims of a scatter-add): its padding is replaced by the reduction's
+    identity first (see :func:`_mask_padding`). ``flops``: per device."""
+
+    eqn_index: int
+    reads: list
+    writes: list
+    masks: list
+    flops: float
+
+
+@dataclass
+class Finish:
+    """Finish a max/min reduction (``kind``) over mesh ``axes``: ``buf`` becomes its ``pmax``/``pmin`` over
+    them; ``collectives``: that one all-reduce, located in the program."""
+
+    buf: object
+    kind: str
+    axes: tuple
+    collectives: list
+
+
+@dataclass
+class LocalProgram:
+    """Instructions over per-device buffers (value ids, or ``("r", n)`` for resharded copies) and what they
+    were lowered from: the ``graph``, its ``mesh``, the per-op choices (``analysis``), the types of the inputs
+    and outputs, the buffers that hold the outputs, every buffer's local bytes, and the reshards that use the
+    gather-then-slice fallback (``(where, src, dst, why)``)."""
+
+    graph: Graph
+    mesh: object
+    analysis: Analysis
+    instructions: list
+    in_types: list
+    out_types: list
+    out_bufs: list
+    buf_bytes: dict
+    fallbacks: list = field(default_factory=list)
+
+    @property
+    def collectives(self) -> list[reshard.Collective]:
+        return [c for ins in self.instructions if isinstance(ins, (Reshard, Finish)) for c in ins.collectives]
+
+    @property
+    def axis_tokens(self) -> tuple[str, ...]:
+        """The sub-axis tokens (and axes) that the program's plans name, in a fixed order."""
+        return tuple(sorted({tok for ins in self.instructions if isinstance(ins, Reshard)
+                             for tok in ins.move.plan.program.axis_tokens()}))
+
+    def jax_mesh(self) -> jax.sharding.Mesh:
+        """The mesh on the first ``mesh.size`` JAX devices. Raises :class:`redist.ShardingError` if JAX has
+        fewer devices."""
+        devs = np.array(jax.devices()[: self.mesh.size])
+        if devs.size < self.mesh.size:
+            raise redist.ShardingError(f"the mesh {self.mesh} needs {self.mesh.size} JAX devices, "
+                                       f"only {devs.size} are available")
+        return jax.sharding.Mesh(devs.reshape(self.mesh.shape), self.mesh.names)
+
+    @functools.cached_property
+    def _refined(self) -> tuple[jax.sharding.Mesh, reshard.AxisNames]:
+        """The ``shard_map``'s mesh: :meth:`jax_mesh` refined for :attr:`axis_tokens`, and its axis names."""
+        return reshard.refine(self.jax_mesh(), self.axis_tokens)
+
+    def body(self, *xs):
+        """The per-device program (call inside a ``shard_map`` over the refined mesh)."""
+        g = self.graph
+        names = self._refined[1]
+        env = {v: keys.from_data(x, g.dtype(v)) for v, x in zip(g.invars, xs)}
+        for v, c in g.consts.items():
+            env[v] = c if keys.is_key(g.dtype(v)) else jnp.asarray(c, dtype=g.dtype(v))
+        for ins in self.instructions:
+            if isinstance(ins, Reshard):
+                env[ins.dst_buf] = reshard.run(ins.move, env[ins.src_buf], names)
+            elif isinstance(ins, Compute):
+                for b, x in zip(ins.writes, self._compute(ins, [env[b] for b in ins.reads], names)):
+                    env[b] = x
+            elif isinstance(ins, Finish):
+                red = lax.pmax if ins.kind == "max" else lax.pmin
+                env[ins.buf] = red(env[ins.buf], names(ins.axes))
+        return tuple(keys.to_data(env[b]) for b in self.out_bufs)
+
+    def _compute(self, ins: Compute, vals: list, names: reshard.AxisNames) -> list:
+        """The results of ``ins`` on local operands ``vals``."""
+        g = self.graph
+        eqn = g.eqns[ins.eqn_index]
+        op = self.analysis.ops[ins.eqn_index]
+        for i, d, kind in ins.masks:
+            vals[i] = _mask_padding(vals[i], op.in_types[i], d, kind, names)
+        ctx = LocalContext(eqn, local_shapes(g, eqn.invars, op.in_types), local_shapes(g, eqn.outvars, op.out_types),
+                           [t.dims for t in op.out_types], self.mesh, op.new_partial, names)
+        if op.rule is None or op.rule.local is None:
+            return bind(ctx, *vals)
+        return op.rule.local(ctx, *vals)
+
+    def run(self, *flat_args):
+        return self.executable()(*flat_args)
+
+    def executable(self):
+        """The jitted program on global arrays. ``shard_map`` needs dims that divide their axes, so inputs
+        with uneven dims are padded (with zeros) to their ``padded_shape`` first, whose blocks are exactly
+        the padded local buffers, and outputs are cut back to their shape. Key arrays cross the boundary as
+        their key data (their types' arrays). On a refined mesh, the outputs are laid out on the mesh itself
+        (:meth:`_out_shardings`: the same devices and blocks, so no data moves)."""
+        if not hasattr(self, "_exe"):
+            mesh, names = self._refined
+            mapped = jax.shard_map(self.body, mesh=mesh, in_specs=tuple(names.spec(t) for t in self.in_types),
+                                   out_specs=tuple(names.spec(t) for t in self.out_types), check_vma=False)
+
+            def run(*xs):
+                xs = [keys.to_data(x) for x in xs]
+                xs = [x if t.is_even() else jnp.pad(x, [(0, p - n) for n, p in zip(t.shape, t.padded_shape)])
+                      for x, t in zip(xs, self.in_types)]
+                outs = mapped(*xs)
+                outs = [y if t.is_even() else y[tuple(slice(0, n) for n in t.shape)]
+                        for y, t in zip(outs, self.out_types)]
+                return tuple(keys.from_data(y, self.graph.dtype(v)) for y, v in zip(outs, self.graph.outvars))
+
+            refined = tuple(mesh.axis_names) != tuple(self.mesh.names)
+            self._exe = jax.jit(run, out_shardings=self._out_shardings() if refined else None)
+        return self._exe
+
+    def _out_shardings(self) -> tuple[NamedSharding, ...]:
+        """The outputs' layouts on :meth:`jax_mesh`: their types' specs over the value's own dims (a key
+        array's, without its key-data dims), an uneven dim whole (as XLA lays out the cut output)."""
+        jax_mesh = self.jax_mesh()
+        out = []
+        for v, t in zip(self.graph.outvars, self.out_types):
+            spec = [e if t.is_even(d) else None for d, e in enumerate(t.partition_spec())]
+            out.append(NamedSharding(jax_mesh, PartitionSpec(*spec[: len(self.graph.shape(v))])))
+        return tuple(out)
+
+
+_IDENTITY = {"sum": 0, "max": -np.inf, "min": np.inf}
+
+
+def _mask_padding(x, t: ShardingType, dim: int, kind: str, names: reshard.AxisNames):
+    """``x`` (a local buffer of type ``t``) with the padding of uneven dim ``dim`` set to the identity of a
+    ``kind`` reduction (0 for sums, -inf / +inf or the dtype's extremes for max / min), so that reducing
+    over the dim counts data only. Padding holds whatever the ops before computed there (never data)."""
+    L = t.local_shape[dim]
+    start = lax.axis_index(names(t.dims[dim])) * L
+    valid = lax.broadcasted_iota(jnp.int32, x.shape, dim) + start < t.shape[dim]
+    fill = _IDENTITY[kind]
+    if jnp.issubdtype(x.dtype, jnp.integer) and fill:
+        info = jnp.iinfo(x.dtype)
+        fill = info.min if fill < 0 else info.max
+    elif x.dtype == jnp.bool_:
+        fill = kind == "min"
+    return jnp.where(valid, x, jnp.asarray(fill, x.dtype))

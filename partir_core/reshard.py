@@ -1,0 +1,152 @@
+"""The one bridge from partir_core to redist: how a buffer moves from one sharding type to another.
+
+Every reshard of a partitioned program (an operand that lacks the type its op needs, a pending sum reduced, an
+output brought to its type) is a :class:`redist.Plan` obtained here (:func:`move`): the synthesizer's
+(:func:`redist.synthesize`: memory-bounded, fewest bytes received), sub-axes (``model:(2)2``) included. Only
+when the synthesizer gives no plan does the bridge build the one XLA's partitioner falls back to (reduce the
+pending sums, all-gather to replicated, slice locally: :attr:`Move.fallback` says why; the program lists these
+in ``LocalProgram.fallbacks``). Either way redist's own step accounting prices it (:attr:`Move.collectives`,
+:func:`reshard_bytes`; :func:`finish_bytes` prices the all-reduce that finishes a max/min reduction the same
+way), and redist's JAX interpreter runs it (:func:`run`), so partir_core runs no collective of its own but the
+``pmax``/``pmin`` of those finishes. Moves are cached per (source, destination) pair in a bounded LRU
+(:func:`move`; ``move.cache_clear()``).
+
+Sub-axes. JAX collectives need real mesh axis names, so a plan over sub-axes runs on a *refined* mesh: the same
+devices in the same order, every axis split at the boundaries its tokens use (as :mod:`redist.jax` runs such
+plans). A partitioned program runs in one ``jax.shard_map``; it runs over the mesh refined at every cut point
+that any of its plans uses (:func:`refine`), and wherever partir_core names mesh axes (specs, ``axis_index``,
+``pmax``) it names their refined pieces (:class:`AxisNames`). A group over a whole axis is the group over all
+its pieces, ranked row-major, so nothing else changes; a program whose plans name no sub-axis runs on the
+mesh itself.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Mapping
+
+import jax
+from jax.sharding import PartitionSpec
+
+import redist
+from redist import steps as S
+from redist.bounds import check_pair
+from redist.jax import refine_mesh, run_program
+from redist.types import ShardingType
+
+from partir_core import keys
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective of the partitioned program: its ``kind`` (a plan step's, or ``all_reduce_max`` /
+    ``all_reduce_min`` finishing a reduction), the mesh axes or sub-axes it runs over (a permute: all mesh axes),
+    the ``bytes`` a device receives in it (redist's accounting) and ``where`` in the program it is."""
+
+    kind: str
+    axes: tuple
+    bytes: float
+    where: str
+
+
+@dataclass(frozen=True)
+class Move:
+    """How a buffer of type ``plan.src`` becomes one of type ``plan.dst``: a redist ``plan``, the
+    synthesizer's unless ``fallback`` (why there is none) is set."""
+
+    plan: redist.Plan
+    fallback: str | None = None
+
+    @functools.cached_property
+    def collectives(self) -> tuple[tuple[str, tuple, float], ...]:
+        """``(kind, axes, bytes received per device)`` of every step that communicates (all but local slices);
+        a step without axes of its own (a permute, an exchange) runs over all mesh axes."""
+        mesh_axes = self.plan.src.mesh.names
+        return tuple((s.kind, tuple(getattr(s, "axes", ()) or mesh_axes), float(b))
+                     for s, b in zip(self.plan.steps, self.plan.step_bytes()) if s.kind != "all_slice")
+
+    @property
+    def bytes(self) -> float:
+        """Bytes a device receives over the whole move."""
+        return float(sum(b for _, _, b in self.collectives))
+
+
+@functools.lru_cache(maxsize=4096)
+def move(src: ShardingType, dst: ShardingType) -> Move:
+    """The move from ``src`` to ``dst`` (cached; see the module docstring). Raises
+    :class:`redist.ShardingError` for a pair no redistribution can do (``dst`` partial over an axis ``src``
+    is not, different shapes or meshes)."""
+    try:
+        return Move(redist.synthesize(src, dst))
+    except redist.ShardingError as e:
+        check_pair(src, dst)  # an impossible pair is the caller's error, not a reason to fall back
+        return Move(_gather_then_slice(src, dst), f"{type(e).__name__}: {e}")
+
+
+def _gather_then_slice(src: ShardingType, dst: ShardingType) -> redist.Plan:
+    """The plan that needs no search: all-reduce the pending sums ``dst`` lacks, all-gather every split dim
+    (to replicated), slice to ``dst``'s blocks. It may hold the whole array at once."""
+    steps = []
+    drop = tuple(a for a in src.partial if a not in dst.partial)
+    if drop:
+        steps.append(S.AllReduce(drop))
+    steps += [S.AllGather(d, tuple(axes)) for d, axes in enumerate(src.dims) if axes]
+    steps += [S.AllSlice(d, tuple(axes)) for d, axes in enumerate(dst.dims) if axes]
+    types = [src]
+    for step in steps:
+        types.append(step.apply(types[-1]))
+    return redist.Plan(tuple(steps), tuple(types))
+
+
+def reshard_bytes(src: ShardingType, dst: ShardingType) -> float:
+    """Bytes a device receives moving ``src`` to ``dst`` (the move lowering would run); infinite when no
+    redistribution can do it (``dst`` is partial over an axis ``src`` is not): a choice that needs it is
+    never taken."""
+    if src == dst:
+        return 0.0
+    try:
+        check_pair(src, dst)
+    except redist.ShardingError:
+        return float("inf")
+    return move(src, dst).bytes
+
+
+def finish_bytes(axes, types) -> float:
+    """Bytes a device receives finishing a max/min reduction over mesh ``axes`` of results of ``types``: one
+    all-reduce of each, counted as redist counts an ``all_reduce`` step."""
+    step = S.AllReduce(tuple(axes))
+    return float(sum(step.bytes_received(t) for t in types))
+
+
+def run(m: Move, x, names: AxisNames):
+    """Run move ``m`` on this device's buffer ``x``, inside the program's ``shard_map`` over a mesh that
+    ``names`` describes (:func:`refine` for tokens that include the plan's). A key array moves as its key
+    data."""
+    if keys.is_key(x.dtype):  # a key array's type is its key data's
+        return keys.from_data(run(m, keys.to_data(x), names), x.dtype)
+    return run_program(m.plan.program, x, axis_names=names.mapping)
+
+
+class AxisNames:
+    """How the program's ``shard_map`` names mesh axes: ``names(axes)`` is the tuple of JAX axis names that
+    mesh axes (or sub-axis tokens) ``axes`` cover, major to minor; ``mapping`` gives them per name or token."""
+
+    def __init__(self, mapping: Mapping[str, tuple[str, ...]]):
+        self.mapping = dict(mapping)
+
+    def __call__(self, axes) -> tuple[str, ...]:
+        return tuple(piece for a in axes for piece in self.mapping[a])
+
+    def spec(self, t: ShardingType) -> PartitionSpec:
+        """The ``PartitionSpec`` of type ``t`` on the program's mesh (``t.partition_spec()`` when unrefined)."""
+        dims = [self(d) for d in t.dims]
+        return PartitionSpec(*[None if not d else d[0] if len(d) == 1 else d for d in dims])
+
+
+def refine(jax_mesh: jax.sharding.Mesh, tokens) -> tuple[jax.sharding.Mesh, AxisNames]:
+    """``(mesh, names)``: ``jax_mesh`` split at every boundary that ``tokens`` (the sub-axes of a program's
+    plans) use, the same devices in the same order (``jax_mesh`` itself when they need no split), and how it
+    names each mesh axis and token."""
+    mesh, mapping = refine_mesh(jax_mesh, tuple(tokens))
+    return mesh, AxisNames(mapping)
