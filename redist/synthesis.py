@@ -24,17 +24,17 @@ them (an axis must be swapped for a part of another of a different size), the se
 atom split into prime factors (Shardy's sub-axes) and the better plan is kept.
 
 Budget and fallback. The searches of one ``synthesize`` call generate at most ``_MAX_STATES`` (200,000)
-states in all, and twice that with a topology (its own searches by modeled time get a second budget). It
-bounds the call to about a second or two on a CPU of today and a couple of hundred MB, whatever the rank
-and the number of axes. It counts states, not seconds, so that every MPI rank, synthesizing on its own,
-gets the same plan. Pairs of up to 4 dims on meshes of up to 4 axes stay far below it (the most any needs is
-about 75,000 states). When no search finds a plan within the budget, or none exists in normal form (a
-cycle of atoms longer than ``_MAX_SWAPS`` swaps, say), ``synthesize`` still returns a plan, and never
-raises for a valid pair: an ``all_reduce`` of the pending sums that the destination does not keep, then
-one ``exchange``, which receives exactly what each device lacks. It is memory-bounded like every plan
-(the ``all_reduce`` keeps the local size) and, without a reduction, at the lower bound in bytes; it is
-point-to-point traffic rather than collectives, and it reduces with an ``all_reduce`` where a searched
-plan might ``reduce_scatter``.
+states in all, fewer for ranks above 8 (a state is a tuple per dim), and twice that with a topology (its
+own searches by modeled time get a second budget). This bounds the searches of a call to about 2 seconds
+and 250 MB (measured on a shared 2-core machine, up to rank 128 on 16 axes). The budget counts states,
+not seconds, so that every MPI rank, synthesizing on its own, gets the same plan. In the benchmark's
+sample (1,200 pairs up to rank 4, on up to 4 axes) no search needs more than about 75,000 states. When no
+search finds a plan within the budget, or none exists in normal form (a cycle of atoms longer than
+``_MAX_SWAPS`` swaps, say), ``synthesize`` still returns a plan, and never raises for a valid pair: the
+pending sums that the destination does not keep are reduced (reduce-scattered onto dims they divide, else
+all-reduced), then one ``exchange`` receives exactly what each device lacks. It is memory-bounded like
+every plan and, without a reduction, at the lower bound in bytes, but it is point-to-point traffic rather
+than collectives; with a reduction it can receive more than a searched plan would.
 """
 
 from __future__ import annotations
@@ -55,8 +55,10 @@ from redist.types import ShardingType, remove_axes, tokens_of_pieces
 _MAX_SWAPS = 3
 # The search budget of one synthesize() call (see "Budget and fallback" above): the states its searches may
 # generate in all, twice that with a topology. Generated states, not expanded ones: an expansion of a
-# high-rank state over many atoms generates tens of thousands, and each costs time and memory.
+# high-rank state over many atoms generates tens of thousands, and each costs time and memory. A state
+# holds a tuple per dim, so above rank _BUDGET_RANK the budget shrinks in proportion.
 _MAX_STATES = 200_000
+_BUDGET_RANK = 8
 # The search over sub-axes refines a plan that usually exists already; it gives up sooner.
 _MAX_REFINED_EXPANSIONS = 8_000
 
@@ -130,10 +132,11 @@ def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
 
     ``plan.peak_bytes <= max(src.local_bytes, dst.local_bytes)`` always holds, and every valid pair gets a
     plan (see "Budget and fallback" in the module header). Without a topology the plan receives the fewest
-    bytes (then has the fewest steps) that the search finds within its budget. With ``topology`` (a :class:`redist.cost.Topology`
-    or a preset name of :mod:`redist.cost`, laid over the source's mesh) the candidates (the fewest-bytes
-    plans and the plans found by searching on modeled time, over whole axes and over sub-axes) are priced
-    with :func:`redist.cost.plan_time` and the fastest is returned (ties: fewer bytes, then fewer steps).
+    bytes (then has the fewest steps) that the search finds within its budget. With ``topology`` (a
+    :class:`redist.cost.Topology` or a preset name of :mod:`redist.cost`, laid over the source's mesh) the
+    candidates (the fewest-bytes plans and the plans found by searching on modeled time, over whole axes
+    and over sub-axes) are priced with :func:`redist.cost.plan_time` and the fastest is returned (ties:
+    fewer bytes, then fewer steps).
 
     Raises :class:`ShardingError` if the types are on different meshes, have different shapes or dtypes, or if
     the destination is partial over an axis the source is not.
@@ -149,7 +152,7 @@ def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
 
         topo = cost.topology(topology, src.mesh) if isinstance(topology, str) else topology
         candidates = [_synthesize(core_src, core_dst)]
-        states = _MAX_STATES
+        states = _state_budget(core_src)
         for refine in (False, True):
             found, used = _search(core_src, core_dst, refine, topo, states,
                                   max_expansions=_MAX_REFINED_EXPANSIONS if refine else None)
@@ -256,7 +259,8 @@ def _synthesize(src: ShardingType, dst: ShardingType) -> Plan:
     direct = _single_permute(src, dst)
     if direct is not None:
         return direct
-    plan, used = _search(src, dst, refine=False, max_states=_MAX_STATES)
+    budget = _state_budget(src)
+    plan, used = _search(src, dst, refine=False, max_states=budget)
     reduces = set(src.partial) != set(dst.partial)
     if plan is not None:
         if reduces or (plan.bytes_received == lower_bound_bytes(src, dst) and len(plan.steps) < 3):
@@ -265,12 +269,17 @@ def _synthesize(src: ShardingType, dst: ShardingType) -> Plan:
     # the bound may still shrink: slice, permute, gather of a whole axis is often slice, permute of a part.
     # When no plan exists over whole axes, the search over sub-axes is the only way and may expand any number
     # of states within the budget.
-    finer, _ = _search(src, dst, refine=True, max_states=_MAX_STATES - used,
+    finer, _ = _search(src, dst, refine=True, max_states=budget - used,
                        max_expansions=None if plan is None else _MAX_REFINED_EXPANSIONS)
     candidates = [p for p in (plan, finer) if p is not None]
     if not candidates:
         return _fallback(src, dst)
     return min(candidates, key=lambda p: (p.bytes_received, len(p.steps)))
+
+
+def _state_budget(t: ShardingType) -> int:
+    """The states the searches of one call may generate for types of ``t``'s rank (see ``_MAX_STATES``)."""
+    return _MAX_STATES * _BUDGET_RANK // max(_BUDGET_RANK, t.rank)
 
 
 def _single_permute(src: ShardingType, dst: ShardingType) -> Plan | None:
@@ -287,11 +296,33 @@ def _single_permute(src: ShardingType, dst: ShardingType) -> Plan | None:
 
 
 def _fallback(src: ShardingType, dst: ShardingType) -> Plan:
-    """The plan when the searches give up: an ``all_reduce`` of the pending sums that ``dst`` does not keep
-    (it keeps the local size), then one ``exchange`` to ``dst``, which receives exactly the elements each
-    device lacks. Peak: ``max(src.local_bytes, dst.local_bytes)``; correct for any valid pair."""
-    reduced = remove_axes(src.mesh, src.partial, dst.partial)
-    return _typed_plan(src, ((S.AllReduce(reduced),) if reduced else ()) + (S.Exchange(dst.dims),))
+    """The plan when the searches give up (even types): reduce the pending sums that ``dst`` does not keep,
+    then one ``exchange`` to ``dst``, which receives exactly the elements each device lacks.
+
+    Each reduced axis is reduce-scattered onto the first dim whose local size it divides, and those that fit
+    nowhere are all-reduced after them: reduce-scatters over a group of ``k`` devices receive
+    ``(k−1)/k · L_src`` in all, half of what an all-reduce receives, and leave a smaller buffer. Peak:
+    ``max(src.local_bytes, dst.local_bytes)``. Bytes: the lower bound without a reduction, else at most
+    ``2(k−1)/k · L_src + L_dst``. Correct for any valid pair.
+    """
+    placed: list[tuple[int, tuple[str, ...]]] = []  # (dim, axes) of each reduce_scatter
+    unplaced = []
+    local = list(src.local_shape)
+    for axis in remove_axes(src.mesh, src.partial, dst.partial):
+        k = src.mesh.axis_size(axis)
+        dim = next((i for i, n in enumerate(local) if n % k == 0), None)
+        if dim is None:
+            unplaced.append(axis)
+            continue
+        local[dim] //= k
+        if placed and placed[-1][0] == dim:  # onto the same dim again: one reduce_scatter over both
+            placed[-1] = (dim, placed[-1][1] + (axis,))
+        else:
+            placed.append((dim, (axis,)))
+    steps = [S.ReduceScatter(dim, axes) for dim, axes in placed]
+    if unplaced:
+        steps.append(S.AllReduce(tuple(unplaced)))
+    return _typed_plan(src, (*steps, S.Exchange(dst.dims)))
 
 
 def _mask(ids) -> int:
