@@ -1,5 +1,5 @@
 """Every valid pair gets a plan: the single permute, the search budget, and the fallback when the search
-gives up (an all_reduce of the sums the destination drops, then one exchange).
+gives up (reduce the sums the destination drops, then one exchange).
 
 Each plan here must be memory-bounded, exact on the numpy backend on every device, and proved by
 ``redist.verify``. The first pairs below raised ``RuntimeError`` before (no plan within the search budget)."""
@@ -38,7 +38,7 @@ def _check(plan, seed=0):
 
 HARD = [
     # (mesh, src, dst, the plan's step kinds)
-    # Cycles of five atoms: one permute, but four swaps, one more than a permute of the search may chain.
+    # One permute, but of four swaps, one more than a permute of the search may chain.
     (_mesh_of_twos(5), "f32[4{a0,a1}, 4{a2,a3}, 2{a4}]", "f32[4{a1,a2}, 4{a3,a4}, 2{a0}]", ["permute"]),
     (_mesh_of_twos(5), "f32[2{a0}, 2{a1}, 2{a2}, 2{a3}, 2{a4}]", "f32[2{a4}, 2{a0}, 2{a1}, 2{a2}, 2{a3}]",
      ["permute"]),
@@ -134,7 +134,7 @@ def test_fallback_is_bounded_exact_and_proved_on_any_pair(pair, seed):
 
 @st.composite
 def pairs_on_many_axes(draw):
-    """Pairs on 3-6 axes of size 2, ranks up to 6, dims of 1-2 elements per block."""
+    """Pairs on 3-6 axes of size 2, ranks up to 6, dims of 1-3 elements per block."""
     return draw(type_pairs(mesh=_mesh_of_twos(draw(st.integers(3, 6))), max_rank=6))
 
 
@@ -149,8 +149,8 @@ def test_synthesize_never_raises_on_many_axes(pair, seed):
 
 
 def test_search_stops_at_its_state_budget():
-    """The budget counts generated states, so it bounds time and memory whatever the rank and the number of
-    axes; a search that reaches it gives up (and synthesize falls back)."""
+    """A search gives up after generating its budget of states (and synthesize falls back); a search that
+    finds a plan sooner uses less."""
     mesh = _mesh_of_twos(5)
     src = ShardingType.parse("f32[4, 4, 4{a1}, 4{a4,a3}, 2{a2}]", mesh)
     dst = ShardingType.parse("f32[4{a3}, 4{a1}, 4{a2}, 4{a0}, 2]", mesh)
