@@ -13,13 +13,28 @@ The local sizes are therefore valley-shaped, and ``peak_bytes == max(src.local_b
 Only the atoms the destination places in dims are sliced, and only atoms it does not place are gathered;
 any other slice would have to be gathered again and can only cost more.
 
-Choice. A* over these states, minimising (bytes received, number of steps). Costs are exact integers in
+Choice. When source and destination have the same block count in every dim and the same partial axes,
+the plan is one ``permute``, with no search: it receives exactly the lower bound, in one step. Otherwise
+A* over these states, minimising (bytes received, number of steps). Costs are exact integers in
 units of ``1 / mesh.size`` bytes (every ``k`` divides the mesh size). The heuristic ``max(0, L_dst − L)``
 is admissible: buffers grow only through all-gathers, which receive exactly what they add. Sizes of axes are
 arbitrary integers. When the plan over the named atoms does not meet the lower bound or takes three steps or
 more (for a plan without reductions, where the bound is tight enough to tell), or no plan exists over
 them (an axis must be swapped for a part of another of a different size), the search is run again with every
 atom split into prime factors (Shardy's sub-axes) and the better plan is kept.
+
+Budget and fallback. The searches of one ``synthesize`` call generate at most ``_MAX_STATES`` (200,000)
+states in all, fewer for ranks above 8 (a state is a tuple per dim), and twice that with a topology (its
+own searches by modeled time get a second budget). This bounds the searches of a call to about 2 seconds
+and 250 MB (measured on a shared 2-core machine, up to rank 128 on 16 axes). The budget counts states,
+not seconds, so that every MPI rank, synthesizing on its own, gets the same plan. In the benchmark's
+sample (1,200 pairs up to rank 4, on up to 4 axes) no search needs more than about 75,000 states. When no
+search finds a plan within the budget, or none exists in normal form (a cycle of atoms longer than
+``_MAX_SWAPS`` swaps, say), ``synthesize`` still returns a plan, and never raises for a valid pair: the
+pending sums that the destination does not keep are reduced (reduce-scattered onto dims they divide, else
+all-reduced), then one ``exchange`` receives exactly what each device lacks. It is memory-bounded like
+every plan and, without a reduction, at the lower bound in bytes, but it is point-to-point traffic rather
+than collectives; with a reduction it can receive more than a searched plan would.
 """
 
 from __future__ import annotations
@@ -38,7 +53,12 @@ from redist.types import ShardingType, remove_axes, tokens_of_pieces
 # Several swaps in a row merge into one permute; a permute needs at most rank + 1 swaps in the cases that
 # matter (reorder a dim, bring atoms in from elsewhere). Bounding the chain keeps the search small.
 _MAX_SWAPS = 3
-_MAX_EXPANSIONS = 200_000
+# The search budget of one synthesize() call (see "Budget and fallback" above): the states its searches may
+# generate in all, twice that with a topology. Generated states, not expanded ones: an expansion of a
+# high-rank state over many atoms generates tens of thousands, and each costs time and memory. A state
+# holds a tuple per dim, so above rank _BUDGET_RANK the budget shrinks in proportion.
+_MAX_STATES = 200_000
+_BUDGET_RANK = 8
 # The search over sub-axes refines a plan that usually exists already; it gives up sooner.
 _MAX_REFINED_EXPANSIONS = 8_000
 
@@ -110,11 +130,13 @@ def _compress(mesh: Mesh, atoms: _Atoms, run) -> tuple[str, ...]:
 def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
     """The cheapest memory-bounded plan from ``src`` to ``dst``.
 
-    ``plan.peak_bytes <= max(src.local_bytes, dst.local_bytes)`` always holds. Without a topology the plan
-    receives the fewest bytes (then has the fewest steps). With ``topology`` (a :class:`redist.cost.Topology`
-    or a preset name of :mod:`redist.cost`, laid over the source's mesh) the candidates (the fewest-bytes
-    plans and the plans found by searching on modeled time, over whole axes and over sub-axes) are priced
-    with :func:`redist.cost.plan_time` and the fastest is returned (ties: fewer bytes, then fewer steps).
+    ``plan.peak_bytes <= max(src.local_bytes, dst.local_bytes)`` always holds, and every valid pair gets a
+    plan (see "Budget and fallback" in the module header). Without a topology the plan receives the fewest
+    bytes (then has the fewest steps) that the search finds within its budget. With ``topology`` (a
+    :class:`redist.cost.Topology` or a preset name of :mod:`redist.cost`, laid over the source's mesh) the
+    candidates (the fewest-bytes plans and the plans found by searching on modeled time, over whole axes
+    and over sub-axes) are priced with :func:`redist.cost.plan_time` and the fastest is returned (ties:
+    fewer bytes, then fewer steps).
 
     Raises :class:`ShardingError` if the types are on different meshes, have different shapes or dtypes, or if
     the destination is partial over an axis the source is not.
@@ -130,8 +152,11 @@ def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
 
         topo = cost.as_topology(topology, src.mesh)
         candidates = [_synthesize(core_src, core_dst)]
+        states = _state_budget(core_src)
         for refine in (False, True):
-            found = _search(core_src, core_dst, refine, topo)
+            found, used = _search(core_src, core_dst, refine, topo, states,
+                                  max_expansions=_MAX_REFINED_EXPANSIONS if refine else None)
+            states -= used
             if found is not None:
                 candidates.append(found)
         core = min(candidates, key=lambda p: (cost.plan_time(p, topo), p.bytes_received, len(p.steps)))
@@ -230,111 +255,121 @@ def _with_unit_axes(src: ShardingType, dst: ShardingType, core: Plan) -> Plan:
 
 @lru_cache(maxsize=1024)
 def _synthesize(src: ShardingType, dst: ShardingType) -> Plan:
-    """The fewest-bytes plan (ties: fewest steps)."""
-    plan = _search(src, dst, refine=False)
+    """The fewest-bytes plan (ties: fewest steps); :func:`_fallback` if the searches give up."""
+    direct = _single_permute(src, dst)
+    if direct is not None:
+        return direct
+    budget = _state_budget(src)
+    plan, used = _search(src, dst, refine=False, max_states=budget)
     reduces = set(src.partial) != set(dst.partial)
     if plan is not None:
         if reduces or (plan.bytes_received == lower_bound_bytes(src, dst) and len(plan.steps) < 3):
             return plan
     # Sub-axes can help (or be needed): search again over prime-sized atoms, keep the better plan. A plan at
     # the bound may still shrink: slice, permute, gather of a whole axis is often slice, permute of a part.
-    # When no plan exists over whole axes, the search over sub-axes is the only way and gets the full budget.
-    finer = _search(src, dst, refine=True, budget=None if plan is None else _MAX_REFINED_EXPANSIONS)
-    if finer is None and plan is None:
-        raise RuntimeError(f"no memory-bounded plan from {src} to {dst} within the search budget "
-                           f"({_MAX_EXPANSIONS} states); please report this pair")
+    # When no plan exists over whole axes, the search over sub-axes is the only way and may expand any number
+    # of states within the budget.
+    finer, _ = _search(src, dst, refine=True, max_states=budget - used,
+                       max_expansions=None if plan is None else _MAX_REFINED_EXPANSIONS)
     candidates = [p for p in (plan, finer) if p is not None]
+    if not candidates:
+        return _fallback(src, dst)
     return min(candidates, key=lambda p: (p.bytes_received, len(p.steps)))
 
 
-def _search(src: ShardingType, dst: ShardingType, refine: bool, topo=None, budget=None) -> Plan | None:
-    """A* over normal-form plans on the atoms of ``refine``; objective: bytes received, or with ``topo``
-    modeled time (a merged step pays its latency once). None if no plan is found within ``budget`` expanded
-    states (default: ``_MAX_EXPANSIONS``, or ``_MAX_REFINED_EXPANSIONS`` over sub-axes with a topology)."""
-    if budget is None:
-        budget = _MAX_REFINED_EXPANSIONS if (refine and topo is not None) else _MAX_EXPANSIONS
-    mesh = src.mesh
-    atoms = _atoms(mesh, _cut_points(mesh, (src, dst), refine))
-    sz = atoms.sizes
-    n_atoms = len(sz)
-    shape = src.shape
-    rank = len(shape)
-    scale = mesh.size
-    gbytes = src.global_bytes
+def _state_budget(t: ShardingType) -> int:
+    """The states the searches of one call may generate for types of ``t``'s rank (see ``_MAX_STATES``)."""
+    return _MAX_STATES * _BUDGET_RANK // max(_BUDGET_RANK, t.rank)
 
-    def dims_of(t):
-        return tuple(_expand(mesh, atoms, d) for d in t.dims)
 
-    def mask(ids):
-        m = 0
-        for i in ids:
-            m |= 1 << i
-        return m
+def _single_permute(src: ShardingType, dst: ShardingType) -> Plan | None:
+    """One ``permute`` from ``src`` to ``dst`` (no step if they are equal), or None unless both have the same
+    block count in every dim and the same partial axes (even types).
 
-    src_dims, dst_dims = dims_of(src), dims_of(dst)
-    src_partial = mask(_expand(mesh, atoms, src.partial))
-    dst_partial = mask(_expand(mesh, atoms, dst.partial))
-    wanted = mask(a for d in dst_dims for a in d)  # atoms the destination places in dims
-    reducible = src_partial & ~dst_partial
+    It receives exactly the lower bound: blocks of one dim with the same count are equal or disjoint, so a
+    device whose block changes holds none of its new block and receives its buffer, and the others receive
+    nothing. No plan receives less, and none has fewer steps.
+    """
+    if src.partial != dst.partial or any(src.blocks(i) != dst.blocks(i) for i in range(src.rank)):
+        return None
+    return _typed_plan(src, () if src == dst else (S.Permute(dst.dims),))
 
-    def local_bytes(dims) -> int:
+
+def _fallback(src: ShardingType, dst: ShardingType) -> Plan:
+    """The plan when the searches give up (even types): reduce the pending sums that ``dst`` does not keep,
+    then one ``exchange`` to ``dst``, which receives exactly the elements each device lacks.
+
+    Each reduced axis is reduce-scattered onto the first dim whose local size it divides, and those that fit
+    nowhere are all-reduced after them: reduce-scatters over a group of ``k`` devices receive
+    ``(k−1)/k · L_src`` in all, half of what an all-reduce receives, and leave a smaller buffer. Peak:
+    ``max(src.local_bytes, dst.local_bytes)``. Bytes: the lower bound without a reduction, else at most
+    ``2(k−1)/k · L_src + L_dst``. Correct for any valid pair.
+    """
+    placed: list[tuple[int, tuple[str, ...]]] = []  # (dim, axes) of each reduce_scatter
+    unplaced = []
+    local = list(src.local_shape)
+    for axis in remove_axes(src.mesh, src.partial, dst.partial):
+        k = src.mesh.axis_size(axis)
+        dim = next((i for i, n in enumerate(local) if n % k == 0), None)
+        if dim is None:
+            unplaced.append(axis)
+            continue
+        local[dim] //= k
+        if placed and placed[-1][0] == dim:  # onto the same dim again: one reduce_scatter over both
+            placed[-1] = (dim, placed[-1][1] + (axis,))
+        else:
+            placed.append((dim, (axis,)))
+    steps = [S.ReduceScatter(dim, axes) for dim, axes in placed]
+    if unplaced:
+        steps.append(S.AllReduce(tuple(unplaced)))
+    return _typed_plan(src, (*steps, S.Exchange(dst.dims)))
+
+
+def _mask(ids) -> int:
+    """The bit mask of the atoms ``ids``."""
+    m = 0
+    for i in ids:
+        m |= 1 << i
+    return m
+
+
+@dataclass(frozen=True)
+class _Moves:
+    """The moves of one search, over atoms of sizes ``sizes``. A state is ``(dims, partial, grown, last)``: the
+    atoms of each dim (major to minor), the mask of partial atoms, whether a gather has grown the buffer, and
+    the tag of the last move, which lets consecutive slices / gathers / reduce-scatters on one dim, or
+    consecutive swaps, merge into one step and be charged once. ``wanted`` masks the atoms the destination
+    places in dims, ``reducible`` the partial atoms it does not keep. Bytes are in units of ``1 / scale``."""
+
+    sizes: tuple[int, ...]
+    shape: tuple[int, ...]
+    global_bytes: int
+    scale: int
+    wanted: int
+    reducible: int
+
+    def blocks(self, ids) -> int:
         k = 1
-        for d in dims:
-            for a in d:
-                k *= sz[a]
-        return gbytes // k
-
-    def blocks(d) -> int:
-        k = 1
-        for a in d:
-            k *= sz[a]
+        for a in ids:
+            k *= self.sizes[a]
         return k
 
-    dst_local = local_bytes(dst_dims)
-    if topo is None:
-        def price(nbytes_scaled, axes, new_step):
-            return nbytes_scaled
+    def local_bytes(self, dims) -> int:
+        k = 1
+        for d in dims:
+            k *= self.blocks(d)
+        return self.global_bytes // k
 
-        def h(dims):
-            return max(0, dst_local - local_bytes(dims)) * scale
-    else:
-        links = [topo.link(n) for n in atoms.names]
-        fastest = max(link.beta for link in links)
-
-        def price(nbytes_scaled, axes, new_step):
-            if not nbytes_scaled:
-                return 0.0
-            group = [links[a] for a in range(n_atoms) if axes >> a & 1] or links
-            alpha = max(link.alpha for link in group) if new_step else 0.0
-            return alpha + nbytes_scaled / scale / min(link.beta for link in group)
-
-        def h(dims):
-            return max(0, dst_local - local_bytes(dims)) / fastest
-
-    # A state: (dims, partial mask, grown, last move tag). ``last`` lets consecutive slices / gathers /
-    # reduce-scatters on one dim, or consecutive swaps, merge into one step and be charged once.
-    start = (src_dims, src_partial, False, None)
-    goal = (dst_dims, dst_partial)
-    best = {start: (0, 0)}
-    parent: dict = {start: None}
-    heap = [(h(src_dims), 0, 0, 0, start)]
-    tie = 0
-    expansions = 0
-    while heap:
-        f, g, nsteps, _, state = heapq.heappop(heap)
-        if best.get(state) != (g, nsteps):
-            continue
+    def successors(self, state):
+        """Every move out of ``state``: ``(dims, partial, grown, tag, bytes, atoms moved, new step?, move)``."""
         dims, partial, grown, last = state
-        if (dims, partial) == goal:
-            return _build(src, dst, mesh, atoms, parent, state)
-        expansions += 1
-        if expansions > budget:
-            return None
-        L = local_bytes(dims)
-        used = mask(a for d in dims for a in d)
+        sz, shape, scale, wanted, reducible, blocks = \
+            self.sizes, self.shape, self.scale, self.wanted, self.reducible, self.blocks
+        rank, n_atoms = len(shape), len(sz)
+        L = self.local_bytes(dims)
+        used = _mask(a for d in dims for a in d)
         free = ((1 << n_atoms) - 1) & ~used & ~partial
         local = [shape[i] // blocks(dims[i]) for i in range(rank)]
-        moves = []
         if not grown:
             for a in range(n_atoms):
                 if free >> a & 1 and wanted >> a & 1:
@@ -345,15 +380,15 @@ def _search(src: ShardingType, dst: ShardingType, refine: bool, topo=None, budge
                         if local[i] % sz[a]:
                             continue
                         nd = dims[:i] + (dims[i] + (a,),) + dims[i + 1:]
-                        moves.append((nd, partial, False, ("slice", i), 0, 0, last != ("slice", i), ("slice", i, a)))
+                        yield nd, partial, False, ("slice", i), 0, 0, last != ("slice", i), ("slice", i, a)
                 if reducible >> a & 1 and partial >> a & 1:
                     for i in range(rank):
                         if local[i] % sz[a]:
                             continue
                         nd = dims[:i] + (dims[i] + (a,),) + dims[i + 1:]
                         cost = (sz[a] - 1) * L * scale // sz[a]
-                        moves.append((nd, partial & ~(1 << a), False, ("rs", i), cost, 1 << a, last != ("rs", i),
-                                      ("rs", i, a)))
+                        yield (nd, partial & ~(1 << a), False, ("rs", i), cost, 1 << a, last != ("rs", i),
+                               ("rs", i, a))
         singles = []
         for i in range(rank):
             di = dims[i]
@@ -367,14 +402,14 @@ def _search(src: ShardingType, dst: ShardingType, refine: bool, topo=None, budge
                     nd = list(dims)
                     nd[i] = di[: len(di) - m]
                     nd[j] = dims[j] + suffix
-                    moves.append((tuple(nd), partial, grown, None, (k - 1) * L * scale // k, mask(suffix), True,
-                                  ("a2a", ((i, j, m),))))
+                    yield (tuple(nd), partial, grown, None, (k - 1) * L * scale // k, _mask(suffix), True,
+                           ("a2a", ((i, j, m),)))
                 # Gathers on different dims commute: take minor dims first, while the buffer is small (a
                 # gather along a minor dim interleaves and needs a transpose; along dim 0 it appends).
-                if not (mask(suffix) & wanted) and not (last and last[0] == "gather" and last[1] < i):
+                if not (_mask(suffix) & wanted) and not (last and last[0] == "gather" and last[1] < i):
                     nd = dims[:i] + (di[: len(di) - m],) + dims[i + 1:]
-                    moves.append((nd, partial, True, ("gather", i), (k - 1) * L * scale, mask(suffix),
-                                  last != ("gather", i), ("gather", i, m)))
+                    yield (nd, partial, True, ("gather", i), (k - 1) * L * scale, _mask(suffix),
+                           last != ("gather", i), ("gather", i, m))
         # Two moves in one all-to-all over both groups (XLA does the same): from two dims into two others, or
         # into one (appended in move order, so both orders are tried).
         for x, (i1, j1, m1, suffix1, k1) in enumerate(singles):
@@ -388,23 +423,75 @@ def _search(src: ShardingType, dst: ShardingType, refine: bool, topo=None, budge
                 nd[i1], nd[i2] = dims[i1][: len(dims[i1]) - m1], dims[i2][: len(dims[i2]) - m2]
                 nd[j1] = dims[j1] + suffix1
                 nd[j2] = nd[j2] + suffix2
-                moves.append((tuple(nd), partial, grown, None, (k - 1) * L * scale // k, mask(suffix1 + suffix2),
-                              True, ("a2a", ((i1, j1, m1), (i2, j2, m2)))))
+                yield (tuple(nd), partial, grown, None, (k - 1) * L * scale // k, _mask(suffix1 + suffix2),
+                       True, ("a2a", ((i1, j1, m1), (i2, j2, m2))))
         if partial & reducible:
-            k = 1
-            for a in range(n_atoms):
-                if (partial & reducible) >> a & 1:
-                    k *= sz[a]
-            moves.append((dims, partial & ~reducible, grown, None, 2 * (k - 1) * L * scale // k,
-                          partial & reducible, True, ("ar",)))
+            k = blocks(a for a in range(n_atoms) if (partial & reducible) >> a & 1)
+            yield (dims, partial & ~reducible, grown, None, 2 * (k - 1) * L * scale // k, partial & reducible, True,
+                   ("ar",))
         chain = last[1] if last and last[0] == "swap" else 0
         if chain < _MAX_SWAPS:
             tag = ("swap", chain + 1)
             cost = 0 if chain else L * scale
             for nd in _swaps(dims, sz, free & wanted):
-                moved = mask(a for d, e in zip(dims, nd) for a, b in zip(d, e) if a != b)
-                moves.append((nd, partial, grown, tag, cost, moved, not chain, ("swap", nd)))
-        for nd, npartial, ngrown, ntag, nbytes, axes, new_step, move in moves:
+                moved = _mask(a for d, e in zip(dims, nd) for a, b in zip(d, e) if a != b)
+                yield nd, partial, grown, tag, cost, moved, not chain, ("swap", nd)
+
+
+def _search(src: ShardingType, dst: ShardingType, refine: bool, topo=None, max_states: int = _MAX_STATES,
+            max_expansions: int | None = None) -> tuple[Plan | None, int]:
+    """A* over normal-form plans on the atoms of ``refine``; objective: bytes received, or with ``topo``
+    modeled time (a merged step pays its latency once). Returns the plan, or None if there is none or the
+    search gives up (after ``max_states`` generated states or ``max_expansions`` expanded ones), and the
+    number of states it generated."""
+    mesh = src.mesh
+    atoms = _atoms(mesh, _cut_points(mesh, (src, dst), refine))
+    src_dims, dst_dims = (tuple(_expand(mesh, atoms, d) for d in t.dims) for t in (src, dst))
+    src_partial = _mask(_expand(mesh, atoms, src.partial))
+    dst_partial = _mask(_expand(mesh, atoms, dst.partial))
+    space = _Moves(atoms.sizes, src.shape, src.global_bytes, mesh.size,
+                   wanted=_mask(a for d in dst_dims for a in d), reducible=src_partial & ~dst_partial)
+    scale = mesh.size
+    dst_local = space.local_bytes(dst_dims)
+    if topo is None:
+        def price(nbytes_scaled, axes, new_step):
+            return nbytes_scaled
+
+        def h(dims):
+            return max(0, dst_local - space.local_bytes(dims)) * scale
+    else:
+        links = [topo.link(n) for n in atoms.names]
+        fastest = max(link.beta for link in links)
+
+        def price(nbytes_scaled, axes, new_step):
+            if not nbytes_scaled:
+                return 0.0
+            group = [link for a, link in enumerate(links) if axes >> a & 1] or links
+            alpha = max(link.alpha for link in group) if new_step else 0.0
+            return alpha + nbytes_scaled / scale / min(link.beta for link in group)
+
+        def h(dims):
+            return max(0, dst_local - space.local_bytes(dims)) / fastest
+
+    start = (src_dims, src_partial, False, None)
+    goal = (dst_dims, dst_partial)
+    best = {start: (0, 0)}
+    parent: dict = {start: None}
+    heap = [(h(src_dims), 0, 0, 0, start)]
+    tie = expansions = generated = 0
+    while heap:
+        f, g, nsteps, _, state = heapq.heappop(heap)
+        if best.get(state) != (g, nsteps):
+            continue
+        if state[:2] == goal:
+            return _build(src, dst, mesh, atoms, parent, state), generated
+        expansions += 1
+        if max_expansions is not None and expansions > max_expansions:
+            return None, generated
+        for nd, npartial, ngrown, ntag, nbytes, axes, new_step, move in space.successors(state):
+            if generated == max_states:
+                return None, generated
+            generated += 1
             nstate = (nd, npartial, ngrown, ntag)
             ng, ns = g + price(nbytes, axes, new_step), nsteps + (1 if new_step else 0)
             old = best.get(nstate)
@@ -413,7 +500,7 @@ def _search(src: ShardingType, dst: ShardingType, refine: bool, topo=None, budge
                 parent[nstate] = (state, move)
                 tie += 1
                 heapq.heappush(heap, (ng + h(nd), ng, ns, tie, nstate))
-    return None
+    return None, generated
 
 
 def _swaps(dims, sz, swappable_free):
