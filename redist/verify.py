@@ -27,10 +27,11 @@ which local index of the buffer before it the element came from:
 - ``ReduceScatter(dim, axes)``: a *sum* over the group: a fresh symbolic member (one summand per value of
   it); index + r·n_out along ``dim``.
 - ``AllReduce(axes)``: a sum over the group, fresh symbolic member, same index.
-- ``CollectivePermute(sources)``: the device ``sources[d]``, same index. The table over the device id d is
-  a balanced tree of ``If(d < start, …)`` over the runs of devices on which ``sources[d]`` is affine in d
-  (:func:`_table`): a permute that swaps mesh axes is affine along the minor axis, so its n entries take
-  about n / (size of the minor axis) leaves rather than n, in time and in memory.
+- ``CollectivePermute(sources)``: the device ``sources[d]``, same index: per mesh axis, a table over the
+  device id d of ``sources[d]``'s coordinate on that axis, each a balanced tree of ``If(d < start, …)`` over
+  the runs of devices on which the coordinate is affine in d (:func:`_table`). A permute that swaps mesh
+  axes is affine along the minor axis, so its n entries take about n / (size of the minor axis) leaves per
+  mesh axis rather than an if-then-else chain of n, in time and in memory.
 - ``Exchange(shape, copies)``: a table over the device id and the copies' boxes: the copy of device d whose
   destination box holds the index gives the source device and index; an index no copy writes is *unwritten*
   (the walk records that it must not be).
@@ -89,9 +90,10 @@ Time
 ----
 ``timeout_s`` bounds the wall time of the whole call. A deadline is checked while the constraints are built
 (per instruction, per device of an exchange, per leaf of a permute's table) and Z3 gets only the time that
-is left; running out gives status ``"undecided"`` and a reason saying what was not finished. Lowering the
-plan (``plan.program``, computed once per plan and cached) happens before the first check and cannot be
-cut short.
+is left, with a timer that interrupts it at the deadline (its own ``timeout`` is checked late in some
+phases); running out gives status ``"undecided"`` and a reason saying what was not finished. The plan's own
+work — lowering (``plan.program``) and ``plan.bytes_received``, each computed once per plan and cached —
+happens before the first check and cannot be cut short.
 """
 
 from __future__ import annotations
@@ -477,10 +479,11 @@ class _Walk:
             if isinstance(ins, P.CollectivePermute):
                 if not ins.pairs():
                     continue
-                source = z3.Int(f"{self.tag}_perm{t}")
-                self.defs.append(source == _table(self.device_id(c), ins.sources, self.deadline,
-                                                  f"encoding the source table of instruction {t}"))
-                c = self._named_coords(t, _coords_of_id(self.mesh_sizes, source))
+                # One table per mesh axis, of the source's coordinate on it: no division in the terms.
+                did, doing = self.device_id(c), f"encoding the source table of instruction {t}"
+                sources = [_coords(self.mesh_sizes, s) for s in ins.sources]
+                c = self._named_coords(t, {name: _table(did, [s[name] for s in sources], self.deadline, doing)
+                                           for name in self.names})
                 continue
             if isinstance(ins, P.Exchange):
                 c, idx = self._exchange(t, ins, c, idx)
@@ -544,15 +547,14 @@ class _Walk:
 
         A selector ``k`` names that copy (``k == J``, the number of copies: none holds it, the element is
         unwritten). Each copy is one implication, ``k == j → (device and index in its box) ∧ (source device
-        id and index)``, and ``k == J → no box holds it``; the boxes of one device do not overlap, so ``k`` is
-        a function of the device and index. This keeps the encoding linear in the number of copies (an
-        if-then-else chain over thousands of copies is much slower to solve); the source's coordinates follow
-        from its id by division, once, rather than one equation per mesh axis in every copy."""
+        and index)``, and ``k == J → no box holds it``; the boxes of one device do not overlap, so ``k`` is a
+        function of the device and index. This keeps the encoding linear in the number of copies (an
+        if-then-else chain over thousands of copies is much slower to solve)."""
         did = self.device_id(c)
         doing = f"encoding the copies of instruction {t} (exchange) for the {self.tag!r} walk"
         n_copies = sum(len(copies) for copies in ins.copies)
         k = self.fresh(f"copy{t}", 0, n_copies + 1)
-        source = z3.Int(f"{self.tag}_x{t}")
+        c2 = {name: z3.Int(f"{self.tag}_x{t}_{name}") for name in self.names}
         i2 = [z3.Int(f"{self.tag}_i{t}_{d}") for d in range(len(idx))]
         covers, j = [], 0
         for d, copies in enumerate(ins.copies):
@@ -564,15 +566,16 @@ class _Walk:
             for cp in copies:
                 inside = z3.And([on_d] + [z3.And(i >= lo, i < lo + n) for i, lo, n in zip(idx, cp.dst_start, cp.size)])
                 covers.append(inside)
+                source = _coords(self.mesh_sizes, cp.source)
                 self.defs.append(z3.Implies(k == j, z3.And(
-                    [inside, source == cp.source]
+                    [inside] + [c2[name] == source[name] for name in self.names]
                     + [a == (i if lo_in == lo_out else i + (lo_in - lo_out))
                        for a, i, lo_in, lo_out in zip(i2, idx, cp.src_start, cp.dst_start)])))
                 j += 1
         self.deadline.check(doing)
         self.defs.append(z3.Implies(k == n_copies, z3.Not(z3.Or(covers)) if covers else z3.BoolVal(True)))
         self.written.append(k < n_copies)
-        return self._named_coords(t, _coords_of_id(self.mesh_sizes, source)), i2
+        return c2, i2
 
     def _named(self, t: int, idx: list) -> list:
         """Fresh names for the index before instruction ``t`` (keeps the solver's terms small)."""
@@ -601,24 +604,15 @@ def _coords(mesh_sizes: dict, device: int) -> dict[str, int]:
     return {name: out[name] for name in mesh_sizes}
 
 
-def _coords_of_id(mesh_sizes: dict, device) -> dict:
-    """:func:`_coords` of a symbolic device id in ``range(mesh size)``."""
-    out, stride = {}, 1
-    for name in reversed(list(mesh_sizes)):
-        q = device / stride if stride > 1 else device
-        out[name] = q if name == next(iter(mesh_sizes)) else q % mesh_sizes[name]
-        stride *= mesh_sizes[name]
-    return out
-
-
 def _table(key, values: Sequence[int], deadline: _Deadline, doing: str):
     """``values[key]`` for a symbolic ``key`` in ``range(len(values))``: a balanced tree of ``If(key < start,
     …, …)`` over the maximal runs of keys on which ``values`` is affine in the key (leaf ``a·key + b``).
 
     A run grows while consecutive differences agree, so every run but the last has two keys or more: at most
     ``ceil(n / 2)`` leaves, and ``2m + 1`` for a permute that moves ``m`` devices (the identity is affine). A
-    table with structure has far fewer: a permute that swaps mesh axes is affine along the minor axis (256
-    leaves for a transpose of 256 x 256 devices, against 65,536 entries in a chain of if-then-elses)."""
+    table with structure has far fewer: the source coordinates of a permute that swaps mesh axes are affine
+    along the minor axis (256 leaves per axis for a transpose of 256 x 256 devices, against 65,536 entries
+    in a chain of if-then-elses)."""
     runs, start = [], 0
     while start < len(values):
         slope = values[start + 1] - values[start] if start + 1 < len(values) else 0

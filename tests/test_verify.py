@@ -437,18 +437,21 @@ def test_the_table_encoding_is_the_table(values, runs):
 
 
 def test_a_transpose_table_has_one_leaf_per_row():
-    """The memory fix: a permute that swaps two axes of 256 devices encodes in 256 leaves, not 65,536."""
+    """The memory fix: the source coordinates of a permute that swaps two axes of 256 devices each encode in
+    256 leaves, not as a chain of 65,536."""
     import z3
 
     from redist.verify import _Deadline, _table
 
-    sources = [(d % 256) * 256 + d // 256 for d in range(256 * 256)]
-    term = _table(z3.Int("key"), sources, _Deadline(None, 0.0), "test")
+    n = 256
+    sources = [(d % n) * n + d // n for d in range(n * n)]  # device (x, y) takes from device (y, x)
 
     def leaves(e):
         return sum(leaves(c) for c in e.children()[1:]) if z3.is_app_of(e, z3.Z3_OP_ITE) else 1
 
-    assert leaves(term) == 256
+    for coord in (lambda s: s // n, lambda s: s % n):
+        term = _table(z3.Int("key"), [coord(s) for s in sources], _Deadline(None, 0.0), "test")
+        assert leaves(term) == n
 
 
 # ---------------------------------------------------------------------------- misuse
