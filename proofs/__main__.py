@@ -93,7 +93,7 @@ def main(argv=None) -> int:
                  f"{mu['killed_by_verify']}/{mu['non_equivalent']} non-equivalent killed "
                  f"({100 * mu['kill_rate']:.1f}%), {mu['equivalent_survivors']} equivalent survivors",
                  "ok" if mu["ok"] and mu["kill_rate"] == 1.0 else "FAIL", mu["seconds"]))
-    failures += mu["unsound"] + mu["false_alarms"]
+    failures += mu["unsound"] + mu["false_alarms"] + mu["undecided"] + mu["no_counterexample"]
     failures += [f"mutation: no uneven plan with {k} was mutated" for k in mu["missing_uneven_kinds"]]
 
     med = rd["median_verify_s"]

@@ -186,7 +186,9 @@ def oracle(program, src: ShardingType, dst: ShardingType, seed: int = 0, trials:
     :func:`source_buffers`); True iff the result is the same value laid out as ``dst`` (group sums for
     partial ``dst``; replicas must agree), compared at the data positions of ``dst`` only: ``unshard`` reads
     no padding, which may hold anything. A program that raises at run time, or gives the wrong local shape,
-    is wrong."""
+    is wrong. So is a result whose dtype is not ``dst``'s, and a ``dst`` on another mesh than the program's
+    (SPEC 1: another mesh is another type, even where the data happen to sit on the same devices); ``dst``'s
+    layout is read on its own mesh, so a misplaced block shows as wrong values first."""
     from redist.data import unshard
 
     rng = np.random.default_rng(seed)
@@ -196,9 +198,13 @@ def oracle(program, src: ShardingType, dst: ShardingType, seed: int = 0, trials:
             out = numpy_backend.run(program, bufs)
             if any(tuple(x.shape) != dst.local_shape for x in out):
                 return False, "wrong local shape"
+            if any(x.dtype != dst.np_dtype for x in out):
+                return False, f"the result is {out[0].dtype}, not {dst.dtype}"
             got = unshard(dst, out)
         except Exception as e:  # noqa: BLE001 - a program that raises at run time is wrong
             return False, f"raised {type(e).__name__}: {e}"
         if not np.array_equal(got, value):
             return False, "wrong values"
+    if dst.mesh != program.mesh:
+        return False, f"the result is on mesh {program.mesh!r}, not {dst.mesh!r}"
     return True, "equal"

@@ -71,7 +71,7 @@ def check_pair(pair, uneven: bool = False) -> dict:
     v = verify(plan)
     out["seconds"] = v.seconds
     if not v.ok:
-        out["error"] = f"verify refuted: {v.reason}; counterexample {v.counterexample}"
+        out["error"] = f"verify {v.status}: {v.reason}; counterexample {v.counterexample}"
         return out
     bound = max(_local_bytes(src), _local_bytes(dst))
     if v.details["peak_bytes"] > bound:

@@ -24,6 +24,18 @@ which numpy slicing clips, gives a wrong result):
   when a copy names no device, does not fit the buffer it reads or the one it writes, or overlaps another
   copy of its device.
 
+On the claim side (each mutant is the plan's program with a claimed destination type that differs from the
+plan's in one field the value query does not read; claims that are not well-formed types are skipped, as
+nobody can make them):
+
+- ``claim_dtype``: another dtype (those of the same item size among them: ``i32`` for ``f32``);
+- ``claim_mesh_order``: the mesh's axes in another order (``y=2,x=4`` for ``x=4,y=2``): the same devices,
+  numbered differently (device 1 is at ``x=0,y=1`` on one and ``y=0,x=1`` on the other, so it holds another
+  block than the claim says unless the type replicates over those axes);
+- ``claim_axis_sizes``: the same axis names in the same order, with other sizes of the same product (``x=4,y=2``
+  for ``x=2,y=4``, or a prime factor moved between two axes);
+- ``claim_shape``: one dim one element longer.
+
 Uneven plans are mutated too: fixed pairs of both kinds (collectives on the padded view between ``pad`` and
 ``unpad``, whose program is the even program on the padded buffers, so the operators above apply; and an
 exchange, with or without an all-reduce), and a share of the random pairs. The oracle fills source padding
@@ -31,16 +43,23 @@ with NaN, so a mutant that reads padding as data is non-equivalent.
 
 Not covered: an off-by-one slice bound. The instruction set cannot express it (a ``Slice`` always keeps
 chunk ``r`` of ``k`` equal chunks), and a mutant-only subclass would be executed by the numpy backend as
-the plain ``Slice`` it subclasses, so the backend could not witness it; the operator is skipped.
+the plain ``Slice`` it subclasses, so the backend could not witness it; the operator is skipped. Device
+order on the claim side: a mesh has no device numbering of its own yet (SPEC 1's ``device_ids`` is not
+built), so no claim can name the same axes with the devices in another order; ``claim_mesh_order`` is the
+nearest mutant that can be built (another numbering of the same devices), and the verifier compares whole
+meshes, so ``device_ids`` will be compared the day they exist.
 
 A mutant the verifier proves correct (a survivor) must be equivalent: the numpy backend, run on random
-data (distinct elements, random summands per partial group), must give the correct result. A mutant the
-verifier refutes while the backend finds it correct is a false alarm. Both are failures of this script.
+data (distinct elements, random summands per partial group), must give the correct result (in the claimed
+dtype, on the claimed mesh: :func:`proofs.common.oracle`). A mutant the verifier refutes while the backend
+finds it correct is a false alarm. Both are failures of this script, and so are a mutant the verifier leaves
+undecided and a refuted claim mutant without a counterexample.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import random
 import sys
@@ -212,6 +231,44 @@ def mutants(prog: P.Program, rng: random.Random, max_per_op: int = 3):
         yield from lst[:max_per_op]
 
 
+def claim_mutants(dst, rng: random.Random, max_per_op: int = 3):
+    """Yield (operator, description, claim) for the claim-side operators of the module docstring: types
+    that differ from ``dst`` in its dtype, its mesh's axis order, its mesh's axis sizes, or its shape."""
+    from redist.errors import ShardingError
+    from redist.mesh import Mesh, prime_factors
+    from redist.types import DTYPES, ShardingType
+
+    def on(mesh, shape=dst.shape, dtype=dst.dtype):
+        try:
+            return ShardingType(mesh, shape, dtype, dst.dims, dst.partial)
+        except ShardingError:  # a sub-axis that does not fit the new mesh: not a claim anyone can make
+            return None
+
+    axes, sizes = list(dst.mesh.axes), list(dst.mesh.shape)
+    found = {
+        "claim_dtype": [(f"dtype {dst.dtype} -> {d}", on(dst.mesh, dtype=d)) for d in DTYPES if d != dst.dtype],
+        "claim_mesh_order": [(f"mesh {dst.mesh} -> {Mesh(order)}", on(Mesh(order)))
+                             for order in itertools.permutations(axes) if list(order) != axes],
+        "claim_axis_sizes": [],
+        "claim_shape": [(f"dim {i} of {n} -> {n + 1}", on(dst.mesh, shape=dst.shape[:i] + (n + 1,) + dst.shape[i + 1:]))
+                        for i, n in enumerate(dst.shape)],
+    }
+    resized = {tuple(p) for p in itertools.permutations(sizes)}
+    for i, j in itertools.permutations(range(len(sizes)), 2):
+        for p in set(prime_factors(sizes[i])):
+            new = list(sizes)
+            new[i], new[j] = new[i] // p, new[j] * p
+            resized.add(tuple(new))
+    for new in sorted(resized - {tuple(sizes)}):
+        mesh = Mesh(tuple((name, n) for (name, _), n in zip(axes, new)))
+        found["claim_axis_sizes"].append((f"mesh {dst.mesh} -> {mesh}", on(mesh)))
+    for op, lst in found.items():
+        lst = [(desc, claim) for desc, claim in lst if claim is not None]
+        rng.shuffle(lst)
+        for desc, claim in lst[:max_per_op]:
+            yield op, desc, claim
+
+
 # Pairs whose plans use every instruction kind, the two-move all-to-all (local reshapes and transposes
 # around one AllToAll) and sub-axes among them; mutated before the random plans.
 FIXED_PAIRS = [
@@ -245,7 +302,8 @@ def run(n_plans: int = 300, seed: int = 0, max_per_op: int = 3, uneven: float = 
     rng = random.Random(seed)
     t0 = time.perf_counter()
     stats = {"plans": 0, "mutants": 0, "ill_formed": 0, "killed_by_verify": 0, "survivors": 0,
-             "equivalent_survivors": 0, "unsound": [], "false_alarms": [], "by_op": {}, "uneven_plans": {}}
+             "equivalent_survivors": 0, "unsound": [], "false_alarms": [], "undecided": [], "no_counterexample": [],
+             "by_op": {}, "uneven_plans": {}}
     for mesh_text, a, b in FIXED_PAIRS + FIXED_UNEVEN_PAIRS:
         mesh = Mesh.parse(mesh_text)
         src, dst = ShardingType.parse(a, mesh), ShardingType.parse(b, mesh)
@@ -261,13 +319,13 @@ def run(n_plans: int = 300, seed: int = 0, max_per_op: int = 3, uneven: float = 
     stats["kill_rate"] = stats["killed_by_verify"] / non_equiv if non_equiv else 1.0
     stats["seconds"] = time.perf_counter() - t0
     stats["missing_uneven_kinds"] = [k for k in UNEVEN_KINDS if not any(k in shape for shape in stats["uneven_plans"])]
-    stats["ok"] = not stats["unsound"] and not stats["false_alarms"] and not stats["missing_uneven_kinds"]
+    stats["ok"] = not (stats["unsound"] or stats["false_alarms"] or stats["undecided"] or stats["no_counterexample"]
+                       or stats["missing_uneven_kinds"])
     return stats
 
 
 def _mutate(plan, src, dst, rng, max_per_op, stats) -> None:
-    """Mutate one plan's program; count every mutant into ``stats``."""
-    from proofs.common import oracle
+    """Mutate one plan's program, then its claim; count every mutant into ``stats``."""
     from proofs.exhaustive import plan_shape
 
     stats["plans"] += 1
@@ -277,44 +335,58 @@ def _mutate(plan, src, dst, rng, max_per_op, stats) -> None:
     prog = plan.program
     for op, desc, new in mutants(prog, rng, max_per_op):
         shapes = derive_shapes(prog, new)
-        row = stats["by_op"].setdefault(op, {"mutants": 0, "killed": 0, "equivalent": 0, "ill_formed": 0})
-        row["mutants"] += 1
-        stats["mutants"] += 1
-        if shapes is None:
+        ill_formed = shapes is None
+        if ill_formed:
             # Ill-formed (a split that does not divide, a dim that does not exist): hand the verifier the
             # program with the original shapes, padded; it must refute it. The backend raises on it or gives
             # a wrong result (see the module docstring); if it gave the right one, that is a false alarm below.
-            stats["ill_formed"] += 1
-            row["ill_formed"] += 1
             shapes = (tuple(prog.shapes) + (prog.shapes[-1],) * len(new))[: len(new) + 1]
-        mut = P.Program(prog.mesh, prog.dtype, new, shapes)
-        v = verify_program(mut, src, dst)
-        ok, why = oracle(mut, src, dst, seed=stats["mutants"])
-        if v.ok:
-            stats["survivors"] += 1
-            if ok:
-                stats["equivalent_survivors"] += 1
-                row["equivalent"] += 1
-            else:
-                stats["unsound"].append(f"{src} -> {dst}: {desc}: verify proved it, numpy: {why}")
+        _judge(op, desc, P.Program(prog.mesh, prog.dtype, new, shapes), src, dst, stats, ill_formed=ill_formed)
+    for op, desc, claim in claim_mutants(dst, rng, max_per_op):
+        _judge(op, f"claim {claim}: {desc}", prog, src, claim, stats, claim_side=True)
+
+
+def _judge(op, desc, prog, src, dst, stats, ill_formed: bool = False, claim_side: bool = False) -> None:
+    """Verify one mutant, ask the numpy oracle, and count the outcome into ``stats``."""
+    from proofs.common import oracle
+
+    row = stats["by_op"].setdefault(op, {"mutants": 0, "killed": 0, "equivalent": 0, "ill_formed": 0})
+    row["mutants"] += 1
+    stats["mutants"] += 1
+    if ill_formed:
+        stats["ill_formed"] += 1
+        row["ill_formed"] += 1
+    v = verify_program(prog, src, dst)
+    ok, why = oracle(prog, src, dst, seed=stats["mutants"])
+    if v.status == "undecided":
+        stats["undecided"].append(f"{src} -> {dst}: {desc}: {v.reason}")
+    elif v.status == "proved":
+        stats["survivors"] += 1
+        if ok:
+            stats["equivalent_survivors"] += 1
+            row["equivalent"] += 1
         else:
-            stats["killed_by_verify"] += 1
-            row["killed"] += 1
-            if ok:
-                # Killed but the backend finds no difference on random data: recheck with more trials.
-                ok2, _ = oracle(mut, src, dst, seed=stats["mutants"] + 10**6, trials=6)
-                if ok2:
-                    stats["false_alarms"].append(f"{src} -> {dst}: {desc}: verify: {v.reason}")
+            stats["unsound"].append(f"{src} -> {dst}: {desc}: verify proved it, numpy: {why}")
+    else:
+        stats["killed_by_verify"] += 1
+        row["killed"] += 1
+        if claim_side and v.counterexample is None:
+            stats["no_counterexample"].append(f"{src} -> {dst}: {desc}: refuted without one: {v.reason}")
+        if ok:
+            # Killed but the backend finds no difference on random data: recheck with more trials.
+            ok2, _ = oracle(prog, src, dst, seed=stats["mutants"] + 10**6, trials=6)
+            if ok2:
+                stats["false_alarms"].append(f"{src} -> {dst}: {desc}: verify: {v.reason}")
 
 
 if __name__ == "__main__":
     s = run(int(sys.argv[1]) if len(sys.argv) > 1 else 300)
     for k, v in s.items():
-        if k not in ("unsound", "false_alarms", "by_op", "uneven_plans"):
+        if k not in ("unsound", "false_alarms", "undecided", "no_counterexample", "by_op", "uneven_plans"):
             print(f"{k}: {v}")
     for op, row in s["by_op"].items():
         print(f"  {op:<18} {row}")
     print("uneven plans:", s["uneven_plans"])
-    for line in s["unsound"] + s["false_alarms"]:
+    for line in s["unsound"] + s["false_alarms"] + s["undecided"] + s["no_counterexample"]:
         print(line)
     sys.exit(0 if s["ok"] else 1)
