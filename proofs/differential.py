@@ -2,16 +2,16 @@
 
     .venv/bin/python -m proofs.differential --numpy 10000 --jax 1000 --mpi 500 [--seed 0]
 
-Each case is a random valid (source, destination) pair from :func:`proofs.common.random_pair` (partial
-sources, sub-axes, uneven dims) on a random mesh whose axes have sizes 1 to 8 (so 1, 3, 5, 6 and 7 among
-them), in one of the dtypes f32, f64, i32, i64, bf16, bool, f16, u8. The plan is synthesized and run on
-a random value's buffers (:func:`redist.data.poisoned_source`: random integer summands for a partial
-source, padding poisoned), and the result is compared element for element with the oracle: every device's
-data block must equal that of ``redist.shard(dst, value)``, or for a partial destination the group sums
-``redist.unshard(dst, out)`` must equal the value. Counted per backend: wrong values, dtype changes, shape
-changes, exceptions (a valid pair that raises is a failure too), and apart from them synthesis errors
-(``synthesize`` raised: the synthesizer's failure, not the backend's). The exit status is 1 if any was
-found.
+Each case is a random valid (source, destination) pair from :func:`redist.testing.draw_pair` (partial
+sources, sub-axes, uneven dims) on a random mesh (:func:`redist.testing.draw_mesh`) whose axes have sizes 1
+to 8 (so 1, 3, 5, 6 and 7 among them), in one of the dtypes f32, f64, i32, i64, bf16, bool, f16, u8. The
+plan is synthesized and run on a random value's buffers (:func:`redist.data.poisoned_source`: random integer
+summands for a partial source, padding poisoned), and the result is compared element for element with the
+oracle: every device's data block must equal that of ``redist.shard(dst, value)``, or for a partial
+destination the group sums ``redist.unshard(dst, out)`` must equal the value. Counted per backend: wrong
+values, dtype changes, shape changes, exceptions (a valid pair that raises is a failure too), and apart from
+them synthesis errors (``synthesize`` raised: the synthesizer's failure, not the backend's). The exit status
+is 1 if any was found.
 
 Backends:
 
@@ -28,25 +28,20 @@ Case ``i`` of a backend depends only on ``(seed, backend, i)``; a failure prints
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
-import math
 import os
-import random
 import sys
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from proofs.common import random_pair
 from redist.data import poisoned_source, shard, unshard
 from redist.errors import ShardingError
-from redist.mesh import Mesh
 from redist.synthesis import synthesize
+from redist.testing import SeededDraw, draw_mesh, draw_pair
 from redist.types import ShardingType
 
-AXIS_SIZES = (1, 2, 3, 4, 5, 6, 7, 8)
 DTYPES = ("f32", "f32", "f64", "f64", "i32", "i64", "bf16", "bool", "f16", "u8")
 BACKEND_IDS = {"numpy": 0, "jax": 1, "mpi": 2}  # the data rng's seed part: each backend draws its own cases
 MPI_SIZES = (2, 3, 4, 5, 6, 7, 8)
@@ -54,29 +49,17 @@ KINDS = ("wrong values", "dtype changes", "shape changes", "exceptions", "synthe
 
 
 # ---------------------------------------------------------------------------------------------- cases
-def draw_mesh(rng: random.Random, max_devices: int, devices: int | None = None) -> Mesh:
-    """A mesh of 1-4 axes of sizes from :data:`AXIS_SIZES`: at most ``max_devices`` devices, or exactly
-    ``devices`` (then each ordered factorization into at most three axes is equally likely)."""
-    if devices is not None:
-        shapes = [s for k in (1, 2, 3) for s in itertools.product(AXIS_SIZES, repeat=k) if math.prod(s) == devices]
-        sizes = list(rng.choice(shapes))
-    else:
-        sizes = []
-        for _ in range(rng.randint(1, 4)):
-            fitting = [s for s in AXIS_SIZES if math.prod(sizes) * s <= max_devices]
-            sizes.append(rng.choice(fitting))
-    return Mesh({f"a{i}": s for i, s in enumerate(sizes)})
-
-
 def draw_case(seed: int, backend: str, i: int, max_devices: int = 8,
               devices: int | None = None) -> tuple[ShardingType, ShardingType]:
     """Case ``i`` of ``backend``'s run: a valid pair (a third of them uneven, on meshes of two devices or
-    more), a function of its arguments only, so that every MPI rank draws the same one."""
-    rng = random.Random(f"differential:{seed}:{backend}:{i}")
-    mesh = draw_mesh(rng, max_devices, devices)
-    dtype = rng.choice(DTYPES)
-    return random_pair(rng, mesh, max_rank=3, partial=0.4, sub_axes=0.25, dtype=dtype,
-                       uneven=0.35 if mesh.size >= 2 else 0.0)
+    more) on a mesh of 1-4 axes with at most ``max_devices`` devices, or of 1-3 axes with exactly
+    ``devices``; a function of its arguments only, so that every MPI rank draws the same one."""
+    draw = SeededDraw(f"differential:{seed}:{backend}:{i}")
+    if devices is None:
+        mesh = draw_mesh(draw, max_devices=max_devices)
+    else:
+        mesh = draw_mesh(draw, max_axes=3, devices=devices)
+    return draw_pair(draw, mesh, partial=0.4, sub_axes=0.25, dtype=DTYPES, uneven=0.35 if mesh.size >= 2 else 0.0)
 
 
 def case_data(src: ShardingType, seed: int, backend: str, i: int):

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
-import random
 import statistics
 import sys
 import time
@@ -30,6 +29,7 @@ from collections import Counter
 
 from redist.bounds import lower_bound_bytes
 from redist.synthesis import synthesize
+from redist.testing import SeededDraw, draw_mesh, draw_pair
 from redist.verify import verify
 
 
@@ -125,25 +125,16 @@ def exhaustive_pairs(max_devices: int = 8, max_rank: int = 3):
 
 
 def random_pairs(n: int, seed: int = 0, devices: int = 16):
-    from proofs.common import random_mesh, random_pair
-
-    rng = random.Random(seed)
-    out = []
-    while len(out) < n:
-        mesh = random_mesh(rng, max_axes=4, max_devices=devices, min_devices=devices)
-        out.append(random_pair(rng, mesh, max_rank=4, partial=0.4, sub_axes=0.25))
-    return out
+    draw = SeededDraw(seed)
+    return [draw_pair(draw, draw_mesh(draw, devices=devices), max_rank=4, partial=0.4, sub_axes=0.25)
+            for _ in range(n)]
 
 
 def random_uneven_pairs(n: int, seed: int = 0, max_devices: int = 16):
-    from proofs.common import random_mesh, random_pair
-
-    rng = random.Random(seed)
-    out = []
-    while len(out) < n:
-        mesh = random_mesh(rng, max_axes=4, max_devices=max_devices, min_devices=2)
-        out.append(random_pair(rng, mesh, max_rank=3, partial=0.4, sub_axes=0.25, uneven=1.0))
-    return out
+    draw = SeededDraw(seed)
+    return [draw_pair(draw, draw_mesh(draw, max_devices=max_devices, min_devices=2), partial=0.4, sub_axes=0.25,
+                      uneven=1.0)
+            for _ in range(n)]
 
 
 def summarize(name: str, results: list[dict], seconds: float) -> dict:

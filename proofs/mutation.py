@@ -296,10 +296,11 @@ def run(n_plans: int = 300, seed: int = 0, max_per_op: int = 3, uneven: float = 
     """Mutate the fixed pairs' plans, then random plans (a share ``uneven`` of them uneven) up to ``n_plans``
     plans. ``uneven_plans`` counts the uneven plans mutated by :func:`proofs.exhaustive.plan_shape`; ``ok``
     also needs each of :data:`UNEVEN_KINDS` in some of them."""
-    from proofs.common import random_mesh, random_pair
     from redist import Mesh, ShardingType
+    from redist.testing import SeededDraw, draw_mesh, draw_pair
 
     rng = random.Random(seed)
+    draw = SeededDraw(rng)
     t0 = time.perf_counter()
     stats = {"plans": 0, "mutants": 0, "ill_formed": 0, "killed_by_verify": 0, "survivors": 0,
              "equivalent_survivors": 0, "unsound": [], "false_alarms": [], "undecided": [], "no_counterexample": [],
@@ -309,8 +310,8 @@ def run(n_plans: int = 300, seed: int = 0, max_per_op: int = 3, uneven: float = 
         src, dst = ShardingType.parse(a, mesh), ShardingType.parse(b, mesh)
         _mutate(synthesize(src, dst), src, dst, rng, max_per_op, stats)
     while stats["plans"] < n_plans:
-        mesh = random_mesh(rng, max_axes=3, max_devices=8, min_devices=2)
-        src, dst = random_pair(rng, mesh, max_rank=3, partial=0.4, sub_axes=0.25, uneven=uneven)
+        mesh = draw_mesh(draw, max_axes=3, max_devices=8, min_devices=2)
+        src, dst = draw_pair(draw, mesh, partial=0.4, sub_axes=0.25, uneven=uneven)
         plan = synthesize(src, dst)
         if plan.steps:
             _mutate(plan, src, dst, rng, max_per_op, stats)

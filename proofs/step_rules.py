@@ -18,7 +18,6 @@ of pairs (meshes ≤ 16 devices, sub-axes, partial types) is lowered alone (``lo
 
 from __future__ import annotations
 
-import random
 import time
 
 import z3
@@ -120,17 +119,17 @@ def concrete_rules(n_pairs: int = 400, seed: int = 1) -> dict:
     """Every step of the plans of ``n_pairs`` random pairs, lowered alone and proved by the verifier."""
     from fractions import Fraction
 
-    from proofs.common import random_mesh, random_pair
     from redist.synthesis import synthesize
+    from redist.testing import SeededDraw, draw_mesh, draw_pair
     from redist.verify import program_bytes, verify_program
 
-    rng = random.Random(seed)
+    draw = SeededDraw(seed)
     by_kind: dict[str, int] = {}
     failures, synth_errors = [], []
     t0 = time.perf_counter()
     for _ in range(n_pairs):
-        mesh = random_mesh(rng, max_axes=4, max_devices=16)
-        src, dst = random_pair(rng, mesh, partial=0.5, sub_axes=0.3)
+        mesh = draw_mesh(draw, max_axes=4, max_devices=16)
+        src, dst = draw_pair(draw, mesh, partial=0.5, sub_axes=0.3)
         try:
             plan = synthesize(src, dst)
         except Exception as e:  # noqa: BLE001 - reported, not a step-rule failure

@@ -1,6 +1,9 @@
-"""Moving between a global array and per-device shards of a sharding type."""
+"""Moving between a global array and per-device shards of a sharding type; and, for tests, random data in
+such shards (random values, summands of a pending sum, poisoned padding)."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -50,8 +53,8 @@ def summands(t: ShardingType, value, rng: np.random.Generator, low: int = -4, hi
     whole = shard(t.replace(partial=()), value)
     if not t.partial:
         return whole
+    bufs = [random_array(rng, x.shape, x.dtype, low, high) for x in whole]
     if t.dtype == "bool":
-        bufs = [np.asarray(rng.random(x.shape) < 0.5) for x in whole]
         for group in t.mesh.groups(t.partial):
             value_bits = whole[group[0]]
             for d in group[1:]:
@@ -59,7 +62,6 @@ def summands(t: ShardingType, value, rng: np.random.Generator, low: int = -4, hi
             rest = np.logical_or.reduce([bufs[d] for d in group[1:]]) if group[1:] else np.zeros_like(value_bits)
             bufs[group[0]] = value_bits & (~rest | bufs[group[0]])
         return [np.asarray(b) for b in bufs]
-    bufs = [np.asarray(rng.integers(low, high, size=x.shape)).astype(x.dtype) for x in whole]
     for group in t.mesh.groups(t.partial):
         rest = sum((bufs[d] for d in group[1:]), np.zeros_like(whole[group[0]]))
         bufs[group[0]] = np.asarray(whole[group[0]] - rest).astype(whole[group[0]].dtype)
@@ -112,12 +114,24 @@ def poison_padding(t: ShardingType, bufs) -> list[np.ndarray]:
     return out
 
 
-def poisoned_source(t: ShardingType, rng: np.random.Generator, low: int = -20, high: int = 20):
-    """For tests: a random value of ``t``'s shape and dtype (random bits for bool, integers in ``[low, high)``
-    otherwise) and per-device buffers of ``t`` that hold it (:func:`summands`) with their padding poisoned
+def random_array(rng: np.random.Generator, shape, dtype, low: int = -20, high: int = 20,
+                 distinct: bool = False) -> np.ndarray:
+    """For tests: a random array of ``shape`` and ``dtype`` that the dtype holds exactly, so that sums of it
+    are exact: random bits for ``bool``; else integers in ``[low, high)``, or with ``distinct`` the integers
+    ``1 … N`` in random order (every element different wherever the dtype holds ``N`` exactly, so that a
+    misplaced element shows)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "b":
+        return np.asarray(rng.random(shape) < 0.5)
+    if distinct:
+        return (rng.permutation(math.prod(shape)) + 1).reshape(shape).astype(dtype)
+    return np.asarray(rng.integers(low, high, size=shape)).astype(dtype)
+
+
+def poisoned_source(t: ShardingType, rng: np.random.Generator, low: int = -20, high: int = 20,
+                    distinct: bool = False):
+    """For tests: a random value of ``t``'s shape and dtype (:func:`random_array` with ``low``, ``high`` and
+    ``distinct``) and per-device buffers of ``t`` that hold it (:func:`summands`) with their padding poisoned
     (:func:`poison_padding`). Returns ``(value, buffers)``."""
-    if t.dtype == "bool":
-        value = rng.random(t.shape) < 0.5
-    else:
-        value = rng.integers(low, high, size=t.shape).astype(t.np_dtype)
+    value = random_array(rng, t.shape, t.np_dtype, low, high, distinct)
     return value, poison_padding(t, summands(t, value, rng))

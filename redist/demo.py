@@ -41,7 +41,9 @@ def _types(mesh_text, a, b):
 
 
 def _value(t, seed=0):
-    return np.random.default_rng(seed).integers(-8, 9, size=t.shape).astype(t.np_dtype)
+    from redist.data import random_array
+
+    return random_array(np.random.default_rng(seed), t.shape, t.np_dtype, -8, 9)
 
 
 def _summands(t, value, seed=1):

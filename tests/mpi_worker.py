@@ -2,9 +2,9 @@
 tests/mpi_launch.py); each mode prints one summary line.
 
     cases SEED COUNT [UNEVEN]
-                       random (seeded) and classic reshards on every mesh of size N, then UNEVEN (default 0)
-                       pairs with non-divisible dims drawn by Hypothesis plus named uneven cases, against the
-                       numpy backend: ``ranks=N cases=C passed=P core_mismatch=M subcomms_stable=1`` and
+                       classic and COUNT random (seeded) reshards on the meshes of size N, then UNEVEN
+                       (default 0) random pairs with padding plus named uneven cases, against the numpy
+                       backend: ``ranks=N cases=C passed=P core_mismatch=M subcomms_stable=1`` and
                        ``uneven cases=U passed=Q exchanges=E``
     errors             argument errors must raise ShardingError on every rank: ``errors=E all_raised=A``
     fresh              results are new arrays, lossless inputs are accepted:
@@ -17,8 +17,9 @@ tests/mpi_launch.py); each mode prints one summary line.
     differential SEED FIRST COUNT
                        cases FIRST... of ``python -m proofs.differential --mpi``: ``differential {json tally}``
 
-Every rank derives the same cases from the same seed, computes every device's shard and the numpy
-backend's result, runs its own part through redist.mpi.reshard, and checks it exactly.
+Every rank derives the same cases from the same seed (:mod:`redist.testing`), computes every device's buffer
+(:func:`redist.data.poisoned_source`: summands of a partial source, poisoned padding) and the numpy backend's
+result, runs its own part through redist.mpi.reshard, and checks it exactly.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from mpi4py import MPI
 import redist
 import redist.mpi
 from redist.data import poisoned_source
+from redist.testing import SeededDraw, draw_pair
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
@@ -61,48 +63,11 @@ def make_mesh(shape) -> redist.Mesh:
     return redist.Mesh({n: s for n, s in zip(NAMES, shape)})
 
 
-def units(rng, mesh: redist.Mesh) -> list[str]:
-    """Axis tokens to place: whole axes, sometimes split into two sub-axes (``x:(1)2``, ``x:(2)2``)."""
-    out = []
-    for name, size in mesh.axes:
-        divisors = [a for a in range(2, size) if size % a == 0]
-        if divisors and rng.random() < 0.3:
-            a = int(rng.choice(divisors))
-            out += [f"{name}:(1){a}", f"{name}:({a}){size // a}"]
-        else:
-            out.append(name)
-    return out
-
-
-def place(rng, mesh, toks, rank, allow_partial) -> tuple[list[list[str]], list[str]]:
-    dims: list[list[str]] = [[] for _ in range(rank)]
-    partial = []
-    for t in rng.permutation(toks).tolist():
-        u = rng.random()
-        if t in allow_partial and u < 0.3:
-            partial.append(t)
-        elif rank and u < 0.8:
-            dims[int(rng.integers(rank))].append(t)
-    return dims, partial
-
-
-def random_pair(rng, mesh: redist.Mesh):
-    toks = units(rng, mesh)
-    rank = int(rng.choice([0, 1, 2, 2, 3, 3]))
-    dtype = str(rng.choice(DTYPES))
-    sdims, spart = place(rng, mesh, toks, rank, allow_partial=set(toks) if rng.random() < 0.4 else set())
-    ddims, dpart = place(rng, mesh, toks, rank, allow_partial=set(spart))
-    shape = []
-    for a, b in zip(sdims, ddims):
-        k = math.lcm(mesh.group_size(tuple(a)), mesh.group_size(tuple(b)))
-        shape.append(k * int(rng.integers(1, 3)))
-    src = redist.ShardingType(mesh, tuple(shape), dtype, tuple(map(tuple, sdims)), tuple(spart))
-    dst = redist.ShardingType(mesh, tuple(shape), dtype, tuple(map(tuple, ddims)), tuple(dpart))
-    if not set(dst.partial) <= set(src.partial):
-        # src partial{x:(1)2, x:(2)2} prints as partial{x}; synthesize() then rejects a dst partial over one
-        # of the halves (it compares tokens, not sub-axis pieces), so reduce fully instead.
-        dst = dst.replace(partial=())
-    return src, dst
+def random_pair(seed: int, i: int, mesh: redist.Mesh, uneven: bool = False):
+    """Random case ``i``: a pair on ``mesh`` (sub-axes, partial sources, every dtype of :data:`DTYPES`; with
+    ``uneven``, padding on some side), a function of the arguments alone, so that every rank draws it."""
+    draw = SeededDraw(f"mpi_worker:{seed}:{i}:{uneven}")
+    return draw_pair(draw, mesh, partial=0.4, sub_axes=0.3, dtype=DTYPES, multipliers=(1, 2), uneven=uneven)
 
 
 def classic_pairs(mesh_shape) -> list[tuple[str, str, str]]:
@@ -144,48 +109,10 @@ def classic_pairs(mesh_shape) -> list[tuple[str, str, str]]:
     return out
 
 
-def make_shards(rng, src: redist.ShardingType) -> list[np.ndarray]:
-    """Every device's shard; for a partial source, integer summands (one global array per summand index)."""
-    mesh = src.mesh
-    hi = 4 if src.partial else 100
-    values: dict = {}
-    shards = []
-    for d in range(mesh.size):
-        s = tuple(mesh.group_index(d, (a,)) for a in src.partial)
-        if s not in values:
-            if src.dtype == "bool":
-                values[s] = rng.random(src.shape) < 0.5
-            else:
-                values[s] = rng.integers(0, hi, size=src.shape).astype(src.np_dtype)
-        shards.append(np.array(values[s][src.local_box(d)], order="C"))
-    return shards
-
-
 def uneven_pairs(seed: int, count: int) -> list[tuple[redist.ShardingType, redist.ShardingType]]:
-    """``count`` pairs with non-divisible dims from ``type_pairs(uneven=True)`` on the meshes of this size
-    (partial sources included), then the named cases; drawn on rank 0 and broadcast (type
-    objects, not data), so that every rank runs the same cases."""
-    pairs = None
-    if RANK == 0 and count:
-        from hypothesis import HealthCheck, given, settings
-        from hypothesis import seed as hypothesis_seed
-        from hypothesis import strategies as st
-
-        from tests.strategies import type_pairs
-
-        meshes = [make_mesh(shape) for shape in MESHES[SIZE]]
-        drawn = []
-
-        @hypothesis_seed(seed)
-        @settings(max_examples=count, database=None, deadline=None, suppress_health_check=list(HealthCheck))
-        @given(st.sampled_from(DTYPES).flatmap(lambda dt: st.sampled_from(meshes).flatmap(
-            lambda m: type_pairs(mesh=m, max_rank=3, dtype=dt, uneven=True))))
-        def draw(pair):
-            drawn.append(pair)
-
-        draw()
-        pairs = drawn
-    pairs = COMM.bcast(pairs if count else [], root=0)
+    """``count`` random pairs with padding on the meshes of this size, then the named cases."""
+    pairs = [random_pair(seed, i, make_mesh(MESHES[SIZE][i % len(MESHES[SIZE])]), uneven=True)
+             for i in range(count)]
     for mtext, a, b in uneven_named_pairs():
         mesh = redist.Mesh.parse(mtext)
         pairs.append((redist.ShardingType.parse(a, mesh), redist.ShardingType.parse(b, mesh)))
@@ -220,25 +147,9 @@ KINDS: dict[str, int] = {}
 
 
 def run_case(src, dst, rng, failures: list, label: str) -> tuple[bool, bool]:
-    """(passed, core_ok) for one case; all ranks return the same."""
-    plan = redist.synthesize(src, dst)
-    for ins in plan.program.instructions:
-        KINDS[type(ins).__name__] = KINDS.get(type(ins).__name__, 0) + 1
-    shards = make_shards(rng, src)
-    expected = redist.execute(plan, shards)
-    core_ok = np.array_equal(redist.unshard(dst, expected), redist.unshard(src, shards))
-    out = redist.mpi.reshard(shards[RANK].copy(), src, dst, COMM)
-    mine = out.shape == dst.local_shape and out.dtype == dst.np_dtype and np.array_equal(out, expected[RANK])
-    ok = all_true(mine)
-    if not ok and len(failures) < 5:
-        failures.append(f"{label}: {src} -> {dst}\n{plan.program}")
-    return ok, core_ok
-
-
-def run_uneven_case(src, dst, rng, failures: list, label: str) -> tuple[bool, bool]:
-    """(passed, core_ok) for one pair with uneven dims: random integer values (summands for a partial
-    source) with poisoned padding; this rank's result must equal the numpy backend's buffer (NaN padding
-    included) and the numpy backend's result must unshard to the value. All ranks return the same."""
+    """(passed, core_ok) for one case: random integer values (summands for a partial source) with poisoned
+    padding; this rank's result must equal the numpy backend's buffer (NaN padding included) and the numpy
+    backend's result must unshard to the value. All ranks return the same."""
     plan = redist.synthesize(src, dst)
     for ins in plan.program.instructions:
         KINDS[type(ins).__name__] = KINDS.get(type(ins).__name__, 0) + 1
@@ -265,14 +176,13 @@ def mode_cases(seed: int, count: int, uneven: int) -> None:
             ok, core_ok = run_case(src, dst, np.random.default_rng(seed), failures, "classic")
             cases, passed, mismatched = cases + 1, passed + ok, mismatched + (not core_ok)
     for i in range(count):
-        rng = np.random.default_rng([seed, i])
         mesh = make_mesh(MESHES[SIZE][i % len(MESHES[SIZE])])
-        src, dst = random_pair(rng, mesh)
-        ok, core_ok = run_case(src, dst, rng, failures, f"random {i}")
+        src, dst = random_pair(seed, i, mesh)
+        ok, core_ok = run_case(src, dst, np.random.default_rng([seed, i]), failures, f"random {i}")
         cases, passed, mismatched = cases + 1, passed + ok, mismatched + (not core_ok)
     # Repeating reshards reuses the cached sub-communicators: the cache does not grow.
     mesh = make_mesh(MESHES[SIZE][-1])
-    src, dst = random_pair(np.random.default_rng(seed), mesh)
+    src, dst = random_pair(seed, count, mesh)
     run_case(src, dst, np.random.default_rng(0), failures, "repeat")
     before = len(redist.mpi._context(COMM, mesh).groups)
     for _ in range(3):
@@ -281,7 +191,7 @@ def mode_cases(seed: int, count: int, uneven: int) -> None:
     u_cases = u_passed = exchanges = 0
     for i, (src, dst) in enumerate(uneven_pairs(seed, uneven)):
         before_ex = KINDS.get("Exchange", 0)
-        ok, core_ok = run_uneven_case(src, dst, np.random.default_rng([seed, 7, i]), failures, f"uneven {i}")
+        ok, core_ok = run_case(src, dst, np.random.default_rng([seed, 7, i]), failures, f"uneven {i}")
         exchanges += KINDS.get("Exchange", 0) > before_ex
         u_cases, u_passed, mismatched = u_cases + 1, u_passed + ok, mismatched + (not core_ok)
     for f in failures:

@@ -17,7 +17,7 @@ from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as PS  # noqa: E402
 
 import redist.jax as rj  # noqa: E402
-from redist.data import poisoned_source, summands  # noqa: E402
+from redist.data import poisoned_source, random_array, summands  # noqa: E402
 from tests.strategies import meshes, type_pairs  # noqa: E402
 
 if len(jax.devices()) < 8:
@@ -40,10 +40,7 @@ def shards_by_position(y, mesh):
 
 
 def global_array(shape, dtype=np.float32, seed=0):
-    rng = np.random.default_rng(seed)
-    if np.dtype(dtype) == np.bool_:
-        return rng.integers(0, 2, size=shape).astype(bool)
-    return rng.integers(-100, 100, size=shape).astype(dtype)
+    return random_array(np.random.default_rng(seed), shape, dtype, -100, 100)
 
 
 # ---------------------------------------------------------------------- classic cases
@@ -257,7 +254,7 @@ def test_partial_summands():
         src, dst = redist.ShardingType.parse(s, rm), redist.ShardingType.parse(d, rm)
         program = redist.synthesize(src, dst).program
         assert any(isinstance(i, (P.ReduceScatter, P.AllReduce)) for i in program.instructions), program
-        shards = [rng.integers(-50, 50, size=src.local_shape).astype(src.np_dtype) for _ in range(8)]
+        shards = [random_array(rng, src.local_shape, src.np_dtype, -50, 50) for _ in range(8)]
         want = numpy_backend.run(program, shards)
         got = rj.run_on_buffers(program, shards, mesh)
         for w, g in zip(want, got):
@@ -301,7 +298,7 @@ def test_multi_axis_groups_are_row_major_in_the_listed_order():
                 s[ins.concat_dim] *= rm.group_size(ins.axes)
             shapes.append(tuple(s))
         program = P.Program(rm, np.dtype(np.int32), tuple(instructions), tuple(shapes))
-        shards = [rng.integers(-50, 50, size=shape0).astype(np.int32) for _ in range(rm.size)]
+        shards = [random_array(rng, shape0, np.int32, -50, 50) for _ in range(rm.size)]
         want = numpy_backend.run(program, shards)
         got = rj.run_on_buffers(program, shards, mesh)
         for w, g in zip(want, got):
@@ -313,7 +310,7 @@ def test_multi_axis_groups_are_row_major_in_the_listed_order():
 def test_execute_on_jax_devices_agrees_with_numpy_for_partial_sources(data, seed):
     src, dst = data.draw(type_pairs(mesh=data.draw(meshes(max_axes=3, max_devices=8)), max_rank=3))
     plan = redist.synthesize(src, dst)
-    value = np.random.default_rng(seed).integers(-20, 20, size=src.shape).astype(src.np_dtype)
+    value = random_array(np.random.default_rng(seed), src.shape, src.np_dtype)
     shards = summands(src, value, np.random.default_rng(seed + 1))
     want = redist.execute(plan, shards)
     got = redist.execute(plan, shards, backend="jax")
@@ -389,7 +386,7 @@ def test_exchange_programs_by_hand():
     rng = np.random.default_rng(5)
     for mesh, ins, shape0 in [(m4, scalar, ()), (m2, boxes, (4, 3))]:
         program = P.Program(mesh, np.dtype(np.float32), (ins,), (shape0, ins.shape))
-        shards = [rng.integers(1, 50, size=shape0).astype(np.float32) for _ in range(mesh.size)]
+        shards = [random_array(rng, shape0, np.float32, 1, 50) for _ in range(mesh.size)]
         want = numpy_backend.run(program, shards)
         with jax.transfer_guard("disallow"):
             got = rj.run_on_buffers(program, shards, jmesh(mesh.shape, mesh.names))

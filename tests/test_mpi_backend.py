@@ -42,7 +42,7 @@ def test_import_redist_does_not_import_mpi4py():
 
 @pytest.mark.parametrize("n", [4, 6, 8])
 def test_random_and_classic_reshards_match_numpy_backend(n):
-    """Even cases, then uneven ones (Hypothesis pairs and named cases, poisoned padding) in the same job."""
+    """Even cases, then uneven ones (random pairs with padding and named cases) in the same job; poisoned padding."""
     proc, _ = mpirun(n, "cases", str(100 + n), "400", "100")
     got = summary(proc, r"ranks=(?P<ranks>\d+) cases=(?P<cases>\d+) passed=(?P<passed>\d+) "
                         r"core_mismatch=(?P<core>\d+) subcomms_stable=(?P<stable>\d)")

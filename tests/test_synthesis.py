@@ -10,18 +10,13 @@ from hypothesis import strategies as st
 import redist
 from redist import Mesh, ShardingError, ShardingType, lower_bound_bytes, synthesize
 from redist.steps import AllGather, AllSlice, AllToAll, Permute, permute_sources
-from redist.data import poison_padding, poisoned_source, summands
+from redist.data import poison_padding, poisoned_source, random_array, summands
 from tests.strategies import layouts, type_pairs
-
-
-def _value(t: ShardingType, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return rng.integers(-50, 50, size=t.shape).astype(t.np_dtype)
 
 
 def _run_and_check(src, dst, seed=0):
     plan = synthesize(src, dst)
-    value = _value(src, seed)
+    value = random_array(np.random.default_rng(seed), src.shape, src.np_dtype, -50, 50)
     shards = summands(src, value, np.random.default_rng(seed + 1))
     assert np.array_equal(redist.unshard(src, shards), value)
     out = redist.execute(plan, shards)

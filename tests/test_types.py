@@ -170,7 +170,7 @@ def test_bool_summands_or_to_the_value():
 
     mesh = Mesh({"x": 2, "y": 4})
     t = ShardingType.parse("bool[9{y}, 3] partial{x}", mesh)
-    value = np.random.default_rng(0).random(t.shape) < 0.5
+    value = redist.data.random_array(np.random.default_rng(0), t.shape, t.np_dtype)
     seen_split = False
     for seed in range(5):
         bufs = redist.data.summands(t, value, np.random.default_rng(seed))
