@@ -139,8 +139,8 @@ def _pieces_used(mesh: Mesh, dims) -> set:
     out = set()
     for d in dims:
         for tok in d:
-            name, pre, size = mesh.sub_axis(tok)
-            out |= {(name, p) for p in range(pre, pre * size)}
+            a = mesh.axis(tok)
+            out |= {(a.name, p) for p in range(a.pre, a.stop)}
     return out
 
 
