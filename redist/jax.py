@@ -35,8 +35,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 from redist import program as P
 from redist.buffers import describe, device_buffers
 from redist.errors import ShardingError
-from redist.mesh import Mesh, sub_axis_token
-from redist.steps import Copy
+from redist.axes import Axis
+from redist.blocks import Copy
+from redist.mesh import Mesh
 from redist.synthesis import synthesize
 from redist.types import ShardingType
 
@@ -53,9 +54,11 @@ def redist_mesh(jax_mesh) -> Mesh:
         raise ShardingError(f"the JAX mesh {jax_mesh} cannot be used by redist: {e}") from None
 
 
-def _pieces(mesh: Mesh, tokens) -> dict[str, list[tuple[int, int]]]:
-    """Per mesh axis, its factor ranges ``[lo, hi)`` (major to minor) after splitting at every token's ends."""
-    return {n: list(zip(pts, pts[1:])) for n, pts in mesh.cut_points(tokens).items()}
+def _refined_axes(mesh: Mesh, tokens) -> dict[str, tuple[Axis, ...]]:
+    """Per mesh axis, the axes of the refined mesh that split it (major to minor): its pieces between every
+    boundary that ``tokens`` use (the whole axis if they cut it nowhere; none for an axis of size 1)."""
+    return {n: tuple(Axis(n, lo, hi // lo, size) for lo, hi in zip(pts, pts[1:]))
+            for (n, pts), size in zip(mesh.cut_points(tokens).items(), mesh.shape)}
 
 
 def refined_axis_names(mesh: Mesh, tokens) -> dict[str, tuple[str, ...]]:
@@ -64,14 +67,11 @@ def refined_axis_names(mesh: Mesh, tokens) -> dict[str, tuple[str, ...]]:
     The refined mesh splits each axis at the boundaries ``tokens`` use; a piece is named by its own token
     (``"y:(2)2"``), an unsplit axis keeps its name. A token covers the pieces inside it, major to minor.
     """
-    pieces = _pieces(mesh, tokens)
-    full = dict(mesh.axes)
-    piece_names = {n: [(lo, hi, n if len(ps) == 1 else sub_axis_token(n, lo, hi // lo, full[n])) for lo, hi in ps]
-                   for n, ps in pieces.items()}
-    out = {n: tuple(p[2] for p in ps) for n, ps in piece_names.items()}
+    pieces = _refined_axes(mesh, tokens)
+    out: dict[str, tuple[str, ...]] = {n: tuple(str(p) for p in ps) for n, ps in pieces.items()}
     for tok in tokens:
-        name, pre, size = mesh.sub_axis(tok)
-        out[tok] = tuple(p for lo, hi, p in piece_names[name] if pre <= lo and hi <= pre * size)
+        a = mesh.axis(tok)
+        out[tok] = tuple(str(p) for p in pieces[a.name] if a.pre <= p.pre and p.stop <= a.stop)
     return out
 
 
@@ -80,9 +80,9 @@ def refine_mesh(jax_mesh, tokens):
     order) and the token → refined-axis-names map of :func:`refined_axis_names`."""
     mesh = redist_mesh(jax_mesh)
     names = refined_axis_names(mesh, tokens)
-    pieces = _pieces(mesh, tokens)
+    pieces = _refined_axes(mesh, tokens)
     axis_names = tuple(p for n in mesh.names for p in names[n])
-    shape = tuple(hi // lo for n in mesh.names for lo, hi in pieces[n])
+    shape = tuple(p.size for n in mesh.names for p in pieces[n])
     if axis_names == tuple(jax_mesh.axis_names):
         return jax_mesh, names
     # Each piece keeps its axis's type (Auto / Explicit).
@@ -124,7 +124,7 @@ def run_program(program: P.Program, x, axis_names: Mapping[str, tuple[str, ...]]
         return x.reshape(program.shapes[-1])
     for ins in program.instructions:
         if isinstance(ins, P.CollectivePermute):
-            x = _permute(mesh, ins, x, jaxes(mesh.names))
+            x = _permute(ins, x, jaxes(mesh.names))
             continue
         if isinstance(ins, P.Exchange):
             x = _exchange(ins, x, jaxes(mesh.names), mesh.size)
@@ -179,7 +179,7 @@ def _summed(op, x):
     return op(x)
 
 
-def _permute(mesh: Mesh, ins: P.CollectivePermute, x, all_axes):
+def _permute(ins: P.CollectivePermute, x, all_axes):
     """Device d gets device ``sources[d]``'s buffer; ppermute indexes devices linearly over all axes in
     mesh order, which is the device id. Devices that keep their buffer are listed as ``(d, d)`` pairs, so the
     permutation is whole and no device is left with ppermute's zeros."""

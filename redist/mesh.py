@@ -1,5 +1,9 @@
 """Device meshes: ordered named axes, devices numbered row-major (the last axis varies fastest).
 
+A mesh is where axis tokens become values: :meth:`Mesh.axis` reads ``"y"`` or ``"y:(2)2"`` into a
+:class:`redist.axes.Axis` (once per mesh and token), and the group arithmetic (``group_index``, ``groups``,
+``cut_points``) takes axes or tokens.
+
 Numbers in the text forms (``x=4``, ``y:(2)2``, and the sizes of :mod:`redist.types`) are ASCII decimal digits
 ``0-9`` only: ``str.isdigit`` and the regex ``\\d`` also accept ``'²'`` and ``'٢'``, which are refused here
 (:func:`read_decimal`), so that every text form reads numbers the same way.
@@ -9,16 +13,16 @@ from __future__ import annotations
 
 import math
 import re
-from functools import lru_cache
 from dataclasses import dataclass
-from typing import Iterator, Mapping
+from functools import cached_property, lru_cache
+from typing import Mapping
 
 import numpy as np
 
+from redist.axes import Axis, read_token
 from redist.errors import ShardingError, shown
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_SUB_AXIS = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::\((?P<pre>[0-9]+)\)(?P<size>[0-9]+))?\Z")
 _AXIS_TEXT = re.compile(r"(?P<name>[^=]*)=(?P<size>[0-9]+)\Z")
 
 MAX_DEVICES = 2**31 - 1
@@ -49,14 +53,6 @@ def prime_factors(n: int) -> list[int]:
             n //= p
         p += 1
     return out + ([n] if n > 1 else [])
-
-
-def sub_axis_token(name: str, pre: int, size: int, full: int) -> str:
-    """The token naming factor ``size`` of axis ``name`` after ``pre`` (Shardy's ``name:(pre)size``).
-
-    The whole axis is written plainly as ``name``.
-    """
-    return name if (pre, size) == (1, full) else f"{name}:({pre}){size}"
 
 
 @dataclass(frozen=True)
@@ -118,47 +114,61 @@ class Mesh:
     def size(self) -> int:
         return math.prod(self.shape)
 
-    def sub_axis(self, token: str) -> tuple[str, int, int]:
-        """Resolve an axis token to ``(axis name, pre, size)``.
-
-        A token is a mesh axis name (``"y"``, the whole axis) or a sub-axis ``"y:(pre)size"`` as in Shardy:
-        axis ``y`` of size ``S`` viewed as ``pre × size × S/(pre·size)`` (major to minor); the sub-axis is the
-        middle factor, and a device's coordinate on it is ``(c[y] // (S // (pre·size))) % size``.
-        """
+    def axis(self, token: str) -> Axis:
+        """The :class:`~redist.axes.Axis` that ``token`` names: a mesh axis name (``"y"``, the whole axis) or a
+        sub-axis ``"y:(pre)size"`` as in Shardy (axis ``y`` of size ``S`` viewed as ``pre × size × S/(pre·size)``,
+        major to minor; the sub-axis is the middle factor). An :class:`Axis` of this mesh is returned as it is.
+        Raises :class:`ShardingError` for anything that is not an axis of this mesh."""
+        if type(token) is Axis and self._size_of.get(token.name) == token.axis_size:
+            return token
         if not isinstance(token, str):
             raise ShardingError(f"cannot read axis {shown(token)}; expected a mesh axis name or NAME:(PRE)SIZE")
-        return _resolve(self, token)
+        return _parsed_axis(self, str(token))
 
-    def _resolve(self, token: str) -> tuple[str, int, int]:
-        m = _SUB_AXIS.match(token)
-        if not m:
+    def axes_of(self, tokens) -> tuple[Axis, ...]:
+        """:meth:`axis` of each of ``tokens``, as a tuple."""
+        return tuple(self.axis(t) for t in tokens)
+
+    @cached_property
+    def _size_of(self) -> dict[str, int]:
+        """Axis sizes by name (computed once per mesh; not part of equality or hashing)."""
+        return dict(self.axes)
+
+    def _parse_axis(self, token: str) -> Axis:
+        """The axis ``token`` (text) names; uncached (see :meth:`axis`)."""
+        parts = read_token(token)
+        if parts is None:
             raise ShardingError(f"cannot read axis {shown(token)}; expected a mesh axis name or NAME:(PRE)SIZE "
                                 "with PRE and SIZE in digits 0-9")
-        full = dict(self.axes).get(m["name"])
+        name, pre, size = parts
+        full = self._size_of.get(name)
         if full is None:
             raise ShardingError(
-                f"unknown mesh axis {m['name']!r}; the mesh has axes {', '.join(self.names) or '(none)'}"
+                f"unknown mesh axis {name!r}; the mesh has axes {', '.join(self.names) or '(none)'}"
             )
-        if m["pre"] is None:
-            return m["name"], 1, full
-        pre = read_decimal(m["pre"], f"the pre-size of sub-axis {shown(token)}", MAX_DEVICES)
-        size = read_decimal(m["size"], f"the size of sub-axis {shown(token)}", MAX_DEVICES)
+        if pre is None:
+            return Axis(name, 1, full, full)
+        pre = read_decimal(pre, f"the pre-size of sub-axis {shown(token)}", MAX_DEVICES)
+        size = read_decimal(size, f"the size of sub-axis {shown(token)}", MAX_DEVICES)
         if pre < 1 or size < 2 or full % (pre * size):
-            raise ShardingError(f"sub-axis {token!r} does not fit mesh axis {m['name']!r} of size {full}")
-        return m["name"], pre, size
+            raise ShardingError(f"sub-axis {token!r} does not fit mesh axis {name!r} of size {full}")
+        return Axis(name, pre, size, full)
 
     def axis_size(self, token: str) -> int:
         """The size of a mesh axis or sub-axis."""
-        return self.sub_axis(token)[2]
+        return self.axis(token).size
 
     def axis_coord(self, coords: Mapping[str, int], token: str) -> int:
         """A device's coordinate on a mesh axis or sub-axis, from its coordinates on the mesh axes."""
-        name, pre, size = self.sub_axis(token)
-        return (coords[name] // (dict(self.axes)[name] // (pre * size))) % size
+        a = self.axis(token)
+        return a.coord(coords[a.name])
 
-    def group_size(self, names: tuple[str, ...]) -> int:
+    def group_size(self, names) -> int:
         """The number of devices in a group spanning ``names`` (the product of their sizes)."""
-        return math.prod(self.axis_size(n) for n in names)
+        k = 1
+        for a in names:
+            k *= self.axis(a).size
+        return k
 
     def coords(self, device: int) -> dict[str, int]:
         """Coordinates of device ``device``, by axis name."""
@@ -174,27 +184,26 @@ class Mesh:
             d = d * size + coords[name]
         return d
 
-    def devices(self) -> Iterator[int]:
-        return iter(range(self.size))
+    def group_index(self, device: int, names) -> int:
+        """The rank of ``device`` in its group over ``names`` (axes or sub-axes): row-major over ``names`` in the
+        given order.
 
-    def group_index(self, device: int, names: tuple[str, ...]) -> int:
-        """The rank of ``device`` in its group over ``names``: row-major over ``names`` in the given order.
-
-        The group holds the devices whose coordinates differ only on ``names`` (axes or sub-axes).
+        The group holds the devices whose coordinates differ only on ``names``.
         """
         c = self.coords(device)
         r = 0
         for n in names:
-            r = r * self.axis_size(n) + self.axis_coord(c, n)
+            a = self.axis(n)
+            r = r * a.size + a.coord(c[a.name])
         return r
 
-    def cut_points(self, tokens) -> dict[str, list[int]]:
-        """Per mesh axis, the sorted factor boundaries that ``tokens`` use (``1`` and the axis size included):
-        splitting each axis there gives the coarsest pieces of which every token is a run."""
+    def cut_points(self, axes) -> dict[str, list[int]]:
+        """Per mesh axis, the sorted factor boundaries that ``axes`` use (``1`` and the axis size included):
+        splitting each axis there gives the coarsest pieces of which every one of ``axes`` is a run."""
         cuts = {n: {1, s} for n, s in self.axes}
-        for tok in tokens:
-            name, pre, size = self.sub_axis(tok)
-            cuts[name] |= {pre, pre * size}
+        for tok in axes:
+            a = self.axis(tok)
+            cuts[a.name] |= {a.pre, a.stop}
         return {n: sorted(c) for n, c in cuts.items()}
 
     def varying_axes(self, device_sets) -> tuple[str, ...]:
@@ -205,21 +214,26 @@ class Mesh:
             varying.update(n for n in self.names if len({c[n] for c in coords}) > 1)
         return tuple(n for n in self.names if n in varying)
 
-    def groups(self, names: tuple[str, ...]) -> list[list[int]]:
+    def groups(self, names) -> list[list[int]]:
         """The groups over ``names`` (axes or sub-axes), each listing its devices in rank order.
 
         A group holds the devices whose coordinates agree outside ``names``; groups come in the order of
-        their lowest device id.
+        their lowest device id. Raises :class:`ShardingError` if two of ``names`` overlap (name a common factor
+        of a mesh axis): they define no groups.
         """
+        axes = self.axes_of(names)
+        for i, a in enumerate(axes):
+            for b in axes[i + 1:]:
+                if a.overlaps(b):
+                    raise ShardingError(f"axes {a!r} and {b!r} overlap: {{{','.join(axes)}}} define no groups of "
+                                        f"devices on mesh {self}")
         by_key: dict[tuple[int, ...], dict[int, int]] = {}
         for d in range(self.size):
             c = self.coords(d)
             key = dict(c)
-            for a in names:
-                name, pre, size = self.sub_axis(a)
-                stride = dict(self.axes)[name] // (pre * size)
-                key[name] -= self.axis_coord(c, a) * stride
-            by_key.setdefault(tuple(key[n] for n in self.names), {})[self.group_index(d, names)] = d
+            for a in axes:
+                key[a.name] -= a.coord(c[a.name]) * a.stride
+            by_key.setdefault(tuple(key[n] for n in self.names), {})[self.group_index(d, axes)] = d
         return [[ranks[r] for r in range(len(ranks))] for ranks in by_key.values()]
 
     def __str__(self) -> str:
@@ -247,6 +261,6 @@ def _axis_items(axes) -> tuple:
 
 
 @lru_cache(maxsize=65536)
-def _resolve(mesh: Mesh, token: str) -> tuple[str, int, int]:
-    """Cached :meth:`Mesh.sub_axis` (types are built often, by the synthesizer and by partitioning)."""
-    return mesh._resolve(token)
+def _parsed_axis(mesh: Mesh, token: str) -> Axis:
+    """:meth:`Mesh._parse_axis`, cached: token text is read once per mesh."""
+    return mesh._parse_axis(token)

@@ -181,9 +181,7 @@ class _Context:
         key = (self.mesh, tuple(axes))
         if key not in self.groups:
             color = next(group[0] for group in self.mesh.groups(tuple(axes)) if self.rank in group)
-            sub = self.comm.Split(color, self.mesh.group_index(self.rank, axes))
-            assert sub.Get_size() == self.mesh.group_size(tuple(axes))
-            self.groups[key] = sub
+            self.groups[key] = self.comm.Split(color, self.mesh.group_index(self.rank, axes))
         return self.groups[key], self.groups[key].Get_size()
 
 

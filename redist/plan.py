@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
 
+from redist import steps as S
+from redist.errors import ShardingError, shown
 from redist.program import Program, lower
+from redist.types import ShardingType
 
 
 def _number(x: Fraction) -> int | float:
@@ -16,26 +20,42 @@ def _number(x: Fraction) -> int | float:
 
 def _fmt_bytes(n) -> str:
     n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+    if abs(n) < 1024:
+        return f"{n:.0f} B"
+    for unit in ("KiB", "MiB", "GiB"):
         n /= 1024
-    raise AssertionError
+        if abs(n) < 1024:
+            return f"{n:.2f} {unit}"
+    return f"{n / 1024:.2f} TiB"
 
 
 @dataclass(frozen=True)
 class Plan:
     """``steps[i]`` turns ``types[i]`` into ``types[i + 1]``; ``types[0]`` is the source, ``types[-1]`` the
-    destination. Construction checks every step's typing rule."""
+    destination. Construction checks every step's typing rule and raises :class:`ShardingError` for anything
+    else: not one type more than steps, something that is no :class:`redist.ShardingType` or no step of
+    :mod:`redist.steps`, or a step that does not turn its type into the next."""
 
     steps: tuple
     types: tuple
 
     def __post_init__(self):
-        assert len(self.types) == len(self.steps) + 1
-        for step, t, t_next in zip(self.steps, self.types, self.types[1:]):
-            if step.apply(t) != t_next:
-                raise AssertionError(f"{step} on {t} gives {step.apply(t)}, not {t_next}")
+        for field, value in (("steps", self.steps), ("types", self.types)):
+            if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+                raise ShardingError(f"Plan {field} must be a tuple, got {type(value).__name__} {shown(value)}")
+            object.__setattr__(self, field, tuple(value))
+        if len(self.types) != len(self.steps) + 1:
+            raise ShardingError(f"a plan of {len(self.steps)} steps needs {len(self.steps) + 1} types (the source, "
+                                f"then the type after each step), got {len(self.types)}")
+        for i, t in enumerate(self.types):
+            if not isinstance(t, ShardingType):
+                raise ShardingError(f"type {i} of the plan is no redist.ShardingType: {type(t).__name__} {shown(t)}")
+        for i, (step, t, t_next) in enumerate(zip(self.steps, self.types, self.types[1:])):
+            if not isinstance(step, S.Step):
+                raise ShardingError(f"step {i} of the plan is no redist step: {type(step).__name__} {shown(step)}")
+            out = step.apply(t)
+            if out != t_next:
+                raise ShardingError(f"step {i} of the plan, {step}, turns {t} into {out}, not into {t_next}")
 
     @property
     def src(self):

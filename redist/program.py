@@ -19,9 +19,13 @@ Instructions (``x`` is a device's buffer before, ``r`` its group rank):
 - ``CollectivePermute(sources)``: device d's new buffer is device ``sources[d]``'s buffer (a permutation of
   the devices; ``sources[d] == d`` means d keeps its buffer and receives nothing).
 - ``Exchange(shape, copies)``: device d's new buffer has ``shape``, zero where no copy writes (padding), and
-  for each :class:`~redist.steps.Copy` ``c`` in ``copies[d]``: ``new[c.dst_start : c.dst_start + c.size] =
+  for each :class:`~redist.blocks.Copy` ``c`` in ``copies[d]``: ``new[c.dst_start : c.dst_start + c.size] =
   (buffer of device c.source)[c.src_start : c.src_start + c.size]`` (boxes, per dim). Point-to-point: it
   differs per device, and the boxes of one device do not overlap.
+
+Instructions name their axes as :class:`~redist.axes.Axis` values, which are the token strings (lowering makes
+them on the plan's mesh; a program built by hand may name them as plain token strings). Backends read them
+through the mesh (``mesh.groups``, ``mesh.group_index``, ``mesh.axis``); the verifier reads their text.
 
 The numpy, JAX and MPI backends execute these, and :mod:`redist.verify` proves these same instructions
 correct. Lowering is one instruction per plan step, except that an all-to-all of several moves becomes
@@ -38,6 +42,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from redist import steps as S
+from redist.axes import Axis
+from redist.blocks import Copy, exchange_copies, permute_sources
+from redist.errors import ShardingError
 from redist.mesh import Mesh
 
 
@@ -54,31 +61,31 @@ class Transpose:
 @dataclass(frozen=True)
 class Slice:
     dim: int
-    axes: tuple[str, ...]
+    axes: tuple[Axis, ...]
 
 
 @dataclass(frozen=True)
 class AllGather:
     dim: int
-    axes: tuple[str, ...]
+    axes: tuple[Axis, ...]
 
 
 @dataclass(frozen=True)
 class AllToAll:
     split_dim: int
     concat_dim: int
-    axes: tuple[str, ...]
+    axes: tuple[Axis, ...]
 
 
 @dataclass(frozen=True)
 class ReduceScatter:
     dim: int
-    axes: tuple[str, ...]
+    axes: tuple[Axis, ...]
 
 
 @dataclass(frozen=True)
 class AllReduce:
-    axes: tuple[str, ...]
+    axes: tuple[Axis, ...]
 
 
 @dataclass(frozen=True)
@@ -93,7 +100,7 @@ class CollectivePermute:
 @dataclass(frozen=True)
 class Exchange:
     shape: tuple[int, ...]
-    copies: tuple[tuple[S.Copy, ...], ...]  # per destination device
+    copies: tuple[tuple[Copy, ...], ...]  # per destination device
 
     def received(self, device: int) -> int:
         """Elements ``device`` receives from other devices."""
@@ -118,8 +125,8 @@ class Program:
     instructions: tuple[Instruction, ...]
     shapes: tuple[tuple[int, ...], ...]
 
-    def axis_tokens(self) -> tuple[str, ...]:
-        """Every axis or sub-axis token that some instruction names, in first-use order."""
+    def axis_tokens(self) -> tuple[Axis, ...]:
+        """Every axis or sub-axis that some instruction names, in first-use order."""
         seen: dict[str, None] = {}
         for ins in self.instructions:
             for a in getattr(ins, "axes", ()):
@@ -143,22 +150,23 @@ def lower_step(step, t_in) -> tuple[Instruction, ...]:
 
 
 def _lower_one(step, t_in) -> Instruction:
-    if isinstance(step, S.AllSlice):
-        return Slice(step.dim, step.axes)
-    if isinstance(step, S.AllGather):
-        return AllGather(step.dim, step.axes)
-    if isinstance(step, S.AllToAll):
-        return AllToAll(step.dst_dim, step.src_dim, step.axes)
-    if isinstance(step, S.ReduceScatter):
-        return ReduceScatter(step.dim, step.axes)
-    if isinstance(step, S.AllReduce):
-        return AllReduce(step.axes)
     if isinstance(step, S.Permute):
-        return CollectivePermute(S.permute_sources(t_in, step.apply(t_in)))
+        return CollectivePermute(permute_sources(t_in, step.apply(t_in)))
     if isinstance(step, S.Exchange):
         t_out = step.apply(t_in)
-        return Exchange(t_out.local_shape, S.exchange_copies(t_in, t_out))
-    raise TypeError(f"no lowering for step {step!r}")
+        return Exchange(t_out.local_shape, exchange_copies(t_in, t_out))
+    axes = t_in.mesh.axes_of(step.axes)
+    if isinstance(step, S.AllSlice):
+        return Slice(step.dim, axes)
+    if isinstance(step, S.AllGather):
+        return AllGather(step.dim, axes)
+    if isinstance(step, S.AllToAll):
+        return AllToAll(step.dst_dim, step.src_dim, axes)
+    if isinstance(step, S.ReduceScatter):
+        return ReduceScatter(step.dim, axes)
+    if isinstance(step, S.AllReduce):
+        return AllReduce(axes)
+    raise ShardingError(f"no lowering for {step!r}: it is not a redist step")
 
 
 def _multi_all_to_all(step, t_in) -> tuple[Instruction, ...]:
@@ -183,7 +191,7 @@ def _multi_all_to_all(step, t_in) -> tuple[Instruction, ...]:
         Reshape(tuple(sizes[e] for e in expanded)),
         Transpose(tuple(expanded.index(e) for e in front + rest)),
         Reshape((math.prod(ks),) + tuple(sizes[e] for e in rest)),
-        AllToAll(0, 0, step.axes),
+        AllToAll(0, 0, mesh.axes_of(step.axes)),
     ]
     # After the exchange the front dims index the sender; each goes just before its source dim i_m.
     senders = [("s", m) for m in range(len(step.moves))]

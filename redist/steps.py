@@ -17,20 +17,24 @@ of devices in a group (the product of the sizes of the step's axes).
 | reduce_scatter(dim, axes)     | remove ``axes`` from partial, append them to dim   | ÷ k        | (k−1)/k · L_in   |
 | all_reduce(axes)              | remove ``axes`` from partial                       | same       | 2(k−1)/k · L     |
 
-A permute sends whole buffers between devices: device ``d`` receives the buffer of ``permute_sources(...)[d]``,
-which holds exactly the block (and, for a partial type, the summand) that ``d`` must hold after. Devices that
-already hold theirs keep them and receive nothing.
+A permute sends whole buffers between devices: device ``d`` receives the buffer of
+``redist.blocks.permute_sources(...)[d]``, which holds exactly the block (and, for a partial type, the summand)
+that ``d`` must hold after. Devices that already hold theirs keep them and receive nothing. Which device holds
+which block, and what an exchange copies, is device geometry: :mod:`redist.blocks`.
+
+Steps hold their axes as given (token strings or :class:`~redist.axes.Axis` values); applying a step reads them
+on the type's mesh (:meth:`redist.Mesh.axis`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
-from functools import lru_cache
 
-from redist.bounds import missing_elements
+from redist.axes import Axis, remove_axes, strip_suffix
+from redist.blocks import missing_elements, permute_sources
 from redist.errors import ShardingError
-from redist.types import ShardingType, remove_axes, strip_suffix
+from redist.types import ShardingType
 
 
 def _axes(axes) -> str:
@@ -54,9 +58,9 @@ def _rebuild(step, t: ShardingType, dims, partial=None, regrouped=()) -> Shardin
     return out
 
 
-def _without_suffix(step, t: ShardingType, dim: int, axes) -> tuple[str, ...]:
+def _without_suffix(step, t: ShardingType, dim: int, axes) -> tuple[Axis, ...]:
     _check_dim(step, t, dim)
-    rest = strip_suffix(t.mesh, t.dims[dim], axes) if axes else None
+    rest = strip_suffix(t.dims[dim], t.mesh.axes_of(axes)) if axes else None
     if rest is None:
         raise ShardingError(f"{step} does not fit {t}: {_axes(axes)} is not the minor end of dim {dim}")
     return rest
@@ -67,13 +71,13 @@ def _check_dim(step, t: ShardingType, dim: int) -> None:
         raise ShardingError(f"{step} does not fit {t}: the array has no dim {dim}")
 
 
-def _check_named(step, t: ShardingType, axes) -> None:
+def _check_named(step, axes) -> None:
     if not axes:
         raise ShardingError(f"{step} names no axes")
 
 
-def _partial_without(step, t: ShardingType, axes) -> tuple[str, ...]:
-    rest = remove_axes(t.mesh, t.partial, axes) if axes else None
+def _partial_without(step, t: ShardingType, axes) -> tuple[Axis, ...]:
+    rest = remove_axes(t.partial, t.mesh.axes_of(axes)) if axes else None
     if rest is None:
         raise ShardingError(f"{step} does not fit {t}: {_axes(axes)} are not all partial axes")
     return rest
@@ -89,7 +93,7 @@ class AllSlice:
 
     def apply(self, t: ShardingType) -> ShardingType:
         _check_dim(self, t, self.dim)
-        _check_named(self, t, self.axes)
+        _check_named(self, self.axes)
         dims = list(t.dims)
         dims[self.dim] = dims[self.dim] + tuple(self.axes)
         return _rebuild(self, t, tuple(dims), regrouped=(self.dim,))
@@ -256,7 +260,8 @@ class AllReduce:
 @dataclass(frozen=True)
 class Exchange:
     """Point-to-point: every device gets each element of its block under ``dims`` that it lacks, from one
-    device that holds it (same partial coordinates), and keeps what it has (see :func:`exchange_copies`)."""
+    device that holds it (same partial coordinates), and keeps what it has (see
+    :func:`redist.blocks.exchange_copies`)."""
 
     dims: tuple[tuple[str, ...], ...]
     kind = "exchange"
@@ -321,85 +326,3 @@ class Unpad:
 
 
 Step = AllSlice | AllGather | AllToAll | MultiAllToAll | Permute | ReduceScatter | AllReduce | Exchange | Pad | Unpad
-
-
-@lru_cache(maxsize=4096)
-def permute_sources(t_in: ShardingType, t_out: ShardingType) -> tuple[int, ...]:
-    """For each device, the device whose buffer under ``t_in`` it must hold under ``t_out``.
-
-    Both types must have the same block count in every dim and the same partial axes. A device that already
-    holds its target block is its own source; the others are paired with the remaining holders of their
-    block (same partial coordinates too) in device order, so the result is a permutation.
-    """
-    mesh = t_in.mesh
-
-    def key(t: ShardingType, d: int):
-        return (tuple(t.block_index(i, d) for i in range(t.rank)),
-                tuple(mesh.group_index(d, (a,)) for a in t.partial))
-
-    k_in = [key(t_in, d) for d in range(mesh.size)]
-    k_out = [key(t_out, d) for d in range(mesh.size)]
-    spare: dict = {}
-    for d in range(mesh.size):
-        if k_in[d] != k_out[d]:
-            spare.setdefault(k_in[d], []).append(d)
-    sources = []
-    for d in range(mesh.size):
-        sources.append(d if k_in[d] == k_out[d] else spare[k_out[d]].pop(0))
-    return tuple(sources)
-
-
-@dataclass(frozen=True)
-class Copy:
-    """``dst[dst_start : dst_start + size] = buffer of device source[src_start : src_start + size]``, per dim."""
-
-    source: int
-    src_start: tuple[int, ...]
-    dst_start: tuple[int, ...]
-    size: tuple[int, ...]
-
-    @property
-    def src_box(self) -> tuple[slice, ...]:
-        """The copied box of the source device's buffer."""
-        return tuple(slice(a, a + n) for a, n in zip(self.src_start, self.size))
-
-    @property
-    def dst_box(self) -> tuple[slice, ...]:
-        """The box of the destination buffer it fills."""
-        return tuple(slice(a, a + n) for a, n in zip(self.dst_start, self.size))
-
-
-@lru_cache(maxsize=1024)
-def exchange_copies(t_in: ShardingType, t_out: ShardingType) -> tuple[tuple[Copy, ...], ...]:
-    """For each device, the copies that assemble its buffer under ``t_out`` from buffers under ``t_in``.
-
-    Both types have the same partial axes, and a device takes summands only from devices with its partial
-    coordinates, whose choice depends only on its other coordinates: the devices of one destination partial
-    group read from the devices of one source partial group. Each source block (the elements some devices
-    hold) that meets the device's destination block is copied once: from the device itself if it holds the
-    block, else from the holder that shares the most mesh coordinates with it (then the lowest id).
-    """
-    mesh = t_in.mesh
-    n = mesh.size
-    coords = [tuple(mesh.coords(d).values()) for d in range(n)]
-
-    layer = [tuple(mesh.group_index(d, (a,)) for a in t_in.partial) for d in range(n)]
-    holders: dict = {}
-    for d in range(n):
-        holders.setdefault((layer[d], tuple((s.start, s.stop) for s in t_in.local_box(d))), []).append(d)
-    out = []
-    for d in range(n):
-        want = t_out.local_box(d)
-        copies = []
-        for (lay, box), devs in holders.items():
-            if lay != layer[d]:
-                continue
-            lo = [max(a, w.start) for (a, _), w in zip(box, want)]
-            hi = [min(b, w.stop) for (_, b), w in zip(box, want)]
-            if any(h <= l for l, h in zip(lo, hi)):
-                continue
-            s = d if d in devs else min(devs, key=lambda e: (-sum(x == y for x, y in zip(coords[e], coords[d])), e))
-            copies.append(Copy(s, tuple(l - a for l, (a, _) in zip(lo, box)),
-                               tuple(l - w.start for l, w in zip(lo, want)), tuple(h - l for l, h in zip(lo, hi))))
-        out.append(tuple(sorted(copies, key=lambda c: c.source != d)))
-    return tuple(out)

@@ -44,11 +44,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from redist import steps as S
+from redist.axes import Axis, canonical_axes, remove_axes
 from redist.bounds import check_pair, lower_bound_bytes
 from redist.errors import ShardingError
 from redist.mesh import Mesh, prime_factors
 from redist.plan import Plan
-from redist.types import ShardingType, remove_axes, tokens_of_pieces
+from redist.types import ShardingType
 
 # Several swaps in a row merge into one permute; a permute needs at most rank + 1 swaps in the cases that
 # matter (reorder a dim, bring atoms in from elsewhere). Bounding the chain keeps the search small.
@@ -65,21 +66,32 @@ _MAX_REFINED_EXPANSIONS = 8_000
 
 @dataclass(frozen=True)
 class _Atoms:
-    """The search alphabet: atom i is sub-axis ``(names[i], pres[i], sizes[i])`` of the mesh."""
+    """The search alphabet: atom ``i`` is the sub-axis ``axes[i]`` of the mesh; ``sizes[i]`` its size.
+    ``index[(name, pre)]`` is the atom of mesh axis ``name`` that starts at factor ``pre``."""
 
-    names: tuple[str, ...]
-    pres: tuple[int, ...]
+    axes: tuple[Axis, ...]
     sizes: tuple[int, ...]
+    index: dict[tuple[str, int], int]
 
-    def index_of(self, name: str, pre: int) -> int:
-        for i, (n, p) in enumerate(zip(self.names, self.pres)):
-            if n == name and p == pre:
-                return i
-        raise KeyError((name, pre))
+    def expand(self, axes) -> tuple[int, ...]:
+        """The atoms that make up ``axes`` (axes of the mesh, each a run of atoms), major to minor."""
+        out = []
+        for a in axes:
+            i = self.index[(a.name, a.pre)]
+            while True:
+                out.append(i)
+                if self.axes[i].stop >= a.stop:
+                    break
+                i += 1
+        return tuple(out)
+
+    def compress(self, run) -> tuple[Axis, ...]:
+        """Canonical axes for a run of atoms (adjacent pieces of one axis, in order, merge)."""
+        return canonical_axes(tuple(self.axes[i] for i in run))
 
 
 def _cut_points(mesh: Mesh, types, refine: bool) -> dict[str, list[int]]:
-    """The atoms' boundaries per axis: those the types' tokens use, each gap split into primes if ``refine``."""
+    """The atoms' boundaries per axis: those the types' axes use, each gap split into primes if ``refine``."""
     cuts = mesh.cut_points([a for t in types for d in t.dims for a in d] + [a for t in types for a in t.partial])
     out = {}
     for n, pts in cuts.items():
@@ -94,37 +106,13 @@ def _cut_points(mesh: Mesh, types, refine: bool) -> dict[str, list[int]]:
 
 
 def _atoms(mesh: Mesh, cuts) -> _Atoms:
-    names, pres, sizes = [], [], []
-    for n, _ in mesh.axes:
+    axes = []
+    for n, size in mesh.axes:
         pts = cuts[n]
         if len(pts) == 1:  # an axis of size 1 is one atom of size 1 (placing it moves no data)
             pts = [1, 1]
-        for lo, hi in zip(pts, pts[1:]):
-            names.append(n)
-            pres.append(lo)
-            sizes.append(hi // lo)
-    return _Atoms(tuple(names), tuple(pres), tuple(sizes))
-
-
-def _expand(mesh: Mesh, atoms: _Atoms, tokens) -> tuple[int, ...]:
-    """The atoms that make up ``tokens`` (each a mesh axis or sub-axis), major to minor."""
-    out = []
-    for tok in tokens:
-        name, pre, size = mesh.sub_axis(tok)
-        end = pre * size
-        i = atoms.index_of(name, pre)
-        while True:
-            out.append(i)
-            pre *= atoms.sizes[i]
-            i += 1
-            if pre >= end:
-                break
-    return tuple(out)
-
-
-def _compress(mesh: Mesh, atoms: _Atoms, run) -> tuple[str, ...]:
-    """Canonical tokens for a list of atoms (adjacent pieces of one axis, in order, merge)."""
-    return tokens_of_pieces(mesh, [(atoms.names[i], atoms.pres[i], atoms.pres[i] * atoms.sizes[i]) for i in run])
+        axes += [Axis(n, lo, hi // lo, size) for lo, hi in zip(pts, pts[1:])]
+    return _Atoms(tuple(axes), tuple(a.size for a in axes), {(a.name, a.pre): i for i, a in enumerate(axes)})
 
 
 def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
@@ -178,7 +166,7 @@ def _synthesize_uneven(src: ShardingType, dst: ShardingType, topology) -> Plan:
         return Plan((), (src,))
     if src.padded_shape == dst.padded_shape:
         return _between_padded_views(src, dst, topology)
-    reduced = remove_axes(src.mesh, src.partial, dst.partial)
+    reduced = remove_axes(src.partial, dst.partial)
     exchange = S.Exchange(dst.dims)
     if not reduced:
         return _typed_plan(src, (exchange,))
@@ -305,11 +293,11 @@ def _fallback(src: ShardingType, dst: ShardingType) -> Plan:
     ``max(src.local_bytes, dst.local_bytes)``. Bytes: the lower bound without a reduction, else at most
     ``2(k−1)/k · L_src + L_dst``. Correct for any valid pair.
     """
-    placed: list[tuple[int, tuple[str, ...]]] = []  # (dim, axes) of each reduce_scatter
+    placed: list[tuple[int, tuple[Axis, ...]]] = []  # (dim, axes) of each reduce_scatter
     unplaced = []
     local = list(src.local_shape)
-    for axis in remove_axes(src.mesh, src.partial, dst.partial):
-        k = src.mesh.axis_size(axis)
+    for axis in remove_axes(src.partial, dst.partial):
+        k = axis.size
         dim = next((i for i, n in enumerate(local) if n % k == 0), None)
         if dim is None:
             unplaced.append(axis)
@@ -446,9 +434,9 @@ def _search(src: ShardingType, dst: ShardingType, refine: bool, topo=None, max_s
     number of states it generated."""
     mesh = src.mesh
     atoms = _atoms(mesh, _cut_points(mesh, (src, dst), refine))
-    src_dims, dst_dims = (tuple(_expand(mesh, atoms, d) for d in t.dims) for t in (src, dst))
-    src_partial = _mask(_expand(mesh, atoms, src.partial))
-    dst_partial = _mask(_expand(mesh, atoms, dst.partial))
+    src_dims, dst_dims = (tuple(atoms.expand(d) for d in t.dims) for t in (src, dst))
+    src_partial = _mask(atoms.expand(src.partial))
+    dst_partial = _mask(atoms.expand(dst.partial))
     space = _Moves(atoms.sizes, src.shape, src.global_bytes, mesh.size,
                    wanted=_mask(a for d in dst_dims for a in d), reducible=src_partial & ~dst_partial)
     scale = mesh.size
@@ -460,7 +448,7 @@ def _search(src: ShardingType, dst: ShardingType, refine: bool, topo=None, max_s
         def h(dims):
             return max(0, dst_local - space.local_bytes(dims)) * scale
     else:
-        links = [topo.link(n) for n in atoms.names]
+        links = [topo.link(a.name) for a in atoms.axes]
         fastest = max(link.beta for link in links)
 
         def price(nbytes_scaled, axes, new_step):
@@ -484,7 +472,7 @@ def _search(src: ShardingType, dst: ShardingType, refine: bool, topo=None, max_s
         if best.get(state) != (g, nsteps):
             continue
         if state[:2] == goal:
-            return _build(src, dst, mesh, atoms, parent, state), generated
+            return _build(src, dst, atoms, parent, state), generated
         expansions += 1
         if max_expansions is not None and expansions > max_expansions:
             return None, generated
@@ -526,7 +514,7 @@ def _swaps(dims, sz, swappable_free):
             c += 1
 
 
-def _build(src, dst, mesh, atoms, parent, state) -> Plan:
+def _build(src, dst, atoms, parent, state) -> Plan:
     """Turn the search path into typed steps; runs of mergeable moves become one step."""
     moves = []
     while parent[state] is not None:
@@ -535,18 +523,18 @@ def _build(src, dst, mesh, atoms, parent, state) -> Plan:
     moves.reverse()
     steps = []
     t = src
+    tok = atoms.compress
     for move, before in moves:
         dims = before[0]
         kind = move[0]
-        tok = lambda ids: _compress(mesh, atoms, ids)  # noqa: E731
         if kind in ("slice", "rs"):
             _, i, a = move
             step_cls = S.AllSlice if kind == "slice" else S.ReduceScatter
             if steps and isinstance(steps[-1], step_cls) and steps[-1].dim == i:
-                prev = steps.pop()
+                steps.pop()
                 t = _undo(steps, src)
                 full = dims[i] + (a,)
-                old = _expand(mesh, atoms, t.dims[i])
+                old = atoms.expand(t.dims[i])
                 step = step_cls(i, tok(full[len(old):]))
             else:
                 step = step_cls(i, tok((a,)))
@@ -555,7 +543,7 @@ def _build(src, dst, mesh, atoms, parent, state) -> Plan:
             if steps and isinstance(steps[-1], S.AllGather) and steps[-1].dim == i:
                 steps.pop()
                 t = _undo(steps, src)
-                old = _expand(mesh, atoms, t.dims[i])
+                old = atoms.expand(t.dims[i])
                 keep = dims[i][: len(dims[i]) - m]
                 step = S.AllGather(i, tok(old[len(keep):]))
             else:
@@ -564,7 +552,7 @@ def _build(src, dst, mesh, atoms, parent, state) -> Plan:
             parts = [(i, j, tok(dims[i][len(dims[i]) - m:])) for i, j, m in move[1]]
             step = S.AllToAll(*parts[0]) if len(parts) == 1 else S.MultiAllToAll(tuple(parts))
         elif kind == "ar":
-            step = S.AllReduce(remove_axes(mesh, t.partial, dst.partial))
+            step = S.AllReduce(remove_axes(t.partial, dst.partial))
         elif kind == "swap":
             nd = tuple(tok(d) for d in move[1])
             if steps and isinstance(steps[-1], S.Permute):

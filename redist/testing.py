@@ -275,9 +275,5 @@ def draw_pair(draw: Draw, mesh: Mesh, *, max_rank: int = 3, partial: float = 0.3
 def _overlaps(mesh: Mesh, token: str, dims) -> bool:
     """Whether axis or sub-axis ``token`` is one of the axes in ``dims`` or shares a factor with one (a
     sub-axis ``(pre)size`` spans the factors from ``pre`` to ``pre * size`` of its axis)."""
-    name, pre, size = mesh.sub_axis(token)
-    for other in (a for d in dims for a in d):
-        o_name, o_pre, o_size = mesh.sub_axis(other)
-        if other == token or (o_name == name and max(pre, o_pre) < min(pre * size, o_pre * o_size)):
-            return True
-    return False
+    axis = mesh.axis(token)
+    return any(axis.overlaps(mesh.axis(other)) for d in dims for other in d)

@@ -30,6 +30,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+import redist.blocks
+from redist.axes import Axis, canonical_axes, check_factorization
 from redist.errors import ShardingError, shown
 from redist.mesh import Mesh, read_decimal
 
@@ -72,8 +74,10 @@ def dtype_name(dtype: Any) -> str:
 class ShardingType:
     """A global array's shape and dtype, and how its elements are laid out on ``mesh``.
 
-    ``dims[i]`` lists the mesh axes that split dim ``i``, major to minor; ``partial`` lists the axes over
-    which buffers are pending summands, in mesh order. Every mesh axis appears at most once in a type.
+    ``dims[i]`` lists the mesh axes or sub-axes that split dim ``i``, major to minor; ``partial`` lists the axes
+    over which buffers are pending summands, in mesh order. Every mesh axis appears at most once in a type.
+    Axes may be given as token strings (``"y:(2)2"``) and are held as :class:`~redist.axes.Axis` values, which
+    are those strings (canonical: adjacent pieces of one axis merged), so ``t.dims == (("x",), ("y", "z"))``.
     Instances are immutable and hashable; construction validates everything and raises
     :class:`ShardingError` naming the problem.
     """
@@ -81,8 +85,8 @@ class ShardingType:
     mesh: Mesh
     shape: tuple[int, ...]
     dtype: str
-    dims: tuple[tuple[str, ...], ...]
-    partial: tuple[str, ...] = ()
+    dims: tuple[tuple[Axis, ...], ...]
+    partial: tuple[Axis, ...] = ()
 
     def __post_init__(self):
         if not isinstance(self.mesh, Mesh):
@@ -94,22 +98,11 @@ class ShardingType:
         if len(dims) != len(shape):
             raise ShardingError(f"{len(shape)} dims in the shape but {len(dims)} dim shardings")
         object.__setattr__(self, "shape", shape)
-        seen: dict[str, list[tuple[int, int, str, int | str]]] = {}
-        for where, names in [*enumerate(dims), ("partial", partial)]:
-            for a in names:
-                name, pre, size = self.mesh.sub_axis(a)
-                for p2, s2, a2, where2 in seen.get(name, []):
-                    if (pre, size) == (p2, s2) or (pre < p2 * s2 and p2 < pre * size):
-                        which = f"mesh axis {a!r}" if a == a2 else f"mesh axes {a2!r} and {a!r} overlap and are"
-                        raise ShardingError(f"{which} used twice (in {_place(where2)} and in {_place(where)})")
-                seen.setdefault(name, []).append((pre, size, a, where))
-        for name, spans in seen.items():
-            if len(spans) > 1:  # one token of an axis always fits a factorization of it
-                check_factorization(self.mesh, name, [a for _, _, a, _ in spans])
+        dims, partial = _checked_axes(self.mesh, dims, partial)
         order = {n: i for i, n in enumerate(self.mesh.names)}
-        partial = sorted(partial, key=lambda a: (order[self.mesh.sub_axis(a)[0]], self.mesh.sub_axis(a)[1]))
-        object.__setattr__(self, "partial", canonical_axes(self.mesh, partial))
-        object.__setattr__(self, "dims", tuple(canonical_axes(self.mesh, d) for d in dims))
+        partial = sorted(partial, key=lambda a: (order[a.name], a.pre))
+        object.__setattr__(self, "partial", canonical_axes(partial))
+        object.__setattr__(self, "dims", tuple(canonical_axes(d) for d in dims))
 
     # ------------------------------------------------------------------ text form
     @classmethod
@@ -171,7 +164,8 @@ class ShardingType:
         """The JAX ``PartitionSpec`` of this type (partial axes are not part of it)."""
         from jax.sharding import PartitionSpec
 
-        return PartitionSpec(*[None if not d else d[0] if len(d) == 1 else d for d in self.dims])
+        names = [tuple(str(a) for a in d) for d in self.dims]  # JAX takes axis names as plain strings
+        return PartitionSpec(*[None if not d else d[0] if len(d) == 1 else d for d in names])
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -219,25 +213,24 @@ class ShardingType:
         return math.prod(self.shape) * self.itemsize
 
     @property
-    def used_axes(self) -> frozenset[str]:
+    def used_axes(self) -> frozenset[Axis]:
         """Axes that split some dim (not the partial ones)."""
         return frozenset(a for d in self.dims for a in d)
 
     def block_index(self, dim: int, device: int) -> int:
-        """The block of dim ``dim`` that ``device`` holds."""
-        return self.mesh.group_index(device, self.dims[dim])
+        """The block of dim ``dim`` that ``device`` holds (:func:`redist.blocks.block_index`)."""
+        return redist.blocks.block_index(self, dim, device)
 
     def local_box(self, device: int) -> tuple[slice, ...]:
         """The global index box of the elements ``device`` holds (its data; for an uneven dim it can be shorter
-        than the local buffer, or empty). They sit at the start of the local buffer: see :meth:`data_box`."""
-        return tuple(
-            slice(min(n, self.block_index(i, device) * L), min(n, (self.block_index(i, device) + 1) * L))
-            for i, (n, L) in enumerate(zip(self.shape, self.local_shape))
-        )
+        than the local buffer, or empty). They sit at the start of the local buffer: see :meth:`data_box`.
+        (:func:`redist.blocks.local_box`)"""
+        return redist.blocks.local_box(self, device)
 
     def data_box(self, device: int) -> tuple[slice, ...]:
-        """The local index box that holds ``device``'s data (the rest of the buffer is padding)."""
-        return tuple(slice(0, s.stop - s.start) for s in self.local_box(device))
+        """The local index box that holds ``device``'s data (the rest of the buffer is padding;
+        :func:`redist.blocks.data_box`)."""
+        return redist.blocks.data_box(self, device)
 
     def replace(self, dims=None, partial=None) -> "ShardingType":
         return ShardingType(
@@ -349,79 +342,21 @@ def _axis_lists(dims) -> tuple[tuple[str, ...], ...]:
     return tuple(_axis_tokens(d, i) for i, d in enumerate(dims))
 
 
-# ---------------------------------------------------------------------- axis lists with sub-axes
-def _pieces(mesh: Mesh, token_lists) -> list[list[tuple[str, int, int]]]:
-    """Each token list as (axis, lo, hi) pieces, split at every boundary any of the lists uses on that axis.
-
-    A token ``name:(pre)size`` covers the factor range ``[pre, pre·size)`` of its axis; after the split, equal
-    pieces in two lists denote the same sub-axis, so lists can be compared piece by piece.
-    """
-    cuts: dict[str, set[int]] = {}
-    spans = []
-    for tokens in token_lists:
-        span = []
-        for tok in tokens:
-            name, pre, size = mesh.sub_axis(tok)
-            cuts.setdefault(name, set()).update((pre, pre * size))
-            span.append((name, pre, pre * size))
-        spans.append(span)
-    out = []
-    for span in spans:
-        pieces = []
-        for name, lo, hi in span:
-            if lo == hi:  # an axis of size 1: one piece
-                pieces.append((name, lo, hi))
-                continue
-            pts = sorted(p for p in cuts[name] if lo <= p <= hi)
-            pieces.extend((name, a, b) for a, b in zip(pts, pts[1:]))
-        out.append(pieces)
-    return out
-
-
-def tokens_of_pieces(mesh: Mesh, pieces) -> tuple[str, ...]:
-    """Canonical tokens for (axis, lo, hi) pieces, major to minor: adjacent, contiguous pieces of one axis
-    merge (``y:(1)2, y:(2)2`` → ``y``)."""
-    from redist.mesh import sub_axis_token
-
-    merged: list[list] = []
-    for name, lo, hi in pieces:
-        if merged and merged[-1][0] == name and merged[-1][2] == lo:
-            merged[-1][2] = hi
-        else:
-            merged.append([name, lo, hi])
-    return tuple(sub_axis_token(n, lo, hi // lo, mesh.axis_size(n)) for n, lo, hi in merged)
-
-
-def check_factorization(mesh: Mesh, name: str, tokens) -> None:
-    """Sub-axes of one axis must cut it at points that each divide the next (a chain of factors): ``x:(1)2``
-    and ``x:(3)2`` of an axis of size 6 are not factors of one decomposition and cannot be used together."""
-    points = sorted({p for tok in tokens for p in (mesh.sub_axis(tok)[1], mesh.sub_axis(tok)[1] * mesh.sub_axis(tok)[2])}
-                    | {1, mesh.axis_size(name)})
-    for lo, hi in zip(points, points[1:]):
-        if hi % lo:
-            raise ShardingError(
-                f"sub-axes {', '.join(tokens)} split mesh axis {name!r} (size {mesh.axis_size(name)}) in "
-                "incompatible ways: they are not factors of one decomposition of the axis")
-
-
-def canonical_axes(mesh: Mesh, tokens) -> tuple[str, ...]:
-    """``tokens`` with adjacent contiguous sub-axes of one axis merged."""
-    if not any(":" in t for t in tokens):  # whole axes are canonical already
-        return tuple(tokens)
-    return tokens_of_pieces(mesh, _pieces(mesh, [tokens])[0])
-
-
-def strip_suffix(mesh: Mesh, tokens, suffix) -> tuple[str, ...] | None:
-    """``tokens`` without ``suffix`` at its minor end, or None if ``suffix`` is not its minor end."""
-    whole, end = _pieces(mesh, [tokens, suffix])
-    if not end or whole[len(whole) - len(end):] != end:
-        return None
-    return tokens_of_pieces(mesh, whole[: len(whole) - len(end)])
-
-
-def remove_axes(mesh: Mesh, tokens, remove) -> tuple[str, ...] | None:
-    """The set ``tokens`` less ``remove``, or None if some of ``remove`` is not in ``tokens``."""
-    have, drop = _pieces(mesh, [tokens, remove])
-    if not set(drop) <= set(have):
-        return None
-    return tokens_of_pieces(mesh, [p for p in have if p not in set(drop)])
+def _checked_axes(mesh: Mesh, dims, partial) -> tuple[tuple[tuple[Axis, ...], ...], tuple[Axis, ...]]:
+    """The axes of the tokens of ``dims`` and ``partial`` on ``mesh``. Raises :class:`ShardingError` if a token
+    names no axis of ``mesh``, if two axes overlap (a mesh axis is used once in a type), or if sub-axes of one
+    mesh axis are not factors of one decomposition of it."""
+    dims = tuple(mesh.axes_of(d) for d in dims)
+    partial = mesh.axes_of(partial)
+    seen: dict[str, list[tuple[Axis, int | str]]] = {}
+    for where, axes in [*enumerate(dims), ("partial", partial)]:
+        for a in axes:
+            for b, where2 in seen.get(a.name, ()):
+                if a.overlaps(b):
+                    which = f"mesh axis {a!r}" if a == b else f"mesh axes {b!r} and {a!r} overlap and are"
+                    raise ShardingError(f"{which} used twice (in {_place(where2)} and in {_place(where)})")
+            seen.setdefault(a.name, []).append((a, where))
+    for name, used in seen.items():
+        if len(used) > 1:  # one axis alone always fits a factorization of its mesh axis
+            check_factorization(name, [a for a, _ in used])
+    return dims, partial

@@ -373,7 +373,7 @@ def test_exchange_programs_by_hand():
     """Exchange instructions that synthesis does not produce: a scalar one (device 3 receives nothing and
     gets zero), and one with two copies between one pair, a copy of no elements, a local copy and unwritten
     positions; run under jax.jit (run_on_buffers) and compared with the numpy backend."""
-    C = redist.steps.Copy
+    C = redist.blocks.Copy
     m4 = redist.Mesh.parse("x=4")
     scalar = P.Exchange((), (
         (C(2, (), (), ()),), (C(1, (), (), ()),), (C(0, (), (), ()),), ()))

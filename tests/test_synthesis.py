@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 import redist
 from redist import Mesh, ShardingError, ShardingType, lower_bound_bytes, synthesize
-from redist.steps import AllGather, AllSlice, AllToAll, Permute, permute_sources
+from redist.blocks import permute_sources
+from redist.steps import AllGather, AllSlice, AllToAll, Permute
 from redist.data import poison_padding, poisoned_source, random_array, summands
 from tests.strategies import layouts, type_pairs
 

@@ -218,7 +218,7 @@ def test_uneven_plans_are_proved_and_padding_is_never_data():
         assert v.ok, (a, b, v.reason)
     # f32[3{x}]: device x=0 holds [0, 2); device x=1 holds [2, 3) and one padding element. An exchange that
     # keeps everything but fills device 0's index 1 from device 2's padding reads padding as data.
-    from redist.steps import Copy
+    from redist.blocks import Copy
 
     src = T("f32[3{x}]", mesh)
     keep = [(Copy(d, (0,), (0,), (2,)),) for d in range(mesh.size)]
