@@ -31,7 +31,8 @@ from typing import Protocol, Sequence, TypeVar
 
 from redist.bounds import check_pair
 from redist.errors import ShardingError, shown
-from redist.mesh import Mesh, sub_axis_token
+from redist.axes import Axis
+from redist.mesh import Mesh
 from redist.types import ShardingType
 
 T = TypeVar("T")
@@ -219,7 +220,7 @@ def _sub_axes(name: str, size: int, factors: Sequence[int]) -> list[str]:
     """The sub-axis tokens that split axis ``name`` of ``size`` into ``factors``, major to minor."""
     out, pre = [], 1
     for f in factors:
-        out.append(sub_axis_token(name, pre, f, size))
+        out.append(Axis(name, pre, f, size))
         pre *= f
     return out
 

@@ -5,8 +5,9 @@ MPI backends execute (semantics in :mod:`redist.program`) — and nothing else o
 type (what the input buffers hold), its claimed destination type, and its reported ``peak_bytes`` and
 ``bytes_received``. It never calls the synthesizer's typing rules (:mod:`redist.steps`) nor the type class's
 block arithmetic (``block_index``, ``local_box``, ``local_shape``, ``Mesh.group_index``, ``Mesh.coords``):
-that independence is on purpose, so that a bug there cannot prove itself right. The meaning of a type is
-stated once, below, in Z3 terms, from the contract (SPEC sections 1 and 2):
+that independence is on purpose, so that a bug there cannot prove itself right. Instruction axes are
+:class:`redist.axes.Axis` values, which are their token strings; the verifier reads only their text, parses each
+token itself and re-derives name, pre-size and size independently. The meaning of a type is stated once, below, in Z3 terms, from the contract (SPEC sections 1 and 2):
 
     Devices are numbered row-major over the mesh axes in mesh order (the last axis varies fastest).
     A dim of size N with axes (a1 … ak), major → minor, on a device with coordinates c has block index
