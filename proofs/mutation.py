@@ -3,19 +3,19 @@
 Operators (each mutant is a modified :class:`redist.program.Program`; its buffer shapes are re-derived from
 its instructions so that it is a well-formed program wherever the mutation allows — a mutant whose shapes
 cannot be derived, e.g. a split that no longer divides, is ill-formed: it keeps the original shapes and the
-verifier must still refute it; the numpy backend raises on it or, for an exchange copy off a buffer's edge,
-which numpy slicing clips, gives a wrong result):
+verifier must still refute it; the numpy backend refuses it, as every backend checks a program's shapes
+and copies before running it):
 
 - ``reverse_axes``: an instruction's axes tuple reversed (swaps the group members' order);
-- ``wrong_dim``: an instruction's dim (or split / concat dim) moved to another dim;
-- ``swap_a2a_dims``: an all-to-all's split and concat dims exchanged;
+- ``wrong_dim``: an instruction's dim moved to another dim (an all-to-all has none: its chunks are its
+  leading dim, placed by the transposes around it);
 - ``wrong_axis``: one axis token replaced by another mesh axis or sub-axis not already named there;
 - ``drop``: one instruction removed;
 - ``duplicate``: one instruction repeated;
 - ``swap_permute_pair``: two entries of a collective permute's source table exchanged;
 - ``reduce_kind``: a reduce-scatter turned into an all-reduce or back (with a slice);
-- ``swap_transpose``: two entries of a local transpose's permutation exchanged (the transposes around a
-  two-move all-to-all);
+- ``swap_transpose``: two entries of a local transpose's permutation exchanged (the transposes around an
+  all-to-all);
 - on an ``Exchange`` (point-to-point copies, uneven dims): ``drop_copy`` (one copy of one device removed),
   ``shift_copy_src`` / ``shift_copy_dst`` (one copy's ``src_start`` / ``dst_start`` moved by ±1 along one
   dim, where the exchange stays well-formed), ``shift_copy_off`` (such a move that leaves the exchange
@@ -42,8 +42,8 @@ exchange, with or without an all-reduce), and a share of the random pairs. The o
 with NaN, so a mutant that reads padding as data is non-equivalent.
 
 Not covered: an off-by-one slice bound. The instruction set cannot express it (a ``Slice`` always keeps
-chunk ``r`` of ``k`` equal chunks), and a mutant-only subclass would be executed by the numpy backend as
-the plain ``Slice`` it subclasses, so the backend could not witness it; the operator is skipped. Device
+chunk ``r`` of ``k`` equal chunks), and the backends refuse a mutant-only subclass (they run the
+instructions of :mod:`redist.program` only), so no backend could witness it; the operator is skipped. Device
 order on the claim side: a mesh has no device numbering of its own yet (SPEC 1's ``device_ids`` is not
 built), so no claim can name the same axes with the devices in another order; ``claim_mesh_order`` is the
 nearest mutant that can be built (another numbering of the same devices), and the verifier compares whole
@@ -99,11 +99,8 @@ def derive_shapes(prog: P.Program, instructions) -> tuple | None:
                     x[ins.dim] //= k
                 elif isinstance(ins, P.AllGather):
                     x[ins.dim] *= k
-                elif isinstance(ins, P.AllToAll):
-                    if x[ins.split_dim] % k:
-                        return None
-                    x[ins.split_dim] //= k
-                    x[ins.concat_dim] *= k
+                elif isinstance(ins, P.AllToAll) and x[0] != k:
+                    return None
         except (IndexError, ValueError):
             return None
         shapes.append(tuple(x))
@@ -183,15 +180,11 @@ def mutants(prog: P.Program, rng: random.Random, max_per_op: int = 3):
         axes = getattr(x, "axes", None)
         if axes and len(axes) >= 2:
             add("reverse_axes", f"{t}: axes {axes} reversed", ins[:t] + [dataclasses.replace(x, axes=axes[::-1])] + ins[t + 1:])
-        for field in ("dim", "split_dim", "concat_dim"):
-            if hasattr(x, field):
-                for d in range(rank):
-                    if d != getattr(x, field):
-                        add("wrong_dim", f"{t}: {field} {getattr(x, field)} -> {d}",
-                            ins[:t] + [dataclasses.replace(x, **{field: d})] + ins[t + 1:])
-        if isinstance(x, P.AllToAll):
-            add("swap_a2a_dims", f"{t}: split/concat exchanged",
-                ins[:t] + [P.AllToAll(x.concat_dim, x.split_dim, x.axes)] + ins[t + 1:])
+        if hasattr(x, "dim"):
+            for d in range(rank):
+                if d != x.dim:
+                    add("wrong_dim", f"{t}: dim {x.dim} -> {d}",
+                        ins[:t] + [dataclasses.replace(x, dim=d)] + ins[t + 1:])
         if axes:
             for j in range(len(axes)):
                 for tok in _tokens(mesh):

@@ -85,8 +85,9 @@ def symbolic_rules() -> list[dict]:
                       z3.And(_in(j, k), _in(m, L), (bP * k + j) * L + m == bP * (k * L) + i)))
 
     # all_to_all(d1 -> d2, A): before d1 (bP1·k + a, L1), d2 (bP2, L2 = k·C); after d1 (bP1, k·L1),
-    # d2 (bP2·k + r, C). AllToAll(split=d2, concat=d1): output (i1, i2) came from the sender of rank
-    # i1 div L1, at index (i1 mod L1, i2 + r·C).
+    # d2 (bP2·k + r, C). The lowered all-to-all sends chunk j of d2 to rank j and puts the sender's rank
+    # at the major end of d1: output (i1, i2) came from the sender of rank i1 div L1, at index
+    # (i1 mod L1, i2 + r·C).
     bP1, bP2, p1, p2, L1, C, i1, i2 = z3.Ints("bP1 bP2 p1 p2 L1 C i1 i2")
     j, m, dm = _divmod(i1, L1, "a2a")
     hyps = _pos(p1, p2, k, L1, C) + [_in(bP1, p1), _in(bP2, p2), _in(r, k), _in(i1, k * L1), _in(i2, C)] + dm

@@ -12,8 +12,11 @@ Instructions (``x`` is a device's buffer before, ``r`` its group rank):
 - ``Transpose(perm)``: ``np.transpose(x, perm)`` (result dim ``a`` is input dim ``perm[a]``). Local.
 - ``Slice(dim, axes)``: keep ``x[..., r·n/k : (r+1)·n/k, ...]`` along ``dim`` (``n = x.shape[dim]``). Local.
 - ``AllGather(dim, axes)``: concatenate the group's buffers along ``dim`` in rank order.
-- ``AllToAll(split_dim, concat_dim, axes)``: split ``x`` along ``split_dim`` into k equal chunks; chunk j goes
-  to rank j; concatenate the k chunks received along ``concat_dim`` in the order of the sender's rank.
+- ``AllToAll(axes)``: ``x`` has a leading dim of k chunks; chunk j (``x[j]``) goes to rank j, and the chunk
+  received from rank s becomes ``new[s]``: ``new[s] = (buffer of rank s)[r]``; the shape does not change.
+  (Every all-to-all of a plan is lowered to this leading-dim form between local reshapes and transposes,
+  so each backend implements only this form: ``lax.all_to_all(x, axes, 0, 0, tiled=True)``, an MPI
+  ``Alltoall`` of contiguous rows.)
 - ``ReduceScatter(dim, axes)``: sum the group's buffers, keep chunk r of k along ``dim``.
 - ``AllReduce(axes)``: sum the group's buffers.
 - ``CollectivePermute(sources)``: device d's new buffer is device ``sources[d]``'s buffer (a permutation of
@@ -27,11 +30,12 @@ Instructions name their axes as :class:`~redist.axes.Axis` values, which are the
 them on the plan's mesh; a program built by hand may name them as plain token strings). Backends read them
 through the mesh (``mesh.groups``, ``mesh.group_index``, ``mesh.axis``); the verifier reads their text.
 
-The numpy, JAX and MPI backends execute these, and :mod:`redist.verify` proves these same instructions
-correct. Lowering is one instruction per plan step, except that an all-to-all of several moves becomes
-one ``AllToAll`` over a leading dim of chunks, between local reshapes and transposes, and that a step which
-moves nothing (over size-1 axes, or an identity permutation) has no instruction; nothing in the program
-refers back to sharding types. ``pad`` and ``unpad`` steps are views and have no instruction.
+The backends (:mod:`redist.backends`) execute these, and :mod:`redist.verify` proves these same instructions
+correct. Lowering is one instruction per plan step, except that an all-to-all step (of one move or several)
+becomes one ``AllToAll`` between local reshapes and transposes that bring its chunks to the front and the
+received ones into place, and that a step which moves nothing (over size-1 axes, or an identity
+permutation) has no instruction; nothing in the program refers back to sharding types. ``pad`` and
+``unpad`` steps are views and have no instruction.
 """
 
 from __future__ import annotations
@@ -72,8 +76,6 @@ class AllGather:
 
 @dataclass(frozen=True)
 class AllToAll:
-    split_dim: int
-    concat_dim: int
     axes: tuple[Axis, ...]
 
 
@@ -126,7 +128,7 @@ class Program:
     shapes: tuple[tuple[int, ...], ...]
 
     def axis_tokens(self) -> tuple[Axis, ...]:
-        """Every axis or sub-axis that some instruction names, in first-use order."""
+        """Every axis or sub-axis token that some instruction names, in first-use order."""
         seen: dict[str, None] = {}
         for ins in self.instructions:
             for a in getattr(ins, "axes", ()):
@@ -142,8 +144,11 @@ class Program:
 
 def lower_step(step, t_in) -> tuple[Instruction, ...]:
     """The instructions that implement one typed step on buffers of type ``t_in``."""
+    if isinstance(step, S.AllToAll):
+        return _all_to_all(((step.src_dim, step.dst_dim, t_in.mesh.axes_of(step.axes)),), t_in, step.apply(t_in))
     if isinstance(step, S.MultiAllToAll):
-        return _multi_all_to_all(step, t_in)
+        moves = tuple((i, j, t_in.mesh.axes_of(axes)) for i, j, axes in step.moves)
+        return _all_to_all(moves, t_in, step.apply(t_in))
     if isinstance(step, (S.Pad, S.Unpad)):
         return ()
     return (_lower_one(step, t_in),)
@@ -160,8 +165,6 @@ def _lower_one(step, t_in) -> Instruction:
         return Slice(step.dim, axes)
     if isinstance(step, S.AllGather):
         return AllGather(step.dim, axes)
-    if isinstance(step, S.AllToAll):
-        return AllToAll(step.dst_dim, step.src_dim, axes)
     if isinstance(step, S.ReduceScatter):
         return ReduceScatter(step.dim, axes)
     if isinstance(step, S.AllReduce):
@@ -169,34 +172,38 @@ def _lower_one(step, t_in) -> Instruction:
     raise ShardingError(f"no lowering for {step!r}: it is not a redist step")
 
 
-def _multi_all_to_all(step, t_in) -> tuple[Instruction, ...]:
-    """Moves ``(i_m -> j_m, axes_m)``: split every destination ``j`` into (the chunk counts ``k_m`` of the moves
-    into it, in move order, then the rest), bring the chunk dims to the front in move order and merge them
-    into one dim of ``k`` chunks (row-major, so chunk index = rank over all the axes), exchange chunk ``r``
-    with member ``r``, then split the front dim by sender ``(s_1, …, s_M)`` and put each ``s_m`` at the major
-    end of its source dim ``i_m``."""
+def _all_to_all(moves, t_in, t_out) -> tuple[Instruction, ...]:
+    """An all-to-all of ``moves`` ``(i_m -> j_m, axes_m)`` (one or more) from type ``t_in`` to ``t_out``, in
+    the canonical form of :class:`AllToAll` over the axes of all moves in move order. Split every destination
+    ``j`` into (the chunk counts ``k_m`` of the moves into it, in move order, then the rest), bring the chunk
+    dims to the front in move order and merge them into one dim of ``k`` chunks (row-major, so chunk index =
+    rank over all the axes), exchange chunk ``r`` with member ``r``, then split the front dim by sender
+    ``(s_1, …, s_M)`` and put each ``s_m`` at the major end of its source dim ``i_m``. Over a group of one
+    device it is no instruction."""
     mesh = t_in.mesh
-    shape = list(t_in.local_shape)
-    ks = [mesh.group_size(axes) for _, _, axes in step.moves]
+    axes = tuple(a for _, _, move_axes in moves for a in move_axes)
+    if mesh.group_size(axes) == 1:
+        return ()
+    ks = [mesh.group_size(move_axes) for _, _, move_axes in moves]
     # Expanded dims: ("c", m) the chunk index of move m in its destination, ("d", d) the rest of dim d.
     expanded, sizes = [], {}
-    for d, n in enumerate(shape):
-        into = [m for m, (_, j, _) in enumerate(step.moves) if j == d]
+    for d, n in enumerate(t_in.local_shape):
+        into = [m for m, (_, j, _) in enumerate(moves) if j == d]
         expanded += [("c", m) for m in into] + [("d", d)]
         sizes.update({("c", m): ks[m] for m in into})
         sizes[("d", d)] = n // math.prod(ks[m] for m in into)
-    front = [("c", m) for m in range(len(step.moves))]
+    front = [("c", m) for m in range(len(moves))]
     rest = [e for e in expanded if e[0] == "d"]
     ins = [
         Reshape(tuple(sizes[e] for e in expanded)),
         Transpose(tuple(expanded.index(e) for e in front + rest)),
         Reshape((math.prod(ks),) + tuple(sizes[e] for e in rest)),
-        AllToAll(0, 0, mesh.axes_of(step.axes)),
+        AllToAll(axes),
     ]
     # After the exchange the front dims index the sender; each goes just before its source dim i_m.
-    senders = [("s", m) for m in range(len(step.moves))]
+    senders = [("s", m) for m in range(len(moves))]
     sizes.update({("s", m): k for m, k in enumerate(ks)})
-    source_of = {i: m for m, (i, _, _) in enumerate(step.moves)}
+    source_of = {i: m for m, (i, _, _) in enumerate(moves)}
     final = []
     for e in rest:
         if e[1] in source_of:
@@ -206,7 +213,7 @@ def _multi_all_to_all(step, t_in) -> tuple[Instruction, ...]:
     ins += [
         Reshape(tuple(sizes[e] for e in received)),
         Transpose(tuple(received.index(e) for e in final)),
-        Reshape(step.apply(t_in).local_shape),
+        Reshape(t_out.local_shape),
     ]
     return tuple(ins)
 
@@ -220,7 +227,7 @@ def lower(steps, types) -> Program:
             if _moves_nothing(ins, shapes[-1], t0.mesh):
                 continue
             instructions.append(ins)
-            shapes.append(_shape_after(ins, shapes[-1], t0.mesh))
+            shapes.append(shape_after(ins, shapes[-1], t0.mesh))
     assert shapes[-1] == types[-1].local_shape
     return Program(mesh=t0.mesh, dtype=t0.np_dtype, instructions=tuple(instructions), shapes=tuple(shapes))
 
@@ -239,22 +246,58 @@ def _moves_nothing(ins, shape, mesh) -> bool:
     return mesh.group_size(ins.axes) == 1
 
 
-def _shape_after(ins, shape, mesh) -> tuple[int, ...]:
-    """The local shape after ``ins`` on a buffer of ``shape``."""
-    s = list(shape)
+def shape_after(ins: Instruction, shape, mesh: Mesh) -> tuple[int, ...]:
+    """The local shape after ``ins`` on a buffer of ``shape`` on ``mesh``.
+
+    Raises :class:`~redist.errors.ShardingError` when ``ins`` cannot run on such a buffer: a dim the buffer
+    lacks, a split into chunks that does not divide, an all-to-all whose leading dim is not its group size,
+    a reshape to another number of elements, a transpose or permute that is not a permutation, an exchange
+    whose copies do not fit the buffers; and, from ``mesh``, axes that are not its own.
+    """
+    shape = tuple(shape)
+    where = f"{type(ins).__name__} on a local buffer of shape {shape}"
     if isinstance(ins, Reshape):
-        assert math.prod(ins.shape) == math.prod(shape), (ins, shape)
+        if math.prod(ins.shape) != math.prod(shape) or any(n < 0 for n in ins.shape):
+            raise ShardingError(f"{where}: cannot view it as {tuple(ins.shape)}")
         return tuple(ins.shape)
     if isinstance(ins, Transpose):
+        if sorted(ins.perm) != list(range(len(shape))):
+            raise ShardingError(f"{where}: {tuple(ins.perm)} is not a permutation of its dims")
         return tuple(shape[p] for p in ins.perm)
+    if isinstance(ins, CollectivePermute):
+        if sorted(ins.sources) != list(range(mesh.size)):
+            raise ShardingError(f"{where}: sources are not a permutation of the {mesh.size} devices")
+        return shape
     if isinstance(ins, Exchange):
+        _check_copies(ins, shape, mesh.size, where)
         return tuple(ins.shape)
-    if isinstance(ins, (Slice, ReduceScatter)):
-        s[ins.dim] //= mesh.group_size(ins.axes)
+    k = mesh.group_size(ins.axes)
+    if isinstance(ins, AllReduce):
+        return shape
+    dim = 0 if isinstance(ins, AllToAll) else ins.dim
+    if not 0 <= dim < len(shape):
+        raise ShardingError(f"{where}: the buffer has no dim {dim}")
+    s = list(shape)
+    if isinstance(ins, AllToAll):
+        if s[0] != k:
+            raise ShardingError(f"{where}: the leading dim must hold the {k} chunks of its group")
     elif isinstance(ins, AllGather):
-        s[ins.dim] *= mesh.group_size(ins.axes)
-    elif isinstance(ins, AllToAll):
-        k = mesh.group_size(ins.axes)
-        s[ins.split_dim] //= k
-        s[ins.concat_dim] *= k
+        s[dim] *= k
+    else:  # Slice, ReduceScatter
+        if s[dim] % k:
+            raise ShardingError(f"{where}: dim {dim} does not split into {k} equal chunks")
+        s[dim] //= k
     return tuple(s)
+
+
+def _check_copies(ins: Exchange, shape, n_dev: int, where: str) -> None:
+    """An exchange's copies: a tuple per device, each copy from a device that exists, inside both buffers."""
+    if len(ins.copies) != n_dev or len(ins.shape) != len(shape):
+        raise ShardingError(f"{where}: expected copies for {n_dev} devices into a buffer of rank {len(shape)}, "
+                            f"got {len(ins.copies)} into shape {tuple(ins.shape)}")
+    for d, copies in enumerate(ins.copies):
+        for c in copies:
+            fits = all(n >= 0 and 0 <= a and a + n <= cap_in and 0 <= b and b + n <= cap_out
+                       for a, b, n, cap_in, cap_out in zip(c.src_start, c.dst_start, c.size, shape, ins.shape))
+            if not (0 <= c.source < n_dev and len(c.size) == len(shape) and fits):
+                raise ShardingError(f"{where}: copy {c} of device {d} does not fit the buffers")

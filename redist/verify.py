@@ -23,8 +23,8 @@ which local index of the buffer before it the element came from:
 
 - ``Slice(dim, axes)``: same device; index + r·n_out along ``dim`` (r = the device's rank over ``axes``).
 - ``AllGather(dim, axes)``: the group member of rank i // n_in; index i % n_in along ``dim``.
-- ``AllToAll(split, concat, axes)``: the member of rank i[concat] // chunk[concat]; index i[concat] %
-  chunk[concat], then + r·chunk[split] along ``split``.
+- ``AllToAll(axes)`` (over a leading dim of k chunks, the only all-to-all the instruction set has): the
+  member of rank i[0]; index r along dim 0 (r = the device's rank over ``axes``), the rest the same.
 - ``ReduceScatter(dim, axes)``: a *sum* over the group: a fresh symbolic member (one summand per value of
   it); index + r·n_out along ``dim``.
 - ``AllReduce(axes)``: a sum over the group, fresh symbolic member, same index.
@@ -330,12 +330,9 @@ def _derive_shapes(program, mesh_sizes, deadline: _Deadline) -> list[tuple[int, 
                 dim_ok(ins.dim)
                 x[ins.dim] *= k
             elif isinstance(ins, P.AllToAll):
-                dim_ok(ins.split_dim)
-                dim_ok(ins.concat_dim)
-                if x[ins.split_dim] % k:
-                    raise _Refuted(f"{where}: local dim {ins.split_dim} of size {x[ins.split_dim]} does not split in {k}")
-                x[ins.split_dim] //= k
-                x[ins.concat_dim] *= k
+                dim_ok(0)
+                if x[0] != k:
+                    raise _Refuted(f"{where}: the leading dim of size {x[0]} is not the group's {k} chunks")
         shapes.append(tuple(x))
     if len(program.shapes) != len(shapes) or any(tuple(a) != b for a, b in zip(program.shapes, shapes)):
         raise _Refuted(f"the program's buffer shapes {list(map(tuple, program.shapes))} are not what its "
@@ -380,8 +377,6 @@ def _malformed(ins, rank: int) -> str | None:
         return None
     if isinstance(ins, (P.Slice, P.AllGather, P.ReduceScatter)) and not _is_int(ins.dim):
         return f"dim {ins.dim!r} is not a dim"
-    if isinstance(ins, P.AllToAll) and not (_is_int(ins.split_dim) and _is_int(ins.concat_dim)):
-        return f"split_dim {ins.split_dim!r} and concat_dim {ins.concat_dim!r} are not dims"
     if not isinstance(ins, (P.Reshape, P.Transpose, P.Slice, P.AllGather, P.AllToAll, P.ReduceScatter, P.AllReduce)):
         return f"unknown instruction {type(ins).__name__}"
     return None
@@ -520,13 +515,8 @@ class _Walk:
                 idx[ins.dim] = idx[ins.dim] % m
                 c = _with_rank(c, axes, j)
             elif isinstance(ins, P.AllToAll):
-                cd, sd = ins.concat_dim, ins.split_dim
-                chunk = list(n_in)
-                chunk[sd] = n_in[sd] // _ksize(axes)
-                r = _rank(c, axes)
-                j = idx[cd] / chunk[cd]
-                idx[cd] = idx[cd] % chunk[cd]
-                idx[sd] = idx[sd] + r * chunk[sd]
+                j = idx[0]
+                idx[0] = _rank(c, axes)
                 c = _with_rank(c, axes, j)
             elif isinstance(ins, (P.ReduceScatter, P.AllReduce)):
                 if isinstance(ins, P.ReduceScatter):

@@ -34,6 +34,8 @@ from mpi4py import MPI
 
 import redist
 import redist.mpi
+from redist import program as P
+from redist.backends import interpreter, mpi_backend
 from redist.data import poisoned_source
 from redist.testing import SeededDraw, draw_pair
 
@@ -184,10 +186,10 @@ def mode_cases(seed: int, count: int, uneven: int) -> None:
     mesh = make_mesh(MESHES[SIZE][-1])
     src, dst = random_pair(seed, count, mesh)
     run_case(src, dst, np.random.default_rng(0), failures, "repeat")
-    before = len(redist.mpi._context(COMM, mesh).groups)
+    before = len(mpi_backend._context(COMM, mesh).groups)
     for _ in range(3):
         run_case(src, dst, np.random.default_rng(0), failures, "repeat")
-    stable = int(len(redist.mpi._context(COMM, mesh).groups) == before)
+    stable = int(len(mpi_backend._context(COMM, mesh).groups) == before)
     u_cases = u_passed = exchanges = 0
     for i, (src, dst) in enumerate(uneven_pairs(seed, uneven)):
         before_ex = KINDS.get("Exchange", 0)
@@ -230,6 +232,9 @@ def mode_errors() -> None:
         ("comm=COMM_NULL", lambda: redist.mpi.reshard(good, src, dst, MPI.COMM_NULL)),
         ('run_program comm="x"', lambda: redist.mpi.run_program(redist.synthesize(src, dst).program, good, "x")),
         ("run_program of no program", lambda: redist.mpi.run_program("program", good, COMM)),
+        ("run_program of an ill-formed program", lambda: redist.mpi.run_program(
+            P.Program(mesh, np.dtype(np.float64), (P.AllToAll(mesh.names),), ((1, 4), (1, 4))), np.zeros((1, 4)),
+            COMM)),
         ("src None", lambda: redist.mpi.reshard(good, None, dst, COMM)),
         ("src and dst text", lambda: redist.mpi.reshard(good, str(src), str(dst), COMM)),
         ("src object()", lambda: redist.mpi.reshard(good, object(), dst, COMM)),
@@ -263,7 +268,8 @@ def mode_errors() -> None:
 
 def mode_fresh() -> None:
     """Results are new arrays: never ``local`` nor its memory, not on a rank whose buffer stays put (identity,
-    permute-only, pad/unpad plans); writing into a result leaves ``local`` as it was. Lossless inputs (i8
+    permute-only, pad/unpad plans), not from ``run_program`` after a transpose that numpy makes as a view;
+    writing into a result leaves ``local`` as it was. Lossless inputs (i8
     data and Python ints for an i32 type) are accepted and give the type's dtype."""
     mesh = make_mesh(MESHES[SIZE][-1])
     n = mesh.size
@@ -285,6 +291,16 @@ def mode_fresh() -> None:
         fresh += all_true(ok)
         checked += 1
         say(f"  {a} -> {b}: {[s.kind for s in redist.synthesize(src, dst).steps]} fresh={int(all_true(ok))}")
+    # run_program on the caller's own buffer: a transpose that only moves a dim of size 1 is a view in numpy,
+    # and the all-reduce after it must still not sum into the caller's buffer.
+    program = P.Program(mesh, np.dtype(np.float64), (P.Transpose((1, 0)), P.AllReduce(mesh.names)),
+                        ((1, 4), (4, 1), (4, 1)))
+    local = np.full((1, 4), float(RANK))
+    out = redist.mpi.run_program(program, local, COMM)
+    ok = np.array_equal(local, np.full((1, 4), float(RANK))) and np.array_equal(out, np.full((4, 1), n * (n - 1) / 2))
+    fresh += all_true(ok and not np.shares_memory(out, local))
+    checked += 1
+    say(f"  run_program [Transpose of a unit dim, AllReduce] on the caller's buffer: fresh={int(all_true(ok))}")
     src, dst = (redist.ShardingType.parse(t, mesh) for t in (f"i32[{n}{{{x}}}, 4]", f"i32[{n}, 4{{{x}}}]"))
     value = np.arange(4 * n, dtype=np.int32).reshape(n, 4) - 2 * n
     want = redist.execute(redist.synthesize(src, dst), redist.shard(src, value))[RANK]
@@ -378,18 +394,16 @@ def mode_fail() -> None:
     dst = redist.ShardingType.parse("f64[8, 8]", mesh)
     calls = [0]
 
-    def failing(kind):
-        run = redist.mpi._RUN[kind]
-
-        def wrapped(ctx, ins, buf):
+    def failing(method):
+        def wrapped(self, ins, buf):
             calls[0] += 1
             if RANK == 0 and calls[0] == 2:
                 raise RuntimeError("injected failure on rank 0 before instruction 2")
-            return run(ctx, ins, buf)
+            return method(self, ins, buf)
         return wrapped
 
-    for kind in list(redist.mpi._RUN):
-        redist.mpi._RUN[kind] = failing(kind)
+    for name in interpreter.METHODS.values():
+        setattr(mpi_backend.MpiBackend, name, failing(getattr(mpi_backend.MpiBackend, name)))
     say(redist.synthesize(src, dst).program)
     out = redist.mpi.reshard(np.ones(src.local_shape), src, dst, COMM)
     COMM.Barrier()

@@ -17,7 +17,7 @@ def test_plan_prints_steps_memory_and_bytes(capsys):
     assert "all_to_all(dim 2 -> dim 1 {x}, dim 0 -> dim 1 {y})" in out
     assert "peak memory     2048 B per device (bound max(src, dst) = 2048 B)" in out
     assert "bytes received  1792 B per device (lower bound 1792 B, 1.000x)" in out
-    assert "AllToAll(split_dim=0, concat_dim=0" in out
+    assert "AllToAll(axes=('x', 'y'))" in out
 
 
 def test_plan_json():

@@ -270,7 +270,10 @@ def test_multi_axis_groups_are_row_major_in_the_listed_order():
         ((2, 2, 2), ("x", "y", "z"), (4, 8), [
             P.AllGather(0, ("z", "x")),                 # (16, 8)
             P.Slice(0, ("y", "x", "z")),                # (2, 8)
-            P.AllToAll(1, 0, ("z", "x")),               # (8, 2)
+            P.Reshape((2, 4, 2)),                       # (2, 4, 2)
+            P.Transpose((1, 0, 2)),                     # (4, 2, 2)
+            P.AllToAll(("z", "x")),                     # (4, 2, 2)
+            P.Reshape((8, 2)),                          # (8, 2)
             P.ReduceScatter(0, ("z", "y")),             # (2, 2)
             P.AllReduce(("z", "x")),                    # (2, 2)
             P.CollectivePermute((3, 0, 1, 2, 4, 6, 5, 7)),
@@ -278,7 +281,10 @@ def test_multi_axis_groups_are_row_major_in_the_listed_order():
         ((2, 4), ("x", "y"), (8, 8), [
             P.AllGather(1, ("y:(2)2", "x", "y:(1)2")),  # (8, 64)
             P.Slice(0, ("y:(2)2", "x")),                # (2, 64)
-            P.AllToAll(1, 0, ("y:(1)2", "x")),          # (8, 16)
+            P.Reshape((2, 4, 16)),                      # (2, 4, 16)
+            P.Transpose((1, 0, 2)),                     # (4, 2, 16)
+            P.AllToAll(("y:(1)2", "x")),                # (4, 2, 16)
+            P.Reshape((8, 16)),                         # (8, 16)
             P.ReduceScatter(1, ("y:(2)2", "y:(1)2")),   # (8, 4)
             P.AllReduce(("x", "y:(2)2")),               # (8, 4)
         ]),
@@ -288,15 +294,7 @@ def test_multi_axis_groups_are_row_major_in_the_listed_order():
         rm = rj.redist_mesh(mesh)
         shapes = [shape0]
         for ins in instructions:
-            s = list(shapes[-1])
-            if isinstance(ins, P.AllGather):
-                s[ins.dim] *= rm.group_size(ins.axes)
-            elif isinstance(ins, (P.Slice, P.ReduceScatter)):
-                s[ins.dim] //= rm.group_size(ins.axes)
-            elif isinstance(ins, P.AllToAll):
-                s[ins.split_dim] //= rm.group_size(ins.axes)
-                s[ins.concat_dim] *= rm.group_size(ins.axes)
-            shapes.append(tuple(s))
+            shapes.append(P.shape_after(ins, shapes[-1], rm))
         program = P.Program(rm, np.dtype(np.int32), tuple(instructions), tuple(shapes))
         shards = [random_array(rng, shape0, np.int32, -50, 50) for _ in range(rm.size)]
         want = numpy_backend.run(program, shards)

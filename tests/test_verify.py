@@ -482,7 +482,7 @@ def test_malformed_instructions_are_refuted_not_raised():
     mesh, plan = _classic()
     prog = plan.program
     src = plan.src
-    from redist.steps import Copy
+    from redist.blocks import Copy
 
     cases = [P.Slice("0", ("x",)), P.AllGather(0, None), P.CollectivePermute(None), P.Transpose([0, 1, 2]),
              P.Exchange(src.local_shape, ((Copy(0, (0,), (0,), (1,)),),) * mesh.size), P.Reshape((-1, 16))]
