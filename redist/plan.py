@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
 
+from redist import steps as S
+from redist.errors import ShardingError, shown
 from redist.program import Program, lower
+from redist.types import ShardingType
 
 
 def _number(x: Fraction) -> int | float:
@@ -36,6 +40,34 @@ class Plan:
         for step, t, t_next in zip(self.steps, self.types, self.types[1:]):
             if step.apply(t) != t_next:
                 raise AssertionError(f"{step} on {t} gives {step.apply(t)}, not {t_next}")
+
+    @classmethod
+    def from_steps(cls, src: ShardingType, steps: Iterable[S.Step]) -> Plan:
+        """The plan that runs ``steps`` (steps of :mod:`redist.steps`, in order) from ``src``: each step's
+        typing rule (``step.apply``) gives the type after it, and the last type is the plan's destination.
+        No steps: the plan from ``src`` to itself.
+
+        Raises :class:`~redist.errors.ShardingError` if ``src`` is not a :class:`~redist.types.ShardingType`,
+        ``steps`` is not a sequence of steps, or a step does not fit the type before it (the message gives
+        the step's position, the step and that type).
+        """
+        if not isinstance(src, ShardingType):
+            raise ShardingError(f"Plan.from_steps: src must be a redist.ShardingType, got {type(src).__name__} "
+                                f"{shown(src)}")
+        if isinstance(steps, (S.Step, str, bytes)) or not isinstance(steps, Iterable):
+            raise ShardingError(f"Plan.from_steps: steps must be a sequence of steps of redist.steps, got "
+                                f"{type(steps).__name__} {shown(steps)}")
+        steps = tuple(steps)
+        types = [src]
+        for n, step in enumerate(steps):
+            if not isinstance(step, S.Step):
+                raise ShardingError(f"Plan.from_steps: step {n} is {type(step).__name__} {shown(step)}, not a step "
+                                    "of redist.steps")
+            try:
+                types.append(step.apply(types[-1]))
+            except ShardingError as e:
+                raise ShardingError(f"Plan.from_steps: step {n} of {len(steps)}: {e}") from None
+        return cls(steps, tuple(types))
 
     @property
     def src(self):
