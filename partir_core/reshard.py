@@ -93,10 +93,7 @@ def _gather_then_slice(src: ShardingType, dst: ShardingType) -> redist.Plan:
         steps.append(S.AllReduce(drop))
     steps += [S.AllGather(d, tuple(axes)) for d, axes in enumerate(src.dims) if axes]
     steps += [S.AllSlice(d, tuple(axes)) for d, axes in enumerate(dst.dims) if axes]
-    types = [src]
-    for step in steps:
-        types.append(step.apply(types[-1]))
-    return redist.Plan(tuple(steps), tuple(types))
+    return redist.Plan.from_steps(src, steps)
 
 
 def reshard_bytes(src: ShardingType, dst: ShardingType) -> float:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
@@ -56,6 +56,34 @@ class Plan:
             out = step.apply(t)
             if out != t_next:
                 raise ShardingError(f"step {i} of the plan, {step}, turns {t} into {out}, not into {t_next}")
+
+    @classmethod
+    def from_steps(cls, src: ShardingType, steps: Iterable[S.Step]) -> Plan:
+        """The plan that runs ``steps`` (steps of :mod:`redist.steps`, in order) from ``src``: each step's
+        typing rule (``step.apply``) gives the type after it, and the last type is the plan's destination.
+        No steps: the plan from ``src`` to itself.
+
+        Raises :class:`~redist.errors.ShardingError` if ``src`` is not a :class:`~redist.types.ShardingType`,
+        ``steps`` is not a sequence of steps, or a step does not fit the type before it (the message gives
+        the step's position, the step and that type).
+        """
+        if not isinstance(src, ShardingType):
+            raise ShardingError(f"Plan.from_steps: src must be a redist.ShardingType, got {type(src).__name__} "
+                                f"{shown(src)}")
+        if isinstance(steps, (S.Step, str, bytes)) or not isinstance(steps, Iterable):
+            raise ShardingError(f"Plan.from_steps: steps must be a sequence of steps of redist.steps, got "
+                                f"{type(steps).__name__} {shown(steps)}")
+        steps = tuple(steps)
+        types = [src]
+        for n, step in enumerate(steps):
+            if not isinstance(step, S.Step):
+                raise ShardingError(f"Plan.from_steps: step {n} is {type(step).__name__} {shown(step)}, not a step "
+                                    "of redist.steps")
+            try:
+                types.append(step.apply(types[-1]))
+            except ShardingError as e:
+                raise ShardingError(f"Plan.from_steps: step {n} of {len(steps)}: {e}") from None
+        return cls(steps, tuple(types))
 
     @property
     def src(self):

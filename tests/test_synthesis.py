@@ -76,6 +76,10 @@ CLASSIC = [
     (MESH, "f32[16, 16] partial{x}", "f32[16{x}, 16]", ["reduce_scatter"]),
     (MESH, "f32[16, 16] partial{x}", "f32[16, 16]", ["all_reduce"]),
     (MESH, "f32[8{y}, 4{x}, 8, 4]", "f32[8, 4, 8{x}, 4{y}]", ["all_to_all"]),  # two moves at once
+    # runs of moves on one dim are one step
+    (MESH, "f32[16, 16]", "f32[16{x,y}, 16]", ["all_slice"]),
+    (MESH, "f32[16, 16] partial{x,y}", "f32[16{x,y}, 16]", ["reduce_scatter"]),
+    (M3, "f32[8{x,y}, 8{z}]", "f32[8, 8]", ["all_gather", "all_gather"]),
 ]
 
 
