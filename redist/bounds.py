@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 from redist.axes import check_factorization, remove_axes
-from redist.blocks import box_size, local_box, missing_elements
+from redist.blocks import max_missing_elements
 from redist.cost import as_topology
 from redist.errors import ShardingError, shown
 from redist.types import ShardingType
@@ -16,14 +18,15 @@ def lower_bound_bytes(src: ShardingType, dst: ShardingType) -> int:
     For partial types an element is an (index, summand) pair, and a device keeps its own summand coordinates:
     with the same partial axes on both sides the formula is unchanged. When partial axes are reduced (over a
     group of two or more devices), every element a device ends with needs at least one value from another
-    device, so the bound is ``max_d |T_d| · itemsize``. No plan can receive less.
+    device, so the bound is ``max_d |T_d| · itemsize``: the device holding block 0 of every dim, whose box is
+    ``Π min(N, L)``. No plan can receive less. Computed from the block structure
+    (:func:`redist.blocks.max_missing_elements`), in time independent of the device count.
     """
     check_pair(src, dst)
-    mesh = src.mesh
     reduced = remove_axes(src.partial, dst.partial)
-    if mesh.group_size(reduced) > 1:
-        return max(box_size(local_box(dst, d)) for d in range(mesh.size)) * dst.itemsize
-    return max(missing_elements(src, dst, d) for d in range(mesh.size)) * dst.itemsize
+    if src.mesh.group_size(reduced) > 1:
+        return math.prod(min(n, L) for n, L in zip(dst.shape, dst.local_shape)) * dst.itemsize
+    return max_missing_elements(src, dst) * dst.itemsize
 
 
 def check_pair(src: ShardingType, dst: ShardingType, topology=None) -> None:

@@ -62,9 +62,11 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
+import numpy as np
+
 from redist import steps as S
 from redist.axes import axis_name
-from redist.blocks import exchange_copies, permute_sources
+from redist.blocks import DeviceClasses, exchange_segments, permute_groups, rank, with_ranks
 from redist.errors import ShardingError, shown
 from redist.mesh import Mesh
 from redist.plan import Plan
@@ -259,17 +261,54 @@ def collective_time(axes: Iterable[str], nbytes: float, topo: Topology, kind: st
 
 def step_axes(step, t_in) -> tuple[str, ...]:
     """The axes a step communicates over: its own axes, or for a permute or an exchange the mesh axes along
-    which some device's source device differs from it (in mesh order). An exchange is priced as one
-    collective over them (one latency)."""
+    which some device's source device differs from it (in mesh order), found per class of devices
+    (:class:`redist.blocks.DeviceClasses` of the axes the step's layouts use), never per device. An exchange
+    is priced as one collective over them (one latency)."""
     if isinstance(step, S.Permute):
-        sources = permute_sources(t_in, step.apply(t_in))
-        return t_in.mesh.varying_axes((d, s) for d, s in enumerate(sources) if s != d)
+        return _permute_axes(t_in, step.apply(t_in))
     if isinstance(step, S.Exchange):
-        copies = exchange_copies(t_in, step.apply(t_in))
-        return t_in.mesh.varying_axes((d, c.source) for d, cs in enumerate(copies) for c in cs if c.source != d)
+        return _exchange_axes(t_in, step.apply(t_in))
     if isinstance(step, (S.AllSlice, S.Pad, S.Unpad)):
         return ()
     return t_in.mesh.axes_of(step.axes)
+
+
+def _permute_axes(t_in, t_out) -> tuple[str, ...]:
+    """The mesh axes on which some device's source in a permute differs from it: the source's coordinates,
+    computed on a representative of each class of the groups' axes."""
+    groups = permute_groups(t_in, t_out)
+    classes = DeviceClasses(t_in.mesh, [a for g in groups for side in g for a in side])
+    c = classes.coords
+    source = with_ranks(c, [(s, rank(c, a)) for s, a in groups])
+    return tuple(n for n in t_in.mesh.names if np.any(source[n] != c[n]))
+
+
+def _exchange_axes(t_in, t_out) -> tuple[str, ...]:
+    """The mesh axes on which some copy's sender differs from its receiver in an exchange. A sender differs
+    from its receiver only on ``t_in``'s dim axes, where it has its segment's source block: per receiver block,
+    the coordinates on each such axis that its segments read from are compared with the receiver's own (a
+    device whose block has no segment in some dim receives no copy)."""
+    mesh = t_in.mesh
+    classes = DeviceClasses(mesh, [a for t in (t_in, t_out) for d in t.dims for a in d])
+    c = classes.coords
+    receives = np.ones(classes.size, bool)
+    differs = {n: np.zeros(classes.size, bool) for n in mesh.names}
+    for source_axes, axes, segs in zip(t_in.dims, t_out.dims, exchange_segments(t_in, t_out)):
+        k = mesh.group_size(axes)
+        block = np.broadcast_to(rank(c, axes), (classes.size,))
+        blocks = np.array([g.block for g in segs], np.int64)
+        count = np.bincount(blocks, minlength=k)
+        receives &= count[block] > 0
+        below = 1
+        for a in reversed(source_axes):  # the coordinate on ``a`` of each segment's source block
+            coord = np.array([g.source_block // below % a.size for g in segs], np.int64)
+            below *= a.size
+            least, most = np.full(k, a.size, np.int64), np.full(k, -1, np.int64)
+            np.minimum.at(least, blocks, coord)
+            np.maximum.at(most, blocks, coord)
+            own = (c[a.name] // a.stride) % a.size
+            differs[a.name] |= (count[block] > 0) & ((least[block] != most[block]) | (least[block] != own))
+    return tuple(n for n in mesh.names if np.any(receives & differs[n]))
 
 
 def step_time(step, t_in, topo: Topology) -> float:

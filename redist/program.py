@@ -19,12 +19,21 @@ Instructions (``x`` is a device's buffer before, ``r`` its group rank):
   ``Alltoall`` of contiguous rows.)
 - ``ReduceScatter(dim, axes)``: sum the group's buffers, keep chunk r of k along ``dim``.
 - ``AllReduce(axes)``: sum the group's buffers.
-- ``CollectivePermute(sources)``: device d's new buffer is device ``sources[d]``'s buffer (a permutation of
-  the devices; ``sources[d] == d`` means d keeps its buffer and receives nothing).
-- ``Exchange(shape, copies)``: device d's new buffer has ``shape``, zero where no copy writes (padding), and
-  for each :class:`~redist.blocks.Copy` ``c`` in ``copies[d]``: ``new[c.dst_start : c.dst_start + c.size] =
-  (buffer of device c.source)[c.src_start : c.src_start + c.size]`` (boxes, per dim). Point-to-point: it
-  differs per device, and the boxes of one device do not overlap.
+- ``CollectivePermute(sources)``: device d's new buffer is device ``sources[d]``'s buffer, where ``sources`` is
+  a tuple of device ids (a permutation of the devices; ``sources[d] == d`` means d keeps its buffer and
+  receives nothing) or a :class:`CoordinateMap`: the source of d is the device whose rank over ``source_axes``
+  is d's rank over ``axes``, for each of its groups ``(source_axes, axes)``, and whose other coordinates are
+  d's. Lowered permutes are coordinate maps (a few axes, whatever the device count); a table serves
+  permutations without such structure (a program written by hand).
+- ``Exchange(shape, dims)``: device d's new buffer has ``shape``, zero where no copy writes (padding), and is
+  filled by copies of boxes from other buffers. ``dims[i]`` (an :class:`ExchangeDim`) lists the dim's
+  :class:`~redist.blocks.Segment` s: a device whose rank over ``axes`` is ``block`` takes ``[src_start,
+  src_start + size)`` from a device whose rank over ``source_axes`` is ``source_block`` into ``[dst_start,
+  dst_start + size)``. A copy is one segment per dim (for d's blocks), from the device that differs from d
+  only in its coordinates on the source axes of all dims, which are those of its segments' source blocks
+  (:meth:`Exchange.copies`): ``new[c.dst_start : c.dst_start + c.size] = (buffer of device c.source)[c.src_start
+  : c.src_start + c.size]``. Point-to-point: it differs per device, and the boxes of one device do not
+  overlap. The tables have ``O(k_in + k_out)`` segments per dim, whatever the device count.
 
 Instructions name their axes as :class:`~redist.axes.Axis` values, which are the token strings (lowering makes
 them on the plan's mesh; a program built by hand may name them as plain token strings). Backends read them
@@ -40,14 +49,17 @@ permutation) has no instruction; nothing in the program refers back to sharding 
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
 from redist import steps as S
-from redist.axes import Axis
-from redist.blocks import Copy, exchange_copies, permute_sources
+from redist.axes import Axis, check_factorization
+from redist.blocks import (Copy, DeviceClasses, Segment, device_coords, device_id, exchange_segments, permute_groups,
+                           rank, with_ranks)
 from redist.errors import ShardingError
 from redist.mesh import Mesh
 
@@ -91,26 +103,160 @@ class AllReduce:
 
 
 @dataclass(frozen=True)
-class CollectivePermute:
-    sources: tuple[int, ...]
+class CoordinateMap:
+    """The source of every device of a permute, by coordinates: for each group ``(source_axes, axes)`` of
+    ``groups``, the source's rank over ``source_axes`` is the device's rank over ``axes``; its coordinates on
+    every other part of the mesh are the device's. It is a permutation when each group's two sides have the
+    same size and the source axes of all groups cover the same factors of the mesh as their axes
+    (:meth:`check`)."""
 
-    def pairs(self) -> tuple[tuple[int, int], ...]:
-        """``(source, destination)`` pairs of the devices that move, as ``lax.ppermute`` takes them."""
-        return tuple((s, d) for d, s in enumerate(self.sources) if s != d)
+    groups: tuple[tuple[tuple[Axis, ...], tuple[Axis, ...]], ...]
+
+    def sources(self, mesh: Mesh, devices):
+        """The source of each of ``devices`` (a device id, or a numpy array of them)."""
+        c = device_coords(mesh, devices)
+        return device_id(mesh, with_ranks(c, [(mesh.axes_of(s), rank(c, mesh.axes_of(a))) for s, a in self.groups]))
+
+    def inverse(self) -> "CoordinateMap":
+        """The map of the inverse permutation: the device that takes each device's buffer."""
+        return CoordinateMap(tuple((a, s) for s, a in self.groups))
+
+    def check(self, mesh: Mesh) -> None:
+        """Raise :class:`ShardingError` unless the map is a permutation of ``mesh``'s devices: axes of the mesh,
+        the two sides of each group of equal size, no factor of a mesh axis on one side twice, both sides
+        covering the same factors of each mesh axis, and all of them factors of one decomposition of it."""
+        sides: list[list[Axis]] = [[], []]
+        if not (isinstance(self.groups, tuple) and all(isinstance(g, tuple) and len(g) == 2 for g in self.groups)):
+            raise ShardingError(f"a permute's groups must be (source_axes, axes) pairs, got {self.groups!r:.80}")
+        for source_axes, axes in self.groups:
+            s, a = mesh.axes_of(source_axes), mesh.axes_of(axes)
+            if mesh.group_size(s) != mesh.group_size(a):
+                raise ShardingError(f"group ({','.join(s)}) <- ({','.join(a)}) of a permute: the sides have "
+                                    f"{mesh.group_size(s)} and {mesh.group_size(a)} coordinates")
+            sides[0] += s
+            sides[1] += a
+        for name in mesh.names:
+            on = [[x for x in side if x.name == name] for side in sides]
+            check_factorization(name, on[0] + on[1])
+            covered = []
+            for side in on:
+                for i, x in enumerate(side):
+                    if any(x.overlaps(y) for y in side[:i]):
+                        raise ShardingError(f"axis {x} is named twice on one side of a permute's groups")
+                covered.append(_merged(sorted((x.pre, x.stop) for x in side)))
+            if covered[0] != covered[1]:
+                raise ShardingError(f"a permute's groups name other factors of mesh axis {name!r} on the source "
+                                    "side than on the other: it is no permutation")
+
+
+def _merged(ranges) -> list[tuple[int, int]]:
+    """Sorted factor ranges ``[lo, hi)`` with adjacent ones joined."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in ranges:
+        if out and out[-1][1] == lo:
+            out[-1] = (out[-1][0], hi)
+        elif lo != hi:
+            out.append((lo, hi))
+    return out
+
+
+@dataclass(frozen=True)
+class CollectivePermute:
+    sources: tuple[int, ...] | CoordinateMap
+
+    def source_of(self, mesh: Mesh, device: int) -> int:
+        """The device whose buffer ``device`` takes."""
+        if isinstance(self.sources, CoordinateMap):
+            return int(self.sources.sources(mesh, device))
+        return self.sources[device]
+
+    def target_of(self, mesh: Mesh, device: int) -> int:
+        """The device that takes ``device``'s buffer."""
+        if isinstance(self.sources, CoordinateMap):
+            return int(self.sources.inverse().sources(mesh, device))
+        return self.sources.index(device)
+
+    def source_table(self, mesh: Mesh) -> tuple[int, ...]:
+        """The source of every device, by device id (a table of the mesh's size: for runtimes that need one)."""
+        if isinstance(self.sources, CoordinateMap):
+            return tuple(self.sources.sources(mesh, np.arange(mesh.size, dtype=np.int64)).tolist())
+        return self.sources
+
+    def moves(self) -> bool:
+        """Whether some device takes another's buffer (a coordinate map moves some device when it has a group:
+        lowering leaves out groups that keep every device in place)."""
+        if isinstance(self.sources, CoordinateMap):
+            return bool(self.sources.groups)
+        return any(s != d for d, s in enumerate(self.sources))
+
+    def __str__(self) -> str:
+        if isinstance(self.sources, CoordinateMap):
+            return "CollectivePermute(" + ", ".join(f"({','.join(s)}) <- ({','.join(a)})"
+                                                    for s, a in self.sources.groups) + ")"
+        text = str(self.sources)
+        return f"CollectivePermute({text if len(text) <= 80 else text[:77] + '...'})"
+
+
+@dataclass(frozen=True)
+class ExchangeDim:
+    """One dim of an :class:`Exchange`: the receiver's block is its rank over ``axes``, a sender's its rank over
+    ``source_axes``, and ``segments`` say which interval of the dim goes where (by receiver block)."""
+
+    source_axes: tuple[Axis, ...]
+    axes: tuple[Axis, ...]
+    segments: tuple[Segment, ...]
+
+    @cached_property
+    def by_block(self) -> dict[int, tuple[Segment, ...]]:
+        """The segments of each receiver block, in table order."""
+        out: dict[int, list[Segment]] = {}
+        for seg in self.segments:
+            out.setdefault(seg.block, []).append(seg)
+        return {b: tuple(segs) for b, segs in out.items()}
 
 
 @dataclass(frozen=True)
 class Exchange:
     shape: tuple[int, ...]
-    copies: tuple[tuple[Copy, ...], ...]  # per destination device
+    dims: tuple[ExchangeDim, ...]
 
-    def received(self, device: int) -> int:
-        """Elements ``device`` receives from other devices."""
-        return sum(math.prod(c.size) for c in self.copies[device] if c.source != device)
+    def copies(self, mesh: Mesh, device: int) -> tuple[Copy, ...]:
+        """The copies that fill ``device``'s buffer: one per combination of a segment of each dim (for its
+        blocks), in table order, from the device that differs from it only on the source axes."""
+        c = device_coords(mesh, device)
+        per_dim = [x.by_block.get(rank(c, mesh.axes_of(x.axes)), ()) for x in self.dims]
+        out = []
+        for segs in itertools.product(*per_dim):
+            source = device_id(mesh, with_ranks(c, [(mesh.axes_of(x.source_axes), seg.source_block)
+                                                    for x, seg in zip(self.dims, segs)]))
+            out.append(Copy(int(source), tuple(s.src_start for s in segs), tuple(s.dst_start for s in segs),
+                            tuple(s.size for s in segs)))
+        return tuple(out)
+
+    def copies_from(self, mesh: Mesh, device: int) -> list[tuple[int, Copy]]:
+        """``(receiver, copy)`` for every copy whose source is ``device`` and whose receiver is another device, by
+        receiver, each receiver's in the order of :meth:`copies`. Only the devices that differ from ``device``
+        on the source axes can receive from it; they are found per class of those axes
+        (:class:`~redist.blocks.DeviceClasses`), with no pass over the whole mesh."""
+        mine = device_coords(mesh, device)
+        classes = DeviceClasses(mesh, [a for x in self.dims for a in x.source_axes])
+        receivers = classes.around(device)
+        if classes.size > 1:
+            c = device_coords(mesh, receivers)
+            keep = np.ones(classes.size, bool)
+            for x in self.dims:  # a receiver's block must have a segment from this device's source block
+                mine_b = rank(mine, mesh.axes_of(x.source_axes))
+                blocks = [seg.block for seg in x.segments if seg.source_block == mine_b]
+                keep &= np.isin(rank(c, mesh.axes_of(x.axes)), blocks)
+            receivers = receivers[keep]
+        out = []
+        for d in sorted(set(np.atleast_1d(receivers).tolist()) - {device}):
+            out += [(d, cp) for cp in self.copies(mesh, d) if cp.source == device]
+        return out
 
     def __str__(self) -> str:
-        moved = sum(1 for d, cs in enumerate(self.copies) for c in cs if c.source != d)
-        return f"Exchange(shape={self.shape}, {moved} transfers between devices)"
+        parts = [f"({','.join(x.source_axes)}) -> ({','.join(x.axes)}): {len(x.segments)} segments" for x in self.dims]
+        return f"Exchange(shape={self.shape}, {'; '.join(parts) or 'rank 0'})"
 
 
 Instruction = (Reshape | Transpose | Slice | AllGather | AllToAll | ReduceScatter | AllReduce | CollectivePermute
@@ -156,10 +302,11 @@ def lower_step(step, t_in) -> tuple[Instruction, ...]:
 
 def _lower_one(step, t_in) -> Instruction:
     if isinstance(step, S.Permute):
-        return CollectivePermute(permute_sources(t_in, step.apply(t_in)))
+        return CollectivePermute(CoordinateMap(permute_groups(t_in, step.apply(t_in))))
     if isinstance(step, S.Exchange):
         t_out = step.apply(t_in)
-        return Exchange(t_out.local_shape, exchange_copies(t_in, t_out))
+        dims = tuple(ExchangeDim(a, b, segs) for a, b, segs in zip(t_in.dims, t_out.dims, exchange_segments(t_in, t_out)))
+        return Exchange(t_out.local_shape, dims)
     axes = t_in.mesh.axes_of(step.axes)
     if isinstance(step, S.AllSlice):
         return Slice(step.dim, axes)
@@ -236,7 +383,7 @@ def _moves_nothing(ins, shape, mesh) -> bool:
     """Instructions that leave every buffer as it is (steps over size-1 axes, identity permutations) are
     left out of the program."""
     if isinstance(ins, CollectivePermute):
-        return not ins.pairs()
+        return not ins.moves()
     if isinstance(ins, Exchange):
         return False
     if isinstance(ins, Reshape):
@@ -265,11 +412,16 @@ def shape_after(ins: Instruction, shape, mesh: Mesh) -> tuple[int, ...]:
             raise ShardingError(f"{where}: {tuple(ins.perm)} is not a permutation of its dims")
         return tuple(shape[p] for p in ins.perm)
     if isinstance(ins, CollectivePermute):
-        if sorted(ins.sources) != list(range(mesh.size)):
+        if isinstance(ins.sources, CoordinateMap):
+            try:
+                ins.sources.check(mesh)
+            except ShardingError as e:
+                raise ShardingError(f"{where}: {e}") from None
+        elif sorted(ins.sources) != list(range(mesh.size)):
             raise ShardingError(f"{where}: sources are not a permutation of the {mesh.size} devices")
         return shape
     if isinstance(ins, Exchange):
-        _check_copies(ins, shape, mesh.size, where)
+        _check_exchange(ins, shape, mesh, where)
         return tuple(ins.shape)
     k = mesh.group_size(ins.axes)
     if isinstance(ins, AllReduce):
@@ -290,14 +442,36 @@ def shape_after(ins: Instruction, shape, mesh: Mesh) -> tuple[int, ...]:
     return tuple(s)
 
 
-def _check_copies(ins: Exchange, shape, n_dev: int, where: str) -> None:
-    """An exchange's copies: a tuple per device, each copy from a device that exists, inside both buffers."""
-    if len(ins.copies) != n_dev or len(ins.shape) != len(shape):
-        raise ShardingError(f"{where}: expected copies for {n_dev} devices into a buffer of rank {len(shape)}, "
-                            f"got {len(ins.copies)} into shape {tuple(ins.shape)}")
-    for d, copies in enumerate(ins.copies):
-        for c in copies:
-            fits = all(n >= 0 and 0 <= a and a + n <= cap_in and 0 <= b and b + n <= cap_out
-                       for a, b, n, cap_in, cap_out in zip(c.src_start, c.dst_start, c.size, shape, ins.shape))
-            if not (0 <= c.source < n_dev and len(c.size) == len(shape) and fits):
-                raise ShardingError(f"{where}: copy {c} of device {d} does not fit the buffers")
+def _check_exchange(ins: Exchange, shape, mesh: Mesh, where: str) -> None:
+    """An exchange's tables: one per dim of the buffer; axes of the mesh, the source axes of all dims not
+    overlapping (so that a copy has one source); every segment's blocks in range, its intervals inside both
+    buffers, and the segments of one receiver block not overlapping (so neither do a device's copies)."""
+    tables = isinstance(ins.dims, tuple) and all(
+        isinstance(x, ExchangeDim) and isinstance(x.segments, tuple)
+        and all(isinstance(g, tuple) and len(g) == 5 and all(isinstance(v, int) for v in g) for g in x.segments)
+        for x in ins.dims)
+    if not tables:
+        raise ShardingError(f"{where}: its dims must be a tuple of ExchangeDim tables of Segments")
+    if len(ins.dims) != len(shape) or len(ins.shape) != len(shape):
+        raise ShardingError(f"{where}: expected tables for the {len(shape)} dims of the buffer into a buffer of "
+                            f"rank {len(shape)}, got {len(ins.dims)} into shape {tuple(ins.shape)}")
+    sources = [a for x in ins.dims for a in mesh.axes_of(x.source_axes)]
+    for i, a in enumerate(sources):
+        if any(a.overlaps(b) for b in sources[:i]):
+            raise ShardingError(f"{where}: source axis {a} is named twice")
+    for name in {a.name for a in sources}:
+        check_factorization(name, [a for a in sources if a.name == name])
+    for i, (x, cap_in, cap_out) in enumerate(zip(ins.dims, shape, ins.shape)):
+        k_out, k_in = mesh.group_size(x.axes), mesh.group_size(x.source_axes)
+        end: dict[int, list[tuple[int, int]]] = {}
+        for seg in x.segments:
+            fits = (0 <= seg.block < k_out and 0 <= seg.source_block < k_in and seg.size >= 0 and seg.src_start >= 0
+                    and seg.dst_start >= 0 and seg.src_start + seg.size <= cap_in
+                    and seg.dst_start + seg.size <= cap_out)
+            if not fits:
+                raise ShardingError(f"{where}: segment {tuple(seg)} of dim {i} does not fit the buffers")
+            end.setdefault(seg.block, []).append((seg.dst_start, seg.dst_start + seg.size))
+        for b, spans in end.items():
+            spans = sorted(s for s in spans if s[1] > s[0])
+            if any(a[1] > z[0] for a, z in zip(spans, spans[1:])):
+                raise ShardingError(f"{where}: segments of block {b} of dim {i} overlap")

@@ -14,13 +14,21 @@ of devices in a group (the product of the sizes of the step's axes).
 |                               | others; the group is all their axes (k = product)  |            |                  |
 | permute(to dims)              | any change keeping each dim's block count          | same       | L, on a device   |
 |                               | and the partial axes                               |            | that moves       |
+| exchange(to dims)             | any change keeping the partial axes                | any        | what a device    |
+|                               |                                                    |            | lacks            |
 | reduce_scatter(dim, axes)     | remove ``axes`` from partial, append them to dim   | ÷ k        | (k−1)/k · L_in   |
 | all_reduce(axes)              | remove ``axes`` from partial                       | same       | 2(k−1)/k · L     |
 
-A permute sends whole buffers between devices: device ``d`` receives the buffer of
-``redist.blocks.permute_sources(...)[d]``, which holds exactly the block (and, for a partial type, the summand)
-that ``d`` must hold after. Devices that already hold theirs keep them and receive nothing. Which device holds
-which block, and what an exchange copies, is device geometry: :mod:`redist.blocks`.
+A permute sends whole buffers between devices: device ``d`` receives the buffer of the device that
+:func:`redist.blocks.permute_groups` names by coordinates, which holds exactly the block (and, for a partial
+type, the summand) that ``d`` must hold after. Devices that already hold theirs keep them and receive nothing
+(for swaps of axes of equal sizes; see there). Which device holds which block, and what an exchange copies, is
+device geometry: :mod:`redist.blocks`.
+
+Accounting. Collectives receive the same on every device (the table). A permute or an exchange receives per
+device; ``bytes_received`` is the most any device receives, computed from the block structure without
+enumerating devices, and ``class_bytes`` gives the per-device amounts over classes of devices
+(:class:`redist.blocks.DeviceClasses` of ``class_axes``), for a plan that adds up several such steps.
 
 Steps hold their axes as given (token strings or :class:`~redist.axes.Axis` values); applying a step reads them
 on the type's mesh (:meth:`redist.Mesh.axis`).
@@ -31,8 +39,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
+import numpy as np
+
 from redist.axes import Axis, remove_axes, strip_suffix
-from redist.blocks import missing_elements, permute_sources
+from redist.blocks import check_factors, max_missing_elements, missing_elements_on, permute_groups, rank
 from redist.errors import ShardingError
 from redist.types import ShardingType
 
@@ -203,14 +213,30 @@ class Permute:
         out = _rebuild(self, t, tuple(tuple(d) for d in self.dims))
         if out.local_shape != t.local_shape:
             raise ShardingError(f"{self} does not fit {t}: it changes the local shape")
+        changed = [i for i in range(t.rank) if out.blocks(i) != t.blocks(i)]
+        if changed:
+            raise ShardingError(f"{self} does not fit {t}: it changes the block count of dim {changed[0]} "
+                                f"({t.blocks(changed[0])} -> {out.blocks(changed[0])})")
+        check_factors(t, out, str(self))
         return out
 
     def bytes_received(self, t: ShardingType) -> Fraction:
-        return max(self.device_bytes(t))
+        """The whole buffer if some device's block changes (:func:`redist.blocks.permute_groups` names a
+        group), else nothing."""
+        return Fraction(t.local_bytes if permute_groups(t, self.apply(t)) else 0)
 
-    def device_bytes(self, t: ShardingType) -> tuple[Fraction, ...]:
-        """Per device: the whole buffer if it moves, else nothing."""
-        return tuple(Fraction(t.local_bytes if s != d else 0) for d, s in enumerate(permute_sources(t, self.apply(t))))
+    def class_axes(self, t: ShardingType) -> tuple[Axis, ...]:
+        """The axes whose coordinates decide whether a device moves."""
+        return tuple(a for g in permute_groups(t, self.apply(t)) for axes in g for a in axes)
+
+    def class_bytes(self, t: ShardingType, coords: dict) -> np.ndarray:
+        """Per device at ``coords`` (see :mod:`redist.blocks`): the whole buffer if it moves, else nothing. A
+        device moves when, for some group, its rank over the group's axes differs from its rank over the
+        source axes (its source differs from it there)."""
+        moves = False
+        for source_axes, axes in permute_groups(t, self.apply(t)):
+            moves = moves | (rank(coords, source_axes) != rank(coords, axes))
+        return np.where(moves, t.local_bytes, 0)
 
     def __str__(self):
         return "permute(to [" + ", ".join(_axes(d) for d in self.dims) + "])"
@@ -261,7 +287,7 @@ class AllReduce:
 class Exchange:
     """Point-to-point: every device gets each element of its block under ``dims`` that it lacks, from one
     device that holds it (same partial coordinates), and keeps what it has (see
-    :func:`redist.blocks.exchange_copies`)."""
+    :func:`redist.blocks.exchange_segments`)."""
 
     dims: tuple[tuple[str, ...], ...]
     kind = "exchange"
@@ -272,12 +298,18 @@ class Exchange:
         return _rebuild(self, t, tuple(tuple(d) for d in self.dims))
 
     def bytes_received(self, t: ShardingType) -> Fraction:
-        return max(self.device_bytes(t))
+        """The most elements of its new block that a device lacks (padding is not sent)
+        (:func:`redist.blocks.max_missing_elements`)."""
+        return Fraction(max_missing_elements(t, self.apply(t)) * t.itemsize)
 
-    def device_bytes(self, t: ShardingType) -> tuple[Fraction, ...]:
-        """Per device: the elements of its new block it does not hold already (padding is not sent)."""
+    def class_axes(self, t: ShardingType) -> tuple[Axis, ...]:
+        """The axes whose coordinates decide what a device receives: those of both layouts' dims."""
         out = self.apply(t)
-        return tuple(Fraction(missing_elements(t, out, d) * t.itemsize) for d in range(t.mesh.size))
+        return tuple(a for d in t.dims + out.dims for a in d)
+
+    def class_bytes(self, t: ShardingType, coords: dict) -> np.ndarray:
+        """Per device at ``coords`` (see :mod:`redist.blocks`): the elements of its new block it lacks."""
+        return missing_elements_on(t, self.apply(t), coords) * t.itemsize
 
     def __str__(self):
         return "exchange(to [" + ", ".join(_axes(d) for d in self.dims) + "])"

@@ -210,12 +210,13 @@ class JaxBackend(interpreter.Backend):
         """Device d gets device ``sources[d]``'s buffer; ppermute indexes devices linearly over all axes in
         mesh order, which is the device id. Devices that keep their buffer are listed as ``(d, d)`` pairs, so
         the permutation is whole and no device is left with ppermute's zeros."""
-        if not ins.pairs():
+        if not ins.moves():
             return x
-        return lax.ppermute(x, self.axes(self.mesh.names), perm=[(s, d) for d, s in enumerate(ins.sources)])
+        sources = ins.source_table(self.mesh)
+        return lax.ppermute(x, self.axes(self.mesh.names), perm=[(s, d) for d, s in enumerate(sources)])
 
     def exchange(self, ins: P.Exchange, x):
-        return _exchange(ins, x, self.axes(self.mesh.names), self.mesh.size)
+        return _exchange(ins, x, self.axes(self.mesh.names), self.mesh)
 
 
 def _summed(op, x):
@@ -246,14 +247,16 @@ class _Round:
 
 
 @lru_cache(maxsize=256)
-def _exchange_rounds(ins: P.Exchange, n: int) -> tuple[_Round, ...]:
+def _exchange_rounds(ins: P.Exchange, mesh: Mesh) -> tuple[_Round, ...]:
     """The copies of ``ins`` in rounds keyed by (shift, how many earlier copies of that pair there are), so
     that within a round each device sends at most once and receives at most once; copies of no elements are
-    left out, and so are rounds without any."""
+    left out, and so are rounds without any. (Every device's copies are listed: a ``ppermute`` names all the
+    pairs of its round.)"""
+    n = mesh.size
     rounds: dict[tuple[int, int], list[tuple[int, int, Copy]]] = {}
-    for d, copies in enumerate(ins.copies):
+    for d in range(n):
         seen: dict[int, int] = {}
-        for c in copies:
+        for c in ins.copies(mesh, d):
             if math.prod(c.size) == 0:
                 continue
             j = seen.get(c.source, 0)
@@ -274,17 +277,17 @@ def _exchange_rounds(ins: P.Exchange, n: int) -> tuple[_Round, ...]:
     return tuple(out)
 
 
-def _exchange(ins: P.Exchange, x, all_axes, n: int):
+def _exchange(ins: P.Exchange, x, all_axes, mesh: Mesh):
     """Point-to-point exchange, as rounds of :func:`_exchange_rounds`: each device gathers its slab with
     ``jnp.take`` along each dim (indices from its row of the round's tables, clipped into the buffer), one
     ``lax.ppermute`` over the round's (sender, receiver) pairs moves the slabs, and each receiver scatters its
     slab into the output with ``mode="drop"``, its indices past a copy's size (or all of them, if it receives
     nothing) out of range. The output starts as zeros, which stay where no copy writes. The device's id is
     its linear index over all ``n`` devices' mesh axes (row-major), as ``ppermute`` numbers devices."""
-    me = lax.axis_index(all_axes)
+    me, n = lax.axis_index(all_axes), mesh.size
     # A leading unit dim: see _Round. zeros_like keeps x's dtype (jnp.zeros would narrow f64 without x64).
     out = jnp.zeros_like(x, shape=(1,) + tuple(ins.shape))
-    for rnd in _exchange_rounds(ins, n):
+    for rnd in _exchange_rounds(ins, mesh):
         start = jnp.asarray(rnd.src_start)[me]
         slab = x
         for dim, m in enumerate(rnd.slab):
