@@ -226,7 +226,8 @@ def _axes(mesh_sizes, tokens, where: str) -> tuple[_Axis, ...]:
     for x in range(len(out)):
         for y in range(x):
             a, b = out[x], out[y]
-            if a.name == b.name and a.lo < b.hi and b.lo < a.hi:
+            # One factor named twice overlaps itself even where it is of size 1 (as the backends read it).
+            if a.name == b.name and ((a.lo, a.hi) == (b.lo, b.hi) or (a.lo < b.hi and b.lo < a.hi)):
                 raise _Refuted(f"{where}: axes {b.token!r} and {a.token!r} overlap; the group is not defined")
     return out
 
