@@ -34,12 +34,13 @@ which local index of the buffer before it the element came from:
   coordinate map (the form lowering makes) is read symbolically: for each group ``(source_axes, axes)`` the
   source's rank over ``source_axes`` is d's rank over ``axes`` (mixed-radix arithmetic on d's coordinates),
   its other coordinates are d's: a few terms per group, whatever the device count.
-- ``Exchange(shape, dims)``: per dim, a selector over that dim's segments: the segment for d's block (its
-  rank over the dim's ``axes``) whose destination interval holds the index gives the source index and the
-  source's block over the dim's ``source_axes``; the source device is d with its rank over each dim's source
-  axes set to those blocks. An index no segment of some dim covers is *unwritten* (the walk records that it
-  must not be). The terms are linear in the number of segments (``O(k_in + k_out)`` per dim), not in the
-  devices or their copies.
+- ``Exchange(shape, dims)``: per dim, a selector over the slots of d's block (its rank over the dim's
+  ``axes``; slot j: the block's j-th segment, each field a table over the block, :func:`_table`): the one
+  whose destination interval holds the index gives the source index and the source's block over the dim's
+  ``source_axes``; the source device is d with its rank over each dim's source axes set to those blocks. An
+  index no segment of some dim covers is *unwritten* (the walk records that it must not be). The terms grow
+  with the runs of blocks on which the tables are affine (at most the segments, ``O(k_in + k_out)`` per
+  dim; a few for blocks of equal size), not with the devices or their copies.
 - ``Transpose(perm)``: same device; input index ``perm[a]`` is output index ``a``.
 - ``Reshape(shape)``: same device; the index with the same row-major position in the input shape.
 
@@ -704,33 +705,46 @@ class _Walk:
         """Read an exchange backward, dim by dim: the segment for the device's block whose destination interval
         holds the index.
 
-        Per dim a selector ``k`` names that segment (``k == m``, the number of the dim's segments: none holds
-        it, the element is unwritten). Each segment is one implication, ``k == j → (block and index in its
-        interval) ∧ (source block and source index)``, and ``k == m → no segment holds it``; the segments of one
-        block do not overlap, so ``k`` is a function of the device and index. The source device is the device
-        with its rank over each dim's source axes set to the selected source blocks: the encoding is linear in
-        the segments, whatever the device count."""
+        Per dim, the segments of each receiver block are numbered in table order: slot ``j`` is a block's j-th
+        segment (an empty one where the block has fewer), and each field of a slot is a table over the block
+        (:func:`_table`: a tree over the runs of blocks on which it is affine, so blocks of equal size cost a
+        few leaves, whatever their count). A selector ``k`` names the slot whose destination interval holds the
+        index (``k == s``, the number of slots: none does, the element is unwritten): ``k == j → (index in the
+        slot's interval) ∧ (source block and source index)``, and ``k == s → no slot holds it``; the segments of
+        one block do not overlap (checked), so ``k`` is a function of the device and index. The source device
+        is the device with its rank over each dim's source axes set to the selected source blocks. The terms
+        grow with the runs of the tables (at most the segments), not with the devices or their copies."""
         doing = f"encoding the segments of instruction {t} (exchange) for the {self.tag!r} walk"
         i2, settings = [], []
         for i, x in enumerate(ins.dims):
             self.deadline.check(doing)
             axes = _axes(self.mesh_sizes, x.axes, f"instruction {t}")
             source_axes = _axes(self.mesh_sizes, x.source_axes, f"instruction {t}")
-            m = len(x.segments)
-            k = self.fresh(f"seg{t}_{i}", 0, m + 1)
+            by_block: list[list] = [[] for _ in range(_ksize(axes))]
+            for seg in x.segments:
+                by_block[seg.block].append(seg)
+            slots = max(map(len, by_block))
+            k = self.fresh(f"seg{t}_{i}", 0, slots + 1)
             block = z3.Int(f"{self.tag}_b{t}_{i}")
             self.defs.append(block == _rank(c, axes))
             source_block = z3.Int(f"{self.tag}_sb{t}_{i}")
             index = z3.Int(f"{self.tag}_i{t}_{i}")
+
+            def slot(j: int, field):
+                """Per block, ``field`` of its j-th segment (0 where it has none), as a table over the block."""
+                return _table(block, [field(segs[j]) if j < len(segs) else 0 for segs in by_block], self.deadline,
+                              doing)
+
             covers = []
-            for j, (b, sb, src_start, dst_start, size) in enumerate(x.segments):
-                inside = z3.And(block == b, idx[i] >= dst_start, idx[i] < dst_start + size)
+            for j in range(slots):
+                start = slot(j, lambda g: g.dst_start)
+                inside = z3.And(idx[i] >= start, idx[i] < start + slot(j, lambda g: g.size))
                 covers.append(inside)
                 self.defs.append(z3.Implies(k == j, z3.And(
-                    inside, source_block == sb,
-                    index == (idx[i] if src_start == dst_start else idx[i] + (src_start - dst_start)))))
-            self.defs.append(z3.Implies(k == m, z3.Not(z3.Or(covers)) if covers else z3.BoolVal(True)))
-            self.written.append(k < m)
+                    inside, source_block == slot(j, lambda g: g.source_block),
+                    index == idx[i] + slot(j, lambda g: g.src_start - g.dst_start))))
+            self.defs.append(z3.Implies(k == slots, z3.Not(z3.Or(covers)) if covers else z3.BoolVal(True)))
+            self.written.append(k < slots)
             i2.append(index)
             settings.append((source_axes, source_block))
         out = dict(c)

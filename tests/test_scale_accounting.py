@@ -240,6 +240,7 @@ LARGE = [
     ("x=256,y=256", "f32[4096{x}, 4096{y}]", "f32[4096{y}, 4096{x}]", S.Permute),
     ("x=16,y=16,z=16", "f32[1000{x}, 1000{y,z}]", "f32[1000{y,z}, 1000{x}]", S.Exchange),
     ("x=16,y=16,z=16", "f32[4096{x:(1)4,y}, 64{z}, 16{x:(4)4}]", "f32[4096{y,z}, 64{x:(4)4}, 16{x:(1)4}]", S.Exchange),
+    ("x=64,y=64", "f32[70000{x}]", "f32[70000{y,x}]", S.Exchange),  # 3,945 segments: 36 s to prove, now ~1.5 s
     (None, 8, 1, S.Permute),
     (None, 9, 3, S.Exchange),
 ]
@@ -248,7 +249,7 @@ LARGE = [
 @pytest.mark.parametrize("mesh_text, a, b, kind", LARGE)
 def test_large_meshes_account_lower_and_prove_in_seconds(mesh_text, a, b, kind):
     """Before: lower_bound_bytes took 7.6 s at 65,536 devices, lowering an uneven exchange 40-51 s at 4,096,
-    and verify was undecided after 100 s on such plans."""
+    and verify was undecided after 100 s on such plans (issue 14's target: verify within 30 s)."""
     if mesh_text is None:
         src, dst = _rank8_on_16_axes(a, b)
     else:
@@ -261,7 +262,7 @@ def test_large_meshes_account_lower_and_prove_in_seconds(mesh_text, a, b, kind):
     assert received == bound and bound > 0
     assert t_bound < 2 and t_bytes < 2 and t_lower < 2, (t_bound, t_bytes, t_lower)
     verdict = redist.verify(plan, timeout_s=120)
-    assert verdict.ok and verdict.seconds < 60, (verdict.status, verdict.seconds)
+    assert verdict.ok and verdict.seconds < 30, (verdict.status, verdict.seconds)
     ins = program.instructions[0]
     if isinstance(ins, P.Exchange):  # what one MPI rank computes for itself
         _, t_rank = _timed(lambda: (ins.copies(src.mesh, 1234), ins.copies_from(src.mesh, 1234)))
