@@ -73,7 +73,7 @@ def jax_mesh_of(mesh: Mesh, devices=None):
     devices = jax.devices() if devices is None else list(devices)
     if len(devices) < mesh.size:
         raise ShardingError(
-            f"the mesh {mesh} has {mesh.size} devices, JAX has {len(devices)} ({devices[0].platform}); run "
+            f"the plan's mesh has {mesh.size} devices, JAX has {len(devices)} ({devices[0].platform}); run "
             f"it on a mesh of at most {len(devices)} devices, or give JAX more (on the CPU: "
             f"XLA_FLAGS=--xla_force_host_platform_device_count={mesh.size} before JAX starts)")
     return jax.sharding.Mesh(np.array([devices[d] for d in mesh.device_ids]).reshape(mesh.shape), mesh.names)
@@ -159,9 +159,12 @@ def run_on_buffers(program: P.Program, shards, jax_mesh=None) -> list[np.ndarray
     bufs = device_buffers(shards, mesh.size, program.shapes[0], program.dtype)
     if jax_mesh is None:
         jax_mesh = jax_mesh_of(mesh)
+    elif not redist_mesh(jax_mesh).same_axes(mesh):
+        raise ShardingError(f"jax_mesh has axes {dict(zip(jax_mesh.axis_names, jax_mesh.axis_sizes))}, the "
+                            f"program runs on mesh {mesh}")
     elif redist_mesh(jax_mesh) != mesh:
-        raise ShardingError(f"jax_mesh is mesh {redist_mesh(jax_mesh)} (axes and device order), the program runs "
-                            f"on mesh {mesh}")
+        raise ShardingError(f"jax_mesh orders its devices as mesh {redist_mesh(jax_mesh)}, the program runs on "
+                            f"mesh {mesh}: the same axes in another device order")
     refined, names = refine_mesh(jax_mesh, program.axis_tokens())
     if all(math.prod(s) == 0 for s in program.shapes):
         # Nothing to move (a dim of size 0), and JAX cannot read back shards of no elements made under jit.
