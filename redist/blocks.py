@@ -76,27 +76,47 @@ def permute_sources(t_in: ShardingType, t_out: ShardingType) -> tuple[int, ...]:
 
     Both types have the same block count in every dim and the same partial axes; their meshes have the same
     axes and may differ in device order. Summands move as whole partial groups (the devices that differ only
-    on the partial axes), so that every group of ``t_out`` holds the summands of one group of ``t_in``: the
-    member of rank ``r`` of a destination group takes the buffer of the member of rank ``r`` of a source group
-    that holds the same blocks. A destination group that is also a source group (the same devices in the same
-    ranks) holding its blocks keeps its buffers; the others are paired with the remaining source groups of
-    their blocks, both in order of lowest device id, so the result is a permutation. Without partial axes
-    every group is one device: a device that already holds its block keeps it, the others take the remaining
-    holders of their block in device order.
+    on the partial axes): every group of ``t_out`` takes the buffers of one group of ``t_in`` that holds its
+    blocks (:func:`_members`), so that its reduction is the value. A destination group that is a source group
+    (the same devices) holding its blocks keeps its buffers; each other takes, among the remaining source
+    groups of its blocks, the one that shares the most devices with it, else the first (both in order of
+    lowest device id), so the result is a permutation. Without partial axes every group is one device: a
+    device that already holds its block keeps it, the others take the remaining holders of their block in
+    device order.
     """
     groups_in = [tuple(g) for g in t_in.mesh.groups(t_in.partial)]
     groups_out = [tuple(g) for g in t_out.mesh.groups(t_out.partial)]
-    kept = {g for g in set(groups_in).intersection(groups_out) if _blocks(t_in, g[0]) == _blocks(t_out, g[0])}
-    spare: dict = {}
+    group_of = {d: g for g in groups_in for d in g}
+    sets_in = {frozenset(g) for g in groups_in}
+    kept = {frozenset(g) for g in groups_out
+            if frozenset(g) in sets_in and _blocks(t_in, g[0]) == _blocks(t_out, g[0])}
+    spare: dict = {}  # blocks -> {source group: None}, in order of lowest device id
     for g in groups_in:
-        if g not in kept:
-            spare.setdefault(_blocks(t_in, g[0]), []).append(g)
+        if frozenset(g) not in kept:
+            spare.setdefault(_blocks(t_in, g[0]), {})[g] = None
     sources = list(range(t_in.mesh.size))
     for g in groups_out:
-        if g not in kept:
-            for d, s in zip(g, spare[_blocks(t_out, g[0])].pop(0)):
-                sources[d] = s
+        if frozenset(g) in kept:
+            continue
+        free = spare[_blocks(t_out, g[0])]
+        shared = {}
+        for d in g:
+            if group_of[d] in free:
+                shared[group_of[d]] = shared.get(group_of[d], 0) + 1
+        src = max(shared, key=lambda h: (shared[h], -h[0])) if shared else next(iter(free))
+        del free[src]
+        for d, s in _members(g, src):
+            sources[d] = s
     return tuple(sources)
+
+
+def _members(dst_group, src_group) -> list[tuple[int, int]]:
+    """``(device, source)`` pairs that give each member of ``dst_group`` one summand of ``src_group`` (groups of
+    one size; reductions are commutative, so any pairing gives the group's value): a device in both keeps its
+    own, the others pair in rank order."""
+    common = set(dst_group) & set(src_group)
+    rest = iter([s for s in src_group if s not in common])
+    return [(d, d if d in common else next(rest)) for d in dst_group]
 
 
 @dataclass(frozen=True)
@@ -128,10 +148,11 @@ def exchange_copies(t_in: ShardingType, t_out: ShardingType) -> tuple[tuple[Copy
     without partial axes): for each source block (the elements a source group holds) that meets a destination
     group's block, one source group holding it is chosen, and the member of rank ``r`` of the destination
     group copies from the member of rank ``r`` of that source group, so that every group sum adds each
-    summand of one source group once. The chosen group is the destination group itself where it is a source
-    group holding the block (its members copy from themselves), else the holder whose first member shares the
-    most mesh coordinates (on ``t_in``'s mesh) with the destination group's first member, then the one of
-    lowest device id.
+    summand of one source group once (a device in both groups takes its own: :func:`_members`). The chosen
+    group is the holder that shares the most devices with the destination group (itself, where the
+    destination group is a source group holding the block: its members copy from themselves), then the one
+    whose first member shares the most mesh coordinates (on ``t_in``'s mesh) with the destination group's
+    first member, then the one of lowest device id.
     """
     mesh = t_in.mesh
     coords = [tuple(mesh.coords(d).values()) for d in range(mesh.size)]
@@ -149,12 +170,13 @@ def exchange_copies(t_in: ShardingType, t_out: ShardingType) -> tuple[tuple[Copy
             hi = [min(b, w.stop) for (_, b), w in zip(box, want)]
             if any(h <= l for l, h in zip(lo, hi)):
                 continue
-            src = group if group in groups else min(
-                groups, key=lambda g: (-sum(x == y for x, y in zip(coords[g[0]], first)), g[0]))
+            members = set(group)
+            src = min(groups, key=lambda g: (-len(members.intersection(g)),
+                                             -sum(x == y for x, y in zip(coords[g[0]], first)), g[0]))
             src_start = tuple(l - a for l, (a, _) in zip(lo, box))
             dst_start = tuple(l - w.start for l, w in zip(lo, want))
             size = tuple(h - l for l, h in zip(lo, hi))
-            for r, s in enumerate(src):
+            for r, (_, s) in enumerate(_members(group, src)):
                 copies[r].append(Copy(s, src_start, dst_start, size))
         for d, cs in zip(group, copies):
             out[d] = tuple(sorted(cs, key=lambda c: c.source != d))
