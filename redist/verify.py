@@ -1150,10 +1150,13 @@ def _group_key(c: dict, partial: tuple[_Axis, ...]) -> list:
     return list(key.values())
 
 
-def _device_at(mesh, coords: dict, mesh_sizes: dict) -> int:
-    """The id of the device at ``coords`` on ``mesh``'s device order."""
+def _device_at(mesh, coords: dict, mesh_sizes: dict) -> int | None:
+    """The id of the device at ``coords`` on ``mesh``'s device order; None where a coordinate is off its axis
+    (a model leaves the source coordinates free where no source element is read)."""
     p = 0
     for n, size in mesh_sizes.items():
+        if not 0 <= coords[n] < size:
+            return None
         p = p * size + coords[n]
     return _device_order(mesh)[p]
 

@@ -506,3 +506,20 @@ def test_claim_mutants_are_refuted_with_counterexamples_and_are_wrong():
         assert v.status == "refuted" and v.counterexample is not None, (desc, v.reason)
         assert oracle(plan.program, plan.src, claim)[0] is False, desc
     assert seen == {"claim_dtype", "claim_mesh_order", "claim_axis_sizes", "claim_shape"}
+
+
+def test_every_dropped_exchange_copy_is_refuted_with_a_counterexample():
+    """Regression (issue 15.3): with one copy of an exchange dropped, the counterexample's source device was
+    looked up at coordinates the model left free, and verify raised IndexError instead of refuting (e.g.
+    device 2's first copy here)."""
+    mesh = Mesh({"x": 2, "y": 4})
+    plan = synthesize(T("f32[7{x}, 5{y}]", mesh), T("f32[7{y}, 5{x}]", mesh))
+    prog = plan.program
+    t = next(i for i, ins in enumerate(prog.instructions) if isinstance(ins, P.Exchange))
+    ex = prog.instructions[t]
+    for d, copies in enumerate(ex.copies):
+        for j in range(len(copies)):
+            dropped = ex.copies[:d] + (copies[:j] + copies[j + 1:],) + ex.copies[d + 1:]
+            instructions = prog.instructions[:t] + (dataclasses.replace(ex, copies=dropped),) + prog.instructions[t + 1:]
+            v = verify_program(dataclasses.replace(prog, instructions=instructions), plan.src, plan.dst)
+            assert v.status == "refuted" and v.counterexample["device"] == d, (d, j, v.reason)
