@@ -98,3 +98,26 @@ def test_claim_on_another_device_order_is_refuted_with_a_real_counterexample():
     # The device sits at another position on the claim's mesh: it holds another block than the claim says.
     assert cx["holds"]["coords"] == MESH.coords(d) and cx["expected"]["coords"] == REVERSED.coords(d)
     assert MESH.coords(d) != REVERSED.coords(d)
+
+
+def test_jax_reshard_between_two_device_orders_of_one_jax_mesh():
+    """``redist.jax.reshard`` from an array on ``jax.make_mesh``'s order to a hand-made mesh of the same
+    devices reversed: every device ends with the block of its position on the target mesh; under
+    ``jax.jit`` it raises (JAX compiles for one device order)."""
+    jax = pytest.importorskip("jax")
+    from jax.sharding import NamedSharding, PartitionSpec as PS
+
+    import redist.jax as rj
+
+    a = np.arange(8 * 12, dtype=np.float32).reshape(8, 12)
+    made = jax.make_mesh((2, 4), ("x", "y"), devices=jax.devices()[:8])
+    flipped = jax.sharding.Mesh(np.array(list(made.devices.flat)[::-1]).reshape(2, 4), ("x", "y"))
+    x = jax.device_put(a, NamedSharding(made, PS("x", "y")))
+    target = NamedSharding(flipped, PS("y", "x"))
+    y = rj.reshard(x, target)
+    assert y.sharding == target
+    np.testing.assert_array_equal(np.asarray(y), a)
+    for s in y.addressable_shards:
+        np.testing.assert_array_equal(np.asarray(s.data), a[s.index])
+    with pytest.raises(ShardingError, match="device order"):
+        jax.jit(lambda v: rj.reshard(v, target))(x)
