@@ -225,7 +225,8 @@ def mutants(prog: P.Program, rng: random.Random, max_per_op: int = 3):
             for op, desc, y in _exchange_mutants(x, prog.shapes[t], mesh.size):
                 add(op, f"{t}: {desc}", ins[:t] + [y] + ins[t + 1:])
         if isinstance(x, P.ReduceScatter):
-            add("reduce_kind", f"{t}: reduce_scatter -> all_reduce", ins[:t] + [P.AllReduce(x.axes, x.reduction)] + ins[t + 1:])
+            add("reduce_kind", f"{t}: reduce_scatter -> all_reduce",
+                ins[:t] + [P.AllReduce(x.axes, x.reduction)] + ins[t + 1:])
         if isinstance(x, P.AllReduce) and rank:
             add("reduce_kind", f"{t}: all_reduce -> reduce_scatter + all_gather",
                 ins[:t] + [P.ReduceScatter(0, x.axes, x.reduction), P.AllGather(0, x.axes[::-1])] + ins[t + 1:])
@@ -384,7 +385,8 @@ def _mutate(plan, src, dst, rng, max_per_op, stats) -> None:
             # program with the original shapes, padded; it must refute it. The backend raises on it or gives
             # a wrong result (see the module docstring); if it gave the right one, that is a false alarm below.
             shapes = (tuple(prog.shapes) + (prog.shapes[-1],) * len(new))[: len(new) + 1]
-        _judge(op, desc, dataclasses.replace(prog, instructions=new, shapes=shapes), src, dst, stats, ill_formed=ill_formed)
+        mutant = dataclasses.replace(prog, instructions=new, shapes=shapes)
+        _judge(op, desc, mutant, src, dst, stats, ill_formed=ill_formed)
     for op, desc, claim in claim_mutants(dst, rng, max_per_op):
         _judge(op, f"claim {claim}: {desc}", prog, src, claim, stats, claim_side=True)
 

@@ -116,10 +116,10 @@ def unshard(t: ShardingType, shards) -> np.ndarray:
     ``t.reduction`` (:data:`redist.types.REDUCERS`).
 
     Only the data part of each buffer is read (padding is not). Each group of devices that differ only in the
-    partial axes contributes the reduction of its buffers (in rank order) to its block. Replicas must agree: if two groups that hold
-    the same block disagree, this raises :class:`ShardingError` rather than pick one. The shards are taken
-    as :func:`redist.buffers.device_buffers` takes them (one per device, ``t.local_shape``, ``t``'s dtype or
-    one that converts without loss), else :class:`ShardingError`.
+    partial axes contributes the reduction of its buffers (in rank order) to its block. Replicas must agree:
+    if two groups that hold the same block disagree, this raises :class:`ShardingError` rather than pick
+    one. The shards are taken as :func:`redist.buffers.device_buffers` takes them (one per device,
+    ``t.local_shape``, ``t``'s dtype or one that converts without loss), else :class:`ShardingError`.
     """
     _check_type(t, "unshard")
     mesh = t.mesh

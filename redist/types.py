@@ -146,8 +146,8 @@ class ShardingType:
             raise ShardingError(f"an axis is listed twice in partial{{…}} of {shown(text)}")
         reduction = m["reduction"]
         if reduction is not None and reduction not in REDUCTIONS:
-            raise ShardingError(f"unknown reduction kind {shown(reduction)} in partial(…) of {shown(text)}; use one of "
-                                f"{', '.join(REDUCTIONS)}")
+            raise ShardingError(f"unknown reduction kind {shown(reduction)} in partial(…) of {shown(text)}; "
+                                f"use one of {', '.join(REDUCTIONS)}")
         return cls(mesh, shape, m["dtype"], dims, partial, reduction or "sum")
 
     def __str__(self) -> str:

@@ -520,6 +520,7 @@ def test_every_dropped_exchange_copy_is_refuted_with_a_counterexample():
     for d, copies in enumerate(ex.copies):
         for j in range(len(copies)):
             dropped = ex.copies[:d] + (copies[:j] + copies[j + 1:],) + ex.copies[d + 1:]
-            instructions = prog.instructions[:t] + (dataclasses.replace(ex, copies=dropped),) + prog.instructions[t + 1:]
+            mutant = dataclasses.replace(ex, copies=dropped)
+            instructions = prog.instructions[:t] + (mutant,) + prog.instructions[t + 1:]
             v = verify_program(dataclasses.replace(prog, instructions=instructions), plan.src, plan.dst)
             assert v.status == "refuted" and v.counterexample["device"] == d, (d, j, v.reason)

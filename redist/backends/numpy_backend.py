@@ -28,9 +28,9 @@ def run(program: P.Program, shards) -> list[np.ndarray]:
 class NumpyBackend(interpreter.Backend):
     """The state is the list of every device's buffer, by device id; collectives loop over the groups of
     ``mesh`` (:meth:`redist.mesh.Mesh.groups`, members in rank order). Reductions are numpy's elementwise
-    ufuncs (:data:`redist.types.REDUCERS`), in rank order: of ``bool`` buffers the sum and the maximum are the logical or,
-    the minimum and the product the logical and, as numpy computes them; the maximum and minimum propagate
-    NaN."""
+    ufuncs (:data:`redist.types.REDUCERS`), in rank order: of ``bool`` buffers the sum and the maximum are
+    the logical or, the minimum and the product the logical and, as numpy computes them; the maximum and
+    minimum propagate NaN."""
 
     def __init__(self, mesh: Mesh):
         self.mesh = mesh
