@@ -65,8 +65,12 @@ def source_buffers(src: ShardingType, rng: np.random.Generator):
     element shows); for a partial type every partial group gets its own random summands (SPEC 4: any summands
     whose group sums are right), so dropping, doubling or mixing summands shows too. Every padding position
     of every buffer (uneven dims, SPEC 2) is poisoned (:func:`redist.data.poison_padding`: NaN, or the largest
-    integer), so a program that reads padding as data gives a wrong datum."""
+    integer), so a program that reads padding as data gives a wrong datum. For a pending product the
+    elements are ``2 … N+1``: a product that takes its summands twice gives the square of the value, which
+    1 (the one element of a scalar) would hide."""
     value = random_array(rng, src.shape, src.np_dtype, distinct=True)
+    if src.partial and src.reduction == "prod" and src.dtype != "bool":
+        value = value + np.ones((), value.dtype)
     return poison_padding(src, summands(src, value, rng, low=-50, high=51)), value
 
 

@@ -4,10 +4,13 @@ under mpiexec in tests/test_mpi_backend.py (its worker draws every kind)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 import redist
+from proofs.common import oracle
 from redist import Mesh, ShardingError, ShardingType, synthesize, verify
 from redist.data import summands, unshard
 from redist.testing import SeededDraw, draw_mesh, draw_pair
@@ -114,3 +117,16 @@ def test_claim_of_another_kind_is_refuted_with_a_counterexample():
     v = verify(plan, T("f32[8, 4{x}] partial(min){y}"))
     assert v.status == "refuted" and v.counterexample is not None
     assert "min" in v.reason
+
+
+def test_oracle_sees_a_product_taken_twice():
+    """Regression: the mutation oracle's value of a scalar was 1, which a product that squares its summands
+    (an all-reduce by product run twice) leaves as it is; the verifier refuted that mutant and the run
+    counted a false alarm."""
+    mesh = Mesh({"a0": 2, "a1": 2, "a2": 2})
+    src, dst = T("f32[] partial(prod){a0,a1,a2}", mesh), T("f32[] partial(prod){a0,a1}", mesh)
+    prog = synthesize(src, dst).program
+    twice = dataclasses.replace(prog, instructions=prog.instructions * 2, shapes=prog.shapes + prog.shapes[1:])
+    assert oracle(prog, src, dst)[0]
+    assert not oracle(twice, src, dst, trials=6)[0]
+    assert verify(synthesize(src, dst)).ok
