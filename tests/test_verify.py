@@ -493,7 +493,7 @@ def test_malformed_instructions_are_refuted_not_raised():
 
 
 def test_claim_mutants_are_refuted_with_counterexamples_and_are_wrong():
-    """The claim-side operators of proofs/mutation.py (issue 12.3), on a plan with partial axes and sub-axes
+    """The claim-side operators of proofs/mutation.py (issue 12.3, device order: 15.3), on a plan with partial axes and sub-axes
     in its mesh's reach: every mutant is refuted, with a counterexample, and the numpy oracle agrees."""
     from proofs.mutation import claim_mutants
 
@@ -505,7 +505,7 @@ def test_claim_mutants_are_refuted_with_counterexamples_and_are_wrong():
         v = verify(plan, claim)
         assert v.status == "refuted" and v.counterexample is not None, (desc, v.reason)
         assert oracle(plan.program, plan.src, claim)[0] is False, desc
-    assert seen == {"claim_dtype", "claim_mesh_order", "claim_axis_sizes", "claim_shape"}
+    assert seen == {"claim_dtype", "claim_mesh_order", "claim_axis_sizes", "claim_shape", "claim_device_order"}
 
 
 def test_every_dropped_exchange_copy_is_refuted_with_a_counterexample():
