@@ -197,7 +197,9 @@ class PartitionedFunction:
             elif isinstance(x, (bool, int, float, complex)):
                 dtype = np.asarray(x).dtype
             else:
-                raise PartitionError(f"input {path!r} is {type(x).__name__} {shown(x)}; inputs are arrays or numbers")
+                raise PartitionError(f"input {path!r} is {type(x).__name__} {shown(x)}; inputs are arrays or numbers: "
+                                     "pass a module's arrays and close over the rest (equinox: params, static = "
+                                     "eqx.partition(model, eqx.is_array))")
             if isinstance(dtype, np.dtype) and dtype.kind in "OSUV":
                 raise PartitionError(f"input {path!r} has dtype {dtype}; inputs are arrays of numbers")
             specs.append((tuple(np.shape(x)), str(dtype)))

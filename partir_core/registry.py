@@ -13,6 +13,10 @@ factor in ``blocked`` (and any non-result factor that is not a reduction) may no
 gathered before the op. Factors that occur only in results (``iota``, new ``broadcast_in_dim`` dims) are
 produced locally, at the device's block offset.
 
+``independent`` marks a rule whose values are tied in independent groups (a region's enter or exit: each
+operand becomes its own body parameter): a mesh axis may then split two factors that never meet in one value;
+for any other op, one mesh axis splits at most one factor.
+
 ``linear`` says which operands may stay pending sums through the op: ``"all"`` (all operands pending over the
 same axes, e.g. ``add``), ``"one"`` (exactly one operand pending, e.g. ``mul``, ``dot_general``), or None.
 
@@ -75,6 +79,7 @@ class Rule:
     blocked: frozenset = frozenset()
     linear: str | None = None
     local: Callable | None = None
+    independent: bool = False
 
     def factors(self) -> list[str]:
         """All factors, in order of first appearance (results first)."""
@@ -90,6 +95,13 @@ class Rule:
 
     def shardable(self, f: str) -> bool:
         return f not in self.blocked and (f in self.result_factors() or f in self.reduce)
+
+    def exclusive(self, f: str, g: str) -> bool:
+        """Whether factors ``f`` and ``g`` may not share a mesh axis: always, unless the rule is
+        ``independent`` and no value has dims of both."""
+        if not self.independent:
+            return True
+        return any(f in fs and g in gs for dims in self.operands + self.results for fs in dims for gs in dims)
 
     def __str__(self) -> str:
         def side(lst):
@@ -507,7 +519,7 @@ def _boundary(eqn, shapes, out_shapes):
                 blocked.update(outs[o][0])
             for i in members:
                 ops[i] = list(outs[o][1:] if stacked else outs[o])
-    return Rule(ops, outs, n.sizes, blocked=frozenset(blocked))
+    return Rule(ops, outs, n.sizes, blocked=frozenset(blocked), independent=True)
 
 
 def _concatenate(eqn, shapes, out_shapes):

@@ -155,6 +155,23 @@ def test_nested_loops_multiply_their_trips_and_stacked_pending_sums_are_reduced_
     assert [(c.trips, c.where) for c in sums] == [(1, "output 1")]
 
 
+def test_stacked_results_keep_their_layouts_into_the_next_loop():
+    """Two stacked results of one scan, split on the model axis on different factors (as the residuals a
+    forward scan saves for the backward one), enter a second scan without a gather between the loops: the ties
+    of a loop's exit are independent, so one mesh axis may split a factor of each."""
+    def f(x, w1, w2):
+        _, (a, b) = lax.scan(lambda c, _: (c, (jnp.tanh(c @ w1), jnp.sin(c @ w2))), x, None, length=3)
+        return lax.scan(lambda c, ab: (c + jnp.sum(ab[0] ** 2) + jnp.sum(ab[1]), None), 0.0, (a, b))[0]
+
+    x, w1, w2 = (jax.random.normal(jax.random.key(k), s) for k, s in ((8, (8, 16)), (9, (16, 32)), (10, (16, 8))))
+    pf = pc.jit(f, MESH, [MP({"w1": 1, "w2": 1}, axis="model")])
+    low = pf.lower(x, w1, w2)
+    assert_same(pf(x, w1, w2), f(x, w1, w2))
+    ys = [v for v in low.graph.eqns[low.graph.regions[0].exit].outvars if len(low.graph.shape(v)) == 3]
+    assert [low.types[v].dims for v in ys] == [((), (), ("model",))] * 2
+    assert not [c for c in low.collectives if c.kind in ("all_gather", "exchange")] and not low.conflicts
+
+
 def test_random_keys_flow_through_a_scan():
     def f(x, key):
         def layer(h, k):
