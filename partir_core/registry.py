@@ -24,6 +24,14 @@ same axes, e.g. ``add``), ``"one"`` (exactly one operand pending, e.g. ``mul``, 
 :class:`LocalContext` giving local shapes and block offsets. :func:`rule_for` returns None for a primitive
 with no rule; the partitioner then runs it on replicated operands and reports it.
 
+Gathers and scatter-adds (every form ``jnp.take``, ``x[idx]``, ``take_along_axis``, ``nn.Embed`` and their
+gradients produce, batching dims included): indices split on their batch dims; the operand split on an indexed
+dim that slices of 1 are taken from (an embedding's vocabulary): a gather looks up locally the indices in the
+device's block (zero elsewhere) and its result is a pending sum, a scatter-add adds the updates of the device's
+own rows; both keep the unpartitioned handling of out-of-range indices (clamped, or filled / dropped).
+
+A region's enter and exit (:mod:`partir_core.ir`) tie each outer value to the body value it becomes.
+
 Random keys (:mod:`partir_core.keys`): rules see a key array's key shape. ``random_seed``, ``random_fold_in``,
 ``random_clone`` and the raw ``threefry2x32`` hash act on each element alone, so they are elementwise.
 ``random_bits`` and ``random_split`` map each key to a block of new values: the key dims share factors with the

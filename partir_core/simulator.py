@@ -33,6 +33,13 @@ materialized.
   ``random_bits``) also holds that scratch while it runs.
 - Step time: ``launch_s`` (one program launch) + kernels x ``op_overhead_s`` + compute + collectives, in
   sequence (nothing overlaps).
+- Control flow (:class:`~partir_core.program.ControlFlow`): a loop costs its trip count times its body (a
+  while loop: its cond_fun and body; an unknown trip count counts 1), plus :data:`LOOP_KERNELS` per
+  iteration; a cond its costliest branch. Each body is a block of its own: its parameters are the loop's
+  state, its results temporaries live to its end, and its peak of temporaries is held beside the loop while it
+  runs. The loop's results (carries and stacked ``ys``) are written when it starts and, as XLA's while loop
+  keeps its state in one set of buffers for its whole life, never share an output's allocation. Collectives
+  in a body combine among themselves and run as often as it does.
 
 Presets (:data:`HARDWARE`): ``"cpu-host"`` (the default; JAX host devices, from redist's calibration profile
 in use, :func:`redist.cost.profile`: its compute figures, and its in-program collective latencies, read when the
