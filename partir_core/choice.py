@@ -22,7 +22,7 @@ from redist.types import ShardingType
 
 from partir_core import keys
 from partir_core.factors import decompose, dim_axes, drop_clashes, fit_use
-from partir_core.ir import Boundary, Graph
+from partir_core.ir import Boundary, Graph, is_enter
 from partir_core.propagation import State, resolve
 from partir_core.registry import Rule
 from partir_core.reshard import finish_bytes, reshard_bytes
@@ -205,7 +205,7 @@ def _boundary_sharding(graph, rule, eqn, types, state, mesh) -> OpSharding:
     branch's moved there inside the branch. Operands in no tie (index, predicate) are replicated."""
     reg = graph.regions[eqn.params["region"]]
     ins = [replicated(graph, v, mesh) for v in eqn.invars]
-    if eqn.name.endswith("_enter"):
+    if is_enter(eqn):
         outs = [state_type(graph, state, p, mesh) for p in eqn.outvars]
         for i, o, stacked in eqn.params["ties"]:
             dims = outs[o].dims[:len(graph.shape(eqn.outvars[o]))]

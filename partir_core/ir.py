@@ -66,6 +66,16 @@ ENTER = {k: Boundary(f"{k}_enter") for k in CONTROL_FLOW}
 EXIT = {k: Boundary(f"{k}_exit") for k in CONTROL_FLOW}
 
 
+def is_enter(eqn) -> bool:
+    """Whether ``eqn`` is a region's enter equation."""
+    return eqn.prim in ENTER.values()
+
+
+def is_exit(eqn) -> bool:
+    """Whether ``eqn`` is a region's exit equation."""
+    return eqn.prim in EXIT.values()
+
+
 @dataclass
 class Eqn:
     """One primitive application: ``outvars = prim(*invars, **params)``.
@@ -170,7 +180,7 @@ class Graph:
         """How often equation ``i`` reads its operands per call: as often as its region runs; an exit reads
         the body's results inside the body, so as often as its own region's body."""
         eqn = self.eqns[i]
-        if isinstance(eqn.prim, Boundary) and eqn.name.endswith("_exit"):
+        if is_exit(eqn):
             return self.trips(eqn.params["region"])
         return self.trips(self.region_at(i))
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from partir_core import reshard
 from partir_core.choice import Analysis, OpSharding, local_shapes, output_type
-from partir_core.ir import Graph
+from partir_core.ir import Graph, is_enter
 from partir_core.program import CarryReshard, Compute, ControlFlow, Finish, LocalProgram, Reshard
 from partir_core.propagation import State
 from partir_core.registry import flops
@@ -64,7 +64,7 @@ class _Lowering:
         i = eqns.start
         while i < eqns.stop:
             eqn, op = g.eqns[i], ops[i]
-            if eqn.name.endswith("_enter") and "region" in eqn.params:
+            if is_enter(eqn):
                 r = eqn.params["region"]
                 out.append(self.region(r, out, made, trips))
                 i = g.regions[r].exit + 1

@@ -144,7 +144,7 @@ def render(graph, rules, state, mesh) -> str:
         outs = ", ".join(f"{name(v)}: {a.types[v]}" for v in e.outvars)
         rule = a.ops[i].rule
         note = f"   # {rule}" if rule is not None else "   # no rule: replicated"
-        if e.name.endswith("_enter") and "region" in e.params:
+        if ir.is_enter(e):
             reg = graph.regions[e.params["region"]]
             params = ", ".join(f"{name(v)} = {graph.names[v]}" for v in e.outvars if v in graph.names)
             note = f"   # {reg.trips if reg.trips is not None else '?'} trips" + (f"; {params}" if params else "")

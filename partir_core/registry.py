@@ -54,7 +54,7 @@ import numpy as np
 from jax import lax
 
 from partir_core import keys
-from partir_core.ir import CONTROL_FLOW
+from partir_core.ir import CONTROL_FLOW, ENTER
 
 Dims = list  # per dim: tuple of factor names
 
@@ -516,7 +516,7 @@ def _boundary(eqn, shapes, out_shapes):
     ops: list = [[n(s) for s in shape] for shape in shapes]
     outs: list = [[n(s) for s in shape] for shape in out_shapes]
     blocked = set()
-    if eqn.name.endswith("_enter"):
+    if eqn.prim in ENTER.values():
         for i, o, stacked in eqn.params["ties"]:
             ops[i] = (ops[i][:1] if stacked else []) + outs[o]
             if stacked:

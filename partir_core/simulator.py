@@ -37,9 +37,10 @@ materialized.
   while loop: its cond_fun and body; an unknown trip count counts 1), plus :data:`LOOP_KERNELS` per
   iteration; a cond its costliest branch. Each body is a block of its own: its parameters are the loop's
   state, its results temporaries live to its end, and its peak of temporaries is held beside the loop while it
-  runs. The loop's results (carries and stacked ``ys``) are written when it starts and, as XLA's while loop
-  keeps its state in one set of buffers for its whole life, never share an output's allocation. Collectives
-  in a body combine among themselves and run as often as it does.
+  runs. The loop's results (carries and stacked ``ys``) are written when it starts (XLA's while loop keeps its
+  state in one set of buffers for its whole life, the stacked results' filled in place); like any temporary
+  they may share an output's allocation once dead. Collectives in a body combine among themselves and run as
+  often as it does.
 
 Presets (:data:`HARDWARE`): ``"cpu-host"`` (the default; JAX host devices, from redist's calibration profile
 in use, :func:`redist.cost.profile`: its compute figures, and its in-program collective latencies, read when the
@@ -449,23 +450,21 @@ class _Walker:
         for t, n in scratch.items():
             size[("scratch", id(steps), t)] = n
             temps[("scratch", id(steps), t)] = (t, t)
-        state = frozenset(b for ins in steps if isinstance(ins, ControlFlow) for b in ins.writes)
-        return _heap_peak(temps, {b: (first.get(b, 0), end) for b in outs}, size, state)
+        return _heap_peak(temps, {b: (first.get(b, 0), end) for b in outs}, size)
 
 
-def _heap_peak(temps: dict, outs: dict, size: dict, own: frozenset = frozenset()) -> int:
+def _heap_peak(temps: dict, outs: dict, size: dict) -> int:
     """Peak bytes of the temporaries that do not share an output's allocation.
 
     As XLA's buffer assignment does, temporaries are taken largest first, each placed in the first output
     allocation at least its size whose values (the output from its write to the end, and the temporaries
     already placed there) are never live at the same time as it; the others are live in the temporary block,
     whose size is the peak of their live bytes. ``temps`` and ``outs`` map a buffer to its live range
-    ``(first step, last step)``, both inclusive. Temporaries in ``own`` (a loop's state: its carries and
-    stacked results, one allocation for the loop's whole life) never share an output's allocation."""
+    ``(first step, last step)``, both inclusive."""
     allocs = [(size.get(b, 0), [rng]) for b, rng in sorted(outs.items(), key=lambda kv: -size.get(kv[0], 0))]
     rest = []
     for b, (s, e) in sorted(temps.items(), key=lambda kv: (-size.get(kv[0], 0), kv[1])):
-        for cap, ranges in ([] if b in own else allocs):
+        for cap, ranges in allocs:
             if cap >= size.get(b, 0) and all(e < s2 or e2 < s for s2, e2 in ranges):
                 ranges.append((s, e))
                 break

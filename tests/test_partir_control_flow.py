@@ -70,6 +70,19 @@ def test_scan_over_stacked_layers_is_one_partitioned_loop_with_its_reductions_in
     assert "params/w1[i]" in str(low)
 
 
+def test_a_stacked_layer_dim_may_be_split_like_any_dim():
+    """Splitting the stacked layer dim of the weights (each device storing some layers): the loop reads every
+    layer, so the stack is gathered where it enters the loop (the layer dim is whole inside the body) and the
+    stacked gradient comes out whole and is sliced back; the step is exact."""
+    step, args = stacked_mlp(layers=4)
+    pf = pc.jit(step, MESH, [MP({"params/w1": 0, "params/w2": 0}, axis="model")])
+    low = pf.lower(*args)
+    assert_same(pf(*args), step(*args))
+    assert low.input_type("params/w1") == t("f32[4{model}, 16, 32]") and not low.unsupported
+    entries = {f"eqn {r.enter} (scan)" for r in low.graph.regions}
+    assert {c.where for c in low.collectives if c.kind in ("all_gather", "exchange")} <= entries
+
+
 def test_a_loop_costs_its_trip_count_times_its_body():
     short, long_ = (pc.jit(s, MESH, MEGATRON).lower(*a).simulate() for s, a in (stacked_mlp(2), stacked_mlp(4)))
     base = pc.jit(stacked_mlp(0)[0], MESH, MEGATRON).lower(*stacked_mlp(0)[1]).simulate()
