@@ -93,7 +93,7 @@ def _analyze_once(graph: Graph, rules: list, state: State, mesh, choose: bool, t
     ops, unsupported = [], []
     for i, (eqn, rule) in enumerate(zip(graph.eqns, rules)):
         if isinstance(eqn.prim, Boundary):
-            op = _boundary_sharding(graph, rule, eqn, types, state, mesh)
+            op = _boundary_sharding(graph, rule, eqn, types, state, mesh, follow=targets is not None)
             ops.append(op)
             for v, t in zip(eqn.outvars, op.out_types):
                 types[v] = t
@@ -193,12 +193,16 @@ def received_bytes(graph, analysis, state, mesh) -> float:
     return total
 
 
-def _boundary_sharding(graph, rule, eqn, types, state, mesh) -> OpSharding:
+def _boundary_sharding(graph, rule, eqn, types, state, mesh, follow: bool = False) -> OpSharding:
     """How a region's enter or exit runs (fixed, not chosen per op: a loop-carried type is one type).
 
     Enter: every body parameter gets the type propagation gives it (never partial: pending sums are reduced
     before the region), and its outer operand is moved to that type (a stacked ``xs`` with its leading dim
-    whole) before the region, once. Exit: a carry's body result is moved to the carry's type, the one its
+    whole) before the region, once. With ``follow`` (the passes that let values keep the layout an op chose
+    for them), a loop invariant or a stacked ``xs`` enters in the layout its operand was produced in instead
+    (its pending sums reduced; a stacked dim must be whole), so that, e.g., the residuals a forward scan saved
+    in the layout its body chose are read by the backward scan as they are; a carry keeps the propagated type,
+    its fixed point. Exit: a carry's body result is moved to the carry's type, the one its
     parameter got, at the end of the body (inside the loop), and the loop's result has that type; a scan's
     ``ys`` keep the layout the body produced them in (a pending sum included: it is reduced after the loop, at
     its readers, once), with the stacked dim whole; a cond's results get the type propagation gives them, every
@@ -207,7 +211,11 @@ def _boundary_sharding(graph, rule, eqn, types, state, mesh) -> OpSharding:
     ins = [replicated(graph, v, mesh) for v in eqn.invars]
     if is_enter(eqn):
         outs = [state_type(graph, state, p, mesh) for p in eqn.outvars]
+        carried = set(reg.carry)
         for i, o, stacked in eqn.params["ties"]:
+            p, src = eqn.outvars[o], types[eqn.invars[i]]
+            if follow and p not in carried and not (stacked and src.dims[0]):
+                outs[o] = value_type(graph, p, mesh, src.dims[int(stacked):int(stacked) + len(graph.shape(p))])
             dims = outs[o].dims[:len(graph.shape(eqn.outvars[o]))]
             ins[i] = value_type(graph, eqn.invars[i], mesh, (((),) if stacked else ()) + dims)
         return OpSharding(rule, {}, ins, outs, [], ())
@@ -272,8 +280,9 @@ def _op_cost(graph, eqn, op: OpSharding, types, state, mesh, targets=None) -> fl
 
 def _alternatives(graph, rule, eqn, state, types, mesh, base, limit: int = 96):
     """Factor choices to compare with ``base``: per shardable factor, the axes its dims carry (in the
-    state, or as operands are produced), their prefixes, or none; combinations with an axis used twice or
-    blocks that do not compose are dropped (at most ``limit`` are returned)."""
+    state, or as operands are produced), their prefixes, or none (a ``proposed`` factor: as in ``base``);
+    combinations with an axis used twice or blocks that do not compose are dropped (at most ``limit`` are
+    returned)."""
     opts: dict[str, set] = {}
     slots = [(types[v].dims, fs_list) for v, fs_list in zip(eqn.invars, rule.operands)]
     slots += [(tuple(state.dims[v]), fs_list) for v, fs_list in zip(eqn.invars, rule.operands)
@@ -294,7 +303,8 @@ def _alternatives(graph, rule, eqn, state, types, mesh, base, limit: int = 96):
     for f, (a, _) in base.items():
         opts.setdefault(f, set()).add(tuple(a))
     factors = sorted(opts)
-    choices = [[None] + sorted(opts[f]) for f in factors]
+    choices = [[base[f][0]] if f in rule.proposed and f in base else [None] if f in rule.proposed
+               else [None] + sorted(opts[f]) for f in factors]
     out, seen = [], set()
     for combo in itertools.product(*choices):
         axes = [a for c in combo if c for a in c]

@@ -13,6 +13,10 @@ factor in ``blocked`` (and any non-result factor that is not a reduction) may no
 gathered before the op. Factors that occur only in results (``iota``, new ``broadcast_in_dim`` dims) are
 produced locally, at the device's block offset.
 
+``proposed`` factors are split only where propagation puts them: the per-op choice keeps them as the state
+proposes (a gather's masked lookup, whose pending-sum result that choice cannot price where it follows its
+operands' layouts).
+
 ``independent`` marks a rule whose values are tied in independent groups (a region's enter or exit: each
 operand becomes its own body parameter): a mesh axis may then split two factors that never meet in one value;
 for any other op, one mesh axis splits at most one factor.
@@ -88,6 +92,7 @@ class Rule:
     linear: str | None = None
     local: Callable | None = None
     independent: bool = False
+    proposed: frozenset = frozenset()
 
     def factors(self) -> list[str]:
         """All factors, in order of first appearance (results first)."""
@@ -422,7 +427,8 @@ def _gather(eqn, shapes, out_shapes):
             y = jnp.where(lax.broadcast_in_dim(oob, y.shape, batch_pos), value, y)
         return [y]
 
-    return Rule([op, idx_dims], [out], n.sizes, reduce=reduce, blocked=frozenset(blocked), local=local)
+    return Rule([op, idx_dims], [out], n.sizes, reduce=reduce, blocked=frozenset(blocked), local=local,
+                proposed=frozenset(f for d in lookup for f in op[d]))
 
 
 def _global_indices(i, bounds, clip: bool):

@@ -129,3 +129,19 @@ def test_uneven_vocabulary_split():
     assert low.input_type("table").local_shape == (16, 8)
     assert _gathers(low)[0].partial == ("model",)
     assert_same(pf(table, ids), step(table, ids))
+
+
+def test_a_lookup_is_split_where_propagation_puts_it_not_by_the_per_op_choice():
+    """ZeRO-3 splits the transformer's table rows on the batch axis, which BP already gives the tokens: at the
+    lookup, the earlier tactic (the tokens' batch) wins, and the per-op choice does not split the lookup on
+    its own (its pending-sum result would be priced only where it is reduced). The step keeps the bytes it had
+    before lookups could be split (141,828 B; XLA's partitioner: 227,268 B)."""
+    from partir_core import schedules
+    from tests.partir_helpers import model_and_inputs
+
+    m, ins, _ = model_and_inputs("transformer")
+    low = pc.jit(m.step, MESH, schedules.schedule("BP+MP+Z3", m, ins, mesh=MESH)).lower(*ins)
+    assert low.input_type("params/embed").dims[0] == ("batch",)
+    lookup, _ = _gathers(low)
+    assert lookup.partial == () and lookup.dims[0] == ("batch",)
+    assert sum(c.bytes for c in low.collectives) <= 141828
