@@ -55,12 +55,13 @@ class _Lowering:
             made[(buf, dst)] = new
         return made[(buf, dst)]
 
-    def block(self, eqns: range, trips: int) -> list:
+    def block(self, eqns: range, trips: int, made: dict | None = None) -> list:
         """The instructions of equations ``eqns`` (a body, or the whole program), each region as one
-        :class:`ControlFlow`; ``trips``: how often the block runs per call."""
+        :class:`ControlFlow`; ``trips``: how often the block runs per call; ``made``: the block's moves,
+        ``(buffer, type) -> the buffer holding it`` (filled in; a body's are its own)."""
         g, ops = self.graph, self.analysis.ops
         out: list = []
-        made: dict = {}  # (buffer, type) -> the buffer holding it
+        made = {} if made is None else made
         i = eqns.start
         while i < eqns.stop:
             eqn, op = g.eqns[i], ops[i]
@@ -114,8 +115,8 @@ def lower(graph: Graph, analysis: Analysis, mesh, state: State | None = None) ->
     :class:`redist.ShardingError` if a value must reach a type no redistribution can give it."""
     state = analysis.state if state is None else state
     low = _Lowering(graph, analysis)
-    instructions = low.block(range(len(graph.eqns)), 1)
-    made: dict = {}
+    made: dict = {}  # the program's moves, reused for the outputs
+    instructions = low.block(range(len(graph.eqns)), 1, made)
     out_types, out_bufs = [], []
     for j, v in enumerate(graph.outvars):
         dst = output_type(graph, analysis, state, v, mesh)
