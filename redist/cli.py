@@ -65,9 +65,9 @@ def cmd_verify(args) -> int:
             claim_type = ShardingType.parse(args.claim, plan.src.mesh)
         except ShardingError as e:
             raise ShardingError(f"--claim: {e}") from None
+    verdict = verify(plan, claim_type, timeout_s=args.timeout)
     print(f"mesh {plan.src.mesh}")
     print(plan)
-    verdict = verify(plan, claim_type, timeout_s=args.timeout)
     claim = f" the claim {args.claim}" if args.claim is not None else ""
     print(f"verify: {verdict.status}{claim} in {verdict.seconds:.2f} s")
     print(f"  {verdict.reason}")

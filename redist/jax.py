@@ -26,11 +26,17 @@ from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import Mapping
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jax import lax
-from jax.sharding import NamedSharding, PartitionSpec
+
+from redist.extras import missing_extra
+
+try:
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import NamedSharding, PartitionSpec
+except ModuleNotFoundError as e:
+    raise missing_extra(e, "redist.jax", "jax") from e
 
 from redist import program as P
 from redist.buffers import describe, device_buffers

@@ -41,7 +41,13 @@ import traceback
 from typing import NoReturn
 
 import numpy as np
-from mpi4py import MPI
+
+from redist.extras import missing_extra
+
+try:
+    from mpi4py import MPI
+except ModuleNotFoundError as e:
+    raise missing_extra(e, "redist.mpi", "mpi") from e
 
 from redist import program as P
 from redist.buffers import as_array, describe
