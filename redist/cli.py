@@ -27,6 +27,7 @@ from redist.plan import Plan
 from redist.plan_file import file_text
 from redist.synthesis import synthesize
 from redist.types import ShardingType
+from redist.verify import verify
 
 EXIT_STATUS = {"proved": 0, "refuted": 1, "undecided": 3}
 
@@ -48,8 +49,6 @@ def cmd_plan(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from redist.verify import verify  # not at the top: it needs Z3 (the [verify] extra), `plan` does not
-
     if args.plan is not None:
         if args.src is not None or args.mesh is not None or args.topology is not None:
             raise _UsageError("redist verify: error: give either SRC DST --mesh MESH [--topology NAME] or "
