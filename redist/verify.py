@@ -112,14 +112,14 @@ import numpy as np
 from redist import program as P
 from redist.errors import ShardingError
 from redist.extras import MissingModule
+from redist.mesh import Mesh
+from redist.plan import Plan
+from redist.types import ShardingType
 
 try:
     import z3
 except ModuleNotFoundError as e:  # no [verify] extra: `import redist` works, and verify() says what to install
     z3 = MissingModule(e, "redist.verify", "verify")
-from redist.mesh import Mesh
-from redist.plan import Plan
-from redist.types import ShardingType
 
 __all__ = ["Verdict", "verify", "verify_program", "program_bytes", "STATUSES"]
 
