@@ -141,6 +141,7 @@ def test_importing_reads_no_data_file(tmp_path):
     assert out[1].startswith("use [") and "cpu-host.json" in out[1]
 
 
+@pytest.mark.slow  # builds the wheel and simulates a transformer twice
 def test_the_wheel_ships_the_profile_and_simulates_as_the_checkout(tmp_path):
     """An installed package (the wheel, unpacked as pip installs it) reads its own copy of the profile through
     importlib.resources, and simulates a reference model exactly as the checkout does."""
