@@ -1,16 +1,16 @@
-"""Command line (SPEC 6):
+"""redist: synthesize memory-bounded redistribution plans, prove them with Z3, run them.
 
     redist plan SRC DST --mesh x=2,y=4 [--topology NAME] [--json | --program]
     redist verify SRC DST --mesh x=2,y=4 [--topology NAME] [--claim TYPE] [--timeout SECONDS]
     redist verify --plan FILE [--claim TYPE] [--timeout SECONDS]
     redist demo [--backends numpy,jax,mpi]
 
-``plan --json`` writes a plan file (:mod:`redist.plan_file`) that ``verify --plan`` reads back (``-`` reads
-standard input), so a plan can be computed once, checked in, reviewed and verified again.
+'plan --json' writes a plan file that 'verify --plan' reads back ('-' reads standard input), so a plan can
+be computed once, checked in, reviewed and verified again.
 
-Exit status: 0 done (``verify``: proved), 1 ``verify`` refuted (or a demo check failed), 2 a usage error or
-bad input, 3 ``verify`` undecided (``--timeout`` ran out). Every error is one line on stderr,
-``redist: error: ...``; never a traceback.
+Exit status: 0 done ('verify': proved), 1 'verify' refuted (or a demo check failed), 2 a usage error or bad
+input, 3 'verify' undecided ('--timeout' ran out). Every error is one line on stderr, 'redist: error: ...';
+never a traceback.
 """
 
 from __future__ import annotations
@@ -153,6 +153,7 @@ def _seconds(text: str) -> float:
 
 
 def _build_parser() -> argparse.ArgumentParser:
+    # The module docstring is the --help text, hence plain text (SPEC 6 states the contract).
     parser = _Parser(prog="redist", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     topology = dict(metavar="NAME", help="choose the fastest plan under this cost model preset (tpu-v4, nvlink-8, "

@@ -154,6 +154,17 @@ def test_exit_status_of_the_installed_command():
     assert piped.returncode == 0 and "verify: proved" in piped.stdout, piped
 
 
+def test_help_is_plain_text_for_users(capsys):
+    """``redist --help`` lists every form of the command, in plain text (it used to print the module docstring's
+    reST markup and a reference to the SPEC, which an installed user does not have)."""
+    with pytest.raises(SystemExit) as exit:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert exit.value.code == 0
+    assert "redist verify --plan FILE" in out and "redist plan SRC DST --mesh" in out
+    assert "``" not in out and ":mod:" not in out and "SPEC" not in out
+
+
 def test_demo_fails_when_a_requested_backend_cannot_run(monkeypatch, tmp_path):
     """MPI asked for but no mpiexec: every case fails on it (it used to be shown as skipped, and passed)."""
     from redist import demo
