@@ -79,6 +79,7 @@ import numpy as np  # noqa: E402
 
 import partir_core as pc  # noqa: E402
 import redist  # noqa: E402
+from bench import plots  # noqa: E402
 from bench.calibration import PACKAGE_PROFILE, write_section  # noqa: E402
 from partir_core import models, schedules, simulator  # noqa: E402
 from redist import xla_baseline as xb  # noqa: E402
@@ -403,44 +404,6 @@ def table(rows) -> str:
     return "\n".join(lines)
 
 
-def plot(rows, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = sorted({r["model"] for r in rows}, key=list(SCHEDULES).index)
-    fig, axs = plt.subplots(1, 2, figsize=(14, 5.5))
-    ax = axs[0]
-    for m, mk in zip(names, "os^Dv"):
-        rs = [r for r in rows if r["model"] == m]
-        ax.scatter([r["sim_step_s"] * 1e3 for r in rs], [r["time_ours_s"] * 1e3 for r in rs], marker=mk, label=m)
-        for r in rs:
-            ax.annotate(r["schedule"], (r["sim_step_s"] * 1e3, r["time_ours_s"] * 1e3), fontsize=6)
-    lo = min(min(r["sim_step_s"], r["time_ours_s"]) for r in rows) * 1e3 * 0.8
-    hi = max(max(r["sim_step_s"], r["time_ours_s"]) for r in rows) * 1e3 * 1.2
-    ax.plot([lo, hi], [lo, hi], "k:", lw=0.8)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("simulated step time, cpu-host (ms)")
-    ax.set_ylabel("measured step time, ours (ms)")
-    ax.set_title("simulated vs measured step time (8 host devices, batch=2 x model=4)")
-    ax.legend()
-    ax = axs[1]
-    labels = [f"{r['model'][:5]} {r['schedule']}" for r in rows]
-    xs = np.arange(len(rows))
-    ax.bar(xs - 0.2, [r["bytes_ours"] for r in rows], 0.4, label="ours")
-    ax.bar(xs + 0.2, [r["bytes_xla"] for r in rows], 0.4, label="XLA")
-    ax.set_yscale("log")
-    ax.set_xticks(xs)
-    ax.set_xticklabels(labels, rotation=90, fontsize=7)
-    ax.set_ylabel("bytes received per device per step")
-    ax.set_title("collective bytes: ours vs XLA (same in/out shardings)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer schedules, 4 timed rounds")
@@ -535,8 +498,8 @@ def main(argv=None):
     os.makedirs(RESULTS, exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"summary": summary, "cases": rows, "calibration": calib}, f, indent=1)
-    plot(rows, os.path.splitext(args.out)[0] + ".png")
-    print(f"wrote {args.out} and {os.path.splitext(args.out)[0]}.png in {time.perf_counter() - start:.0f}s")
+    figures = plots.draw("partitioning", args.out)
+    print(f"wrote {args.out} and {', '.join(figures)} in {time.perf_counter() - start:.0f}s")
 
 
 if __name__ == "__main__":

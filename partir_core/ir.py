@@ -44,6 +44,9 @@ from jax.extend import core as jcore
 
 from partir_core import keys
 
+# jax.extend.core exports DropVar from JAX 0.10; JAX 0.8 and 0.9 have it only in jax.core (deprecated in 0.10)
+_DROP_VAR = getattr(jcore, "DropVar", None) or jax.core.DropVar
+
 INLINED = ("pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
            "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin")
 CONTROL_FLOW = ("scan", "while", "cond")
@@ -274,7 +277,7 @@ class _Builder:
                 outs = [self.new(o.aval) for o in e.outvars]
                 self.eqns.append(Eqn(e.primitive, ins, outs, dict(e.params)))
             for var, v in zip(e.outvars, outs):
-                if not isinstance(var, jcore.DropVar):
+                if not isinstance(var, _DROP_VAR):
                     env[var] = v
         return [self.read(env, a) for a in jaxpr.outvars]
 

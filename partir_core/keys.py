@@ -58,4 +58,13 @@ def to_data(x):
 
 def from_data(x, dtype):
     """The key array of ``dtype`` whose key data is ``x`` if ``dtype`` is a key dtype, else ``x``."""
-    return jax.random.wrap_key_data(x, dtype=dtype) if is_key(dtype) else x
+    return jax.random.wrap_key_data(x, impl=_impl(dtype)) if is_key(dtype) else x
+
+
+@functools.lru_cache(maxsize=None)
+def _impl(dtype):
+    """The PRNG implementation of key dtype ``dtype``, read off an abstract key of it: ``wrap_key_data`` takes
+    an implementation on every JAX (its ``dtype=`` exists only from 0.10.1)."""
+    found = []
+    jax.eval_shape(lambda k: found.append(jax.random.key_impl(k)), jax.ShapeDtypeStruct((), dtype))
+    return found[0]

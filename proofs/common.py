@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 
 import numpy as np
 
@@ -14,6 +15,14 @@ from redist.backends import numpy_backend
 from redist.data import poison_padding, random_array, summands
 from redist.mesh import Mesh
 from redist.types import ShardingType
+
+
+def progress(iterable=None, *, desc: str, total: int | None = None, unit: str = "it"):
+    """A tqdm progress bar on stderr: redrawn in place on a terminal, a line every 30 s into a log file."""
+    from tqdm import tqdm
+
+    return tqdm(iterable, desc=desc, total=total, unit=unit, file=sys.stderr, dynamic_ncols=True,
+                mininterval=0.5 if sys.stderr.isatty() else 30)
 
 
 # ----------------------------------------------------------------------------- meshes

@@ -29,6 +29,7 @@ there), and the numpy oracle (source padding filled with NaN) must give the dest
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing as mp
 import statistics
@@ -135,12 +136,22 @@ def features(src, dst) -> list[str]:
     return out + [src.dtype] * (src.dtype in ("c64", "c128", "bool"))
 
 
-def _run(pairs, workers: int, chunk: int = 64, check=_chunk) -> list[dict]:
+def _run(pairs, workers: int, desc: str, chunk: int = 64, check=_chunk) -> list[dict]:
+    """``check`` on every pair, in chunks, over ``workers`` processes, with a progress bar named ``desc``."""
+    from proofs.common import progress
+
     chunks = [pairs[i:i + chunk] for i in range(0, len(pairs), chunk)]
-    if workers <= 1:
-        return [r for c in chunks for r in check(c)]
-    with mp.get_context("spawn").Pool(workers) as pool:
-        return [r for rs in pool.imap_unordered(check, chunks) for r in rs]
+    results: list[dict] = []
+    with contextlib.ExitStack() as stack:
+        bar = stack.enter_context(progress(desc=desc, total=len(pairs), unit="pair"))
+        if workers <= 1:
+            done = map(check, chunks)
+        else:
+            done = stack.enter_context(mp.get_context("spawn").Pool(workers)).imap_unordered(check, chunks)
+        for rs in done:
+            results += rs
+            bar.update(len(rs))
+    return results
 
 
 def exhaustive_pairs(max_devices: int = 8, max_rank: int = 3):
@@ -219,13 +230,13 @@ def run_exhaustive(workers: int = 2, max_devices: int = 8, max_rank: int = 3) ->
     t = time.perf_counter()
     pairs = exhaustive_pairs(max_devices, max_rank)
     return summarize(f"exhaustive: all whole-axis pairs, meshes <= {max_devices} devices, rank <= {max_rank}",
-                     _run(pairs, workers), time.perf_counter() - t)
+                     _run(pairs, workers, "exhaustive"), time.perf_counter() - t)
 
 
 def run_random(n: int = 10_000, workers: int = 2, seed: int = 0) -> dict:
     t = time.perf_counter()
     pairs = random_pairs(n, seed)
-    return summarize(f"random: {n} pairs on 16-device meshes, rank <= 4 (sub-axes, partial)", _run(pairs, workers),
+    return summarize(f"random: {n} pairs on 16-device meshes, rank <= 4 (sub-axes, partial)", _run(pairs, workers, "random"),
                      time.perf_counter() - t)
 
 
@@ -234,7 +245,7 @@ def run_random_uneven(n: int = 3000, workers: int = 2, seed: int = 0) -> dict:
     plans per :func:`plan_shape`) and ``at_bound`` (proved exchange plans without a reduction, each
     receiving exactly the lower bound)."""
     t = time.perf_counter()
-    results = _run(random_uneven_pairs(n, seed), workers, check=_chunk_uneven)
+    results = _run(random_uneven_pairs(n, seed), workers, "random uneven", check=_chunk_uneven)
     out = summarize(f"random uneven: {n} pairs on meshes <= 16 devices, rank <= 3 (sub-axes, partial)", results,
                     time.perf_counter() - t)
     proved = [r for r in results if r["ok"]]
@@ -252,7 +263,7 @@ def run_features(workers: int = 2, n_random: int = 2000, seed: int = 0, max_rank
                         (f"random features: {n_random} pairs on meshes <= 16 devices (kinds, device orders, "
                          "complex, uneven)", random_feature_pairs(n_random, seed))):
         t = time.perf_counter()
-        results = _run(pairs, workers, check=_chunk_features)
+        results = _run(pairs, workers, name.split(":")[0], check=_chunk_features)
         res = summarize(name, results, time.perf_counter() - t)
         res["by_feature"] = dict(Counter(f for r in results if r["ok"] for f in r["features"]).most_common())
         out.append(res)

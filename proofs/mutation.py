@@ -337,6 +337,7 @@ def run(n_plans: int = 300, seed: int = 0, max_per_op: int = 3, uneven: float = 
     """Mutate the fixed pairs' plans, then random plans (a share ``uneven`` of them uneven) up to ``n_plans``
     plans. ``uneven_plans`` counts the uneven plans mutated by :func:`proofs.exhaustive.plan_shape`; ``ok``
     also needs each of :data:`UNEVEN_KINDS` in some of them."""
+    from proofs.common import progress
     from redist import Mesh, ShardingType
     from redist.testing import SeededDraw, draw_mesh, draw_pair
     from redist.types import REDUCTIONS
@@ -347,17 +348,21 @@ def run(n_plans: int = 300, seed: int = 0, max_per_op: int = 3, uneven: float = 
     stats = {"plans": 0, "mutants": 0, "ill_formed": 0, "killed_by_verify": 0, "survivors": 0,
              "equivalent_survivors": 0, "unsound": [], "false_alarms": [], "undecided": [], "no_counterexample": [],
              "by_op": {}, "uneven_plans": {}}
-    for mesh_text, a, b in FIXED_PAIRS + FIXED_UNEVEN_PAIRS:
-        mesh = Mesh.parse(mesh_text)
-        src, dst = ShardingType.parse(a, mesh), ShardingType.parse(b, mesh)
-        _mutate(synthesize(src, dst), src, dst, rng, max_per_op, stats)
-    while stats["plans"] < n_plans:
-        mesh = draw_mesh(draw, max_axes=3, max_devices=8, min_devices=2, device_order=0.2)
-        src, dst = draw_pair(draw, mesh, partial=0.4, sub_axes=0.25, uneven=uneven, dtype=DRAWN_DTYPES,
-                             reductions=REDUCTIONS, reorder=0.2)
-        plan = synthesize(src, dst)
-        if plan.steps:
-            _mutate(plan, src, dst, rng, max_per_op, stats)
+    fixed = FIXED_PAIRS + FIXED_UNEVEN_PAIRS
+    with progress(desc="mutation", total=max(n_plans, len(fixed)), unit="plan") as bar:
+        for mesh_text, a, b in fixed:
+            mesh = Mesh.parse(mesh_text)
+            src, dst = ShardingType.parse(a, mesh), ShardingType.parse(b, mesh)
+            _mutate(synthesize(src, dst), src, dst, rng, max_per_op, stats)
+            bar.update()
+        while stats["plans"] < n_plans:
+            mesh = draw_mesh(draw, max_axes=3, max_devices=8, min_devices=2, device_order=0.2)
+            src, dst = draw_pair(draw, mesh, partial=0.4, sub_axes=0.25, uneven=uneven, dtype=DRAWN_DTYPES,
+                                 reductions=REDUCTIONS, reorder=0.2)
+            plan = synthesize(src, dst)
+            if plan.steps:
+                _mutate(plan, src, dst, rng, max_per_op, stats)
+                bar.update()
     non_equiv = stats["mutants"] - stats["equivalent_survivors"]
     stats["non_equivalent"] = non_equiv
     stats["kill_rate"] = stats["killed_by_verify"] / non_equiv if non_equiv else 1.0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from redist.axes import check_factorization, remove_axes
 from redist.blocks import box_size, local_box, missing_elements
-from redist.cost import as_topology
 from redist.errors import ShardingError, shown
 from redist.types import ShardingType
 
@@ -27,9 +26,8 @@ def lower_bound_bytes(src: ShardingType, dst: ShardingType) -> int:
     return max(missing_elements(src, dst, d) for d in range(mesh.size)) * dst.itemsize
 
 
-def check_pair(src: ShardingType, dst: ShardingType, topology=None) -> None:
-    """Raise :class:`ShardingError` unless ``dst`` is a possible redistribution target of ``src`` and
-    ``topology`` a valid ``topology=`` argument on their mesh (:func:`redist.cost.as_topology`): the same mesh
+def check_pair(src: ShardingType, dst: ShardingType) -> None:
+    """Raise :class:`ShardingError` unless ``dst`` is a possible redistribution target of ``src``: the same mesh
     axes (the device orders may differ), shape and dtype, sub-axes that fit one factorization of each axis,
     the same reduction kind where both are partial, and pending axes that the source has too."""
     for what, t in (("source", src), ("destination", dst)):
@@ -61,5 +59,3 @@ def check_pair(src: ShardingType, dst: ShardingType, topology=None) -> None:
             f"destination {dst} is partial over {{{','.join(extra)}}} but the source {src} is not: "
             "a redistribution can only reduce pending sums, not create them"
         )
-    if topology is not None:
-        as_topology(topology, src.mesh)

@@ -14,11 +14,17 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Mapping
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jax import lax
-from jax.sharding import NamedSharding, PartitionSpec
+
+from redist.extras import missing_extra
+
+try:
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import NamedSharding, PartitionSpec
+except ModuleNotFoundError as e:
+    raise missing_extra(e, "redist.jax", "jax") from e
 
 from redist.backends import interpreter
 from redist.backends.jax_backend import (JaxBackend, in_dtype, jax_mesh_of, redist_mesh, refine_mesh,

@@ -79,6 +79,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import NamedTuple
 
+from redist import cost
 from redist import steps as S
 from redist.axes import Axis, canonical_axes, remove_axes
 from redist.bounds import check_pair, lower_bound_bytes
@@ -166,7 +167,9 @@ def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
     Raises :class:`ShardingError` if the types are on different mesh axes, have different shapes or dtypes,
     or pending reductions of different kinds, or if the destination is partial over an axis the source is not.
     """
-    check_pair(src, dst, topology)
+    check_pair(src, dst)
+    if topology is not None:
+        cost.as_topology(topology, src.mesh)  # a bad topology= is refused whichever path the pair takes
     if src.mesh != dst.mesh:
         return _across_device_orders(src, dst, topology)
     if not (src.is_even() and dst.is_even()):
@@ -175,7 +178,6 @@ def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
     if topology is None:
         core = _synthesize(core_src, core_dst)
     else:
-        from redist import cost
 
         topo = cost.as_topology(topology, src.mesh)
         candidates = [_synthesize(core_src, core_dst)]
@@ -212,7 +214,6 @@ def _cheapest(candidates, topology, mesh: Mesh) -> Plan:
     fewest bytes, then steps)."""
     if topology is None:
         return min(candidates, key=lambda p: (p.bytes_received, len(p.steps)))
-    from redist import cost
 
     topo = cost.as_topology(topology, mesh)
     return min(candidates, key=lambda p: (cost.plan_time(p, topo), p.bytes_received, len(p.steps)))
@@ -248,7 +249,6 @@ def _synthesize_uneven(src: ShardingType, dst: ShardingType, topology) -> Plan:
             candidates.append(Plan.from_steps(src, first.steps + (exchange,)))
     if topology is None:
         return min(candidates, key=lambda p: (p.bytes_received, len(p.steps)))
-    from redist import cost
 
     topo = cost.as_topology(topology, src.mesh)
     return min(candidates, key=lambda p: (cost.plan_time(p, topo), p.bytes_received, len(p.steps)))

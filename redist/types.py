@@ -326,7 +326,7 @@ def _spec_entries(spec) -> tuple:
         if spec.unreduced or spec.reduced:
             raise ShardingError(f"partition spec {spec} has unreduced or reduced axes; give pending sums as "
                                 "partial=(axis, ...) instead")
-        return tuple(spec.partitions)
+        return tuple(spec)  # its entries (iteration works on every JAX; `.partitions` only from 0.10)
     if not _is_list(spec):
         raise ShardingError(f"partition spec must be a PartitionSpec or a tuple like (('x', 'y'), None), got "
                             f"{type(spec).__name__} {shown(spec)}")

@@ -131,13 +131,18 @@ from fractions import Fraction
 from typing import Any, Sequence
 
 import numpy as np
-import z3
 
 from redist import program as P
 from redist.errors import ShardingError
+from redist.extras import MissingModule
 from redist.mesh import Mesh
 from redist.plan import Plan
 from redist.types import ShardingType
+
+try:
+    import z3
+except ModuleNotFoundError as e:  # no [verify] extra: `import redist` works, and verify() says what to install
+    z3 = MissingModule(e, "redist.verify", "verify")
 
 __all__ = ["Verdict", "verify", "verify_program", "program_bytes", "STATUSES"]
 

@@ -30,11 +30,17 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Mapping
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jax import lax
-from jax.sharding import NamedSharding, PartitionSpec
+
+from redist.extras import missing_extra
+
+try:
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import NamedSharding, PartitionSpec
+except ModuleNotFoundError as e:
+    raise missing_extra(e, "the JAX backend (redist.jax, execute(backend='jax'))", "jax") from e
 
 from redist import program as P
 from redist.backends import interpreter

@@ -31,14 +31,19 @@ import itertools
 import math
 
 import numpy as np
-from mpi4py import MPI
 
 from redist import program as P
 from redist.backends import interpreter
 from redist.buffers import describe, local_buffer
 from redist.errors import ShardingError
+from redist.extras import missing_extra
 from redist.mesh import Mesh
 from redist.types import REDUCERS
+
+try:
+    from mpi4py import MPI
+except ModuleNotFoundError as e:
+    raise missing_extra(e, "redist.mpi", "mpi") from e
 
 __all__ = ["run_program", "run", "communicator", "clear_cache", "MpiBackend"]
 
