@@ -40,7 +40,7 @@ try:
     from jax import lax
     from jax.sharding import NamedSharding, PartitionSpec
 except ModuleNotFoundError as e:
-    raise missing_extra(e, "the JAX backend (redist.jax, execute(backend='jax'))", "jax") from e
+    raise missing_extra(e, "redist.jax", "jax") from e
 
 from redist import program as P
 from redist.backends import interpreter
