@@ -1,0 +1,302 @@
+"""The device-side programs of :func:`redist.jax.reshard`: how one array moves (a :class:`Move`), which program
+moves it (:func:`route`), and one jitted program for all the arrays of a call, cached (:func:`program`).
+
+Route. Two correct programs can move an array from ``src`` to ``dst``: redist's plan, run as a ``jax.shard_map``
+of the plan's lowered program (:mod:`redist.backends.jax_backend`), and XLA's own resharding, the semantics
+of ``jax.jit(lambda a: a, out_shardings=dst)`` (a sharding constraint; ``jax.sharding.reshard`` on Explicit
+axes). :func:`route` takes XLA's when the plan is empty, or made of ``all_slice`` steps alone, or of
+``all_gather`` steps alone. XLA lowers those pairs to the same local dynamic-slices or the same all-gathers
+(the same bytes received, the same buffers held; ``tests/test_jax_reshard.py`` checks this on XLA's compiled
+HLO), so under any cost model the two tie, and the tie goes to XLA: no ``shard_map`` to trace and compile,
+and under the caller's ``jax.jit`` XLA may fuse the slice or gather with its neighbours. Every other plan
+(all-to-alls, permutes, exchanges, reductions, sub-axes, slices combined with gathers) runs as redist's plan:
+there XLA either emits the same collectives (a swap of two axes) or gathers the whole array and slices it
+(its "involuntary full rematerialization", e.g. jax-ml/jax#21562 and FSDP -> Megatron), receiving up to k
+times the bytes and holding the whole array. ``bench/jax_reshard.py`` measures both routes on every pair.
+
+Meshes. A plan over sub-axes runs on the refined mesh of :func:`~redist.backends.jax_backend.refine_mesh`.
+``jax.shard_map`` wants its mesh to be the context mesh (``jax.set_mesh``), so the shard_map is traced under
+``jax.sharding.use_abstract_mesh(refined)``; on Explicit axes the array's type names its mesh, so it is first
+restated on the refined mesh (the same layout: no data moves). Either way the result is then restated on the
+caller's mesh as the target sharding, which again moves nothing.
+
+Cache. :func:`program` keeps the jitted programs of the last :data:`PROGRAMS` call signatures (least recently
+used first out); plans and shard_maps are cached per (source type, destination type, mesh) in bounded
+``lru_cache`` s. :func:`clear_cache` empties all three.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
+from typing import Callable, Hashable, Mapping
+
+import jax
+import numpy as np
+from jax import lax
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+from redist.backends import interpreter
+from redist.backends.jax_backend import JaxBackend, redist_mesh, refine_mesh
+from redist.errors import ShardingError
+from redist.mesh import Mesh
+from redist.plan import Plan
+from redist.synthesis import synthesize
+from redist.types import ShardingType
+
+__all__ = ["Move", "move", "route", "apply", "Program", "program", "clear_cache", "sharding_type", "PROGRAMS"]
+
+#: How many jitted programs (one per call signature: arrays' shapes, dtypes, shardings, donation) are kept.
+PROGRAMS = 256
+
+
+# ---------------------------------------------------------------------- types of JAX layouts
+def sharding_type(shape, dtype, sharding, mesh: Mesh | None = None) -> ShardingType:
+    """The redist type of an array of ``shape``/``dtype`` laid out by a ``NamedSharding``.
+
+    Missing spec entries and ``None`` or ``UNCONSTRAINED`` entries replicate; unreduced axes are rejected.
+    """
+    if not isinstance(sharding, NamedSharding):
+        raise ShardingError(f"redist.jax needs a NamedSharding, got {type(sharding).__name__}: {sharding}")
+    spec = sharding.spec
+    if getattr(spec, "unreduced", None) or getattr(spec, "reduced", None):
+        raise ShardingError(f"partition spec {spec} has unreduced/reduced axes; redist.jax does not take them")
+    entries = tuple(None if e is PartitionSpec.UNCONSTRAINED else e for e in spec)
+    return ShardingType.from_partition_spec(
+        tuple(shape), dtype, entries, mesh if mesh is not None else redist_mesh(sharding.mesh))
+
+
+def _check_even(t: ShardingType, which: str) -> None:
+    """JAX lays out a ``NamedSharding`` only on dims its blocks divide (shards are not padded), and
+    ``jax.shard_map`` likewise: raise for an uneven dim of ``t``, naming it and its axes."""
+    for i, (n, axes) in enumerate(zip(t.shape, t.dims)):
+        if not t.is_even(i):
+            raise ShardingError(
+                f"{which}: dim {i} (size {n}) does not divide into its {t.blocks(i)} blocks over "
+                f"{{{','.join(axes)}}}; JAX shards only even dims, so reshard needs them (uneven layouts run on "
+                "padded per-device buffers with redist.jax.run_on_buffers)")
+
+
+def _same_mesh(a, b) -> bool:
+    """Equal meshes; a traced array may only carry the abstract mesh, which is then compared."""
+    if a == b:
+        return True
+    if isinstance(a, jax.sharding.AbstractMesh) or isinstance(b, jax.sharding.AbstractMesh):
+        return getattr(a, "abstract_mesh", a) == getattr(b, "abstract_mesh", b)
+    return False
+
+
+def _explicit(mesh) -> bool:
+    return any(t == AxisType.Explicit for t in mesh.axis_types)
+
+
+# ---------------------------------------------------------------------- one array's move
+@dataclass(frozen=True)
+class Move:
+    """One array's reshard: from type ``src`` to type ``dst`` on the JAX ``mesh``; ``sharding`` is the target
+    as the result carries it (``dst``'s ``NamedSharding`` as the caller spelled it, ``UNCONSTRAINED`` entries
+    read as replicated). :attr:`plan` is redist's plan and :attr:`route` the program that runs."""
+
+    src: ShardingType
+    dst: ShardingType
+    mesh: jax.sharding.Mesh
+    sharding: NamedSharding
+
+    @property
+    def plan(self) -> Plan:
+        return _plan(self.src, self.dst)
+
+    @property
+    def route(self) -> str:
+        return route(self.plan)
+
+    def describe(self) -> str:
+        """One line for the log: the pair, the program chosen, the plan's steps, bytes and peak."""
+        plan = self.plan
+        steps = "; ".join(map(str, plan.steps)) or "no step"
+        program = "redist's plan" if self.route == "redist" else "XLA's resharding, as the plan"
+        return (f"{self.src} -> {self.dst}: {program} [{steps}] (receives {plan.bytes_received} B per device, "
+                f"peak {plan.peak_bytes} B)")
+
+
+def move(shape, dtype, src: NamedSharding, dst: NamedSharding) -> Move:
+    """The :class:`Move` of an array of ``shape``/``dtype`` from layout ``src`` to ``dst``.
+
+    Raises :class:`ShardingError` if either is no ``NamedSharding``, the target's mesh is not a concrete
+    ``jax.sharding.Mesh``, the meshes differ, ``dtype`` is not one redist moves, or the shape does not fit a
+    sharding (an unknown axis, too many spec entries, a dim that does not divide).
+    """
+    if not isinstance(dst, NamedSharding):
+        raise ShardingError(f"reshard needs a NamedSharding or a PartitionSpec as the target, got "
+                            f"{type(dst).__name__}: {dst}")
+    if not isinstance(dst.mesh, jax.sharding.Mesh):
+        raise ShardingError(f"the target sharding's mesh must be a concrete jax.sharding.Mesh, got {dst.mesh}")
+    if not isinstance(src, NamedSharding):
+        raise ShardingError(f"the array's sharding must be a NamedSharding, got {type(src).__name__}: {src}")
+    if not _same_mesh(src.mesh, dst.mesh):
+        raise ShardingError(f"the array is on mesh {src.mesh} but the target sharding on mesh {dst.mesh}; "
+                            "reshard moves data within one mesh")
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        raise ShardingError(f"unsupported dtype {dtype}") from None
+    mesh = redist_mesh(dst.mesh)
+    src_t, dst_t = sharding_type(shape, dtype, src, mesh), sharding_type(shape, dtype, dst, mesh)
+    _check_even(src_t, "the array's sharding")
+    _check_even(dst_t, "the target sharding")
+    if any(e is PartitionSpec.UNCONSTRAINED for e in dst.spec):
+        dst = NamedSharding(dst.mesh, PartitionSpec(*(None if e is PartitionSpec.UNCONSTRAINED else e
+                                                      for e in dst.spec)))
+    return Move(src_t, dst_t, dst.mesh, dst)
+
+
+@lru_cache(maxsize=1024)
+def _plan(src: ShardingType, dst: ShardingType) -> Plan:
+    return synthesize(src, dst)
+
+
+def route(plan: Plan) -> str:
+    """``"xla"`` if XLA's own resharding moves the pair as well as ``plan`` does (the plan is empty, or all its
+    steps are ``all_slice``, or all are ``all_gather``: see the module header), else ``"redist"``."""
+    kinds = {step.kind for step in plan.steps}
+    return "xla" if kinds <= {"all_slice"} or kinds == {"all_gather"} else "redist"
+
+
+def apply(moves: tuple[Move, ...], xs) -> list:
+    """``xs[j]`` moved by ``moves[j]`` (global arrays inside a trace: the caller's ``jax.jit`` or ``jax.grad``,
+    or :func:`program`'s own ``jit``), each restated with the sharding ``moves[j].sharding``. The arrays that
+    take redist's route on one mesh move in one ``shard_map``."""
+    out = list(xs)
+    meshes: dict = {}
+    for j, m in enumerate(moves):
+        if m.route == "redist":
+            meshes.setdefault(m.mesh, []).append(j)
+    for mesh, js in meshes.items():
+        ys = _shard_mapped(tuple((moves[j].src, moves[j].dst) for j in js), mesh)(*(xs[j] for j in js))
+        for j, y in zip(js, ys):
+            out[j] = y
+    return [jax.sharding.reshard(y, m.sharding) if _explicit(m.mesh) else
+            lax.with_sharding_constraint(y, m.sharding) for m, y in zip(moves, out)]
+
+
+def _spec(dims, names: Mapping[str, tuple[str, ...]]) -> PartitionSpec:
+    """The PartitionSpec on the refined mesh of per-dim token lists."""
+    out = []
+    for d in dims:
+        axes = tuple(a for tok in d for a in names[tok])
+        out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+    return PartitionSpec(*out)
+
+
+@lru_cache(maxsize=256)
+def _shard_mapped(pairs: tuple[tuple[ShardingType, ShardingType], ...], mesh) -> Callable:
+    """The plans of ``pairs`` (source and destination types on ``mesh``) as one function of the global arrays:
+    one shard_map over the mesh refined at every boundary that any of the plans' sub-axes use, traced with
+    that mesh as the context's abstract mesh (see Meshes in the module header)."""
+    programs = [_plan(src, dst).program for src, dst in pairs]
+    tokens = sorted({tok for p in programs for tok in p.axis_tokens()})
+    refined, names = refine_mesh(mesh, tokens)
+    in_specs = tuple(_spec(src.dims, names) for src, _ in pairs)
+    backend = JaxBackend(programs[0].mesh, names)
+    mapped = jax.shard_map(lambda *bs: tuple(interpreter.run(p, backend, b) for p, b in zip(programs, bs)),
+                           mesh=refined, in_specs=in_specs, out_specs=tuple(_spec(dst.dims, names) for _, dst in pairs),
+                           check_vma=False)
+    restate = _explicit(mesh)
+
+    def run(*xs):
+        with jax.sharding.use_abstract_mesh(refined.abstract_mesh):
+            if restate:
+                xs = [jax.sharding.reshard(x, NamedSharding(refined, spec)) for x, spec in zip(xs, in_specs)]
+            return mapped(*xs)
+
+    return run
+
+
+# ---------------------------------------------------------------------- all the arrays of one call
+@dataclass(frozen=True)
+class Program:
+    """One jitted program moving several arrays: ``fn(*inputs)`` returns one array per move, move ``j``
+    applied to ``inputs[index[j]]`` (an array at several leaves is one input, donated once). ``wide`` is a
+    64-bit dtype among the arrays (run the call under :func:`redist.jax.in_dtype` of it), or None."""
+
+    moves: tuple[Move, ...]
+    index: tuple[int, ...]
+    donate: bool
+    fn: Callable = field(compare=False)
+    wide: np.dtype | None = field(compare=False)
+
+    @cached_property
+    def description(self) -> str:
+        return "\n".join(f"  [{j}] {m.describe()}" for j, m in enumerate(self.moves))
+
+
+def _build(moves: tuple[Move, ...], index: tuple[int, ...], donate: bool) -> Program:
+    inputs = max(index) + 1
+
+    def moved(*xs):
+        return tuple(apply(moves, [xs[i] for i in index]))
+
+    fn = jax.jit(moved, out_shardings=tuple(m.sharding for m in moves),
+                 donate_argnums=tuple(range(inputs)) if donate else ())
+    with jax.enable_x64(False):  # JAX's own rule for which dtypes its 32-bit mode narrows
+        wide = next((m.src.np_dtype for m in moves
+                     if jax.dtypes.canonicalize_dtype(m.src.np_dtype) != m.src.np_dtype), None)
+    return Program(moves, index, donate, fn, wide)
+
+
+class _Cache:
+    """A bounded map, least recently used entry out first; safe to share between threads."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._entries: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable):
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+            return entry
+
+    def put(self, key: Hashable, entry) -> None:
+        with self._lock:
+            self._entries[key] = entry
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+_PROGRAMS = _Cache(PROGRAMS)
+
+
+def program(key: Hashable, make_moves: Callable[[], tuple[Move, ...]], index: tuple[int, ...],
+            donate: bool) -> tuple[Program, bool]:
+    """``(the Program for the call signature key, whether it came from the cache)``.
+
+    ``key`` must determine the moves, ``index`` and ``donate`` (the caller's signature of the arrays and
+    targets); on a miss ``make_moves()`` builds the moves (synthesis and checks: it may raise
+    :class:`ShardingError`, and then nothing is cached).
+    """
+    entry = _PROGRAMS.get(key)
+    if entry is not None:
+        return entry, True
+    entry = _build(make_moves(), index, donate)
+    _PROGRAMS.put(key, entry)
+    return entry, False
+
+
+def clear_cache() -> None:
+    """Forget every cached program, shard_map and plan (they are rebuilt on the next call)."""
+    _PROGRAMS.clear()
+    _shard_mapped.cache_clear()
+    _plan.cache_clear()
