@@ -4,15 +4,19 @@ moves it (:func:`route`), and one jitted program for all the arrays of a call, c
 Route. Two correct programs can move an array from ``src`` to ``dst``: redist's plan, run as a ``jax.shard_map``
 of the plan's lowered program (:mod:`redist.backends.jax_backend`), and XLA's own resharding, the semantics
 of ``jax.jit(lambda a: a, out_shardings=dst)`` (a sharding constraint; ``jax.sharding.reshard`` on Explicit
-axes). :func:`route` takes XLA's when the plan is empty, or made of ``all_slice`` steps alone, or of
-``all_gather`` steps alone. XLA lowers those pairs to the same local dynamic-slices or the same all-gathers
-(the same bytes received, the same buffers held; ``tests/test_jax_reshard.py`` checks this on XLA's compiled
-HLO), so under any cost model the two tie, and the tie goes to XLA: no ``shard_map`` to trace and compile,
-and under the caller's ``jax.jit`` XLA may fuse the slice or gather with its neighbours. Every other plan
-(all-to-alls, permutes, exchanges, reductions, sub-axes, slices combined with gathers) runs as redist's plan:
-there XLA either emits the same collectives (a swap of two axes) or gathers the whole array and slices it
-(its "involuntary full rematerialization", e.g. jax-ml/jax#21562 and FSDP -> Megatron), receiving up to k
-times the bytes and holding the whole array. ``bench/jax_reshard.py`` measures both routes on every pair.
+axes). :func:`route` gives the pair to XLA where XLA moves no more bytes than the plan, and to redist's plan
+everywhere else; the tie goes to XLA, whose program runs as fast or faster (it fuses its collectives with
+the local copies that a ``shard_map`` keeps apart), costs less to compile, and under the caller's
+``jax.jit`` may fuse with the neighbours. Where the plan is empty or made of ``all_slice`` steps alone or of
+``all_gather`` steps alone, XLA emits the same local slices or the same all-gathers (the same bytes, the
+same buffers; ``tests/test_jax_reshard.py`` checks this on XLA's compiled HLO), so the tie is known without
+compiling. For any other plan the decision is measured once per (source type, destination type, mesh): XLA's
+resharding of the pair is compiled for an abstract input and the bytes its collectives receive per device
+are read from the HLO (:func:`redist.xla_baseline.parse_hlo`). Where XLA cannot go from ``src`` to ``dst``
+directly it gathers the whole array and slices it (its "involuntary full rematerialization", e.g.
+jax-ml/jax#21562 and FSDP -> Megatron), which shows as gathered bytes, up to k times the plan's, and holds
+the whole array: those pairs run as redist's plan. Where XLA finds the same all-to-all or permute as the
+plan, it receives the same bytes and holds the same memory (``bench/jax_reshard.py`` measures both).
 
 Meshes. A plan over sub-axes runs on the refined mesh of :func:`~redist.backends.jax_backend.refine_mesh`.
 ``jax.shard_map`` wants its mesh to be the context mesh (``jax.set_mesh``), so the shard_map is traced under
@@ -21,8 +25,8 @@ restated on the refined mesh (the same layout: no data moves). Either way the re
 caller's mesh as the target sharding, which again moves nothing.
 
 Cache. :func:`program` keeps the jitted programs of the last :data:`PROGRAMS` call signatures (least recently
-used first out); plans and shard_maps are cached per (source type, destination type, mesh) in bounded
-``lru_cache`` s. :func:`clear_cache` empties all three.
+used first out); plans, routes and shard_maps are cached per (source type, destination type, mesh) in
+bounded ``lru_cache`` s. :func:`clear_cache` empties them all.
 """
 
 from __future__ import annotations
@@ -39,14 +43,15 @@ from jax import lax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from redist.backends import interpreter
-from redist.backends.jax_backend import JaxBackend, redist_mesh, refine_mesh
+from redist.backends.jax_backend import JaxBackend, in_dtype, redist_mesh, refine_mesh
 from redist.errors import ShardingError
 from redist.mesh import Mesh
 from redist.plan import Plan
 from redist.synthesis import synthesize
 from redist.types import ShardingType
+from redist.xla_baseline import parse_hlo
 
-__all__ = ["Move", "move", "route", "apply", "Program", "program", "clear_cache", "sharding_type", "PROGRAMS"]
+__all__ = ["Move", "move", "route", "xla_bytes_received", "apply", "Program", "program", "clear_cache", "sharding_type", "PROGRAMS"]
 
 #: How many jitted programs (one per call signature: arrays' shapes, dtypes, shardings, donation) are kept.
 PROGRAMS = 256
@@ -110,13 +115,13 @@ class Move:
 
     @property
     def route(self) -> str:
-        return route(self.plan)
+        return route(self.src, self.dst, self.mesh)
 
     def describe(self) -> str:
         """One line for the log: the pair, the program chosen, the plan's steps, bytes and peak."""
         plan = self.plan
         steps = "; ".join(map(str, plan.steps)) or "no step"
-        program = "redist's plan" if self.route == "redist" else "XLA's resharding, as the plan"
+        program = "redist's plan" if self.route == "redist" else "XLA's resharding, no more bytes than the plan"
         return (f"{self.src} -> {self.dst}: {program} [{steps}] (receives {plan.bytes_received} B per device, "
                 f"peak {plan.peak_bytes} B)")
 
@@ -157,11 +162,32 @@ def _plan(src: ShardingType, dst: ShardingType) -> Plan:
     return synthesize(src, dst)
 
 
-def route(plan: Plan) -> str:
-    """``"xla"`` if XLA's own resharding moves the pair as well as ``plan`` does (the plan is empty, or all its
-    steps are ``all_slice``, or all are ``all_gather``: see the module header), else ``"redist"``."""
+@lru_cache(maxsize=1024)
+def route(src: ShardingType, dst: ShardingType, mesh: jax.sharding.Mesh) -> str:
+    """``"xla"`` if XLA's own resharding of ``src`` to ``dst`` on the JAX ``mesh`` receives no more bytes per
+    device than redist's plan (known without compiling for a plan of slices alone or gathers alone, else
+    measured by :func:`xla_bytes_received`), else ``"redist"``. The rule is stated in the module header."""
+    plan = _plan(src, dst)
     kinds = {step.kind for step in plan.steps}
-    return "xla" if kinds <= {"all_slice"} or kinds == {"all_gather"} else "redist"
+    if kinds <= {"all_slice"} or kinds == {"all_gather"}:
+        return "xla"
+    return "xla" if xla_bytes_received(src, dst, mesh) <= plan.bytes_received else "redist"
+
+
+def xla_bytes_received(src: ShardingType, dst: ShardingType, mesh: jax.sharding.Mesh) -> float:
+    """The most bytes any device receives in ``jax.jit(lambda a: a, out_shardings=dst)`` on ``mesh``, compiled
+    for an abstract input laid out as ``src`` (nothing runs), its collectives read from the compiled HLO."""
+    spec = NamedSharding(mesh, src.partition_spec())
+    with in_dtype(src.np_dtype):
+        compiled = jax.jit(_xla_resharding, out_shardings=NamedSharding(mesh, dst.partition_spec())).lower(
+            jax.ShapeDtypeStruct(src.shape, src.np_dtype, sharding=spec)).compile()
+    per_device = [c.device_bytes for c in parse_hlo(compiled.as_text(), src.mesh)]
+    return float(np.sum(per_device, axis=0).max()) if per_device else 0.0
+
+
+def _xla_resharding(a):
+    """The identity: under ``jax.jit`` with ``out_shardings``, XLA's own resharding (the name shows in JAX's logs)."""
+    return a
 
 
 def apply(moves: tuple[Move, ...], xs) -> list:
@@ -296,7 +322,8 @@ def program(key: Hashable, make_moves: Callable[[], tuple[Move, ...]], index: tu
 
 
 def clear_cache() -> None:
-    """Forget every cached program, shard_map and plan (they are rebuilt on the next call)."""
+    """Forget every cached program, shard_map, route and plan (they are rebuilt on the next call)."""
     _PROGRAMS.clear()
     _shard_mapped.cache_clear()
+    route.cache_clear()
     _plan.cache_clear()
