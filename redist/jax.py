@@ -282,7 +282,7 @@ class _Call:
             raise ShardingError("no array of x needs a program (nothing lies on a mesh and changes layout)")
         program, _ = self._program()
         with _wide(program.wide), _quiet_donation():
-            return program.fn.lower(*self.inputs)
+            return program.jitted.lower(*self.inputs)
 
     def run(self) -> list:
         """The leaves of the result. Everything is checked (the program built, the other leaves placed)

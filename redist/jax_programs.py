@@ -26,7 +26,7 @@ caller's mesh as the target sharding, which again moves nothing.
 
 Cache. :func:`program` keeps the jitted programs of the last :data:`PROGRAMS` call signatures (least recently
 used first out); plans, routes and shard_maps are cached per (source type, destination type, mesh) in
-bounded ``lru_cache`` s. :func:`clear_cache` empties them all.
+bounded caches. :func:`clear_cache` empties them all.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ from redist.synthesis import synthesize
 from redist.types import ShardingType
 from redist.xla_baseline import parse_hlo
 
-__all__ = ["Move", "move", "route", "xla_bytes_received", "apply", "Program", "program", "clear_cache", "sharding_type", "PROGRAMS"]
+__all__ = ["Move", "move", "route", "xla_bytes_received", "apply", "Program", "program", "clear_cache",
+           "sharding_type", "PROGRAMS"]
 
 #: How many jitted programs (one per call signature: arrays' shapes, dtypes, shardings, donation) are kept.
 PROGRAMS = 256
@@ -100,14 +101,16 @@ def _explicit(mesh) -> bool:
 # ---------------------------------------------------------------------- one array's move
 @dataclass(frozen=True)
 class Move:
-    """One array's reshard: from type ``src`` to type ``dst`` on the JAX ``mesh``; ``sharding`` is the target
-    as the result carries it (``dst``'s ``NamedSharding`` as the caller spelled it, ``UNCONSTRAINED`` entries
-    read as replicated). :attr:`plan` is redist's plan and :attr:`route` the program that runs."""
+    """One array's reshard: from type ``src`` to type ``dst`` on the JAX ``mesh``; ``source`` is the array's
+    layout and ``sharding`` the target as the result carries it (``dst``'s ``NamedSharding`` as the caller
+    spelled it, ``UNCONSTRAINED`` entries read as replicated). :attr:`plan` is redist's plan and
+    :attr:`route` the program that runs."""
 
     src: ShardingType
     dst: ShardingType
     mesh: jax.sharding.Mesh
     sharding: NamedSharding
+    source: NamedSharding
 
     @property
     def plan(self) -> Plan:
@@ -115,7 +118,7 @@ class Move:
 
     @property
     def route(self) -> str:
-        return route(self.src, self.dst, self.mesh)
+        return route(self)
 
     def describe(self) -> str:
         """One line for the log: the pair, the program chosen, the plan's steps, bytes and peak."""
@@ -154,7 +157,7 @@ def move(shape, dtype, src: NamedSharding, dst: NamedSharding) -> Move:
     if any(e is PartitionSpec.UNCONSTRAINED for e in dst.spec):
         dst = NamedSharding(dst.mesh, PartitionSpec(*(None if e is PartitionSpec.UNCONSTRAINED else e
                                                       for e in dst.spec)))
-    return Move(src_t, dst_t, dst.mesh, dst)
+    return Move(src_t, dst_t, dst.mesh, dst, src)
 
 
 @lru_cache(maxsize=1024)
@@ -162,32 +165,41 @@ def _plan(src: ShardingType, dst: ShardingType) -> Plan:
     return synthesize(src, dst)
 
 
-@lru_cache(maxsize=1024)
-def route(src: ShardingType, dst: ShardingType, mesh: jax.sharding.Mesh) -> str:
-    """``"xla"`` if XLA's own resharding of ``src`` to ``dst`` on the JAX ``mesh`` receives no more bytes per
+def route(m: Move) -> str:
+    """``"xla"`` if XLA's own resharding of ``m.src`` to ``m.dst`` on ``m.mesh`` receives no more bytes per
     device than redist's plan (known without compiling for a plan of slices alone or gathers alone, else
-    measured by :func:`xla_bytes_received`), else ``"redist"``. The rule is stated in the module header."""
-    plan = _plan(src, dst)
-    kinds = {step.kind for step in plan.steps}
-    if kinds <= {"all_slice"} or kinds == {"all_gather"}:
-        return "xla"
-    return "xla" if xla_bytes_received(src, dst, mesh) <= plan.bytes_received else "redist"
+    measured by :func:`xla_bytes_received`), else ``"redist"``; decided once per (source type, destination
+    type, mesh). The rule is stated in the module header."""
+    key = (m.src, m.dst, m.mesh)
+    decided = _ROUTES.get(key)
+    if decided is None:
+        kinds = {step.kind for step in m.plan.steps}
+        tie = kinds <= {"all_slice"} or kinds == {"all_gather"} or xla_bytes_received(m) <= m.plan.bytes_received
+        decided = "xla" if tie else "redist"
+        _ROUTES.put(key, decided)
+    return decided
 
 
-def xla_bytes_received(src: ShardingType, dst: ShardingType, mesh: jax.sharding.Mesh) -> float:
-    """The most bytes any device receives in ``jax.jit(lambda a: a, out_shardings=dst)`` on ``mesh``, compiled
-    for an abstract input laid out as ``src`` (nothing runs), its collectives read from the compiled HLO."""
-    spec = NamedSharding(mesh, src.partition_spec())
-    with in_dtype(src.np_dtype):
-        compiled = jax.jit(_xla_resharding, out_shardings=NamedSharding(mesh, dst.partition_spec())).lower(
-            jax.ShapeDtypeStruct(src.shape, src.np_dtype, sharding=spec)).compile()
-    per_device = [c.device_bytes for c in parse_hlo(compiled.as_text(), src.mesh)]
+def xla_bytes_received(m: Move) -> float:
+    """The most bytes any device receives in XLA's resharding of ``m`` (``jax.jit(lambda a: a,
+    out_shardings=m.sharding)`` compiled for an abstract input laid out as ``m.source``; nothing runs), its
+    collectives read from the compiled HLO. The compiled program is the one a call of that single array runs
+    (:func:`_xla_resharding_jit`), so measuring costs such a call no second compile."""
+    with in_dtype(m.src.np_dtype):
+        compiled = _xla_resharding_jit(m.sharding).lower(
+            jax.ShapeDtypeStruct(m.src.shape, m.src.np_dtype, sharding=m.source)).compile()
+    per_device = [c.device_bytes for c in parse_hlo(compiled.as_text(), m.src.mesh)]
     return float(np.sum(per_device, axis=0).max()) if per_device else 0.0
 
 
 def _xla_resharding(a):
     """The identity: under ``jax.jit`` with ``out_shardings``, XLA's own resharding (the name shows in JAX's logs)."""
     return a
+
+
+@lru_cache(maxsize=256)
+def _xla_resharding_jit(sharding: NamedSharding):
+    return jax.jit(_xla_resharding, out_shardings=sharding)
 
 
 def apply(moves: tuple[Move, ...], xs) -> list:
@@ -244,13 +256,15 @@ def _shard_mapped(pairs: tuple[tuple[ShardingType, ShardingType], ...], mesh) ->
 @dataclass(frozen=True)
 class Program:
     """One jitted program moving several arrays: ``fn(*inputs)`` returns one array per move, move ``j``
-    applied to ``inputs[index[j]]`` (an array at several leaves is one input, donated once). ``wide`` is a
-    64-bit dtype among the arrays (run the call under :func:`redist.jax.in_dtype` of it), or None."""
+    applied to ``inputs[index[j]]`` (an array at several leaves is one input, donated once); ``jitted`` is
+    the ``jax.jit`` function that ``fn`` calls, to lower. ``wide`` is a 64-bit dtype among the arrays (run
+    the call under :func:`redist.jax.in_dtype` of it), or None."""
 
     moves: tuple[Move, ...]
     index: tuple[int, ...]
     donate: bool
     fn: Callable = field(compare=False)
+    jitted: Callable = field(compare=False)
     wide: np.dtype | None = field(compare=False)
 
     @cached_property
@@ -264,12 +278,17 @@ def _build(moves: tuple[Move, ...], index: tuple[int, ...], donate: bool) -> Pro
     def moved(*xs):
         return tuple(apply(moves, [xs[i] for i in index]))
 
-    fn = jax.jit(moved, out_shardings=tuple(m.sharding for m in moves),
-                 donate_argnums=tuple(range(inputs)) if donate else ())
+    if len(moves) == 1 and not donate and moves[0].route == "xla":
+        # The program the route measured (already compiled for this layout): one array, XLA's resharding.
+        jitted = _xla_resharding_jit(moves[0].sharding)
+        fn = lambda x: (jitted(x),)  # noqa: E731
+    else:
+        jitted = fn = jax.jit(moved, out_shardings=tuple(m.sharding for m in moves),
+                              donate_argnums=tuple(range(inputs)) if donate else ())
     with jax.enable_x64(False):  # JAX's own rule for which dtypes its 32-bit mode narrows
         wide = next((m.src.np_dtype for m in moves
                      if jax.dtypes.canonicalize_dtype(m.src.np_dtype) != m.src.np_dtype), None)
-    return Program(moves, index, donate, fn, wide)
+    return Program(moves, index, donate, fn, jitted, wide)
 
 
 class _Cache:
@@ -303,6 +322,7 @@ class _Cache:
 
 
 _PROGRAMS = _Cache(PROGRAMS)
+_ROUTES = _Cache(1024)
 
 
 def program(key: Hashable, make_moves: Callable[[], tuple[Move, ...]], index: tuple[int, ...],
@@ -325,5 +345,6 @@ def clear_cache() -> None:
     """Forget every cached program, shard_map, route and plan (they are rebuilt on the next call)."""
     _PROGRAMS.clear()
     _shard_mapped.cache_clear()
-    route.cache_clear()
+    _ROUTES.clear()
+    _xla_resharding_jit.cache_clear()
     _plan.cache_clear()
