@@ -49,7 +49,7 @@ from redist.mesh import Mesh
 from redist.plan import Plan
 from redist.synthesis import synthesize
 from redist.types import ShardingType
-from redist.xla_baseline import parse_hlo
+from redist.xla_baseline import HLO_BYTES, parse_hlo
 
 __all__ = ["Move", "move", "route", "xla_bytes_received", "apply", "Program", "program", "clear_cache",
            "sharding_type", "PROGRAMS"]
@@ -183,12 +183,17 @@ def route(m: Move) -> str:
 def xla_bytes_received(m: Move) -> float:
     """The most bytes any device receives in XLA's resharding of ``m`` (``jax.jit(lambda a: a,
     out_shardings=m.sharding)`` compiled for an abstract input laid out as ``m.source``; nothing runs), its
-    collectives read from the compiled HLO. The compiled program is the one a call of that single array runs
-    (:func:`_xla_resharding_jit`), so measuring costs such a call no second compile."""
+    collectives read from the compiled HLO and counted in the array's dtype, as the plan counts them: XLA's
+    CPU backend carries ``bf16`` collectives as ``f32``, which doubles their bytes on the wire but not the
+    elements moved (and it does the same to the plan's collectives). The compiled program is the one a call
+    of that single array runs (:func:`_xla_resharding_jit`), so measuring costs such a call no second
+    compile."""
     with in_dtype(m.src.np_dtype):
         compiled = _xla_resharding_jit(m.sharding).lower(
             jax.ShapeDtypeStruct(m.src.shape, m.src.np_dtype, sharding=m.source)).compile()
-    per_device = [c.device_bytes for c in parse_hlo(compiled.as_text(), m.src.mesh)]
+    itemsize = m.src.np_dtype.itemsize
+    per_device = [np.asarray(c.device_bytes) * itemsize / HLO_BYTES[c.dtype]
+                  for c in parse_hlo(compiled.as_text(), m.src.mesh)]
     return float(np.sum(per_device, axis=0).max()) if per_device else 0.0
 
 

@@ -364,29 +364,30 @@ def test_gathers_and_slices_take_xla_s_resharding_which_is_as_good(mesh_shape, n
     assert_placed(rj.reshard(x, NamedSharding(mesh, dst)), values(shape), NamedSharding(mesh, dst))
 
 
-@pytest.mark.parametrize("mesh_shape,names,shape,src,dst", [
-    ((8,), ("x",), (16, 8), P("x"), P(None, "x")),                 # all-to-all
-    ((2, 4), ("x", "y"), (8, 8), P("x", "y"), P("y", "x")),         # a swap: all-to-all and permute
-    ((2, 4), ("x", "y"), (64,), P(("x", "y")), P(("y", "x"))),      # a reorder within a dim: permute
-    ((2, 4), ("x", "y"), (16,), P("x"), P("y")),                    # a slice and a permute on sub-axes
+@pytest.mark.parametrize("mesh_shape,names,shape,src,dst,dtype", [
+    ((8,), ("x",), (16, 8), P("x"), P(None, "x"), np.float32),                 # all-to-all
+    ((2, 4), ("x", "y"), (8, 8), P("x", "y"), P("y", "x"), np.float32),         # a swap: all-to-all, permute
+    ((2, 4), ("x", "y"), (64,), P(("x", "y")), P(("y", "x")), np.float32),      # a reorder within a dim: permute
+    ((2, 4), ("x", "y"), (16,), P("x"), P("y"), np.float32),                    # a slice, a permute on sub-axes
+    ((2, 4), ("x", "y"), (16, 8), P("y", "x"), P("x", "y"), jnp.bfloat16),      # XLA's CPU backend: bf16 as f32
 ])
-def test_pairs_xla_moves_with_no_more_bytes_take_xla_s_resharding(mesh_shape, names, shape, src, dst):
+def test_pairs_xla_moves_with_no_more_bytes_take_xla_s_resharding(mesh_shape, names, shape, src, dst, dtype):
     """The measured half of the rule: XLA finds the plan's all-to-all or permute itself, receiving the same
     bytes, so the pair runs as XLA's resharding (no shard_map). A call of one such array compiles once: the
     measured program is the one it runs."""
     mesh = jmesh(mesh_shape, names)
-    x = jax.device_put(values(shape), NamedSharding(mesh, src))
+    x = jax.device_put(values(shape, dtype), NamedSharding(mesh, src))
     with compiles(measuring=True) as seen:
         y = rj.reshard(x, NamedSharding(mesh, dst))
     assert seen in ([], ["_xla_resharding"]), seen  # [] where JAX's own cache has the program from a test before
-    assert_placed(y, values(shape), NamedSharding(mesh, dst))
-    m = jax_programs.move(shape, np.float32, NamedSharding(mesh, src), NamedSharding(mesh, dst))
+    assert_placed(y, values(shape, dtype), NamedSharding(mesh, dst))
+    m = jax_programs.move(shape, dtype, NamedSharding(mesh, src), NamedSharding(mesh, dst))
     assert {s.kind for s in m.plan.steps} - {"all_slice", "all_gather"}, m.plan  # not known without compiling
     assert jax_programs.xla_bytes_received(m) == m.plan.bytes_received
     assert m.route == "xla", m.plan
-    x = jax.device_put(values(shape), NamedSharding(mesh, src))
+    x = jax.device_put(values(shape, dtype), NamedSharding(mesh, src))
     assert "sdy.manual_computation" not in rj.lower(x, NamedSharding(mesh, dst)).as_text()
-    assert_placed(rj.reshard(x, NamedSharding(mesh, dst)), values(shape), NamedSharding(mesh, dst))
+    assert_placed(rj.reshard(x, NamedSharding(mesh, dst)), values(shape, dtype), NamedSharding(mesh, dst))
 
 
 @pytest.mark.parametrize("mesh_shape,names,shape,src,dst", [
