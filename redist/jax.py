@@ -26,10 +26,16 @@ import logging
 import numbers
 import warnings
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
+
+from redist.extras import missing_extra
+
+try:
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+except ModuleNotFoundError as e:
+    raise missing_extra(e, "redist.jax", "jax") from e
 
 from redist import jax_programs as programs
 from redist.backends.jax_backend import in_dtype, redist_mesh, refine_mesh, refined_axis_names, run_on_buffers, \
@@ -74,11 +80,18 @@ def reshard(x, sharding, *, src=None, donate=False):
     the real layout differs, XLA moves the data to ``src`` first (correct, but not by redist's plan). Eagerly,
     ``src`` must agree with the arrays' shardings.
 
+    Device order: an array's mesh and its target's may hold the same devices in different orders (the same
+    axes; ``jax.make_mesh`` and a hand-made device array, say): the plan then moves blocks between the two
+    orders (SPEC 1, :func:`redist.synthesize`): it runs on every device's buffer, in a program of its own,
+    and the result's buffers become the target-sharded array where they are. Only eagerly: JAX compiles a
+    computation for one device order (it refuses arguments and constraints on another inside ``jax.jit``),
+    so under a trace such a reshard raises :class:`ShardingError`.
+
     Raises :class:`ShardingError`, naming the leaf, if ``sharding`` or ``src`` is not a tree prefix of ``x``
     or holds something else than the above, a ``PartitionSpec`` has no context mesh, an array's source
-    layout is unknown or on another mesh than its target, the shape does not fit a sharding (an unknown
-    axis, too many spec entries, a dim that does not divide), a leaf cannot be placed, or an input array was
-    deleted (donated before).
+    layout is unknown or on another mesh than its target (other than in device order, eagerly), the shape
+    does not fit a sharding (an unknown axis, too many spec entries, a dim that does not divide), a leaf
+    cannot be placed, or an input array was deleted (donated before).
     """
     if not isinstance(donate, bool):
         raise ShardingError(f"donate must be True or False, got {describe(donate)}")
@@ -95,8 +108,9 @@ def reshard(x, sharding, *, src=None, donate=False):
 
 def lower(x, sharding, *, src=None, donate=False) -> jax.stages.Lowered:
     """The program that :func:`reshard` runs for the arrays of ``x`` that lie on a mesh, lowered for them
-    (``jax.stages.Lowered``: ``.compile().memory_analysis()``, ``.as_text()``). Nothing runs and nothing is
-    placed. Raises :class:`ShardingError` as :func:`reshard` does, or if no array of ``x`` needs a program."""
+    (``jax.stages.Lowered``: ``.compile().memory_analysis()``, ``.as_text()``); arrays that move between two
+    device orders run apart and are not in it. Nothing runs and nothing is placed. Raises
+    :class:`ShardingError` as :func:`reshard` does, or if no array of ``x`` needs a program."""
     if not isinstance(donate, bool):
         raise ShardingError(f"donate must be True or False, got {describe(donate)}")
     leaves, treedef = jax.tree.flatten(x)
@@ -233,12 +247,14 @@ def _empty(shape, dtype, sharding: NamedSharding):
 class _Call:
     """One eager call: which leaves the program moves (``moved``, with the program's distinct input arrays
     ``inputs`` and ``index`` from moved leaf to input), and the signature that keys the program cache.
-    Building it checks only what identifies the program; the moves are checked on a cache miss."""
+    Building it checks only what identifies the program; the moves are checked on a cache miss. Leaves whose
+    mesh is not the target's (``reordered``: the same devices in another order, else an error) move apart,
+    each by its own program (:func:`redist.jax_programs.between_device_orders`)."""
 
     def __init__(self, x, leaves, targets, sources, donate: bool):
         self.x, self.leaves, self.targets, self.donate = x, leaves, targets, donate
         self.moved, self.inputs, index, signature = [], [], [], []
-        self.rest = []  # leaves the program does not move
+        self.rest, self.reordered = [], []  # leaves the program does not move
         position: dict[int, int] = {}
         for i, (leaf, target, src) in enumerate(zip(leaves, targets, sources)):
             if target is None or not _on_mesh(leaf):
@@ -250,6 +266,9 @@ class _Call:
             have = leaf.sharding
             if (have == target and not donate) or leaf.size == 0:
                 self.rest.append(i)
+                continue
+            if have.mesh != target.mesh:
+                self.reordered.append(i)
                 continue
             j = position.setdefault(id(leaf), len(self.inputs))
             if j == len(self.inputs):
@@ -285,16 +304,25 @@ class _Call:
             return program.jitted.lower(*self.inputs)
 
     def run(self) -> list:
-        """The leaves of the result. Everything is checked (the program built, the other leaves placed)
-        before the program runs, and donated arrays are deleted only after it ran."""
+        """The leaves of the result. Everything is checked (the programs built, the other leaves placed)
+        before a program runs, and donated arrays are deleted only after they ran."""
         out = list(self.leaves)
         program, cached = self._program() if self.moved else (None, True)
+        reordered = []
+        for i in self.reordered:
+            leaf = self.leaves[i]
+            with _Where(self.x, i).naming():
+                reordered.append(programs.move(leaf.shape, leaf.dtype, leaf.sharding, self.targets[i]))
         for i in self.rest:
             out[i] = self._rest(i)
+        for i in self.moved + self.reordered:
+            if self.leaves[i].is_deleted():
+                raise ShardingError(f"{_Where(self.x, i)}the array has been deleted (was it donated before?)")
+        for i, m in zip(self.reordered, reordered):  # before the program, which may donate their buffers
+            _log.debug("reshard: %sbetween two device orders, eagerly: %s", _Where(self.x, i), m.describe())
+            with _Where(self.x, i).naming():
+                out[i] = programs.between_device_orders(m, self.leaves[i])
         if program is not None:
-            for i, j in zip(self.moved, self.index):
-                if self.inputs[j].is_deleted():
-                    raise ShardingError(f"{_Where(self.x, i)}the array has been deleted (was it donated before?)")
             with _wide(program.wide), _quiet_donation() if self.donate and not cached else contextlib.nullcontext():
                 results = program.fn(*self.inputs)
             for i, y in zip(self.moved, results):
@@ -338,7 +366,10 @@ def _traced(x, leaves, targets, sources) -> list:
                 src = _traced_layout(leaf)
             elif isinstance(src, PartitionSpec) and isinstance(target, NamedSharding):
                 src = NamedSharding(target.mesh, src)
-            moves.append(programs.move(leaf.shape, leaf.dtype, src, target))
+            m = programs.move(leaf.shape, leaf.dtype, src, target)
+            if m.between_device_orders:
+                raise programs.traced_between_device_orders(m)
+            moves.append(m)
         moved.append(i)
     if _log.isEnabledFor(logging.DEBUG) and moves:
         _log.debug("reshard under a trace, inline in the caller's program:\n%s",

@@ -22,7 +22,10 @@ Meshes. A plan over sub-axes runs on the refined mesh of :func:`~redist.backends
 ``jax.shard_map`` wants its mesh to be the context mesh (``jax.set_mesh``), so the shard_map is traced under
 ``jax.sharding.use_abstract_mesh(refined)``; on Explicit axes the array's type names its mesh, so it is first
 restated on the refined mesh (the same layout: no data moves). Either way the result is then restated on the
-caller's mesh as the target sharding, which again moves nothing.
+caller's mesh as the target sharding, which again moves nothing. An array's mesh and the target's may also
+hold the same devices in two orders (:func:`move`): the plan then moves blocks between the orders, eagerly
+only (:func:`between_device_orders`: the program runs on every device's buffer), since JAX compiles a
+computation for one device order.
 
 Cache. :func:`program` keeps the jitted programs of the last :data:`PROGRAMS` call signatures (least recently
 used first out); plans, routes and shard_maps are cached per (source type, destination type, mesh) in
@@ -37,13 +40,19 @@ from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Callable, Hashable, Mapping
 
-import jax
 import numpy as np
-from jax import lax
-from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+from redist.extras import missing_extra
+
+try:
+    import jax
+    from jax import lax
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec
+except ModuleNotFoundError as e:
+    raise missing_extra(e, "redist.jax", "jax") from e
 
 from redist.backends import interpreter
-from redist.backends.jax_backend import JaxBackend, in_dtype, redist_mesh, refine_mesh
+from redist.backends.jax_backend import JaxBackend, in_dtype, jax_mesh_of, redist_mesh, refine_mesh
 from redist.errors import ShardingError
 from redist.mesh import Mesh
 from redist.plan import Plan
@@ -51,8 +60,8 @@ from redist.synthesis import synthesize
 from redist.types import ShardingType
 from redist.xla_baseline import HLO_BYTES, parse_hlo
 
-__all__ = ["Move", "move", "route", "xla_bytes_received", "apply", "Program", "program", "clear_cache",
-           "sharding_type", "PROGRAMS"]
+__all__ = ["Move", "move", "route", "xla_bytes_received", "apply", "between_device_orders",
+           "traced_between_device_orders", "Program", "program", "clear_cache", "sharding_type", "PROGRAMS"]
 
 #: How many jitted programs (one per call signature: arrays' shapes, dtypes, shardings, donation) are kept.
 PROGRAMS = 256
@@ -94,6 +103,22 @@ def _same_mesh(a, b) -> bool:
     return False
 
 
+def _redist_meshes(src_jmesh, jmesh) -> tuple[Mesh, Mesh]:
+    """The redist meshes of the array's JAX mesh and of the target's: one mesh, or two device orders of the
+    same axes and devices (:func:`redist_mesh`; both number the devices by the same ranks of their ids).
+    Raises :class:`ShardingError` for anything else."""
+    if _same_mesh(src_jmesh, jmesh):
+        mesh = redist_mesh(jmesh)
+        return mesh, mesh
+    reordered = (isinstance(src_jmesh, jax.sharding.Mesh) and src_jmesh.shape_tuple == jmesh.shape_tuple
+                 and {d.id for d in src_jmesh.devices.flat} == {d.id for d in jmesh.devices.flat})
+    if not reordered:
+        raise ShardingError(f"the array is on mesh {src_jmesh} but the target sharding on mesh {jmesh}; "
+                            "reshard moves data within one mesh, or between two device orders of it (the same "
+                            "axes and devices)")
+    return redist_mesh(src_jmesh), redist_mesh(jmesh)
+
+
 def _explicit(mesh) -> bool:
     return any(t == AxisType.Explicit for t in mesh.axis_types)
 
@@ -104,7 +129,8 @@ class Move:
     """One array's reshard: from type ``src`` to type ``dst`` on the JAX ``mesh``; ``source`` is the array's
     layout and ``sharding`` the target as the result carries it (``dst``'s ``NamedSharding`` as the caller
     spelled it, ``UNCONSTRAINED`` entries read as replicated). :attr:`plan` is redist's plan and
-    :attr:`route` the program that runs."""
+    :attr:`route` the program that runs. ``src.mesh`` and ``dst.mesh`` differ where the array's JAX mesh
+    holds the target's devices in another order (:attr:`between_device_orders`)."""
 
     src: ShardingType
     dst: ShardingType
@@ -120,6 +146,12 @@ class Move:
     def route(self) -> str:
         return route(self)
 
+    @property
+    def between_device_orders(self) -> bool:
+        """Whether the move goes between two device orders of one mesh (eagerly only: JAX compiles a
+        computation for one device order; :func:`between_device_orders`)."""
+        return self.src.mesh != self.dst.mesh
+
     def describe(self) -> str:
         """One line for the log: the pair, the program chosen, the plan's steps, bytes and peak."""
         plan = self.plan
@@ -133,7 +165,8 @@ def move(shape, dtype, src: NamedSharding, dst: NamedSharding) -> Move:
     """The :class:`Move` of an array of ``shape``/``dtype`` from layout ``src`` to ``dst``.
 
     Raises :class:`ShardingError` if either is no ``NamedSharding``, the target's mesh is not a concrete
-    ``jax.sharding.Mesh``, the meshes differ, ``dtype`` is not one redist moves, or the shape does not fit a
+    ``jax.sharding.Mesh``, the meshes differ other than in device order (the same axes and devices;
+    :attr:`Move.between_device_orders`), ``dtype`` is not one redist moves, or the shape does not fit a
     sharding (an unknown axis, too many spec entries, a dim that does not divide).
     """
     if not isinstance(dst, NamedSharding):
@@ -143,15 +176,12 @@ def move(shape, dtype, src: NamedSharding, dst: NamedSharding) -> Move:
         raise ShardingError(f"the target sharding's mesh must be a concrete jax.sharding.Mesh, got {dst.mesh}")
     if not isinstance(src, NamedSharding):
         raise ShardingError(f"the array's sharding must be a NamedSharding, got {type(src).__name__}: {src}")
-    if not _same_mesh(src.mesh, dst.mesh):
-        raise ShardingError(f"the array is on mesh {src.mesh} but the target sharding on mesh {dst.mesh}; "
-                            "reshard moves data within one mesh")
+    src_mesh, mesh = _redist_meshes(src.mesh, dst.mesh)
     try:
         dtype = np.dtype(dtype)
     except TypeError:
         raise ShardingError(f"unsupported dtype {dtype}") from None
-    mesh = redist_mesh(dst.mesh)
-    src_t, dst_t = sharding_type(shape, dtype, src, mesh), sharding_type(shape, dtype, dst, mesh)
+    src_t, dst_t = sharding_type(shape, dtype, src, src_mesh), sharding_type(shape, dtype, dst, mesh)
     _check_even(src_t, "the array's sharding")
     _check_even(dst_t, "the target sharding")
     if any(e is PartitionSpec.UNCONSTRAINED for e in dst.spec):
@@ -169,7 +199,11 @@ def route(m: Move) -> str:
     """``"xla"`` if XLA's own resharding of ``m.src`` to ``m.dst`` on ``m.mesh`` receives no more bytes per
     device than redist's plan (known without compiling for a plan of slices alone or gathers alone, else
     measured by :func:`xla_bytes_received`), else ``"redist"``; decided once per (source type, destination
-    type, mesh). The rule is stated in the module header."""
+    type, mesh). The rule is stated in the module header. A move with pending values (a ``partial`` type of
+    any reduction kind) or between two device orders is always ``"redist"``: XLA's resharding of a
+    ``NamedSharding`` expresses neither."""
+    if m.src.partial or m.dst.partial or m.between_device_orders:
+        return "redist"
     key = (m.src, m.dst, m.mesh)
     decided = _ROUTES.get(key)
     if decided is None:
@@ -210,7 +244,8 @@ def _xla_resharding_jit(sharding: NamedSharding):
 def apply(moves: tuple[Move, ...], xs) -> list:
     """``xs[j]`` moved by ``moves[j]`` (global arrays inside a trace: the caller's ``jax.jit`` or ``jax.grad``,
     or :func:`program`'s own ``jit``), each restated with the sharding ``moves[j].sharding``. The arrays that
-    take redist's route on one mesh move in one ``shard_map``."""
+    take redist's route on one mesh move in one ``shard_map``. No move may go between two device orders (JAX
+    compiles a computation for one; :func:`between_device_orders` moves those eagerly)."""
     out = list(xs)
     meshes: dict = {}
     for j, m in enumerate(moves):
@@ -255,6 +290,47 @@ def _shard_mapped(pairs: tuple[tuple[ShardingType, ShardingType], ...], mesh) ->
             return mapped(*xs)
 
     return run
+
+
+# ---------------------------------------------------------------------- between two device orders
+def between_device_orders(m: Move, x):
+    """``x`` (a concrete array laid out as ``m.source``) moved by ``m``, a move between two device orders,
+    eagerly: the plan's program runs on the buffers of every device (:func:`_on_devices`), and its results
+    become ``m.sharding``'s array where they are. An empty array is the caller's to make. Raises
+    :class:`ShardingError` (:func:`traced_between_device_orders`) if called under a trace, where the
+    program would not run but be traced into the caller's, which has one device order."""
+    with in_dtype(m.src.np_dtype):
+        devices = sorted(m.mesh.devices.flat, key=lambda d: d.id)
+        run, stacked_sharding = _on_devices(m.src, m.dst, tuple(devices))
+        by_device = {s.device: s.data for s in x.addressable_shards}
+        rows = [by_device[d][None] for d in stacked_sharding.mesh.devices.flat]
+        if isinstance(rows[0], jax.core.Tracer):  # x is concrete, but the call is inside jax.jit (closed over)
+            raise traced_between_device_orders(m)
+        stacked = jax.make_array_from_single_device_arrays((m.src.mesh.size,) + m.src.local_shape,
+                                                           stacked_sharding, rows)
+        return jax.make_array_from_single_device_arrays(x.shape, m.sharding,
+                                                        [s.data[0] for s in run(stacked).addressable_shards])
+
+
+def traced_between_device_orders(m: Move) -> ShardingError:
+    """The error for a move between two device orders under a trace."""
+    return ShardingError(f"under jax.jit, JAX runs a computation on one device order, but the array's mesh "
+                         f"({m.src.mesh}) and the target's ({m.dst.mesh}) order the devices differently; call "
+                         "reshard outside jax.jit to move between them")
+
+
+@lru_cache(maxsize=256)
+def _on_devices(src: ShardingType, dst: ShardingType, devices: tuple):
+    """``(jitted function, its input sharding)``: the plan's program run on a stack of every device's buffer
+    (row ``p``: the device at position ``p`` of the program's mesh, on the JAX mesh of that device order,
+    ``devices[d]`` being device ``d``), as :func:`~redist.backends.jax_backend.run_on_buffers` runs it."""
+    program = _plan(src, dst).program
+    refined, names = refine_mesh(jax_mesh_of(program.mesh, devices), program.axis_tokens())
+    spec = PartitionSpec(tuple(refined.axis_names))
+    backend = JaxBackend(program.mesh, names)
+    mapped = jax.shard_map(lambda b: interpreter.run(program, backend, b[0])[None], mesh=refined, in_specs=spec,
+                           out_specs=spec, check_vma=False)
+    return jax.jit(mapped), NamedSharding(refined, spec)
 
 
 # ---------------------------------------------------------------------- all the arrays of one call
@@ -352,4 +428,5 @@ def clear_cache() -> None:
     _shard_mapped.cache_clear()
     _ROUTES.clear()
     _xla_resharding_jit.cache_clear()
+    _on_devices.cache_clear()
     _plan.cache_clear()

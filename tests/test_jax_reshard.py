@@ -407,6 +407,60 @@ def test_pairs_xla_gathers_whole_take_redist_s_plan(mesh_shape, names, shape, sr
     assert_placed(rj.reshard(x, NamedSharding(mesh, dst)), values(shape), NamedSharding(mesh, dst))
 
 
+# ---------------------------------------------------------------------- device orders, reduction kinds, complex
+def test_a_pytree_across_two_device_orders_with_donation_eagerly_and_refused_under_jit():
+    """A leaf whose target mesh holds its devices in another order moves eagerly by the plan between the
+    two orders, next to a leaf moved within one mesh; donated, both inputs go. Under jax.jit the reordered
+    leaf is refused, by name (JAX compiles a computation for one device order)."""
+    made = jax.make_mesh((2, 4), ("x", "y"), devices=jax.devices()[:8])
+    flipped = jax.sharding.Mesh(np.array(list(made.devices.flat)[::-1]).reshape(2, 4), ("x", "y"))
+    host = {"same": values((8, 12)), "flipped": values((8, 12), seed=1)}
+    dst = {"same": NamedSharding(made, P("y", "x")), "flipped": NamedSharding(flipped, P("y", "x"))}
+    x = jax.device_put(host, NamedSharding(made, P("x", "y")))
+    with pytest.raises(redist.ShardingError, match=r"leaf x\['flipped'\]: under jax.jit.*order the devices"):
+        jax.jit(lambda: rj.reshard(x, dst))()  # x closed over: a concrete array, its mesh known
+    with pytest.raises(redist.ShardingError, match=r"leaf x\['flipped'\]: .*device orders"):
+        jax.jit(lambda v: rj.reshard(v, dst))(x)  # a tracer: only its abstract mesh is known
+    inputs = jax.tree.leaves(x)
+    y = rj.reshard(x, dst, donate=True)
+    assert all(a.is_deleted() for a in inputs)
+    jax.tree.map(assert_placed, y, host, dst)
+    for s in y["flipped"].addressable_shards:
+        np.testing.assert_array_equal(np.asarray(s.data), host["flipped"][s.index])
+
+
+def test_pending_values_of_any_reduction_kind_take_redist_s_plan():
+    """XLA's resharding of a NamedSharding cannot express pending values: a move with a partial(max) source
+    runs redist's plan (its identity would leave every device's own buffer), which takes the maximum."""
+    mesh = jmesh((8,), ("x",))
+    rmesh = rj.redist_mesh(mesh)
+    src = redist.ShardingType.parse("f32[8, 4] partial(max){x}", rmesh)
+    dst = redist.ShardingType.parse("f32[8{x}, 4]", rmesh)
+    m = jax_programs.Move(src, dst, mesh, NamedSharding(mesh, P("x")), NamedSharding(mesh, P()))
+    assert m.route == "redist"
+    parts = [values((8, 4), seed=d) for d in range(8)]
+    x = jax.make_array_from_single_device_arrays((8, 4), NamedSharding(mesh, P()),
+                                                 [jax.device_put(parts[p], d) for p, d in enumerate(mesh.devices.flat)])
+    y = jax.jit(lambda a: jax_programs.apply((m,), [a])[0])(x)
+    np.testing.assert_array_equal(np.asarray(y), np.max(parts, axis=0))
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128])
+@pytest.mark.parametrize("src,dst,route", [
+    (P("x"), P(None, "x"), "xla"),                                  # an all-to-all XLA finds too
+    (P("y", None, "x"), P(None, ("x", "y"), None), "redist"),       # jax-ml/jax#21562: XLA gathers whole
+])
+def test_complex_arrays_take_both_routes_and_keep_their_dtype(dtype, src, dst, route):
+    mesh = jmesh((4, 2), ("x", "y"))
+    shape = (8, 16, 8)
+    a = values(shape, dtype) + 1j * values(shape, dtype, seed=1)
+    with rj.in_dtype(dtype):
+        x = jax.device_put(a, NamedSharding(mesh, src))
+    m = jax_programs.move(shape, dtype, NamedSharding(mesh, src), NamedSharding(mesh, dst))
+    assert m.route == route, m.plan
+    assert_placed(rj.reshard(x, NamedSharding(mesh, dst)), a, NamedSharding(mesh, dst))
+
+
 # ---------------------------------------------------------------------- the cache and the log
 def test_the_log_says_which_plan_and_whether_it_came_from_the_cache(caplog):
     mesh = jmesh((4, 2), ("x", "y"))
