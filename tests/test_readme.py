@@ -18,8 +18,9 @@ SLOW = [i for i, b in enumerate(BLOCKS) if "partir_core" in b]
 
 
 def test_the_readme_has_its_examples():
-    assert len(BLOCKS) == 3 and len(SLOW) == 1
+    assert len(BLOCKS) == 4 and len(SLOW) == 1
     assert README.count("```") == 2 * len(BLOCKS)  # every fenced block is a python one, found above
+    assert any("redist.jax.reshard" in b and "jax.device_put" in b for b in BLOCKS)  # reshard next to device_put
 
 
 @pytest.mark.parametrize("i", [pytest.param(i, marks=pytest.mark.slow) if i in SLOW else i for i in range(len(BLOCKS))])
