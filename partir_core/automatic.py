@@ -46,12 +46,16 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+import jax
+
 from redist.errors import ShardingError
 
 from partir_core.analysis import DimGroups, analyze_groups, input_kind
 from partir_core.choice import analyze
+from partir_core.estimate import Estimator, propagate_changes
+from partir_core.ir import key_name
 from partir_core.lowering import lower
-from partir_core.propagation import State, propagate
+from partir_core.propagation import State
 from partir_core.simulator import simulate
 from partir_core.tactics import AutomaticPartition, ManualPartition, PartitionError
 
@@ -164,14 +168,17 @@ def build_actions(groups: DimGroups, graph, mesh, axes) -> list[Action]:
 
 # ---------------------------------------------------------------------------------- evaluation
 class Evaluator:
-    """States and simulations of action sets, cached (see the module docstring)."""
+    """States and simulations of action sets, cached (see the module docstring). A state is made from its
+    canonical prefix's by one action and :func:`~partir_core.estimate.propagate_changes`, and scored by an
+    :class:`~partir_core.estimate.Estimator` from that prefix's scoring."""
 
     def __init__(self, graph, rules, mesh, base: State, index: int, actions: list, hardware, budget,
                  max_states: int = 512):
         self.graph, self.rules, self.mesh = graph, rules, mesh
         self.base, self.index, self.actions = base, index, actions
         self.rank = {a: i for i, a in enumerate(actions)}
-        self.hardware, self.budget = hardware, budget
+        self.budget = budget
+        self.estimator = Estimator(graph, rules, mesh, hardware)
         self.tactics = {a: a.tactic for a in actions}
         self.matches = {a: [v for _, v, _ in self.tactics[a].matches(graph)] for a in actions}
         self.states: OrderedDict = OrderedDict()
@@ -181,6 +188,7 @@ class Evaluator:
         self.by_fingerprint: dict = {}
         self.values = sorted(base.dims)
         self.n_sim = self.n_hits = self.n_fp_hits = 0
+        self.sim_s = 0.0
         self.t0 = None
 
     def key(self, acts) -> tuple:
@@ -205,11 +213,12 @@ class Evaluator:
         k = self.index + STEP * (len(key) - 1)
         n_conf = len(s.conflicts)
         self.tactics[a].apply(self.graph, s, self.mesh, k)
-        if [tuple(s.dims[v]) for v in self.matches[a]] == before:
+        changed = {v for v, b in zip(self.matches[a], before) if tuple(s.dims[v]) != b}
+        if not changed:
             del s.conflicts[n_conf:]
             self.noop.add(key)
             return None
-        propagate(self.graph, self.rules, s, self.mesh, k)
+        propagate_changes(self.estimator.structure, s, self.mesh, k, changed)
         self.states[key] = s
         if len(self.states) > self.max_states:
             self.states.popitem(last=False)
@@ -222,7 +231,10 @@ class Evaluator:
                 tuple(tuple(None if p is None else rank[p] for p in s.prov[v]) for v in self.values),
                 frozenset(s.pinned))
 
-    def evaluate(self, key: tuple) -> Evaluation | None:
+    def evaluate(self, key: tuple, near: tuple | None = None) -> Evaluation | None:
+        """The evaluation of set ``key`` (None if some action is not a move), scored from the set ``near`` (an
+        evaluated set it differs little from: the node it was reached from) when the estimator still holds it,
+        else from its canonical prefix or the start."""
         if key in self.evals:
             self.n_hits += 1
             return self.evals[key]
@@ -234,12 +246,14 @@ class Evaluator:
             self.n_fp_hits += 1
             ev = self.by_fingerprint[fp]
         else:
+            t_start = time.perf_counter()
             try:
-                sim = simulate(lower(self.graph, analyze(self.graph, self.rules, s, self.mesh), self.mesh),
-                               self.hardware)
+                sim = self.estimator.score(key, s, next((b for b in (near, key[:-1], ()) if b is not None
+                                                         and b != key and b in self.estimator.bases), None))
                 t, peak, err = sim.step_time_s, sim.peak_bytes, None
             except ShardingError as e:  # a state that cannot be lowered (no reshard reaches a type) is never chosen
                 t, peak, err = math.inf, 1 << 62, f"{type(e).__name__}: {e}"
+            self.sim_s += time.perf_counter() - t_start
             self.n_sim += 1
             if self.t0 is None:
                 self.t0 = t if math.isfinite(t) and t > 0 else 1.0
@@ -279,8 +293,8 @@ class _Tree:
     orders that reach it; :meth:`descend` selects and expands, :meth:`backup` records a result."""
 
     def __init__(self, ev: Evaluator, actions: list, rng: random.Random, max_depth: int, exploration: float,
-                 root_reward: float):
-        self.ev, self.actions, self.rng = ev, actions, rng
+                 root_reward: float, priors: dict):
+        self.ev, self.actions, self.rng, self.priors = ev, actions, rng, priors
         self.max_depth, self.exploration = max_depth, exploration
         self.nodes: dict = {(): _Node((), root_reward)}
         self.amaf: dict = {}  # action -> best reward of an evaluated set containing it
@@ -311,13 +325,13 @@ class _Tree:
             path.append(node)
 
     def _expand(self, node: _Node, legal: list) -> _Node | None:
-        """Try the untried action with the best all-moves-as-first value (never evaluated first): the child it
-        leads to, or None if it is no move from ``node`` or leads to an exhausted node."""
-        legal.sort(key=lambda a: (-self.amaf.get(a, 2.0), self.ev.rank[a], self.rng.random()))
+        """Try the untried action with the best all-moves-as-first value (never evaluated first, by prior): the
+        child it leads to, or None if it is no move from ``node`` or leads to an exhausted node."""
+        legal.sort(key=lambda a: (-self.amaf.get(a, 2.0), -self.priors[a], self.ev.rank[a], self.rng.random()))
         a = legal[0]
         node.tried.add(a)
         k = self.ev.key(node.key + (a,))
-        e = self.ev.evaluate(k)
+        e = self.ev.evaluate(k, node.key)
         if e is None:
             return None
         if k in self.nodes:  # reached by another order: share it
@@ -395,7 +409,8 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
     """Run the search for ``tactic`` from ``state`` (after the tactics before it, ``index`` its place in the
     schedule); returns the :class:`AutoResult`, whose ``state`` is the propagated state after the chosen
     tactics. Does not modify ``state``. ``log(iterations, evaluations, best)`` is called after each
-    iteration that evaluated a new set. Raises :class:`PartitionError` if no state found fits the budget."""
+    iteration that evaluated a new set. Raises :class:`PartitionError` if no state found fits the budget,
+    naming the smallest peak found and the tensors that dominate it."""
     t_start = time.perf_counter()
     axes = list(tactic.axes) or list(mesh.names)
     groups = analyze_groups(graph, rules)
@@ -406,15 +421,18 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
     max_depth = tactic.max_depth if tactic.max_depth is not None else 2 * len(axes) + 2
     patience = tactic.patience if tactic.patience is not None else 40 + 4 * len(actions)
     deadline = t_start + float(tactic.time_budget_s)
+    # the tree gets the first MCTS_SHARE of the time and of the evaluations, the local pass the rest
+    tree_limits = (t_start + MCTS_SHARE * float(tactic.time_budget_s),
+                   None if tactic.max_evals is None else max(1, math.ceil(MCTS_SHARE * tactic.max_evals)))
 
     root_eval = ev.evaluate(())
-    tree = _Tree(ev, actions, random.Random(tactic.seed), max_depth, tactic.exploration, root_eval.reward)
-    best_key, best = (), root_eval
-    history = [(0.0, root_eval.step_time_s if root_eval.feasible else None, 1)]
+    tree = _Tree(ev, actions, random.Random(tactic.seed), max_depth, tactic.exploration, root_eval.reward,
+                 _priors(actions, groups, axes))
+    found = _Found((), root_eval, t_start)
     since_improved = iterations = 0
     progress = _Progress(tactic, t_start)
     while True:
-        stopped = _stop_reason(tactic, ev, tree, deadline, since_improved, patience)
+        stopped = _stop_reason(ev, tree, tree_limits, since_improved, patience)
         if stopped:
             break
         iterations += 1
@@ -424,38 +442,134 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
             continue
         e = ev.evals[key]
         tree.backup(path, key, e.reward)
-        if _better(e, key, best, best_key):
-            best, best_key = e, key
-            since_improved = 0
-            history.append((time.perf_counter() - t_start, e.step_time_s if e.feasible else None, ev.n_sim))
-        else:
-            since_improved += 1
-        progress.tick(ev.n_sim, best)
+        since_improved = 0 if found.offer(key, e, ev.n_sim) else since_improved + 1
+        progress.tick(ev.n_sim, found.best)
         if log is not None:
-            log(iterations, ev.n_sim, best)
+            log(iterations, ev.n_sim, found.best)
+    local = _improve(ev, actions, found, max_depth, (deadline, tactic.max_evals), progress)
     progress.close()
-    stats = {"evaluations": ev.n_sim, "cache_hits": ev.n_hits, "same_state_hits": ev.n_fp_hits,
-             "iterations": iterations, "nodes": len(tree.nodes), "seconds": time.perf_counter() - t_start,
-             "stopped": stopped, "best_reward": best.reward, "history": history, "max_depth": max_depth,
-             "patience": patience}
+    seconds = time.perf_counter() - t_start
+    best_key, best = found.key, found.best
+    stats = {"evaluations": ev.n_sim, "evals_per_s": ev.n_sim / seconds if seconds > 0 else 0.0,
+             "scoring_ms": 1e3 * ev.sim_s / max(ev.n_sim, 1), "cache_hits": ev.n_hits,
+             "same_state_hits": ev.n_fp_hits, "op_choice_hits": ev.estimator.memo.hits,
+             "op_choice_misses": ev.estimator.memo.misses, "iterations": iterations, "nodes": len(tree.nodes),
+             "seconds": seconds, "stopped": stopped, "local": local, "best_reward": best.reward,
+             "history": found.history, "max_depth": max_depth, "patience": patience}
     if not best.feasible:
-        hint = f"; the smallest peak found is {best.peak_bytes} B with {[str(a) for a in best_key]}" \
-            if best.error is None else ""
         raise PartitionError(
             f"AutomaticPartition: no sharding found within memory_budget_bytes={tactic.memory_budget_bytes} after "
-            f"{ev.n_sim} evaluations ({stats['seconds']:.1f} s, {stopped}){hint}; raise the budget, add mesh axes "
-            f"to axes={axes}, or give more time_budget_s")
+            f"{ev.n_sim} evaluations ({seconds:.1f} s, {stopped}){_peak_report(ev, best_key, best)}; raise the "
+            f"budget, add mesh axes to axes={axes}, or give more time_budget_s")
     return AutoResult([a.tactic for a in best_key], list(best_key), best.step_time_s, best.peak_bytes,
                       tactic.memory_budget_bytes, space, groups, stats, root_eval.step_time_s, root_eval.peak_bytes,
                       state=ev.state(best_key))
 
 
-def _stop_reason(tactic: AutomaticPartition, ev: Evaluator, tree: _Tree, deadline: float, since_improved: int,
-                 patience: int) -> str | None:
-    """Why the search stops now (see the module docstring), or None to go on."""
+MCTS_SHARE = 0.75  # of the time budget and of max_evals, for the tree; the local pass gets the rest
+
+
+class _Found:
+    """The best set found so far (:func:`_better`) and the history of improvements ``(seconds, step time or
+    None while over budget, evaluations)``."""
+
+    def __init__(self, key: tuple, e: Evaluation, t_start: float):
+        self.key, self.best, self.t_start = key, e, t_start
+        self.history = [(0.0, e.step_time_s if e.feasible else None, 1)]
+
+    def offer(self, key: tuple, e: Evaluation, evaluations: int) -> bool:
+        """Keep ``key`` if it is better; whether it was."""
+        if not _better(e, key, self.best, self.key):
+            return False
+        self.key, self.best = key, e
+        self.history.append((time.perf_counter() - self.t_start, e.step_time_s if e.feasible else None, evaluations))
+        return True
+
+
+def _neighbours(key: tuple, actions: list, max_depth: int):
+    """The sets one group move away from ``key``: one action dropped, one decision moved to another axis, one
+    action added (in this order, each in canonical action order)."""
+    for a in key:
+        yield tuple(b for b in key if b is not a)
+    for a in key:
+        for b in actions:
+            if b.decision == a.decision and b.axis != a.axis:
+                yield tuple(b if c is a else c for c in key)
+    if len(key) < max_depth:
+        for b in actions:
+            if b not in key:
+                yield key + (b,)
+
+
+def _improve(ev: Evaluator, actions: list, found: _Found, max_depth: int, limits, progress) -> dict:
+    """Local improvement of the best set over single group moves (:func:`_neighbours`): evaluate every
+    neighbour, move to the best if it beats the current set, repeat; stops at a local optimum or at the
+    limits ``(deadline, max_evals)``. Returns ``{"evaluations", "moves", "stopped"}``."""
+    deadline, max_evals = limits
+    n0, moves = ev.n_sim, 0
+    while True:
+        start = found.key
+        for k in _neighbours(start, actions, max_depth):
+            if time.perf_counter() >= deadline:
+                return {"evaluations": ev.n_sim - n0, "moves": moves, "stopped": "time budget"}
+            if max_evals is not None and ev.n_sim >= max_evals:
+                return {"evaluations": ev.n_sim - n0, "moves": moves, "stopped": "max_evals"}
+            k = ev.key(k)
+            e = ev.evaluate(k, start)
+            if e is not None:
+                found.offer(k, e, ev.n_sim)
+                progress.tick(ev.n_sim, found.best)
+        if found.key == start:
+            return {"evaluations": ev.n_sim - n0, "moves": moves, "stopped": "local optimum"}
+        moves += 1
+
+
+def _priors(actions: list, groups: DimGroups, axes: list) -> dict:
+    """A prior per action, in [0, 1] (Automap-like heuristics: which decisions an expert makes first): the
+    decisions that reach data inputs (batch parallelism), then the others by the bytes of the values they
+    touch (large weights and activations first); the axes in the order given."""
+    heavy = max((m.bytes for m in groups.macro), default=1) or 1
+    kind = {m.id: m for m in groups.macro}
+    out = {}
+    for a in actions:
+        m = kind[a.decision]
+        data = any(input_kind(p) == "data" for g in m.groups for p, _ in g.inputs)
+        out[a] = (0.5 if data else 0.0) + 0.4 * m.bytes / heavy + 0.1 * (1 - axes.index(a.axis) / len(axes))
+    return out
+
+
+def _peak_report(ev: Evaluator, key: tuple, best: Evaluation, top: int = 4) -> str:
+    """``"; the smallest peak found is ... with [...]: arguments ..., outputs ..., temporaries ...; largest: ..."``
+    for the set ``key`` (empty when it could not be lowered at all)."""
+    if best.error is not None:
+        return f"; no state could be lowered ({best.error})"
+    program = lower(ev.graph, analyze(ev.graph, ev.rules, ev.state(key), ev.mesh), ev.mesh)
+    sim = simulate(program, ev.estimator.hardware)
+    g = program.graph
+    named = [(f"input {p}", program.buf_bytes[v]) for p, v in zip(g.in_paths, g.invars)]
+    named += [(f"output {name}", program.buf_bytes[b])
+              for name, b in zip(_output_names(g), program.out_bufs) if b not in g.invars]
+    named.sort(key=lambda nb: -nb[1])
+    largest = ", ".join(f"{n} {b} B" for n, b in named[:top])
+    return (f"; the smallest peak found is {sim.peak_bytes} B with {[str(a) for a in key]} (arguments "
+            f"{sim.argument_bytes} B, outputs {sim.output_bytes} B, temporaries {sim.temp_bytes} B; largest "
+            f"buffers per device: {largest})")
+
+
+def _output_names(graph) -> list[str]:
+    """The outputs' pytree paths joined by ``/`` (``0/layers/0/w1`` for the first element of a returned tuple)."""
+    tree = jax.tree_util.tree_unflatten(graph.out_tree, list(range(len(graph.outvars))))
+    return ["/".join(key_name(k) for k in path) or str(j)
+            for j, (path, _) in enumerate(jax.tree_util.tree_flatten_with_path(tree)[0])]
+
+
+def _stop_reason(ev: Evaluator, tree: _Tree, limits, since_improved: int, patience: int) -> str | None:
+    """Why the tree search stops now (see the module docstring), or None to go on; ``limits``: its
+    ``(deadline, max_evals)``."""
+    deadline, max_evals = limits
     if time.perf_counter() >= deadline:
         return "time budget"
-    if tactic.max_evals is not None and ev.n_sim >= tactic.max_evals:
+    if max_evals is not None and ev.n_sim >= max_evals:
         return "max_evals"
     if since_improved >= patience:
         return "converged"

@@ -96,29 +96,37 @@ def _analyze_once(graph: Graph, rules: list, state: State, mesh, choose: bool, t
             why = ("control flow: kept replicated (operands gathered, results replicated)"
                    if eqn.name in CONTROL_FLOW else "no factor rule: kept replicated")
             unsupported.append((i, eqn.name, why))
-            ins = [replicated(graph, v, mesh) for v in eqn.invars]
-            outs = [replicated(graph, v, mesh) for v in eqn.outvars]
-            ops.append(OpSharding(None, {}, ins, outs, [], ()))
-            for v, t in zip(eqn.outvars, outs):
-                types[v] = t
-            continue
-        use, _, _ = resolve(graph, rule, eqn, state, mesh, i)
-        use = fit_use(mesh, rule, drop_clashes(use))
-        op = _op_sharding(graph, rule, eqn, use, types, mesh)
-        if choose:
-            cost = _op_cost(graph, eqn, op, types, state, mesh, targets)
-            if cost > 0:
-                for alt in _alternatives(graph, rule, eqn, state, types, mesh, use):
-                    cand = _op_sharding(graph, rule, eqn, alt, types, mesh)
-                    c = _op_cost(graph, eqn, cand, types, state, mesh, targets)
-                    if c < cost:
-                        op, cost = cand, c
-                        if c == 0:
-                            break
+        op = choose_op(graph, rules, i, state, types, mesh, choose, targets)
         ops.append(op)
         for v, t in zip(eqn.outvars, op.out_types):
             types[v] = t
     return Analysis(ops, types, unsupported, state)
+
+
+def choose_op(graph: Graph, rules: list, i: int, state: State, types: dict, mesh, choose: bool = True,
+              targets=None) -> OpSharding:
+    """How equation ``i`` runs (one step of :func:`_analyze_once`): its operands produced as ``types`` gives
+    them, its results priced against ``targets``. Reads nothing but ``state``'s dims and provenance of the
+    equation's operands and results, ``types`` of its operands and ``targets`` of its results, so a caller
+    may reuse the result wherever those are the same."""
+    eqn, rule = graph.eqns[i], rules[i]
+    if rule is None:
+        return OpSharding(None, {}, [replicated(graph, v, mesh) for v in eqn.invars],
+                          [replicated(graph, v, mesh) for v in eqn.outvars], [], ())
+    use, _, _ = resolve(graph, rule, eqn, state, mesh, i)
+    use = fit_use(mesh, rule, drop_clashes(use))
+    op = _op_sharding(graph, rule, eqn, use, types, mesh)
+    if choose:
+        cost = _op_cost(graph, eqn, op, types, state, mesh, targets)
+        if cost > 0:
+            for alt in _alternatives(graph, rule, eqn, state, types, mesh, use):
+                cand = _op_sharding(graph, rule, eqn, alt, types, mesh)
+                c = _op_cost(graph, eqn, cand, types, state, mesh, targets)
+                if c < cost:
+                    op, cost = cand, c
+                    if c == 0:
+                        break
+    return op
 
 
 FOLLOW = "follow"  # ``targets`` of a pass that prices no result (see :func:`_analyze_once`)

@@ -99,10 +99,11 @@ def _gather_then_slice(src: ShardingType, dst: ShardingType) -> redist.Plan:
     return redist.Plan(tuple(steps), tuple(types))
 
 
+@functools.lru_cache(maxsize=1 << 15)
 def reshard_bytes(src: ShardingType, dst: ShardingType) -> float:
     """Bytes a device receives moving ``src`` to ``dst`` (the move lowering would run); infinite when no
     redistribution can do it (``dst`` is partial over an axis ``src`` is not): a choice that needs it is
-    never taken."""
+    never taken. Cached per pair, as :func:`move` is (per-op choice asks for the same pairs many times)."""
     if src == dst:
         return 0.0
     try:
