@@ -33,7 +33,7 @@ import heapq
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from partir_core.choice import FOLLOW, Analysis, choose_op, output_type, value_type
+from partir_core.choice import FOLLOW, Analysis, cheapest, op_candidates, output_type, value_type
 from partir_core.factors import compose, group
 from partir_core.ir import CONTROL_FLOW, Graph
 from partir_core.lowering import lower
@@ -167,27 +167,27 @@ class _Chooser:
         self.graph = structure.graph
 
     def choose_op(self, i: int, types: dict, targets):
-        """:func:`~partir_core.choice.choose_op`, remembered by everything it reads. Provenance enters the key
-        by its order among the op's values only: :func:`~partir_core.propagation.resolve` and
-        :func:`~partir_core.factors.drop_clashes` compare provenances and nothing else, and what a choice
-        keeps of them (``OpSharding.use``'s second elements) is read by no one (lowering reads ``use``'s
-        factors only)."""
-        eqn, state = self.graph.eqns[i], self.state
-        if isinstance(targets, dict):
-            wanted = tuple(tuple(targets.get(v, ())) for v in eqn.outvars)
-        else:
-            wanted = targets
+        """:func:`~partir_core.choice.choose_op`, its candidates remembered by everything they depend on (the
+        op, its operands' types, its values' dims and the order of their provenances), so that the passes
+        pricing against different targets share them. Provenance enters by its order among the op's values
+        only: :func:`~partir_core.propagation.resolve` and :func:`~partir_core.factors.drop_clashes` compare
+        provenances and nothing else, and what a choice keeps of them (``OpSharding.use``'s second
+        elements) is read by no one (lowering reads ``use``'s factors only)."""
+        g, state = self.graph, self.state
+        eqn = g.eqns[i]
         slots = self.s.slots[i]
         provs = sorted({p for v in slots for p in state.prov[v] if p is not None})
         rank = {p: r for r, p in enumerate(provs)}
-        key = (i, wanted, tuple(types[v] for v in eqn.invars),
+        key = (i, tuple(types[v] for v in eqn.invars),
                tuple((tuple(state.dims[v]), tuple(None if p is None else rank[p] for p in state.prov[v]))
                      for v in slots))
-        op = self.memo.get(key)
-        if op is None:
-            op = choose_op(self.graph, self.s.rules, i, state, types, self.mesh, True, targets)
-            self.memo.put(key, op)
-        return op
+        cands = self.memo.get(key)
+        if cands is None:
+            cands = _Candidates(*op_candidates(g, self.s.rules, i, state, types, self.mesh))
+            self.memo.put(key, cands)
+        if self.s.rules[i] is None:
+            return cands.proposal
+        return cheapest(g, eqn, cands.proposal, cands.alternatives, types, state, self.mesh, targets)
 
     def run(self, targets, base: _Pass | None, dirty_values: set) -> _Pass:
         """The pass pricing results against ``targets``; from ``base`` (a pass of the same kind of targets on a
@@ -255,7 +255,7 @@ class _Chooser:
             if v in self.s.outputs:
                 want.add(output_type(g, _Types(types), self.state, v, self.mesh))
             if want:
-                demands[v] = sorted(want, key=str)
+                demands[v] = list(want) if len(want) == 1 else sorted(want, key=str)
                 received[v] = sum(reshard_bytes(types[v], t) for t in demands[v])
             else:
                 demands.pop(v, None)
@@ -266,12 +266,26 @@ class _Chooser:
                      sum(received.values()) + sum(finished.values()))
 
 
-class _OpMemo:
-    """Per-op choices by everything :func:`~partir_core.choice.choose_op` reads (the op, the targets of its
-    results, its operands' types, its values' dims and the order of their provenances), the ``size`` last
-    used kept."""
+class _Candidates:
+    """One op's :func:`~partir_core.choice.op_candidates`: the ``proposal``, and its alternatives made once,
+    when first asked for."""
 
-    def __init__(self, size: int = 1 << 17):
+    __slots__ = ("proposal", "_make", "_made")
+
+    def __init__(self, proposal, make):
+        self.proposal, self._make, self._made = proposal, make, None
+
+    def alternatives(self):
+        if self._made is None:
+            self._made = list(self._make())
+        return self._made
+
+
+class _OpMemo:
+    """Per-op candidates (:class:`_Candidates`) by their key (see :meth:`_Chooser.choose_op`), the ``size``
+    last used kept."""
+
+    def __init__(self, size: int = 1 << 16):
         self.entries: OrderedDict = OrderedDict()
         self.size = size
         self.hits = self.misses = 0
