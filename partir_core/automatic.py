@@ -6,39 +6,60 @@ The decision space comes from :mod:`partir_core.analysis`: dims that must share 
 *action* is ``(decision, axis)``; it is applied as the :class:`~partir_core.ManualPartition` that names the
 decision's representative input dims (``ManualPartition({"params/layers/*/w1": 1}, axis="model")``),
 followed by propagation, exactly as a hand-written tactic would be. So the search result *is* a list of
-manual tactics, and pasting them into a schedule reproduces the program.
+manual tactics, and pasting them into a schedule reproduces the program. A dim need not divide by the axis
+(it is then split by the padding rule). Two *composite* actions per axis reach what no single group does, as
+ZeRO shards weights (:func:`zero_actions`, read off the inputs' kinds): ZeRO-3 (every parameter and
+optimizer-state input on its largest dim) and ZeRO-2 (the optimizer state so, the parameters pinned).
 
 Search state: a *set* of actions, applied in a canonical order (decisions that reach data inputs first, as
-batch parallelism is composed first by hand; then the others in program order; axes in the order given).
-Provenance keeps that order: the j-th action gets tactic index ``k + j/1000`` (``k``: the
-``AutomaticPartition``'s place in the schedule), so earlier actions win conflicts, as earlier tactics do.
-An action that changes nothing where it is applied (its input dim already split on that axis, the axis
-taken by another dim of the input, a pinned input) is not a move.
+batch parallelism is composed first by hand; then the others in program order; the composite ones last;
+axes in the order given). Provenance keeps that order: the j-th action gets tactic index ``k + j/1000``
+(``k``: the ``AutomaticPartition``'s place in the schedule), so earlier actions win conflicts, as earlier
+tactics do. An action that changes nothing where it is applied (its input dim already split on that axis,
+the axis taken by another dim of the input, a pinned input) is not a move.
 
-Evaluation (cheap: the program is traced once): the state of a set is its canonical prefix's state plus one
-action and propagation (states are cached by prefix), then :func:`partir_core.choice.analyze`,
-:func:`partir_core.lowering.lower` and the simulator; results are cached per action set and per resulting
-sharding. A state that cannot be lowered (a ``ShardingError``) is never chosen. The reward of a state is
-``0.5 + 0.5·t0/(t0 + t)`` (``t`` its simulated step time, ``t0`` that of the starting state) when its
-simulated peak memory fits ``memory_budget_bytes``, and ``0.45·budget/peak`` (always lower) when it does not.
+Evaluation (no JAX: the program is traced once): the state of a set is made from its canonical prefix's by
+one action and incremental propagation, and scored by :class:`partir_core.estimate.Estimator` relative to
+the set it was reached from (only the ops whose values changed are chosen again), with the same figures as
+``pf.lower(...).simulate()``; results are cached per action set and per resulting sharding. A state that
+cannot be lowered (a ``ShardingError``) is never chosen. The reward of a state is ``0.5 + 0.5·t0/(t0 + t)``
+(``t`` its simulated step time, ``t0`` that of the starting state) when its simulated peak memory fits
+``memory_budget_bytes``, and ``0.45·budget/peak`` (always lower) when it does not.
 
-Tree policy: UCT over the sets (a node per set, shared between the orders that reach it), with each node's
-value the best reward found below it (the problem is deterministic: the best leaf matters, not the mean),
-normalised among siblings; progressive widening (a node with ``n`` visits has at most ``⌈2√n⌉`` children),
-children tried in order of their action's all-moves-as-first value (the best reward of any evaluated set
-containing it; actions never evaluated first). Every expansion is evaluated directly (no random rollouts:
-every state is a complete strategy). Ties are broken by a ``random.Random(seed)``, so a search with the
-same seed, budget and stopping rule is deterministic; it stops at ``time_budget_s``, after ``max_evals``
-evaluations, when ``patience`` evaluations in a row did not improve the best, or when the tree is exhausted.
+The search, in three phases:
 
-Pieces: :class:`Evaluator` (states and simulations of action sets), :class:`_Tree` (one iteration is
-:meth:`_Tree.descend`, selection then expansion, and :meth:`_Tree.backup`), :func:`_stop_reason`, and
-:func:`search`, the loop that ties them together and keeps the best set found.
+1. *Goals* (:func:`_templates`): data parallelism over every subset of the axes, alone and with one ZeRO
+   action, are evaluated first (PartIR's goal-directed composite search: the strategies experts compose);
+   they set the all-moves-as-first values below.
+2. *Tree* (until ``MCTS_SHARE`` of the time budget and of ``max_evals``): UCT over the sets (a node per set,
+   shared between the orders that reach it: transpositions), with each node's value the best reward found
+   below it (the problem is deterministic: the best leaf matters, not the mean), normalised among siblings;
+   progressive widening (a node with ``n`` visits has at most ``⌈2√n⌉`` children), children tried in order
+   of their action's all-moves-as-first value (the best reward of any evaluated set containing it; actions
+   never evaluated first), then of a heuristic prior (:func:`_priors`: batch parallelism, then heavy
+   groups). Every expansion is evaluated directly (no random rollouts: every state is a complete strategy).
+   It stops early when ``patience`` evaluations in a row did not improve the best, or the tree is exhausted.
+3. *Local improvement* (:func:`_improve`): from the best set and then the next best ones, best-improvement
+   moves over single group moves (drop an action, move a decision to another axis, add an action) to a
+   local optimum.
+
+Ties are broken by a ``random.Random(seed)``. With a budget of evaluations (``max_evals``) the search is
+deterministic for a seed: the same sets are evaluated in the same order and the same result is returned.
+With a wall-time budget, the order is the same but where it stops depends on the machine's speed; it stops
+when the next evaluation (at the mean time of those before) would end past ``time_budget_s``.
+
+Pieces: :class:`Evaluator` (states and scores of action sets), :class:`_Tree` (one iteration is
+:meth:`_Tree.descend`, selection then expansion, and :meth:`_Tree.backup`), :func:`_seed`, :func:`_improve`,
+:func:`_stop_reason`, and :func:`search`, which ties them together and keeps the best set found
+(:class:`_Found`). When no set fits the budget, the error names the smallest peak found and the buffers that
+dominate it (:func:`_peak_report`).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import functools
+import itertools
 import math
 import random
 import sys
@@ -97,7 +118,9 @@ class AutoResult:
     ``tactics``: the chosen actions as manual tactics, in the order they apply (paste them into a schedule
     in place of the ``AutomaticPartition``); ``code``: the same as Python source; ``text``: the program after
     them; ``action_space``: sizes before and after grouping; ``groups``: the analysis; ``stats``: search
-    statistics (evaluations, cache hits, iterations, seconds, why it stopped, best over time)."""
+    statistics (evaluations, ``evals_per_s`` over the search's wall time and ``evals_per_cpu_s`` over its
+    process time, ``scoring_ms`` per evaluation, cache hits, templates, iterations, the local pass, seconds,
+    why it stopped, best over time)."""
 
     tactics: list
     actions: list
@@ -149,8 +172,9 @@ def compress(pairs, in_paths) -> tuple:
 
 def build_actions(groups: DimGroups, graph, mesh, axes) -> list[Action]:
     """The legal actions in canonical order (see the module docstring): every decision on every axis of size
-    > 1 that is no larger than each of its input dims. A dim need not divide by the axis (a vocabulary of
-    50 on 4 devices, a batch of 5 on 2): it is then split by the padding rule, as experts split such dims."""
+    > 1 that is no larger than each of its input dims (a dim need not divide by the axis: a vocabulary of
+    50 on 4 devices, a batch of 5 on 2 are split by the padding rule, as experts split them), then the
+    composite actions (:func:`zero_actions`)."""
     sizes = dict(mesh.axes)
 
     def data_first(m):
@@ -164,6 +188,32 @@ def build_actions(groups: DimGroups, graph, mesh, axes) -> list[Action]:
             fits = all(graph.shape(graph.invars[graph.in_paths.index(p)])[d] >= sizes[a] for p, d in m.reps)
             if fits and sizes[a] > 1:
                 out.append(Action(m.id, a, dims))
+    return out + zero_actions(len(groups.macro), graph, mesh, axes)
+
+
+def zero_actions(first_id: int, graph, mesh, axes) -> list[Action]:
+    """Composite actions that no single group reaches, as ZeRO shards weights (Automap's inductive tactics,
+    read off the inputs' kinds, not their names): per axis, *ZeRO-3* (decision ``first_id``: every
+    parameter and optimizer-state input split on its largest dim that divides by the axis) and *ZeRO-2*
+    (decision ``first_id + 1``: the optimizer state split so, the parameters pinned as they are). They come
+    last in canonical order, as ZeRO is composed last by hand (``BP+MP+Z2``)."""
+    sizes = dict(mesh.axes)
+    leaves = [(p, graph.shape(v)) for p, v in zip(graph.in_paths, graph.invars) if input_kind(p) != "data"]
+    out = []
+    for a in axes:
+        if sizes[a] <= 1:
+            continue
+        largest = {}
+        for p, shape in leaves:
+            ok = [d for d, n in enumerate(shape) if n % sizes[a] == 0 and n >= sizes[a]]
+            if ok:
+                largest[p] = max(ok, key=lambda d: shape[d])
+        state = {p: d for p, d in largest.items() if input_kind(p) == "state"}
+        if largest:
+            out.append(Action(first_id, a, compress(list(largest.items()), graph.in_paths)))
+        if state:
+            pins = [(p, None) for p, _ in leaves if input_kind(p) == "param"]
+            out.append(Action(first_id + 1, a, compress(pins + list(state.items()), graph.in_paths)))
     return out
 
 
@@ -263,6 +313,11 @@ class Evaluator:
             self.by_fingerprint[fp] = ev
         self.evals[key] = ev
         return ev
+
+    def expected_s(self) -> float:
+        """The mean time one scoring took so far (the search stops when the next one would end past its
+        deadline)."""
+        return self.sim_s / self.n_sim if self.n_sim else 0.0
 
     def reward(self, t, peak, err) -> float:
         if err is not None:
@@ -412,7 +467,7 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
     tactics. Does not modify ``state``. ``log(iterations, evaluations, best)`` is called after each
     iteration that evaluated a new set. Raises :class:`PartitionError` if no state found fits the budget,
     naming the smallest peak found and the tensors that dominate it."""
-    t_start = time.perf_counter()
+    t_start, cpu_start = time.perf_counter(), time.process_time()
     axes = list(tactic.axes) or list(mesh.names)
     groups = analyze_groups(graph, rules)
     actions = build_actions(groups, graph, mesh, axes)
@@ -430,8 +485,9 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
     tree = _Tree(ev, actions, random.Random(tactic.seed), max_depth, tactic.exploration, root_eval.reward,
                  _priors(actions, groups, axes))
     found = _Found((), root_eval, t_start)
-    since_improved = iterations = 0
     progress = _Progress(tactic, t_start)
+    seeded = _seed(ev, tree, found, _templates(actions, groups), tree_limits, progress)
+    since_improved = iterations = 0
     while True:
         stopped = _stop_reason(ev, tree, tree_limits, since_improved, patience)
         if stopped:
@@ -449,13 +505,14 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
             log(iterations, ev.n_sim, found.best)
     local = _improve(ev, actions, found, max_depth, (deadline, tactic.max_evals), progress)
     progress.close()
-    seconds = time.perf_counter() - t_start
+    seconds, cpu_s = time.perf_counter() - t_start, time.process_time() - cpu_start
     best_key, best = found.key, found.best
     stats = {"evaluations": ev.n_sim, "evals_per_s": ev.n_sim / seconds if seconds > 0 else 0.0,
+             "evals_per_cpu_s": ev.n_sim / cpu_s if cpu_s > 0 else 0.0,
              "scoring_ms": 1e3 * ev.sim_s / max(ev.n_sim, 1), "cache_hits": ev.n_hits,
              "same_state_hits": ev.n_fp_hits, "op_choice_hits": ev.estimator.memo.hits,
              "op_choice_misses": ev.estimator.memo.misses, "iterations": iterations, "nodes": len(tree.nodes),
-             "seconds": seconds, "stopped": stopped, "local": local, "best_reward": best.reward,
+             "seconds": seconds, "templates": seeded, "stopped": stopped, "local": local, "best_reward": best.reward,
              "history": found.history, "max_depth": max_depth, "patience": patience}
     if not best.feasible:
         raise PartitionError(
@@ -502,38 +559,99 @@ def _neighbours(key: tuple, actions: list, max_depth: int):
                 yield key + (b,)
 
 
-def _improve(ev: Evaluator, actions: list, found: _Found, max_depth: int, limits, progress) -> dict:
-    """Local improvement of the best set over single group moves (:func:`_neighbours`): evaluate every
-    neighbour, move to the best if it beats the current set, repeat; stops at a local optimum or at the
-    limits ``(deadline, max_evals)``. Returns ``{"evaluations", "moves", "stopped"}``."""
+def _improve(ev: Evaluator, actions: list, found: _Found, max_depth: int, limits, progress, starts: int = 3) -> dict:
+    """Local improvement over single group moves (:func:`_neighbours`) from the best set and then from the
+    next best evaluated sets (``starts`` in all): evaluate every neighbour of the current set, move to the
+    best if it beats the current set, repeat until none does (a local optimum) or the limits ``(deadline,
+    max_evals)`` are reached. ``found`` keeps the best of everything evaluated. Returns ``{"evaluations",
+    "moves", "starts", "stopped"}``."""
     deadline, max_evals = limits
-    n0, moves = ev.n_sim, 0
-    while True:
-        start = found.key
-        for k in _neighbours(start, actions, max_depth):
-            if time.perf_counter() >= deadline:
-                return {"evaluations": ev.n_sim - n0, "moves": moves, "stopped": "time budget"}
-            if max_evals is not None and ev.n_sim >= max_evals:
-                return {"evaluations": ev.n_sim - n0, "moves": moves, "stopped": "max_evals"}
-            k = ev.key(k)
-            e = ev.evaluate(k, start)
-            if e is not None:
-                found.offer(k, e, ev.n_sim)
-                progress.tick(ev.n_sim, found.best)
-        if found.key == start:
-            return {"evaluations": ev.n_sim - n0, "moves": moves, "stopped": "local optimum"}
-        moves += 1
+    n0, moves, done = ev.n_sim, 0, []
+
+    def report(why):
+        return {"evaluations": ev.n_sim - n0, "moves": moves, "starts": len(done), "stopped": why}
+
+    while len(done) < starts:
+        ranked = sorted(((e, k) for k, e in ev.evals.items() if e is not None and k not in done),
+                        key=functools.cmp_to_key(lambda x, y: -1 if _better(x[0], x[1], y[0], y[1]) else
+                                                 (1 if _better(y[0], y[1], x[0], x[1]) else 0)))
+        if not ranked:
+            return report("local optimum")
+        cur_e, cur = ranked[0]
+        while True:
+            start = cur
+            for k in _neighbours(start, actions, max_depth):
+                if time.perf_counter() + ev.expected_s() >= deadline:
+                    return report("time budget")
+                if max_evals is not None and ev.n_sim >= max_evals:
+                    return report("max_evals")
+                k = ev.key(k)
+                e = ev.evaluate(k, start)
+                if e is not None:
+                    found.offer(k, e, ev.n_sim)
+                    progress.tick(ev.n_sim, found.best)
+                    if _better(e, k, cur_e, cur):
+                        cur_e, cur = e, k
+            if cur == start:
+                break
+            moves += 1
+        done.append(cur)
+    return report("local optimum")
+
+
+def _templates(actions: list, groups: DimGroups) -> list[tuple]:
+    """Goal-directed starting sets, as experts compose strategies (the goals of PartIR's composite search:
+    data parallelism, then weight sharding): data parallelism (a decision that reaches the leading dim of a
+    data input, on each axis of a subset of the axes), for every such decision and subset, each alone and
+    with one ZeRO action (:func:`zero_actions`) on one axis. Read off the inputs' kinds and the analysis,
+    not off names."""
+    batch_ids = [m.id for m in groups.macro
+                 if any(input_kind(p) == "data" and d == 0 for g in m.groups for p, d in g.inputs)]
+    axes = list(dict.fromkeys(a.axis for a in actions))
+    zero = [b for b in actions if b.decision >= len(groups.macro)]
+    out = []
+    for r in range(len(axes) + 1):
+        for subset in itertools.combinations(axes, r):
+            for dp in {tuple(b for b in actions if b.decision == i and b.axis in subset) for i in batch_ids}:
+                for z in [None] + zero:
+                    key = dp + ((z,) if z is not None else ())
+                    if key and key not in out:
+                        out.append(key)
+    return out
+
+
+def _seed(ev: Evaluator, tree: _Tree, found: _Found, templates: list, limits, progress) -> int:
+    """Evaluate the ``templates`` (within the tree's ``limits``): the best of them is a starting point, and
+    each action's all-moves-as-first value learns from them. Returns how many were evaluated."""
+    n = 0
+    for key in templates:
+        if _stop_reason(ev, tree, limits, 0, 1) is not None:
+            break
+        key = ev.key(key)
+        e = ev.evaluate(key)
+        if e is None:
+            continue
+        n += 1
+        found.offer(key, e, ev.n_sim)
+        for a in key:
+            tree.amaf[a] = max(tree.amaf.get(a, 0.0), e.reward)
+        progress.tick(ev.n_sim, found.best)
+    return n
 
 
 def _priors(actions: list, groups: DimGroups, axes: list) -> dict:
     """A prior per action, in [0, 1] (Automap-like heuristics: which decisions an expert makes first): the
     decisions that reach data inputs (batch parallelism), then the others by the bytes of the values they
-    touch (large weights and activations first); the axes in the order given."""
+    touch (large weights and activations first; ZeRO as heavy as the heaviest); the axes in the order
+    given."""
     heavy = max((m.bytes for m in groups.macro), default=1) or 1
     kind = {m.id: m for m in groups.macro}
     out = {}
     for a in actions:
-        m = kind[a.decision]
+        m = kind.get(a.decision)
+        if m is None:  # a composite (ZeRO) action: after batch parallelism, with the heaviest groups
+            out[a] = 0.4 + 0.1 * (1 - axes.index(a.axis) / len(axes))
+            continue
         data = any(input_kind(p) == "data" for g in m.groups for p, _ in g.inputs)
         out[a] = (0.5 if data else 0.0) + 0.4 * m.bytes / heavy + 0.1 * (1 - axes.index(a.axis) / len(axes))
     return out
@@ -568,7 +686,7 @@ def _stop_reason(ev: Evaluator, tree: _Tree, limits, since_improved: int, patien
     """Why the tree search stops now (see the module docstring), or None to go on; ``limits``: its
     ``(deadline, max_evals)``."""
     deadline, max_evals = limits
-    if time.perf_counter() >= deadline:
+    if time.perf_counter() + ev.expected_s() >= deadline:
         return "time budget"
     if max_evals is not None and ev.n_sim >= max_evals:
         return "max_evals"

@@ -167,27 +167,36 @@ class _Chooser:
         self.graph = structure.graph
 
     def choose_op(self, i: int, types: dict, targets):
-        """:func:`~partir_core.choice.choose_op`, its candidates remembered by everything they depend on (the
-        op, its operands' types, its values' dims and the order of their provenances), so that the passes
-        pricing against different targets share them. Provenance enters by its order among the op's values
-        only: :func:`~partir_core.propagation.resolve` and :func:`~partir_core.factors.drop_clashes` compare
-        provenances and nothing else, and what a choice keeps of them (``OpSharding.use``'s second
-        elements) is read by no one (lowering reads ``use``'s factors only)."""
-        g, state = self.graph, self.state
+        """:func:`~partir_core.choice.choose_op`, remembered in two levels (:class:`_OpMemo`): the op's
+        candidates by everything they depend on (the op, its operands' types, its values' dims and the order
+        of their provenances), shared by the passes that price against different targets; and the choice by
+        that and the targets of its results. Provenance enters by its order among the op's values only:
+        :func:`~partir_core.propagation.resolve` and :func:`~partir_core.factors.drop_clashes` compare
+        provenances and nothing else, and what a choice keeps of them (``OpSharding.use``'s second elements)
+        is read by no one (lowering reads ``use``'s factors only)."""
+        g, state, memo = self.graph, self.state, self.memo
         eqn = g.eqns[i]
         slots = self.s.slots[i]
         provs = sorted({p for v in slots for p in state.prov[v] if p is not None})
         rank = {p: r for r, p in enumerate(provs)}
-        key = (i, tuple(types[v] for v in eqn.invars),
+        key = (i, tuple(memo.ref(types[v]) for v in eqn.invars),
                tuple((tuple(state.dims[v]), tuple(None if p is None else rank[p] for p in state.prov[v]))
                      for v in slots))
-        cands = self.memo.get(key)
+        cands = memo.get(key)
         if cands is None:
             cands = _Candidates(*op_candidates(g, self.s.rules, i, state, types, self.mesh))
-            self.memo.put(key, cands)
+            memo.put(key, cands)
         if self.s.rules[i] is None:
             return cands.proposal
-        return cheapest(g, eqn, cands.proposal, cands.alternatives, types, state, self.mesh, targets)
+        if isinstance(targets, dict):
+            wanted = tuple(tuple(memo.ref(t) for t in targets.get(v, ())) for v in eqn.outvars)
+        else:
+            wanted = targets
+        op = memo.get((key, wanted))
+        if op is None:
+            op = cheapest(g, eqn, cands.proposal, cands.alternatives, types, state, self.mesh, targets)
+            memo.put((key, wanted), op)
+        return op
 
     def run(self, targets, base: _Pass | None, dirty_values: set) -> _Pass:
         """The pass pricing results against ``targets``; from ``base`` (a pass of the same kind of targets on a
@@ -282,13 +291,23 @@ class _Candidates:
 
 
 class _OpMemo:
-    """Per-op candidates (:class:`_Candidates`) by their key (see :meth:`_Chooser.choose_op`), the ``size``
-    last used kept."""
+    """Per-op candidates (:class:`_Candidates`) and choices by their keys (see :meth:`_Chooser.choose_op`),
+    the ``size`` last used kept. Keys name sharding types by identity (:meth:`ref`: hashing a type hashes
+    all its fields, and the partitioner's types are shared objects, :func:`partir_core.keys.sharding_type`);
+    every type so named is kept alive, so that no other object takes its id. An equal type that is another
+    object only misses."""
 
-    def __init__(self, size: int = 1 << 16):
+    def __init__(self, size: int = 1 << 17):
         self.entries: OrderedDict = OrderedDict()
         self.size = size
         self.hits = self.misses = 0
+        self.alive: dict = {}
+
+    def ref(self, t) -> int:
+        i = id(t)
+        if i not in self.alive:
+            self.alive[i] = t
+        return i
 
     def get(self, key):
         op = self.entries.get(key)
