@@ -46,7 +46,8 @@ The search, in three phases:
 Ties are broken by a ``random.Random(seed)``. With a budget of evaluations (``max_evals``) the search is
 deterministic for a seed: the same sets are evaluated in the same order and the same result is returned.
 With a wall-time budget, the order is the same but where it stops depends on the machine's speed; it stops
-when the next evaluation (at the mean time of those before) would end past ``time_budget_s``.
+when the next evaluation (taking as long as the mean or the last one, whichever is longer) would end past
+``time_budget_s``.
 
 Pieces: :class:`Evaluator` (states and scores of action sets), :class:`_Tree` (one iteration is
 :meth:`_Tree.descend`, selection then expansion, and :meth:`_Tree.backup`), :func:`_seed`, :func:`_improve`,
@@ -239,7 +240,7 @@ class Evaluator:
         self.by_fingerprint: dict = {}
         self.values = sorted(base.dims)
         self.n_sim = self.n_hits = self.n_fp_hits = 0
-        self.sim_s = 0.0
+        self.sim_s = self.last_s = 0.0
         self.t0 = None
 
     def key(self, acts) -> tuple:
@@ -304,7 +305,8 @@ class Evaluator:
                 t, peak, err = sim.step_time_s, sim.peak_bytes, None
             except ShardingError as e:  # a state that cannot be lowered (no reshard reaches a type) is never chosen
                 t, peak, err = math.inf, 1 << 62, f"{type(e).__name__}: {e}"
-            self.sim_s += time.perf_counter() - t_start
+            self.last_s = time.perf_counter() - t_start
+            self.sim_s += self.last_s
             self.n_sim += 1
             if self.t0 is None:
                 self.t0 = t if math.isfinite(t) and t > 0 else 1.0
@@ -315,9 +317,9 @@ class Evaluator:
         return ev
 
     def expected_s(self) -> float:
-        """The mean time one scoring took so far (the search stops when the next one would end past its
-        deadline)."""
-        return self.sim_s / self.n_sim if self.n_sim else 0.0
+        """How long the next scoring may take: the longer of the mean so far and the last one (the search
+        stops when the next one would end past its deadline)."""
+        return max(self.sim_s / self.n_sim, self.last_s) if self.n_sim else 0.0
 
     def reward(self, t, peak, err) -> float:
         if err is not None:
