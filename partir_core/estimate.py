@@ -19,12 +19,18 @@ random action sets):
    its operands or the targets of one of its results differ from the base's (:func:`choose_op` reads
    nothing else); its result's type, if it changed, makes its readers dirty in turn. The received bytes of
    a pass (which pass wins) are kept per value and updated for the values whose type or demands changed.
+   Choices are remembered across candidates (:class:`_OpMemo`); an op's candidates, which do not depend on
+   the targets, are shared by the passes that price them against different targets
+   (:func:`~partir_core.choice.op_candidates`, :func:`~partir_core.choice.cheapest`).
 3. Lowering and simulation: the winning choice is lowered and simulated as ``pf.lower(...).simulate()``
    does (:func:`partir_core.lowering.lower`, :func:`partir_core.simulator.simulate`); nothing runs on JAX.
 
-Control flow: an op without a rule (``scan``, ``while``, ``cond`` today) is chosen like any other op here;
-when control flow is partitioned, a loop's body is a sub-program whose figures are its trip count times its
-body's, and its ops join the dirty sets of their loop (see the report of issue 18).
+Control flow. Today ``scan``, ``while`` and ``cond`` have no rule: they run replicated and are scored as any
+op is. When they are partitioned, a loop is priced by the simulator this module calls (a body's compute,
+collectives and moves times its trip count, its peak the body's plus what the loop carries), so scoring
+needs no change there. The incremental parts need one: a loop whose choice reads the state of values inside
+its body must list those values among the values it names (:attr:`Structure.slots` and
+:attr:`Structure.touching`), so that a change inside the body makes the loop dirty and enters its key.
 """
 
 from __future__ import annotations
@@ -165,6 +171,7 @@ class _Chooser:
     def __init__(self, structure: Structure, state: State, mesh, memo: "_OpMemo"):
         self.s, self.state, self.mesh, self.memo = structure, state, mesh, memo
         self.graph = structure.graph
+        self.state_keys: dict = {}  # op -> what its candidates read of the state (see choose_op)
 
     def choose_op(self, i: int, types: dict, targets):
         """:func:`~partir_core.choice.choose_op`, remembered in two levels (:class:`_OpMemo`): the op's
@@ -176,12 +183,13 @@ class _Chooser:
         is read by no one (lowering reads ``use``'s factors only)."""
         g, state, memo = self.graph, self.state, self.memo
         eqn = g.eqns[i]
-        slots = self.s.slots[i]
-        provs = sorted({p for v in slots for p in state.prov[v] if p is not None})
-        rank = {p: r for r, p in enumerate(provs)}
-        key = (i, tuple(memo.ref(types[v]) for v in eqn.invars),
-               tuple((tuple(state.dims[v]), tuple(None if p is None else rank[p] for p in state.prov[v]))
-                     for v in slots))
+        if i not in self.state_keys:  # the same in every pass
+            slots = self.s.slots[i]
+            provs = sorted({p for v in slots for p in state.prov[v] if p is not None})
+            rank = {p: r for r, p in enumerate(provs)}
+            self.state_keys[i] = tuple((tuple(state.dims[v]), tuple(None if p is None else rank[p]
+                                                                    for p in state.prov[v])) for v in slots)
+        key = (i, tuple(memo.ref(types[v]) for v in eqn.invars), self.state_keys[i])
         cands = memo.get(key)
         if cands is None:
             cands = _Candidates(*op_candidates(g, self.s.rules, i, state, types, self.mesh))
