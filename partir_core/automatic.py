@@ -82,6 +82,7 @@ from partir_core.simulator import simulate
 from partir_core.tactics import AutomaticPartition, ManualPartition, PartitionError
 
 STEP = 1e-3  # provenance step between the actions of one AutomaticPartition
+MCTS_SHARE = 0.75  # of the time budget and of max_evals, for the goals and the tree; the local pass gets the rest
 
 
 @dataclass(frozen=True)
@@ -524,9 +525,6 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
     return AutoResult([a.tactic for a in best_key], list(best_key), best.step_time_s, best.peak_bytes,
                       tactic.memory_budget_bytes, space, groups, stats, root_eval.step_time_s, root_eval.peak_bytes,
                       state=ev.state(best_key))
-
-
-MCTS_SHARE = 0.75  # of the time budget and of max_evals, for the tree; the local pass gets the rest
 
 
 class _Found:
