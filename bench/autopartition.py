@@ -252,8 +252,8 @@ def main(argv=None) -> dict:
     if args.accuracy_rounds and any(r["model"] == "flax_lm" and r["mesh"] == "2x4" for r in rows):
         accuracy = simulator_accuracy(rows, args.accuracy_rounds)
     total = time.perf_counter() - t_all
-    summary = {"simulator_accuracy_flax_lm": accuracy, "time_budget_s": args.time_budget, "seed": args.seed, "hardware": "cpu-host (simulator default)",
-               "targets": targets(rows), "total_s": total, "load_average_at_start": load,
+    summary = {"time_budget_s": args.time_budget, "seed": args.seed, "hardware": "cpu-host (simulator default)",
+               "simulator_accuracy_flax_lm": accuracy, "targets": targets(rows), "total_s": total, "load_average_at_start": load,
                "load_average_at_end": os.getloadavg()[0],
                "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
                           f"Python {platform.python_version()}, JAX {jax.__version__}"}
