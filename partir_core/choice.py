@@ -121,7 +121,8 @@ def op_candidates(graph: Graph, rules: list, i: int, state: State, types: dict, 
     a conflict; replicated for an op without a rule) and a function giving the alternatives that
     :func:`_alternatives` makes of the axes its operands and results carry (called only if the proposal
     needs communication). Both depend on ``state``'s dims and provenance of the equation's values and on
-    ``types`` of its operands, not on what its results are priced against."""
+    ``types`` of its operands (as they are when this is called), not on what its results are priced
+    against."""
     eqn, rule = graph.eqns[i], rules[i]
     if rule is None:
         return OpSharding(None, {}, [replicated(graph, v, mesh) for v in eqn.invars],
@@ -129,10 +130,13 @@ def op_candidates(graph: Graph, rules: list, i: int, state: State, types: dict, 
     use, _, _ = resolve(graph, rule, eqn, state, mesh, i)
     use = fit_use(mesh, rule, drop_clashes(use))
     proposal = _op_sharding(graph, rule, eqn, use, types, mesh)
+    # all that the alternatives read of ``types`` and ``state``, as they are now
+    operands = {v: types[v] for v in eqn.invars}
+    dims = State({v: list(state.dims[v]) for v in (*eqn.invars, *eqn.outvars) if v in state.dims}, {})
 
     def alternatives():
-        return (_op_sharding(graph, rule, eqn, alt, types, mesh)
-                for alt in _alternatives(graph, rule, eqn, state, types, mesh, use))
+        return (_op_sharding(graph, rule, eqn, alt, operands, mesh)
+                for alt in _alternatives(graph, rule, eqn, dims, operands, mesh, use))
 
     return proposal, alternatives
 
