@@ -82,7 +82,8 @@ from partir_core.simulator import simulate
 from partir_core.tactics import AutomaticPartition, ManualPartition, PartitionError
 
 STEP = 1e-3  # provenance step between the actions of one AutomaticPartition
-MCTS_SHARE = 0.75  # of the time budget and of max_evals, for the goals and the tree; the local pass gets the rest
+MCTS_SHARE = 0.6  # of the time budget and of max_evals, for the goals and the tree; the local pass gets the rest
+LOCAL_STARTS = 3  # the local pass starts from this many of the best sets found and of the fastest goals
 
 
 @dataclass(frozen=True)
@@ -247,6 +248,16 @@ class Evaluator:
     def key(self, acts) -> tuple:
         return tuple(sorted(acts, key=self.rank.__getitem__))
 
+    def promise(self, e: Evaluation) -> float:
+        """A set's step time, scaled by how far its peak is over the budget (what fitting may cost): which
+        sets a local search should start from."""
+        over = e.peak_bytes / self.budget if self.budget is not None else 1.0
+        return e.step_time_s * max(1.0, over)
+
+    def rank_of(self, key: tuple) -> tuple:
+        """A set's place in a fixed order (ties between equal scores are broken by it)."""
+        return tuple(self.rank[a] for a in key)
+
     def state(self, key: tuple) -> State | None:
         """The propagated state after ``key`` (canonical order), or None if some action is not a move."""
         if key in self.noop:
@@ -398,9 +409,17 @@ class _Tree:
                 node.children.append(k)
             child = self.nodes[k]
             return None if child.exhausted else child
-        child = _Node(k, e.reward)
-        self.nodes[k] = child
-        node.children.append(k)
+        return self.adopt(node, k, e.reward)
+
+    def adopt(self, node: _Node, key: tuple, reward: float) -> _Node:
+        """A new node for the evaluated set ``key`` (of ``reward``), a child of ``node``; its actions' all-moves-
+        as-first values learn from it."""
+        child = _Node(key, reward)
+        self.nodes[key] = child
+        node.children.append(key)
+        node.best = max(node.best, reward)
+        for a in key:
+            self.amaf[a] = max(self.amaf.get(a, 0.0), reward)
         return child
 
     def _select(self, live: list, visits: int) -> _Node:
@@ -489,7 +508,8 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
                  _priors(actions, groups, axes))
     found = _Found((), root_eval, t_start)
     progress = _Progress(tactic, t_start)
-    seeded = _seed(ev, tree, found, _templates(actions, groups), tree_limits, progress)
+    templates = _templates(actions, groups)
+    seeded = _seed(ev, tree, found, templates, tree_limits, progress)
     since_improved = iterations = 0
     while True:
         stopped = _stop_reason(ev, tree, tree_limits, since_improved, patience)
@@ -506,7 +526,14 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
         progress.tick(ev.n_sim, found.best)
         if log is not None:
             log(iterations, ev.n_sim, found.best)
-    local = _improve(ev, actions, found, max_depth, (deadline, tactic.max_evals), progress)
+    # local improvement from the best set found, then from the most promising goals whether they fit or not
+    # (moves that save memory may make them fit), then from the next best sets
+    best_sets = _ranked(ev, list(ev.evals))[:LOCAL_STARTS]
+    goals = sorted((k for k in dict.fromkeys(ev.key(t) for t in templates)
+                    if ev.evals.get(k) is not None and k not in best_sets),
+                   key=lambda k: (ev.promise(ev.evals[k]), ev.rank_of(k)))[:LOCAL_STARTS]
+    local = _improve(ev, actions, found, max_depth, (deadline, tactic.max_evals), progress,
+                     weight_pairs(actions, groups), best_sets[:1] + goals + best_sets[1:])
     progress.close()
     seconds, cpu_s = time.perf_counter() - t_start, time.process_time() - cpu_start
     best_key, best = found.key, found.best
@@ -544,9 +571,10 @@ class _Found:
         return True
 
 
-def _neighbours(key: tuple, actions: list, max_depth: int):
+def _neighbours(key: tuple, actions: list, max_depth: int, pairs: list = ()):
     """The sets one group move away from ``key``: one action dropped, one decision moved to another axis, one
-    action added (in this order, each in canonical action order)."""
+    action added, or one pair of ``pairs`` added (two weight decisions on one axis, as Megatron splits two
+    groups at once); in this order, each in canonical action order."""
     for a in key:
         yield tuple(b for b in key if b is not a)
     for a in key:
@@ -557,30 +585,38 @@ def _neighbours(key: tuple, actions: list, max_depth: int):
         for b in actions:
             if b not in key:
                 yield key + (b,)
+    if len(key) + 1 < max_depth:
+        for b, c in pairs:
+            if b not in key and c not in key:
+                yield key + (b, c)
 
 
-def _improve(ev: Evaluator, actions: list, found: _Found, max_depth: int, limits, progress, starts: int = 3) -> dict:
-    """Local improvement over single group moves (:func:`_neighbours`) from the best set and then from the
-    next best evaluated sets (``starts`` in all): evaluate every neighbour of the current set, move to the
-    best if it beats the current set, repeat until none does (a local optimum) or the limits ``(deadline,
-    max_evals)`` are reached. ``found`` keeps the best of everything evaluated. Returns ``{"evaluations",
-    "moves", "starts", "stopped"}``."""
+def weight_pairs(actions: list, groups: DimGroups) -> list[tuple]:
+    """Pairs of actions on one axis over two decisions that reach parameters and no data input."""
+    weights = {m.id for m in groups.macro if m.kind == "param" and not any(
+        input_kind(p) == "data" for g in m.groups for p, _ in g.inputs)}
+    ws = [a for a in actions if a.decision in weights]
+    return [(a, b) for a, b in itertools.combinations(ws, 2) if a.axis == b.axis]
+
+
+def _improve(ev: Evaluator, actions: list, found: _Found, max_depth: int, limits, progress, pairs: list,
+             starts: list) -> dict:
+    """Local improvement over single group moves (:func:`_neighbours`) from each of ``starts`` (sets already
+    evaluated) in turn: evaluate every neighbour of the current set, move to the best if it beats the current
+    set, repeat until none does (a local optimum) or the limits ``(deadline, max_evals)`` are reached.
+    ``found`` keeps the best of everything evaluated. Returns ``{"evaluations", "moves", "starts",
+    "stopped"}``."""
     deadline, max_evals = limits
     n0, moves, done = ev.n_sim, 0, []
 
     def report(why):
         return {"evaluations": ev.n_sim - n0, "moves": moves, "starts": len(done), "stopped": why}
 
-    while len(done) < starts:
-        ranked = sorted(((e, k) for k, e in ev.evals.items() if e is not None and k not in done),
-                        key=functools.cmp_to_key(lambda x, y: -1 if _better(x[0], x[1], y[0], y[1]) else
-                                                 (1 if _better(y[0], y[1], x[0], x[1]) else 0)))
-        if not ranked:
-            return report("local optimum")
-        cur_e, cur = ranked[0]
+    for cur in starts:
+        cur_e = ev.evals[cur]
         while True:
             start = cur
-            for k in _neighbours(start, actions, max_depth):
+            for k in _neighbours(start, actions, max_depth, pairs):
                 if time.perf_counter() + ev.expected_s() >= deadline:
                     return report("time budget")
                 if max_evals is not None and ev.n_sim >= max_evals:
@@ -597,6 +633,13 @@ def _improve(ev: Evaluator, actions: list, found: _Found, max_depth: int, limits
             moves += 1
         done.append(cur)
     return report("local optimum")
+
+
+def _ranked(ev: Evaluator, keys) -> list:
+    """The evaluated sets among ``keys``, best first (:func:`_better`)."""
+    evaluated = [(ev.evals[k], k) for k in keys if ev.evals.get(k) is not None]
+    order = functools.cmp_to_key(lambda x, y: -1 if _better(*x, *y) else (1 if _better(*y, *x) else 0))
+    return [k for _, k in sorted(evaluated, key=order)]
 
 
 def _templates(actions: list, groups: DimGroups) -> list[tuple]:
@@ -621,9 +664,11 @@ def _templates(actions: list, groups: DimGroups) -> list[tuple]:
 
 
 def _seed(ev: Evaluator, tree: _Tree, found: _Found, templates: list, limits, progress) -> int:
-    """Evaluate the ``templates`` (within the tree's ``limits``): the best of them is a starting point, and
-    each action's all-moves-as-first value learns from them. Returns how many were evaluated."""
+    """Evaluate the ``templates`` (within the tree's ``limits``) and make each a child of the root (a macro
+    move: the tree then refines the promising ones, one group at a time); each action's all-moves-as-first
+    value learns from them. Returns how many were evaluated."""
     n = 0
+    root = tree.nodes[()]
     for key in templates:
         if _stop_reason(ev, tree, limits, 0, 1) is not None:
             break
@@ -633,8 +678,7 @@ def _seed(ev: Evaluator, tree: _Tree, found: _Found, templates: list, limits, pr
             continue
         n += 1
         found.offer(key, e, ev.n_sim)
-        for a in key:
-            tree.amaf[a] = max(tree.amaf.get(a, 0.0), e.reward)
+        tree.adopt(root, key, e.reward)
         progress.tick(ev.n_sim, found.best)
     return n
 
