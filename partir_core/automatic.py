@@ -29,8 +29,8 @@ cannot be lowered (a ``ShardingError``) is never chosen. The reward of a state i
 The search, in three phases:
 
 1. *Goals* (:func:`_templates`): data parallelism over every subset of the axes, alone and with one ZeRO
-   action, are evaluated first (PartIR's goal-directed composite search: the strategies experts compose);
-   they set the all-moves-as-first values below.
+   action, are evaluated first (PartIR's goal-directed composite search: the strategies experts compose)
+   and become children of the tree's root (macro moves the tree refines one group at a time).
 2. *Tree* (until ``MCTS_SHARE`` of the time budget and of ``max_evals``): UCT over the sets (a node per set,
    shared between the orders that reach it: transpositions), with each node's value the best reward found
    below it (the problem is deterministic: the best leaf matters, not the mean), normalised among siblings;
@@ -39,9 +39,11 @@ The search, in three phases:
    never evaluated first), then of a heuristic prior (:func:`_priors`: batch parallelism, then heavy
    groups). Every expansion is evaluated directly (no random rollouts: every state is a complete strategy).
    It stops early when ``patience`` evaluations in a row did not improve the best, or the tree is exhausted.
-3. *Local improvement* (:func:`_improve`): from the best set and then the next best ones, best-improvement
-   moves over single group moves (drop an action, move a decision to another axis, add an action) to a
-   local optimum.
+3. *Local improvement* (:func:`_improve`): best-improvement moves over single group moves (drop an action,
+   move a decision to another axis, add an action, add two weight decisions on one axis as Megatron splits
+   two groups at once: :func:`_neighbours`) to a local optimum, from the best set found, then from the most
+   promising goals (step time scaled by how far their peak is over the budget, :meth:`Evaluator.promise`:
+   a fast goal that does not fit may fit after a move), then from the next best sets.
 
 Ties are broken by a ``random.Random(seed)``. With a budget of evaluations (``max_evals``) the search is
 deterministic for a seed: the same sets are evaluated in the same order and the same result is returned.

@@ -12,7 +12,8 @@ import partir_core as pc  # noqa: E402
 from partir_core import schedules  # noqa: E402
 from partir_core import models  # noqa: E402
 from partir_core.analysis import analyze_groups  # noqa: E402
-from partir_core.automatic import Evaluator, _better, _neighbours, _templates, build_actions  # noqa: E402
+from partir_core.automatic import (Evaluator, _better, _neighbours, _templates, build_actions,  # noqa: E402
+                                   weight_pairs)
 
 if len(jax.devices()) < 8:
     pytest.skip("needs 8 JAX devices (tests/conftest.py sets XLA_FLAGS)", allow_module_level=True)
@@ -179,8 +180,8 @@ def test_stats_report_the_evaluation_rate():
 
 
 def test_result_is_a_local_optimum_over_single_group_moves():
-    """No set one move away from the result (an action dropped, moved to another axis, or added) is better, as
-    scored afresh."""
+    """No set one move away from the result (an action dropped, moved to another axis, added, or a pair of weight
+    decisions added) is better, as scored afresh."""
     m, ins, _ = model_and_inputs("mlp")
     budget = bp_budget("mlp", MESH, 0.5)
     low = pc.jit(m.step, MESH, [auto(memory_budget_bytes=budget, time_budget_s=60)]).lower(*ins)
@@ -192,7 +193,7 @@ def test_result_is_a_local_optimum_over_single_group_moves():
     best = ev.evaluate(best_key)
     assert (best.step_time_s, best.peak_bytes) == (res.step_time_s, res.peak_bytes)
     n = 0
-    for k in _neighbours(best_key, actions, 2 * 2 + 2):
+    for k in _neighbours(best_key, actions, 2 * 2 + 2, weight_pairs(actions, res.groups)):
         e = ev.evaluate(ev.key(k))
         n += e is not None
         assert e is None or not _better(e, ev.key(k), best, best_key)
