@@ -48,8 +48,7 @@ The search, in three phases:
 Ties are broken by a ``random.Random(seed)``. With a budget of evaluations (``max_evals``) the search is
 deterministic for a seed: the same sets are evaluated in the same order and the same result is returned.
 With a wall-time budget, the order is the same but where it stops depends on the machine's speed; it stops
-when the next evaluation (taking as long as the mean or the last one, whichever is longer) would end past
-``time_budget_s``.
+when the next evaluation, if it took as long as the slowest so far, would end past ``time_budget_s``.
 
 Pieces: :class:`Evaluator` (states and scores of action sets), :class:`_Tree` (one iteration is
 :meth:`_Tree.descend`, selection then expansion, and :meth:`_Tree.backup`), :func:`_seed`, :func:`_improve`,
@@ -244,7 +243,7 @@ class Evaluator:
         self.by_fingerprint: dict = {}
         self.values = sorted(base.dims)
         self.n_sim = self.n_hits = self.n_fp_hits = 0
-        self.sim_s = self.last_s = 0.0
+        self.sim_s = self.slowest_s = 0.0
         self.t0 = None
 
     def key(self, acts) -> tuple:
@@ -301,6 +300,13 @@ class Evaluator:
         """The evaluation of set ``key`` (None if some action is not a move), scored from the set ``near`` (an
         evaluated set it differs little from: the node it was reached from) when the estimator still holds it,
         else from its canonical prefix or the start."""
+        t_start = time.perf_counter()
+        try:
+            return self._evaluate(key, near)
+        finally:
+            self.slowest_s = max(self.slowest_s, time.perf_counter() - t_start)
+
+    def _evaluate(self, key: tuple, near: tuple | None) -> Evaluation | None:
         if key in self.evals:
             self.n_hits += 1
             return self.evals[key]
@@ -319,8 +325,7 @@ class Evaluator:
                 t, peak, err = sim.step_time_s, sim.peak_bytes, None
             except ShardingError as e:  # a state that cannot be lowered (no reshard reaches a type) is never chosen
                 t, peak, err = math.inf, 1 << 62, f"{type(e).__name__}: {e}"
-            self.last_s = time.perf_counter() - t_start
-            self.sim_s += self.last_s
+            self.sim_s += time.perf_counter() - t_start
             self.n_sim += 1
             if self.t0 is None:
                 self.t0 = t if math.isfinite(t) and t > 0 else 1.0
@@ -331,9 +336,10 @@ class Evaluator:
         return ev
 
     def expected_s(self) -> float:
-        """How long the next scoring may take: the longer of the mean so far and the last one (the search
-        stops when the next one would end past its deadline)."""
-        return max(self.sim_s / self.n_sim, self.last_s) if self.n_sim else 0.0
+        """How long the next evaluation may take: as long as the slowest so far (one whose state and base
+        must be rebuilt takes several times the mean); the search stops when it would end past its
+        deadline."""
+        return self.slowest_s
 
     def reward(self, t, peak, err) -> float:
         if err is not None:
