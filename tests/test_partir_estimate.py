@@ -22,7 +22,8 @@ if len(jax.devices()) < 8:
     pytest.skip("needs 8 JAX devices (tests/conftest.py sets XLA_FLAGS)", allow_module_level=True)
 
 MESHES = {"2x4": redist.Mesh({"batch": 2, "model": 4}), "2x2x2": redist.Mesh({"batch": 2, "model": 2, "z": 2})}
-PRESETS = ["BP", "MP", "Z2", "Z3", "EMB", "BP+MP", "BP+Z2", "BP+Z3", "BP+MP+Z2", "BP+MP+Z3", "BP+MP+Z3+EMB"]
+PRESETS = {"2x4": ["BP", "MP", "Z2", "Z3", "EMB", "BP+MP", "BP+Z2", "BP+Z3", "BP+MP+Z2", "BP+MP+Z3", "BP+MP+Z3+EMB"],
+           "2x2x2": ["BP", "MP", "Z2", "Z3", "EMB", "BP+MP+Z3"]}
 
 
 def flax_or_skip():
@@ -69,7 +70,7 @@ def schedule_state(graph, rules, mesh, tactics) -> State:
 @pytest.mark.parametrize("mesh_name", list(MESHES))
 @pytest.mark.parametrize("name", ["mlp", "transformer", "gnn", "flax_lm"])
 def test_estimate_equals_the_simulation_of_every_preset(name, mesh_name):
-    """On every preset (and composition) of every model, the estimator's step time and peak equal
+    """On every preset of every model (and compositions of them), the estimator's step time and peak equal
     ``pf.lower(...).simulate()``'s exactly: scored from scratch, from the unpartitioned start, and from the
     preset scored before (a state that differs from it almost everywhere)."""
     mesh = MESHES[mesh_name]
@@ -79,7 +80,7 @@ def test_estimate_equals_the_simulation_of_every_preset(name, mesh_name):
     est, scratch = Estimator(graph, rules, mesh), Estimator(graph, rules, mesh)
     est.score((), start.states[0])
     previous, checked = (), 0
-    for p in PRESETS:
+    for p in PRESETS[mesh_name]:
         tactics = preset(p, m, ins, mesh)
         if tactics is None:
             continue
@@ -88,7 +89,7 @@ def test_estimate_equals_the_simulation_of_every_preset(name, mesh_name):
         for got in (scratch.score(p, state), est.score(p, state, previous), est.score(p + "/start", state, ())):
             assert (got.step_time_s, got.peak_bytes) == (want.step_time_s, want.peak_bytes), p
         previous, checked = p, checked + 1
-    assert checked >= 8
+    assert checked >= len(PRESETS[mesh_name]) - 2  # EMB (and its compositions) need an embedding
 
 
 def random_sets(graph, rules, mesh, seed, n, depth):
