@@ -1,5 +1,6 @@
 """AutomaticPartition: dimension groups, MCTS determinism and budgets, composition with manual tactics."""
 
+import random
 import time
 
 import pytest
@@ -12,8 +13,8 @@ import partir_core as pc  # noqa: E402
 from partir_core import schedules  # noqa: E402
 from partir_core import models  # noqa: E402
 from partir_core.analysis import analyze_groups  # noqa: E402
-from partir_core.automatic import (Evaluator, _better, _neighbours, _templates, build_actions,  # noqa: E402
-                                   weight_pairs)
+from partir_core.automatic import (Evaluator, _Tree, _better, _neighbours, _priors, _stop_reason,  # noqa: E402
+                                   _templates, build_actions, weight_pairs)
 
 if len(jax.devices()) < 8:
     pytest.skip("needs 8 JAX devices (tests/conftest.py sets XLA_FLAGS)", allow_module_level=True)
@@ -22,6 +23,9 @@ MESH = redist.Mesh({"batch": 2, "model": 4})
 MESH3 = redist.Mesh({"batch": 2, "model": 2, "z": 2})
 MP = pc.ManualPartition
 AP = pc.AutomaticPartition
+# A search that ends by itself (convergence, exhaustion, a local optimum) well before either limit: about 100-200
+# evaluations on these models, so its result does not depend on the machine's speed or load.
+SETTLED = {"max_evals": 1000, "time_budget_s": 600}
 
 
 def bp_budget(name, mesh, fraction=0.8):
@@ -73,7 +77,7 @@ def test_transformer_layer_grouping_and_conflicts():
 def test_mlp_result_runs_equals_and_rediscovers_megatron():
     m, ins, want = model_and_inputs("mlp")
     budget = bp_budget("mlp", MESH)
-    pf = pc.jit(m.step, MESH, [auto(axes=["batch", "model"], memory_budget_bytes=budget, time_budget_s=30)])
+    pf = pc.jit(m.step, MESH, [auto(axes=["batch", "model"], memory_budget_bytes=budget, **SETTLED)])
     low = pf.lower(*ins)
     res = low.automatic
     assert res is not None and res.tactics and all(isinstance(t, MP) for t in res.tactics)
@@ -91,7 +95,7 @@ def test_deterministic_for_a_seed():
 
     def run(seed):
         t = auto(axes=["batch", "model", "z"], memory_budget_bytes=budget, seed=seed, max_evals=25,
-                 patience=1000, time_budget_s=60)
+                 patience=1000, time_budget_s=600)
         res = pc.jit(m.step, MESH3, [t]).lower(*ins).automatic
         return [str(x) for x in res.tactics], res.step_time_s, res.stats["evaluations"], \
             [h[1:] for h in res.stats["history"]]
@@ -100,21 +104,40 @@ def test_deterministic_for_a_seed():
     assert a == b and a[2] <= 25
 
 
-def test_respects_a_small_time_budget():
+def test_stops_when_the_next_evaluation_would_end_past_the_deadline():
+    """The deadline logic itself, on a real evaluator: stop when the slowest evaluation so far, started now, would
+    end past the deadline; go on when it would end before."""
     m, ins, _ = model_and_inputs("transformer")
-    t0 = time.perf_counter()
+    low = pc.jit(m.step, MESH, []).lower(*ins)
+    groups = analyze_groups(low.graph, low.rules)
+    actions = build_actions(groups, low.graph, MESH, ["batch", "model"])
+    ev = Evaluator(low.graph, low.rules, MESH, low.states[0].copy(), 1, actions, None, None)
+    tree = _Tree(ev, actions, random.Random(0), 6, 1.0, ev.evaluate(()).reward, _priors(actions, groups,
+                                                                                          ["batch", "model"]))
+    assert ev.expected_s() == ev.slowest_s > 0
+    now = time.perf_counter()
+    assert _stop_reason(ev, tree, (now + ev.slowest_s / 2, None), 0, 10) == "time budget"
+    assert _stop_reason(ev, tree, (now + ev.slowest_s + 3600, None), 0, 10) is None
+    assert _stop_reason(ev, tree, (now + 3600, 1), 0, 10) == "max_evals"
+    assert _stop_reason(ev, tree, (now + 3600, None), 10, 10) == "converged"
+
+
+def test_a_small_time_budget_ends_the_search():
+    """With nothing else to stop it (no max_evals, no patience), a search of 2 s on the transformer stops by its
+    deadline, in the tree and in the local pass. The wall-clock bound is deliberately loose (a 30x margin): it
+    catches a search that ignores its budget (this one would run for hours), not a slow or loaded machine."""
+    m, ins, _ = model_and_inputs("transformer")
     low = pc.jit(m.step, MESH, [auto(axes=["batch", "model"], time_budget_s=2.0, patience=10 ** 6)]).lower(*ins)
-    elapsed = time.perf_counter() - t0
     st = low.automatic.stats
-    assert st["stopped"] == "time budget" and st["seconds"] < 2.0 + 1.5
-    assert elapsed < 10
+    assert st["stopped"] == "time budget" and st["local"]["stopped"] in ("time budget", "local optimum")
+    assert st["evaluations"] > 1 and st["seconds"] < 60
 
 
 def test_manual_bp_before_stays_intact():
     m, ins, want = model_and_inputs("gnn")
     budget = bp_budget("gnn", MESH)
     bp = schedules.schedule("BP", m, ins, mesh=MESH)
-    pf = pc.jit(m.step, MESH, bp + [auto(axes=["model"], memory_budget_bytes=budget, time_budget_s=30)])
+    pf = pc.jit(m.step, MESH, bp + [auto(axes=["model"], memory_budget_bytes=budget, **SETTLED)])
     low = pf.lower(*ins)
     before, after = low.states[1], low.states[2]
     for v, dims in before.dims.items():
@@ -133,7 +156,7 @@ def test_pasted_tactics_reproduce_the_program():
     budget = bp_budget("gnn", MESH3)
     bp = schedules.schedule("BP", m, ins, mesh=MESH3)
     low = pc.jit(m.step, MESH3, bp + [auto(axes=["model", "z"], memory_budget_bytes=budget,
-                                           time_budget_s=30)]).lower(*ins)
+                                           **SETTLED)]).lower(*ins)
     res = low.automatic
     pasted = pc.jit(m.step, MESH3, bp + [eval(str(t), {"ManualPartition": MP}) for t in res.tactics])
     low2 = pasted.lower(*ins)
@@ -148,13 +171,13 @@ def test_pasted_tactics_reproduce_the_program():
 def test_tight_budget_fits_or_raises():
     m, ins, want = model_and_inputs("mlp")
     budget = bp_budget("mlp", MESH, fraction=0.25)
-    pf = pc.jit(m.step, MESH, [auto(axes=["batch", "model"], memory_budget_bytes=budget, time_budget_s=30)])
+    pf = pc.jit(m.step, MESH, [auto(axes=["batch", "model"], memory_budget_bytes=budget, **SETTLED)])
     low = pf.lower(*ins)
     assert low.simulate().peak_bytes <= budget < low.automatic.start_peak_bytes
     assert_same(pf(*ins), want)
     with pytest.raises(pc.PartitionError, match="no sharding found within memory_budget_bytes=100"):
-        pc.jit(m.step, MESH, [auto(axes=["batch", "model"], memory_budget_bytes=100, time_budget_s=30,
-                                   patience=30)]).lower(*ins)
+        pc.jit(m.step, MESH, [auto(axes=["batch", "model"], memory_budget_bytes=100, patience=30,
+                                   **SETTLED)]).lower(*ins)
 
 
 def test_budget_error_names_the_smallest_peak_and_the_buffers_that_dominate_it():
@@ -175,7 +198,7 @@ def test_budget_error_names_the_smallest_peak_and_the_buffers_that_dominate_it()
 def test_stats_report_the_evaluation_rate():
     m, ins, _ = model_and_inputs("transformer")
     st = pc.jit(m.step, MESH, [auto(max_evals=20)]).lower(*ins).automatic.stats
-    assert st["evaluations"] == 20 and st["evals_per_s"] > 0 and st["evals_per_cpu_s"] >= st["evals_per_s"] * 0.5
+    assert st["evaluations"] == 20 and st["evals_per_s"] > 0 and st["evals_per_cpu_s"] > 0
     assert st["scoring_ms"] > 0 and st["op_choice_hits"] > 0 and st["templates"] > 0
 
 
@@ -184,7 +207,7 @@ def test_result_is_a_local_optimum_over_single_group_moves():
     decisions added) is better, as scored afresh."""
     m, ins, _ = model_and_inputs("mlp")
     budget = bp_budget("mlp", MESH, 0.5)
-    low = pc.jit(m.step, MESH, [auto(memory_budget_bytes=budget, time_budget_s=60)]).lower(*ins)
+    low = pc.jit(m.step, MESH, [auto(memory_budget_bytes=budget, **SETTLED)]).lower(*ins)
     res = low.automatic
     assert res.stats["local"]["stopped"] == "local optimum"
     actions = build_actions(res.groups, low.graph, MESH, ["batch", "model"])
@@ -258,5 +281,5 @@ def test_errors_and_no_budget():
     with pytest.raises(pc.PartitionError, match="memory_budget_bytes"):
         pc.jit(m.step, MESH, [AP(memory_budget_bytes=-1)]).lower(*ins)
     # no budget: only time matters; default axes: all of the mesh
-    res = pc.jit(m.step, MESH, [auto(time_budget_s=30)]).lower(*ins).automatic
+    res = pc.jit(m.step, MESH, [auto(**SETTLED)]).lower(*ins).automatic
     assert res.step_time_s <= res.start_time_s
