@@ -42,6 +42,7 @@ from mpi4py import MPI
 
 import redist
 import redist.mpi
+from redist.data import random_array
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
@@ -143,8 +144,7 @@ def allreduce_then_slice(src: redist.ShardingType, dst: redist.ShardingType):
 
 # ---------------------------------------------------------------------------------------------- one case
 def local_input(src: redist.ShardingType, seed: int):
-    rng = np.random.default_rng(seed)
-    full = rng.integers(-50, 50, size=src.shape).astype(src.np_dtype)
+    full = random_array(np.random.default_rng(seed), src.shape, src.np_dtype, -50, 50)
     plain = src.replace(partial=())
     block = full[plain.local_box(RANK)]
     if src.partial:

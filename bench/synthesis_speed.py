@@ -27,7 +27,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import redist  # noqa: E402
-from redist import steps, synthesis  # noqa: E402
+from redist import blocks, synthesis  # noqa: E402
+from bench import plots  # noqa: E402
 from bench.random_pairs import random_pair  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "synthesis_speed.json")
@@ -39,8 +40,8 @@ def measure(pairs) -> tuple[dict, list]:
     equal = exact_cases = exchanges = 0
     for src, dst in pairs:
         synthesis._synthesize.cache_clear()
-        steps.permute_sources.cache_clear()
-        steps.exchange_copies.cache_clear()
+        blocks.permute_sources.cache_clear()
+        blocks.exchange_copies.cache_clear()
         t0 = time.perf_counter()
         plan = redist.synthesize(src, dst)
         times.append(time.perf_counter() - t0)
@@ -106,7 +107,8 @@ def main(argv=None) -> dict:
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS, "w") as f:
         json.dump({"summary": summary, "cases": even_rows, "uneven_cases": uneven_rows}, f, indent=1)
-    print(f"wrote {os.path.relpath(RESULTS)}")
+    figures = plots.draw("synthesis_speed", RESULTS)
+    print(f"wrote {os.path.relpath(RESULTS)} and {', '.join(os.path.relpath(f) for f in figures)}")
     return summary
 
 

@@ -25,12 +25,13 @@ random action sets):
 3. Lowering and simulation: the winning choice is lowered and simulated as ``pf.lower(...).simulate()``
    does (:func:`partir_core.lowering.lower`, :func:`partir_core.simulator.simulate`); nothing runs on JAX.
 
-Control flow. Today ``scan``, ``while`` and ``cond`` have no rule: they run replicated and are scored as any
-op is. When they are partitioned, a loop is priced by the simulator this module calls (a body's compute,
-collectives and moves times its trip count, its peak the body's plus what the loop carries), so scoring
-needs no change there. The incremental parts need one: a loop whose choice reads the state of values inside
-its body must list those values among the values it names (:attr:`Structure.slots` and
-:attr:`Structure.touching`), so that a change inside the body makes the loop dirty and enters its key.
+Control flow. ``scan``, ``while`` and ``cond`` are inlined (:mod:`partir_core.ir`): a body's ops are ops of
+the program, between its region's enter and exit, and are propagated and chosen as any op is. An enter or exit
+is not chosen (:func:`~partir_core.choice.choose_op` fixes it from its own values' state and its operands'
+types), so the incremental parts need nothing more. The passes are compared by bytes received per call: a
+value read inside a body counts once per trip (:attr:`Structure.trips`), as
+:func:`~partir_core.choice.received_bytes` counts it; the simulator this module calls prices a loop as its
+trips times its body.
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ import heapq
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from partir_core.choice import FOLLOW, Analysis, cheapest, op_candidates, output_type, value_type
+from partir_core.choice import FOLLOW, Analysis, cheapest, choose_op, op_candidates, output_type, value_type
 from partir_core.factors import compose, group
-from partir_core.ir import CONTROL_FLOW, Graph
+from partir_core.ir import Boundary, Graph
 from partir_core.lowering import lower
 from partir_core.propagation import State, _slots, resolve
 from partir_core.reshard import finish_bytes, reshard_bytes
@@ -52,7 +53,9 @@ from partir_core.simulator import Simulation, simulate
 class Structure:
     """What never changes between candidates of one program: for every value, the ops that name it
     (``touching``: propagation and choice read its state there), its readers (``readers``: ``(eqn, operand
-    position)``: their demands price it) and its ``producer``; the outputs; the ops run replicated."""
+    position)``: their demands price it) and its ``producer``; how often per call its readers read it
+    (``trips``: inside a loop body, the loop's trips; 1 elsewhere) and how often each op runs its reductions
+    (``op_trips``); the outputs; the ops run replicated."""
 
     def __init__(self, graph: Graph, rules: list):
         self.graph, self.rules = graph, rules
@@ -69,8 +72,9 @@ class Structure:
                       for e in graph.eqns]
         self.producer = {v: i for i, eqn in enumerate(graph.eqns) for v in eqn.outvars}
         self.outputs = {v for v in graph.outvars if v not in graph.consts}
-        self.unsupported = [(i, e.name, "control flow: kept replicated (operands gathered, results replicated)"
-                             if e.name in CONTROL_FLOW else "no factor rule: kept replicated")
+        self.op_trips = [graph.read_trips(i) for i in range(len(graph.eqns))]
+        self.trips = {v: max([1] + [self.op_trips[i] for i, _ in rs]) for v, rs in self.readers.items()}
+        self.unsupported = [(i, e.name, "no factor rule: kept replicated")
                             for i, (e, r) in enumerate(zip(graph.eqns, rules)) if r is None]
 
 
@@ -183,6 +187,8 @@ class _Chooser:
         is read by no one (lowering reads ``use``'s factors only)."""
         g, state, memo = self.graph, self.state, self.memo
         eqn = g.eqns[i]
+        if isinstance(eqn.prim, Boundary):  # fixed, not chosen, and cheap: not remembered
+            return choose_op(g, self.s.rules, i, state, types, self.mesh, True, targets)
         if i not in self.state_keys:  # the same in every pass
             slots = self.s.slots[i]
             provs = sorted({p for v in slots for p in state.prov[v] if p is not None})
@@ -273,12 +279,12 @@ class _Chooser:
                 want.add(output_type(g, _Types(types), self.state, v, self.mesh))
             if want:
                 demands[v] = list(want) if len(want) == 1 else sorted(want, key=str)
-                received[v] = sum(reshard_bytes(types[v], t) for t in demands[v])
+                received[v] = self.s.trips.get(v, 1) * sum(reshard_bytes(types[v], t) for t in demands[v])
             else:
                 demands.pop(v, None)
                 received.pop(v, None)
         for i in op_ids:
-            finished[i] = sum(finish_bytes(axes, ops[i].out_types) for _, axes in ops[i].finish)
+            finished[i] = self.s.op_trips[i] * sum(finish_bytes(axes, ops[i].out_types) for _, axes in ops[i].finish)
         return _Pass(targets, ops, types, demands, received, finished,
                      sum(received.values()) + sum(finished.values()))
 

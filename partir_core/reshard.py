@@ -42,12 +42,15 @@ from partir_core import keys
 class Collective:
     """One collective of the partitioned program: its ``kind`` (a plan step's, or ``all_reduce_max`` /
     ``all_reduce_min`` finishing a reduction), the mesh axes or sub-axes it runs over (a permute: all mesh axes),
-    the ``bytes`` a device receives in it (redist's accounting) and ``where`` in the program it is."""
+    the ``bytes`` a device receives in it (redist's accounting), ``where`` in the program it is, and how often
+    it runs per call (``trips``: inside a loop body, the loop's trip count; so a device receives ``bytes *
+    trips`` in it per call)."""
 
     kind: str
     axes: tuple
     bytes: float
     where: str
+    trips: int = 1
 
 
 @dataclass(frozen=True)
@@ -93,10 +96,7 @@ def _gather_then_slice(src: ShardingType, dst: ShardingType) -> redist.Plan:
         steps.append(S.AllReduce(drop))
     steps += [S.AllGather(d, tuple(axes)) for d, axes in enumerate(src.dims) if axes]
     steps += [S.AllSlice(d, tuple(axes)) for d, axes in enumerate(dst.dims) if axes]
-    types = [src]
-    for step in steps:
-        types.append(step.apply(types[-1]))
-    return redist.Plan(tuple(steps), tuple(types))
+    return redist.Plan.from_steps(src, steps)
 
 
 def reshard_bytes(src: ShardingType, dst: ShardingType) -> float:

@@ -1,23 +1,28 @@
-"""Shared helpers for the proof scripts and tests: meshes, sharding types (random and exhaustive), and a
-numpy oracle that runs a program on concrete data. The oracle uses the library's own data helpers
-(``shard``/``unshard``) and the numpy backend: it is an independent *witness*, not the verifier."""
+"""Shared helpers for the proof scripts and tests: every mesh, layout and pair up to a size (exhaustive
+enumeration; random ones come from :mod:`redist.testing`), and a numpy oracle that runs a program on concrete
+data. The oracle uses the library's own data helpers (``shard``/``unshard``) and the numpy backend: it is an
+independent *witness*, not the verifier."""
 
 from __future__ import annotations
 
 import itertools
 import math
-import random
+import sys
 
 import numpy as np
 
 from redist.backends import numpy_backend
-from redist.bounds import check_pair
-from redist.data import poison_padding, summands
-from redist.errors import ShardingError
+from redist.data import poison_padding, random_array, summands
 from redist.mesh import Mesh
 from redist.types import ShardingType
 
-AXIS_SIZES = [1, 2, 3, 4, 5, 6, 8]
+
+def progress(iterable=None, *, desc: str, total: int | None = None, unit: str = "it"):
+    """A tqdm progress bar on stderr: redrawn in place on a terminal, a line every 30 s into a log file."""
+    from tqdm import tqdm
+
+    return tqdm(iterable, desc=desc, total=total, unit=unit, file=sys.stderr, dynamic_ncols=True,
+                mininterval=0.5 if sys.stderr.isatty() else 30)
 
 
 # ----------------------------------------------------------------------------- meshes
@@ -38,112 +43,7 @@ def all_meshes(max_devices: int = 8, min_size: int = 2, max_axes: int = 3) -> li
     return out
 
 
-def random_mesh(rng: random.Random, max_axes: int = 4, max_devices: int = 16, min_devices: int = 1) -> Mesh:
-    while True:
-        n = rng.randint(1, max_axes)
-        sizes = []
-        for _ in range(n):
-            budget = max_devices // max(1, math.prod(sizes))
-            sizes.append(rng.choice([s for s in AXIS_SIZES if s <= budget] or [1]))
-        if math.prod(sizes) >= min_devices:
-            return Mesh({f"a{i}": s for i, s in enumerate(sizes)})
-
-
 # ----------------------------------------------------------------------------- layouts
-def _factorizations(n: int) -> list[list[int]]:
-    """Ordered factorizations of n into factors >= 2 (for splitting an axis into sub-axes)."""
-    if n == 1:
-        return [[]]
-    out = []
-    for f in range(2, n + 1):
-        if n % f == 0:
-            out += [[f] + rest for rest in _factorizations(n // f)]
-    return out
-
-
-def _tokens_of(mesh: Mesh, name: str, factors: list[int]) -> list[str]:
-    full = mesh.axis_size(name)
-    if len(factors) <= 1:
-        return [name]
-    toks, pre = [], 1
-    for f in factors:
-        toks.append(f"{name}:({pre}){f}")
-        pre *= f
-    return toks
-
-
-def random_layout(rng: random.Random, mesh: Mesh, rank: int, partial=True, sub_axes: float = 0.0,
-                  forbid_partial=()):
-    """Per-dim token lists and partial tokens: every axis (or sub-axis) goes to a dim, partial or nowhere."""
-    tokens = []
-    for name, size in mesh.axes:
-        facts = _factorizations(size)
-        split = [f for f in facts if len(f) > 1]
-        if split and rng.random() < sub_axes:
-            tokens += _tokens_of(mesh, name, rng.choice(split))
-        else:
-            tokens.append(name)
-    rng.shuffle(tokens)
-    dims = [[] for _ in range(rank)]
-    part = []
-    for a in tokens:
-        choice = rng.randint(0, rank + 1)
-        if choice < rank:
-            dims[choice].append(a)
-        elif choice == rank and partial and a not in forbid_partial:
-            part.append(a)
-    return tuple(map(tuple, dims)), tuple(part)
-
-
-def random_pair(rng: random.Random, mesh: Mesh, max_rank: int = 3, partial: float = 0.3, sub_axes: float = 0.2,
-                dtype: str = "f32", multipliers=(1, 1, 2, 3), uneven: float = 0.0):
-    """A (source, destination) pair with a common shape; dst.partial is a subset of src.partial. Sub-axes of
-    one axis on the two sides always come from one factorization of it (others are rejected by redist).
-
-    Each dim is a multiple of the block counts of both sides (``multipliers`` times their lcm), except that
-    with probability ``uneven`` the pair is *uneven*: every dim gets any size from 0 to twice the larger of
-    its two block counts plus one, and draws in which both types still divide evenly are rejected, so an
-    uneven pair has padding on at least one side (XLA's padding rule, SPEC 2). The mesh must then have two
-    devices or more. The default (``uneven=0``) draws exactly what it did before uneven dims existed."""
-    while True:
-        want_uneven = uneven > 0 and rng.random() < uneven
-        try:
-            src, dst = _random_pair(rng, mesh, max_rank, partial, sub_axes, dtype, multipliers, want_uneven)
-            check_pair(src, dst)
-        except ShardingError:
-            continue
-        if want_uneven and src.is_even() and dst.is_even():
-            continue
-        return src, dst
-
-
-def _random_pair(rng, mesh, max_rank, partial, sub_axes, dtype, multipliers, uneven=False):
-    rank = rng.randint(0, max_rank)
-    d1, p1 = random_layout(rng, mesh, rank, partial=rng.random() < partial, sub_axes=sub_axes)
-    d2, _ = random_layout(rng, mesh, rank, partial=False, sub_axes=sub_axes)
-    used2 = _pieces_used(mesh, d2)
-    p1 = ShardingType(mesh, (), dtype, (), p1).partial  # canonical tokens (adjacent sub-axes merge)
-    free = [a for a in p1 if not (_pieces_used(mesh, ((a,),)) & used2)]
-    p2 = tuple(a for a in free if rng.random() < 0.5)
-    shape = []
-    for i in range(rank):
-        k1, k2 = mesh.group_size(d1[i]), mesh.group_size(d2[i])
-        shape.append(rng.randint(0, 2 * max(k1, k2) + 1) if uneven else math.lcm(k1, k2) * rng.choice(multipliers))
-    src = ShardingType(mesh, tuple(shape), dtype, d1, p1)
-    dst = ShardingType(mesh, tuple(shape), dtype, d2, p2)
-    return src, dst
-
-
-def _pieces_used(mesh: Mesh, dims) -> set:
-    """Unit factor positions (axis, position) covered by tokens, for overlap tests."""
-    out = set()
-    for d in dims:
-        for tok in d:
-            name, pre, size = mesh.sub_axis(tok)
-            out |= {(name, p) for p in range(pre, pre * size)}
-    return out
-
-
 def all_layouts(mesh: Mesh, rank: int, partial: bool = True):
     """Every assignment of the mesh's whole axes to (ordered) dims, partial, or nowhere."""
     names = mesh.names
@@ -174,11 +74,13 @@ def source_buffers(src: ShardingType, rng: np.random.Generator):
     element shows); for a partial type every partial group gets its own random summands (SPEC 4: any summands
     whose group sums are right), so dropping, doubling or mixing summands shows too. Every padding position
     of every buffer (uneven dims, SPEC 2) is poisoned (:func:`redist.data.poison_padding`: NaN, or the largest
-    integer), so a program that reads padding as data gives a wrong datum."""
-    n = math.prod(src.shape)
-    value = (rng.permutation(n) + 1).reshape(src.shape).astype(src.np_dtype)
-    bufs = summands(src, value, rng, low=-50, high=51)
-    return (bufs if src.is_even() else poison_padding(src, bufs)), value
+    integer), so a program that reads padding as data gives a wrong datum. For a pending product the
+    elements are ``2 … N+1``: a product that takes its summands twice gives the square of the value, which
+    1 (the one element of a scalar) would hide."""
+    value = random_array(rng, src.shape, src.np_dtype, distinct=True)
+    if src.partial and src.reduction == "prod" and src.dtype != "bool":
+        value = value + np.ones((), value.dtype)
+    return poison_padding(src, summands(src, value, rng, low=-50, high=51)), value
 
 
 def oracle(program, src: ShardingType, dst: ShardingType, seed: int = 0, trials: int = 2) -> tuple[bool, str]:
@@ -186,7 +88,11 @@ def oracle(program, src: ShardingType, dst: ShardingType, seed: int = 0, trials:
     :func:`source_buffers`); True iff the result is the same value laid out as ``dst`` (group sums for
     partial ``dst``; replicas must agree), compared at the data positions of ``dst`` only: ``unshard`` reads
     no padding, which may hold anything. A program that raises at run time, or gives the wrong local shape,
-    is wrong."""
+    is wrong. So is a result whose dtype is not ``dst``'s, and a ``dst`` on another mesh than the program's
+    result (``program.dst_mesh``; SPEC 1: another mesh, device order included, is another type, even where
+    the data happen to sit on the same devices); ``dst``'s layout is read on its own mesh, so a misplaced
+    block shows as wrong values first. Group reductions are ``dst``'s kind (``unshard``), and summands are
+    made for ``src``'s kind (:func:`redist.data.summands`)."""
     from redist.data import unshard
 
     rng = np.random.default_rng(seed)
@@ -196,9 +102,30 @@ def oracle(program, src: ShardingType, dst: ShardingType, seed: int = 0, trials:
             out = numpy_backend.run(program, bufs)
             if any(tuple(x.shape) != dst.local_shape for x in out):
                 return False, "wrong local shape"
+            if any(x.dtype != dst.np_dtype for x in out):
+                return False, f"the result is {out[0].dtype}, not {dst.dtype}"
             got = unshard(dst, out)
         except Exception as e:  # noqa: BLE001 - a program that raises at run time is wrong
             return False, f"raised {type(e).__name__}: {e}"
         if not np.array_equal(got, value):
             return False, "wrong values"
+    if dst.mesh != program.dst_mesh:
+        return False, f"the result is on mesh {program.dst_mesh!r}, not {dst.mesh!r}"
     return True, "equal"
+
+
+# ----------------------------------------------------------------------------- device orders
+def device_orders(mesh: Mesh) -> list[Mesh]:
+    """Other device orders of ``mesh``'s axes (SPEC 1), for exhaustive checks: the devices reversed, numbered
+    column-major (the first axis fastest), and rotated by one position (none for a mesh of one device)."""
+    n = mesh.size
+    if n < 2:
+        return []
+    column_major = np.arange(n).reshape(mesh.shape[::-1]).transpose().reshape(-1)
+    orders = [list(range(n - 1, -1, -1)), column_major.tolist(), [(p + 1) % n for p in range(n)]]
+    out = []
+    for ids in orders:
+        m = mesh.reordered(ids)
+        if m != mesh and m not in out:
+            out.append(m)
+    return out

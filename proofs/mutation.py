@@ -3,19 +3,23 @@
 Operators (each mutant is a modified :class:`redist.program.Program`; its buffer shapes are re-derived from
 its instructions so that it is a well-formed program wherever the mutation allows — a mutant whose shapes
 cannot be derived, e.g. a split that no longer divides, is ill-formed: it keeps the original shapes and the
-verifier must still refute it; the numpy backend raises on it or, for an exchange copy off a buffer's edge,
-which numpy slicing clips, gives a wrong result):
+verifier must still refute it; the numpy backend refuses it, as every backend checks a program's shapes
+and copies before running it):
 
 - ``reverse_axes``: an instruction's axes tuple reversed (swaps the group members' order);
-- ``wrong_dim``: an instruction's dim (or split / concat dim) moved to another dim;
-- ``swap_a2a_dims``: an all-to-all's split and concat dims exchanged;
+- ``wrong_dim``: an instruction's dim moved to another dim (an all-to-all has none: its chunks are its
+  leading dim, placed by the transposes around it);
 - ``wrong_axis``: one axis token replaced by another mesh axis or sub-axis not already named there;
 - ``drop``: one instruction removed;
 - ``duplicate``: one instruction repeated;
 - ``swap_permute_pair``: two entries of a collective permute's source table exchanged;
 - ``reduce_kind``: a reduce-scatter turned into an all-reduce or back (with a slice);
-- ``swap_transpose``: two entries of a local transpose's permutation exchanged (the transposes around a
-  two-move all-to-all);
+- ``wrong_reduction``: a reduce-scatter's or all-reduce's reduction kind replaced by another the dtype has
+  (not on ``bool``, whose sum and maximum are both "or", nor over a group of one device, where every kind
+  is the identity: such mutants are equivalent, but the verifier refutes them, SPEC 2: a plan never converts
+  between kinds);
+- ``swap_transpose``: two entries of a local transpose's permutation exchanged (the transposes around an
+  all-to-all);
 - on an ``Exchange`` (point-to-point copies, uneven dims): ``drop_copy`` (one copy of one device removed),
   ``shift_copy_src`` / ``shift_copy_dst`` (one copy's ``src_start`` / ``dst_start`` moved by ±1 along one
   dim, where the exchange stays well-formed), ``shift_copy_off`` (such a move that leaves the exchange
@@ -24,27 +28,52 @@ which numpy slicing clips, gives a wrong result):
   when a copy names no device, does not fit the buffer it reads or the one it writes, or overlaps another
   copy of its device.
 
+On the claim side (each mutant is the plan's program with a claimed destination type that differs from the
+plan's in one field the value query does not read; claims that are not well-formed types are skipped, as
+nobody can make them):
+
+- ``claim_dtype``: another dtype (those of the same item size among them: ``i32`` for ``f32``);
+- ``claim_mesh_order``: the mesh's axes in another order (``y=2,x=4`` for ``x=4,y=2``): the same devices,
+  numbered differently (device 1 is at ``x=0,y=1`` on one and ``y=0,x=1`` on the other, so it holds another
+  block than the claim says unless the type replicates over those axes);
+- ``claim_axis_sizes``: the same axis names in the same order, with other sizes of the same product (``x=4,y=2``
+  for ``x=2,y=4``, or a prime factor moved between two axes);
+- ``claim_shape``: one dim one element longer;
+- ``claim_device_order``: the same axes with the devices in another order (``device_ids`` reversed, rotated
+  by one, or a random permutation; SPEC 1: another mesh is another type): a device then holds the block of
+  another position;
+- ``claim_reduction``: a partial claim of another reduction kind the dtype has (not on ``bool``, nor where
+  the partial group is one device: see ``wrong_reduction``).
+
 Uneven plans are mutated too: fixed pairs of both kinds (collectives on the padded view between ``pad`` and
 ``unpad``, whose program is the even program on the padded buffers, so the operators above apply; and an
 exchange, with or without an all-reduce), and a share of the random pairs. The oracle fills source padding
 with NaN, so a mutant that reads padding as data is non-equivalent.
 
 Not covered: an off-by-one slice bound. The instruction set cannot express it (a ``Slice`` always keeps
-chunk ``r`` of ``k`` equal chunks), and a mutant-only subclass would be executed by the numpy backend as
-the plain ``Slice`` it subclasses, so the backend could not witness it; the operator is skipped.
+chunk ``r`` of ``k`` equal chunks), and the backends refuse a mutant-only subclass (they run the
+instructions of :mod:`redist.program` only), so no backend could witness it; the operator is skipped.
+
+The random plans are drawn with the features of issue 15: partial sources of every reduction kind, source
+meshes and destinations in random device orders, complex and bool dtypes among the real ones.
 
 A mutant the verifier proves correct (a survivor) must be equivalent: the numpy backend, run on random
-data (distinct elements, random summands per partial group), must give the correct result. A mutant the
-verifier refutes while the backend finds it correct is a false alarm. Both are failures of this script.
+data (distinct elements, random summands per partial group), must give the correct result (in the claimed
+dtype, on the claimed mesh: :func:`proofs.common.oracle`). A mutant the verifier refutes while the backend
+finds it correct is a false alarm. Both are failures of this script, and so are a mutant the verifier leaves
+undecided and a refuted claim mutant without a counterexample.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import random
 import sys
 import time
+
+import numpy as np
 
 from redist import program as P
 from redist.synthesis import synthesize
@@ -80,11 +109,8 @@ def derive_shapes(prog: P.Program, instructions) -> tuple | None:
                     x[ins.dim] //= k
                 elif isinstance(ins, P.AllGather):
                     x[ins.dim] *= k
-                elif isinstance(ins, P.AllToAll):
-                    if x[ins.split_dim] % k:
-                        return None
-                    x[ins.split_dim] //= k
-                    x[ins.concat_dim] *= k
+                elif isinstance(ins, P.AllToAll) and x[0] != k:
+                    return None
         except (IndexError, ValueError):
             return None
         shapes.append(tuple(x))
@@ -164,15 +190,11 @@ def mutants(prog: P.Program, rng: random.Random, max_per_op: int = 3):
         axes = getattr(x, "axes", None)
         if axes and len(axes) >= 2:
             add("reverse_axes", f"{t}: axes {axes} reversed", ins[:t] + [dataclasses.replace(x, axes=axes[::-1])] + ins[t + 1:])
-        for field in ("dim", "split_dim", "concat_dim"):
-            if hasattr(x, field):
-                for d in range(rank):
-                    if d != getattr(x, field):
-                        add("wrong_dim", f"{t}: {field} {getattr(x, field)} -> {d}",
-                            ins[:t] + [dataclasses.replace(x, **{field: d})] + ins[t + 1:])
-        if isinstance(x, P.AllToAll):
-            add("swap_a2a_dims", f"{t}: split/concat exchanged",
-                ins[:t] + [P.AllToAll(x.concat_dim, x.split_dim, x.axes)] + ins[t + 1:])
+        if hasattr(x, "dim"):
+            for d in range(rank):
+                if d != x.dim:
+                    add("wrong_dim", f"{t}: dim {x.dim} -> {d}",
+                        ins[:t] + [dataclasses.replace(x, dim=d)] + ins[t + 1:])
         if axes:
             for j in range(len(axes)):
                 for tok in _tokens(mesh):
@@ -203,13 +225,87 @@ def mutants(prog: P.Program, rng: random.Random, max_per_op: int = 3):
             for op, desc, y in _exchange_mutants(x, prog.shapes[t], mesh.size):
                 add(op, f"{t}: {desc}", ins[:t] + [y] + ins[t + 1:])
         if isinstance(x, P.ReduceScatter):
-            add("reduce_kind", f"{t}: reduce_scatter -> all_reduce", ins[:t] + [P.AllReduce(x.axes)] + ins[t + 1:])
+            add("reduce_kind", f"{t}: reduce_scatter -> all_reduce",
+                ins[:t] + [P.AllReduce(x.axes, x.reduction)] + ins[t + 1:])
         if isinstance(x, P.AllReduce) and rank:
             add("reduce_kind", f"{t}: all_reduce -> reduce_scatter + all_gather",
-                ins[:t] + [P.ReduceScatter(0, x.axes), P.AllGather(0, x.axes[::-1])] + ins[t + 1:])
+                ins[:t] + [P.ReduceScatter(0, x.axes, x.reduction), P.AllGather(0, x.axes[::-1])] + ins[t + 1:])
+        if isinstance(x, (P.ReduceScatter, P.AllReduce)):
+            for kind in _other_reductions(x.reduction, prog.dtype, mesh.group_size(x.axes)):
+                add("wrong_reduction", f"{t}: {x.reduction} -> {kind}",
+                    ins[:t] + [dataclasses.replace(x, reduction=kind)] + ins[t + 1:])
     for op, lst in found.items():
         rng.shuffle(lst)
         yield from lst[:max_per_op]
+
+
+def claim_mutants(dst, rng: random.Random, max_per_op: int = 3):
+    """Yield (operator, description, claim) for the claim-side operators of the module docstring: types
+    that differ from ``dst`` in its dtype, its mesh's axis order, its mesh's axis sizes, its shape, its
+    mesh's device order or its reduction kind."""
+    from redist.errors import ShardingError
+    from redist.mesh import Mesh, prime_factors
+    from redist.types import DTYPES, ShardingType
+
+    def on(mesh, shape=dst.shape, dtype=dst.dtype, reduction=dst.reduction):
+        try:
+            return ShardingType(mesh, shape, dtype, dst.dims, dst.partial, reduction)
+        except ShardingError:  # a sub-axis that does not fit the new mesh: not a claim anyone can make
+            return None
+
+    axes, sizes = list(dst.mesh.axes), list(dst.mesh.shape)
+    found = {
+        "claim_dtype": [(f"dtype {dst.dtype} -> {d}", on(dst.mesh, dtype=d)) for d in DTYPES if d != dst.dtype],
+        "claim_mesh_order": [(f"mesh {dst.mesh} -> {Mesh(order)}", on(Mesh(order)))
+                             for order in itertools.permutations(axes) if list(order) != axes],
+        "claim_axis_sizes": [],
+        "claim_device_order": [(f"device_ids {list(dst.mesh.device_ids)} -> {list(m.device_ids)}", on(m))
+                               for m in _other_device_orders(dst.mesh, rng)],
+        "claim_reduction": [(f"partial({dst.reduction}) -> partial({k})", on(dst.mesh, reduction=k))
+                            for k in (_other_reductions(dst.reduction, dst.np_dtype, dst.mesh.group_size(dst.partial))
+                                      if dst.partial else ())],
+        "claim_shape": [(f"dim {i} of {n} -> {n + 1}", on(dst.mesh, shape=dst.shape[:i] + (n + 1,) + dst.shape[i + 1:]))
+                        for i, n in enumerate(dst.shape)],
+    }
+    resized = {tuple(p) for p in itertools.permutations(sizes)}
+    for i, j in itertools.permutations(range(len(sizes)), 2):
+        for p in set(prime_factors(sizes[i])):
+            new = list(sizes)
+            new[i], new[j] = new[i] // p, new[j] * p
+            resized.add(tuple(new))
+    for new in sorted(resized - {tuple(sizes)}):
+        mesh = Mesh(tuple((name, n) for (name, _), n in zip(axes, new)))
+        found["claim_axis_sizes"].append((f"mesh {dst.mesh} -> {mesh}", on(mesh)))
+    for op, lst in found.items():
+        lst = [(desc, claim) for desc, claim in lst if claim is not None]
+        rng.shuffle(lst)
+        for desc, claim in lst[:max_per_op]:
+            yield op, desc, claim
+
+
+def _other_reductions(kind: str, dtype, group: int) -> list[str]:
+    """The reduction kinds other than ``kind`` that ``dtype`` has, as mutants that change the result: none for
+    ``bool`` (sum and maximum are both "or") or for a group of one device (every kind is the identity)."""
+    from redist.types import REDUCTIONS
+
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_ or group < 2:
+        return []
+    return [k for k in REDUCTIONS if k != kind and not (dtype.kind == "c" and k in ("max", "min"))]
+
+
+def _other_device_orders(mesh, rng: random.Random) -> list:
+    """``mesh``'s axes with its device ids reversed, rotated by one position and randomly permuted (those that
+    differ from ``mesh``; none for one device)."""
+    ids = list(mesh.device_ids)
+    shuffled = list(ids)
+    rng.shuffle(shuffled)
+    out = []
+    for order in (ids[::-1], ids[1:] + ids[:1], shuffled):
+        m = mesh.reordered(order)
+        if m != mesh and m not in out:
+            out.append(m)
+    return out
 
 
 # Pairs whose plans use every instruction kind, the two-move all-to-all (local reshapes and transposes
@@ -234,40 +330,51 @@ FIXED_UNEVEN_PAIRS = [
 ]
 # The two kinds of uneven plan (words of :func:`proofs.exhaustive.plan_shape`) that the run must mutate.
 UNEVEN_KINDS = ("padded collectives", "exchange")
+# The dtypes of the random plans: mostly f32, complex, bool and an integer type among them.
+DRAWN_DTYPES = ("f32", "f32", "f32", "c64", "c128", "bool", "i32")
 
 def run(n_plans: int = 300, seed: int = 0, max_per_op: int = 3, uneven: float = 0.3) -> dict:
     """Mutate the fixed pairs' plans, then random plans (a share ``uneven`` of them uneven) up to ``n_plans``
     plans. ``uneven_plans`` counts the uneven plans mutated by :func:`proofs.exhaustive.plan_shape`; ``ok``
     also needs each of :data:`UNEVEN_KINDS` in some of them."""
-    from proofs.common import random_mesh, random_pair
+    from proofs.common import progress
     from redist import Mesh, ShardingType
+    from redist.testing import SeededDraw, draw_mesh, draw_pair
+    from redist.types import REDUCTIONS
 
     rng = random.Random(seed)
+    draw = SeededDraw(rng)
     t0 = time.perf_counter()
     stats = {"plans": 0, "mutants": 0, "ill_formed": 0, "killed_by_verify": 0, "survivors": 0,
-             "equivalent_survivors": 0, "unsound": [], "false_alarms": [], "by_op": {}, "uneven_plans": {}}
-    for mesh_text, a, b in FIXED_PAIRS + FIXED_UNEVEN_PAIRS:
-        mesh = Mesh.parse(mesh_text)
-        src, dst = ShardingType.parse(a, mesh), ShardingType.parse(b, mesh)
-        _mutate(synthesize(src, dst), src, dst, rng, max_per_op, stats)
-    while stats["plans"] < n_plans:
-        mesh = random_mesh(rng, max_axes=3, max_devices=8, min_devices=2)
-        src, dst = random_pair(rng, mesh, max_rank=3, partial=0.4, sub_axes=0.25, uneven=uneven)
-        plan = synthesize(src, dst)
-        if plan.steps:
-            _mutate(plan, src, dst, rng, max_per_op, stats)
+             "equivalent_survivors": 0, "unsound": [], "false_alarms": [], "undecided": [], "no_counterexample": [],
+             "by_op": {}, "uneven_plans": {}}
+    fixed = FIXED_PAIRS + FIXED_UNEVEN_PAIRS
+    with progress(desc="mutation", total=max(n_plans, len(fixed)), unit="plan") as bar:
+        for mesh_text, a, b in fixed:
+            mesh = Mesh.parse(mesh_text)
+            src, dst = ShardingType.parse(a, mesh), ShardingType.parse(b, mesh)
+            _mutate(synthesize(src, dst), src, dst, rng, max_per_op, stats)
+            bar.update()
+        while stats["plans"] < n_plans:
+            mesh = draw_mesh(draw, max_axes=3, max_devices=8, min_devices=2, device_order=0.2)
+            src, dst = draw_pair(draw, mesh, partial=0.4, sub_axes=0.25, uneven=uneven, dtype=DRAWN_DTYPES,
+                                 reductions=REDUCTIONS, reorder=0.2)
+            plan = synthesize(src, dst)
+            if plan.steps:
+                _mutate(plan, src, dst, rng, max_per_op, stats)
+                bar.update()
     non_equiv = stats["mutants"] - stats["equivalent_survivors"]
     stats["non_equivalent"] = non_equiv
     stats["kill_rate"] = stats["killed_by_verify"] / non_equiv if non_equiv else 1.0
     stats["seconds"] = time.perf_counter() - t0
     stats["missing_uneven_kinds"] = [k for k in UNEVEN_KINDS if not any(k in shape for shape in stats["uneven_plans"])]
-    stats["ok"] = not stats["unsound"] and not stats["false_alarms"] and not stats["missing_uneven_kinds"]
+    stats["ok"] = not (stats["unsound"] or stats["false_alarms"] or stats["undecided"] or stats["no_counterexample"]
+                       or stats["missing_uneven_kinds"])
     return stats
 
 
 def _mutate(plan, src, dst, rng, max_per_op, stats) -> None:
-    """Mutate one plan's program; count every mutant into ``stats``."""
-    from proofs.common import oracle
+    """Mutate one plan's program, then its claim; count every mutant into ``stats``."""
     from proofs.exhaustive import plan_shape
 
     stats["plans"] += 1
@@ -277,44 +384,59 @@ def _mutate(plan, src, dst, rng, max_per_op, stats) -> None:
     prog = plan.program
     for op, desc, new in mutants(prog, rng, max_per_op):
         shapes = derive_shapes(prog, new)
-        row = stats["by_op"].setdefault(op, {"mutants": 0, "killed": 0, "equivalent": 0, "ill_formed": 0})
-        row["mutants"] += 1
-        stats["mutants"] += 1
-        if shapes is None:
+        ill_formed = shapes is None
+        if ill_formed:
             # Ill-formed (a split that does not divide, a dim that does not exist): hand the verifier the
             # program with the original shapes, padded; it must refute it. The backend raises on it or gives
             # a wrong result (see the module docstring); if it gave the right one, that is a false alarm below.
-            stats["ill_formed"] += 1
-            row["ill_formed"] += 1
             shapes = (tuple(prog.shapes) + (prog.shapes[-1],) * len(new))[: len(new) + 1]
-        mut = P.Program(prog.mesh, prog.dtype, new, shapes)
-        v = verify_program(mut, src, dst)
-        ok, why = oracle(mut, src, dst, seed=stats["mutants"])
-        if v.ok:
-            stats["survivors"] += 1
-            if ok:
-                stats["equivalent_survivors"] += 1
-                row["equivalent"] += 1
-            else:
-                stats["unsound"].append(f"{src} -> {dst}: {desc}: verify proved it, numpy: {why}")
+        mutant = dataclasses.replace(prog, instructions=new, shapes=shapes)
+        _judge(op, desc, mutant, src, dst, stats, ill_formed=ill_formed)
+    for op, desc, claim in claim_mutants(dst, rng, max_per_op):
+        _judge(op, f"claim {claim}: {desc}", prog, src, claim, stats, claim_side=True)
+
+
+def _judge(op, desc, prog, src, dst, stats, ill_formed: bool = False, claim_side: bool = False) -> None:
+    """Verify one mutant, ask the numpy oracle, and count the outcome into ``stats``."""
+    from proofs.common import oracle
+
+    row = stats["by_op"].setdefault(op, {"mutants": 0, "killed": 0, "equivalent": 0, "ill_formed": 0})
+    row["mutants"] += 1
+    stats["mutants"] += 1
+    if ill_formed:
+        stats["ill_formed"] += 1
+        row["ill_formed"] += 1
+    v = verify_program(prog, src, dst)
+    ok, why = oracle(prog, src, dst, seed=stats["mutants"])
+    if v.status == "undecided":
+        stats["undecided"].append(f"{src} -> {dst}: {desc}: {v.reason}")
+    elif v.status == "proved":
+        stats["survivors"] += 1
+        if ok:
+            stats["equivalent_survivors"] += 1
+            row["equivalent"] += 1
         else:
-            stats["killed_by_verify"] += 1
-            row["killed"] += 1
-            if ok:
-                # Killed but the backend finds no difference on random data: recheck with more trials.
-                ok2, _ = oracle(mut, src, dst, seed=stats["mutants"] + 10**6, trials=6)
-                if ok2:
-                    stats["false_alarms"].append(f"{src} -> {dst}: {desc}: verify: {v.reason}")
+            stats["unsound"].append(f"{src} -> {dst}: {desc}: verify proved it, numpy: {why}")
+    else:
+        stats["killed_by_verify"] += 1
+        row["killed"] += 1
+        if claim_side and v.counterexample is None:
+            stats["no_counterexample"].append(f"{src} -> {dst}: {desc}: refuted without one: {v.reason}")
+        if ok:
+            # Killed but the backend finds no difference on random data: recheck with more trials.
+            ok2, _ = oracle(prog, src, dst, seed=stats["mutants"] + 10**6, trials=6)
+            if ok2:
+                stats["false_alarms"].append(f"{src} -> {dst}: {desc}: verify: {v.reason}")
 
 
 if __name__ == "__main__":
     s = run(int(sys.argv[1]) if len(sys.argv) > 1 else 300)
     for k, v in s.items():
-        if k not in ("unsound", "false_alarms", "by_op", "uneven_plans"):
+        if k not in ("unsound", "false_alarms", "undecided", "no_counterexample", "by_op", "uneven_plans"):
             print(f"{k}: {v}")
     for op, row in s["by_op"].items():
         print(f"  {op:<18} {row}")
     print("uneven plans:", s["uneven_plans"])
-    for line in s["unsound"] + s["false_alarms"]:
+    for line in s["unsound"] + s["false_alarms"] + s["undecided"] + s["no_counterexample"]:
         print(line)
     sys.exit(0 if s["ok"] else 1)

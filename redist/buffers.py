@@ -11,7 +11,9 @@ The rule: data is converted to the type's dtype only when no value can change.
   type into one whose range holds it (``i8`` into ``i32``, ``u8`` into ``i16``); an integer type into a
   float type that holds all of its integers (``i8``/``u8`` into ``f16`` or ``bf16``, ``i16`` into ``f32``,
   ``i32``/``u32`` into ``f64``); a float type into one of at least its precision and range (``f16`` or
-  ``bf16`` into ``f32``, ``f32`` into ``f64``). The check reads dtypes, not the values at hand, so whether a
+  ``bf16`` into ``f32``, ``f32`` into ``f64``); a real or complex type into a complex one whose real and
+  imaginary parts each hold it (``c64`` into ``c128``, ``f32`` or ``i16`` into ``c64``, ``f64`` into
+  ``c128``, but not ``f64`` into ``c64``). The check reads dtypes, not the values at hand, so whether a
   call is accepted never depends on the data: ``f64`` into ``f32``, ``i64`` into ``i32``, ``i32`` into
   ``f32``, ``i64`` into ``f64`` (which numpy calls "safe") and complex into real are refused even where
   today's values would fit.
@@ -33,7 +35,7 @@ import numpy as np
 
 from redist.errors import ShardingError
 
-__all__ = ["lossless", "as_array", "device_buffers", "describe"]
+__all__ = ["lossless", "as_array", "local_buffer", "device_buffers", "describe"]
 
 
 def _kind(dtype: np.dtype) -> str | None:
@@ -139,22 +141,28 @@ def _exactly(arr: np.ndarray, want: np.dtype, what: str, data) -> np.ndarray:
     return out
 
 
+def local_buffer(data, shape, dtype, what: str, copy: bool = False) -> np.ndarray:
+    """One device's buffer: ``data`` as a C-contiguous numpy array of ``shape`` and ``dtype``
+    (:func:`as_array`: a fresh array if ``copy``, else the caller's own where it already is one).
+    Raises :class:`ShardingError` for data that does not convert without loss or does not have ``shape``,
+    naming it as ``what``."""
+    a = np.asarray(as_array(data, dtype, what, copy), order="C")
+    if a.shape != tuple(shape):
+        raise ShardingError(f"{what} has shape {a.shape}, expected {tuple(shape)}")
+    return a
+
+
 def device_buffers(shards, n: int, shape, dtype, copy: bool = False) -> list[np.ndarray]:
     """Per-device buffers (index = device id) as ``n`` numpy arrays of ``shape`` and ``dtype``.
 
     ``shards`` is a list or tuple (or an array whose leading dim indexes the devices) of ``n`` buffers, each
-    converted by :func:`as_array`: fresh arrays if ``copy``, else the caller's own where no conversion is
-    needed. Raises :class:`ShardingError` naming the device for a wrong container, count, dtype or shape.
+    taken by :func:`local_buffer`: fresh arrays if ``copy``, else the caller's own where they already are
+    C-contiguous arrays of ``dtype``. Raises :class:`ShardingError` naming the device for a wrong container,
+    count, dtype or shape.
     """
     if isinstance(shards, (str, bytes)) or not (
             isinstance(shards, Sequence) or isinstance(shards, np.ndarray) and shards.ndim):
         raise ShardingError(f"shards must be a list of {n} arrays, one per device id; got {describe(shards)}")
     if len(shards) != n:
         raise ShardingError(f"expected {n} shards (one per device), got {len(shards)}")
-    out = []
-    for d, x in enumerate(shards):
-        a = as_array(x, dtype, f"shard of device {d}", copy)
-        if a.shape != tuple(shape):
-            raise ShardingError(f"shard of device {d} has shape {a.shape}, expected {tuple(shape)}")
-        out.append(a)
-    return out
+    return [local_buffer(x, shape, dtype, f"shard of device {d}", copy) for d, x in enumerate(shards)]

@@ -63,6 +63,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
 from redist import steps as S
+from redist.axes import axis_name
+from redist.blocks import exchange_copies, permute_sources
 from redist.errors import ShardingError, shown
 from redist.mesh import Mesh
 from redist.plan import Plan
@@ -140,9 +142,10 @@ class Topology:
             raise ShardingError(f"topology {self.name!r}: combine_ratio={shown(self.combine_ratio)} must be a "
                                 "finite number >= 0")
 
-    def link(self, token: str) -> Link:
-        """The link of a mesh axis, or of the axis a sub-axis token ``name:(pre)size`` is part of."""
-        name = token.split(":", 1)[0]
+    def link(self, axis: str) -> Link:
+        """The link of a mesh axis, or of the mesh axis that a sub-axis (an :class:`~redist.axes.Axis`, or its
+        token ``name:(pre)size``) is part of."""
+        name = axis_name(axis)
         for n, link in self.links:
             if n == name:
                 return link
@@ -259,14 +262,14 @@ def step_axes(step, t_in) -> tuple[str, ...]:
     which some device's source device differs from it (in mesh order). An exchange is priced as one
     collective over them (one latency)."""
     if isinstance(step, S.Permute):
-        sources = S.permute_sources(t_in, step.apply(t_in))
+        sources = permute_sources(t_in, step.apply(t_in))
         return t_in.mesh.varying_axes((d, s) for d, s in enumerate(sources) if s != d)
     if isinstance(step, S.Exchange):
-        copies = S.exchange_copies(t_in, step.apply(t_in))
+        copies = exchange_copies(t_in, step.apply(t_in))
         return t_in.mesh.varying_axes((d, c.source) for d, cs in enumerate(copies) for c in cs if c.source != d)
     if isinstance(step, (S.AllSlice, S.Pad, S.Unpad)):
         return ()
-    return tuple(step.axes)
+    return t_in.mesh.axes_of(step.axes)
 
 
 def step_time(step, t_in, topo: Topology) -> float:

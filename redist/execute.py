@@ -34,7 +34,7 @@ def execute(plan: Plan, shards, backend: str = "numpy") -> list[np.ndarray]:
 
         return numpy_backend.run(plan.program, shards)
     if backend == "jax":
-        from redist.jax import run_on_buffers
+        from redist.backends.jax_backend import run_on_buffers
 
         return run_on_buffers(plan.program, shards)
     raise ShardingError(f"unknown backend {backend!r}; execute() runs {', '.join(BACKENDS)} "

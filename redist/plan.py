@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
 
-from redist.program import Program, lower
+from redist import steps as S
+from redist.bounds import lower_bound_bytes
+from redist.errors import ShardingError, shown
+from redist.plan_file import FORMAT, read_plan, step_args
+from redist.program import Program, collective_mesh, lower
+from redist.types import ShardingType
 
 
 def _number(x: Fraction) -> int | float:
@@ -16,26 +22,72 @@ def _number(x: Fraction) -> int | float:
 
 def _fmt_bytes(n) -> str:
     n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+    if abs(n) < 1024:
+        return f"{n:.0f} B"
+    for unit in ("KiB", "MiB", "GiB"):
         n /= 1024
-    raise AssertionError
+        if abs(n) < 1024:
+            return f"{n:.2f} {unit}"
+    return f"{n / 1024:.2f} TiB"
 
 
 @dataclass(frozen=True)
 class Plan:
     """``steps[i]`` turns ``types[i]`` into ``types[i + 1]``; ``types[0]`` is the source, ``types[-1]`` the
-    destination. Construction checks every step's typing rule."""
+    destination. Construction checks every step's typing rule and raises :class:`ShardingError` for anything
+    else: not one type more than steps, something that is no :class:`redist.ShardingType` or no step of
+    :mod:`redist.steps`, a step that does not turn its type into the next, or collectives on two device
+    orders (:func:`redist.program.collective_mesh`)."""
 
     steps: tuple
     types: tuple
 
     def __post_init__(self):
-        assert len(self.types) == len(self.steps) + 1
-        for step, t, t_next in zip(self.steps, self.types, self.types[1:]):
-            if step.apply(t) != t_next:
-                raise AssertionError(f"{step} on {t} gives {step.apply(t)}, not {t_next}")
+        for field, value in (("steps", self.steps), ("types", self.types)):
+            if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+                raise ShardingError(f"Plan {field} must be a tuple, got {type(value).__name__} {shown(value)}")
+            object.__setattr__(self, field, tuple(value))
+        if len(self.types) != len(self.steps) + 1:
+            raise ShardingError(f"a plan of {len(self.steps)} steps needs {len(self.steps) + 1} types (the source, "
+                                f"then the type after each step), got {len(self.types)}")
+        for i, t in enumerate(self.types):
+            if not isinstance(t, ShardingType):
+                raise ShardingError(f"type {i} of the plan is no redist.ShardingType: {type(t).__name__} {shown(t)}")
+        for i, (step, t, t_next) in enumerate(zip(self.steps, self.types, self.types[1:])):
+            if not isinstance(step, S.Step):
+                raise ShardingError(f"step {i} of the plan is no redist step: {type(step).__name__} {shown(step)}")
+            out = step.apply(t)
+            if out != t_next:
+                raise ShardingError(f"step {i} of the plan, {step}, turns {t} into {out}, not into {t_next}")
+        collective_mesh(self.steps, self.types)
+
+    @classmethod
+    def from_steps(cls, src: ShardingType, steps: Iterable[S.Step]) -> Plan:
+        """The plan that runs ``steps`` (steps of :mod:`redist.steps`, in order) from ``src``: each step's
+        typing rule (``step.apply``) gives the type after it, and the last type is the plan's destination.
+        No steps: the plan from ``src`` to itself.
+
+        Raises :class:`~redist.errors.ShardingError` if ``src`` is not a :class:`~redist.types.ShardingType`,
+        ``steps`` is not a sequence of steps, or a step does not fit the type before it (the message gives
+        the step's position, the step and that type).
+        """
+        if not isinstance(src, ShardingType):
+            raise ShardingError(f"Plan.from_steps: src must be a redist.ShardingType, got {type(src).__name__} "
+                                f"{shown(src)}")
+        if isinstance(steps, (S.Step, str, bytes)) or not isinstance(steps, Iterable):
+            raise ShardingError(f"Plan.from_steps: steps must be a sequence of steps of redist.steps, got "
+                                f"{type(steps).__name__} {shown(steps)}")
+        steps = tuple(steps)
+        types = [src]
+        for n, step in enumerate(steps):
+            if not isinstance(step, S.Step):
+                raise ShardingError(f"Plan.from_steps: step {n} is {type(step).__name__} {shown(step)}, not a step "
+                                    "of redist.steps")
+            try:
+                types.append(step.apply(types[-1]))
+            except ShardingError as e:
+                raise ShardingError(f"Plan.from_steps: step {n} of {len(steps)}: {e}") from None
+        return cls(steps, tuple(types))
 
     @property
     def src(self):
@@ -84,17 +136,35 @@ class Plan:
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
-        return {
-            "mesh": str(self.src.mesh),
+        """The plan as a plan file's JSON object (format in :mod:`redist.plan_file`): the source, each step's
+        kind and ``args`` (what :meth:`from_json` rebuilds it from), text, type after it and bytes, and the
+        plan's figures against its two bounds. ``dst_mesh`` is there only when the plan changes the device
+        order."""
+        out: dict = {"format": FORMAT, "mesh": str(self.src.mesh)}
+        if self.dst.mesh != self.src.mesh:
+            out["dst_mesh"] = str(self.dst.mesh)
+        out.update({
             "src": str(self.src),
             "dst": str(self.dst),
             "steps": [
-                {"kind": s.kind, "step": str(s), "type": str(t), "bytes_received": b}
+                {"kind": s.kind, "args": step_args(s), "step": str(s), "type": str(t), "bytes_received": b}
                 for s, t, b in zip(self.steps, self.types[1:], self.step_bytes())
             ],
             "peak_bytes": self.peak_bytes,
             "bytes_received": self.bytes_received,
-        }
+            "memory_bound_bytes": max(self.src.local_bytes, self.dst.local_bytes),
+            "lower_bound_bytes": lower_bound_bytes(self.src, self.dst),
+        })
+        return out
 
     def to_json(self, **kw) -> str:
+        """:meth:`to_dict` as JSON text (``kw`` goes to ``json.dumps``, e.g. ``indent=2``)."""
         return json.dumps(self.to_dict(), **kw)
+
+    @classmethod
+    def from_json(cls, text) -> "Plan":
+        """The plan a plan file holds (the text :meth:`to_json` writes), rebuilt step by step through the step
+        classes and their typing rules, every derived field checked against the steps
+        (:func:`redist.plan_file.read_plan`). Raises :class:`~redist.errors.ShardingError` naming the first
+        field that is wrong. It does not prove the plan: :func:`redist.verify` does."""
+        return read_plan(text)

@@ -12,22 +12,40 @@ Instructions (``x`` is a device's buffer before, ``r`` its group rank):
 - ``Transpose(perm)``: ``np.transpose(x, perm)`` (result dim ``a`` is input dim ``perm[a]``). Local.
 - ``Slice(dim, axes)``: keep ``x[..., r·n/k : (r+1)·n/k, ...]`` along ``dim`` (``n = x.shape[dim]``). Local.
 - ``AllGather(dim, axes)``: concatenate the group's buffers along ``dim`` in rank order.
-- ``AllToAll(split_dim, concat_dim, axes)``: split ``x`` along ``split_dim`` into k equal chunks; chunk j goes
-  to rank j; concatenate the k chunks received along ``concat_dim`` in the order of the sender's rank.
-- ``ReduceScatter(dim, axes)``: sum the group's buffers, keep chunk r of k along ``dim``.
-- ``AllReduce(axes)``: sum the group's buffers.
+- ``AllToAll(axes)``: ``x`` has a leading dim of k chunks; chunk j (``x[j]``) goes to rank j, and the chunk
+  received from rank s becomes ``new[s]``: ``new[s] = (buffer of rank s)[r]``; the shape does not change.
+  (Every all-to-all of a plan is lowered to this leading-dim form between local reshapes and transposes,
+  so each backend implements only this form: ``lax.all_to_all(x, axes, 0, 0, tiled=True)``, an MPI
+  ``Alltoall`` of contiguous rows.)
+- ``ReduceScatter(dim, axes, reduction)``: reduce the group's buffers elementwise (``reduction``: ``"sum"``,
+  ``"max"``, ``"min"`` or ``"prod"``; of ``bool`` buffers sum and max are the logical or, min and prod the
+  logical and; max and min propagate NaN), keep chunk r of k along ``dim``.
+- ``AllReduce(axes, reduction)``: reduce the group's buffers elementwise, as ``ReduceScatter``.
 - ``CollectivePermute(sources)``: device d's new buffer is device ``sources[d]``'s buffer (a permutation of
   the devices; ``sources[d] == d`` means d keeps its buffer and receives nothing).
 - ``Exchange(shape, copies)``: device d's new buffer has ``shape``, zero where no copy writes (padding), and
-  for each :class:`~redist.steps.Copy` ``c`` in ``copies[d]``: ``new[c.dst_start : c.dst_start + c.size] =
+  for each :class:`~redist.blocks.Copy` ``c`` in ``copies[d]``: ``new[c.dst_start : c.dst_start + c.size] =
   (buffer of device c.source)[c.src_start : c.src_start + c.size]`` (boxes, per dim). Point-to-point: it
   differs per device, and the boxes of one device do not overlap.
 
-The numpy, JAX and MPI backends execute these, and :mod:`redist.verify` proves these same instructions
-correct. Lowering is one instruction per plan step, except that an all-to-all of several moves becomes
-one ``AllToAll`` over a leading dim of chunks, between local reshapes and transposes, and that a step which
-moves nothing (over size-1 axes, or an identity permutation) has no instruction; nothing in the program
-refers back to sharding types. ``pad`` and ``unpad`` steps are views and have no instruction.
+Instructions name their axes as :class:`~redist.axes.Axis` values, which are the token strings (lowering makes
+them on the plan's mesh; a program built by hand may name them as plain token strings). Backends read them
+through the mesh (``mesh.groups``, ``mesh.group_index``, ``mesh.axis``); the verifier reads their text.
+
+Devices. ``d`` above is a device id, and buffers are per device id (an MPI rank, a shard of
+:func:`redist.execute`). Groups and ranks are those of ``Program.mesh``, whose ``device_ids`` say which device
+is at which position (:class:`redist.Mesh`); ``CollectivePermute`` and ``Exchange`` name devices by id and do
+not depend on it. ``src_mesh`` and ``dst_mesh`` are the device orders the input buffers and the result are
+laid out in (the source's and destination's meshes: the same axes as ``mesh``, and ``mesh`` itself unless the
+plan changes the device order, which it does by a permute or an exchange; every collective of a plan runs on
+one device order, ``mesh``).
+
+The backends (:mod:`redist.backends`) execute these, and :mod:`redist.verify` proves these same instructions
+correct. Lowering is one instruction per plan step, except that an all-to-all step (of one move or several)
+becomes one ``AllToAll`` between local reshapes and transposes that bring its chunks to the front and the
+received ones into place, and that a step which moves nothing (over size-1 axes, or an identity
+permutation) has no instruction; nothing in the program refers back to sharding types. ``pad`` and
+``unpad`` steps are views and have no instruction.
 """
 
 from __future__ import annotations
@@ -38,7 +56,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from redist import steps as S
+from redist.axes import Axis
+from redist.blocks import Copy, exchange_copies, permute_sources
+from redist.errors import ShardingError
 from redist.mesh import Mesh
+from redist.types import REDUCTIONS
 
 
 @dataclass(frozen=True)
@@ -54,31 +76,31 @@ class Transpose:
 @dataclass(frozen=True)
 class Slice:
     dim: int
-    axes: tuple[str, ...]
+    axes: tuple[Axis, ...]
 
 
 @dataclass(frozen=True)
 class AllGather:
     dim: int
-    axes: tuple[str, ...]
+    axes: tuple[Axis, ...]
 
 
 @dataclass(frozen=True)
 class AllToAll:
-    split_dim: int
-    concat_dim: int
-    axes: tuple[str, ...]
+    axes: tuple[Axis, ...]
 
 
 @dataclass(frozen=True)
 class ReduceScatter:
     dim: int
-    axes: tuple[str, ...]
+    axes: tuple[Axis, ...]
+    reduction: str = "sum"
 
 
 @dataclass(frozen=True)
 class AllReduce:
-    axes: tuple[str, ...]
+    axes: tuple[Axis, ...]
+    reduction: str = "sum"
 
 
 @dataclass(frozen=True)
@@ -93,7 +115,7 @@ class CollectivePermute:
 @dataclass(frozen=True)
 class Exchange:
     shape: tuple[int, ...]
-    copies: tuple[tuple[S.Copy, ...], ...]  # per destination device
+    copies: tuple[tuple[Copy, ...], ...]  # per destination device
 
     def received(self, device: int) -> int:
         """Elements ``device`` receives from other devices."""
@@ -111,14 +133,22 @@ Instruction = (Reshape | Transpose | Slice | AllGather | AllToAll | ReduceScatte
 @dataclass(frozen=True)
 class Program:
     """Instructions over ``mesh``; ``shapes[i]`` is the local buffer shape before instruction ``i``
-    (``shapes[-1]`` the result's). ``dtype`` is a numpy dtype."""
+    (``shapes[-1]`` the result's). ``dtype`` is a numpy dtype. ``src_mesh`` and ``dst_mesh`` (None: ``mesh``)
+    are the device orders of the input buffers and of the result (see "Devices" above)."""
 
     mesh: Mesh
     dtype: np.dtype
     instructions: tuple[Instruction, ...]
     shapes: tuple[tuple[int, ...], ...]
+    src_mesh: Mesh | None = None
+    dst_mesh: Mesh | None = None
 
-    def axis_tokens(self) -> tuple[str, ...]:
+    def __post_init__(self):
+        for name in ("src_mesh", "dst_mesh"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, self.mesh)
+
+    def axis_tokens(self) -> tuple[Axis, ...]:
         """Every axis or sub-axis token that some instruction names, in first-use order."""
         seen: dict[str, None] = {}
         for ins in self.instructions:
@@ -135,60 +165,66 @@ class Program:
 
 def lower_step(step, t_in) -> tuple[Instruction, ...]:
     """The instructions that implement one typed step on buffers of type ``t_in``."""
+    if isinstance(step, S.AllToAll):
+        return _all_to_all(((step.src_dim, step.dst_dim, t_in.mesh.axes_of(step.axes)),), t_in, step.apply(t_in))
     if isinstance(step, S.MultiAllToAll):
-        return _multi_all_to_all(step, t_in)
+        moves = tuple((i, j, t_in.mesh.axes_of(axes)) for i, j, axes in step.moves)
+        return _all_to_all(moves, t_in, step.apply(t_in))
     if isinstance(step, (S.Pad, S.Unpad)):
         return ()
     return (_lower_one(step, t_in),)
 
 
 def _lower_one(step, t_in) -> Instruction:
-    if isinstance(step, S.AllSlice):
-        return Slice(step.dim, step.axes)
-    if isinstance(step, S.AllGather):
-        return AllGather(step.dim, step.axes)
-    if isinstance(step, S.AllToAll):
-        return AllToAll(step.dst_dim, step.src_dim, step.axes)
-    if isinstance(step, S.ReduceScatter):
-        return ReduceScatter(step.dim, step.axes)
-    if isinstance(step, S.AllReduce):
-        return AllReduce(step.axes)
     if isinstance(step, S.Permute):
-        return CollectivePermute(S.permute_sources(t_in, step.apply(t_in)))
+        return CollectivePermute(permute_sources(t_in, step.apply(t_in)))
     if isinstance(step, S.Exchange):
         t_out = step.apply(t_in)
-        return Exchange(t_out.local_shape, S.exchange_copies(t_in, t_out))
-    raise TypeError(f"no lowering for step {step!r}")
+        return Exchange(t_out.local_shape, exchange_copies(t_in, t_out))
+    axes = t_in.mesh.axes_of(step.axes)
+    if isinstance(step, S.AllSlice):
+        return Slice(step.dim, axes)
+    if isinstance(step, S.AllGather):
+        return AllGather(step.dim, axes)
+    if isinstance(step, S.ReduceScatter):
+        return ReduceScatter(step.dim, axes, step.reduction)
+    if isinstance(step, S.AllReduce):
+        return AllReduce(axes, step.reduction)
+    raise ShardingError(f"no lowering for {step!r}: it is not a redist step")
 
 
-def _multi_all_to_all(step, t_in) -> tuple[Instruction, ...]:
-    """Moves ``(i_m -> j_m, axes_m)``: split every destination ``j`` into (the chunk counts ``k_m`` of the moves
-    into it, in move order, then the rest), bring the chunk dims to the front in move order and merge them
-    into one dim of ``k`` chunks (row-major, so chunk index = rank over all the axes), exchange chunk ``r``
-    with member ``r``, then split the front dim by sender ``(s_1, …, s_M)`` and put each ``s_m`` at the major
-    end of its source dim ``i_m``."""
+def _all_to_all(moves, t_in, t_out) -> tuple[Instruction, ...]:
+    """An all-to-all of ``moves`` ``(i_m -> j_m, axes_m)`` (one or more) from type ``t_in`` to ``t_out``, in
+    the canonical form of :class:`AllToAll` over the axes of all moves in move order. Split every destination
+    ``j`` into (the chunk counts ``k_m`` of the moves into it, in move order, then the rest), bring the chunk
+    dims to the front in move order and merge them into one dim of ``k`` chunks (row-major, so chunk index =
+    rank over all the axes), exchange chunk ``r`` with member ``r``, then split the front dim by sender
+    ``(s_1, …, s_M)`` and put each ``s_m`` at the major end of its source dim ``i_m``. Over a group of one
+    device it is no instruction."""
     mesh = t_in.mesh
-    shape = list(t_in.local_shape)
-    ks = [mesh.group_size(axes) for _, _, axes in step.moves]
+    axes = tuple(a for _, _, move_axes in moves for a in move_axes)
+    if mesh.group_size(axes) == 1:
+        return ()
+    ks = [mesh.group_size(move_axes) for _, _, move_axes in moves]
     # Expanded dims: ("c", m) the chunk index of move m in its destination, ("d", d) the rest of dim d.
     expanded, sizes = [], {}
-    for d, n in enumerate(shape):
-        into = [m for m, (_, j, _) in enumerate(step.moves) if j == d]
+    for d, n in enumerate(t_in.local_shape):
+        into = [m for m, (_, j, _) in enumerate(moves) if j == d]
         expanded += [("c", m) for m in into] + [("d", d)]
         sizes.update({("c", m): ks[m] for m in into})
         sizes[("d", d)] = n // math.prod(ks[m] for m in into)
-    front = [("c", m) for m in range(len(step.moves))]
+    front = [("c", m) for m in range(len(moves))]
     rest = [e for e in expanded if e[0] == "d"]
     ins = [
         Reshape(tuple(sizes[e] for e in expanded)),
         Transpose(tuple(expanded.index(e) for e in front + rest)),
         Reshape((math.prod(ks),) + tuple(sizes[e] for e in rest)),
-        AllToAll(0, 0, step.axes),
+        AllToAll(axes),
     ]
     # After the exchange the front dims index the sender; each goes just before its source dim i_m.
-    senders = [("s", m) for m in range(len(step.moves))]
+    senders = [("s", m) for m in range(len(moves))]
     sizes.update({("s", m): k for m, k in enumerate(ks)})
-    source_of = {i: m for m, (i, _, _) in enumerate(step.moves)}
+    source_of = {i: m for m, (i, _, _) in enumerate(moves)}
     final = []
     for e in rest:
         if e[1] in source_of:
@@ -198,23 +234,42 @@ def _multi_all_to_all(step, t_in) -> tuple[Instruction, ...]:
     ins += [
         Reshape(tuple(sizes[e] for e in received)),
         Transpose(tuple(received.index(e) for e in final)),
-        Reshape(step.apply(t_in).local_shape),
+        Reshape(t_out.local_shape),
     ]
     return tuple(ins)
 
 
+# Steps that lower to instructions naming devices by id (or to none): they may change the device order.
+_POINT_TO_POINT = (S.Permute, S.Exchange, S.Pad, S.Unpad)
+
+
+def collective_mesh(steps, types) -> Mesh:
+    """The mesh on which the collectives of ``steps`` (with their ``len(steps) + 1`` types) run: the mesh of
+    the type before each step other than a permute or an exchange (``types[0].mesh`` if there is none).
+    Raises :class:`ShardingError` if they run on two device orders: the program's groups are one mesh's."""
+    meshes = {t.mesh for step, t in zip(steps, types) if not isinstance(step, _POINT_TO_POINT)}
+    if len(meshes) > 1:
+        raise ShardingError(f"the plan's collectives run on {len(meshes)} device orders "
+                            f"({'; '.join(sorted(map(str, meshes)))}); a plan changes the device order by a "
+                            "permute or an exchange before or after all of its collectives")
+    return meshes.pop() if meshes else types[0].mesh
+
+
 def lower(steps, types) -> Program:
-    """Lower typed steps (with their ``len(steps) + 1`` types) to a buffer program."""
+    """Lower typed steps (with their ``len(steps) + 1`` types) to a buffer program; its ``mesh`` is
+    :func:`collective_mesh`, its ``src_mesh`` and ``dst_mesh`` the first and last types'."""
     t0 = types[0]
+    mesh = collective_mesh(steps, types)
     instructions, shapes = [], [t0.local_shape]
     for step, t in zip(steps, types):
         for ins in lower_step(step, t):
-            if _moves_nothing(ins, shapes[-1], t0.mesh):
+            if _moves_nothing(ins, shapes[-1], mesh):
                 continue
             instructions.append(ins)
-            shapes.append(_shape_after(ins, shapes[-1], t0.mesh))
+            shapes.append(shape_after(ins, shapes[-1], mesh))
     assert shapes[-1] == types[-1].local_shape
-    return Program(mesh=t0.mesh, dtype=t0.np_dtype, instructions=tuple(instructions), shapes=tuple(shapes))
+    return Program(mesh=mesh, dtype=t0.np_dtype, instructions=tuple(instructions), shapes=tuple(shapes),
+                   src_mesh=t0.mesh, dst_mesh=types[-1].mesh)
 
 
 def _moves_nothing(ins, shape, mesh) -> bool:
@@ -231,22 +286,61 @@ def _moves_nothing(ins, shape, mesh) -> bool:
     return mesh.group_size(ins.axes) == 1
 
 
-def _shape_after(ins, shape, mesh) -> tuple[int, ...]:
-    """The local shape after ``ins`` on a buffer of ``shape``."""
-    s = list(shape)
+def shape_after(ins: Instruction, shape, mesh: Mesh) -> tuple[int, ...]:
+    """The local shape after ``ins`` on a buffer of ``shape`` on ``mesh``.
+
+    Raises :class:`~redist.errors.ShardingError` when ``ins`` cannot run on such a buffer: a dim the buffer
+    lacks, a split into chunks that does not divide, an all-to-all whose leading dim is not its group size,
+    a reshape to another number of elements, a transpose or permute that is not a permutation, an exchange
+    whose copies do not fit the buffers, a reduction of no known kind; and, from ``mesh``, axes that are not
+    its own.
+    """
+    shape = tuple(shape)
+    where = f"{type(ins).__name__} on a local buffer of shape {shape}"
     if isinstance(ins, Reshape):
-        assert math.prod(ins.shape) == math.prod(shape), (ins, shape)
+        if math.prod(ins.shape) != math.prod(shape) or any(n < 0 for n in ins.shape):
+            raise ShardingError(f"{where}: cannot view it as {tuple(ins.shape)}")
         return tuple(ins.shape)
     if isinstance(ins, Transpose):
+        if sorted(ins.perm) != list(range(len(shape))):
+            raise ShardingError(f"{where}: {tuple(ins.perm)} is not a permutation of its dims")
         return tuple(shape[p] for p in ins.perm)
+    if isinstance(ins, CollectivePermute):
+        if sorted(ins.sources) != list(range(mesh.size)):
+            raise ShardingError(f"{where}: sources are not a permutation of the {mesh.size} devices")
+        return shape
     if isinstance(ins, Exchange):
+        _check_copies(ins, shape, mesh.size, where)
         return tuple(ins.shape)
-    if isinstance(ins, (Slice, ReduceScatter)):
-        s[ins.dim] //= mesh.group_size(ins.axes)
+    if isinstance(ins, (ReduceScatter, AllReduce)) and ins.reduction not in REDUCTIONS:
+        raise ShardingError(f"{where}: reduction {ins.reduction!r} is not one of {', '.join(REDUCTIONS)}")
+    k = mesh.group_size(ins.axes)
+    if isinstance(ins, AllReduce):
+        return shape
+    dim = 0 if isinstance(ins, AllToAll) else ins.dim
+    if not 0 <= dim < len(shape):
+        raise ShardingError(f"{where}: the buffer has no dim {dim}")
+    s = list(shape)
+    if isinstance(ins, AllToAll):
+        if s[0] != k:
+            raise ShardingError(f"{where}: the leading dim must hold the {k} chunks of its group")
     elif isinstance(ins, AllGather):
-        s[ins.dim] *= mesh.group_size(ins.axes)
-    elif isinstance(ins, AllToAll):
-        k = mesh.group_size(ins.axes)
-        s[ins.split_dim] //= k
-        s[ins.concat_dim] *= k
+        s[dim] *= k
+    else:  # Slice, ReduceScatter
+        if s[dim] % k:
+            raise ShardingError(f"{where}: dim {dim} does not split into {k} equal chunks")
+        s[dim] //= k
     return tuple(s)
+
+
+def _check_copies(ins: Exchange, shape, n_dev: int, where: str) -> None:
+    """An exchange's copies: a tuple per device, each copy from a device that exists, inside both buffers."""
+    if len(ins.copies) != n_dev or len(ins.shape) != len(shape):
+        raise ShardingError(f"{where}: expected copies for {n_dev} devices into a buffer of rank {len(shape)}, "
+                            f"got {len(ins.copies)} into shape {tuple(ins.shape)}")
+    for d, copies in enumerate(ins.copies):
+        for c in copies:
+            fits = all(n >= 0 and 0 <= a and a + n <= cap_in and 0 <= b and b + n <= cap_out
+                       for a, b, n, cap_in, cap_out in zip(c.src_start, c.dst_start, c.size, shape, ins.shape))
+            if not (0 <= c.source < n_dev and len(c.size) == len(shape) and fits):
+                raise ShardingError(f"{where}: copy {c} of device {d} does not fit the buffers")

@@ -17,31 +17,46 @@ of devices in a group (the product of the sizes of the step's axes).
 | reduce_scatter(dim, axes)     | remove ``axes`` from partial, append them to dim   | ÷ k        | (k−1)/k · L_in   |
 | all_reduce(axes)              | remove ``axes`` from partial                       | same       | 2(k−1)/k · L     |
 
-A permute sends whole buffers between devices: device ``d`` receives the buffer of ``permute_sources(...)[d]``,
-which holds exactly the block (and, for a partial type, the summand) that ``d`` must hold after. Devices that
-already hold theirs keep them and receive nothing.
+Reductions. ``reduce_scatter`` and ``all_reduce`` carry a reduction kind (``reduction``: ``"sum"``, ``"max"``,
+``"min"`` or ``"prod"``, :data:`redist.types.REDUCTIONS`; written ``all_reduce(max, {x})``, and without the
+kind for a sum) and fit only a type whose pending reduction is of that kind: no step converts between kinds.
+
+Device order. ``permute`` and ``exchange`` may also move the array to the same mesh axes with another device
+order (``device_ids``, SPEC 1): each device then gets the block its position on the new mesh holds, from
+the devices that hold it on the old one (:func:`redist.blocks.permute_sources`,
+:func:`redist.blocks.exchange_copies`), and its bytes are counted as for any permute or exchange. No other
+step changes the mesh.
+
+A permute sends whole buffers between devices: device ``d`` receives the buffer of
+``redist.blocks.permute_sources(...)[d]``, which holds exactly the block (and, for a partial type, the summand)
+that ``d`` must hold after. Devices that already hold theirs keep them and receive nothing. Which device holds
+which block, and what an exchange copies, is device geometry: :mod:`redist.blocks`.
+
+Steps hold their axes as given (token strings or :class:`~redist.axes.Axis` values); applying a step reads them
+on the type's mesh (:meth:`redist.Mesh.axis`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from fractions import Fraction
-from functools import lru_cache
 
-from redist.bounds import missing_elements
+from redist.axes import Axis, remove_axes, strip_suffix
+from redist.blocks import exchange_copies, missing_elements, permute_sources
 from redist.errors import ShardingError
-from redist.types import ShardingType, remove_axes, strip_suffix
+from redist.types import REDUCTIONS, ShardingType
 
 
 def _axes(axes) -> str:
     return "{" + ",".join(axes) + "}"
 
 
-def _rebuild(step, t: ShardingType, dims, partial=None, regrouped=()) -> ShardingType:
-    """``t`` with new ``dims`` and ``partial``; the dims in ``regrouped`` change their block count and must be
-    even before and after (see "Uneven dims" above)."""
+def _rebuild(step, t: ShardingType, dims, partial=None, regrouped=(), mesh=None) -> ShardingType:
+    """``t`` with new ``dims``, ``partial`` and ``mesh`` (a device order); the dims in ``regrouped`` change their
+    block count and must be even before and after (see "Uneven dims" above)."""
     try:
-        out = t.replace(dims=dims, partial=partial)
+        out = t.replace(dims=dims, partial=partial, mesh=mesh)
     except ShardingError as e:
         raise ShardingError(f"{step} does not fit {t}: {e}") from None
     for d in regrouped:
@@ -54,9 +69,9 @@ def _rebuild(step, t: ShardingType, dims, partial=None, regrouped=()) -> Shardin
     return out
 
 
-def _without_suffix(step, t: ShardingType, dim: int, axes) -> tuple[str, ...]:
+def _without_suffix(step, t: ShardingType, dim: int, axes) -> tuple[Axis, ...]:
     _check_dim(step, t, dim)
-    rest = strip_suffix(t.mesh, t.dims[dim], axes) if axes else None
+    rest = strip_suffix(t.dims[dim], t.mesh.axes_of(axes)) if axes else None
     if rest is None:
         raise ShardingError(f"{step} does not fit {t}: {_axes(axes)} is not the minor end of dim {dim}")
     return rest
@@ -67,16 +82,45 @@ def _check_dim(step, t: ShardingType, dim: int) -> None:
         raise ShardingError(f"{step} does not fit {t}: the array has no dim {dim}")
 
 
-def _check_named(step, t: ShardingType, axes) -> None:
+def _check_named(step, axes) -> None:
     if not axes:
         raise ShardingError(f"{step} names no axes")
 
 
-def _partial_without(step, t: ShardingType, axes) -> tuple[str, ...]:
-    rest = remove_axes(t.mesh, t.partial, axes) if axes else None
+def _partial_without(step, t: ShardingType, axes) -> tuple[Axis, ...]:
+    rest = remove_axes(t.partial, t.mesh.axes_of(axes)) if axes else None
     if rest is None:
         raise ShardingError(f"{step} does not fit {t}: {_axes(axes)} are not all partial axes")
+    if step.reduction != t.reduction:
+        raise ShardingError(f"{step} does not fit {t}: it takes the {step.reduction} of the group, but the pending "
+                            f"reduction is a {t.reduction}; no step converts between reduction kinds")
     return rest
+
+
+def _check_reduction(step) -> None:
+    if not isinstance(step.reduction, str) or step.reduction not in REDUCTIONS:
+        raise ShardingError(f"{step.kind} has reduction {step.reduction!r}; use one of {', '.join(REDUCTIONS)}")
+
+
+def _kind(reduction: str) -> str:
+    """The reduction kind as a step's text shows it: nothing for a sum (the text of plans before kinds)."""
+    return "" if reduction == "sum" else f"{reduction}, "
+
+
+def _target_mesh(step, t: ShardingType):
+    """The mesh ``step`` (a permute or exchange) moves ``t`` to: ``t.mesh`` in the order ``step.device_ids``
+    (None: ``t.mesh`` as it is)."""
+    if step.device_ids is None:
+        return None
+    try:
+        return t.mesh.reordered(step.device_ids)
+    except ShardingError as e:
+        raise ShardingError(f"{step} does not fit {t}: {e}") from None
+
+
+def _order(device_ids) -> str:
+    """The device order of a permute or exchange in its text (nothing if it keeps the order)."""
+    return "" if device_ids is None else f", device_ids=[{','.join(map(str, device_ids))}]"
 
 
 @dataclass(frozen=True)
@@ -89,7 +133,7 @@ class AllSlice:
 
     def apply(self, t: ShardingType) -> ShardingType:
         _check_dim(self, t, self.dim)
-        _check_named(self, t, self.axes)
+        _check_named(self, self.axes)
         dims = list(t.dims)
         dims[self.dim] = dims[self.dim] + tuple(self.axes)
         return _rebuild(self, t, tuple(dims), regrouped=(self.dim,))
@@ -188,17 +232,23 @@ class MultiAllToAll:
 @dataclass(frozen=True)
 class Permute:
     """Send whole local buffers between devices so that the result has per-dim axes ``dims``
-    (same block count in every dim, same partial axes)."""
+    (same block count in every dim, same partial axes), on the device order ``device_ids`` (None: the input's;
+    see "Device order" above)."""
 
     dims: tuple[tuple[str, ...], ...]
+    device_ids: tuple[int, ...] | None = None
     kind = "permute"
 
     def apply(self, t: ShardingType) -> ShardingType:
         if len(self.dims) != t.rank:
             raise ShardingError(f"{self} does not fit {t}: it names {len(self.dims)} dims")
-        out = _rebuild(self, t, tuple(tuple(d) for d in self.dims))
+        out = _rebuild(self, t, tuple(tuple(d) for d in self.dims), mesh=_target_mesh(self, t))
         if out.local_shape != t.local_shape:
             raise ShardingError(f"{self} does not fit {t}: it changes the local shape")
+        changed = next((i for i in range(t.rank) if out.blocks(i) != t.blocks(i)), None)
+        if changed is not None:
+            raise ShardingError(f"{self} does not fit {t}: it splits dim {changed} into {out.blocks(changed)} blocks, "
+                                f"not {t.blocks(changed)}; a permute moves whole blocks (an exchange regroups them)")
         return out
 
     def bytes_received(self, t: ShardingType) -> Fraction:
@@ -209,19 +259,22 @@ class Permute:
         return tuple(Fraction(t.local_bytes if s != d else 0) for d, s in enumerate(permute_sources(t, self.apply(t))))
 
     def __str__(self):
-        return "permute(to [" + ", ".join(_axes(d) for d in self.dims) + "])"
+        return "permute(to [" + ", ".join(_axes(d) for d in self.dims) + "]" + _order(self.device_ids) + ")"
 
 
 @dataclass(frozen=True)
 class ReduceScatter:
-    """Sum over the group of partial ``axes`` and keep block ``group_index(axes)`` of local ``dim``."""
+    """Reduce (``reduction``: sum, max, min or prod) over the group of partial ``axes`` and keep block
+    ``group_index(axes)`` of local ``dim``."""
 
     dim: int
     axes: tuple[str, ...]
+    reduction: str = "sum"
     kind = "reduce_scatter"
 
     def apply(self, t: ShardingType) -> ShardingType:
         _check_dim(self, t, self.dim)
+        _check_reduction(self)
         partial = _partial_without(self, t, self.axes)
         dims = list(t.dims)
         dims[self.dim] = dims[self.dim] + tuple(self.axes)
@@ -232,17 +285,20 @@ class ReduceScatter:
         return Fraction(k - 1, k) * t.local_bytes
 
     def __str__(self):
-        return f"reduce_scatter(dim {self.dim}, {_axes(self.axes)})"
+        return f"reduce_scatter({_kind(self.reduction)}dim {self.dim}, {_axes(self.axes)})"
 
 
 @dataclass(frozen=True)
 class AllReduce:
-    """Sum over the group of partial ``axes``; every member gets the sum."""
+    """Reduce (``reduction``: sum, max, min or prod) over the group of partial ``axes``; every member gets the
+    result."""
 
     axes: tuple[str, ...]
+    reduction: str = "sum"
     kind = "all_reduce"
 
     def apply(self, t: ShardingType) -> ShardingType:
+        _check_reduction(self)
         return _rebuild(self, t, t.dims, _partial_without(self, t, self.axes))
 
     def bytes_received(self, t: ShardingType) -> Fraction:
@@ -250,32 +306,39 @@ class AllReduce:
         return Fraction(2 * (k - 1), k) * t.local_bytes
 
     def __str__(self):
-        return f"all_reduce({_axes(self.axes)})"
+        return f"all_reduce({_kind(self.reduction)}{_axes(self.axes)})"
 
 
 @dataclass(frozen=True)
 class Exchange:
-    """Point-to-point: every device gets each element of its block under ``dims`` that it lacks, from one
-    device that holds it (same partial coordinates), and keeps what it has (see :func:`exchange_copies`)."""
+    """Point-to-point: every device gets each element of its block under ``dims`` (on the device order
+    ``device_ids``; None: the input's) that it does not keep, from one device that holds it, and keeps what it
+    can (see :func:`redist.blocks.exchange_copies`)."""
 
     dims: tuple[tuple[str, ...], ...]
+    device_ids: tuple[int, ...] | None = None
     kind = "exchange"
 
     def apply(self, t: ShardingType) -> ShardingType:
         if len(self.dims) != t.rank:
             raise ShardingError(f"{self} does not fit {t}: it names {len(self.dims)} dims")
-        return _rebuild(self, t, tuple(tuple(d) for d in self.dims))
+        return _rebuild(self, t, tuple(tuple(d) for d in self.dims), mesh=_target_mesh(self, t))
 
     def bytes_received(self, t: ShardingType) -> Fraction:
         return max(self.device_bytes(t))
 
     def device_bytes(self, t: ShardingType) -> tuple[Fraction, ...]:
-        """Per device: the elements of its new block it does not hold already (padding is not sent)."""
+        """Per device: the elements of its copies from other devices (padding is not sent). On one device
+        order, and whenever a device keeps its summand role, that is the elements of its new block it does
+        not hold already (:func:`redist.blocks.missing_elements`)."""
         out = self.apply(t)
-        return tuple(Fraction(missing_elements(t, out, d) * t.itemsize) for d in range(t.mesh.size))
+        if t.mesh == out.mesh:
+            return tuple(Fraction(missing_elements(t, out, d) * t.itemsize) for d in range(t.mesh.size))
+        return tuple(Fraction(sum(math.prod(c.size) for c in copies if c.source != d) * t.itemsize)
+                     for d, copies in enumerate(exchange_copies(t, out)))
 
     def __str__(self):
-        return "exchange(to [" + ", ".join(_axes(d) for d in self.dims) + "])"
+        return "exchange(to [" + ", ".join(_axes(d) for d in self.dims) + "]" + _order(self.device_ids) + ")"
 
 
 @dataclass(frozen=True)
@@ -305,7 +368,7 @@ class Unpad:
 
     def apply(self, t: ShardingType) -> ShardingType:
         try:
-            out = ShardingType(t.mesh, self.shape, t.dtype, t.dims, t.partial)
+            out = ShardingType(t.mesh, self.shape, t.dtype, t.dims, t.partial, t.reduction)
         except ShardingError as e:
             raise ShardingError(f"{self} does not fit {t}: {e}") from None
         if out.padded_shape != t.shape:
@@ -321,85 +384,3 @@ class Unpad:
 
 
 Step = AllSlice | AllGather | AllToAll | MultiAllToAll | Permute | ReduceScatter | AllReduce | Exchange | Pad | Unpad
-
-
-@lru_cache(maxsize=4096)
-def permute_sources(t_in: ShardingType, t_out: ShardingType) -> tuple[int, ...]:
-    """For each device, the device whose buffer under ``t_in`` it must hold under ``t_out``.
-
-    Both types must have the same block count in every dim and the same partial axes. A device that already
-    holds its target block is its own source; the others are paired with the remaining holders of their
-    block (same partial coordinates too) in device order, so the result is a permutation.
-    """
-    mesh = t_in.mesh
-
-    def key(t: ShardingType, d: int):
-        return (tuple(t.block_index(i, d) for i in range(t.rank)),
-                tuple(mesh.group_index(d, (a,)) for a in t.partial))
-
-    k_in = [key(t_in, d) for d in range(mesh.size)]
-    k_out = [key(t_out, d) for d in range(mesh.size)]
-    spare: dict = {}
-    for d in range(mesh.size):
-        if k_in[d] != k_out[d]:
-            spare.setdefault(k_in[d], []).append(d)
-    sources = []
-    for d in range(mesh.size):
-        sources.append(d if k_in[d] == k_out[d] else spare[k_out[d]].pop(0))
-    return tuple(sources)
-
-
-@dataclass(frozen=True)
-class Copy:
-    """``dst[dst_start : dst_start + size] = buffer of device source[src_start : src_start + size]``, per dim."""
-
-    source: int
-    src_start: tuple[int, ...]
-    dst_start: tuple[int, ...]
-    size: tuple[int, ...]
-
-    @property
-    def src_box(self) -> tuple[slice, ...]:
-        """The copied box of the source device's buffer."""
-        return tuple(slice(a, a + n) for a, n in zip(self.src_start, self.size))
-
-    @property
-    def dst_box(self) -> tuple[slice, ...]:
-        """The box of the destination buffer it fills."""
-        return tuple(slice(a, a + n) for a, n in zip(self.dst_start, self.size))
-
-
-@lru_cache(maxsize=1024)
-def exchange_copies(t_in: ShardingType, t_out: ShardingType) -> tuple[tuple[Copy, ...], ...]:
-    """For each device, the copies that assemble its buffer under ``t_out`` from buffers under ``t_in``.
-
-    Both types have the same partial axes, and a device takes summands only from devices with its partial
-    coordinates, whose choice depends only on its other coordinates: the devices of one destination partial
-    group read from the devices of one source partial group. Each source block (the elements some devices
-    hold) that meets the device's destination block is copied once: from the device itself if it holds the
-    block, else from the holder that shares the most mesh coordinates with it (then the lowest id).
-    """
-    mesh = t_in.mesh
-    n = mesh.size
-    coords = [tuple(mesh.coords(d).values()) for d in range(n)]
-
-    layer = [tuple(mesh.group_index(d, (a,)) for a in t_in.partial) for d in range(n)]
-    holders: dict = {}
-    for d in range(n):
-        holders.setdefault((layer[d], tuple((s.start, s.stop) for s in t_in.local_box(d))), []).append(d)
-    out = []
-    for d in range(n):
-        want = t_out.local_box(d)
-        copies = []
-        for (lay, box), devs in holders.items():
-            if lay != layer[d]:
-                continue
-            lo = [max(a, w.start) for (a, _), w in zip(box, want)]
-            hi = [min(b, w.stop) for (_, b), w in zip(box, want)]
-            if any(h <= l for l, h in zip(lo, hi)):
-                continue
-            s = d if d in devs else min(devs, key=lambda e: (-sum(x == y for x, y in zip(coords[e], coords[d])), e))
-            copies.append(Copy(s, tuple(l - a for l, (a, _) in zip(lo, box)),
-                               tuple(l - w.start for l, w in zip(lo, want)), tuple(h - l for l, h in zip(lo, hi))))
-        out.append(tuple(sorted(copies, key=lambda c: c.source != d)))
-    return tuple(out)

@@ -2,6 +2,10 @@
 
 ``f32[1024{x}, 512{y,z}] partial{w}`` says: dim 0 is split over mesh axis ``x``; dim 1 over ``y`` (major)
 then ``z`` (minor); each group of devices that differ only in ``w`` holds summands whose sum is the value.
+``partial(max){w}`` (also ``min``, ``prod``) says the group's maximum (minimum, product) is the value: a type has
+one *reduction kind* (``reduction``, ``"sum"`` for plain ``partial{…}``). Of ``bool`` values the sum and the
+maximum are the logical or, the minimum and the product the logical and; complex numbers have no maximum or
+minimum, so ``partial(max)`` and ``partial(min)`` of ``c64``/``c128`` are refused.
 Axes a type does not name replicate. On device coordinates ``c``, a dim of size ``N`` split over axes
 ``(a1, …, ak)`` (``k = s[a1]…s[ak]`` blocks) has block index ``b = ((c[a1]·s[a2] + c[a2])·s[a3] + …)`` and local
 size ``L = ceil(N / k)``; the device holds elements ``[min(N, b·L), min(N, (b+1)·L))`` of it, at the start of its
@@ -30,6 +34,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+import redist.blocks
+from redist.axes import Axis, canonical_axes, check_factorization
 from redist.errors import ShardingError, shown
 from redist.mesh import Mesh, read_decimal
 
@@ -45,13 +51,23 @@ DTYPES: dict[str, np.dtype] = {
     "u8": np.dtype(np.uint8),
     "u32": np.dtype(np.uint32),
     "bool": np.dtype(np.bool_),
+    "c64": np.dtype(np.complex64),
+    "c128": np.dtype(np.complex128),
 }
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 MAX_ELEMENTS = 2**63 - 1
 """The most elements an array may have (and so the largest dim): numpy, JAX and XLA index with 64-bit integers."""
 
-_TYPE_RE = re.compile(r"(?P<dtype>[a-z0-9]+)\[(?P<dims>[^\]]*)\](?:partial\{(?P<partial>[^}]*)\})?\Z")
+REDUCTIONS = ("sum", "max", "min", "prod")
+"""The reduction kinds of pending values (SPEC 2): how a partial group's buffers combine into the value."""
+
+REDUCERS = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
+"""The elementwise numpy ufunc of each reduction kind. On ``bool`` arrays numpy's sum and maximum are the
+logical or, its minimum and product the logical and; its maximum and minimum propagate NaN."""
+
+_TYPE_RE = re.compile(r"(?P<dtype>[a-z0-9]+)\[(?P<dims>[^\]]*)\]"
+                      r"(?:partial(?:\((?P<reduction>[^()]*)\))?\{(?P<partial>[^}]*)\})?\Z")
 # One dim and the comma after it; matched at successive positions of the dims text (one pass, no splitting).
 _DIM_RE = re.compile(r"(?P<size>-?[0-9]+)(?:\{(?P<axes>[^{}]*)\})?(?P<comma>,?)")
 
@@ -72,8 +88,12 @@ def dtype_name(dtype: Any) -> str:
 class ShardingType:
     """A global array's shape and dtype, and how its elements are laid out on ``mesh``.
 
-    ``dims[i]`` lists the mesh axes that split dim ``i``, major to minor; ``partial`` lists the axes over
-    which buffers are pending summands, in mesh order. Every mesh axis appears at most once in a type.
+    ``dims[i]`` lists the mesh axes or sub-axes that split dim ``i``, major to minor; ``partial`` lists the axes
+    over which buffers are pending summands, in mesh order, and ``reduction`` (one of :data:`REDUCTIONS`) how
+    they combine; a type without partial axes has no pending reduction and its ``reduction`` is ``"sum"``.
+    Every mesh axis appears at most once in a type.
+    Axes may be given as token strings (``"y:(2)2"``) and are held as :class:`~redist.axes.Axis` values, which
+    are those strings (canonical: adjacent pieces of one axis merged), so ``t.dims == (("x",), ("y", "z"))``.
     Instances are immutable and hashable; construction validates everything and raises
     :class:`ShardingError` naming the problem.
     """
@@ -81,8 +101,9 @@ class ShardingType:
     mesh: Mesh
     shape: tuple[int, ...]
     dtype: str
-    dims: tuple[tuple[str, ...], ...]
-    partial: tuple[str, ...] = ()
+    dims: tuple[tuple[Axis, ...], ...]
+    partial: tuple[Axis, ...] = ()
+    reduction: str = "sum"
 
     def __post_init__(self):
         if not isinstance(self.mesh, Mesh):
@@ -94,22 +115,12 @@ class ShardingType:
         if len(dims) != len(shape):
             raise ShardingError(f"{len(shape)} dims in the shape but {len(dims)} dim shardings")
         object.__setattr__(self, "shape", shape)
-        seen: dict[str, list[tuple[int, int, str, int | str]]] = {}
-        for where, names in [*enumerate(dims), ("partial", partial)]:
-            for a in names:
-                name, pre, size = self.mesh.sub_axis(a)
-                for p2, s2, a2, where2 in seen.get(name, []):
-                    if (pre, size) == (p2, s2) or (pre < p2 * s2 and p2 < pre * size):
-                        which = f"mesh axis {a!r}" if a == a2 else f"mesh axes {a2!r} and {a!r} overlap and are"
-                        raise ShardingError(f"{which} used twice (in {_place(where2)} and in {_place(where)})")
-                seen.setdefault(name, []).append((pre, size, a, where))
-        for name, spans in seen.items():
-            if len(spans) > 1:  # one token of an axis always fits a factorization of it
-                check_factorization(self.mesh, name, [a for _, _, a, _ in spans])
+        dims, partial = _checked_axes(self.mesh, dims, partial)
         order = {n: i for i, n in enumerate(self.mesh.names)}
-        partial = sorted(partial, key=lambda a: (order[self.mesh.sub_axis(a)[0]], self.mesh.sub_axis(a)[1]))
-        object.__setattr__(self, "partial", canonical_axes(self.mesh, partial))
-        object.__setattr__(self, "dims", tuple(canonical_axes(self.mesh, d) for d in dims))
+        partial = sorted(partial, key=lambda a: (order[a.name], a.pre))
+        object.__setattr__(self, "partial", canonical_axes(partial))
+        object.__setattr__(self, "dims", tuple(canonical_axes(d) for d in dims))
+        object.__setattr__(self, "reduction", _reduction(self.reduction, self.dtype, bool(partial)))
 
     # ------------------------------------------------------------------ text form
     @classmethod
@@ -133,22 +144,30 @@ class ShardingType:
         partial = _axis_names(m["partial"], "partial{…}", text)
         if len(set(partial)) != len(partial):
             raise ShardingError(f"an axis is listed twice in partial{{…}} of {shown(text)}")
-        return cls(mesh, shape, m["dtype"], dims, partial)
+        reduction = m["reduction"]
+        if reduction is not None and reduction not in REDUCTIONS:
+            raise ShardingError(f"unknown reduction kind {shown(reduction)} in partial(…) of {shown(text)}; "
+                                f"use one of {', '.join(REDUCTIONS)}")
+        return cls(mesh, shape, m["dtype"], dims, partial, reduction or "sum")
 
     def __str__(self) -> str:
         dims = ", ".join(f"{n}{{{','.join(d)}}}" if d else str(n) for n, d in zip(self.shape, self.dims))
         text = f"{self.dtype}[{dims}]"
-        return text + (f" partial{{{','.join(self.partial)}}}" if self.partial else "")
+        if not self.partial:
+            return text
+        kind = "" if self.reduction == "sum" else f"({self.reduction})"
+        return text + f" partial{kind}{{{','.join(self.partial)}}}"
 
     def __repr__(self) -> str:
         return f"ShardingType.parse({str(self)!r}, {self.mesh!r})"
 
     # ------------------------------------------------------------------ JAX interop
     @classmethod
-    def from_partition_spec(cls, shape, dtype, spec, mesh: Mesh, partial=()) -> "ShardingType":
+    def from_partition_spec(cls, shape, dtype, spec, mesh: Mesh, partial=(), reduction: str = "sum") -> "ShardingType":
         """Build a type from a JAX ``PartitionSpec`` or a tuple like ``(("x", "y"), None)``: one entry per
-        leading dim (missing trailing entries replicate), each None, an axis name or a tuple of axis names.
-        Raises :class:`ShardingError` for anything else, naming the entry."""
+        leading dim (missing trailing entries replicate), each None, an axis name or a tuple of axis names;
+        ``partial`` and ``reduction`` as in the constructor. Raises :class:`ShardingError` for anything else,
+        naming the entry."""
         shape = _sizes(shape)
         entries = _spec_entries(spec)
         if len(entries) > len(shape):
@@ -165,13 +184,14 @@ class ShardingType:
                 raise ShardingError(f"entry {i} of partition spec {shown(spec)} is {shown(e)}; expected None, a mesh "
                                     "axis name or a tuple of axis names")
         dims += [()] * (len(shape) - len(entries))
-        return cls(mesh, shape, dtype, tuple(dims), partial)
+        return cls(mesh, shape, dtype, tuple(dims), partial, reduction)
 
     def partition_spec(self):
         """The JAX ``PartitionSpec`` of this type (partial axes are not part of it)."""
         from jax.sharding import PartitionSpec
 
-        return PartitionSpec(*[None if not d else d[0] if len(d) == 1 else d for d in self.dims])
+        names = [tuple(str(a) for a in d) for d in self.dims]  # JAX takes axis names as plain strings
+        return PartitionSpec(*[None if not d else d[0] if len(d) == 1 else d for d in names])
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -212,41 +232,59 @@ class ShardingType:
 
     def padded(self) -> "ShardingType":
         """The even type of shape ``padded_shape`` with the same axes: every device's buffer is the same."""
-        return ShardingType(self.mesh, self.padded_shape, self.dtype, self.dims, self.partial)
+        return ShardingType(self.mesh, self.padded_shape, self.dtype, self.dims, self.partial, self.reduction)
 
     @property
     def global_bytes(self) -> int:
         return math.prod(self.shape) * self.itemsize
 
     @property
-    def used_axes(self) -> frozenset[str]:
+    def used_axes(self) -> frozenset[Axis]:
         """Axes that split some dim (not the partial ones)."""
         return frozenset(a for d in self.dims for a in d)
 
     def block_index(self, dim: int, device: int) -> int:
-        """The block of dim ``dim`` that ``device`` holds."""
-        return self.mesh.group_index(device, self.dims[dim])
+        """The block of dim ``dim`` that ``device`` holds (:func:`redist.blocks.block_index`)."""
+        return redist.blocks.block_index(self, dim, device)
 
     def local_box(self, device: int) -> tuple[slice, ...]:
         """The global index box of the elements ``device`` holds (its data; for an uneven dim it can be shorter
-        than the local buffer, or empty). They sit at the start of the local buffer: see :meth:`data_box`."""
-        return tuple(
-            slice(min(n, self.block_index(i, device) * L), min(n, (self.block_index(i, device) + 1) * L))
-            for i, (n, L) in enumerate(zip(self.shape, self.local_shape))
-        )
+        than the local buffer, or empty). They sit at the start of the local buffer: see :meth:`data_box`.
+        (:func:`redist.blocks.local_box`)"""
+        return redist.blocks.local_box(self, device)
 
     def data_box(self, device: int) -> tuple[slice, ...]:
-        """The local index box that holds ``device``'s data (the rest of the buffer is padding)."""
-        return tuple(slice(0, s.stop - s.start) for s in self.local_box(device))
+        """The local index box that holds ``device``'s data (the rest of the buffer is padding;
+        :func:`redist.blocks.data_box`)."""
+        return redist.blocks.data_box(self, device)
 
-    def replace(self, dims=None, partial=None) -> "ShardingType":
+    def replace(self, dims=None, partial=None, mesh=None, reduction=None) -> "ShardingType":
+        """This type with the given fields changed (None: kept). A ``mesh`` other than one with the same axes in
+        another device order is refused (:class:`ShardingError`): the axes would mean something else."""
+        if mesh is not None and not self.mesh.same_axes(mesh):
+            raise ShardingError(f"cannot move {self} from mesh {self.mesh} to mesh {shown(mesh)}: a type keeps its "
+                                "mesh's axes, only the device order may change")
         return ShardingType(
-            self.mesh, self.shape, self.dtype, self.dims if dims is None else dims,
-            self.partial if partial is None else partial,
+            self.mesh if mesh is None else mesh, self.shape, self.dtype, self.dims if dims is None else dims,
+            self.partial if partial is None else partial, self.reduction if reduction is None else reduction,
         )
 
 
 # ---------------------------------------------------------------------- reading and checking arguments
+def _reduction(kind, dtype: str, pending: bool) -> str:
+    """The reduction kind of a type of ``dtype``: ``kind`` if it is one of :data:`REDUCTIONS`, and ``"sum"`` when
+    nothing is ``pending`` (no partial axes: the kind means nothing, so that such types compare equal).
+    Raises :class:`ShardingError` for another ``kind`` and for the maximum or minimum of complex numbers."""
+    if not isinstance(kind, str) or kind not in REDUCTIONS:
+        raise ShardingError(f"unknown reduction kind {shown(kind)}; use one of {', '.join(REDUCTIONS)}")
+    if not pending:
+        return "sum"
+    if kind in ("max", "min") and DTYPES[dtype].kind == "c":
+        raise ShardingError(f"partial({kind}) of {dtype} values: complex numbers have no {kind}imum; pending "
+                            f"reductions of {dtype} are sums or products")
+    return kind
+
+
 def _parse_dims(body: str, text: str) -> tuple[tuple[int, ...], tuple[tuple[str, ...], ...]]:
     """The sizes and axis lists of ``body`` (``"8{x,y},4,2{z}"``, whitespace removed), read left to right in one
     pass: linear in its length. ``text`` (the user's whole text) is quoted only in an error."""
@@ -288,7 +326,7 @@ def _spec_entries(spec) -> tuple:
         if spec.unreduced or spec.reduced:
             raise ShardingError(f"partition spec {spec} has unreduced or reduced axes; give pending sums as "
                                 "partial=(axis, ...) instead")
-        return tuple(spec.partitions)
+        return tuple(spec)  # its entries (iteration works on every JAX; `.partitions` only from 0.10)
     if not _is_list(spec):
         raise ShardingError(f"partition spec must be a PartitionSpec or a tuple like (('x', 'y'), None), got "
                             f"{type(spec).__name__} {shown(spec)}")
@@ -349,79 +387,21 @@ def _axis_lists(dims) -> tuple[tuple[str, ...], ...]:
     return tuple(_axis_tokens(d, i) for i, d in enumerate(dims))
 
 
-# ---------------------------------------------------------------------- axis lists with sub-axes
-def _pieces(mesh: Mesh, token_lists) -> list[list[tuple[str, int, int]]]:
-    """Each token list as (axis, lo, hi) pieces, split at every boundary any of the lists uses on that axis.
-
-    A token ``name:(pre)size`` covers the factor range ``[pre, pre·size)`` of its axis; after the split, equal
-    pieces in two lists denote the same sub-axis, so lists can be compared piece by piece.
-    """
-    cuts: dict[str, set[int]] = {}
-    spans = []
-    for tokens in token_lists:
-        span = []
-        for tok in tokens:
-            name, pre, size = mesh.sub_axis(tok)
-            cuts.setdefault(name, set()).update((pre, pre * size))
-            span.append((name, pre, pre * size))
-        spans.append(span)
-    out = []
-    for span in spans:
-        pieces = []
-        for name, lo, hi in span:
-            if lo == hi:  # an axis of size 1: one piece
-                pieces.append((name, lo, hi))
-                continue
-            pts = sorted(p for p in cuts[name] if lo <= p <= hi)
-            pieces.extend((name, a, b) for a, b in zip(pts, pts[1:]))
-        out.append(pieces)
-    return out
-
-
-def tokens_of_pieces(mesh: Mesh, pieces) -> tuple[str, ...]:
-    """Canonical tokens for (axis, lo, hi) pieces, major to minor: adjacent, contiguous pieces of one axis
-    merge (``y:(1)2, y:(2)2`` → ``y``)."""
-    from redist.mesh import sub_axis_token
-
-    merged: list[list] = []
-    for name, lo, hi in pieces:
-        if merged and merged[-1][0] == name and merged[-1][2] == lo:
-            merged[-1][2] = hi
-        else:
-            merged.append([name, lo, hi])
-    return tuple(sub_axis_token(n, lo, hi // lo, mesh.axis_size(n)) for n, lo, hi in merged)
-
-
-def check_factorization(mesh: Mesh, name: str, tokens) -> None:
-    """Sub-axes of one axis must cut it at points that each divide the next (a chain of factors): ``x:(1)2``
-    and ``x:(3)2`` of an axis of size 6 are not factors of one decomposition and cannot be used together."""
-    points = sorted({p for tok in tokens for p in (mesh.sub_axis(tok)[1], mesh.sub_axis(tok)[1] * mesh.sub_axis(tok)[2])}
-                    | {1, mesh.axis_size(name)})
-    for lo, hi in zip(points, points[1:]):
-        if hi % lo:
-            raise ShardingError(
-                f"sub-axes {', '.join(tokens)} split mesh axis {name!r} (size {mesh.axis_size(name)}) in "
-                "incompatible ways: they are not factors of one decomposition of the axis")
-
-
-def canonical_axes(mesh: Mesh, tokens) -> tuple[str, ...]:
-    """``tokens`` with adjacent contiguous sub-axes of one axis merged."""
-    if not any(":" in t for t in tokens):  # whole axes are canonical already
-        return tuple(tokens)
-    return tokens_of_pieces(mesh, _pieces(mesh, [tokens])[0])
-
-
-def strip_suffix(mesh: Mesh, tokens, suffix) -> tuple[str, ...] | None:
-    """``tokens`` without ``suffix`` at its minor end, or None if ``suffix`` is not its minor end."""
-    whole, end = _pieces(mesh, [tokens, suffix])
-    if not end or whole[len(whole) - len(end):] != end:
-        return None
-    return tokens_of_pieces(mesh, whole[: len(whole) - len(end)])
-
-
-def remove_axes(mesh: Mesh, tokens, remove) -> tuple[str, ...] | None:
-    """The set ``tokens`` less ``remove``, or None if some of ``remove`` is not in ``tokens``."""
-    have, drop = _pieces(mesh, [tokens, remove])
-    if not set(drop) <= set(have):
-        return None
-    return tokens_of_pieces(mesh, [p for p in have if p not in set(drop)])
+def _checked_axes(mesh: Mesh, dims, partial) -> tuple[tuple[tuple[Axis, ...], ...], tuple[Axis, ...]]:
+    """The axes of the tokens of ``dims`` and ``partial`` on ``mesh``. Raises :class:`ShardingError` if a token
+    names no axis of ``mesh``, if two axes overlap (a mesh axis is used once in a type), or if sub-axes of one
+    mesh axis are not factors of one decomposition of it."""
+    dims = tuple(mesh.axes_of(d) for d in dims)
+    partial = mesh.axes_of(partial)
+    seen: dict[str, list[tuple[Axis, int | str]]] = {}
+    for where, axes in [*enumerate(dims), ("partial", partial)]:
+        for a in axes:
+            for b, where2 in seen.get(a.name, ()):
+                if a.overlaps(b):
+                    which = f"mesh axis {a!r}" if a == b else f"mesh axes {b!r} and {a!r} overlap and are"
+                    raise ShardingError(f"{which} used twice (in {_place(where2)} and in {_place(where)})")
+            seen.setdefault(a.name, []).append((a, where))
+    for name, used in seen.items():
+        if len(used) > 1:  # one axis alone always fits a factorization of its mesh axis
+            check_factorization(name, [a for a, _ in used])
+    return dims, partial

@@ -4,28 +4,42 @@ Principle: *verify what you run*. :func:`verify` reads ``plan.program`` — the 
 MPI backends execute (semantics in :mod:`redist.program`) — and nothing else of the plan except its source
 type (what the input buffers hold), its claimed destination type, and its reported ``peak_bytes`` and
 ``bytes_received``. It never calls the synthesizer's typing rules (:mod:`redist.steps`) nor the type class's
-block arithmetic (``block_index``, ``local_box``, ``local_shape``, ``Mesh.group_index``): the meaning of a
-type is stated once, below, in Z3 terms, from the contract (SPEC section 2):
+block arithmetic (``block_index``, ``local_box``, ``local_shape``, ``Mesh.group_index``, ``Mesh.coords``):
+that independence is on purpose, so that a bug there cannot prove itself right. Instruction axes are
+:class:`redist.axes.Axis` values, which are their token strings; the verifier reads only their text, parses each
+token itself and re-derives name, pre-size and size independently. The meaning of a type is stated once, below, in Z3 terms, from the contract (SPEC sections 1 and 2):
 
-    A dim of size N with axes (a1 … ak), major → minor, on a device with coordinates c has block index
+    Mesh positions are numbered row-major over the mesh axes in mesh order (the last axis varies fastest),
+    and ``device_ids[p]`` is the device at position p (default: device p); a device's coordinates are those
+    of its position. A dim of size N with axes (a1 … ak), major → minor, on a device with coordinates c has
+    block index
     b = ((c[a1]·s[a2] + c[a2])·s[a3] + …), L = ceil(N / (s[a1]·…·s[ak])); local index i of that dim is global
     index b·L + i, which is data if b·L + i < N and padding otherwise. A sub-axis ``name:(pre)size`` of an
     axis of size S has coordinate (c[name] // (S / (pre·size))) % size. Partial axes: the buffers of the
     devices that differ only on them are summands of the value, summand coordinate = the device's
-    coordinates on the partial axes.
+    coordinates on the partial axes; the value is their sum, maximum, minimum or product (the type's
+    ``reduction``; of ``bool`` values sum and maximum are the logical or, minimum and product the and).
 
 The proof follows each element of the result backward. For a symbolic device (mesh coordinates are Z3
 integers in range) and a symbolic local index, each instruction, read in reverse, says which device and
-which local index of the buffer before it the element came from:
+which local index of the buffer before it the element came from. Devices are followed by their coordinates
+on the program's mesh (``Program.mesh``, whose groups the collectives use); the claim's device order
+(``Program.dst_mesh``) and the source's (``Program.src_mesh``) are translated to and from it by tables over
+the position, as for a permute (none where the device orders agree). Instructions that name devices (a
+permute's sources, an exchange's copies) name device ids, read through the program mesh's ``device_ids``.
 
 - ``Slice(dim, axes)``: same device; index + r·n_out along ``dim`` (r = the device's rank over ``axes``).
 - ``AllGather(dim, axes)``: the group member of rank i // n_in; index i % n_in along ``dim``.
-- ``AllToAll(split, concat, axes)``: the member of rank i[concat] // chunk[concat]; index i[concat] %
-  chunk[concat], then + r·chunk[split] along ``split``.
+- ``AllToAll(axes)`` (over a leading dim of k chunks, the only all-to-all the instruction set has): the
+  member of rank i[0]; index r along dim 0 (r = the device's rank over ``axes``), the rest the same.
 - ``ReduceScatter(dim, axes)``: a *sum* over the group: a fresh symbolic member (one summand per value of
   it); index + r·n_out along ``dim``.
 - ``AllReduce(axes)``: a sum over the group, fresh symbolic member, same index.
-- ``CollectivePermute(sources)``: the device ``sources[d]`` (a table over the device id), same index.
+- ``CollectivePermute(sources)``: the device ``sources[d]``, same index: per mesh axis, a table over the
+  device id d of ``sources[d]``'s coordinate on that axis, each a balanced tree of ``If(d < start, …)`` over
+  the runs of devices on which the coordinate is affine in d (:func:`_table`). A permute that swaps mesh
+  axes is affine along the minor axis, so its n entries take about n / (size of the minor axis) leaves per
+  mesh axis rather than an if-then-else chain of n, in time and in memory.
 - ``Exchange(shape, copies)``: a table over the device id and the copies' boxes: the copy of device d whose
   destination box holds the index gives the source device and index; an index no copy writes is *unwritten*
   (the walk records that it must not be).
@@ -40,46 +54,130 @@ Queries (``unsat`` = proved):
    has a source global index other than the one the destination type assigns there (padding positions
    of the result may hold anything);
 2. *sums* (only with partial axes or reductions): with ``Q`` the destination's partial axes, the
-   contributors to the group sum at (device, index) are indexed by (summation members, Q-coordinates of
-   the group member); their number must equal the number of source summand coordinates, and query 2 asks
-   for two different contributors with the same source summand coordinate, or from two different source
-   partial groups (SPEC 4: *any* summands whose group sums are right must work, so the summands of one
-   group need not agree with those of a replica group). ``unsat`` proves the contributors are a bijection
-   onto the summands of one source group: each is added exactly once.
+   contributors to the group reduction at (device, index) are indexed by (summation members, Q-coordinates
+   of the group member). For a sum or a product each summand must be taken exactly once: their number must
+   equal the number of source summand coordinates, and query 2 asks for two different contributors with the
+   same source summand coordinate, or from two different source partial groups (SPEC 4: *any* summands
+   whose group sums are right must work, so the summands of one group need not agree with those of a
+   replica group). ``unsat`` proves the contributors are a bijection onto the summands of one source group.
+   For an idempotent reduction (max, min, and every reduction of ``bool``: or, and) a summand taken twice
+   changes nothing, and summands of other groups of the same element change nothing either once one whole
+   group is in (each is at most the maximum, at least the minimum), so the query asks instead that the
+   contributors *cover* every summand of one group: a bijection proves it at once; otherwise, with the
+   contributor of all-zero members as the witness group, query 3 asks for a summand coordinate of that
+   group that no contributor (each concrete choice of members, one walk each) takes. ``unsat`` proves the
+   group is covered. (A program that covers some other group but not the witness's is refuted; every
+   reduction of a synthesized plan covers all groups alike.)
 
 ``peak_bytes`` and ``bytes_received`` are recomputed from the instructions and buffer shapes (which are the
 same on every device of an SPMD program; the shapes are themselves re-derived from the instructions).
+
+What is read, and where each field is checked
+---------------------------------------------
+Every field the verifier reads constrains the verdict; a claim that differs from what the program computes
+in any of them is refuted (status ``"refuted"``, with a counterexample in the style of the value query:
+``device``, ``coords``, ``index`` — ``None`` for a field that is the same at every index — ``holds`` and
+``expected``, naming the field that differs). Arguments that are not what they should be at all raise
+:class:`~redist.errors.ShardingError` naming the argument (:func:`_check_arguments`).
+
+- ``plan`` must be a :class:`~redist.plan.Plan`. Read: ``program``, ``src`` (the type of the input buffers),
+  ``dst`` (the claim when none is given), ``peak_bytes`` and ``bytes_received`` (:func:`_check_costs`).
+- ``Mesh``: the source type's must be the program's ``src_mesh`` and the claim's its ``dst_mesh``, compared as
+  whole values (axis names, sizes, their order and ``device_ids``) by the one helper
+  :func:`_mesh_difference`: a type on another arrangement of the same number of devices (axes in another
+  order, other sizes, other names, or another device order) is refuted, the counterexample naming a device
+  whose position differs (``Mesh({"y": 2, "x": 4})`` against ``x=4,y=2``: device 1 is at ``{x: 0, y: 1}``
+  on one and ``{y: 0, x: 1}`` on the other; ``device_ids=[1,0]`` against the default order: device 0 is at
+  ``{x: 1}`` on one and ``{x: 0}`` on the other). The program's own three meshes must have the same axes
+  (only their device orders may differ), else it is refuted. A type on another number of devices is no
+  claim about these devices: ``ShardingError``. ``device_ids`` are read as data (a permutation, inverted
+  here); no method of ``Mesh`` is called.
+- ``Program.dtype`` must be the source type's dtype, and the claim's ``dtype`` the source's
+  (:func:`_check_fields`). The names' meaning is ``ShardingType.np_dtype``: the dtype table, not block
+  arithmetic, is the one thing read from the type class beyond its fields.
+- ``ShardingType.shape``: the claim's must be the source's (:func:`_check_fields`).
+- ``ShardingType.dims``: the value query, through the meaning above (and the local shapes, below).
+- ``ShardingType.partial``: the sums query and its count of summands.
+- ``Program.shapes``: re-derived from the instructions and compared (:func:`_derive_shapes`); the first must
+  be the source's local shape, the last the claim's.
+- ``Program.instructions``: every field of every instruction is checked by :func:`_derive_shapes` (dims in
+  range, axes of the mesh that do not overlap, a permutation of the devices, copies that fit their buffers,
+  name devices and do not overlap) and read by the walk.
+- ``ShardingType.reduction`` and the instructions' ``reduction``: every reduction instruction of the program
+  must take one kind, the source's where the source is partial, and a partial claim must be of the
+  source's kind (:func:`_check_reductions`); the maximum or minimum of complex numbers is refuted. The kind
+  decides query 2 (exactly once, or covered).
+
+Time
+----
+``timeout_s`` bounds the wall time of the whole call. A deadline is checked while the constraints are built
+(per instruction, per device of an exchange, per leaf of a permute's table) and Z3 gets only the time that
+is left, with a timer that interrupts it at the deadline (its own ``timeout`` is checked late in some
+phases); running out gives status ``"undecided"`` and a reason saying what was not finished. The plan's own
+work — lowering (``plan.program``) and ``plan.bytes_received``, each computed once per plan and cached —
+happens before the first check and cannot be cut short.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import numbers
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import Any, Sequence
 
-import z3
+import numpy as np
 
 from redist import program as P
+from redist.errors import ShardingError
+from redist.extras import MissingModule
+from redist.mesh import Mesh
+from redist.plan import Plan
+from redist.types import ShardingType
 
-__all__ = ["Verdict", "verify", "verify_program", "program_bytes"]
+try:
+    import z3
+except ModuleNotFoundError as e:  # no [verify] extra: `import redist` works, and verify() says what to install
+    z3 = MissingModule(e, "redist.verify", "verify")
+
+__all__ = ["Verdict", "verify", "verify_program", "program_bytes", "STATUSES"]
+
+STATUSES = ("proved", "refuted", "undecided")
 
 _TOKEN = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::\((?P<pre>\d+)\)(?P<size>\d+))?\Z")
+# The reduction kinds (SPEC 2), and those for which taking a summand twice changes nothing.
+_KINDS = ("sum", "max", "min", "prod")
+_IDEMPOTENT = ("max", "min")
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """The outcome of :func:`verify`. ``ok`` is True iff every check was proved. On failure ``reason`` says
-    which check failed and ``counterexample`` (when there is one) names a device (id and coordinates), a
-    local index, what that device holds there and what it should hold."""
+    """The outcome of :func:`verify`.
 
-    ok: bool
+    ``status`` is ``"proved"`` (every check holds), ``"refuted"`` (some check fails: ``reason`` says which, and
+    ``counterexample``, where there is one, names a device — id and coordinates —, a local index or ``None``,
+    what that device holds there and what the claim expects) or ``"undecided"`` (the time ran out or Z3 gave
+    up: ``reason`` says what was not finished, and nothing is known). ``ok`` is True only when proved; tell
+    refuted from undecided by ``status``, never by the wording of ``reason``.
+    """
+
+    status: str
     reason: str
     counterexample: dict | None = None
     seconds: float = 0.0
     details: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ShardingError(f"Verdict status {self.status!r} is not one of {', '.join(STATUSES)}")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "proved"
 
     def __bool__(self) -> bool:
         return self.ok
@@ -90,6 +188,34 @@ class _Refuted(Exception):
         super().__init__(reason)
         self.reason = reason
         self.counterexample = counterexample
+
+
+class _Undecided(Exception):
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _Deadline:
+    """The wall-clock budget of one call (``timeout_s`` None: unbounded). :meth:`check` raises
+    :class:`_Undecided` once it is spent, naming what was being done; :meth:`ms_left` is Z3's share."""
+
+    def __init__(self, timeout_s: float | None, start: float):
+        self.timeout_s = timeout_s
+        self.start = start
+        self.end = math.inf if timeout_s is None else start + timeout_s
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def check(self, doing: str) -> None:
+        if time.perf_counter() >= self.end:
+            raise _Undecided(f"timeout_s={self.timeout_s:g} ran out while {doing}")
+
+    def ms_left(self) -> int | None:
+        if self.end == math.inf:
+            return None
+        return max(1, int((self.end - time.perf_counter()) * 1000))
 
 
 # ----------------------------------------------------------------------------- axes, independently
@@ -116,6 +242,8 @@ def _axis(mesh_sizes: dict[str, int], token: Any) -> _Axis:
 
 
 def _axes(mesh_sizes, tokens, where: str) -> tuple[_Axis, ...]:
+    if not isinstance(tokens, (tuple, list)):
+        raise _Refuted(f"{where}: axes {tokens!r} are not a list of axis names")
     out = tuple(_axis(mesh_sizes, t) for t in tokens)
     for x in range(len(out)):
         for y in range(x):
@@ -189,23 +317,29 @@ def _type_meaning(mesh_sizes, t, c: dict, idx):
 
 
 # ----------------------------------------------------------------------------- shapes and bytes
-def _derive_shapes(program, mesh_sizes) -> list[tuple[int, ...]]:
-    """The local shape after each instruction, from the instruction semantics alone."""
+def _derive_shapes(program, mesh_sizes, deadline: _Deadline) -> list[tuple[int, ...]]:
+    """The local shape after each instruction, from the instruction semantics alone. Refutes an instruction
+    with a field of the wrong kind, a dim the buffer lacks, axes that are not the mesh's or overlap, a split
+    that does not divide, a permute that is not a permutation, or an exchange whose copies do not fit."""
     n_dev = math.prod(mesh_sizes.values())
     shapes = [tuple(program.shapes[0])]
     for t, ins in enumerate(program.instructions):
         x = list(shapes[-1])
-        where = f"instruction {t} ({ins})"
+        where = f"instruction {t} ({_brief(ins)})"
+        deadline.check(f"checking {where}")
+        bad = _malformed(ins, len(x))
+        if bad:
+            raise _Refuted(f"{where}: {bad}")
 
         def dim_ok(d):
-            if not isinstance(d, int) or not 0 <= d < len(x):
+            if not 0 <= d < len(x):
                 raise _Refuted(f"{where}: the buffer has no dim {d!r}")
 
         if isinstance(ins, P.CollectivePermute):
             if sorted(ins.sources) != list(range(n_dev)):
                 raise _Refuted(f"{where}: sources are not a permutation of the {n_dev} devices")
         elif isinstance(ins, P.Exchange):
-            _check_copies(ins, tuple(x), n_dev, where)
+            _check_copies(ins, tuple(x), n_dev, where, deadline)
             x = list(ins.shape)
         elif isinstance(ins, P.Reshape):
             if math.prod(ins.shape) != math.prod(x) or any(n < 0 for n in ins.shape):
@@ -215,7 +349,7 @@ def _derive_shapes(program, mesh_sizes) -> list[tuple[int, ...]]:
             if sorted(ins.perm) != list(range(len(x))):
                 raise _Refuted(f"{where}: {tuple(ins.perm)} is not a permutation of the {len(x)} dims")
             x = [x[p] for p in ins.perm]
-        elif type(ins) in (P.Slice, P.AllGather, P.ReduceScatter, P.AllReduce, P.AllToAll):
+        else:
             k = _ksize(_axes(mesh_sizes, ins.axes, where))
             if isinstance(ins, (P.Slice, P.ReduceScatter)):
                 dim_ok(ins.dim)
@@ -226,14 +360,9 @@ def _derive_shapes(program, mesh_sizes) -> list[tuple[int, ...]]:
                 dim_ok(ins.dim)
                 x[ins.dim] *= k
             elif isinstance(ins, P.AllToAll):
-                dim_ok(ins.split_dim)
-                dim_ok(ins.concat_dim)
-                if x[ins.split_dim] % k:
-                    raise _Refuted(f"{where}: local dim {ins.split_dim} of size {x[ins.split_dim]} does not split in {k}")
-                x[ins.split_dim] //= k
-                x[ins.concat_dim] *= k
-        else:
-            raise _Refuted(f"{where}: unknown instruction {type(ins).__name__}")
+                dim_ok(0)
+                if x[0] != k:
+                    raise _Refuted(f"{where}: the leading dim of size {x[0]} is not the group's {k} chunks")
         shapes.append(tuple(x))
     if len(program.shapes) != len(shapes) or any(tuple(a) != b for a, b in zip(program.shapes, shapes)):
         raise _Refuted(f"the program's buffer shapes {list(map(tuple, program.shapes))} are not what its "
@@ -241,11 +370,56 @@ def _derive_shapes(program, mesh_sizes) -> list[tuple[int, ...]]:
     return shapes
 
 
-def _check_copies(ins, shape_in, n_dev: int, where: str) -> None:
+def _brief(ins) -> str:
+    """An instruction, shortened for messages (a permute over 65,536 devices prints as a long table)."""
+    text = str(ins)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_ints(x, n: int | None = None) -> bool:
+    """A tuple of ``n`` integers (any number, if None)."""
+    return isinstance(x, tuple) and (n is None or len(x) == n) and all(_is_int(v) for v in x)
+
+
+def _malformed(ins, rank: int) -> str | None:
+    """What is wrong with the kinds of an instruction's fields (None: nothing), before any is used; ``rank``
+    is the rank of the buffer it reads."""
+    if isinstance(ins, P.CollectivePermute):
+        return None if _is_ints(ins.sources) else f"sources {ins.sources!r:.80} are not device ids"
+    if isinstance(ins, (P.Reshape, P.Exchange)) and not _is_ints(ins.shape):
+        return f"shape {ins.shape!r} is not a tuple of sizes"
+    if isinstance(ins, P.Transpose) and not _is_ints(ins.perm):
+        return f"perm {ins.perm!r} is not a tuple of dims"
+    if isinstance(ins, P.Exchange):
+        if len(ins.shape) != rank:
+            return f"shape {ins.shape} has another rank than the buffer it reads ({rank})"
+        if not isinstance(ins.copies, tuple) or not all(isinstance(cs, tuple) for cs in ins.copies):
+            return "copies are not a tuple of copies per device"
+        for d, copies in enumerate(ins.copies):
+            for c in copies:
+                if not (_is_int(getattr(c, "source", None))
+                        and all(_is_ints(getattr(c, f, None), rank) for f in ("src_start", "dst_start", "size"))):
+                    return f"copy {c!r} of device {d} is not a copy between boxes of rank {rank}"
+        return None
+    if isinstance(ins, (P.Slice, P.AllGather, P.ReduceScatter)) and not _is_int(ins.dim):
+        return f"dim {ins.dim!r} is not a dim"
+    if isinstance(ins, (P.ReduceScatter, P.AllReduce)) and ins.reduction not in _KINDS:
+        return f"reduction {ins.reduction!r} is none of {', '.join(_KINDS)}"
+    if not isinstance(ins, (P.Reshape, P.Transpose, P.Slice, P.AllGather, P.AllToAll, P.ReduceScatter, P.AllReduce)):
+        return f"unknown instruction {type(ins).__name__}"
+    return None
+
+
+def _check_copies(ins, shape_in, n_dev: int, where: str, deadline: _Deadline) -> None:
     """An exchange's copies must name devices, fit both buffers, and not overlap on one device."""
     if len(ins.copies) != n_dev:
         raise _Refuted(f"{where}: copies for {len(ins.copies)} devices, the mesh has {n_dev}")
     for d, copies in enumerate(ins.copies):
+        deadline.check(f"checking the copies of {where}")
         for c in copies:
             if not 0 <= c.source < n_dev:
                 raise _Refuted(f"{where}: device {d} copies from device {c.source}, which does not exist")
@@ -266,7 +440,7 @@ def program_bytes(program, mesh_sizes=None) -> list[Fraction]:
     from other devices."""
     mesh_sizes = mesh_sizes or dict(program.mesh.axes)
     n_dev = math.prod(mesh_sizes.values())
-    item = program.dtype.itemsize if hasattr(program.dtype, "itemsize") else __import__("numpy").dtype(program.dtype).itemsize
+    item = np.dtype(program.dtype).itemsize
     totals = [Fraction(0)] * n_dev
     for t, ins in enumerate(program.instructions):
         L_in = math.prod(program.shapes[t]) * item
@@ -298,11 +472,14 @@ def program_bytes(program, mesh_sizes=None) -> list[Fraction]:
 class _Walk:
     """One backward walk of a symbolic element through the program."""
 
-    def __init__(self, program, mesh_sizes, tag: str):
+    def __init__(self, program, mesh_sizes, tag: str, deadline: _Deadline):
         self.program = program
         self.mesh_sizes = mesh_sizes
         self.names = list(mesh_sizes)
+        self.ids = _device_order(program.mesh)  # the device at each position of the program's mesh
+        self.pos = _positions(self.ids)  # the position of each device id
         self.tag = tag
+        self.deadline = deadline
         self.defs: list = []  # definitional constraints (each has exactly one solution per input)
         self.ranges: list = []  # ranges of the free variables
         self.sum_vars: list = []  # (instruction index, fresh member coordinate vars)
@@ -315,37 +492,43 @@ class _Walk:
         self.ranges.append(z3.And(v >= lo, v < hi))
         return v
 
-    def device_id(self, c):
+    def position(self, c):
+        """The row-major position of coordinates ``c``."""
         d = z3.IntVal(0)
         for name in self.names:
             d = d * self.mesh_sizes[name] + c[name]
         return d
 
-    def coords_of(self, device: int) -> dict[str, int]:
-        out = {}
-        for name in reversed(self.names):
-            device, out[name] = divmod(device, self.mesh_sizes[name])
-        return out
+    def reorder(self, c: dict, from_ids, to_ids, what: str) -> dict:
+        """The coordinates, on the device order ``to_ids``, of the device at coordinates ``c`` on the device
+        order ``from_ids`` (both: the device at each position); ``c`` itself where the orders agree."""
+        if from_ids == to_ids:
+            return c
+        at = _positions(to_ids)
+        doing = f"encoding the device order of the {what} for the {self.tag!r} walk"
+        targets = [_coords(self.mesh_sizes, at[d]) for d in from_ids]
+        key = self.position(c)
+        out = {name: _table(key, [x[name] for x in targets], self.deadline, doing) for name in self.names}
+        self.n += 1
+        return self._named_coords(f"o{self.n}", out)
 
     def run(self, c: dict, idx: list):
         """Walk from the result back to the source; returns (source device coords, source index)."""
         prog = self.program
         for t in range(len(prog.instructions) - 1, -1, -1):
             ins = prog.instructions[t]
+            self.deadline.check(f"encoding instruction {t} ({type(ins).__name__}) for the {self.tag!r} walk")
             n_in, n_out = prog.shapes[t], prog.shapes[t + 1]
             idx = list(idx)
             if isinstance(ins, P.CollectivePermute):
-                moving = [(d, s) for d, s in enumerate(ins.sources) if s != d]
-                if not moving:
+                if not ins.pairs():
                     continue
-                did = self.device_id(c)
-                new = {name: z3.Int(f"{self.tag}_perm{t}_{name}") for name in self.names}
-                for name in self.names:
-                    expr = c[name]
-                    for d, s in moving:
-                        expr = z3.If(did == d, self.coords_of(s)[name], expr)
-                    self.defs.append(new[name] == expr)
-                c = new
+                # One table per mesh axis, of the source's coordinate on it: no division in the terms. The
+                # table is over positions: the device at position p is ids[p], its source sources[ids[p]].
+                did, doing = self.position(c), f"encoding the source table of instruction {t}"
+                sources = [_coords(self.mesh_sizes, self.pos[ins.sources[d]]) for d in self.ids]
+                c = self._named_coords(t, {name: _table(did, [s[name] for s in sources], self.deadline, doing)
+                                           for name in self.names})
                 continue
             if isinstance(ins, P.Exchange):
                 c, idx = self._exchange(t, ins, c, idx)
@@ -381,13 +564,8 @@ class _Walk:
                 idx[ins.dim] = idx[ins.dim] % m
                 c = _with_rank(c, axes, j)
             elif isinstance(ins, P.AllToAll):
-                cd, sd = ins.concat_dim, ins.split_dim
-                chunk = list(n_in)
-                chunk[sd] = n_in[sd] // _ksize(axes)
-                r = _rank(c, axes)
-                j = idx[cd] / chunk[cd]
-                idx[cd] = idx[cd] % chunk[cd]
-                idx[sd] = idx[sd] + r * chunk[sd]
+                j = idx[0]
+                idx[0] = _rank(c, axes)
                 c = _with_rank(c, axes, j)
             elif isinstance(ins, (P.ReduceScatter, P.AllReduce)):
                 if isinstance(ins, P.ReduceScatter):
@@ -401,16 +579,7 @@ class _Walk:
             else:
                 raise _Refuted(f"instruction {t}: unknown instruction {type(ins).__name__}")
             # Name the intermediate coordinates and index: keeps the terms small for the solver.
-            c2, idx2 = {}, []
-            for name in self.names:
-                v = z3.Int(f"{self.tag}_c{t}_{name}")
-                self.defs.append(v == c[name])
-                c2[name] = v
-            for d, e in enumerate(idx):
-                v = z3.Int(f"{self.tag}_i{t}_{d}")
-                self.defs.append(v == e)
-                idx2.append(v)
-            c, idx = c2, idx2
+            c, idx = self._named_coords(t, c), self._named(t, idx)
         return c, idx
 
     def _exchange(self, t: int, ins, c: dict, idx: list):
@@ -421,21 +590,31 @@ class _Walk:
         and index)``, and ``k == J → no box holds it``; the boxes of one device do not overlap, so ``k`` is a
         function of the device and index. This keeps the encoding linear in the number of copies (an
         if-then-else chain over thousands of copies is much slower to solve)."""
-        did = self.device_id(c)
-        flat = [(d, cp) for d, copies in enumerate(ins.copies) for cp in copies]
-        k = self.fresh(f"copy{t}", 0, len(flat) + 1)
+        did = self.position(c)
+        doing = f"encoding the copies of instruction {t} (exchange) for the {self.tag!r} walk"
+        n_copies = sum(len(copies) for copies in ins.copies)
+        k = self.fresh(f"copy{t}", 0, n_copies + 1)
         c2 = {name: z3.Int(f"{self.tag}_x{t}_{name}") for name in self.names}
         i2 = [z3.Int(f"{self.tag}_i{t}_{d}") for d in range(len(idx))]
-        covers = []
-        for j, (d, cp) in enumerate(flat):
-            inside = z3.And([did == d] + [z3.And(i >= lo, i < lo + n) for i, lo, n in zip(idx, cp.dst_start, cp.size)])
-            covers.append(inside)
-            coords = self.coords_of(cp.source)
-            self.defs.append(z3.Implies(k == j, z3.And(
-                [inside] + [c2[name] == coords[name] for name in self.names]
-                + [a == i - lo_out + lo_in for a, i, lo_in, lo_out in zip(i2, idx, cp.src_start, cp.dst_start)])))
-        self.defs.append(z3.Implies(k == len(flat), z3.And([z3.Not(x) for x in covers])))
-        self.written.append(k < len(flat))
+        covers, j = [], 0
+        for d, copies in enumerate(ins.copies):
+            if d % 256 == 0:
+                self.deadline.check(doing)
+            if not copies:
+                continue
+            on_d = did == self.pos[d]
+            for cp in copies:
+                inside = z3.And([on_d] + [z3.And(i >= lo, i < lo + n) for i, lo, n in zip(idx, cp.dst_start, cp.size)])
+                covers.append(inside)
+                source = _coords(self.mesh_sizes, self.pos[cp.source])
+                self.defs.append(z3.Implies(k == j, z3.And(
+                    [inside] + [c2[name] == source[name] for name in self.names]
+                    + [a == (i if lo_in == lo_out else i + (lo_in - lo_out))
+                       for a, i, lo_in, lo_out in zip(i2, idx, cp.src_start, cp.dst_start)])))
+                j += 1
+        self.deadline.check(doing)
+        self.defs.append(z3.Implies(k == n_copies, z3.Not(z3.Or(covers)) if covers else z3.BoolVal(True)))
+        self.written.append(k < n_copies)
         return c2, i2
 
     def _named(self, t: int, idx: list) -> list:
@@ -446,6 +625,74 @@ class _Walk:
             self.defs.append(v == e)
             out.append(v)
         return out
+
+    def _named_coords(self, t: int, c: dict) -> dict:
+        """Fresh names for the device coordinates before instruction ``t``."""
+        out = {}
+        for name in self.names:
+            v = z3.Int(f"{self.tag}_c{t}_{name}")
+            self.defs.append(v == c[name])
+            out[name] = v
+        return out
+
+
+def _device_order(mesh) -> tuple[int, ...]:
+    """The device id at each row-major position of ``mesh``: its ``device_ids``, read as data."""
+    return tuple(mesh.device_ids)
+
+
+def _positions(ids: Sequence[int]) -> list[int]:
+    """The position of each device id, given the device id at each position (a permutation)."""
+    out = [0] * len(ids)
+    for p, d in enumerate(ids):
+        out[d] = p
+    return out
+
+
+def _coords(mesh_sizes: dict, device: int) -> dict[str, int]:
+    """The coordinates of position ``device``: row-major over the mesh axes, the last varying fastest (a
+    device id's own position in the default device order)."""
+    out = {}
+    for name in reversed(list(mesh_sizes)):
+        device, out[name] = divmod(device, mesh_sizes[name])
+    return {name: out[name] for name in mesh_sizes}
+
+
+def _table(key, values: Sequence[int], deadline: _Deadline, doing: str):
+    """``values[key]`` for a symbolic ``key`` in ``range(len(values))``: a balanced tree of ``If(key < start,
+    …, …)`` over the maximal runs of keys on which ``values`` is affine in the key (leaf ``a·key + b``).
+
+    A run grows while consecutive differences agree, so every run but the last has two keys or more: at most
+    ``ceil(n / 2)`` leaves, and ``2m + 1`` for a permute that moves ``m`` devices (the identity is affine). A
+    table with structure has far fewer: the source coordinates of a permute that swaps mesh axes are affine
+    along the minor axis (256 leaves per axis for a transpose of 256 x 256 devices, against 65,536 entries
+    in a chain of if-then-elses)."""
+    runs, start = [], 0
+    while start < len(values):
+        slope = values[start + 1] - values[start] if start + 1 < len(values) else 0
+        end = start + 1
+        while end < len(values) and values[end] - values[end - 1] == slope:
+            end += 1
+        runs.append((start, slope, values[start] - slope * start))
+        start = end
+
+    def tree(lo: int, hi: int):
+        if hi - lo == 1:
+            deadline.check(doing)
+            _, slope, offset = runs[lo]
+            return _affine(key, slope, offset)
+        mid = (lo + hi) // 2
+        return z3.If(key < runs[mid][0], tree(lo, mid), tree(mid, hi))
+
+    return tree(0, len(runs))
+
+
+def _affine(key, slope: int, offset: int):
+    """``slope·key + offset``, without the terms that are 0 or the factor that is 1."""
+    out = key if slope == 1 else slope * key if slope else None
+    if out is None:
+        return z3.IntVal(offset)
+    return out + offset if offset else out
 
 
 def _reshape_groups(shape_in, shape_out) -> list[tuple[list[int], list[int]]]:
@@ -481,165 +728,421 @@ def _model_int(model, e) -> int:
     return model.eval(e, model_completion=True).as_long()
 
 
-def _solve(constraints, timeout_ms: int):
+def _solve(constraints, deadline: _Deadline, query: str):
+    """Check ``constraints`` with the time that is left; ``unknown`` (time out, or Z3 gives up) is undecided.
+
+    Besides Z3's own ``timeout``, which some of its phases check late (a 35,000-copy exchange overran it by
+    18 s), a timer interrupts the solver at the deadline; an interrupt after ``check`` returned does nothing."""
     s = z3.SolverFor("QF_LIA")
-    s.set("timeout", timeout_ms)
-    s.add(*constraints)
-    return s, s.check()
+    for start in range(0, len(constraints), 4096):
+        deadline.check(f"handing the {query} to Z3")
+        s.add(*constraints[start:start + 4096])
+    ms = deadline.ms_left()
+    watchdog = None
+    if ms is not None:
+        s.set("timeout", ms)
+        watchdog = threading.Timer(ms / 1000, s.ctx.interrupt)
+        watchdog.daemon = True
+        watchdog.start()
+    try:
+        res = s.check()
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
+    if res == z3.unknown:
+        budget = "" if deadline.timeout_s is None else f" within timeout_s={deadline.timeout_s:g}"
+        raise _Undecided(f"Z3 did not decide the {query}{budget} ({s.reason_unknown()})")
+    return s, res
 
 
 # ----------------------------------------------------------------------------- entry points
-def verify(plan, dst=None, *, timeout_s: float = 60.0, check_costs: bool = True) -> Verdict:
+def verify(plan, dst=None, timeout_s: float | None = None, *, check_costs: bool = True) -> Verdict:
     """Prove that ``plan.program`` turns buffers of type ``plan.src`` into buffers of type ``dst``
     (default ``plan.dst``) on every device at every local index (group sums, for partial types), and that
-    ``plan.peak_bytes`` / ``plan.bytes_received`` agree with the instructions. ``dst`` may be a
-    :class:`~redist.types.ShardingType` or its text. A false claim is refuted with a counterexample."""
+    ``plan.peak_bytes`` / ``plan.bytes_received`` agree with the instructions (unless ``check_costs`` is
+    False).
+
+    ``dst`` may be a :class:`~redist.types.ShardingType` or its text (read on the plan's mesh). A claim that
+    differs from what the program computes in anything — layout, partial axes, dtype, shape, mesh — is
+    refuted, with a counterexample (module header). ``timeout_s`` (seconds, None: no bound) bounds the wall
+    time of the call; when it runs out the verdict is ``"undecided"``.
+
+    Raises :class:`~redist.errors.ShardingError` if ``plan`` is not a Plan, ``dst`` is not a type (or text
+    that parses) on a mesh of the plan's number of devices, ``timeout_s`` is not a positive number or None, or
+    ``check_costs`` is not a bool."""
     start = time.perf_counter()
+    if not isinstance(plan, Plan):
+        raise ShardingError(f"verify: plan must be a redist.Plan (from redist.synthesize), got {_show(plan)}")
+    timeout_s = _check_timeout(timeout_s)
+    if not isinstance(check_costs, bool):
+        raise ShardingError(f"verify: check_costs must be True or False, got {_show(check_costs)}")
     if isinstance(dst, str):
-        from redist.types import ShardingType
-
-        dst = ShardingType.parse(dst, plan.src.mesh)
+        try:
+            dst = ShardingType.parse(dst, plan.src.mesh)
+        except ShardingError as e:
+            raise ShardingError(f"verify: dst: {e}") from None
     claim = plan.dst if dst is None else dst
+    program = plan.program
+    _check_arguments(program, plan.src, claim)
     costs = (plan.peak_bytes, plan.bytes_received) if check_costs else None
-    return verify_program(plan.program, plan.src, claim, costs=costs, timeout_s=timeout_s, start=start)
+    return _run(program, plan.src, claim, costs, _Deadline(timeout_s, start))
 
 
-def verify_program(program, src, dst, *, costs=None, timeout_s: float = 60.0, start=None) -> Verdict:
+def verify_program(program, src, dst, *, costs=None, timeout_s: float | None = None) -> Verdict:
     """:func:`verify` for a bare program: ``src`` is what its input buffers hold, ``dst`` the claim.
-    ``costs``: optional ``(peak_bytes, bytes_received)`` to check against the instructions."""
-    start = time.perf_counter() if start is None else start
+    ``costs``: optional ``(peak_bytes, bytes_received)`` to check against the instructions. Raises
+    :class:`~redist.errors.ShardingError` if ``program`` is not a :class:`~redist.program.Program` (with
+    tuples of instructions and shapes, a mesh and a dtype), ``src`` or ``dst`` is not a type on a mesh of the
+    program's number of devices, or ``timeout_s`` is not a positive number or None."""
+    start = time.perf_counter()
+    timeout_s = _check_timeout(timeout_s)
+    _check_arguments(program, src, dst)
+    return _run(program, src, dst, costs, _Deadline(timeout_s, start))
+
+
+def _show(x) -> str:
+    text = repr(x)
+    return f"{type(x).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def _check_timeout(timeout_s) -> float | None:
+    if timeout_s is None:
+        return None
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not timeout_s > 0:
+        raise ShardingError(f"verify: timeout_s must be a number of seconds > 0, or None for no bound; "
+                            f"got {_show(timeout_s)}")
+    return float(timeout_s)
+
+
+def _check_arguments(program, src, dst) -> None:
+    """Arguments that are not a program and two types about its devices at all: ShardingError (a type on
+    another arrangement of the same devices is a claim, refuted later by :func:`_check_fields`)."""
+    if not isinstance(program, P.Program):
+        raise ShardingError(f"verify: program must be a redist.program.Program, got {_show(program)}")
+    if not (isinstance(program.instructions, tuple) and isinstance(program.shapes, tuple) and program.shapes
+            and all(_is_ints(s) for s in program.shapes)):
+        raise ShardingError("verify: the program's instructions and shapes must be tuples (shapes: one tuple of "
+                            f"sizes per buffer), got {_show(program.instructions)} and {_show(program.shapes)}")
+    for name in ("mesh", "src_mesh", "dst_mesh"):
+        if not isinstance(getattr(program, name), Mesh):
+            raise ShardingError(f"verify: the program's {name} must be a redist.Mesh, got "
+                                f"{_show(getattr(program, name))}")
+    try:
+        np.dtype(program.dtype)
+    except TypeError:
+        raise ShardingError(f"verify: the program's dtype {program.dtype!r} is not a numpy dtype") from None
+    for name, t, kind in (("src", src, "a redist.ShardingType"), ("dst", dst, "a redist.ShardingType or its text")):
+        if not isinstance(t, ShardingType) or not isinstance(t.mesh, Mesh):
+            raise ShardingError(f"verify: {name} must be {kind}, got {_show(t)}")
+        if t.mesh.size != program.mesh.size:
+            raise ShardingError(f"verify: {name} {t} is on mesh {t.mesh} of {t.mesh.size} devices, but the plan "
+                                f"runs on mesh {program.mesh} of {program.mesh.size}: the types must be about the "
+                                "devices the plan runs on")
+
+
+def _run(program, src, dst, costs, deadline: _Deadline) -> Verdict:
     details: dict = {}
     try:
-        _verify(program, src, dst, costs, int(timeout_s * 1000), details)
+        _verify(program, src, dst, costs, deadline, details)
     except _Refuted as e:
-        return Verdict(False, e.reason, e.counterexample, time.perf_counter() - start, details)
-    return Verdict(True, "proved: every device holds the destination's elements at every local index"
+        return Verdict("refuted", e.reason, e.counterexample, deadline.elapsed(), details)
+    except _Undecided as e:
+        return Verdict("undecided", e.reason, None, deadline.elapsed(), details)
+    return Verdict("proved", "proved: every device holds the destination's elements at every local index"
                    + (" (group sums of partial axes)" if src.partial else "")
                    + ("; peak_bytes and bytes_received agree with the instructions" if costs else ""),
-                   None, time.perf_counter() - start, details)
+                   None, deadline.elapsed(), details)
 
 
-def _verify(program, src, dst, costs, timeout_ms, details) -> None:
+def _verify(program, src, dst, costs, deadline: _Deadline, details: dict) -> None:
     mesh_sizes = dict(program.mesh.axes)
-    names = list(mesh_sizes)
-    if dict(src.mesh.axes) != mesh_sizes or dict(dst.mesh.axes) != mesh_sizes:
-        raise _Refuted("the types and the program are on different meshes")
-    if tuple(src.shape) != tuple(dst.shape):
-        raise _Refuted(f"source shape {src.shape} and claimed shape {dst.shape} differ")
-    _, src_local, _, src_partial, _ = _type_meaning(mesh_sizes, src, {n: z3.IntVal(0) for n in names}, None)
-    _, dst_local, _, dst_partial, _ = _type_meaning(mesh_sizes, dst, {n: z3.IntVal(0) for n in names}, None)
+    _check_fields(program, src, dst)
+    zero = {n: z3.IntVal(0) for n in mesh_sizes}
+    _, src_local, _, src_partial, _ = _type_meaning(mesh_sizes, src, zero, None)
+    _, dst_local, _, dst_partial, _ = _type_meaning(mesh_sizes, dst, zero, None)
     if tuple(program.shapes[0]) != src_local:
-        raise _Refuted(f"the program starts from local shape {tuple(program.shapes[0])}, but {src} is {src_local}")
-    shapes = _derive_shapes(program, mesh_sizes)
+        raise _Refuted(f"the program starts from local shape {tuple(program.shapes[0])}, but {src} is {src_local}",
+                       _field_cx(mesh_sizes, "local_shape", tuple(program.shapes[0]), src_local))
+    shapes = _derive_shapes(program, mesh_sizes, deadline)
     if shapes[-1] != dst_local:
         raise _Refuted(f"the program ends with local shape {shapes[-1]}, but {dst} has local shape {dst_local}",
-                       {"device": 0, "coords": {n: 0 for n in names}, "index": None,
-                        "holds": {"local_shape": shapes[-1]}, "expected": {"local_shape": dst_local}})
-    # ---- bytes (SPMD: every device's buffer has the instruction's shape at every boundary)
-    itemsize = __import__("numpy").dtype(program.dtype).itemsize
+                       _field_cx(mesh_sizes, "local_shape", shapes[-1], dst_local))
+    _check_costs(program, shapes, mesh_sizes, costs, details)
+    kind = _check_reductions(program, src, dst)
+    if any(n == 0 for n in dst_local):
+        return  # no elements: nothing to prove
+    _value_query(program, mesh_sizes, src, dst, dst_local, deadline, details)
+    idempotent = kind in _IDEMPOTENT or np.dtype(program.dtype) == np.dtype(np.bool_)
+    _sum_query(program, mesh_sizes, src, dst, dst_local, deadline, details, idempotent)
+
+
+# ----------------------------------------------------------------------------- fields no query reads
+def _check_fields(program, src, dst) -> None:
+    """Meshes, dtypes and shapes must agree exactly (the audit in the module header): the source type's mesh
+    is the program's ``src_mesh`` and the claim's its ``dst_mesh``, whose axes are those of the program's
+    ``mesh``; the program's dtype is the source type's, and the claim's dtype and shape are the source's."""
+    mesh_sizes = dict(program.mesh.axes)
+    for which in ("src_mesh", "dst_mesh"):
+        if tuple(getattr(program, which).axes) != tuple(program.mesh.axes):
+            raise _Refuted(f"the program's {which} {getattr(program, which)!r} does not have the axes of the mesh "
+                           f"{program.mesh!r} its collectives run on", _mesh_difference(program.mesh,
+                                                                                        getattr(program, which)))
+    for what, t, have, role in (("source type", src, program.src_mesh, "the program reads its input on"),
+                                ("claim", dst, program.dst_mesh, "the program leaves its result on")):
+        cx = _mesh_difference(have, t.mesh)
+        if cx is not None:
+            raise _Refuted(f"the {what} {t} is on mesh {t.mesh!r}, but {role} mesh {have!r}: device "
+                           f"{cx['device']} is at {cx['holds']['coords']} on the program's mesh and at "
+                           f"{cx['expected']['coords']} on the {what}'s", cx)
+    dtype = np.dtype(program.dtype)
+    if dtype != src.np_dtype:
+        raise _Refuted(f"the program computes on {dtype.name} buffers, but the source type {src} is {src.dtype}",
+                       _field_cx(mesh_sizes, "dtype", dtype.name, src.dtype))
+    if dst.dtype != src.dtype:
+        raise _Refuted(f"the claim {dst} has dtype {dst.dtype}, but the program keeps the source's {src.dtype}",
+                       _field_cx(mesh_sizes, "dtype", src.dtype, dst.dtype))
+    if tuple(src.shape) != tuple(dst.shape):
+        raise _Refuted(f"source shape {src.shape} and claimed shape {dst.shape} differ",
+                       _field_cx(mesh_sizes, "shape", tuple(src.shape), tuple(dst.shape)))
+
+
+def _mesh_difference(have, want) -> dict | None:
+    """None if ``have`` and ``want`` (meshes of the same number of devices) are the same mesh, else a
+    counterexample: the first device id whose position (coordinates by axis name, through each mesh's
+    ``device_ids``) differs, or device 0 when every position agrees (axes of size 1 in another order). The
+    whole values are compared, so every field of ``Mesh`` (axes, sizes, their order, device order) is."""
+    if have == want:
+        return None
+    sizes_have, sizes_want = dict(have.axes), dict(want.axes)
+    at_have, at_want = _positions(_device_order(have)), _positions(_device_order(want))
+
+    def where(sizes, at, d):
+        return _coords(sizes, at[d])
+
+    n = len(at_have)
+    d = next((d for d in range(n) if where(sizes_have, at_have, d) != where(sizes_want, at_want, d)), 0)
+    return {"device": d, "coords": where(sizes_have, at_have, d), "index": None,
+            "holds": {"mesh": repr(have), "coords": where(sizes_have, at_have, d)},
+            "expected": {"mesh": repr(want), "coords": where(sizes_want, at_want, d)}}
+
+
+def _field_cx(mesh_sizes: dict, what: str, holds, expected) -> dict:
+    """A counterexample for a field that is the same on every device and at every index: the device at
+    position 0 (device 0 in the default order)."""
+    return {"device": 0, "coords": _coords(mesh_sizes, 0), "index": None,
+            "holds": {what: holds}, "expected": {what: expected}}
+
+
+def _check_reductions(program, src, dst) -> str | None:
+    """The reduction kind of the program (None if nothing is reduced or pending), after checking it against
+    the types (the audit in the module header): the instructions take one kind, the source's where it is
+    partial; a partial claim is of the source's kind; the maximum or minimum of complex numbers is refused."""
+    mesh_sizes = dict(program.mesh.axes)
+    taken = [(t, ins.reduction) for t, ins in enumerate(program.instructions)
+             if isinstance(ins, (P.ReduceScatter, P.AllReduce))]
+    kinds = {k for _, k in taken}
+    if len(kinds) > 1:
+        raise _Refuted(f"the program reduces by {' and '.join(sorted(kinds))}: one value has one reduction kind",
+                       _field_cx(mesh_sizes, "reduction", sorted(kinds), sorted(kinds)[0]))
+    pending = src.reduction if src.partial else None
+    kind = pending or (kinds.pop() if kinds else None)
+    if pending is not None:
+        wrong = next(((t, k) for t, k in taken if k != pending), None)
+        if wrong is not None:
+            raise _Refuted(f"instruction {wrong[0]} takes the {wrong[1]} of its group, but the source {src} is a "
+                           f"pending {pending}", _field_cx(mesh_sizes, "reduction", wrong[1], pending))
+    if dst.partial and kind is not None and dst.reduction != kind:
+        raise _Refuted(f"the claim {dst} is a pending {dst.reduction}, but the program's values are a pending "
+                       f"{kind}", _field_cx(mesh_sizes, "reduction", kind, dst.reduction))
+    if kind in _IDEMPOTENT and np.dtype(program.dtype).kind == "c":
+        raise _Refuted(f"the program takes the {kind} of complex numbers, which have none",
+                       _field_cx(mesh_sizes, "reduction", kind, "sum or prod"))
+    return kind
+
+
+def _check_costs(program, shapes, mesh_sizes, costs, details: dict) -> None:
+    """Peak bytes and bytes received, from the instructions (SPMD: every device's buffer has the
+    instruction's shape at every boundary), against the plan's ``costs`` when given."""
+    itemsize = np.dtype(program.dtype).itemsize
     peak = max(math.prod(s) * itemsize for s in shapes)
     per_dev = program_bytes(program, mesh_sizes)
     received = max(per_dev, default=Fraction(0))
     details.update(peak_bytes=peak, bytes_received=received)
-    if costs is not None:
-        claimed_peak, claimed_recv = costs
-        if peak > claimed_peak:
-            raise _Refuted(f"a device holds {peak} bytes at a step boundary, more than peak_bytes={claimed_peak}")
-        if peak != claimed_peak:
-            raise _Refuted(f"peak_bytes={claimed_peak} but the largest buffer is {peak} bytes")
-        if abs(Fraction(claimed_recv) - received) > Fraction(1, 10**6) * max(1, received):
-            dev = max(range(len(per_dev)), key=lambda d: per_dev[d])
-            raise _Refuted(f"bytes_received={claimed_recv} but the instructions make device {dev} receive "
-                           f"{float(received):g} bytes")
-    if any(n == 0 for n in dst_local):
-        return  # no elements: nothing to prove
-    # ---- query 1: values
-    w = _Walk(program, mesh_sizes, "a")
-    c = {n: w.fresh(f"dev_{n}", 0, s) for n, s in mesh_sizes.items()}
+    if costs is None:
+        return
+    claimed_peak, claimed_recv = costs
+    if peak > claimed_peak:
+        raise _Refuted(f"a device holds {peak} bytes at a step boundary, more than peak_bytes={claimed_peak}")
+    if peak != claimed_peak:
+        raise _Refuted(f"peak_bytes={claimed_peak} but the largest buffer is {peak} bytes")
+    if abs(Fraction(claimed_recv) - received) > Fraction(1, 10**6) * max(1, received):
+        dev = max(range(len(per_dev)), key=lambda d: per_dev[d])
+        raise _Refuted(f"bytes_received={claimed_recv} but the instructions make device {dev} receive "
+                       f"{float(received):g} bytes")
+
+
+# ----------------------------------------------------------------------------- the two queries
+def _value_query(program, mesh_sizes, src, dst, dst_local, deadline: _Deadline, details: dict) -> None:
+    """Query 1 of the module header: every data position of the result holds the claimed element."""
+    names = list(mesh_sizes)
+    src_partial = _type_meaning(mesh_sizes, src, {n: z3.IntVal(0) for n in names}, None)[3]
+    w = _Walk(program, mesh_sizes, "a", deadline)
+    c = {n: w.fresh(f"dev_{n}", 0, s) for n, s in mesh_sizes.items()}  # on the claim's device order
     idx = [w.fresh(f"idx{d}", 0, L) for d, L in enumerate(dst_local)]
     want, _, _, _, is_data = _type_meaning(mesh_sizes, dst, c, idx)
-    c0, i0 = w.run(c, idx)
+    c0, i0 = _walk_between_orders(w, program, c, idx)
     got, _, summand, _, from_data = _type_meaning(mesh_sizes, src, c0, i0)
     unwritten = z3.Not(_all(w.written))
     bad = z3.Or([unwritten, z3.Not(from_data)] + [a != b for a, b in zip(got, want)])
-    s, res = _solve(w.ranges + w.defs + [is_data, bad], timeout_ms)
+    s, res = _solve(w.ranges + w.defs + [is_data, bad], deadline, "value query")
     details["queries"] = 1
-    if res == z3.unknown:
-        raise _Refuted(f"Z3 could not decide the value query ({s.reason_unknown()})")
-    if res == z3.sat:
-        mdl = s.model()
-        cx = _cex(mdl, w, names, c, idx, want, c0, i0, got, summand, src_partial)
-        where = f"device {cx['device']} {cx['coords']} at local index {cx['index']}"
-        if not z3.is_true(mdl.eval(_all(w.written), model_completion=True)):
-            cx["holds"] = {"unwritten": True}
-            raise _Refuted(f"{where} is never written by an exchange, but {dst} puts global element "
-                           f"{cx['expected']['global_index']} there", cx)
-        if not z3.is_true(mdl.eval(from_data, model_completion=True)):
-            cx["holds"]["padding"] = True
-            raise _Refuted(f"{where} holds padding of {src} (device {cx['holds']['from_device']}, local index "
-                           f"{cx['holds']['from_local_index']}), but {dst} puts global element "
-                           f"{cx['expected']['global_index']} there", cx)
-        raise _Refuted(
-            f"{where} holds global element "
-            f"{cx['holds']['global_index']} (from device {cx['holds']['from_device']}), but {dst} puts "
-            f"{cx['expected']['global_index']} there", cx)
-    # ---- query 2: sums
-    n_members = math.prod(ax.size for _, _, axes in w.sum_vars for ax in axes)
+    if res == z3.unsat:
+        return
+    mdl = s.model()
+    cx = _cex(mdl, w, program, c, idx, want, c0, i0, got, summand, src_partial)
+    where = f"device {cx['device']} {cx['coords']} at local index {cx['index']}"
+    if not z3.is_true(mdl.eval(_all(w.written), model_completion=True)):
+        cx["holds"] = {"unwritten": True}
+        raise _Refuted(f"{where} is never written by an exchange, but {dst} puts global element "
+                       f"{cx['expected']['global_index']} there", cx)
+    if not z3.is_true(mdl.eval(from_data, model_completion=True)):
+        cx["holds"]["padding"] = True
+        raise _Refuted(f"{where} holds padding of {src} (device {cx['holds']['from_device']}, local index "
+                       f"{cx['holds']['from_local_index']}), but {dst} puts global element "
+                       f"{cx['expected']['global_index']} there", cx)
+    raise _Refuted(
+        f"{where} holds global element "
+        f"{cx['holds']['global_index']} (from device {cx['holds']['from_device']}), but {dst} puts "
+        f"{cx['expected']['global_index']} there", cx)
+
+
+def _walk_between_orders(w: _Walk, program, c: dict, idx: list):
+    """Walk back from coordinates ``c`` on the claim's device order (``program.dst_mesh``) and local index
+    ``idx`` to the source: returns the source device's coordinates on the source's device order
+    (``program.src_mesh``) and its local index."""
+    ids = w.ids
+    c = w.reorder(c, _device_order(program.dst_mesh), ids, "claim")
+    c0, i0 = w.run(c, idx)
+    return w.reorder(c0, ids, _device_order(program.src_mesh), "source"), i0
+
+
+def _sum_query(program, mesh_sizes, src, dst, dst_local, deadline: _Deadline, details: dict,
+               idempotent: bool) -> None:
+    """Query 2 of the module header: each group reduction takes every summand of one source group exactly
+    once, or (``idempotent``) at least once."""
+    names = list(mesh_sizes)
+    zero = {n: z3.IntVal(0) for n in names}
+    src_partial = _type_meaning(mesh_sizes, src, zero, None)[3]
+    dst_partial = _type_meaning(mesh_sizes, dst, zero, None)[3]
+    n_members = math.prod(_ksize(_axes(mesh_sizes, ins.axes, f"instruction {t}"))
+                          for t, ins in enumerate(program.instructions)
+                          if isinstance(ins, (P.ReduceScatter, P.AllReduce)))
     n_q = _ksize(dst_partial)
     n_summands = _ksize(src_partial)
-    if n_members * n_q != n_summands:
+    if n_members * n_q < n_summands or (not idempotent and n_members * n_q != n_summands):
         raise _Refuted(
-            f"each element of the result sums {n_members} source summand(s) per device "
+            f"each element of the result reduces {n_members} source summand(s) per device "
             f"(x {n_q} over the destination's partial axes), but the source has {n_summands} summand(s) "
-            "per element: some summand is dropped or added more than once",
-            {"device": 0, "coords": {n: 0 for n in names}, "index": (0,) * len(dst_local),
+            "per element: some summand is dropped" + ("" if idempotent else " or taken more than once"),
+            {"device": 0, "coords": _coords(mesh_sizes, 0), "index": (0,) * len(dst_local),
              "holds": {"summands": n_members * n_q}, "expected": {"summands": n_summands}})
     if n_summands == 1:
-        return
+        return  # one summand: every contributor holds the value (query 1), and each is taken once or, if
+        # idempotent, any number of times
     details["queries"] = 2
-    walks = []
-    base_c = {n: z3.Int(f"base_{n}") for n in names}
+    base_c = {n: z3.Int(f"base_{n}") for n in names}  # on the claim's device order
     base_ranges = [z3.And(base_c[n] >= 0, base_c[n] < s) for n, s in mesh_sizes.items()]
     base_idx = [z3.Int(f"base_i{d}") for d in range(len(dst_local))]
     base_ranges += [z3.And(v >= 0, v < L) for v, L in zip(base_idx, dst_local)]
     base_ranges.append(_type_meaning(mesh_sizes, dst, base_c, base_idx)[4])  # data positions only
-    for tag in ("p", "q"):
-        wk = _Walk(program, mesh_sizes, tag)
-        cc = dict(base_c)
-        qs = []
-        for ax in dst_partial:
-            v = wk.fresh("grp", 0, ax.size)
-            qs.append(v)
-            cc = _with_sub(cc, ax, v)
-        cs, ii = wk.run(cc, list(base_idx))
-        _, _, summ, _, _ = _type_meaning(mesh_sizes, src, cs, ii)
-        members = qs + [v for _, vs, _ in wk.sum_vars for v in vs]
-        walks.append((wk, members, summ, cs, _group_key(cs, src_partial)))
+    walks = [_contributor(program, mesh_sizes, tag, base_c, base_idx, src, src_partial, dst_partial, deadline)
+             for tag in ("p", "q")]
     (w1, m1, s1, cs1, g1), (w2, m2, s2, cs2, g2) = walks
     differ = z3.Or([a != b for a, b in zip(m1, m2)])
     same = z3.And([a == b for a, b in zip(s1, s2)])
     other_group = z3.Or([a != b for a, b in zip(g1, g2)])
-    s, res = _solve(base_ranges + w1.ranges + w1.defs + w1.written + w2.ranges + w2.defs + w2.written
-                    + [differ, z3.Or(same, other_group)],
-                    timeout_ms)
-    if res == z3.unknown:
-        raise _Refuted(f"Z3 could not decide the summation query ({s.reason_unknown()})")
-    if res == z3.sat:
-        mdl = s.model()
-        dev = {n: _model_int(mdl, base_c[n]) for n in names}
-        index = tuple(_model_int(mdl, v) for v in base_idx)
-        src_dev = [{n: _model_int(mdl, cc[n]) for n in names} for cc in (cs1, cs2)]
-        summ = [{a.token: _model_int(mdl, e) for a, e in zip(src_partial, ss)} for ss in (s1, s2)]
-        from_devs = [_dev_id(d, mesh_sizes) for d in src_dev]
-        cx = {"device": _dev_id(dev, mesh_sizes), "coords": dev, "index": index,
-              "holds": {"summands": summ, "added_from_devices": from_devs},
-              "expected": {"summands": "each summand of one source partial group, exactly once"}}
-        if summ[0] == summ[1]:
-            why = f"adds source summand {summ[0]} twice (from devices {from_devs})"
-        else:
-            why = (f"mixes summands of different source partial groups (devices {from_devs} are in different "
-                   f"groups over {{{','.join(a.token for a in src_partial)}}})")
-        raise _Refuted(f"the group sum at device {cx['device']} {dev}, local index {index} {why}", cx)
+    bijection = n_members * n_q == n_summands
+    if bijection or not idempotent:
+        s, res = _solve(base_ranges + w1.ranges + w1.defs + w1.written + w2.ranges + w2.defs + w2.written
+                        + [differ, z3.Or(same, other_group)], deadline, "summation query")
+        if res == z3.unsat:
+            return
+        if not idempotent:
+            _refute_pair(s.model(), mesh_sizes, program, base_c, base_idx, (cs1, cs2), (s1, s2), src_partial)
+    _coverage_query(program, mesh_sizes, src, src_partial, dst_partial, base_c, base_idx, base_ranges, w1,
+                    deadline, details)
+
+
+def _contributor(program, mesh_sizes, tag, base_c, base_idx, src, src_partial, dst_partial, deadline):
+    """One symbolic contributor to the group reduction at the base device and index: a walk from the member
+    of the base's destination group given by fresh Q-coordinates. Returns ``(walk, member variables
+    (Q-coordinates, then each reduction's), source summand coordinates, source device coordinates, source
+    group key)``."""
+    wk = _Walk(program, mesh_sizes, tag, deadline)
+    cc = dict(base_c)
+    qs = []
+    for ax in dst_partial:
+        v = wk.fresh("grp", 0, ax.size)
+        qs.append(v)
+        cc = _with_sub(cc, ax, v)
+    cs, ii = _walk_between_orders(wk, program, cc, list(base_idx))
+    _, _, summ, _, _ = _type_meaning(mesh_sizes, src, cs, ii)
+    members = qs + [v for _, vs, _ in wk.sum_vars for v in vs]
+    return wk, members, summ, cs, _group_key(cs, src_partial)
+
+
+def _refute_pair(mdl, mesh_sizes, program, base_c, base_idx, cs, ss, src_partial) -> None:
+    """Refute with the model of query 2: two contributors that take one summand, or two source groups."""
+    names = list(mesh_sizes)
+    dev = {n: _model_int(mdl, base_c[n]) for n in names}
+    index = tuple(_model_int(mdl, v) for v in base_idx)
+    src_dev = [{n: _model_int(mdl, cc[n]) for n in names} for cc in cs]
+    summ = [{a.token: _model_int(mdl, e) for a, e in zip(src_partial, x)} for x in ss]
+    from_devs = [_device_at(program.src_mesh, d, mesh_sizes) for d in src_dev]
+    cx = {"device": _device_at(program.dst_mesh, dev, mesh_sizes), "coords": dev, "index": index,
+          "holds": {"summands": summ, "added_from_devices": from_devs},
+          "expected": {"summands": "each summand of one source partial group, exactly once"}}
+    if summ[0] == summ[1]:
+        why = f"adds source summand {summ[0]} twice (from devices {from_devs})"
+    else:
+        why = (f"mixes summands of different source partial groups (devices {from_devs} are in different "
+               f"groups over {{{','.join(a.token for a in src_partial)}}})")
+    raise _Refuted(f"the group sum at device {cx['device']} {dev}, local index {index} {why}", cx)
+
+
+def _coverage_query(program, mesh_sizes, src, src_partial, dst_partial, base_c, base_idx, base_ranges,
+                    template: _Walk, deadline: _Deadline, details: dict) -> None:
+    """Query 3 of the module header (idempotent reductions): one walk per concrete choice of the members
+    (Q-coordinates, then each reduction's members, as in ``template``); the contributor of all-zero members
+    names the witness group, and the query asks for a summand coordinate of it that no contributor takes."""
+    sizes = [ax.size for ax in dst_partial] + [ax.size for _, _, axes in template.sum_vars for ax in axes]
+    choices = list(itertools.product(*(range(k) for k in sizes)))
+    details["queries"] = 3
+    details["coverage_walks"] = len(choices)
+    missing = [z3.Int(f"missing_{a.token}") for a in src_partial]
+    constraints = list(base_ranges) + [z3.And(v >= 0, v < a.size) for v, a in zip(missing, src_partial)]
+    witness, covered = None, []
+    for j, choice in enumerate(choices):
+        deadline.check(f"encoding contributor {j} of {len(choices)} for the coverage query")
+        wk, members, summ, _, group = _contributor(program, mesh_sizes, f"m{j}", base_c, base_idx, src,
+                                                   src_partial, dst_partial, deadline)
+        constraints += wk.ranges + wk.defs + wk.written + [v == x for v, x in zip(members, choice)]
+        if witness is None:
+            witness = group
+        covered.append(z3.And([a == b for a, b in zip(group, witness)] + [a == b for a, b in zip(summ, missing)]))
+    s, res = _solve(constraints + [z3.Not(z3.Or(covered))], deadline, "coverage query")
+    if res == z3.unsat:
+        return
+    mdl = s.model()
+    names = list(mesh_sizes)
+    dev = {n: _model_int(mdl, base_c[n]) for n in names}
+    index = tuple(_model_int(mdl, v) for v in base_idx)
+    summand = {a.token: _model_int(mdl, v) for a, v in zip(src_partial, missing)}
+    cx = {"device": _device_at(program.dst_mesh, dev, mesh_sizes), "coords": dev, "index": index,
+          "holds": {"missing_summand": summand},
+          "expected": {"summands": "every summand of one source partial group, at least once"}}
+    raise _Refuted(f"the group reduction at device {cx['device']} {dev}, local index {index} never takes source "
+                   f"summand {summand} of the group of its first contributor", cx)
 
 
 def _group_key(c: dict, partial: tuple[_Axis, ...]) -> list:
@@ -652,24 +1155,32 @@ def _group_key(c: dict, partial: tuple[_Axis, ...]) -> list:
     return list(key.values())
 
 
-def _dev_id(coords: dict, mesh_sizes: dict) -> int:
-    d = 0
-    for n, s in mesh_sizes.items():
-        d = d * s + coords[n]
-    return d
+def _device_at(mesh, coords: dict, mesh_sizes: dict) -> int | None:
+    """The id of the device at ``coords`` on ``mesh``'s device order; None where a coordinate is off its axis
+    (a model leaves the source coordinates free where no source element is read)."""
+    p = 0
+    for n, size in mesh_sizes.items():
+        if not 0 <= coords[n] < size:
+            return None
+        p = p * size + coords[n]
+    return _device_order(mesh)[p]
 
 
-def _cex(mdl, w, names, c, idx, want, c0, i0, got, summand, src_partial) -> dict:
+def _cex(mdl, w, program, c, idx, want, c0, i0, got, summand, src_partial) -> dict:
+    """The value query's counterexample: the device (id, and coordinates on the claim's device order), the
+    local index, what it holds (global index, source device id and local index, summand, members) and
+    what the claim expects there."""
+    names = w.names
     coords = {n: _model_int(mdl, c[n]) for n in names}
     src_coords = {n: _model_int(mdl, c0[n]) for n in names}
     sums = {f"instruction {t}": [_model_int(mdl, v) for v in vs] for t, vs, _ in w.sum_vars}
     out = {
-        "device": _dev_id(coords, w.mesh_sizes),
+        "device": _device_at(program.dst_mesh, coords, w.mesh_sizes),
         "coords": coords,
         "index": tuple(_model_int(mdl, v) for v in idx),
         "holds": {
             "global_index": tuple(_model_int(mdl, e) for e in got),
-            "from_device": _dev_id(src_coords, w.mesh_sizes),
+            "from_device": _device_at(program.src_mesh, src_coords, w.mesh_sizes),
             "from_local_index": tuple(_model_int(mdl, e) for e in i0),
         },
         "expected": {"global_index": tuple(_model_int(mdl, e) for e in want)},

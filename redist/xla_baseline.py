@@ -45,9 +45,10 @@ from functools import lru_cache
 
 import numpy as np
 
+from redist.axes import Axis, canonical_axes
 from redist.errors import ShardingError
-from redist.mesh import Mesh, prime_factors, sub_axis_token
-from redist.types import ShardingType, canonical_axes
+from redist.mesh import Mesh, prime_factors
+from redist.types import ShardingType
 
 __all__ = [
     "Collective", "MemoryStats", "Compiled", "parse_hlo", "parse_replica_groups", "groups_to_axes",
@@ -94,10 +95,6 @@ class Collective:
     def result_shape(self) -> tuple[int, ...]:
         """The result shape (the first element's for a tuple collective)."""
         return self.result_shapes[0] if self.result_shapes else ()
-
-    def as_tuple(self):
-        """``(kind, axes, bytes_received, result_shape)``: the plan-like record."""
-        return (self.kind, self.axes, self.bytes_received, self.result_shape)
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "axes": None if self.axes is None else list(self.axes), "span": list(self.span),
@@ -209,19 +206,19 @@ def _mesh_groups(axes, devices: np.ndarray, sel) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(int(v) for v in row) for row in arr)
 
 
-def _atoms(mesh: Mesh) -> list[str]:
-    """Every mesh axis split into prime factors, as sub-axis tokens, in mesh order (major to minor)."""
+def _prime_sub_axes(mesh: Mesh) -> list[Axis]:
+    """Every mesh axis split into prime factors, as sub-axes, in mesh order (major to minor)."""
     out = []
     for name, size in mesh.axes:
         pre = 1
         for q in prime_factors(size):
-            out.append(sub_axis_token(name, pre, q, size))
+            out.append(Axis(name, pre, q, size))
             pre *= q
     return out
 
 
 @lru_cache(maxsize=4096)
-def groups_to_axes(mesh: Mesh, groups: tuple[tuple[int, ...], ...]) -> tuple[str, ...] | None:
+def groups_to_axes(mesh: Mesh, groups: tuple[tuple[int, ...], ...]) -> tuple[Axis, ...] | None:
     """The axis tokens (mesh axes or sub-axes, canonical, major to minor) whose groups are ``groups``.
 
     The groups must be given in rank order; a tuple whose ``mesh.groups`` equals them as sets and in every
@@ -233,9 +230,9 @@ def groups_to_axes(mesh: Mesh, groups: tuple[tuple[int, ...], ...]) -> tuple[str
     if k == 1:
         return ()
     want = {frozenset(g): g for g in groups}
-    atoms = [a for a in _atoms(mesh)]
-    for r in range(1, len(atoms) + 1):
-        for subset in itertools.combinations(atoms, r):
+    primes = _prime_sub_axes(mesh)
+    for r in range(1, len(primes) + 1):
+        for subset in itertools.combinations(primes, r):
             if mesh.group_size(subset) != k:
                 continue
             got = mesh.groups(subset)
@@ -243,7 +240,7 @@ def groups_to_axes(mesh: Mesh, groups: tuple[tuple[int, ...], ...]) -> tuple[str
                 continue
             for order in itertools.permutations(subset):
                 if all(tuple(g) == want[frozenset(g)] for g in mesh.groups(order)):
-                    return canonical_axes(mesh, order)
+                    return canonical_axes(order)
     return None
 
 
@@ -425,10 +422,6 @@ class Compiled:
             return 0.0
         totals = np.sum([c.device_bytes for c in self.collectives], axis=0)
         return float(totals.max())
-
-    def records(self) -> list[tuple]:
-        """``[(kind, axes, bytes_received, result_shape), ...]`` of the collectives, in order."""
-        return [c.as_tuple() for c in self.collectives]
 
 
 @lru_cache(maxsize=None)

@@ -2,9 +2,9 @@
 tests/mpi_launch.py); each mode prints one summary line.
 
     cases SEED COUNT [UNEVEN]
-                       random (seeded) and classic reshards on every mesh of size N, then UNEVEN (default 0)
-                       pairs with non-divisible dims drawn by Hypothesis plus named uneven cases, against the
-                       numpy backend: ``ranks=N cases=C passed=P core_mismatch=M subcomms_stable=1`` and
+                       classic and COUNT random (seeded) reshards on the meshes of size N, then UNEVEN
+                       (default 0) random pairs with padding plus named uneven cases, against the numpy
+                       backend: ``ranks=N cases=C passed=P core_mismatch=M subcomms_stable=1`` and
                        ``uneven cases=U passed=Q exchanges=E``
     errors             argument errors must raise ShardingError on every rank: ``errors=E all_raised=A``
     fresh              results are new arrays, lossless inputs are accepted:
@@ -17,8 +17,9 @@ tests/mpi_launch.py); each mode prints one summary line.
     differential SEED FIRST COUNT
                        cases FIRST... of ``python -m proofs.differential --mpi``: ``differential {json tally}``
 
-Every rank derives the same cases from the same seed, computes every device's shard and the numpy
-backend's result, runs its own part through redist.mpi.reshard, and checks it exactly.
+Every rank derives the same cases from the same seed (:mod:`redist.testing`), computes every device's buffer
+(:func:`redist.data.poisoned_source`: summands of a partial source, poisoned padding) and the numpy backend's
+result, runs its own part through redist.mpi.reshard, and checks it exactly.
 """
 
 from __future__ import annotations
@@ -33,7 +34,11 @@ from mpi4py import MPI
 
 import redist
 import redist.mpi
+from redist import program as P
+from redist.backends import interpreter, mpi_backend
 from redist.data import poisoned_source
+from redist.testing import SeededDraw, draw_device_order, draw_pair
+from redist.types import REDUCTIONS
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
@@ -44,7 +49,7 @@ MESHES = {
     8: [(8,), (2, 4), (4, 2), (2, 2, 2)],
 }
 NAMES = ("x", "y", "z")
-DTYPES = ("f64", "f64", "f64", "f32", "f16", "bf16", "i8", "i16", "i32", "i64", "u8", "u32", "bool")
+DTYPES = ("f64", "f64", "f64", "f32", "f16", "bf16", "i8", "i16", "i32", "i64", "u8", "u32", "bool", "c64", "c128")
 
 
 def say(*args) -> None:
@@ -61,48 +66,13 @@ def make_mesh(shape) -> redist.Mesh:
     return redist.Mesh({n: s for n, s in zip(NAMES, shape)})
 
 
-def units(rng, mesh: redist.Mesh) -> list[str]:
-    """Axis tokens to place: whole axes, sometimes split into two sub-axes (``x:(1)2``, ``x:(2)2``)."""
-    out = []
-    for name, size in mesh.axes:
-        divisors = [a for a in range(2, size) if size % a == 0]
-        if divisors and rng.random() < 0.3:
-            a = int(rng.choice(divisors))
-            out += [f"{name}:(1){a}", f"{name}:({a}){size // a}"]
-        else:
-            out.append(name)
-    return out
-
-
-def place(rng, mesh, toks, rank, allow_partial) -> tuple[list[list[str]], list[str]]:
-    dims: list[list[str]] = [[] for _ in range(rank)]
-    partial = []
-    for t in rng.permutation(toks).tolist():
-        u = rng.random()
-        if t in allow_partial and u < 0.3:
-            partial.append(t)
-        elif rank and u < 0.8:
-            dims[int(rng.integers(rank))].append(t)
-    return dims, partial
-
-
-def random_pair(rng, mesh: redist.Mesh):
-    toks = units(rng, mesh)
-    rank = int(rng.choice([0, 1, 2, 2, 3, 3]))
-    dtype = str(rng.choice(DTYPES))
-    sdims, spart = place(rng, mesh, toks, rank, allow_partial=set(toks) if rng.random() < 0.4 else set())
-    ddims, dpart = place(rng, mesh, toks, rank, allow_partial=set(spart))
-    shape = []
-    for a, b in zip(sdims, ddims):
-        k = math.lcm(mesh.group_size(tuple(a)), mesh.group_size(tuple(b)))
-        shape.append(k * int(rng.integers(1, 3)))
-    src = redist.ShardingType(mesh, tuple(shape), dtype, tuple(map(tuple, sdims)), tuple(spart))
-    dst = redist.ShardingType(mesh, tuple(shape), dtype, tuple(map(tuple, ddims)), tuple(dpart))
-    if not set(dst.partial) <= set(src.partial):
-        # src partial{x:(1)2, x:(2)2} prints as partial{x}; synthesize() then rejects a dst partial over one
-        # of the halves (it compares tokens, not sub-axis pieces), so reduce fully instead.
-        dst = dst.replace(partial=())
-    return src, dst
+def random_pair(seed: int, i: int, mesh: redist.Mesh, uneven: bool = False):
+    """Random case ``i``: a pair on ``mesh`` or ``mesh`` in a random device order (sub-axes, partial sources of
+    every reduction kind, every dtype of :data:`DTYPES`, destinations in another device order; with ``uneven``,
+    padding on some side), a function of the arguments alone, so that every rank draws it."""
+    draw = SeededDraw(f"mpi_worker:{seed}:{i}:{uneven}")
+    return draw_pair(draw, draw_device_order(draw, mesh, 0.3), partial=0.4, sub_axes=0.3, dtype=DTYPES,
+                     multipliers=(1, 2), uneven=uneven, reductions=REDUCTIONS, reorder=0.3)
 
 
 def classic_pairs(mesh_shape) -> list[tuple[str, str, str]]:
@@ -144,48 +114,10 @@ def classic_pairs(mesh_shape) -> list[tuple[str, str, str]]:
     return out
 
 
-def make_shards(rng, src: redist.ShardingType) -> list[np.ndarray]:
-    """Every device's shard; for a partial source, integer summands (one global array per summand index)."""
-    mesh = src.mesh
-    hi = 4 if src.partial else 100
-    values: dict = {}
-    shards = []
-    for d in range(mesh.size):
-        s = tuple(mesh.group_index(d, (a,)) for a in src.partial)
-        if s not in values:
-            if src.dtype == "bool":
-                values[s] = rng.random(src.shape) < 0.5
-            else:
-                values[s] = rng.integers(0, hi, size=src.shape).astype(src.np_dtype)
-        shards.append(np.array(values[s][src.local_box(d)], order="C"))
-    return shards
-
-
 def uneven_pairs(seed: int, count: int) -> list[tuple[redist.ShardingType, redist.ShardingType]]:
-    """``count`` pairs with non-divisible dims from ``type_pairs(uneven=True)`` on the meshes of this size
-    (partial sources included), then the named cases; drawn on rank 0 and broadcast (type
-    objects, not data), so that every rank runs the same cases."""
-    pairs = None
-    if RANK == 0 and count:
-        from hypothesis import HealthCheck, given, settings
-        from hypothesis import seed as hypothesis_seed
-        from hypothesis import strategies as st
-
-        from tests.strategies import type_pairs
-
-        meshes = [make_mesh(shape) for shape in MESHES[SIZE]]
-        drawn = []
-
-        @hypothesis_seed(seed)
-        @settings(max_examples=count, database=None, deadline=None, suppress_health_check=list(HealthCheck))
-        @given(st.sampled_from(DTYPES).flatmap(lambda dt: st.sampled_from(meshes).flatmap(
-            lambda m: type_pairs(mesh=m, max_rank=3, dtype=dt, uneven=True))))
-        def draw(pair):
-            drawn.append(pair)
-
-        draw()
-        pairs = drawn
-    pairs = COMM.bcast(pairs if count else [], root=0)
+    """``count`` random pairs with padding on the meshes of this size, then the named cases."""
+    pairs = [random_pair(seed, i, make_mesh(MESHES[SIZE][i % len(MESHES[SIZE])]), uneven=True)
+             for i in range(count)]
     for mtext, a, b in uneven_named_pairs():
         mesh = redist.Mesh.parse(mtext)
         pairs.append((redist.ShardingType.parse(a, mesh), redist.ShardingType.parse(b, mesh)))
@@ -217,31 +149,19 @@ def uneven_named_pairs() -> list[tuple[str, str, str]]:
 
 # ------------------------------------------------------------------------------------ modes
 KINDS: dict[str, int] = {}
+FEATURES: dict[str, int] = {}  # issue-15 features of the cases run (reduction kinds, device orders, complex)
 
 
 def run_case(src, dst, rng, failures: list, label: str) -> tuple[bool, bool]:
-    """(passed, core_ok) for one case; all ranks return the same."""
+    """(passed, core_ok) for one case: random integer values (summands for a partial source) with poisoned
+    padding; this rank's result must equal the numpy backend's buffer (NaN padding included) and the numpy
+    backend's result must unshard to the value. All ranks return the same."""
     plan = redist.synthesize(src, dst)
     for ins in plan.program.instructions:
         KINDS[type(ins).__name__] = KINDS.get(type(ins).__name__, 0) + 1
-    shards = make_shards(rng, src)
-    expected = redist.execute(plan, shards)
-    core_ok = np.array_equal(redist.unshard(dst, expected), redist.unshard(src, shards))
-    out = redist.mpi.reshard(shards[RANK].copy(), src, dst, COMM)
-    mine = out.shape == dst.local_shape and out.dtype == dst.np_dtype and np.array_equal(out, expected[RANK])
-    ok = all_true(mine)
-    if not ok and len(failures) < 5:
-        failures.append(f"{label}: {src} -> {dst}\n{plan.program}")
-    return ok, core_ok
-
-
-def run_uneven_case(src, dst, rng, failures: list, label: str) -> tuple[bool, bool]:
-    """(passed, core_ok) for one pair with uneven dims: random integer values (summands for a partial
-    source) with poisoned padding; this rank's result must equal the numpy backend's buffer (NaN padding
-    included) and the numpy backend's result must unshard to the value. All ranks return the same."""
-    plan = redist.synthesize(src, dst)
-    for ins in plan.program.instructions:
-        KINDS[type(ins).__name__] = KINDS.get(type(ins).__name__, 0) + 1
+    for feature in ([f"partial({src.reduction})"] * bool(src.partial) + ["device order"] * (src.mesh != dst.mesh)
+                    + ["reordered mesh"] * (not src.mesh.is_row_major) + [src.dtype] * (src.dtype in ("c64", "c128"))):
+        FEATURES[feature] = FEATURES.get(feature, 0) + 1
     value, shards = poisoned_source(src, rng)
     expected = redist.execute(plan, shards)
     core_ok = np.array_equal(redist.unshard(dst, expected), value)
@@ -265,28 +185,28 @@ def mode_cases(seed: int, count: int, uneven: int) -> None:
             ok, core_ok = run_case(src, dst, np.random.default_rng(seed), failures, "classic")
             cases, passed, mismatched = cases + 1, passed + ok, mismatched + (not core_ok)
     for i in range(count):
-        rng = np.random.default_rng([seed, i])
         mesh = make_mesh(MESHES[SIZE][i % len(MESHES[SIZE])])
-        src, dst = random_pair(rng, mesh)
-        ok, core_ok = run_case(src, dst, rng, failures, f"random {i}")
+        src, dst = random_pair(seed, i, mesh)
+        ok, core_ok = run_case(src, dst, np.random.default_rng([seed, i]), failures, f"random {i}")
         cases, passed, mismatched = cases + 1, passed + ok, mismatched + (not core_ok)
     # Repeating reshards reuses the cached sub-communicators: the cache does not grow.
     mesh = make_mesh(MESHES[SIZE][-1])
-    src, dst = random_pair(np.random.default_rng(seed), mesh)
+    src, dst = random_pair(seed, count, mesh)
     run_case(src, dst, np.random.default_rng(0), failures, "repeat")
-    before = len(redist.mpi._context(COMM, mesh).groups)
+    before = len(mpi_backend._context(COMM, mesh).groups)
     for _ in range(3):
         run_case(src, dst, np.random.default_rng(0), failures, "repeat")
-    stable = int(len(redist.mpi._context(COMM, mesh).groups) == before)
+    stable = int(len(mpi_backend._context(COMM, mesh).groups) == before)
     u_cases = u_passed = exchanges = 0
     for i, (src, dst) in enumerate(uneven_pairs(seed, uneven)):
         before_ex = KINDS.get("Exchange", 0)
-        ok, core_ok = run_uneven_case(src, dst, np.random.default_rng([seed, 7, i]), failures, f"uneven {i}")
+        ok, core_ok = run_case(src, dst, np.random.default_rng([seed, 7, i]), failures, f"uneven {i}")
         exchanges += KINDS.get("Exchange", 0) > before_ex
         u_cases, u_passed, mismatched = u_cases + 1, u_passed + ok, mismatched + (not core_ok)
     for f in failures:
         say("FAILED", f)
     say("instructions run:", " ".join(f"{k}={v}" for k, v in sorted(KINDS.items())))
+    say("features run:", " ".join(f"{k}={v}" for k, v in sorted(FEATURES.items())))
     say(f"uneven cases={u_cases} passed={u_passed} exchanges={exchanges}")
     say(f"ranks={SIZE} cases={cases} passed={passed} core_mismatch={mismatched} subcomms_stable={stable} "
         f"seconds={time.time() - t0:.1f}")
@@ -320,6 +240,9 @@ def mode_errors() -> None:
         ("comm=COMM_NULL", lambda: redist.mpi.reshard(good, src, dst, MPI.COMM_NULL)),
         ('run_program comm="x"', lambda: redist.mpi.run_program(redist.synthesize(src, dst).program, good, "x")),
         ("run_program of no program", lambda: redist.mpi.run_program("program", good, COMM)),
+        ("run_program of an ill-formed program", lambda: redist.mpi.run_program(
+            P.Program(mesh, np.dtype(np.float64), (P.AllToAll(mesh.names),), ((1, 4), (1, 4))), np.zeros((1, 4)),
+            COMM)),
         ("src None", lambda: redist.mpi.reshard(good, None, dst, COMM)),
         ("src and dst text", lambda: redist.mpi.reshard(good, str(src), str(dst), COMM)),
         ("src object()", lambda: redist.mpi.reshard(good, object(), dst, COMM)),
@@ -353,7 +276,8 @@ def mode_errors() -> None:
 
 def mode_fresh() -> None:
     """Results are new arrays: never ``local`` nor its memory, not on a rank whose buffer stays put (identity,
-    permute-only, pad/unpad plans); writing into a result leaves ``local`` as it was. Lossless inputs (i8
+    permute-only, pad/unpad plans), not from ``run_program`` after a transpose that numpy makes as a view;
+    writing into a result leaves ``local`` as it was. Lossless inputs (i8
     data and Python ints for an i32 type) are accepted and give the type's dtype."""
     mesh = make_mesh(MESHES[SIZE][-1])
     n = mesh.size
@@ -375,6 +299,16 @@ def mode_fresh() -> None:
         fresh += all_true(ok)
         checked += 1
         say(f"  {a} -> {b}: {[s.kind for s in redist.synthesize(src, dst).steps]} fresh={int(all_true(ok))}")
+    # run_program on the caller's own buffer: a transpose that only moves a dim of size 1 is a view in numpy,
+    # and the all-reduce after it must still not sum into the caller's buffer.
+    program = P.Program(mesh, np.dtype(np.float64), (P.Transpose((1, 0)), P.AllReduce(mesh.names)),
+                        ((1, 4), (4, 1), (4, 1)))
+    local = np.full((1, 4), float(RANK))
+    out = redist.mpi.run_program(program, local, COMM)
+    ok = np.array_equal(local, np.full((1, 4), float(RANK))) and np.array_equal(out, np.full((4, 1), n * (n - 1) / 2))
+    fresh += all_true(ok and not np.shares_memory(out, local))
+    checked += 1
+    say(f"  run_program [Transpose of a unit dim, AllReduce] on the caller's buffer: fresh={int(all_true(ok))}")
     src, dst = (redist.ShardingType.parse(t, mesh) for t in (f"i32[{n}{{{x}}}, 4]", f"i32[{n}, 4{{{x}}}]"))
     value = np.arange(4 * n, dtype=np.int32).reshape(n, 4) - 2 * n
     want = redist.execute(redist.synthesize(src, dst), redist.shard(src, value))[RANK]
@@ -468,18 +402,16 @@ def mode_fail() -> None:
     dst = redist.ShardingType.parse("f64[8, 8]", mesh)
     calls = [0]
 
-    def failing(kind):
-        run = redist.mpi._RUN[kind]
-
-        def wrapped(ctx, ins, buf):
+    def failing(method):
+        def wrapped(self, ins, buf):
             calls[0] += 1
             if RANK == 0 and calls[0] == 2:
                 raise RuntimeError("injected failure on rank 0 before instruction 2")
-            return run(ctx, ins, buf)
+            return method(self, ins, buf)
         return wrapped
 
-    for kind in list(redist.mpi._RUN):
-        redist.mpi._RUN[kind] = failing(kind)
+    for name in interpreter.METHODS.values():
+        setattr(mpi_backend.MpiBackend, name, failing(getattr(mpi_backend.MpiBackend, name)))
     say(redist.synthesize(src, dst).program)
     out = redist.mpi.reshard(np.ones(src.local_shape), src, dst, COMM)
     COMM.Barrier()

@@ -17,7 +17,7 @@ from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as PS  # noqa: E402
 
 import redist.jax as rj  # noqa: E402
-from redist.data import poisoned_source, summands  # noqa: E402
+from redist.data import poisoned_source, random_array, summands  # noqa: E402
 from tests.strategies import meshes, type_pairs  # noqa: E402
 
 if len(jax.devices()) < 8:
@@ -40,10 +40,7 @@ def shards_by_position(y, mesh):
 
 
 def global_array(shape, dtype=np.float32, seed=0):
-    rng = np.random.default_rng(seed)
-    if np.dtype(dtype) == np.bool_:
-        return rng.integers(0, 2, size=shape).astype(bool)
-    return rng.integers(-100, 100, size=shape).astype(dtype)
+    return random_array(np.random.default_rng(seed), shape, dtype, -100, 100)
 
 
 # ---------------------------------------------------------------------- classic cases
@@ -110,7 +107,8 @@ def test_dtypes_and_unconstrained_and_short_specs():
 
 
 def test_device_order_of_the_mesh_is_respected():
-    # Redist device d is position d of the mesh's device array, whatever the devices' ids.
+    # The redist mesh of a JAX mesh has its device order: the device at position p is the JAX device
+    # devices.flat[p], redist device id = its JAX id here (SPEC 1); a device holds the block of its position.
     devices = list(reversed(jax.devices()[:8]))
     devices[2], devices[5] = devices[5], devices[2]
     mesh = jmesh((2, 4), ("x", "y"), devices=devices)
@@ -119,8 +117,10 @@ def test_device_order_of_the_mesh_is_respected():
         y = rj.reshard(placed(a, mesh, src), NamedSharding(mesh, dst))
         np.testing.assert_array_equal(np.asarray(y), a)
         t = rj.sharding_type(a.shape, a.dtype, NamedSharding(mesh, dst))
-        for want, got in zip(redist.shard(t, a), shards_by_position(y, mesh)):
-            np.testing.assert_array_equal(got, want)
+        assert t.mesh.device_ids == tuple(d.id for d in devices)
+        by_id = redist.shard(t, a)
+        for p, got in enumerate(shards_by_position(y, mesh)):
+            np.testing.assert_array_equal(got, by_id[t.mesh.device_ids[p]])
 
 
 # ---------------------------------------------------------------------- jit, host transfers
@@ -257,7 +257,7 @@ def test_partial_summands():
         src, dst = redist.ShardingType.parse(s, rm), redist.ShardingType.parse(d, rm)
         program = redist.synthesize(src, dst).program
         assert any(isinstance(i, (P.ReduceScatter, P.AllReduce)) for i in program.instructions), program
-        shards = [rng.integers(-50, 50, size=src.local_shape).astype(src.np_dtype) for _ in range(8)]
+        shards = [random_array(rng, src.local_shape, src.np_dtype, -50, 50) for _ in range(8)]
         want = numpy_backend.run(program, shards)
         got = rj.run_on_buffers(program, shards, mesh)
         for w, g in zip(want, got):
@@ -273,7 +273,10 @@ def test_multi_axis_groups_are_row_major_in_the_listed_order():
         ((2, 2, 2), ("x", "y", "z"), (4, 8), [
             P.AllGather(0, ("z", "x")),                 # (16, 8)
             P.Slice(0, ("y", "x", "z")),                # (2, 8)
-            P.AllToAll(1, 0, ("z", "x")),               # (8, 2)
+            P.Reshape((2, 4, 2)),                       # (2, 4, 2)
+            P.Transpose((1, 0, 2)),                     # (4, 2, 2)
+            P.AllToAll(("z", "x")),                     # (4, 2, 2)
+            P.Reshape((8, 2)),                          # (8, 2)
             P.ReduceScatter(0, ("z", "y")),             # (2, 2)
             P.AllReduce(("z", "x")),                    # (2, 2)
             P.CollectivePermute((3, 0, 1, 2, 4, 6, 5, 7)),
@@ -281,7 +284,10 @@ def test_multi_axis_groups_are_row_major_in_the_listed_order():
         ((2, 4), ("x", "y"), (8, 8), [
             P.AllGather(1, ("y:(2)2", "x", "y:(1)2")),  # (8, 64)
             P.Slice(0, ("y:(2)2", "x")),                # (2, 64)
-            P.AllToAll(1, 0, ("y:(1)2", "x")),          # (8, 16)
+            P.Reshape((2, 4, 16)),                      # (2, 4, 16)
+            P.Transpose((1, 0, 2)),                     # (4, 2, 16)
+            P.AllToAll(("y:(1)2", "x")),                # (4, 2, 16)
+            P.Reshape((8, 16)),                         # (8, 16)
             P.ReduceScatter(1, ("y:(2)2", "y:(1)2")),   # (8, 4)
             P.AllReduce(("x", "y:(2)2")),               # (8, 4)
         ]),
@@ -291,17 +297,9 @@ def test_multi_axis_groups_are_row_major_in_the_listed_order():
         rm = rj.redist_mesh(mesh)
         shapes = [shape0]
         for ins in instructions:
-            s = list(shapes[-1])
-            if isinstance(ins, P.AllGather):
-                s[ins.dim] *= rm.group_size(ins.axes)
-            elif isinstance(ins, (P.Slice, P.ReduceScatter)):
-                s[ins.dim] //= rm.group_size(ins.axes)
-            elif isinstance(ins, P.AllToAll):
-                s[ins.split_dim] //= rm.group_size(ins.axes)
-                s[ins.concat_dim] *= rm.group_size(ins.axes)
-            shapes.append(tuple(s))
+            shapes.append(P.shape_after(ins, shapes[-1], rm))
         program = P.Program(rm, np.dtype(np.int32), tuple(instructions), tuple(shapes))
-        shards = [rng.integers(-50, 50, size=shape0).astype(np.int32) for _ in range(rm.size)]
+        shards = [random_array(rng, shape0, np.int32, -50, 50) for _ in range(rm.size)]
         want = numpy_backend.run(program, shards)
         got = rj.run_on_buffers(program, shards, mesh)
         for w, g in zip(want, got):
@@ -313,7 +311,7 @@ def test_multi_axis_groups_are_row_major_in_the_listed_order():
 def test_execute_on_jax_devices_agrees_with_numpy_for_partial_sources(data, seed):
     src, dst = data.draw(type_pairs(mesh=data.draw(meshes(max_axes=3, max_devices=8)), max_rank=3))
     plan = redist.synthesize(src, dst)
-    value = np.random.default_rng(seed).integers(-20, 20, size=src.shape).astype(src.np_dtype)
+    value = random_array(np.random.default_rng(seed), src.shape, src.np_dtype)
     shards = summands(src, value, np.random.default_rng(seed + 1))
     want = redist.execute(plan, shards)
     got = redist.execute(plan, shards, backend="jax")
@@ -376,7 +374,7 @@ def test_exchange_programs_by_hand():
     """Exchange instructions that synthesis does not produce: a scalar one (device 3 receives nothing and
     gets zero), and one with two copies between one pair, a copy of no elements, a local copy and unwritten
     positions; run under jax.jit (run_on_buffers) and compared with the numpy backend."""
-    C = redist.steps.Copy
+    C = redist.blocks.Copy
     m4 = redist.Mesh.parse("x=4")
     scalar = P.Exchange((), (
         (C(2, (), (), ()),), (C(1, (), (), ()),), (C(0, (), (), ()),), ()))
@@ -389,7 +387,7 @@ def test_exchange_programs_by_hand():
     rng = np.random.default_rng(5)
     for mesh, ins, shape0 in [(m4, scalar, ()), (m2, boxes, (4, 3))]:
         program = P.Program(mesh, np.dtype(np.float32), (ins,), (shape0, ins.shape))
-        shards = [rng.integers(1, 50, size=shape0).astype(np.float32) for _ in range(mesh.size)]
+        shards = [random_array(rng, shape0, np.float32, 1, 50) for _ in range(mesh.size)]
         want = numpy_backend.run(program, shards)
         with jax.transfer_guard("disallow"):
             got = rj.run_on_buffers(program, shards, jmesh(mesh.shape, mesh.names))

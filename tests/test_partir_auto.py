@@ -283,3 +283,18 @@ def test_errors_and_no_budget():
     # no budget: only time matters; default axes: all of the mesh
     res = pc.jit(m.step, MESH, [auto(**SETTLED)]).lower(*ins).automatic
     assert res.step_time_s <= res.start_time_s
+
+
+def test_a_scanned_model_is_searched_and_scored_as_lowered():
+    """On a model whose layers run in a ``lax.scan`` (the body's values are searched like any other), the result
+    is scored as its lowering simulates, runs, equals the unpartitioned step, and is as fast as the best
+    preset (Megatron's MLP split)."""
+    m, ins, want = model_and_inputs("scanned_mlp")
+    pf = pc.jit(m.step, MESH, [auto(axes=["batch", "model"], max_evals=150, time_budget_s=600)])
+    low = pf.lower(*ins)
+    res, sim = low.automatic, low.simulate()
+    assert (res.step_time_s, res.peak_bytes) == (sim.step_time_s, sim.peak_bytes)
+    presets = [pc.jit(m.step, MESH, schedules.schedule(p, m, ins, mesh=MESH)).lower(*ins).simulate().step_time_s
+               for p in ("BP", "MP", "BP+MP")]
+    assert res.step_time_s <= min(presets)
+    assert_same(pf(*ins), want)

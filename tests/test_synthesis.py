@@ -9,19 +9,15 @@ from hypothesis import strategies as st
 
 import redist
 from redist import Mesh, ShardingError, ShardingType, lower_bound_bytes, synthesize
-from redist.steps import AllGather, AllSlice, AllToAll, Permute, permute_sources
-from redist.data import poison_padding, poisoned_source, summands
+from redist.blocks import permute_sources
+from redist.steps import AllGather, AllSlice, AllToAll, Permute
+from redist.data import poison_padding, poisoned_source, random_array, summands
 from tests.strategies import layouts, type_pairs
-
-
-def _value(t: ShardingType, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return rng.integers(-50, 50, size=t.shape).astype(t.np_dtype)
 
 
 def _run_and_check(src, dst, seed=0):
     plan = synthesize(src, dst)
-    value = _value(src, seed)
+    value = random_array(np.random.default_rng(seed), src.shape, src.np_dtype, -50, 50)
     shards = summands(src, value, np.random.default_rng(seed + 1))
     assert np.array_equal(redist.unshard(src, shards), value)
     out = redist.execute(plan, shards)
@@ -80,6 +76,10 @@ CLASSIC = [
     (MESH, "f32[16, 16] partial{x}", "f32[16{x}, 16]", ["reduce_scatter"]),
     (MESH, "f32[16, 16] partial{x}", "f32[16, 16]", ["all_reduce"]),
     (MESH, "f32[8{y}, 4{x}, 8, 4]", "f32[8, 4, 8{x}, 4{y}]", ["all_to_all"]),  # two moves at once
+    # runs of moves on one dim are one step
+    (MESH, "f32[16, 16]", "f32[16{x,y}, 16]", ["all_slice"]),
+    (MESH, "f32[16, 16] partial{x,y}", "f32[16{x,y}, 16]", ["reduce_scatter"]),
+    (M3, "f32[8{x,y}, 8{z}]", "f32[8, 8]", ["all_gather", "all_gather"]),
 ]
 
 

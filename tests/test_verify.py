@@ -9,12 +9,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proofs.common import oracle, random_layout, random_mesh, random_pair
+from proofs.common import oracle
 from redist import program as P
+from redist.errors import ShardingError
 from redist.mesh import Mesh
+from redist.plan import Plan
 from redist.synthesis import synthesize
 from redist.types import ShardingType
 from redist.verify import Verdict, verify, verify_program
+from tests.strategies import layouts, meshes, type_pairs
 
 
 def T(text, mesh):
@@ -22,11 +25,9 @@ def T(text, mesh):
 
 
 @st.composite
-def pairs(draw, partial=0.3, sub_axes=0.2):
-    seed = draw(st.integers(0, 2**32 - 1))
-    rng = random.Random(seed)
-    mesh = random_mesh(rng, max_axes=4, max_devices=16)
-    return random_pair(rng, mesh, max_rank=3, partial=partial, sub_axes=sub_axes), seed
+def pairs(draw):
+    """Pairs on meshes of up to 16 devices, with sub-axes and partial sources."""
+    return draw(type_pairs(mesh=draw(meshes(max_devices=16)), max_rank=3, sub_axes=0.2))
 
 
 def _synth(src, dst):
@@ -39,7 +40,7 @@ def _synth(src, dst):
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(pairs())
 def test_random_plans_are_proved(case):
-    (src, dst), _ = case
+    src, dst = case
     plan = _synth(src, dst)
     v = verify(plan)
     assert isinstance(v, Verdict)
@@ -48,15 +49,14 @@ def test_random_plans_are_proved(case):
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
-@given(pairs(partial=0.5))
-def test_random_claims_agree_with_numpy(case):
+@given(pairs(), st.data(), st.integers(0, 2**32 - 1))
+def test_random_claims_agree_with_numpy(case, data, seed):
     """A random claim with the same shape: verify's verdict equals what the numpy backend shows."""
-    (src, dst), seed = case
+    src, dst = case
     plan = _synth(src, dst)
-    rng = random.Random(seed + 1)
     try:
-        claim = dst.replace(dims=random_layout(rng, dst.mesh, dst.rank, sub_axes=0.2)[0])
-    except Exception:  # noqa: BLE001 - the random layout does not divide the shape
+        claim = dst.replace(dims=data.draw(layouts(dst.mesh, dst.rank, sub_axes=0.2))[0])
+    except ShardingError:  # the claim puts one of the destination's partial axes in a dim
         return
     v = verify(plan, claim)
     ok, why = oracle(plan.program, src, claim, seed=seed)
@@ -182,17 +182,16 @@ def test_peak_and_bytes_are_checked():
     assert v.ok and v.details["peak_bytes"] == plan.peak_bytes == 8 * 16 * 4
     assert v.details["bytes_received"] == plan.bytes_received
 
-    class Lying:
-        def __init__(self, plan, **kw):
-            self._p, self._kw = plan, kw
+    assert not verify(_lying(plan, peak_bytes=plan.peak_bytes - 4)).ok
+    assert "peak_bytes" in verify(_lying(plan, peak_bytes=plan.peak_bytes - 4)).reason
+    r = verify(_lying(plan, bytes_received=plan.bytes_received - 1))
+    assert r.status == "refuted" and "bytes_received" in r.reason
 
-        def __getattr__(self, name):
-            return self._kw.get(name, getattr(self._p, name))
 
-    assert not verify(Lying(plan, peak_bytes=plan.peak_bytes - 4)).ok
-    assert "peak_bytes" in verify(Lying(plan, peak_bytes=plan.peak_bytes - 4)).reason
-    r = verify(Lying(plan, bytes_received=plan.bytes_received - 1))
-    assert not r.ok and "bytes_received" in r.reason
+def _lying(plan, **claims):
+    """``plan`` whose reported costs are ``claims`` (a Plan subclass: verify takes Plans only)."""
+    lying = type("LyingPlan", (Plan,), {k: property(lambda self, v=v: v) for k, v in claims.items()})
+    return lying(plan.steps, plan.types)
 
 
 def test_scalar_and_trivial_plans():
@@ -220,7 +219,7 @@ def test_uneven_plans_are_proved_and_padding_is_never_data():
         assert v.ok, (a, b, v.reason)
     # f32[3{x}]: device x=0 holds [0, 2); device x=1 holds [2, 3) and one padding element. An exchange that
     # keeps everything but fills device 0's index 1 from device 2's padding reads padding as data.
-    from redist.steps import Copy
+    from redist.blocks import Copy
 
     src = T("f32[3{x}]", mesh)
     keep = [(Copy(d, (0,), (0,), (2,)),) for d in range(mesh.size)]
@@ -263,3 +262,265 @@ def test_exchange_mutants_are_refuted():
     too_big = with_copies([dataclasses.replace(x, size=(x.size[0] + 9,) + x.size[1:]) if x == c else x
                            for x in ex.copies[d]])
     assert "does not fit" in verify_program(too_big, src, dst).reason
+
+
+# ---------------------------------------------------------------------------- claims differ in a field
+def _classic():
+    mesh = Mesh({"x": 4, "y": 2})
+    plan = synthesize(T("f32[16{y}, 16, 16{x}]", mesh), T("f32[16, 16{x,y}, 16]", mesh))
+    return mesh, plan
+
+
+def _on(t, mesh, dtype=None, shape=None):
+    return ShardingType(mesh, t.shape if shape is None else shape, dtype or t.dtype, t.dims, t.partial)
+
+
+@pytest.mark.parametrize("dtype", ["f64", "i32", "u32", "bf16", "f16", "i8", "bool"])
+def test_claim_with_another_dtype_is_refuted(dtype):
+    """Regression (issue 12.1): f64, i32 and bf16 claims for an f32 plan were proved."""
+    _, plan = _classic()
+    v = verify(plan, _on(plan.dst, plan.dst.mesh, dtype=dtype))
+    assert v.status == "refuted" and not v.ok
+    assert v.counterexample["holds"] == {"dtype": "f32"} and v.counterexample["expected"] == {"dtype": dtype}
+    assert "dtype" in v.reason
+
+
+def test_claim_on_the_mesh_with_axes_in_another_order_is_refuted_with_a_real_counterexample():
+    """Regression (issue 12.1): ``Mesh({"y": 2, "x": 4})`` for a plan on ``x=4,y=2`` was proved, though device 1
+    then holds another block than the claim says."""
+    mesh, plan = _classic()
+    claim = _on(plan.dst, Mesh({"y": 2, "x": 4}))
+    v = verify(plan, claim)
+    assert v.status == "refuted"
+    cx = v.counterexample
+    assert cx["device"] == 1 and cx["holds"]["coords"] == {"x": 0, "y": 1} and cx["expected"]["coords"] == {"y": 0, "x": 1}
+    # The counterexample is real: device 1's result is not what the claim puts on device 1.
+    import numpy as np
+
+    from redist.backends.numpy_backend import run
+    from redist.data import shard
+
+    x = np.arange(16 ** 3, dtype=np.float32).reshape(16, 16, 16)
+    out = run(plan.program, shard(plan.src, x))
+    assert not np.array_equal(out[1], shard(claim, x)[1])
+    assert oracle(plan.program, plan.src, claim)[0] is False
+
+
+@pytest.mark.parametrize("mesh_text", ["x=2,y=4", "x=8,y=1", "x=1,y=8", "a=4,y=2", "y=2,x=4", "x=4,y=2,z=1"])
+def test_claim_on_another_arrangement_of_the_same_devices_is_refuted(mesh_text):
+    """Other axis sizes, names or order (or an extra axis of size 1) on the same 8 devices: another mesh."""
+    _, plan = _classic()
+    mesh = Mesh.parse(mesh_text)
+    dims = tuple(tuple(a for a in d if a in mesh.names) for d in plan.dst.dims)
+    claim = ShardingType(mesh, plan.dst.shape, "f32", dims)
+    v = verify(plan, claim)
+    assert v.status == "refuted" and "mesh" in v.reason
+    assert set(v.counterexample) >= {"device", "coords", "index", "holds", "expected"}
+    assert v.counterexample["holds"]["mesh"] != v.counterexample["expected"]["mesh"]
+
+
+def test_replicated_claim_on_a_reordered_mesh_is_refuted_too():
+    """Every device holds everything either way, but the type is on another mesh (SPEC 1: meshes are equal
+    when axes, sizes and order agree): refuted, and the oracle agrees."""
+    mesh = Mesh({"x": 4, "y": 2})
+    plan = synthesize(T("f32[8{x}]", mesh), T("f32[8]", mesh))
+    claim = T("f32[8]", Mesh({"y": 2, "x": 4}))
+    v = verify(plan, claim)
+    assert v.status == "refuted" and v.counterexample["device"] == 1
+    assert oracle(plan.program, plan.src, claim)[0] is False
+
+
+def test_claim_with_another_shape_is_refuted_with_a_counterexample():
+    _, plan = _classic()
+    v = verify(plan, _on(plan.dst, plan.dst.mesh, shape=(16, 16, 17)))
+    assert v.status == "refuted"
+    assert v.counterexample["holds"] == {"shape": (16, 16, 16)} and v.counterexample["expected"] == {"shape": (16, 16, 17)}
+
+
+def test_program_on_another_mesh_or_dtype_than_its_source_is_refuted():
+    """The program's own mesh and dtype are fields too: they must be the source type's."""
+    mesh, plan = _classic()
+    prog = plan.program
+    reordered = dataclasses.replace(prog, mesh=Mesh({"y": 2, "x": 4}))
+    v = verify_program(reordered, plan.src, plan.dst)
+    assert v.status == "refuted" and "mesh" in v.reason and v.counterexample["device"] == 1
+    import numpy as np
+
+    wider = dataclasses.replace(prog, dtype=np.dtype(np.float64))
+    v = verify_program(wider, plan.src, plan.dst)
+    assert v.status == "refuted" and v.counterexample["holds"] == {"dtype": "float64"}
+
+
+def test_partial_claims_that_differ_are_refuted():
+    mesh = Mesh({"x": 2, "y": 3, "z": 2})
+    plan = synthesize(T("f32[6, 4] partial{x,y}", mesh), T("f32[6{y}, 4] partial{x}", mesh))
+    for claim in ["f32[6{y}, 4] partial{z}", "f32[6{y}, 4] partial{x,z}", "f32[6{y}, 4]"]:
+        v = verify(plan, claim)
+        assert v.status == "refuted" and v.counterexample is not None, claim
+
+
+# ---------------------------------------------------------------------------- status and time
+def test_verdict_status_tells_proved_refuted_and_undecided_apart():
+    _, plan = _classic()
+    proved, refuted = verify(plan), verify(plan, "f32[16, 16{y,x}, 16]")
+    assert (proved.status, proved.ok, bool(proved)) == ("proved", True, True)
+    assert (refuted.status, refuted.ok, bool(refuted)) == ("refuted", False, False)
+    with pytest.raises(ShardingError, match="status"):
+        Verdict("maybe", "")
+
+
+def test_a_spent_deadline_is_undecided_not_refuted():
+    _, plan = _classic()
+    v = verify(plan, timeout_s=1e-9)
+    assert v.status == "undecided" and not v.ok and v.counterexample is None
+    assert "timeout_s" in v.reason
+
+
+def _random_permutation_and_back(mesh, seed=0):
+    """A program that permutes the devices at random and back: true, but its tables have no structure."""
+    rng = random.Random(seed)
+    there = list(range(mesh.size))
+    rng.shuffle(there)
+    back = [0] * mesh.size
+    for d, s in enumerate(there):
+        back[s] = d
+    # device d takes from there[d], then from back[d]: the element of device there[back[d]] = d.
+    src = ShardingType(mesh, (mesh.size,), "f32", (mesh.names,))
+    prog = P.Program(mesh, src.np_dtype, (P.CollectivePermute(tuple(there)), P.CollectivePermute(tuple(back))),
+                     ((1,), (1,), (1,)))
+    return prog, src
+
+
+def test_timeout_bounds_the_wall_time_of_a_hard_query():
+    """Regression (issue 12.2): the constraints were built without a bound and Z3 was given the whole budget
+    after them (136 s for timeout_s=60 on 65,536 devices). This query is not decided in 120 s."""
+    import time
+
+    prog, src = _random_permutation_and_back(Mesh({"x": 256, "y": 256}))
+    t0 = time.perf_counter()
+    v = verify_program(prog, src, src, timeout_s=2)
+    wall = time.perf_counter() - t0
+    assert v.status == "undecided" and "timeout_s=2" in v.reason
+    assert wall < 20, wall  # about T = 2 s, with a margin for a busy machine
+    # The watchdog that interrupted Z3 at the deadline leaves the next call alone.
+    assert verify(_classic()[1]).status == "proved"
+
+
+@pytest.mark.parametrize("mesh_text", ["x=8,y=4", "x=2,y=3,z=4"])
+def test_permute_tables_are_exact(mesh_text):
+    """A random permutation and back is proved; the permutation alone is refuted, and the oracle agrees."""
+    prog, src = _random_permutation_and_back(Mesh.parse(mesh_text), seed=3)
+    assert verify_program(prog, src, src).status == "proved" and oracle(prog, src, src)[0]
+    there = dataclasses.replace(prog, instructions=prog.instructions[:1], shapes=prog.shapes[:2])
+    v = verify_program(there, src, src)
+    assert v.status == "refuted" and oracle(there, src, src)[0] is False
+    cx = v.counterexample
+    assert cx["holds"]["from_device"] == prog.instructions[0].sources[cx["device"]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-50, 50), min_size=1, max_size=40), st.booleans())
+def test_the_table_encoding_is_the_table(values, runs):
+    """``_table`` is exact: at every key its term evaluates to the table's entry (here with affine runs)."""
+    import z3
+
+    from redist.verify import _Deadline, _table
+
+    if runs:  # stretches of an affine function, as a permute that swaps axes has
+        values = [values[i // 5] * 3 + (i % 5) * values[-1] for i in range(len(values) * 2)]
+    key = z3.Int("key")
+    term = _table(key, values, _Deadline(None, 0.0), "test")
+    for k, want in enumerate(values):
+        assert z3.simplify(z3.substitute(term, (key, z3.IntVal(k)))).as_long() == want
+
+
+def test_a_transpose_table_has_one_leaf_per_row():
+    """The memory fix: the source coordinates of a permute that swaps two axes of 256 devices each encode in
+    256 leaves, not as a chain of 65,536."""
+    import z3
+
+    from redist.verify import _Deadline, _table
+
+    n = 256
+    sources = [(d % n) * n + d // n for d in range(n * n)]  # device (x, y) takes from device (y, x)
+
+    def leaves(e):
+        return sum(leaves(c) for c in e.children()[1:]) if z3.is_app_of(e, z3.Z3_OP_ITE) else 1
+
+    for coord in (lambda s: s // n, lambda s: s % n):
+        term = _table(z3.Int("key"), [coord(s) for s in sources], _Deadline(None, 0.0), "test")
+        assert leaves(term) == n
+
+
+# ---------------------------------------------------------------------------- misuse
+def test_verify_misuse_raises_sharding_error_naming_the_argument():
+    """Regression (issue 12.9): garbage arguments gave AttributeError/TypeError from inside."""
+    mesh, plan = _classic()
+    bad = [
+        (lambda: verify("plan"), "plan"),
+        (lambda: verify(None), "plan"),
+        (lambda: verify(plan, 42), "dst"),
+        (lambda: verify(plan, T("f32[16, 16{x}, 16]", Mesh({"x": 4}))), "dst"),
+        (lambda: verify(plan, "f32[16, 16{q}, 16]"), "q"),
+        (lambda: verify(plan, timeout_s="x"), "timeout_s"),
+        (lambda: verify(plan, timeout_s=-1), "timeout_s"),
+        (lambda: verify(plan, timeout_s=0), "timeout_s"),
+        (lambda: verify(plan, timeout_s=float("nan")), "timeout_s"),
+        (lambda: verify(plan, timeout_s=True), "timeout_s"),
+        (lambda: verify(plan, check_costs="yes"), "check_costs"),
+        (lambda: verify_program(plan, plan.src, plan.dst), "program"),
+        (lambda: verify_program(plan.program, "f32[16]", plan.dst), "src"),
+        (lambda: verify_program(dataclasses.replace(plan.program, shapes=None), plan.src, plan.dst), "shapes"),
+    ]
+    for call, word in bad:
+        with pytest.raises(ShardingError, match=word):
+            call()
+    assert verify(plan, timeout_s=float("inf")).status == "proved"
+    assert verify(plan, None, 30).status == "proved"  # SPEC: verify(plan, dst=None, timeout_s=None)
+
+
+def test_malformed_instructions_are_refuted_not_raised():
+    mesh, plan = _classic()
+    prog = plan.program
+    src = plan.src
+    from redist.blocks import Copy
+
+    cases = [P.Slice("0", ("x",)), P.AllGather(0, None), P.CollectivePermute(None), P.Transpose([0, 1, 2]),
+             P.Exchange(src.local_shape, ((Copy(0, (0,), (0,), (1,)),),) * mesh.size), P.Reshape((-1, 16))]
+    for ins in cases:
+        v = verify_program(dataclasses.replace(prog, instructions=(ins,), shapes=(prog.shapes[0],) * 2), src, src)
+        assert v.status == "refuted", (ins, v.reason)
+
+
+def test_claim_mutants_are_refuted_with_counterexamples_and_are_wrong():
+    """The claim-side operators of proofs/mutation.py (issue 12.3, device order: 15.3), on a plan with partial axes and sub-axes
+    in its mesh's reach: every mutant is refuted, with a counterexample, and the numpy oracle agrees."""
+    from proofs.mutation import claim_mutants
+
+    mesh = Mesh({"x": 2, "y": 4, "z": 1})
+    plan = synthesize(T("f32[8{y:(1)2}, 6] partial{x}", mesh), T("f32[8{x}, 6{y:(1)2}]", mesh))
+    seen = set()
+    for op, desc, claim in claim_mutants(plan.dst, random.Random(0), max_per_op=100):
+        seen.add(op)
+        v = verify(plan, claim)
+        assert v.status == "refuted" and v.counterexample is not None, (desc, v.reason)
+        assert oracle(plan.program, plan.src, claim)[0] is False, desc
+    assert seen == {"claim_dtype", "claim_mesh_order", "claim_axis_sizes", "claim_shape", "claim_device_order"}
+
+
+def test_every_dropped_exchange_copy_is_refuted_with_a_counterexample():
+    """Regression (issue 15.3): with one copy of an exchange dropped, the counterexample's source device was
+    looked up at coordinates the model left free, and verify raised IndexError instead of refuting (e.g.
+    device 2's first copy here)."""
+    mesh = Mesh({"x": 2, "y": 4})
+    plan = synthesize(T("f32[7{x}, 5{y}]", mesh), T("f32[7{y}, 5{x}]", mesh))
+    prog = plan.program
+    t = next(i for i, ins in enumerate(prog.instructions) if isinstance(ins, P.Exchange))
+    ex = prog.instructions[t]
+    for d, copies in enumerate(ex.copies):
+        for j in range(len(copies)):
+            dropped = ex.copies[:d] + (copies[:j] + copies[j + 1:],) + ex.copies[d + 1:]
+            mutant = dataclasses.replace(ex, copies=dropped)
+            instructions = prog.instructions[:t] + (mutant,) + prog.instructions[t + 1:]
+            v = verify_program(dataclasses.replace(prog, instructions=instructions), plan.src, plan.dst)
+            assert v.status == "refuted" and v.counterexample["device"] == d, (d, j, v.reason)

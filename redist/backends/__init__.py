@@ -1,2 +1,11 @@
-"""Interpreters of :class:`redist.program.Program`: numpy (reference) here; JAX and MPI in
-:mod:`redist.jax` and :mod:`redist.mpi`."""
+"""The interpreters of a lowered :class:`redist.program.Program`, side by side.
+
+- :mod:`~redist.backends.interpreter`: the one loop that runs a program's instructions in order, and the
+  :class:`~redist.backends.interpreter.Backend` interface it drives (one method per instruction kind).
+- :mod:`~redist.backends.numpy_backend`: the reference, every device's buffer in one process.
+- :mod:`~redist.backends.jax_backend`: one device's buffer under ``jax.shard_map``, ``lax`` collectives.
+- :mod:`~redist.backends.mpi_backend`: one rank's buffer, mpi4py collectives on sub-communicators.
+
+The backends run programs and never plan: none imports :mod:`redist.synthesis`. The public entry points
+that synthesize first are :func:`redist.execute`, :mod:`redist.jax` and :mod:`redist.mpi`.
+"""

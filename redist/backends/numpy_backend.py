@@ -5,78 +5,98 @@ from __future__ import annotations
 import numpy as np
 
 from redist import program as P
+from redist.backends import interpreter
 from redist.buffers import device_buffers
-from redist.errors import ShardingError
-
-
-def _chunks(x, dim, k):
-    n = x.shape[dim]
-    if n % k:
-        raise ShardingError(f"cannot split a local dim of size {n} into {k} equal chunks")
-    return np.split(x, k, axis=dim)
+from redist.mesh import Mesh
+from redist.types import REDUCERS
 
 
 def run(program: P.Program, shards) -> list[np.ndarray]:
     """Execute ``program`` on per-device buffers (index = device id); returns the new buffers.
 
     ``shards`` are taken by :func:`redist.buffers.device_buffers` (one per device, of ``program.shapes[0]``,
-    of ``program.dtype`` or one that converts without loss; else :class:`ShardingError`). The program runs on
-    copies: the results are new arrays, never the caller's (not even for devices whose buffer stays put),
-    and the caller's arrays are never written to.
+    of ``program.dtype`` or one that converts without loss; else :class:`~redist.errors.ShardingError`, as
+    for a ``program`` that is no :class:`~redist.program.Program`). The program runs on copies: the results
+    are new arrays, never the caller's (not even for devices whose buffer stays put), and the caller's arrays
+    are never written to.
     """
-    mesh = program.mesh
-    bufs = device_buffers(shards, mesh.size, program.shapes[0], program.dtype, copy=True)
-    for ins in program.instructions:
-        bufs = _step(mesh, ins, bufs)
-    return bufs
+    interpreter.check_program(program, "the numpy backend")
+    bufs = device_buffers(shards, program.mesh.size, program.shapes[0], program.dtype, copy=True)
+    return interpreter.run(program, NumpyBackend(program.mesh), bufs)
 
 
-def _step(mesh, ins, bufs):
-    out = list(bufs)
-    if isinstance(ins, P.Reshape):
+class NumpyBackend(interpreter.Backend):
+    """The state is the list of every device's buffer, by device id; collectives loop over the groups of
+    ``mesh`` (:meth:`redist.mesh.Mesh.groups`, members in rank order). Reductions are numpy's elementwise
+    ufuncs (:data:`redist.types.REDUCERS`), in rank order: of ``bool`` buffers the sum and the maximum are
+    the logical or, the minimum and the product the logical and, as numpy computes them; the maximum and
+    minimum propagate NaN."""
+
+    def __init__(self, mesh: Mesh):
+        self.mesh = mesh
+
+    def reshape(self, ins: P.Reshape, bufs):
         return [x.reshape(ins.shape) for x in bufs]
-    if isinstance(ins, P.Transpose):
+
+    def transpose(self, ins: P.Transpose, bufs):
         return [np.ascontiguousarray(np.transpose(x, ins.perm)) for x in bufs]
-    if isinstance(ins, P.CollectivePermute):
-        return [bufs[s].copy() if s != d else bufs[d] for d, s in enumerate(ins.sources)]
-    if isinstance(ins, P.Exchange):
-        return [_assemble(ins.shape, copies, bufs) for copies in ins.copies]
-    for group in mesh.groups(ins.axes):
-        k = len(group)
-        xs = [bufs[d] for d in group]
-        if isinstance(ins, P.Slice):
+
+    def slice(self, ins: P.Slice, bufs):
+        out = list(bufs)
+        for group in self.mesh.groups(ins.axes):
             for r, d in enumerate(group):
-                out[d] = _chunks(xs[r], ins.dim, k)[r].copy()
-        elif isinstance(ins, P.AllGather):
-            full = np.concatenate(xs, axis=ins.dim)
+                out[d] = np.split(bufs[d], len(group), axis=ins.dim)[r].copy()
+        return out
+
+    def all_gather(self, ins: P.AllGather, bufs):
+        out = list(bufs)
+        for group in self.mesh.groups(ins.axes):
+            full = np.concatenate([bufs[d] for d in group], axis=ins.dim)
             for d in group:
                 out[d] = full.copy()
-        elif isinstance(ins, P.AllToAll):
-            pieces = [_chunks(x, ins.split_dim, k) for x in xs]
+        return out
+
+    def all_to_all(self, ins: P.AllToAll, bufs):
+        out = list(bufs)
+        for group in self.mesh.groups(ins.axes):
             for r, d in enumerate(group):
-                out[d] = np.concatenate([pieces[src][r] for src in range(k)], axis=ins.concat_dim)
-        elif isinstance(ins, P.ReduceScatter):
-            total = _sum(xs)
+                out[d] = np.stack([bufs[s][r] for s in group])
+        return out
+
+    def reduce_scatter(self, ins: P.ReduceScatter, bufs):
+        out = list(bufs)
+        for group in self.mesh.groups(ins.axes):
+            total = _reduce([bufs[d] for d in group], ins.reduction)
             for r, d in enumerate(group):
-                out[d] = _chunks(total, ins.dim, k)[r].copy()
-        elif isinstance(ins, P.AllReduce):
-            total = _sum(xs)
+                out[d] = np.split(total, len(group), axis=ins.dim)[r].copy()
+        return out
+
+    def all_reduce(self, ins: P.AllReduce, bufs):
+        out = list(bufs)
+        for group in self.mesh.groups(ins.axes):
+            total = _reduce([bufs[d] for d in group], ins.reduction)
             for d in group:
                 out[d] = total.copy()
-        else:
-            raise TypeError(f"unknown instruction {ins!r}")
-    return out
+        return out
+
+    def collective_permute(self, ins: P.CollectivePermute, bufs):
+        return [bufs[s].copy() if s != d else bufs[d] for d, s in enumerate(ins.sources)]
+
+    def exchange(self, ins: P.Exchange, bufs):
+        out = []
+        for copies in ins.copies:
+            new = np.zeros(ins.shape, bufs[0].dtype)
+            for c in copies:
+                new[c.dst_box] = bufs[c.source][c.src_box]
+            out.append(new)
+        return out
 
 
-def _assemble(shape, copies, bufs):
-    out = np.zeros(shape, bufs[0].dtype)
-    for c in copies:
-        out[c.dst_box] = bufs[c.source][c.src_box]
-    return out
-
-
-def _sum(xs):
+def _reduce(xs, reduction: str):
+    """The reduction of the buffers ``xs``, in their order, in their dtype."""
+    op = REDUCERS[reduction]
     total = xs[0].copy()
-    for x in xs[1:]:
-        total = total + x
+    with np.errstate(invalid="ignore"):  # ml_dtypes warns on NaN in a max or min, which propagates it, as wanted
+        for x in xs[1:]:
+            total = op(total, x)
     return total.astype(xs[0].dtype)

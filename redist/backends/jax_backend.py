@@ -1,0 +1,385 @@
+"""The JAX interpreter: one device's buffer under ``jax.shard_map``, instructions as ``lax`` collectives.
+
+Devices. The redist mesh of a JAX mesh (:func:`redist_mesh`) has its axes and its device order: the device at
+position ``p`` (``jax_mesh.devices.flat[p]``, row-major) is redist device ``d``, the rank of its JAX
+``device.id`` among the mesh's (so ``d`` is the JAX device id itself when the mesh holds devices ``0 … n-1``,
+as ``jax.devices()[:n]`` in any arrangement, ``jax.make_mesh`` or a reversed device array does). Collectives
+work in mesh positions (``lax.axis_index``), exactly as ``NamedSharding`` does; the instructions that name
+devices (a permute's sources, an exchange's copies) are translated from device ids to positions through the
+program mesh's ``device_ids``, which must be the JAX mesh's order (``run_on_buffers`` builds or checks that).
+
+Sub-axes. A program may name sub-axes ``y:(pre)size``. JAX collectives need real axis names, so the program
+runs on a *refined* mesh: the same devices in the same order, every axis split at the boundaries the
+program's tokens use (splitting an axis of a row-major device array into factors keeps the order). A
+piece of axis ``y`` is named by its token, e.g. ``"y:(1)2"``; an axis that is not split keeps its name. The
+names contain ``:`` and so never clash with a mesh axis name (those are identifiers).
+
+Group order. A multi-axis collective over ``("c", "a")`` ranks its members row-major over the tuple as
+given, which is ``Mesh.group_index``; ``tests/test_jax_backend.py`` checks this.
+
+Entry points: :func:`run_program` (inside a ``shard_map`` of the caller's) and :func:`run_on_buffers`
+(per-device numpy buffers, behind ``redist.execute(plan, shards, backend="jax")``); :mod:`redist.jax`
+re-exports them next to ``reshard``, which plans first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Mapping
+
+import numpy as np
+
+from redist.extras import missing_extra
+
+try:
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import NamedSharding, PartitionSpec
+except ModuleNotFoundError as e:
+    raise missing_extra(e, "the JAX backend (redist.jax, execute(backend='jax'))", "jax") from e
+
+from redist import program as P
+from redist.backends import interpreter
+from redist.buffers import device_buffers
+from redist.errors import ShardingError
+from redist.axes import Axis
+from redist.blocks import Copy
+from redist.mesh import Mesh
+
+__all__ = ["run_program", "run_on_buffers", "in_dtype", "refined_axis_names", "refine_mesh", "redist_mesh",
+           "jax_mesh_of", "JaxBackend"]
+
+
+# ---------------------------------------------------------------------- meshes and axis names
+def redist_mesh(jax_mesh) -> Mesh:
+    """The redist mesh with the axes (names, sizes, order) of a JAX mesh and its device order: the device at
+    each position is the rank of its JAX ``device.id`` among the mesh's (see "Devices" above). An abstract
+    mesh, which holds no devices, gets the default order."""
+    devices = getattr(jax_mesh, "devices", None)
+    ids = None
+    if isinstance(devices, np.ndarray):
+        jax_ids = [d.id for d in devices.flat]
+        rank = {i: r for r, i in enumerate(sorted(jax_ids))}
+        ids = [rank[i] for i in jax_ids]
+    try:
+        return Mesh(tuple(zip(jax_mesh.axis_names, jax_mesh.axis_sizes)), ids)
+    except ShardingError as e:
+        raise ShardingError(f"the JAX mesh {jax_mesh} cannot be used by redist: {e}") from None
+
+
+def jax_mesh_of(mesh: Mesh, devices=None):
+    """The JAX mesh of ``mesh``: its axes, and at each position the JAX device of the redist device there,
+    device ``d`` being ``devices[d]`` (default: the first ``mesh.size`` of ``jax.devices()``; any list of
+    devices sorted by id, so that :func:`redist_mesh` gives ``mesh`` back). Raises :class:`ShardingError` if
+    JAX has fewer devices."""
+    devices = jax.devices() if devices is None else list(devices)
+    if len(devices) < mesh.size:
+        raise ShardingError(
+            f"the plan's mesh has {mesh.size} devices, JAX has {len(devices)} ({devices[0].platform}); run "
+            f"it on a mesh of at most {len(devices)} devices, or give JAX more (on the CPU: "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={mesh.size} before JAX starts)")
+    return jax.sharding.Mesh(np.array([devices[d] for d in mesh.device_ids]).reshape(mesh.shape), mesh.names)
+
+
+def _refined_axes(mesh: Mesh, tokens) -> dict[str, tuple[Axis, ...]]:
+    """Per mesh axis, the axes of the refined mesh that split it (major to minor): its pieces between every
+    boundary that ``tokens`` use (the whole axis if they cut it nowhere; none for an axis of size 1)."""
+    return {n: tuple(Axis(n, lo, hi // lo, size) for lo, hi in zip(pts, pts[1:]))
+            for (n, pts), size in zip(mesh.cut_points(tokens).items(), mesh.shape)}
+
+
+def refined_axis_names(mesh: Mesh, tokens) -> dict[str, tuple[str, ...]]:
+    """Map every mesh axis name and every token in ``tokens`` to the refined JAX axis names it covers.
+
+    The refined mesh splits each axis at the boundaries ``tokens`` use; a piece is named by its own token
+    (``"y:(2)2"``), an unsplit axis keeps its name. A token covers the pieces inside it, major to minor.
+    """
+    pieces = _refined_axes(mesh, tokens)
+    out: dict[str, tuple[str, ...]] = {n: tuple(str(p) for p in ps) for n, ps in pieces.items()}
+    for tok in tokens:
+        a = mesh.axis(tok)
+        out[tok] = tuple(str(p) for p in pieces[a.name] if a.pre <= p.pre and p.stop <= a.stop)
+    return out
+
+
+def refine_mesh(jax_mesh, tokens):
+    """``(refined JAX mesh, names)``: ``jax_mesh`` with its axes split for ``tokens`` (same devices, same
+    order) and the token → refined-axis-names map of :func:`refined_axis_names`."""
+    mesh = redist_mesh(jax_mesh)
+    names = refined_axis_names(mesh, tokens)
+    pieces = _refined_axes(mesh, tokens)
+    axis_names = tuple(p for n in mesh.names for p in names[n])
+    shape = tuple(p.size for n in mesh.names for p in pieces[n])
+    if axis_names == tuple(jax_mesh.axis_names):
+        return jax_mesh, names
+    # Each piece keeps its axis's type (Auto / Explicit).
+    types = tuple(t for n, t in zip(mesh.names, jax_mesh.axis_types) for _ in pieces[n])
+    return jax.sharding.Mesh(jax_mesh.devices.reshape(shape), axis_names, axis_types=types), names
+
+
+# ---------------------------------------------------------------------- entry points
+def run_program(program: P.Program, x, axis_names: Mapping[str, tuple[str, ...]] | None = None):
+    """Run ``program`` on this device's buffer ``x``; call it inside ``jax.shard_map`` (per-device view).
+
+    The shard_map's mesh must be the refined mesh of :func:`refine_mesh` for ``program.axis_tokens()``
+    (or the JAX mesh itself when the program names no sub-axes), all of its axes manual, with the program
+    mesh's device order (:func:`redist_mesh` of it is ``program.mesh``). ``axis_names`` maps each token and
+    mesh axis name to refined JAX axis names; by default ``refined_axis_names(program.mesh,
+    program.axis_tokens())``. Returns the buffer of shape ``program.shapes[-1]``. Reductions of ``bool``
+    buffers are logical (as in the numpy backend; :class:`JaxBackend`). A program whose buffers are all empty
+    runs no collective. Raises :class:`ShardingError` for a ``program``
+    that is not a well-formed :class:`~redist.program.Program` or an ``x`` not of ``program.shapes[0]``.
+    """
+    interpreter.check_program(program, "run_program")
+    if tuple(x.shape) != tuple(program.shapes[0]):
+        raise ShardingError(f"local buffer has shape {tuple(x.shape)}, the program expects {program.shapes[0]}")
+    if axis_names is None:
+        axis_names = refined_axis_names(program.mesh, program.axis_tokens())
+    return interpreter.run(program, JaxBackend(program.mesh, axis_names), x)
+
+
+def run_on_buffers(program: P.Program, shards, jax_mesh=None) -> list[np.ndarray]:
+    """Run ``program`` on arbitrary per-device buffers (index = device id; partial summands, say) with JAX
+    collectives on host or accelerator devices; returns new numpy arrays (writable, never the caller's), in
+    device order, of ``program.dtype``.
+
+    ``jax_mesh`` defaults to :func:`jax_mesh_of` the program's mesh (device ``d`` is ``jax.devices()[d]``);
+    one given must have the program mesh's axes and device order (:func:`redist_mesh`). The buffers are
+    placed on their devices as one array with a leading dim of mesh positions, and each device runs the
+    program on its own buffer under ``jax.shard_map`` — the per-device counterpart of :func:`reshard`, behind
+    ``redist.execute(plan, shards, backend="jax")``. Types with uneven dims run here, on their padded local
+    buffers (not through :func:`reshard`: JAX does not pad shards). A 64-bit dtype runs with JAX's x64 mode
+    switched on for the call (:func:`in_dtype`), so nothing is narrowed to 32 bits.
+
+    ``shards`` are taken by :func:`redist.buffers.device_buffers` (no lossy conversion). Raises
+    :class:`ShardingError` for a ``program`` that is not a well-formed :class:`~redist.program.Program`, for
+    shards that do not fit, for a mesh larger than JAX's device count, for a ``jax_mesh`` whose axes or device
+    order are not the program mesh's, or for a reduction JAX cannot run (:class:`JaxBackend`).
+    """
+    interpreter.check_program(program, "run_on_buffers")
+    mesh = program.mesh
+    bufs = device_buffers(shards, mesh.size, program.shapes[0], program.dtype)
+    if jax_mesh is None:
+        jax_mesh = jax_mesh_of(mesh)
+    elif not redist_mesh(jax_mesh).same_axes(mesh):
+        raise ShardingError(f"jax_mesh has axes {dict(zip(jax_mesh.axis_names, jax_mesh.axis_sizes))}, the "
+                            f"program runs on mesh {mesh}")
+    elif redist_mesh(jax_mesh) != mesh:
+        raise ShardingError(f"jax_mesh orders its devices as mesh {redist_mesh(jax_mesh)}, the program runs on "
+                            f"mesh {mesh}: the same axes in another device order")
+    refined, names = refine_mesh(jax_mesh, program.axis_tokens())
+    if all(math.prod(s) == 0 for s in program.shapes):
+        # Nothing to move (a dim of size 0), and JAX cannot read back shards of no elements made under jit.
+        return [np.zeros(program.shapes[-1], program.dtype) for _ in bufs]
+    spec = PartitionSpec(tuple(refined.axis_names))
+    with in_dtype(program.dtype):
+        # Row p of the leading dim is the buffer of the device at position p, device_ids[p].
+        x = jax.make_array_from_single_device_arrays(
+            (mesh.size,) + tuple(program.shapes[0]), NamedSharding(refined, spec),
+            [jax.device_put(bufs[d][None], dev) for d, dev in zip(mesh.device_ids, refined.devices.flat)])
+        backend = JaxBackend(mesh, names)
+        f = jax.shard_map(lambda b: interpreter.run(program, backend, b[0])[None], mesh=refined, in_specs=spec,
+                          out_specs=spec, check_vma=False)
+        y = jax.jit(f)(x)
+        by_device = {s.device: np.array(s.data)[0] for s in y.addressable_shards}
+    out = [None] * mesh.size
+    for d, dev in zip(mesh.device_ids, refined.devices.flat):
+        out[d] = by_device[dev]
+    return out
+
+
+def in_dtype(dtype):
+    """A context in which JAX keeps ``dtype``: JAX's x64 mode switched on for the context (this thread only)
+    where JAX's current mode would narrow ``dtype`` (``f64``, ``i64``, ``u64`` to 32 bits), else no change."""
+    dtype = np.dtype(dtype)
+    if jax.dtypes.canonicalize_dtype(dtype) == dtype:
+        return contextlib.nullcontext()
+    return jax.enable_x64(True)
+
+
+# ---------------------------------------------------------------------- the instructions
+class JaxBackend(interpreter.Backend):
+    """The state is this device's buffer, a traced ``jax.Array``; a collective over tokens runs over their
+    refined JAX axes, ``axis_names[token]`` (:func:`refined_axis_names` of the program's tokens).
+
+    Reductions: a sum is ``psum`` / ``psum_scatter``; an all-reduce by max or min is ``pmax`` / ``pmin``. JAX
+    has no reduce-scatter by max, min or product, nor an all-reduce by product: those run as an all-to-all
+    of the ``k`` chunks (each member receives chunk ``r`` of every member's buffer) and the reduction of the
+    received chunks on the device, which receives ``(k−1)/k · L_in`` as a reduce-scatter does and needs no
+    buffer larger than its input; an all-reduce by product is that reduce-scatter over the flattened buffer
+    (padded with ones to ``k`` chunks), then an all-gather: ``2(k−1)/k · L`` as an all-reduce. Reductions of
+    ``bool`` run on ``int32`` (sum and max: or, min and prod: and)."""
+
+    def __init__(self, mesh: Mesh, axis_names: Mapping[str, tuple[str, ...]]):
+        self.mesh = mesh
+        self.names = axis_names
+
+    def axes(self, tokens) -> tuple[str, ...]:
+        """The refined JAX axis names of ``tokens``, major to minor."""
+        return tuple(a for tok in tokens for a in self.names[tok])
+
+    def reshape(self, ins: P.Reshape, x):
+        return x.reshape(ins.shape)
+
+    def transpose(self, ins: P.Transpose, x):
+        return jnp.transpose(x, ins.perm)
+
+    def slice(self, ins: P.Slice, x):
+        n = x.shape[ins.dim] // self.mesh.group_size(ins.axes)
+        return lax.dynamic_slice_in_dim(x, lax.axis_index(self.axes(ins.axes)) * n, n, axis=ins.dim)
+
+    def all_gather(self, ins: P.AllGather, x):
+        return lax.all_gather(x, self.axes(ins.axes), axis=ins.dim, tiled=True)
+
+    def all_to_all(self, ins: P.AllToAll, x):
+        """Over the leading dim of chunks, XLA's own form (no temporary chunk on the CPU, as its resharding)."""
+        return lax.all_to_all(x, self.axes(ins.axes), 0, 0, tiled=True)
+
+    def reduce_scatter(self, ins: P.ReduceScatter, x):
+        axes, reduction = self.axes(ins.axes), _kind(ins.reduction, x)
+        if reduction == "sum":
+            return _on_ints(lambda v: lax.psum_scatter(v, axes, scatter_dimension=ins.dim, tiled=True), x)
+        return _on_ints(lambda v: _reduce_scatter(v, axes, ins.dim, self.mesh.group_size(ins.axes), reduction), x)
+
+    def all_reduce(self, ins: P.AllReduce, x):
+        axes, reduction = self.axes(ins.axes), _kind(ins.reduction, x)
+        if reduction == "prod":
+            k = self.mesh.group_size(ins.axes)
+            return _all_reduce_prod(x, axes, k)
+        op = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}[reduction]
+        return _on_ints(lambda v: op(v, axes), x)
+
+    def collective_permute(self, ins: P.CollectivePermute, x):
+        """Device d gets device ``sources[d]``'s buffer; ppermute indexes devices linearly over all axes in
+        mesh order, which is the position, read from the device id through the mesh. Devices that keep their
+        buffer are listed as ``(p, p)`` pairs, so the permutation is whole and no device is left with
+        ppermute's zeros."""
+        if not ins.pairs():
+            return x
+        at = self.mesh.position
+        return lax.ppermute(x, self.axes(self.mesh.names), perm=[(at(s), at(d)) for d, s in enumerate(ins.sources)])
+
+    def exchange(self, ins: P.Exchange, x):
+        return _exchange(ins, x, self.axes(self.mesh.names), self.mesh)
+
+
+def _kind(reduction: str, x) -> str:
+    """The reduction to run: of ``bool``, a product is the minimum (logical and)."""
+    return "min" if reduction == "prod" and x.dtype == jnp.bool_ else reduction
+
+
+def _on_ints(op, x):
+    """``op`` on ``x``, or for ``bool`` on its ``int32`` view, read back as ``!= 0`` (XLA does not reduce
+    ``pred`` across devices): sum and max of 0s and 1s are non-zero where some is 1, min where all are."""
+    if x.dtype == jnp.bool_:
+        return op(x.astype(jnp.int32)) != 0
+    return op(x)
+
+
+_LOCAL_REDUCE = {"max": jnp.max, "min": jnp.min, "prod": jnp.prod}
+
+
+def _reduce_scatter(x, axes, dim: int, k: int, reduction: str):
+    """Reduce-scatter by ``reduction`` (max, min, prod) along ``dim`` over the group ``axes`` of ``k``: split
+    ``dim`` into ``k`` chunks, bring them to the front, exchange them (all-to-all: chunk ``j`` to member ``j``;
+    what arrives from member ``s`` is row ``s``), and reduce the rows."""
+    n = x.shape[dim]
+    chunks = jnp.moveaxis(x.reshape(x.shape[:dim] + (k, n // k) + x.shape[dim + 1:]), dim, 0)
+    received = lax.all_to_all(chunks, axes, 0, 0, tiled=True)
+    return _LOCAL_REDUCE[reduction](received, axis=0).astype(x.dtype)
+
+
+def _all_reduce_prod(x, axes, k: int):
+    """All-reduce by product over the group ``axes`` of ``k``: :func:`_reduce_scatter` of the flattened buffer
+    padded with ones to a multiple of ``k``, then an all-gather of the chunks."""
+    flat = x.reshape(-1)
+    m = -(-flat.size // k)
+    padded = jnp.concatenate([flat, jnp.ones((k * m - flat.size,), x.dtype)])
+    chunk = _reduce_scatter(padded, axes, 0, k, "prod")
+    return lax.all_gather(chunk, axes, axis=0, tiled=True)[: flat.size].reshape(x.shape)
+
+
+@dataclass(frozen=True, eq=False)
+class _Round:
+    """One round of an :class:`~redist.program.Exchange`: every device sends at most one slab, to device
+    ``(sender + shift) mod n`` (``shift == 0``: a copy within the device, nothing sent).
+
+    The slab has the static shape ``slab`` (per dim, the largest copy of the round); a smaller copy fills its
+    start and the rest is dropped on arrival. Tables are indexed by device id, with a column per dim:
+    ``src_start`` for the device as sender (0 where it sends nothing), ``dst_start`` and ``size`` for it as
+    receiver, with an extra leading column for a unit dim put in front of the output: size 1 where the
+    device receives in this round, 0 where it does not (then every write of the round is dropped, rank 0
+    arrays included).
+    """
+
+    shift: int
+    senders: tuple[int, ...]
+    slab: tuple[int, ...]
+    src_start: np.ndarray  # (n, rank) int32
+    dst_start: np.ndarray  # (n, rank + 1) int32
+    size: np.ndarray       # (n, rank + 1) int32
+
+
+@lru_cache(maxsize=256)
+def _exchange_rounds(ins: P.Exchange, n: int) -> tuple[_Round, ...]:
+    """The copies of ``ins`` in rounds keyed by (shift, how many earlier copies of that pair there are), so
+    that within a round each device sends at most once and receives at most once; copies of no elements are
+    left out, and so are rounds without any."""
+    rounds: dict[tuple[int, int], list[tuple[int, int, Copy]]] = {}
+    for d, copies in enumerate(ins.copies):
+        seen: dict[int, int] = {}
+        for c in copies:
+            if math.prod(c.size) == 0:
+                continue
+            j = seen.get(c.source, 0)
+            seen[c.source] = j + 1
+            rounds.setdefault(((d - c.source) % n, j), []).append((c.source, d, c))
+    rank = len(ins.shape)
+    out = []
+    for (shift, _), moves in sorted(rounds.items()):
+        src_start = np.zeros((n, rank), np.int32)
+        dst_start = np.zeros((n, rank + 1), np.int32)
+        size = np.zeros((n, rank + 1), np.int32)
+        for s, d, c in moves:
+            src_start[s] = c.src_start
+            dst_start[d, 1:] = c.dst_start
+            size[d] = (1,) + tuple(c.size)
+        slab = tuple(int(m) for m in size[:, 1:].max(axis=0))
+        out.append(_Round(shift, tuple(s for s, _, _ in moves), slab, src_start, dst_start, size))
+    return tuple(out)
+
+
+def _exchange(ins: P.Exchange, x, all_axes, mesh: Mesh):
+    """Point-to-point exchange, as rounds of :func:`_exchange_rounds`: each device gathers its slab with
+    ``jnp.take`` along each dim (indices from its row of the round's tables, clipped into the buffer), one
+    ``lax.ppermute`` over the round's (sender, receiver) pairs moves the slabs, and each receiver scatters its
+    slab into the output with ``mode="drop"``, its indices past a copy's size (or all of them, if it receives
+    nothing) out of range. The output starts as zeros, which stay where no copy writes. A device's position is
+    its linear index over all the mesh axes (row-major), as ``ppermute`` numbers devices; the tables, by
+    device id, are read in position order (``mesh.device_ids``)."""
+    n, order, at = mesh.size, np.asarray(mesh.device_ids), mesh.position
+    me = lax.axis_index(all_axes)
+    # A leading unit dim: see _Round. zeros_like keeps x's dtype (jnp.zeros would narrow f64 without x64).
+    out = jnp.zeros_like(x, shape=(1,) + tuple(ins.shape))
+    for rnd in _exchange_rounds(ins, n):
+        start = jnp.asarray(rnd.src_start[order])[me]
+        slab = x
+        for dim, m in enumerate(rnd.slab):
+            if m == x.shape[dim] and not rnd.src_start[:, dim].any():
+                continue  # every sender takes the whole dim
+            slab = jnp.take(slab, start[dim] + jnp.arange(m, dtype=jnp.int32), axis=dim, mode="clip")
+        if rnd.shift:
+            slab = lax.ppermute(slab, all_axes, perm=[(at(s), at((s + rnd.shift) % n)) for s in rnd.senders])
+        dst, size = jnp.asarray(rnd.dst_start[order])[me], jnp.asarray(rnd.size[order])[me]
+        index = []
+        for dim, m in enumerate((1,) + rnd.slab):
+            i = jnp.arange(m, dtype=jnp.int32)
+            index.append(jnp.where(i < size[dim], dst[dim] + i, out.shape[dim]))
+        out = out.at[jnp.ix_(*index)].set(slab[None], mode="drop")
+    return out[0]
+
+

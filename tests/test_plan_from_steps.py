@@ -1,0 +1,61 @@
+"""``Plan.from_steps``: a plan from a source type and steps, each step typed by its own rule."""
+
+import pytest
+from hypothesis import given, settings
+
+from redist import Mesh, Plan, ShardingError, ShardingType, synthesize
+from redist.steps import AllGather, AllReduce, AllSlice, AllToAll, Pad, Permute
+from tests.strategies import type_pairs
+
+MESH = Mesh({"x": 2, "y": 4})
+
+
+def _t(text: str) -> ShardingType:
+    return ShardingType.parse(text, MESH)
+
+
+def test_types_are_folded_by_each_steps_rule():
+    src = _t("f32[16{x}, 16] partial{y}")
+    steps = [AllReduce(("y",)), AllToAll(0, 1, ("x",)), AllSlice(0, ("y",))]
+    plan = Plan.from_steps(src, iter(steps))  # any iterable of steps
+    assert plan.steps == tuple(steps)
+    assert plan.types == (src, _t("f32[16{x}, 16]"), _t("f32[16, 16{x}]"), _t("f32[16{y}, 16{x}]"))
+    local = 8 * 16 * 4
+    assert plan.step_bytes() == (2 * 3 * local // 4, local // 2, 0)
+
+
+def test_no_steps_is_the_plan_from_a_type_to_itself():
+    src = _t("f32[8{x}, 4] partial{y}")
+    plan = Plan.from_steps(src, ())
+    assert plan.types == (src,) and plan.steps == () and plan.bytes_received == 0
+    assert plan.src == plan.dst == src
+
+
+@given(type_pairs(max_rank=3))
+@settings(max_examples=60, deadline=None)
+def test_a_synthesized_plan_is_the_plan_of_its_steps(pair):
+    plan = synthesize(*pair)
+    assert Plan.from_steps(plan.src, plan.steps) == plan
+
+
+def test_a_step_that_does_not_fit_is_named_with_its_position_and_the_type():
+    src = _t("f32[16{x}, 16]")
+    bad = AllGather(0, ("y",))
+    with pytest.raises(ShardingError) as info:
+        Plan.from_steps(src, [AllToAll(0, 1, ("x",)), bad])
+    message = str(info.value)
+    assert "step 1 of 2" in message and str(bad) in message and "f32[16, 16{x}]" in message
+
+
+@pytest.mark.parametrize("src, steps, match", [
+    ("f32[8{x}]", [], r"src must be a redist.ShardingType, got str 'f32\[8\{x\}\]'"),
+    (_t("f32[8{x}]"), None, "steps must be a sequence of steps of redist.steps, got NoneType None"),
+    (_t("f32[8{x}]"), Pad(), "steps must be a sequence of steps of redist.steps, got Pad"),
+    (_t("f32[8{x}]"), "all_gather", "steps must be a sequence of steps of redist.steps, got str"),
+    (_t("f32[8{x}]"), [AllGather(0, ("x",)), "permute"], "step 1 is str 'permute', not a step of redist.steps"),
+    (_t("f32[8{x}, 8]"), [Permute(((), ("x",), ()))], r"step 0 of 1: permute\(to \[\{\}, \{x\}, \{\}\]\) does not "
+                                                       "fit f32\\[8\\{x\\}, 8\\]: it names 3 dims"),
+])
+def test_what_is_not_a_type_or_steps_raises_a_sharding_error(src, steps, match):
+    with pytest.raises(ShardingError, match=match):
+        Plan.from_steps(src, steps)
