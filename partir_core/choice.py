@@ -92,37 +92,70 @@ def _analyze_once(graph: Graph, rules: list, state: State, mesh, choose: bool, t
         types[v] = replicated(graph, v, mesh)
     ops, unsupported = [], []
     for i, (eqn, rule) in enumerate(zip(graph.eqns, rules)):
-        if isinstance(eqn.prim, Boundary):
-            op = _boundary_sharding(graph, rule, eqn, types, state, mesh, follow=targets is not None)
-            ops.append(op)
-            for v, t in zip(eqn.outvars, op.out_types):
-                types[v] = t
-            continue
         if rule is None:
             unsupported.append((i, eqn.name, "no factor rule: kept replicated"))
-            ins = [replicated(graph, v, mesh) for v in eqn.invars]
-            outs = [replicated(graph, v, mesh) for v in eqn.outvars]
-            ops.append(OpSharding(None, {}, ins, outs, [], ()))
-            for v, t in zip(eqn.outvars, outs):
-                types[v] = t
-            continue
-        use, _, _ = resolve(graph, rule, eqn, state, mesh, i)
-        use = fit_use(mesh, rule, drop_clashes(use))
-        op = _op_sharding(graph, rule, eqn, use, types, mesh)
-        if choose:
-            cost = _op_cost(graph, eqn, op, types, state, mesh, targets)
-            if cost > 0:
-                for alt in _alternatives(graph, rule, eqn, state, types, mesh, use):
-                    cand = _op_sharding(graph, rule, eqn, alt, types, mesh)
-                    c = _op_cost(graph, eqn, cand, types, state, mesh, targets)
-                    if c < cost:
-                        op, cost = cand, c
-                        if c == 0:
-                            break
+        op = choose_op(graph, rules, i, state, types, mesh, choose, targets)
         ops.append(op)
         for v, t in zip(eqn.outvars, op.out_types):
             types[v] = t
     return Analysis(ops, types, unsupported, state)
+
+
+def choose_op(graph: Graph, rules: list, i: int, state: State, types: dict, mesh, choose: bool = True,
+              targets=None) -> OpSharding:
+    """How equation ``i`` runs (one step of :func:`_analyze_once`): its operands produced as ``types`` gives
+    them, its results priced against ``targets``: the cheapest of :func:`op_candidates`
+    (:func:`cheapest`). Reads nothing but ``state``'s dims and provenance of the equation's operands and
+    results, ``types`` of its operands and ``targets`` of its results, so a caller may reuse the result
+    wherever those are the same. A region's enter or exit is not chosen: it runs as
+    :func:`_boundary_sharding` fixes (with ``follow`` when ``targets`` is not None), ``choose`` or not."""
+    eqn = graph.eqns[i]
+    if isinstance(eqn.prim, Boundary):
+        return _boundary_sharding(graph, rules[i], eqn, types, state, mesh, follow=targets is not None)
+    proposal, alternatives = op_candidates(graph, rules, i, state, types, mesh)
+    if not choose or rules[i] is None:
+        return proposal
+    return cheapest(graph, eqn, proposal, alternatives, types, state, mesh, targets)
+
+
+def op_candidates(graph: Graph, rules: list, i: int, state: State, types: dict, mesh):
+    """``(proposal, alternatives)`` for equation ``i``, not a region's enter or exit (see :func:`choose_op`):
+    the choice the state proposes (the earliest decision wins a conflict; replicated for an op without a
+    rule) and a function giving the alternatives that :func:`_alternatives` makes of the axes its operands
+    and results carry (called only if the proposal needs communication). Both depend on ``state``'s dims and
+    provenance of the equation's values and on ``types`` of its operands (as they are when this is called),
+    not on what its results are priced against."""
+    eqn, rule = graph.eqns[i], rules[i]
+    if rule is None:
+        return OpSharding(None, {}, [replicated(graph, v, mesh) for v in eqn.invars],
+                          [replicated(graph, v, mesh) for v in eqn.outvars], [], ()), tuple
+    use, _, _ = resolve(graph, rule, eqn, state, mesh, i)
+    use = fit_use(mesh, rule, drop_clashes(use))
+    proposal = _op_sharding(graph, rule, eqn, use, types, mesh)
+    # all that the alternatives read of ``types`` and ``state``, as they are now
+    operands = {v: types[v] for v in eqn.invars}
+    dims = State({v: list(state.dims[v]) for v in (*eqn.invars, *eqn.outvars) if v in state.dims}, {})
+
+    def alternatives():
+        return (_op_sharding(graph, rule, eqn, alt, operands, mesh)
+                for alt in _alternatives(graph, rule, eqn, dims, operands, mesh, use))
+
+    return proposal, alternatives
+
+
+def cheapest(graph: Graph, eqn, proposal: OpSharding, alternatives, types, state, mesh, targets) -> OpSharding:
+    """The proposal, unless it needs communication and one of ``alternatives()`` (tried in order) moves
+    fewer bytes (:func:`_op_cost` against ``targets``): then the first of the cheapest. Ties keep the
+    proposal."""
+    op, cost = proposal, _op_cost(graph, eqn, proposal, types, state, mesh, targets)
+    if cost > 0:
+        for cand in alternatives():
+            c = _op_cost(graph, eqn, cand, types, state, mesh, targets)
+            if c < cost:
+                op, cost = cand, c
+                if c == 0:
+                    break
+    return op
 
 
 FOLLOW = "follow"  # ``targets`` of a pass that prices no result (see :func:`_analyze_once`)

@@ -105,11 +105,20 @@ def reshard_bytes(src: ShardingType, dst: ShardingType) -> float:
     never taken."""
     if src == dst:
         return 0.0
+    if not _possible(src, dst):
+        return float("inf")
+    return move(src, dst).bytes
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _possible(src: ShardingType, dst: ShardingType) -> bool:
+    """Whether some redistribution takes ``src`` to ``dst`` (:func:`redist.bounds.check_pair`), cached per pair:
+    per-op choice asks for the same pairs many times, and the answer depends on the two types alone."""
     try:
         check_pair(src, dst)
     except redist.ShardingError:
-        return float("inf")
-    return move(src, dst).bytes
+        return False
+    return True
 
 
 def finish_bytes(axes, types) -> float:
