@@ -18,9 +18,10 @@ group, before any verification (imports included); ``rss_verify_mb`` the peak af
 synthesis and lowering run past ``--pair-timeout`` (60 s) is recorded as a timeout. The growth exponent of a
 phase is the slope of a least-squares fit of log(median time) against log(devices) over the random groups.
 
-Output: a table on stdout, JSON in ``bench/results/scale.json`` and a PNG of median time against devices on
-log axes (``bench/results/scale.png``). ``--quick`` runs three small groups and one named pair with 3 pairs
-each in this process (a smoke test, well under 30 s) and writes only where ``--out`` says.
+Output: a table on stdout, JSON in ``bench/results/scale.json`` and a PNG of median time against devices on log
+axes (``bench/results/scale_time.png``, drawn by ``bench/plots.py``). ``--quick`` runs three small groups and
+one named pair with 3 pairs each in this process (a smoke test, well under 30 s) and writes only where ``--out``
+says.
 
     python bench/scale.py [--pairs 20] [--seed 0] [--quick] [--out PATH.json]
 """
@@ -269,33 +270,6 @@ def _in_subprocess(label: str, n: int, seed: int, pair_timeout_s: float) -> dict
     return json.loads(done.stdout)
 
 
-def _plot(summaries: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    random_groups = sorted((s for s in summaries if not s["named"]), key=lambda s: s["devices"])
-    for phase, style in zip(("synthesize_s", "lowering_s", "verify_s", "lower_bound_s"), ("o-", "s-", "^-", "d--")):
-        pts = [(s["devices"], s[phase]["median"]) for s in random_groups if s[phase]]
-        if pts:
-            ax.plot(*zip(*pts), style, label=f"{phase[:-2].replace('_', ' ')} (median)")
-    named = [s for s in summaries if s["named"] and s["plan_and_lower_max_s"] is not None]
-    ax.plot([s["devices"] for s in named], [s["plan_and_lower_max_s"] for s in named], "kx",
-            label="named pairs: synthesize + lower")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("devices")
-    ax.set_ylabel("seconds")
-    ax.set_title("redist at scale (random pairs per mesh; medians)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def _print(summaries: list[dict], slopes: dict, checks: list) -> None:
     head = f"{'group':<28}{'dev':>7}{'n':>4}  {'synth med/p99/max ms':<24}{'lower med/max ms':<18}" \
            f"{'verify med/max s':<18}{'bytes/bound':<13}{'RSS MB':>7}"
@@ -345,8 +319,9 @@ def main(argv=None) -> int:
                   "groups": groups}
         with open(out, "w") as f:
             json.dump(result, f, indent=1)
-        _plot(summaries, os.path.splitext(out)[0] + ".png")
-        print(f"wrote {out} and {os.path.splitext(out)[0]}.png")
+        from bench import plots  # here, not above: the worker processes, whose memory is measured, skip matplotlib
+
+        print(f"wrote {out} and {', '.join(plots.draw('scale', out))}")
     return 0
 
 

@@ -7,6 +7,13 @@ ranges make a *box* of global indices (:func:`local_box`), stored in the box ``d
 rest of the buffer is padding. Everything here is a pure function of types; the plan steps (:mod:`redist.steps`),
 their lowering (:mod:`redist.program`), the cost model and the bounds read it.
 
+Device orders. A device is named by its id, and its block is that of its position on the type's mesh
+(:class:`redist.Mesh`: ``device_ids``); coordinates are those of positions (:func:`device_coords`,
+:func:`device_id` translate). The two types of a permute or an exchange may lie on meshes with the same axes
+and different device orders, on which a device has two unrelated positions: such a step is a table over the
+devices (as a mesh in another order is one), a permute's sources (:func:`permute_sources`) or an exchange's
+copies per device (:func:`exchange_copies`), each keeping what a device holds where it can.
+
 Scale. Nothing below enumerates devices. A block index is a mixed-radix number over the digits of a device's
 coordinates (:func:`rank`), so what a layout change does is stated per dim and per axis:
 
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -89,19 +97,34 @@ def with_ranks(coords: dict, replacements) -> dict:
 
 
 def device_id(mesh: Mesh, coords: dict):
-    """The device id at ``coords`` (row-major over the mesh axes; ints or numpy arrays)."""
-    d = 0
+    """The id of the device at ``coords`` (the position row-major over the mesh axes, read through the mesh's
+    device order; ints or numpy arrays)."""
+    p = 0
     for name, size in mesh.axes:
-        d = d * size + coords[name]
-    return d
+        p = p * size + coords[name]
+    if mesh.is_row_major:
+        return p
+    return _order(mesh)[0][p] if isinstance(p, np.ndarray) else mesh.device_ids[p]
 
 
 def device_coords(mesh: Mesh, devices) -> dict:
-    """The coordinates of device ids ``devices`` (an int or a numpy array), by mesh axis name."""
+    """The coordinates of the positions of device ids ``devices`` (an int or a numpy array), by mesh axis
+    name."""
+    if not mesh.is_row_major:
+        devices = _order(mesh)[1][devices] if isinstance(devices, np.ndarray) else mesh.position(devices)
     out = {}
     for name, size in reversed(mesh.axes):
         devices, out[name] = divmod(devices, size)
     return out
+
+
+@lru_cache(maxsize=64)
+def _order(mesh: Mesh) -> tuple[np.ndarray, np.ndarray]:
+    """The device id at each position of ``mesh`` and the position of each device id, as arrays."""
+    ids = np.asarray(mesh.device_ids, np.int64)
+    positions = np.empty_like(ids)
+    positions[ids] = np.arange(ids.size, dtype=np.int64)
+    return ids, positions
 
 
 class DeviceClasses:
@@ -171,6 +194,8 @@ def max_missing_elements(src: ShardingType, dst: ShardingType) -> int:
     axes, at most the devices its axes span). Components are independent: the Pareto-best ``(Π lt, Π o)`` of
     each are combined. Cost: polynomial in the rank and the number of axes, plus those classes.
     """
+    if src.mesh != dst.mesh:  # two device orders: a device's two positions differ, so count per device
+        return int(np.max(_missing_by_device(src, dst), initial=0))
     const_lt = const_o = 1
     open_dims: dict[int, tuple[int | None, bool]] = {}
     for i in range(src.rank):
@@ -189,6 +214,21 @@ def max_missing_elements(src: ShardingType, dst: ShardingType) -> int:
             front = _pareto(*_box_overlaps_on(src, dst, comp, cls.coords))
         pairs = _pareto_pairs([(a * c, b * e) for a, b in pairs for c, e in front])
     return max(const_lt * a - const_o * b for a, b in pairs)
+
+
+def _missing_by_device(src: ShardingType, dst: ShardingType) -> np.ndarray:
+    """Per device id, the elements of its box under ``dst`` it does not hold under ``src``, each box read at
+    the device's position on its type's mesh (the meshes may differ in device order): ``O(devices · rank)``."""
+    ids = np.arange(src.mesh.size, dtype=np.int64)
+    cs, ct = device_coords(src.mesh, ids), device_coords(dst.mesh, ids)
+    want = have = 1
+    for n, Ls, Lt, a_s, a_t in zip(src.shape, src.local_shape, dst.local_shape, src.dims, dst.dims):
+        bs, bt = rank(cs, a_s), rank(ct, a_t)
+        s_lo, s_hi = np.minimum(n, bs * Ls), np.minimum(n, (bs + 1) * Ls)
+        t_lo, t_hi = np.minimum(n, bt * Lt), np.minimum(n, (bt + 1) * Lt)
+        want = want * (t_hi - t_lo)
+        have = have * np.maximum(0, np.minimum(s_hi, t_hi) - np.maximum(s_lo, t_lo))
+    return np.broadcast_to(want - have, ids.shape)
 
 
 def missing_elements_on(src: ShardingType, dst: ShardingType, coords: dict):
@@ -377,6 +417,61 @@ class Segment(NamedTuple):
     size: int
 
 
+# ---------------------------------------------------------------------- changes of device order
+def _blocks(t: ShardingType, device: int) -> tuple[int, ...]:
+    """The block of every dim of ``t`` that ``device`` holds."""
+    return tuple(block_index(t, i, device) for i in range(t.rank))
+
+
+@lru_cache(maxsize=4096)
+def permute_sources(t_in: ShardingType, t_out: ShardingType) -> tuple[int, ...]:
+    """For each device, the device whose buffer under ``t_in`` it must hold under ``t_out``.
+
+    Both types have the same block count in every dim and the same partial axes; their meshes have the same
+    axes and may differ in device order. Summands move as whole partial groups (the devices that differ only
+    on the partial axes): every group of ``t_out`` takes the buffers of one group of ``t_in`` that holds its
+    blocks (:func:`_members`), so that its reduction is the value. A destination group that is a source group
+    (the same devices) holding its blocks keeps its buffers; each other takes, among the remaining source
+    groups of its blocks, the one that shares the most devices with it, else the first (both in order of
+    lowest device id), so the result is a permutation. Without partial axes every group is one device: a
+    device that already holds its block keeps it, the others take the remaining holders of their block in
+    device order.
+    """
+    groups_in = [tuple(g) for g in t_in.mesh.groups(t_in.partial)]
+    groups_out = [tuple(g) for g in t_out.mesh.groups(t_out.partial)]
+    group_of = {d: g for g in groups_in for d in g}
+    sets_in = {frozenset(g) for g in groups_in}
+    kept = {frozenset(g) for g in groups_out
+            if frozenset(g) in sets_in and _blocks(t_in, g[0]) == _blocks(t_out, g[0])}
+    spare: dict = {}  # blocks -> {source group: None}, in order of lowest device id
+    for g in groups_in:
+        if frozenset(g) not in kept:
+            spare.setdefault(_blocks(t_in, g[0]), {})[g] = None
+    sources = list(range(t_in.mesh.size))
+    for g in groups_out:
+        if frozenset(g) in kept:
+            continue
+        free = spare[_blocks(t_out, g[0])]
+        shared = {}
+        for d in g:
+            if group_of[d] in free:
+                shared[group_of[d]] = shared.get(group_of[d], 0) + 1
+        src = max(shared, key=lambda h: (shared[h], -h[0])) if shared else next(iter(free))
+        del free[src]
+        for d, s in _members(g, src):
+            sources[d] = s
+    return tuple(sources)
+
+
+def _members(dst_group, src_group) -> list[tuple[int, int]]:
+    """``(device, source)`` pairs that give each member of ``dst_group`` one summand of ``src_group`` (groups of
+    one size; reductions are commutative, so any pairing gives the group's value): a device in both keeps its
+    own, the others pair in rank order."""
+    common = set(dst_group) & set(src_group)
+    rest = iter([s for s in src_group if s not in common])
+    return [(d, d if d in common else next(rest)) for d in dst_group]
+
+
 @dataclass(frozen=True)
 class Copy:
     """``dst[dst_start : dst_start + size] = buffer of device source[src_start : src_start + size]``, per dim."""
@@ -417,6 +512,53 @@ def exchange_segments(t_in: ShardingType, t_out: ShardingType) -> tuple[tuple[Se
                 segs.append(Segment(b, s, a - s * Ls, a - lo, z - a))
         out.append(tuple(segs))
     return tuple(out)
+
+
+@lru_cache(maxsize=256)
+def exchange_copies(t_in: ShardingType, t_out: ShardingType) -> tuple[tuple[Copy, ...], ...]:
+    """For each device, the copies that assemble its buffer under ``t_out`` from buffers under ``t_in``: the
+    per-device form of an exchange between two device orders (``O(devices)``, as such a mesh is a table of its
+    devices; on one order :func:`exchange_segments` is the compact form).
+
+    Both types have the same partial axes; their meshes have the same axes and may differ in device order.
+    Summands move as whole partial groups (the devices that differ only on the partial axes; one device each
+    without partial axes): for each source block (the elements a source group holds) that meets a destination
+    group's block, one source group holding it is chosen, and the member of rank ``r`` of the destination
+    group copies from the member of rank ``r`` of that source group, so that every group sum adds each
+    summand of one source group once (a device in both groups takes its own: :func:`_members`). The chosen
+    group is the holder that shares the most devices with the destination group (itself, where the
+    destination group is a source group holding the block: its members copy from themselves), then the one
+    whose first member shares the most mesh coordinates (on ``t_in``'s mesh) with the destination group's
+    first member, then the one of lowest device id.
+    """
+    mesh = t_in.mesh
+    coords = [tuple(mesh.coords(d).values()) for d in range(mesh.size)]
+    holders: dict = {}  # source box -> the source groups that hold it, in order of lowest device id
+    for g in mesh.groups(t_in.partial):
+        holders.setdefault(tuple((s.start, s.stop) for s in local_box(t_in, g[0])), []).append(tuple(g))
+    out: list = [()] * mesh.size
+    for group in t_out.mesh.groups(t_out.partial):
+        group = tuple(group)
+        want = local_box(t_out, group[0])
+        first = coords[group[0]]
+        copies: list[list[Copy]] = [[] for _ in group]
+        for box, groups in holders.items():
+            lo = [max(a, w.start) for (a, _), w in zip(box, want)]
+            hi = [min(b, w.stop) for (_, b), w in zip(box, want)]
+            if any(h <= l for l, h in zip(lo, hi)):
+                continue
+            members = set(group)
+            src = min(groups, key=lambda g: (-len(members.intersection(g)),
+                                             -sum(x == y for x, y in zip(coords[g[0]], first)), g[0]))
+            src_start = tuple(l - a for l, (a, _) in zip(lo, box))
+            dst_start = tuple(l - w.start for l, w in zip(lo, want))
+            size = tuple(h - l for l, h in zip(lo, hi))
+            for r, (_, s) in enumerate(_members(group, src)):
+                copies[r].append(Copy(s, src_start, dst_start, size))
+        for d, cs in zip(group, copies):
+            out[d] = tuple(sorted(cs, key=lambda c: c.source != d))
+    return tuple(out)
+
 
 
 def check_factors(t_in: ShardingType, t_out: ShardingType, what: str) -> None:

@@ -64,6 +64,7 @@ from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
+from redist import program as P
 from redist import steps as S
 from redist.axes import axis_name
 from redist.blocks import DeviceClasses, exchange_segments, permute_groups, rank, with_ranks
@@ -264,6 +265,8 @@ def step_axes(step, t_in) -> tuple[str, ...]:
     which some device's source device differs from it (in mesh order), found per class of devices
     (:class:`redist.blocks.DeviceClasses` of the axes the step's layouts use), never per device. An exchange
     is priced as one collective over them (one latency)."""
+    if isinstance(step, (S.Permute, S.Exchange)) and step.apply(t_in).mesh != t_in.mesh:
+        return _reordered_axes(step, t_in)
     if isinstance(step, S.Permute):
         return _permute_axes(t_in, step.apply(t_in))
     if isinstance(step, S.Exchange):
@@ -271,6 +274,21 @@ def step_axes(step, t_in) -> tuple[str, ...]:
     if isinstance(step, (S.AllSlice, S.Pad, S.Unpad)):
         return ()
     return t_in.mesh.axes_of(step.axes)
+
+
+def _reordered_axes(step, t_in) -> tuple[str, ...]:
+    """The mesh axes (on ``t_in``'s mesh) along which some device's source differs from it, for a permute or
+    an exchange to another device order: read device by device from its lowered tables (a mesh in another
+    order is a table of its devices)."""
+    mesh = t_in.mesh
+    pairs = []
+    for ins in P.lower_step(step, t_in):
+        for d in range(mesh.size):
+            if isinstance(ins, P.CollectivePermute):
+                pairs.append((d, ins.source_of(mesh, d)))
+            else:
+                pairs += [(d, c.source) for c in ins.copies(mesh, d)]
+    return mesh.varying_axes((d, s) for d, s in pairs if s != d)
 
 
 def _permute_axes(t_in, t_out) -> tuple[str, ...]:

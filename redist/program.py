@@ -17,8 +17,10 @@ Instructions (``x`` is a device's buffer before, ``r`` its group rank):
   (Every all-to-all of a plan is lowered to this leading-dim form between local reshapes and transposes,
   so each backend implements only this form: ``lax.all_to_all(x, axes, 0, 0, tiled=True)``, an MPI
   ``Alltoall`` of contiguous rows.)
-- ``ReduceScatter(dim, axes)``: sum the group's buffers, keep chunk r of k along ``dim``.
-- ``AllReduce(axes)``: sum the group's buffers.
+- ``ReduceScatter(dim, axes, reduction)``: reduce the group's buffers elementwise (``reduction``: ``"sum"``,
+  ``"max"``, ``"min"`` or ``"prod"``; of ``bool`` buffers sum and max are the logical or, min and prod the
+  logical and; max and min propagate NaN), keep chunk r of k along ``dim``.
+- ``AllReduce(axes, reduction)``: reduce the group's buffers elementwise, as ``ReduceScatter``.
 - ``CollectivePermute(sources)``: device d's new buffer is device ``sources[d]``'s buffer, where ``sources`` is
   a tuple of device ids (a permutation of the devices; ``sources[d] == d`` means d keeps its buffer and
   receives nothing) or a :class:`CoordinateMap`: the source of d is the device whose rank over ``source_axes``
@@ -39,6 +41,16 @@ Instructions name their axes as :class:`~redist.axes.Axis` values, which are the
 them on the plan's mesh; a program built by hand may name them as plain token strings). Backends read them
 through the mesh (``mesh.groups``, ``mesh.group_index``, ``mesh.axis``); the verifier reads their text.
 
+Devices. ``d`` above is a device id, and buffers are per device id (an MPI rank, a shard of
+:func:`redist.execute`). Groups and ranks are those of ``Program.mesh``, whose ``device_ids`` say which device
+is at which position (:class:`redist.Mesh`). A permute's table names devices by id and does not depend on
+it; a coordinate map and an exchange's segment tables speak of coordinates, those of positions on ``mesh``.
+``src_mesh`` and ``dst_mesh`` are the device orders the input buffers and the result are laid out in (the
+source's and destination's meshes: the same axes as ``mesh``, and ``mesh`` itself unless the plan changes the
+device order, which it does by a permute or an exchange; every collective of a plan runs on one device order,
+``mesh``). Lowered, such a change is a permute's table, or an exchange on ``mesh`` next to a table that
+relabels whole buffers between ``mesh`` and the other order.
+
 The backends (:mod:`redist.backends`) execute these, and :mod:`redist.verify` proves these same instructions
 correct. Lowering is one instruction per plan step, except that an all-to-all step (of one move or several)
 becomes one ``AllToAll`` between local reshapes and transposes that bring its chunks to the front and the
@@ -58,10 +70,11 @@ import numpy as np
 
 from redist import steps as S
 from redist.axes import Axis, check_factorization
-from redist.blocks import (Copy, DeviceClasses, Segment, device_coords, device_id, exchange_segments, permute_groups,
-                           rank, with_ranks)
+from redist.blocks import (Copy, DeviceClasses, Segment, device_coords, device_id, exchange_copies, exchange_segments,
+                           permute_groups, permute_sources, rank, with_ranks)
 from redist.errors import ShardingError
 from redist.mesh import Mesh
+from redist.types import REDUCTIONS
 
 
 @dataclass(frozen=True)
@@ -95,11 +108,13 @@ class AllToAll:
 class ReduceScatter:
     dim: int
     axes: tuple[Axis, ...]
+    reduction: str = "sum"
 
 
 @dataclass(frozen=True)
 class AllReduce:
     axes: tuple[Axis, ...]
+    reduction: str = "sum"
 
 
 @dataclass(frozen=True)
@@ -216,13 +231,24 @@ class ExchangeDim:
 
 
 @dataclass(frozen=True)
+class CopyTable:
+    """The copies of every device, by device id (``copies[d]``): the form of an exchange between two device
+    orders, whose devices have no coordinates in common (a mesh in another order is a table of its devices)."""
+
+    copies: tuple[tuple[Copy, ...], ...]
+
+
+@dataclass(frozen=True)
 class Exchange:
     shape: tuple[int, ...]
-    dims: tuple[ExchangeDim, ...]
+    dims: tuple[ExchangeDim, ...] | CopyTable
 
     def copies(self, mesh: Mesh, device: int) -> tuple[Copy, ...]:
         """The copies that fill ``device``'s buffer: one per combination of a segment of each dim (for its
-        blocks), in table order, from the device that differs from it only on the source axes."""
+        blocks), in table order, from the device that differs from it only on the source axes (a
+        :class:`CopyTable`: the device's row)."""
+        if isinstance(self.dims, CopyTable):
+            return self.dims.copies[device]
         c = device_coords(mesh, device)
         per_dim = [x.by_block.get(rank(c, mesh.axes_of(x.axes)), ()) for x in self.dims]
         out = []
@@ -237,7 +263,11 @@ class Exchange:
         """``(receiver, copy)`` for every copy whose source is ``device`` and whose receiver is another device, by
         receiver, each receiver's in the order of :meth:`copies`. Only the devices that differ from ``device``
         on the source axes can receive from it; they are found per class of those axes
-        (:class:`~redist.blocks.DeviceClasses`), with no pass over the whole mesh."""
+        (:class:`~redist.blocks.DeviceClasses`), with no pass over the whole mesh (a :class:`CopyTable` is
+        searched)."""
+        if isinstance(self.dims, CopyTable):
+            return [(d, c) for d, copies in enumerate(self.dims.copies) if d != device for c in copies
+                    if c.source == device]
         mine = device_coords(mesh, device)
         classes = DeviceClasses(mesh, [a for x in self.dims for a in x.source_axes])
         receivers = classes.around(device)
@@ -255,6 +285,9 @@ class Exchange:
         return out
 
     def __str__(self) -> str:
+        if isinstance(self.dims, CopyTable):
+            moved = sum(c.source != d for d, cs in enumerate(self.dims.copies) for c in cs)
+            return f"Exchange(shape={self.shape}, {moved} copies between devices)"
         parts = [f"({','.join(x.source_axes)}) -> ({','.join(x.axes)}): {len(x.segments)} segments" for x in self.dims]
         return f"Exchange(shape={self.shape}, {'; '.join(parts) or 'rank 0'})"
 
@@ -266,12 +299,20 @@ Instruction = (Reshape | Transpose | Slice | AllGather | AllToAll | ReduceScatte
 @dataclass(frozen=True)
 class Program:
     """Instructions over ``mesh``; ``shapes[i]`` is the local buffer shape before instruction ``i``
-    (``shapes[-1]`` the result's). ``dtype`` is a numpy dtype."""
+    (``shapes[-1]`` the result's). ``dtype`` is a numpy dtype. ``src_mesh`` and ``dst_mesh`` (None: ``mesh``)
+    are the device orders of the input buffers and of the result (see "Devices" above)."""
 
     mesh: Mesh
     dtype: np.dtype
     instructions: tuple[Instruction, ...]
     shapes: tuple[tuple[int, ...], ...]
+    src_mesh: Mesh | None = None
+    dst_mesh: Mesh | None = None
+
+    def __post_init__(self):
+        for name in ("src_mesh", "dst_mesh"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, self.mesh)
 
     def axis_tokens(self) -> tuple[Axis, ...]:
         """Every axis or sub-axis token that some instruction names, in first-use order."""
@@ -288,8 +329,11 @@ class Program:
         return "\n".join(lines)
 
 
-def lower_step(step, t_in) -> tuple[Instruction, ...]:
-    """The instructions that implement one typed step on buffers of type ``t_in``."""
+def lower_step(step, t_in, mesh: Mesh | None = None) -> tuple[Instruction, ...]:
+    """The instructions that implement one typed step on buffers of type ``t_in``, in a program on ``mesh``
+    (default: ``t_in.mesh``; see "Devices" above and :func:`_point_to_point`)."""
+    if isinstance(step, (S.Permute, S.Exchange)):
+        return _point_to_point(step, t_in, step.apply(t_in), mesh or t_in.mesh)
     if isinstance(step, S.AllToAll):
         return _all_to_all(((step.src_dim, step.dst_dim, t_in.mesh.axes_of(step.axes)),), t_in, step.apply(t_in))
     if isinstance(step, S.MultiAllToAll):
@@ -300,22 +344,31 @@ def lower_step(step, t_in) -> tuple[Instruction, ...]:
     return (_lower_one(step, t_in),)
 
 
-def _lower_one(step, t_in) -> Instruction:
+def _point_to_point(step, t_in, t_out, mesh: Mesh) -> tuple[Instruction, ...]:
+    """A permute or an exchange from ``t_in`` to ``t_out`` in a program on ``mesh``: the compact form (a
+    coordinate map, segment tables), which reads coordinates on the program's mesh, where both types lie on
+    it; else (a change of device order, or a step on the program's other order) a table over the devices:
+    :func:`redist.blocks.permute_sources`, :func:`redist.blocks.exchange_copies`."""
+    on_mesh = t_in.mesh == t_out.mesh == mesh
     if isinstance(step, S.Permute):
-        return CollectivePermute(CoordinateMap(permute_groups(t_in, step.apply(t_in))))
-    if isinstance(step, S.Exchange):
-        t_out = step.apply(t_in)
-        dims = tuple(ExchangeDim(a, b, segs) for a, b, segs in zip(t_in.dims, t_out.dims, exchange_segments(t_in, t_out)))
-        return Exchange(t_out.local_shape, dims)
+        return (CollectivePermute(CoordinateMap(permute_groups(t_in, t_out)) if on_mesh
+                                  else permute_sources(t_in, t_out)),)
+    if not on_mesh:
+        return (Exchange(t_out.local_shape, CopyTable(exchange_copies(t_in, t_out))),)
+    dims = tuple(ExchangeDim(x, y, segs) for x, y, segs in zip(t_in.dims, t_out.dims, exchange_segments(t_in, t_out)))
+    return (Exchange(t_out.local_shape, dims),)
+
+
+def _lower_one(step, t_in) -> Instruction:
     axes = t_in.mesh.axes_of(step.axes)
     if isinstance(step, S.AllSlice):
         return Slice(step.dim, axes)
     if isinstance(step, S.AllGather):
         return AllGather(step.dim, axes)
     if isinstance(step, S.ReduceScatter):
-        return ReduceScatter(step.dim, axes)
+        return ReduceScatter(step.dim, axes, step.reduction)
     if isinstance(step, S.AllReduce):
-        return AllReduce(axes)
+        return AllReduce(axes, step.reduction)
     raise ShardingError(f"no lowering for {step!r}: it is not a redist step")
 
 
@@ -365,18 +418,81 @@ def _all_to_all(moves, t_in, t_out) -> tuple[Instruction, ...]:
     return tuple(ins)
 
 
+# Steps that lower to instructions naming devices by id (or to none): they may change the device order.
+_POINT_TO_POINT = (S.Permute, S.Exchange, S.Pad, S.Unpad)
+
+
+def collective_mesh(steps, types) -> Mesh:
+    """The mesh on which the collectives of ``steps`` (with their ``len(steps) + 1`` types) run: the mesh of
+    the type before each step other than a permute or an exchange (``types[0].mesh`` if there is none).
+    Raises :class:`ShardingError` if they run on two device orders: the program's groups are one mesh's."""
+    meshes = {t.mesh for step, t in zip(steps, types) if not isinstance(step, _POINT_TO_POINT)}
+    if len(meshes) > 1:
+        raise ShardingError(f"the plan's collectives run on {len(meshes)} device orders "
+                            f"({'; '.join(sorted(map(str, meshes)))}); a plan changes the device order by a "
+                            "permute or an exchange before or after all of its collectives")
+    return meshes.pop() if meshes else types[0].mesh
+
+
 def lower(steps, types) -> Program:
-    """Lower typed steps (with their ``len(steps) + 1`` types) to a buffer program."""
+    """Lower typed steps (with their ``len(steps) + 1`` types) to a buffer program; its ``mesh`` is
+    :func:`collective_mesh`, its ``src_mesh`` and ``dst_mesh`` the first and last types'."""
     t0 = types[0]
+    mesh = collective_mesh(steps, types)
     instructions, shapes = [], [t0.local_shape]
     for step, t in zip(steps, types):
-        for ins in lower_step(step, t):
-            if _moves_nothing(ins, shapes[-1], t0.mesh):
+        for ins in lower_step(step, t, mesh):
+            if _moves_nothing(ins, shapes[-1], mesh):
                 continue
             instructions.append(ins)
-            shapes.append(shape_after(ins, shapes[-1], t0.mesh))
+            shapes.append(shape_after(ins, shapes[-1], mesh))
     assert shapes[-1] == types[-1].local_shape
-    return Program(mesh=t0.mesh, dtype=t0.np_dtype, instructions=tuple(instructions), shapes=tuple(shapes))
+    return Program(mesh=mesh, dtype=t0.np_dtype, instructions=tuple(instructions), shapes=tuple(shapes),
+                   src_mesh=t0.mesh, dst_mesh=types[-1].mesh)
+
+
+def point_to_point_bytes(program: Program) -> np.ndarray:
+    """Per device id, the bytes the program's permutes and exchanges bring it from other devices, all devices
+    at once (numpy): a permute its whole buffer where its source is another device; an exchange the product
+    over dims of the sizes of the segments of its blocks, less the product of those it reads from itself
+    (whose source block is its own rank over the dim's source axes)."""
+    mesh, item = program.mesh, np.dtype(program.dtype).itemsize
+    ids = np.arange(mesh.size, dtype=np.int64)
+    c = device_coords(mesh, ids)
+    total = np.zeros(mesh.size, np.int64)
+    for ins, shape in zip(program.instructions, program.shapes):
+        if isinstance(ins, CollectivePermute):
+            sources = ins.sources.sources(mesh, ids) if isinstance(ins.sources, CoordinateMap) else ins.sources
+            total += np.where(np.asarray(sources) != ids, math.prod(shape) * item, 0)
+        elif isinstance(ins, Exchange) and isinstance(ins.dims, CopyTable):
+            total += np.array([sum(math.prod(c.size) for c in cs if c.source != d) for d, cs in
+                               enumerate(ins.dims.copies)], np.int64) * item
+        elif isinstance(ins, Exchange):
+            every, own = 1, 1
+            for x in ins.dims:
+                source_axes = mesh.axes_of(x.source_axes)
+                k_in = mesh.group_size(source_axes)
+                block = rank(c, mesh.axes_of(x.axes))
+                by_block: dict[int, int] = {}
+                by_pair: dict[int, int] = {}
+                for g in x.segments:
+                    by_block[g.block] = by_block.get(g.block, 0) + g.size
+                    by_pair[g.block * k_in + g.source_block] = by_pair.get(g.block * k_in + g.source_block, 0) + g.size
+                every = every * _sizes_at(by_block, block)
+                own = own * _sizes_at(by_pair, block * k_in + rank(c, source_axes))
+            total += (every - own) * item
+    return total
+
+
+def _sizes_at(sizes: dict[int, int], keys) -> np.ndarray:
+    """``sizes[key]`` (0 where absent) for every entry of ``keys`` (a numpy array or an int)."""
+    keys = np.broadcast_to(np.asarray(keys, dtype=np.int64), np.shape(keys))
+    if not sizes:
+        return np.zeros(keys.shape, np.int64)
+    known = np.array(sorted(sizes), dtype=np.int64)
+    values = np.array([sizes[k] for k in known.tolist()], dtype=np.int64)
+    at = np.minimum(np.searchsorted(known, keys), len(known) - 1)
+    return np.where(known[at] == keys, values[at], 0)
 
 
 def _moves_nothing(ins, shape, mesh) -> bool:
@@ -399,7 +515,8 @@ def shape_after(ins: Instruction, shape, mesh: Mesh) -> tuple[int, ...]:
     Raises :class:`~redist.errors.ShardingError` when ``ins`` cannot run on such a buffer: a dim the buffer
     lacks, a split into chunks that does not divide, an all-to-all whose leading dim is not its group size,
     a reshape to another number of elements, a transpose or permute that is not a permutation, an exchange
-    whose copies do not fit the buffers; and, from ``mesh``, axes that are not its own.
+    whose copies do not fit the buffers, a reduction of no known kind; and, from ``mesh``, axes that are not
+    its own.
     """
     shape = tuple(shape)
     where = f"{type(ins).__name__} on a local buffer of shape {shape}"
@@ -423,6 +540,8 @@ def shape_after(ins: Instruction, shape, mesh: Mesh) -> tuple[int, ...]:
     if isinstance(ins, Exchange):
         _check_exchange(ins, shape, mesh, where)
         return tuple(ins.shape)
+    if isinstance(ins, (ReduceScatter, AllReduce)) and ins.reduction not in REDUCTIONS:
+        raise ShardingError(f"{where}: reduction {ins.reduction!r} is not one of {', '.join(REDUCTIONS)}")
     k = mesh.group_size(ins.axes)
     if isinstance(ins, AllReduce):
         return shape
@@ -445,7 +564,10 @@ def shape_after(ins: Instruction, shape, mesh: Mesh) -> tuple[int, ...]:
 def _check_exchange(ins: Exchange, shape, mesh: Mesh, where: str) -> None:
     """An exchange's tables: one per dim of the buffer; axes of the mesh, the source axes of all dims not
     overlapping (so that a copy has one source); every segment's blocks in range, its intervals inside both
-    buffers, and the segments of one receiver block not overlapping (so neither do a device's copies)."""
+    buffers, and the segments of one receiver block not overlapping (so neither do a device's copies). A
+    :class:`CopyTable`: :func:`_check_copies`."""
+    if isinstance(ins.dims, CopyTable):
+        return _check_copies(ins, shape, mesh.size, where)
     tables = isinstance(ins.dims, tuple) and all(
         isinstance(x, ExchangeDim) and isinstance(x.segments, tuple)
         and all(isinstance(g, tuple) and len(g) == 5 and all(isinstance(v, int) for v in g) for g in x.segments)
@@ -475,3 +597,22 @@ def _check_exchange(ins: Exchange, shape, mesh: Mesh, where: str) -> None:
             spans = sorted(s for s in spans if s[1] > s[0])
             if any(a[1] > z[0] for a, z in zip(spans, spans[1:])):
                 raise ShardingError(f"{where}: segments of block {b} of dim {i} overlap")
+
+
+def _check_copies(ins: Exchange, shape, n_dev: int, where: str) -> None:
+    """A copy table: copies for every device, each from a device that exists, inside both buffers, and no
+    two copies of a device writing one element (which of them wins would be the backend's choice)."""
+    table = ins.dims.copies
+    if not isinstance(table, tuple) or len(table) != n_dev or len(ins.shape) != len(shape):
+        raise ShardingError(f"{where}: expected copies for {n_dev} devices into a buffer of rank {len(shape)}, "
+                            f"got {len(table) if isinstance(table, tuple) else table!r} into shape {tuple(ins.shape)}")
+    for d, copies in enumerate(table):
+        for c in copies:
+            fits = all(n >= 0 and 0 <= a and a + n <= cap_in and 0 <= b and b + n <= cap_out
+                       for a, b, n, cap_in, cap_out in zip(c.src_start, c.dst_start, c.size, shape, ins.shape))
+            if not (isinstance(c, Copy) and 0 <= c.source < n_dev and len(c.size) == len(shape) and fits):
+                raise ShardingError(f"{where}: copy {c} of device {d} does not fit the buffers")
+        for i, c in enumerate(copies):
+            for e in copies[:i]:
+                if all(max(b, f) < min(b + n, f + m) for b, n, f, m in zip(c.dst_start, c.size, e.dst_start, e.size)):
+                    raise ShardingError(f"{where}: copies {e} and {c} of device {d} overlap")

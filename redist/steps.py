@@ -30,32 +30,45 @@ device; ``bytes_received`` is the most any device receives, computed from the bl
 enumerating devices, and ``class_bytes`` gives the per-device amounts over classes of devices
 (:class:`redist.blocks.DeviceClasses` of ``class_axes``), for a plan that adds up several such steps.
 
+Reductions. ``reduce_scatter`` and ``all_reduce`` carry a reduction kind (``reduction``: ``"sum"``, ``"max"``,
+``"min"`` or ``"prod"``, :data:`redist.types.REDUCTIONS`; written ``all_reduce(max, {x})``, and without the
+kind for a sum) and fit only a type whose pending reduction is of that kind: no step converts between kinds.
+
+Device order. ``permute`` and ``exchange`` may also move the array to the same mesh axes with another device
+order (``device_ids``, SPEC 1): each device then gets the block its position on the new mesh holds, from
+the devices that hold it on the old one: a table of sources (:func:`redist.blocks.permute_sources`) or of
+copies per device (:func:`redist.blocks.exchange_copies`), as :mod:`redist.program` lowers them, and their
+bytes are counted per device from those tables (``O(devices)``, as a mesh in another order is a table of its
+devices). No other step changes the mesh.
+
 Steps hold their axes as given (token strings or :class:`~redist.axes.Axis` values); applying a step reads them
 on the type's mesh (:meth:`redist.Mesh.axis`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
 
 from redist.axes import Axis, remove_axes, strip_suffix
-from redist.blocks import check_factors, max_missing_elements, missing_elements_on, permute_groups, rank
+from redist.blocks import (check_factors, exchange_copies, max_missing_elements, missing_elements_on, permute_groups,
+                           permute_sources, rank)
 from redist.errors import ShardingError
-from redist.types import ShardingType
+from redist.types import REDUCTIONS, ShardingType
 
 
 def _axes(axes) -> str:
     return "{" + ",".join(axes) + "}"
 
 
-def _rebuild(step, t: ShardingType, dims, partial=None, regrouped=()) -> ShardingType:
-    """``t`` with new ``dims`` and ``partial``; the dims in ``regrouped`` change their block count and must be
-    even before and after (see "Uneven dims" above)."""
+def _rebuild(step, t: ShardingType, dims, partial=None, regrouped=(), mesh=None) -> ShardingType:
+    """``t`` with new ``dims``, ``partial`` and ``mesh`` (a device order); the dims in ``regrouped`` change their
+    block count and must be even before and after (see "Uneven dims" above)."""
     try:
-        out = t.replace(dims=dims, partial=partial)
+        out = t.replace(dims=dims, partial=partial, mesh=mesh)
     except ShardingError as e:
         raise ShardingError(f"{step} does not fit {t}: {e}") from None
     for d in regrouped:
@@ -90,7 +103,36 @@ def _partial_without(step, t: ShardingType, axes) -> tuple[Axis, ...]:
     rest = remove_axes(t.partial, t.mesh.axes_of(axes)) if axes else None
     if rest is None:
         raise ShardingError(f"{step} does not fit {t}: {_axes(axes)} are not all partial axes")
+    if step.reduction != t.reduction:
+        raise ShardingError(f"{step} does not fit {t}: it takes the {step.reduction} of the group, but the pending "
+                            f"reduction is a {t.reduction}; no step converts between reduction kinds")
     return rest
+
+
+def _check_reduction(step) -> None:
+    if not isinstance(step.reduction, str) or step.reduction not in REDUCTIONS:
+        raise ShardingError(f"{step.kind} has reduction {step.reduction!r}; use one of {', '.join(REDUCTIONS)}")
+
+
+def _kind(reduction: str) -> str:
+    """The reduction kind as a step's text shows it: nothing for a sum (the text of plans before kinds)."""
+    return "" if reduction == "sum" else f"{reduction}, "
+
+
+def _target_mesh(step, t: ShardingType):
+    """The mesh ``step`` (a permute or exchange) moves ``t`` to: ``t.mesh`` in the order ``step.device_ids``
+    (None: ``t.mesh`` as it is)."""
+    if step.device_ids is None:
+        return None
+    try:
+        return t.mesh.reordered(step.device_ids)
+    except ShardingError as e:
+        raise ShardingError(f"{step} does not fit {t}: {e}") from None
+
+
+def _order(device_ids) -> str:
+    """The device order of a permute or exchange in its text (nothing if it keeps the order)."""
+    return "" if device_ids is None else f", device_ids=[{','.join(map(str, device_ids))}]"
 
 
 @dataclass(frozen=True)
@@ -202,28 +244,34 @@ class MultiAllToAll:
 @dataclass(frozen=True)
 class Permute:
     """Send whole local buffers between devices so that the result has per-dim axes ``dims``
-    (same block count in every dim, same partial axes)."""
+    (same block count in every dim, same partial axes), on the device order ``device_ids`` (None: the input's;
+    see "Device order" above)."""
 
     dims: tuple[tuple[str, ...], ...]
+    device_ids: tuple[int, ...] | None = None
     kind = "permute"
 
     def apply(self, t: ShardingType) -> ShardingType:
         if len(self.dims) != t.rank:
             raise ShardingError(f"{self} does not fit {t}: it names {len(self.dims)} dims")
-        out = _rebuild(self, t, tuple(tuple(d) for d in self.dims))
+        out = _rebuild(self, t, tuple(tuple(d) for d in self.dims), mesh=_target_mesh(self, t))
         if out.local_shape != t.local_shape:
             raise ShardingError(f"{self} does not fit {t}: it changes the local shape")
-        changed = [i for i in range(t.rank) if out.blocks(i) != t.blocks(i)]
-        if changed:
-            raise ShardingError(f"{self} does not fit {t}: it changes the block count of dim {changed[0]} "
-                                f"({t.blocks(changed[0])} -> {out.blocks(changed[0])})")
+        changed = next((i for i in range(t.rank) if out.blocks(i) != t.blocks(i)), None)
+        if changed is not None:
+            raise ShardingError(f"{self} does not fit {t}: it splits dim {changed} into {out.blocks(changed)} blocks, "
+                                f"not {t.blocks(changed)}; a permute moves whole blocks (an exchange regroups them)")
         check_factors(t, out, str(self))
         return out
 
     def bytes_received(self, t: ShardingType) -> Fraction:
         """The whole buffer if some device's block changes (:func:`redist.blocks.permute_groups` names a
-        group), else nothing."""
-        return Fraction(t.local_bytes if permute_groups(t, self.apply(t)) else 0)
+        group; between two device orders, if some device's source in :func:`redist.blocks.permute_sources` is
+        another device), else nothing."""
+        out = self.apply(t)
+        if out.mesh != t.mesh:
+            return Fraction(t.local_bytes if any(s != d for d, s in enumerate(permute_sources(t, out))) else 0)
+        return Fraction(t.local_bytes if permute_groups(t, out) else 0)
 
     def class_axes(self, t: ShardingType) -> tuple[Axis, ...]:
         """The axes whose coordinates decide whether a device moves."""
@@ -239,19 +287,22 @@ class Permute:
         return np.where(moves, t.local_bytes, 0)
 
     def __str__(self):
-        return "permute(to [" + ", ".join(_axes(d) for d in self.dims) + "])"
+        return "permute(to [" + ", ".join(_axes(d) for d in self.dims) + "]" + _order(self.device_ids) + ")"
 
 
 @dataclass(frozen=True)
 class ReduceScatter:
-    """Sum over the group of partial ``axes`` and keep block ``group_index(axes)`` of local ``dim``."""
+    """Reduce (``reduction``: sum, max, min or prod) over the group of partial ``axes`` and keep block
+    ``group_index(axes)`` of local ``dim``."""
 
     dim: int
     axes: tuple[str, ...]
+    reduction: str = "sum"
     kind = "reduce_scatter"
 
     def apply(self, t: ShardingType) -> ShardingType:
         _check_dim(self, t, self.dim)
+        _check_reduction(self)
         partial = _partial_without(self, t, self.axes)
         dims = list(t.dims)
         dims[self.dim] = dims[self.dim] + tuple(self.axes)
@@ -262,17 +313,20 @@ class ReduceScatter:
         return Fraction(k - 1, k) * t.local_bytes
 
     def __str__(self):
-        return f"reduce_scatter(dim {self.dim}, {_axes(self.axes)})"
+        return f"reduce_scatter({_kind(self.reduction)}dim {self.dim}, {_axes(self.axes)})"
 
 
 @dataclass(frozen=True)
 class AllReduce:
-    """Sum over the group of partial ``axes``; every member gets the sum."""
+    """Reduce (``reduction``: sum, max, min or prod) over the group of partial ``axes``; every member gets the
+    result."""
 
     axes: tuple[str, ...]
+    reduction: str = "sum"
     kind = "all_reduce"
 
     def apply(self, t: ShardingType) -> ShardingType:
+        _check_reduction(self)
         return _rebuild(self, t, t.dims, _partial_without(self, t, self.axes))
 
     def bytes_received(self, t: ShardingType) -> Fraction:
@@ -280,27 +334,34 @@ class AllReduce:
         return Fraction(2 * (k - 1), k) * t.local_bytes
 
     def __str__(self):
-        return f"all_reduce({_axes(self.axes)})"
+        return f"all_reduce({_kind(self.reduction)}{_axes(self.axes)})"
 
 
 @dataclass(frozen=True)
 class Exchange:
-    """Point-to-point: every device gets each element of its block under ``dims`` that it lacks, from one
-    device that holds it (same partial coordinates), and keeps what it has (see
-    :func:`redist.blocks.exchange_segments`)."""
+    """Point-to-point: every device gets each element of its block under ``dims`` (on the device order
+    ``device_ids``; None: the input's) that it lacks, from one device that holds it (same partial coordinates),
+    and keeps what it has (see :func:`redist.blocks.exchange_segments`; between two device orders, see the
+    module docstring)."""
 
     dims: tuple[tuple[str, ...], ...]
+    device_ids: tuple[int, ...] | None = None
     kind = "exchange"
 
     def apply(self, t: ShardingType) -> ShardingType:
         if len(self.dims) != t.rank:
             raise ShardingError(f"{self} does not fit {t}: it names {len(self.dims)} dims")
-        return _rebuild(self, t, tuple(tuple(d) for d in self.dims))
+        return _rebuild(self, t, tuple(tuple(d) for d in self.dims), mesh=_target_mesh(self, t))
 
     def bytes_received(self, t: ShardingType) -> Fraction:
         """The most elements of its new block that a device lacks (padding is not sent)
-        (:func:`redist.blocks.max_missing_elements`)."""
-        return Fraction(max_missing_elements(t, self.apply(t)) * t.itemsize)
+        (:func:`redist.blocks.max_missing_elements`); between two device orders, the most elements a device
+        copies from others in :func:`redist.blocks.exchange_copies`."""
+        out = self.apply(t)
+        if out.mesh != t.mesh:
+            return Fraction(max(sum(math.prod(c.size) for c in copies if c.source != d)
+                                for d, copies in enumerate(exchange_copies(t, out))) * t.itemsize)
+        return Fraction(max_missing_elements(t, out) * t.itemsize)
 
     def class_axes(self, t: ShardingType) -> tuple[Axis, ...]:
         """The axes whose coordinates decide what a device receives: those of both layouts' dims."""
@@ -312,7 +373,7 @@ class Exchange:
         return missing_elements_on(t, self.apply(t), coords) * t.itemsize
 
     def __str__(self):
-        return "exchange(to [" + ", ".join(_axes(d) for d in self.dims) + "])"
+        return "exchange(to [" + ", ".join(_axes(d) for d in self.dims) + "]" + _order(self.device_ids) + ")"
 
 
 @dataclass(frozen=True)
@@ -342,7 +403,7 @@ class Unpad:
 
     def apply(self, t: ShardingType) -> ShardingType:
         try:
-            out = ShardingType(t.mesh, self.shape, t.dtype, t.dims, t.partial)
+            out = ShardingType(t.mesh, self.shape, t.dtype, t.dims, t.partial, t.reduction)
         except ShardingError as e:
             raise ShardingError(f"{self} does not fit {t}: {e}") from None
         if out.padded_shape != t.shape:

@@ -9,7 +9,7 @@ def test_quick_run_writes_figures_and_meets_the_targets_it_checks(tmp_path, caps
     out = tmp_path / "scale.json"
     assert scale.main(["--quick", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert (tmp_path / "scale.png").stat().st_size > 0
+    assert (tmp_path / "scale_time.png").stat().st_size > 0
     by_label = {s["label"]: s for s in result["summaries"]}
     assert set(by_label) == set(scale.QUICK)
     for s in by_label.values():

@@ -305,3 +305,51 @@ def test_verifier_refuses_an_exchange_naming_a_size_1_source_axis_twice():
     assert verify_program(good, src, dst).ok
     verdict = verify_program(bad, src, dst)
     assert verdict.status == "refuted" and "overlap" in verdict.reason, verdict.reason
+
+
+# ---------------------------------------------------------------------- device orders around the compact forms
+ORDERED = Mesh({"x": 2, "y": 2, "z": 2}).reordered([5, 3, 7, 1, 4, 2, 0, 6])
+
+
+@pytest.mark.parametrize("steps, lowered", [
+    # an exchange to another order, then a collective there (on the program's mesh)
+    (lambda ids: [S.Exchange((("y",), ()), ids), S.AllGather(0, ("y",))], ["copy table", "AllGather"]),
+    # a collective, then an exchange to another order
+    (lambda ids: [S.AllSlice(1, ("z",)), S.Exchange(((), ("x", "y")), ids)], ["Slice", "copy table"]),
+    # a compact permute, an exchange to another order and a permute there (off the program's mesh: a table)
+    (lambda ids: [S.Permute((("y",), ("x",))), S.Exchange((("x",), ("y",)), ids), S.Permute((("y",), ("x",)))],
+     ["map", "copy table", "table"]),
+])
+def test_changes_of_device_order_lower_around_the_compact_forms(steps, lowered):
+    """A permute or an exchange between two device orders, or on the order that is not the program's, lowers
+    to a table over the devices (sources, copies per device), the others to the compact forms on the
+    program's mesh; the plan's bytes are counted per device from the instructions, and the program runs and
+    is proved."""
+    from redist.data import summands, unshard
+    from redist.program import point_to_point_bytes
+
+    src = ShardingType.parse("f32[8{x}, 8{y}]", Mesh({"x": 2, "y": 2, "z": 2}))
+    plan = Plan.from_steps(src, steps(ORDERED.device_ids))
+    program = plan.program
+    assert plan.dst.mesh == ORDERED and program.dst_mesh == ORDERED
+    kinds = ["map" if isinstance(getattr(i, "sources", None), P.CoordinateMap)
+             else "table" if isinstance(i, P.CollectivePermute)
+             else "copy table" if isinstance(getattr(i, "dims", None), P.CopyTable)
+             else type(i).__name__ for i in program.instructions]
+    assert kinds == lowered
+    assert redist.verify(plan).ok and plan.bytes_received > 0  # the verifier counts the program's bytes too
+    mesh, brute = program.mesh, np.zeros(program.mesh.size, np.int64)
+    for ins, shape in zip(program.instructions, program.shapes):
+        for d in range(mesh.size):
+            if isinstance(ins, P.CollectivePermute):
+                brute[d] += (ins.source_of(mesh, d) != d) * math.prod(shape) * 4
+            elif isinstance(ins, P.Exchange):
+                brute[d] += sum(math.prod(c.size) for c in ins.copies(mesh, d) if c.source != d) * 4
+    assert point_to_point_bytes(program).tolist() == brute.tolist()
+    uniform = sum(s.bytes_received(t) for s, t in zip(plan.steps, plan.types)
+                  if not isinstance(s, (S.Permute, S.Exchange)))
+    assert plan.bytes_received == uniform + brute.max()
+    value = np.arange(64, dtype=np.float32).reshape(8, 8)
+    rng = np.random.default_rng(0)
+    out = redist.execute(plan, summands(src, value, rng))
+    np.testing.assert_array_equal(unshard(plan.dst, out), value)
