@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from redist.axes import check_factorization, remove_axes
+import math
+
+from redist.axes import check_factorization, difference, remove_axes
 from redist.blocks import box_size, local_box, missing_elements
 from redist.cost import as_topology
 from redist.errors import ShardingError, shown
@@ -16,19 +18,52 @@ def lower_bound_bytes(src: ShardingType, dst: ShardingType) -> int:
     For partial types an element is an (index, summand) pair, and a device keeps its own summand coordinates:
     with the same partial axes on both sides the formula is unchanged. When partial axes are reduced (over a
     group of two or more devices), every element a device ends with needs at least one value from another
-    device, so the bound is ``max_d |T_d| · itemsize``. No plan can receive less.
+    device, so the bound is ``max_d |T_d| · itemsize``. When the destination creates pending sums,
+    :func:`_creating_bound`. No plan can receive less.
     """
     check_pair(src, dst)
     mesh = src.mesh
+    if difference(dst.partial, src.partial):
+        return _creating_bound(src, dst)
     reduced = remove_axes(src.partial, dst.partial)
     if mesh.group_size(reduced) > 1:
         return max(box_size(local_box(dst, d)) for d in range(mesh.size)) * dst.itemsize
     return max(missing_elements(src, dst, d) for d in range(mesh.size)) * dst.itemsize
 
 
+def _creating_bound(src: ShardingType, dst: ShardingType) -> int:
+    """The bound when ``dst`` is partial over axes ``src`` is not: ``max_G ceil(m_G / |G|) · itemsize`` over
+    the groups ``G`` of devices that differ only in ``dst``'s partial coordinates (a summand group of the
+    destination), each holding one block ``B`` of the value between them.
+
+    ``m_G`` is how many elements of ``B`` must reach the group from outside: every element of ``B`` if
+    pending sums are reduced (the other summands of a source group are on devices outside ``G``, which differ
+    from it in a reduced coordinate), else the elements of ``B`` that no member holds under ``src`` (a
+    member that holds an element can keep it as the group's summand, the others contribute zeros). At least
+    one value per such element enters the group, and some member receives ``1/|G|`` of them.
+    """
+    mesh = src.mesh
+    reduces = mesh.group_size(difference(src.partial, dst.partial)) > 1
+    worst = 0
+    for group in mesh.groups(dst.partial):
+        block = local_box(dst, group[0])  # the members differ only in partial coordinates: one block
+        need = box_size(block)
+        if not reduces:  # blocks of one layout are equal or disjoint: count each distinct one once
+            held = {tuple((s.start, s.stop) for s in local_box(src, d)) for d in group}
+            need -= sum(math.prod(max(0, min(hi, b.stop) - max(lo, b.start)) for (lo, hi), b in zip(box, block))
+                        for box in held)
+        worst = max(worst, -(-need // len(group)))
+    return worst * dst.itemsize
+
+
 def check_pair(src: ShardingType, dst: ShardingType, topology=None) -> None:
     """Raise :class:`ShardingError` unless ``dst`` is a possible redistribution target of ``src`` and
-    ``topology`` a valid ``topology=`` argument on their mesh (:func:`redist.cost.as_topology`)."""
+    ``topology`` a valid ``topology=`` argument on their mesh (:func:`redist.cost.as_topology`).
+
+    A target has the source's mesh, shape and dtype, and axes that split each mesh axis the way the source's
+    do (sub-axes of one decomposition). Pending sums may be reduced, kept or created (SPEC 3): every pair of
+    layouts is a possible target. Creating sums over an axis needs zeros, the identity of a sum; a reduction
+    kind with another identity would be checked here."""
     for what, t in (("source", src), ("destination", dst)):
         if not isinstance(t, ShardingType):
             raise ShardingError(f"the {what} must be a redist.ShardingType (e.g. ShardingType.parse('f32[8{{x}}]', "
@@ -48,11 +83,5 @@ def check_pair(src: ShardingType, dst: ShardingType, topology=None) -> None:
             check_factorization(name, axes)
         except ShardingError as e:
             raise ShardingError(f"source {src} and destination {dst}: {e}") from None
-    if remove_axes(src.partial, dst.partial) is None:
-        extra = [a for a in dst.partial if remove_axes(src.partial, (a,)) is None]
-        raise ShardingError(
-            f"destination {dst} is partial over {{{','.join(extra)}}} but the source {src} is not: "
-            "a redistribution can only reduce pending sums, not create them"
-        )
     if topology is not None:
         as_topology(topology, src.mesh)

@@ -17,8 +17,18 @@ Instructions (``x`` is a device's buffer before, ``r`` its group rank):
   (Every all-to-all of a plan is lowered to this leading-dim form between local reshapes and transposes,
   so each backend implements only this form: ``lax.all_to_all(x, axes, 0, 0, tiled=True)``, an MPI
   ``Alltoall`` of contiguous rows.)
-- ``ReduceScatter(dim, axes)``: sum the group's buffers, keep chunk r of k along ``dim``.
+- ``ReduceScatter(dim, axes)``: sum the group's buffers, keep chunk r of k along ``dim``. When k does not
+  divide ``n = x.shape[dim]``, the chunks follow XLA's padding rule: chunk r is ``[min(n, r·L), min(n, (r+1)·L))``
+  with ``L = ceil(n/k)``, at the start of a result of ``L`` along ``dim`` whose rest is zero (the typed step
+  makes this only of a dim that no axis split before; see :class:`redist.steps.ReduceScatter`).
 - ``AllReduce(axes)``: sum the group's buffers.
+- ``KeepRoot(axes)``: the member of rank 0 keeps ``x``; every other member's buffer becomes zeros. Local.
+- ``EmbedChunk(dim, axes)``: a zero buffer k times longer along ``dim`` with ``x`` as chunk r:
+  ``new[..., r·n : (r+1)·n, ...] = x`` (the adjoint of ``Slice``). Local.
+
+  These two create pending sums (:class:`redist.steps.ReplicateToPartial`, :class:`redist.steps.ShardToPartial`)
+  and are the only instructions that write values no device held: zeros, the identity of a sum. A reduction
+  kind with another identity would change what they write, and nothing else.
 - ``CollectivePermute(sources)``: device d's new buffer is device ``sources[d]``'s buffer (a permutation of
   the devices; ``sources[d] == d`` means d keeps its buffer and receives nothing).
 - ``Exchange(shape, copies)``: device d's new buffer has ``shape``, zero where no copy writes (padding), and
@@ -91,6 +101,17 @@ class AllReduce:
 
 
 @dataclass(frozen=True)
+class KeepRoot:
+    axes: tuple[Axis, ...]
+
+
+@dataclass(frozen=True)
+class EmbedChunk:
+    dim: int
+    axes: tuple[Axis, ...]
+
+
+@dataclass(frozen=True)
 class CollectivePermute:
     sources: tuple[int, ...]
 
@@ -108,13 +129,31 @@ class Exchange:
         """Elements ``device`` receives from other devices."""
         return sum(math.prod(c.size) for c in self.copies[device] if c.source != device)
 
+    def rounds(self, local: bool = False) -> tuple[tuple[int, tuple[tuple[int, int, Copy], ...]], ...]:
+        """The copies in rounds ``(shift, ((source, destination, copy), …))`` in which every device sends at most
+        one copy and receives at most one: a round is a shift ``(destination − source) mod n`` and the
+        how-many-th copy of such a pair it is, in the order of (shift, that count). The JAX backend runs each
+        round of a nonzero shift as one ``ppermute``, and the cost model charges each its latency. Copies of no
+        elements are left out, and so are copies within a device (shift 0) unless ``local``."""
+        n = len(self.copies)
+        rounds: dict[tuple[int, int], list[tuple[int, int, Copy]]] = {}
+        for d, copies in enumerate(self.copies):
+            seen: dict[int, int] = {}
+            for c in copies:
+                if (c.source == d and not local) or math.prod(c.size) == 0:
+                    continue
+                j = seen.get(c.source, 0)
+                seen[c.source] = j + 1
+                rounds.setdefault(((d - c.source) % n, j), []).append((c.source, d, c))
+        return tuple((shift, tuple(moves)) for (shift, _), moves in sorted(rounds.items()))
+
     def __str__(self) -> str:
         moved = sum(1 for d, cs in enumerate(self.copies) for c in cs if c.source != d)
         return f"Exchange(shape={self.shape}, {moved} transfers between devices)"
 
 
-Instruction = (Reshape | Transpose | Slice | AllGather | AllToAll | ReduceScatter | AllReduce | CollectivePermute
-               | Exchange)
+Instruction = (Reshape | Transpose | Slice | AllGather | AllToAll | ReduceScatter | AllReduce | KeepRoot | EmbedChunk
+               | CollectivePermute | Exchange)
 
 
 @dataclass(frozen=True)
@@ -169,6 +208,10 @@ def _lower_one(step, t_in) -> Instruction:
         return ReduceScatter(step.dim, axes)
     if isinstance(step, S.AllReduce):
         return AllReduce(axes)
+    if isinstance(step, S.ReplicateToPartial):
+        return KeepRoot(axes)
+    if isinstance(step, S.ShardToPartial):
+        return EmbedChunk(step.dim, axes)
     raise ShardingError(f"no lowering for {step!r}: it is not a redist step")
 
 
@@ -252,7 +295,8 @@ def shape_after(ins: Instruction, shape, mesh: Mesh) -> tuple[int, ...]:
     Raises :class:`~redist.errors.ShardingError` when ``ins`` cannot run on such a buffer: a dim the buffer
     lacks, a split into chunks that does not divide, an all-to-all whose leading dim is not its group size,
     a reshape to another number of elements, a transpose or permute that is not a permutation, an exchange
-    whose copies do not fit the buffers; and, from ``mesh``, axes that are not its own.
+    whose copies do not fit the buffers; and, from ``mesh``, axes that are not its own. (A reduce-scatter
+    whose group size does not divide its dim pads its chunks; a slice does not.)
     """
     shape = tuple(shape)
     where = f"{type(ins).__name__} on a local buffer of shape {shape}"
@@ -272,7 +316,7 @@ def shape_after(ins: Instruction, shape, mesh: Mesh) -> tuple[int, ...]:
         _check_copies(ins, shape, mesh.size, where)
         return tuple(ins.shape)
     k = mesh.group_size(ins.axes)
-    if isinstance(ins, AllReduce):
+    if isinstance(ins, (AllReduce, KeepRoot)):
         return shape
     dim = 0 if isinstance(ins, AllToAll) else ins.dim
     if not 0 <= dim < len(shape):
@@ -281,9 +325,11 @@ def shape_after(ins: Instruction, shape, mesh: Mesh) -> tuple[int, ...]:
     if isinstance(ins, AllToAll):
         if s[0] != k:
             raise ShardingError(f"{where}: the leading dim must hold the {k} chunks of its group")
-    elif isinstance(ins, AllGather):
+    elif isinstance(ins, (AllGather, EmbedChunk)):
         s[dim] *= k
-    else:  # Slice, ReduceScatter
+    elif isinstance(ins, ReduceScatter):
+        s[dim] = -(-s[dim] // k)
+    else:  # Slice
         if s[dim] % k:
             raise ShardingError(f"{where}: dim {dim} does not split into {k} equal chunks")
         s[dim] //= k

@@ -58,7 +58,7 @@ def run_redist(*args):
     (["plan", "f32[8{x}]", "f32[8]", "--mesh", ""], "redist: error: empty mesh text"),
     (["plan", "f32[٨{x}]", "f32[8]", "--mesh", "x=2"], "redist: error: cannot read dim 0 '٨{x}'"),
     (["plan", "f32[8{x}]", "f64[8]", "--mesh", "x=2"], "redist: error: source dtype f32 differs from destination"),
-    (["plan", "f32[8]", "f32[8] partial{x}", "--mesh", "x=2"], "can only reduce pending sums, not create them"),
+    (["plan", "f32[6{x:(1)2}]", "f32[6{x:(1)3}]", "--mesh", "x=6"], "split mesh axis 'x' (size 6) in incompatible ways"),
     (["demo", "--backends", "bogus"], "redist: error: unknown backend 'bogus' in 'bogus'; the backends are numpy, jax, mpi"),
     (["demo", "--backends", "numpy,cuda"], "unknown backend 'cuda' in 'numpy,cuda'"),
 ])
