@@ -337,7 +337,8 @@ def shape_after(ins: Instruction, shape, mesh: Mesh) -> tuple[int, ...]:
 
 
 def _check_copies(ins: Exchange, shape, n_dev: int, where: str) -> None:
-    """An exchange's copies: a tuple per device, each copy from a device that exists, inside both buffers."""
+    """An exchange's copies: a tuple per device, each copy from a device that exists, inside both buffers,
+    and no two copies of a device writing one element (which of them wins would be the backend's choice)."""
     if len(ins.copies) != n_dev or len(ins.shape) != len(shape):
         raise ShardingError(f"{where}: expected copies for {n_dev} devices into a buffer of rank {len(shape)}, "
                             f"got {len(ins.copies)} into shape {tuple(ins.shape)}")
@@ -347,3 +348,7 @@ def _check_copies(ins: Exchange, shape, n_dev: int, where: str) -> None:
                        for a, b, n, cap_in, cap_out in zip(c.src_start, c.dst_start, c.size, shape, ins.shape))
             if not (0 <= c.source < n_dev and len(c.size) == len(shape) and fits):
                 raise ShardingError(f"{where}: copy {c} of device {d} does not fit the buffers")
+        for i, c in enumerate(copies):
+            for e in copies[:i]:
+                if all(b < f + m and f < b + n for b, n, f, m in zip(c.dst_start, c.size, e.dst_start, e.size)):
+                    raise ShardingError(f"{where}: copies {e} and {c} of device {d} overlap")
