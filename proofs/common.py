@@ -47,13 +47,14 @@ def all_layouts(mesh: Mesh, rank: int, partial: bool = True):
             yield tuple(tuple(d) for d in dims), part
 
 
-def all_pairs(mesh: Mesh, rank: int, dtype: str = "f32", multiplier: int = 1):
-    """Every (src, dst) pair of whole-axis layouts with dst.partial a subset of src.partial, each dim the
-    smallest size both sides divide (``multiplier`` times that)."""
+def all_pairs(mesh: Mesh, rank: int, dtype: str = "f32", multiplier: int = 1, creating: bool = False):
+    """Every (src, dst) pair of whole-axis layouts with dst.partial a subset of src.partial (with
+    ``creating``: every pair whose dst.partial is not, so that the destination creates pending sums), each dim
+    the smallest size both sides divide (``multiplier`` times that)."""
     layouts = list(all_layouts(mesh, rank))
     for d1, p1 in layouts:
         for d2, p2 in layouts:
-            if not set(p2) <= set(p1):
+            if (set(p2) <= set(p1)) == creating:
                 continue
             shape = tuple(math.lcm(mesh.group_size(a), mesh.group_size(b)) * multiplier for a, b in zip(d1, d2))
             yield (ShardingType(mesh, shape, dtype, d1, p1), ShardingType(mesh, shape, dtype, d2, p2))
