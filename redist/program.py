@@ -350,5 +350,5 @@ def _check_copies(ins: Exchange, shape, n_dev: int, where: str) -> None:
                 raise ShardingError(f"{where}: copy {c} of device {d} does not fit the buffers")
         for i, c in enumerate(copies):
             for e in copies[:i]:
-                if all(b < f + m and f < b + n for b, n, f, m in zip(c.dst_start, c.size, e.dst_start, e.size)):
+                if all(max(b, f) < min(b + n, f + m) for b, n, f, m in zip(c.dst_start, c.size, e.dst_start, e.size)):
                     raise ShardingError(f"{where}: copies {e} and {c} of device {d} overlap")
