@@ -28,7 +28,10 @@ Instructions (``x`` is a device's buffer before, ``r`` its group rank):
 
   These two create pending sums (:class:`redist.steps.ReplicateToPartial`, :class:`redist.steps.ShardToPartial`)
   and are the only instructions that write values no device held: zeros, the identity of a sum. A reduction
-  kind with another identity would change what they write, and nothing else.
+  kind with another identity would change what they write, and nothing else. (A ``shard_to_partial`` that
+  leaves an uneven dim whole is lowered to an ``Exchange`` of local copies instead, each device's block
+  placed where the dim holds it: an ``EmbedChunk`` would place it at ``r·n``, past the end for the last
+  blocks.)
 - ``CollectivePermute(sources)``: device d's new buffer is device ``sources[d]``'s buffer (a permutation of
   the devices; ``sources[d] == d`` means d keeps its buffer and receives nothing).
 - ``Exchange(shape, copies)``: device d's new buffer has ``shape``, zero where no copy writes (padding), and
@@ -57,7 +60,7 @@ import numpy as np
 
 from redist import steps as S
 from redist.axes import Axis
-from redist.blocks import Copy, exchange_copies, permute_sources
+from redist.blocks import Copy, exchange_copies, local_box, permute_sources
 from redist.errors import ShardingError
 from redist.mesh import Mesh
 
@@ -181,6 +184,19 @@ class Program:
         return "\n".join(lines)
 
 
+def _embed_in_place(t_in, t_out) -> Exchange:
+    """An exchange of one local copy per device (none for a device without elements): its elements under
+    ``t_in`` placed where its block under ``t_out`` holds them, which contains them (a ``shard_to_partial`` onto
+    a whole dim); the rest of the buffer is zero."""
+    copies = []
+    for d in range(t_in.mesh.size):
+        have, want = local_box(t_in, d), local_box(t_out, d)
+        size = tuple(h.stop - h.start for h in have)
+        at = tuple(h.start - w.start for h, w in zip(have, want))
+        copies.append((Copy(d, (0,) * len(size), at, size),) if all(size) else ())
+    return Exchange(t_out.local_shape, tuple(copies))
+
+
 def lower_step(step, t_in) -> tuple[Instruction, ...]:
     """The instructions that implement one typed step on buffers of type ``t_in``."""
     if isinstance(step, S.AllToAll):
@@ -199,6 +215,8 @@ def _lower_one(step, t_in) -> Instruction:
     if isinstance(step, S.Exchange):
         t_out = step.apply(t_in)
         return Exchange(t_out.local_shape, exchange_copies(t_in, t_out))
+    if isinstance(step, S.ShardToPartial) and not (t_in.is_even(step.dim) and step.apply(t_in).is_even(step.dim)):
+        return _embed_in_place(t_in, step.apply(t_in))
     axes = t_in.mesh.axes_of(step.axes)
     if isinstance(step, S.AllSlice):
         return Slice(step.dim, axes)

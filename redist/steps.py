@@ -30,7 +30,8 @@ splits a device's block into summands whose group sum is the block, with zeros, 
 ``replicate_to_partial`` keeps the buffer on the member of rank 0 of each group over ``axes`` and zeros it on
 the others; ``shard_to_partial`` places each member's block of ``dim`` as chunk ``r`` (its rank) of a zero
 buffer ``k`` times longer, so the group's buffers are disjoint zero-padded pieces of the gathered block (an
-all-gather without the communication: the buffer grows as in a gather).
+all-gather without the communication: the buffer grows as in a gather). Onto a dim left whole, the blocks
+may be uneven: each member's block sits where the dim holds it (``5{x} -> 5 partial{x}`` on ``x=4``).
 
 A permute sends whole buffers between devices: device ``d`` receives the buffer of
 ``redist.blocks.permute_sources(...)[d]``, which holds exactly the block (and, for a partial type, the summand)
@@ -298,7 +299,9 @@ class ReplicateToPartial:
 class ShardToPartial:
     """Make ``axes``, the minor end of ``dim``, pending sums: each member of a group over ``axes`` places its
     block of ``dim`` as chunk ``group_index(axes)`` of ``k`` along a zero buffer ``k`` times longer. Local; the
-    group's sum is the block the group held together (the result of an all-gather, without communication)."""
+    group's sum is the block the group held together (the result of an all-gather, without communication).
+    Where no axis is left in ``dim``, its blocks may be uneven: they nest in the whole dim, and each member's
+    block goes where the dim holds it (the rest of the buffer, zeros)."""
 
     dim: int
     axes: tuple[str, ...]
@@ -307,7 +310,8 @@ class ShardToPartial:
     def apply(self, t: ShardingType) -> ShardingType:
         dims = list(t.dims)
         dims[self.dim] = _without_suffix(self, t, self.dim, self.axes)
-        return _rebuild(self, t, tuple(dims), t.partial + tuple(self.axes), regrouped=(self.dim,))
+        whole = not dims[self.dim]  # the blocks of a dim nest in the whole dim, even or not
+        return _rebuild(self, t, tuple(dims), t.partial + tuple(self.axes), regrouped=() if whole else (self.dim,))
 
     def bytes_received(self, t: ShardingType) -> Fraction:
         return Fraction(0)

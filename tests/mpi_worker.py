@@ -167,7 +167,7 @@ def creation_pairs(seed: int, count: int) -> list[tuple[redist.ShardingType, red
     named = [
         (f"x={n}", f"f32[{2 * n}{{x}}, 4]", f"f32[{2 * n}, 4] partial{{x}}"),     # sharded to unreduced
         (f"x={n}", "f64[3, 4]", "f64[3, 4] partial{x}"),                          # replicated to unreduced
-        (f"x={n}", "i32[5{x}, 2]", "i32[5, 2] partial{x}"),                       # uneven: gathered first
+        (f"x={n}", "i32[5{x}, 2]", "i32[5, 2] partial{x}"),                       # uneven: placed in place
         (f"x={a},y={b}", f"f32[{2 * b}{{y}}, 8] partial{{x}}", f"f32[{2 * b}, 8] partial{{x,y}}"),
         (f"x={a},y={b}", "f64[8] partial{x}", "f64[8] partial{y}"),               # reduce one, create another
         (f"x={a},y={b}", f"bool[{2 * a}{{x}}, 3]", f"bool[{2 * a}, 3] partial{{x,y}}"),

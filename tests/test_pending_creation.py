@@ -34,6 +34,11 @@ NAMED = [
     ("x=2,y=4", "f32[16, 8]", "f32[16, 8] partial{x,y}", ["replicate_to_partial"], 0),
     # reduce x, then create y: the all-reduce runs on the sliced buffer, the smallest it can
     ("x=2,y=4", "f32[8] partial{x}", "f32[8] partial{y}", ["all_slice", "all_reduce", "shard_to_partial"], 8),
+    # uneven blocks nest in the whole dim: each device's rows go where the dim holds them (40 B before:
+    # an exchange to every device, then replicate_to_partial)
+    ("x=4", "i32[5{x}, 2]", "i32[5, 2] partial{x}", ["shard_to_partial"], 0),
+    ("x=2,y=2", "f32[7{x,y}, 3]", "f32[7, 3] partial{x,y}", ["shard_to_partial"], 0),
+    ("x=2,y=2", "f32[7{x}, 3{y}]", "f32[7, 3{y}] partial{x}", ["shard_to_partial"], 0),
 ]
 
 
