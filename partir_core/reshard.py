@@ -31,6 +31,7 @@ from jax.sharding import PartitionSpec
 
 import redist
 from redist import steps as S
+from redist.axes import difference
 from redist.bounds import check_pair
 from redist.jax import refine_mesh, run_program
 from redist.types import ShardingType
@@ -98,13 +99,16 @@ def _gather_then_slice(src: ShardingType, dst: ShardingType) -> redist.Plan:
 
 def reshard_bytes(src: ShardingType, dst: ShardingType) -> float:
     """Bytes a device receives moving ``src`` to ``dst`` (the move lowering would run); infinite when no
-    redistribution can do it (``dst`` is partial over an axis ``src`` is not): a choice that needs it is
-    never taken."""
+    redistribution can do it, or when ``dst`` is partial over an axis ``src`` is not: redist can create
+    pending sums (SPEC 3), but a partitioned program's pending sums come from its contractions, so a choice
+    that creates them is never taken."""
     if src == dst:
         return 0.0
     try:
         check_pair(src, dst)
     except redist.ShardingError:
+        return float("inf")
+    if difference(dst.partial, src.partial):
         return float("inf")
     return move(src, dst).bytes
 
