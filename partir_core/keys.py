@@ -40,9 +40,11 @@ def data_shape(dtype) -> tuple[int, ...]:
     return jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct((), dtype)).shape
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def sharding_type(mesh, shape, dtype, dims, partial=()) -> ShardingType:
     """The type of an array of ``shape`` and ``dtype`` with ``dims`` split as given: for a key array, the type of
-    its key data (``uint32[shape + K]``, the key-data dims replicated)."""
+    its key data (``uint32[shape + K]``, the key-data dims replicated). Cached (types are immutable; choosing
+    a program builds the same few thousand over and over): the arguments must be hashable (tuples)."""
     if not is_key(dtype):
         return ShardingType(mesh, tuple(shape), dtype, tuple(dims), tuple(partial))
     k = data_shape(dtype)

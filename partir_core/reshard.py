@@ -43,12 +43,15 @@ from partir_core import keys
 class Collective:
     """One collective of the partitioned program: its ``kind`` (a plan step's, or ``all_reduce_max`` /
     ``all_reduce_min`` finishing a reduction), the mesh axes or sub-axes it runs over (a permute: all mesh axes),
-    the ``bytes`` a device receives in it (redist's accounting) and ``where`` in the program it is."""
+    the ``bytes`` a device receives in it (redist's accounting), ``where`` in the program it is, and how often
+    it runs per call (``trips``: inside a loop body, the loop's trip count; so a device receives ``bytes *
+    trips`` in it per call)."""
 
     kind: str
     axes: tuple
     bytes: float
     where: str
+    trips: int = 1
 
 
 @dataclass(frozen=True)

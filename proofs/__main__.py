@@ -97,6 +97,14 @@ def main(argv=None) -> int:
     notes.append("random uneven plans by shape: " + ", ".join(f"{k} {v}" for k, v in un["by_shape"].items())
                  + f"; {un['at_bound']} exchange plans without a reduction receive exactly lower_bound_bytes")
 
+    fx, fr = exhaustive.run_features(workers=workers, n_random=300 if quick else 2000, max_rank=1 if quick else 2)
+    for res in (fx, fr):
+        rows.append((res["check"], f"{res['passed']}/{res['cases']} pairs proved",
+                     "ok" if not res["failed"] else "FAIL", res["seconds"]))
+        failures += [f["pair"] + ": " + f["error"] for f in res["failures"]]
+        notes.append(f"{res['check'].split(':')[0]} proved by feature: "
+                     + ", ".join(f"{k} {v}" for k, v in res["by_feature"].items()))
+
     mu = mutation.run(n_plans=100 if quick else 300, n_creating=15 if quick else 40)
     notes.append("mutation by operator (killed/mutants, ill-formed): "
                  + ", ".join(f"{k} {v['killed']}/{v['mutants']} ({v['ill_formed']})" for k, v in mu["by_op"].items()))

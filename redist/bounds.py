@@ -16,10 +16,11 @@ def lower_bound_bytes(src: ShardingType, dst: ShardingType) -> int:
 
     ``S_d`` and ``T_d`` are the elements device ``d`` holds before and after (padding is not an element).
     For partial types an element is an (index, summand) pair, and a device keeps its own summand coordinates:
-    with the same partial axes on both sides the formula is unchanged. When partial axes are reduced (over a
-    group of two or more devices), every element a device ends with needs at least one value from another
-    device, so the bound is ``max_d |T_d| · itemsize``. When the destination creates pending sums,
-    :func:`_creating_bound`. No plan can receive less.
+    with the same partial axes on both sides the formula is unchanged (between two device orders a device may
+    have to take another summand, so a plan may not reach the bound there, but it still holds). When partial
+    axes are reduced (over a group of two or more devices), every element a device ends with needs at least
+    one value from another device, so the bound is ``max_d |T_d| · itemsize``. When the destination creates
+    pending sums, :func:`_creating_bound`. No plan can receive less.
     """
     check_pair(src, dst)
     mesh = src.mesh
@@ -42,10 +43,9 @@ def _creating_bound(src: ShardingType, dst: ShardingType) -> int:
     member that holds an element can keep it as the group's summand, the others contribute zeros). At least
     one value per such element enters the group, and some member receives ``1/|G|`` of them.
     """
-    mesh = src.mesh
-    reduces = mesh.group_size(difference(src.partial, dst.partial)) > 1
+    reduces = src.mesh.group_size(difference(src.partial, dst.partial)) > 1
     worst = 0
-    for group in mesh.groups(dst.partial):
+    for group in dst.mesh.groups(dst.partial):
         block = local_box(dst, group[0])  # the members differ only in partial coordinates: one block
         need = box_size(block)
         if not reduces:  # blocks of one layout are equal or disjoint: count each distinct one once
@@ -58,18 +58,18 @@ def _creating_bound(src: ShardingType, dst: ShardingType) -> int:
 
 def check_pair(src: ShardingType, dst: ShardingType, topology=None) -> None:
     """Raise :class:`ShardingError` unless ``dst`` is a possible redistribution target of ``src`` and
-    ``topology`` a valid ``topology=`` argument on their mesh (:func:`redist.cost.as_topology`).
-
-    A target has the source's mesh, shape and dtype, and axes that split each mesh axis the way the source's
-    do (sub-axes of one decomposition). Pending sums may be reduced, kept or created (SPEC 3): every pair of
-    layouts is a possible target. Creating sums over an axis needs zeros, the identity of a sum; a reduction
-    kind with another identity would be checked here."""
+    ``topology`` a valid ``topology=`` argument on their mesh (:func:`redist.cost.as_topology`): the same mesh
+    axes (the device orders may differ), shape and dtype, sub-axes that fit one factorization of each axis,
+    and the same reduction kind where both are partial. Pending values may be reduced, kept or created
+    (SPEC 3); creating them needs the identity of the reduction (zeros for a sum), so a destination that
+    creates a pending max, min or product is refused: this is the one place that decides it."""
     for what, t in (("source", src), ("destination", dst)):
         if not isinstance(t, ShardingType):
             raise ShardingError(f"the {what} must be a redist.ShardingType (e.g. ShardingType.parse('f32[8{{x}}]', "
                                 f"mesh)), got {type(t).__name__} {shown(t)}")
-    if src.mesh != dst.mesh:
-        raise ShardingError(f"source and destination are on different meshes ({src.mesh} and {dst.mesh})")
+    if not src.mesh.same_axes(dst.mesh):
+        raise ShardingError(f"source and destination are on different meshes ({src.mesh} and {dst.mesh}); only "
+                            "the device order may differ")
     if src.shape != dst.shape:
         raise ShardingError(f"source shape {list(src.shape)} differs from destination shape {list(dst.shape)}")
     if src.dtype != dst.dtype:
@@ -83,5 +83,12 @@ def check_pair(src: ShardingType, dst: ShardingType, topology=None) -> None:
             check_factorization(name, axes)
         except ShardingError as e:
             raise ShardingError(f"source {src} and destination {dst}: {e}") from None
+    if src.partial and dst.partial and src.reduction != dst.reduction:
+        raise ShardingError(f"source {src} is a pending {src.reduction} but destination {dst} a pending "
+                            f"{dst.reduction}: a redistribution cannot convert between reduction kinds")
+    if difference(dst.partial, src.partial) and dst.reduction != "sum":
+        raise ShardingError(f"destination {dst} creates a pending {dst.reduction} over "
+                            f"{{{','.join(difference(dst.partial, src.partial))}}}, which the source {src} does not "
+                            "have: only pending sums can be created (their summands are zeros but one)")
     if topology is not None:
         as_topology(topology, src.mesh)

@@ -21,8 +21,8 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from redist.backends import interpreter
-from redist.backends.jax_backend import (JaxBackend, in_dtype, redist_mesh, refine_mesh, refined_axis_names,
-                                         run_on_buffers, run_program)
+from redist.backends.jax_backend import (JaxBackend, in_dtype, jax_mesh_of, redist_mesh, refine_mesh,
+                                         refined_axis_names, run_on_buffers, run_program)
 from redist.buffers import describe
 from redist.errors import ShardingError
 from redist.mesh import Mesh
@@ -69,6 +69,56 @@ def _check_even(t: ShardingType, which: str) -> None:
                 "padded per-device buffers with redist.jax.run_on_buffers)")
 
 
+def _redist_meshes(src_jmesh, jmesh) -> tuple[Mesh, Mesh]:
+    """The redist meshes of the array's JAX mesh and of the target's: one mesh, or two device orders of the
+    same axes and devices (:func:`redist_mesh`; both number the devices by the same ranks of their ids).
+    Raises :class:`ShardingError` for anything else."""
+    if _same_mesh(src_jmesh, jmesh):
+        mesh = redist_mesh(jmesh)
+        return mesh, mesh
+    reordered = (isinstance(src_jmesh, jax.sharding.Mesh) and src_jmesh.shape_tuple == jmesh.shape_tuple
+                 and {d.id for d in src_jmesh.devices.flat} == {d.id for d in jmesh.devices.flat})
+    if not reordered:
+        raise ShardingError(f"the array is on mesh {src_jmesh} but the target sharding on mesh {jmesh}; "
+                            "reshard moves data within one mesh, or between two device orders of it (the same "
+                            "axes and devices)")
+    return redist_mesh(src_jmesh), redist_mesh(jmesh)
+
+
+def _between_device_orders(x, src_t: ShardingType, dst_t: ShardingType, sharding, traced: bool):
+    """:func:`reshard` between two device orders, eagerly: the plan's program on the buffers of every device
+    (:func:`_program_on_devices`), its results restated as ``sharding``'s array where they are."""
+    if traced:
+        raise ShardingError(f"under jax.jit, JAX runs a computation on one device order, but the array's mesh "
+                            f"({src_t.mesh}) and the target's ({dst_t.mesh}) order the devices differently; call "
+                            "reshard outside jax.jit to move between them")
+    with in_dtype(src_t.np_dtype):
+        if x.size == 0:
+            return _empty(x.shape, src_t.np_dtype, sharding)
+        devices = sorted(sharding.mesh.devices.flat, key=lambda d: d.id)
+        run, stacked_sharding = _program_on_devices(src_t, dst_t, tuple(devices))
+        by_device = {s.device: s.data for s in x.addressable_shards}
+        stacked = jax.make_array_from_single_device_arrays(
+            (src_t.mesh.size,) + src_t.local_shape, stacked_sharding,
+            [by_device[d][None] for d in stacked_sharding.mesh.devices.flat])
+        return jax.make_array_from_single_device_arrays(
+            x.shape, sharding, [s.data[0] for s in run(stacked).addressable_shards])
+
+
+@lru_cache(maxsize=256)
+def _program_on_devices(src_t: ShardingType, dst_t: ShardingType, devices: tuple):
+    """``(jitted function, its input sharding)``: the plan's program run on a stack of every device's buffer
+    (row ``p``: the device at position ``p`` of the program's mesh, on the JAX mesh of that device order,
+    ``devices[d]`` being device ``d``), as :func:`run_on_buffers` runs it."""
+    program = synthesize(src_t, dst_t).program
+    refined, names = refine_mesh(jax_mesh_of(program.mesh, devices), program.axis_tokens())
+    spec = PartitionSpec(tuple(refined.axis_names))
+    backend = JaxBackend(program.mesh, names)
+    mapped = jax.shard_map(lambda b: interpreter.run(program, backend, b[0])[None], mesh=refined, in_specs=spec,
+                           out_specs=spec, check_vma=False)
+    return jax.jit(mapped), NamedSharding(refined, spec)
+
+
 def _same_mesh(a, b) -> bool:
     """Equal meshes; a traced array may only carry the abstract mesh, which is then compared."""
     if a == b:
@@ -97,9 +147,16 @@ def reshard(x, sharding, *, src=None):
     The result has ``x``'s dtype: a 64-bit array (made under JAX's x64 mode) stays 64-bit even where x64 is
     off for this call.
 
+    Device order: the array's mesh and the target's may hold the same devices in different orders (the
+    same axes; ``jax.make_mesh`` and a hand-made device array, say): the plan then moves blocks between the
+    two orders (SPEC 1, :func:`redist.synthesize`): it runs on every device's buffer and the result's buffers
+    become the target-sharded array where they are. Only eagerly: JAX compiles a computation for one device
+    order (it refuses arguments and constraints on another inside ``jax.jit``), so under ``jax.jit`` such a
+    reshard raises :class:`ShardingError`.
+
     Raises :class:`ShardingError` if ``x`` is no JAX array, ``sharding`` (or ``x``'s sharding) is not a
-    ``NamedSharding``, the meshes differ, or the shape does not fit the shardings (an unknown axis, too many
-    spec entries, a dim that does not divide).
+    ``NamedSharding``, the meshes differ other than in device order, or the shape does not fit the
+    shardings (an unknown axis, too many spec entries, a dim that does not divide).
     """
     if not isinstance(x, jax.Array):
         raise ShardingError(f"reshard moves a jax.Array laid out on a mesh (jax.device_put(x, NamedSharding(mesh, "
@@ -124,21 +181,20 @@ def reshard(x, sharding, *, src=None):
         src = NamedSharding(jmesh, src)
     if not isinstance(src, NamedSharding):
         raise ShardingError(f"the array's sharding must be a NamedSharding, got {type(src).__name__}: {src}")
-    if not _same_mesh(src.mesh, jmesh):
-        raise ShardingError(f"the array is on mesh {src.mesh} but the target sharding on mesh {jmesh}; "
-                            "reshard moves data within one mesh")
-    mesh = redist_mesh(jmesh)
+    src_mesh, mesh = _redist_meshes(src.mesh, jmesh)
     try:
         dtype = np.dtype(x.dtype)
     except TypeError:
         raise ShardingError(f"unsupported dtype {x.dtype}") from None
-    src_t = sharding_type(x.shape, dtype, src, mesh)
+    src_t = sharding_type(x.shape, dtype, src, src_mesh)
     dst_t = sharding_type(x.shape, dtype, sharding, mesh)
     _check_even(src_t, "the array's sharding")
     _check_even(dst_t, "the target sharding")
     if any(e is PartitionSpec.UNCONSTRAINED for e in sharding.spec):
         sharding = NamedSharding(jmesh, PartitionSpec(
             *(None if e is PartitionSpec.UNCONSTRAINED else e for e in sharding.spec)))
+    if src_mesh != mesh:
+        return _between_device_orders(x, src_t, dst_t, sharding, traced)
     fn = _shard_mapped(src_t, dst_t, jmesh)
     if not traced:
         with in_dtype(dtype):

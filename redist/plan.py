@@ -10,7 +10,7 @@ from functools import cached_property
 
 from redist import steps as S
 from redist.errors import ShardingError, shown
-from redist.program import Program, lower
+from redist.program import Program, collective_mesh, lower
 from redist.types import ShardingType
 
 
@@ -34,7 +34,8 @@ class Plan:
     """``steps[i]`` turns ``types[i]`` into ``types[i + 1]``; ``types[0]`` is the source, ``types[-1]`` the
     destination. Construction checks every step's typing rule and raises :class:`ShardingError` for anything
     else: not one type more than steps, something that is no :class:`redist.ShardingType` or no step of
-    :mod:`redist.steps`, or a step that does not turn its type into the next."""
+    :mod:`redist.steps`, a step that does not turn its type into the next, or collectives on two device
+    orders (:func:`redist.program.collective_mesh`)."""
 
     steps: tuple
     types: tuple
@@ -56,6 +57,7 @@ class Plan:
             out = step.apply(t)
             if out != t_next:
                 raise ShardingError(f"step {i} of the plan, {step}, turns {t} into {out}, not into {t_next}")
+        collective_mesh(self.steps, self.types)
 
     @classmethod
     def from_steps(cls, src: ShardingType, steps: Iterable[S.Step]) -> Plan:
@@ -132,8 +134,11 @@ class Plan:
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
-        return {
-            "mesh": str(self.src.mesh),
+        """The plan as JSON data; ``dst_mesh`` is there only when the plan changes the device order."""
+        out: dict = {"mesh": str(self.src.mesh)}
+        if self.dst.mesh != self.src.mesh:
+            out["dst_mesh"] = str(self.dst.mesh)
+        out.update({
             "src": str(self.src),
             "dst": str(self.dst),
             "steps": [
@@ -142,7 +147,8 @@ class Plan:
             ],
             "peak_bytes": self.peak_bytes,
             "bytes_received": self.bytes_received,
-        }
+        })
+        return out
 
     def to_json(self, **kw) -> str:
         return json.dumps(self.to_dict(), **kw)

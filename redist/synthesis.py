@@ -46,6 +46,16 @@ again with every atom split into prime factors (Shardy's sub-axes) and the bette
 topology, the objective is modeled time (a run pays its latency once) and the heuristic is the missing
 growth over the fastest link.
 
+Reductions. The reduction kind of a pending value (sum, max, min, prod) is the same on both sides
+(:func:`redist.bounds.check_pair`); every ``reduce_scatter`` and ``all_reduce`` of a plan takes the source's,
+and the search is the same for every kind.
+
+Device orders. Between the same axes on two device orders (SPEC 1), the plan is the plan on one order and a
+``permute`` to the other, either after all its steps or before them (the plan from the source moved to the
+destination's order); where that end of the plan is a ``permute`` or an ``exchange`` already, that step moves
+the blocks to the other order too, at no extra cost. The fewer bytes (with a topology: the faster) of the
+two is returned. Every collective of the plan thus runs on one device order.
+
 Budget and fallback. The searches of one ``synthesize`` call generate at most ``_MAX_STATES`` (200,000)
 states in all, fewer for ranks above 8 (a state is a tuple per dim), and twice that with a topology (its
 own searches by modeled time get a second budget); a search over sub-axes also stops after
@@ -65,7 +75,7 @@ a searched plan would.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -152,16 +162,20 @@ def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
     and over sub-axes) are priced with :func:`redist.cost.plan_time` and the fastest is returned (ties:
     fewer bytes, then fewer steps).
 
-    A destination partial over axes the source is not (creating pending sums) gets the plan of
+    The types may lie on two device orders of the same mesh axes ("Device orders" in the module header). A
+    destination partial over axes the source is not (creating pending sums) gets the plan of
     :func:`_synthesize_creating`; uneven dims, :func:`_synthesize_uneven`. Between even types the search's
     plan is compared with one ``exchange`` (after the reductions), which receives exactly the lower bound
     without reductions: the exchange is taken where it receives fewer bytes (with ``topology``: where it is
     faster, its rounds priced by :func:`redist.cost.plan_time`).
 
-    Raises :class:`ShardingError` if the types are on different meshes, have different shapes or dtypes, or
-    split a mesh axis into sub-axes of two different decompositions.
+    Raises :class:`ShardingError` if the types are on different mesh axes, have different shapes or dtypes,
+    pending reductions of different kinds, or a destination that creates a pending reduction other than a
+    sum, or split a mesh axis into sub-axes of two different decompositions.
     """
     check_pair(src, dst, topology)
+    if src.mesh != dst.mesh:
+        return _across_device_orders(src, dst, topology)
     if difference(dst.partial, src.partial):
         return _synthesize_creating(src, dst, topology)
     if not (src.is_even() and dst.is_even()):
@@ -254,8 +268,26 @@ def _creation_placements(src: ShardingType, dst: ShardingType, created) -> list[
     return options
 
 
-def _cheapest(candidates: list[Plan], topology, mesh: Mesh) -> Plan:
-    """The plan of the fewest bytes, or with ``topology`` the fastest (then fewer bytes); then fewer steps."""
+def _across_device_orders(src: ShardingType, dst: ShardingType, topology) -> Plan:
+    """A plan between two device orders of the same axes ("Device orders" in the module header)."""
+    ids = dst.mesh.device_ids
+    after = synthesize(src, dst.replace(mesh=src.mesh), topology)
+    steps = list(after.steps)
+    if steps and isinstance(steps[-1], (S.Permute, S.Exchange)):
+        steps[-1] = replace(steps[-1], device_ids=ids)
+    else:
+        steps.append(S.Permute(dst.dims, ids))
+    before = synthesize(src.replace(mesh=dst.mesh), dst, topology)
+    first = [S.Permute(src.dims, ids)] + list(before.steps)
+    if before.steps and isinstance(before.steps[0], (S.Permute, S.Exchange)):
+        first = [replace(before.steps[0], device_ids=ids)] + list(before.steps[1:])
+    candidates = [Plan.from_steps(src, steps), Plan.from_steps(src, first)]
+    return _cheapest(candidates, topology, src.mesh)
+
+
+def _cheapest(candidates, topology, mesh: Mesh) -> Plan:
+    """The fewest-bytes candidate (ties: fewest steps, then the first), or with ``topology`` the fastest (ties:
+    fewest bytes, then steps)."""
     if topology is None:
         return min(candidates, key=lambda p: (p.bytes_received, len(p.steps)))
     from redist import cost
@@ -285,9 +317,9 @@ def _synthesize_uneven(src: ShardingType, dst: ShardingType, topology) -> Plan:
     exchange = S.Exchange(dst.dims)
     if not reduced:
         return Plan.from_steps(src, (exchange,))
-    candidates = [Plan.from_steps(src, (S.AllReduce(reduced), exchange))]
+    candidates = [Plan.from_steps(src, (S.AllReduce(reduced, src.reduction), exchange))]
     if _type_or_none(src, dst.dims, src.partial) is not None:
-        candidates.append(Plan.from_steps(src, (exchange, S.AllReduce(reduced))))
+        candidates.append(Plan.from_steps(src, (exchange, S.AllReduce(reduced, src.reduction))))
     bound = max(src.local_bytes, dst.local_bytes)
     for d in range(src.rank):
         mid = _type_or_none(src, src.dims[:d] + (src.dims[d] + reduced,) + src.dims[d + 1:], dst.partial)
@@ -313,7 +345,7 @@ def _uneven_reduce_scatters(src: ShardingType, dst: ShardingType, reduced, topol
         rest = remove_axes(src.partial, placed) if placed else None
         if rest is None:
             continue
-        steps = [S.ReduceScatter(i, axes) for i, axes in sorted(choice.items())]
+        steps = [S.ReduceScatter(i, axes, src.reduction) for i, axes in sorted(choice.items())]
         try:
             mid = Plan.from_steps(src, steps)
         except ShardingError:  # a sub-axis order the type cannot hold
@@ -352,7 +384,7 @@ def _with_unit_axes(src: ShardingType, dst: ShardingType, core: Plan) -> Plan:
     steps, t = [], src
     reduced = tuple(a for a in src.partial if a not in core.src.partial)
     if reduced:
-        steps.append(S.AllReduce(reduced))
+        steps.append(S.AllReduce(reduced, src.reduction))
         t = steps[-1].apply(t)
     if t != core.src:
         steps.append(S.Permute(core.src.dims))
@@ -433,9 +465,9 @@ def _fallback(src: ShardingType, dst: ShardingType) -> Plan:
             placed[-1] = (dim, placed[-1][1] + (axis,))
         else:
             placed.append((dim, (axis,)))
-    steps = [S.ReduceScatter(dim, axes) for dim, axes in placed]
+    steps = [S.ReduceScatter(dim, axes, src.reduction) for dim, axes in placed]
     if unplaced:
-        steps.append(S.AllReduce(tuple(unplaced)))
+        steps.append(S.AllReduce(tuple(unplaced), src.reduction))
     return Plan.from_steps(src, (*steps, S.Exchange(dst.dims)))
 
 
@@ -582,7 +614,7 @@ class ReduceScatterMove(NamedTuple):
     atom: int
 
     def step(self, run: _Run) -> S.ReduceScatter:
-        return S.ReduceScatter(self.dim, run.pushed(self.dim))
+        return S.ReduceScatter(self.dim, run.pushed(self.dim), run.before.reduction)
 
 
 def _try_reduce_scatters(space: _Space, node: _Node):
@@ -683,7 +715,7 @@ class AllReduceMove(NamedTuple):
     """5. ``all_reduce``: sum over every partial atom the destination does not keep."""
 
     def step(self, run: _Run) -> S.AllReduce:
-        return S.AllReduce(remove_axes(run.before.partial, run.dst.partial))
+        return S.AllReduce(remove_axes(run.before.partial, run.dst.partial), run.before.reduction)
 
 
 def _try_all_reduce(space: _Space, node: _Node):

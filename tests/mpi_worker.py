@@ -39,7 +39,8 @@ import redist.mpi
 from redist import program as P
 from redist.backends import interpreter, mpi_backend
 from redist.data import poisoned_source
-from redist.testing import SeededDraw, draw_pair
+from redist.testing import SeededDraw, draw_device_order, draw_pair
+from redist.types import REDUCTIONS
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
@@ -50,7 +51,7 @@ MESHES = {
     8: [(8,), (2, 4), (4, 2), (2, 2, 2)],
 }
 NAMES = ("x", "y", "z")
-DTYPES = ("f64", "f64", "f64", "f32", "f16", "bf16", "i8", "i16", "i32", "i64", "u8", "u32", "bool")
+DTYPES = ("f64", "f64", "f64", "f32", "f16", "bf16", "i8", "i16", "i32", "i64", "u8", "u32", "bool", "c64", "c128")
 
 
 def say(*args) -> None:
@@ -68,18 +69,20 @@ def make_mesh(shape) -> redist.Mesh:
 
 
 def random_pair(seed: int, i: int, mesh: redist.Mesh, uneven: bool = False, create: bool = False):
-    """Random case ``i``: a pair on ``mesh`` (sub-axes, partial sources, every dtype of :data:`DTYPES`; with
-    ``uneven``, padding on some side; with ``create``, pending sums the destination may create, even or
-    uneven), a function of the arguments alone, so that every rank draws it."""
+    """Random case ``i``: a pair on ``mesh`` or ``mesh`` in a random device order (sub-axes, partial sources of
+    every reduction kind, every dtype of :data:`DTYPES`, destinations in another device order; with ``uneven``,
+    padding on some side; with ``create``, pending sums that the destination creates, even or uneven), a
+    function of the arguments alone, so that every rank draws it."""
     if create:  # drawn until the destination creates some: draw_pair creates over few axes
         draw = SeededDraw(f"mpi_worker:{seed}:{i}:create")
         while True:
-            src, dst = draw_pair(draw, mesh, partial=0.4, sub_axes=0.3, dtype=DTYPES, multipliers=(1, 2),
-                                 uneven=0.3, create=1.0)
+            src, dst = draw_pair(draw, draw_device_order(draw, mesh, 0.3), partial=0.4, sub_axes=0.3, dtype=DTYPES,
+                                 multipliers=(1, 2), uneven=0.3, reorder=0.3, create=1.0)
             if not set(dst.partial) <= set(src.partial):
                 return src, dst
     draw = SeededDraw(f"mpi_worker:{seed}:{i}:{uneven}")
-    return draw_pair(draw, mesh, partial=0.4, sub_axes=0.3, dtype=DTYPES, multipliers=(1, 2), uneven=uneven)
+    return draw_pair(draw, draw_device_order(draw, mesh, 0.3), partial=0.4, sub_axes=0.3, dtype=DTYPES,
+                     multipliers=(1, 2), uneven=uneven, reductions=REDUCTIONS, reorder=0.3)
 
 
 def classic_pairs(mesh_shape) -> list[tuple[str, str, str]]:
@@ -183,6 +186,7 @@ def creation_pairs(seed: int, count: int) -> list[tuple[redist.ShardingType, red
 
 # ------------------------------------------------------------------------------------ modes
 KINDS: dict[str, int] = {}
+FEATURES: dict[str, int] = {}  # issue-15 features of the cases run (reduction kinds, device orders, complex)
 
 
 def run_case(src, dst, rng, failures: list, label: str) -> tuple[bool, bool]:
@@ -192,6 +196,9 @@ def run_case(src, dst, rng, failures: list, label: str) -> tuple[bool, bool]:
     plan = redist.synthesize(src, dst)
     for ins in plan.program.instructions:
         KINDS[type(ins).__name__] = KINDS.get(type(ins).__name__, 0) + 1
+    for feature in ([f"partial({src.reduction})"] * bool(src.partial) + ["device order"] * (src.mesh != dst.mesh)
+                    + ["reordered mesh"] * (not src.mesh.is_row_major) + [src.dtype] * (src.dtype in ("c64", "c128"))):
+        FEATURES[feature] = FEATURES.get(feature, 0) + 1
     value, shards = poisoned_source(src, rng)
     expected = redist.execute(plan, shards)
     core_ok = np.array_equal(redist.unshard(dst, expected), value)
@@ -241,6 +248,7 @@ def mode_cases(seed: int, count: int, uneven: int, create: int) -> None:
     for f in failures:
         say("FAILED", f)
     say("instructions run:", " ".join(f"{k}={v}" for k, v in sorted(KINDS.items())))
+    say("features run:", " ".join(f"{k}={v}" for k, v in sorted(FEATURES.items())))
     say(f"uneven cases={u_cases} passed={u_passed} exchanges={exchanges}")
     say(f"creation cases={c_cases} passed={c_passed} created={created}")
     say(f"ranks={SIZE} cases={cases} passed={passed} core_mismatch={mismatched} subcomms_stable={stable} "

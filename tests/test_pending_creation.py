@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 
 from proofs.common import oracle
 from redist import program as P
+from redist import steps as S
 from redist.bounds import lower_bound_bytes
 from redist.data import poisoned_source, shard, unshard
+from redist.errors import ShardingError
 from redist.execute import execute
 from redist.mesh import Mesh
 from redist.synthesis import synthesize
@@ -205,3 +207,31 @@ def test_random_creations_agree_on_jax(pair, seed):
     for w, g in zip(want, got):
         assert np.array_equal(g, w, equal_nan=True), plan.program
     np.testing.assert_array_equal(unshard(dst, got), value)
+
+
+# ---------------------------------------------------------------------------------------------- reduction kinds
+@pytest.mark.parametrize("src,dst", [
+    ("f32[4, 6]", "f32[4, 6] partial(max){x}"),
+    ("f32[4{x}, 6]", "f32[4, 6] partial(min){x}"),
+    ("f32[4, 6] partial(max){x}", "f32[4, 6] partial(max){x,y}"),
+    ("f32[4, 6] partial(prod){y}", "f32[4, 6] partial(prod){x}"),
+])
+def test_only_pending_sums_are_created(src, dst):
+    """Creating summands writes zeros, the identity of a sum only: a destination that creates a pending max,
+    min or product is refused, by the planner and by the step that would create it."""
+    s, d = T(src, M), T(dst, M)
+    with pytest.raises(ShardingError, match="only pending sums can be created"):
+        synthesize(s, d)
+    with pytest.raises(ShardingError, match="only pending sums can be created"):
+        lower_bound_bytes(s, d)
+    if s.partial:
+        with pytest.raises(ShardingError, match="identity"):
+            S.ReplicateToPartial(("y",) if "x" in s.partial else ("x",)).apply(s)
+
+
+def test_a_created_max_is_refuted():
+    """KeepRoot's zeros are no identity of a max: the claim is refuted, with a counterexample."""
+    program = _program(M, REPLICATED, [P.KeepRoot(("x",))])
+    v = verify_program(program, REPLICATED, T("f32[4, 6] partial(max){x}", M))
+    assert v.status == "refuted" and "identity of a sum only" in v.reason
+    assert v.counterexample is not None
