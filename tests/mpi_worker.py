@@ -157,7 +157,9 @@ def uneven_named_pairs() -> list[tuple[str, str, str]]:
     # reduce-scatters with uneven counts: (4, 4, 4, 1) rows on x=4, and a dim shorter than the group
     out += [(f"x={n}", f"f32[{2 * n + 5}, 3] partial{{x}}", f"f32[{2 * n + 5}{{x}}, 3]"),
             (f"x={n}", f"i64[{n - 1}, 2] partial{{x}}", f"i64[{n - 1}{{x}}, 2]"),
-            (f"x={n}", "bf16[5, 3] partial{x}", "bf16[5{x}, 3]")]
+            (f"x={n}", "bf16[5, 3] partial{x}", "bf16[5{x}, 3]"),
+            (f"x={n}", f"f32[{2 * n + 5}, 3] partial(max){{x}}", f"f32[{2 * n + 5}{{x}}, 3]"),
+            (f"x={n}", f"i32[{n + 1}, 2] partial(min){{x}}", f"i32[{n + 1}{{x}}, 2]")]
     return out
 
 
