@@ -19,8 +19,8 @@ and copies before running it):
   is mutated by ``drop``, ``duplicate`` and ``wrong_axis``);
 - ``wrong_reduction``: a reduce-scatter's or all-reduce's reduction kind replaced by another the dtype has
   (not on ``bool``, whose sum and maximum are both "or", nor over a group of one device, where every kind
-  is the identity: such mutants are equivalent, but the verifier refutes them, SPEC 2: a plan never converts
-  between kinds);
+  is the identity, nor on buffers without elements: such mutants are equivalent, but the verifier refutes
+  them, SPEC 2: a plan never converts between kinds);
 - ``swap_transpose``: two entries of a local transpose's permutation exchanged (the transposes around an
   all-to-all);
 - on an ``Exchange`` (point-to-point copies, uneven dims): ``drop_copy`` (one copy of one device removed),
@@ -239,7 +239,7 @@ def mutants(prog: P.Program, rng: random.Random, max_per_op: int = 3):
         if isinstance(x, P.AllReduce) and rank:
             add("reduce_kind", f"{t}: all_reduce -> reduce_scatter + all_gather",
                 ins[:t] + [P.ReduceScatter(0, x.axes, x.reduction), P.AllGather(0, x.axes[::-1])] + ins[t + 1:])
-        if isinstance(x, (P.ReduceScatter, P.AllReduce)):
+        if isinstance(x, (P.ReduceScatter, P.AllReduce)) and math.prod(prog.shapes[t]):  # no elements: equivalent
             for kind in _other_reductions(x.reduction, prog.dtype, mesh.group_size(x.axes)):
                 add("wrong_reduction", f"{t}: {x.reduction} -> {kind}",
                     ins[:t] + [dataclasses.replace(x, reduction=kind)] + ins[t + 1:])
