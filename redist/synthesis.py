@@ -165,9 +165,9 @@ def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
     The types may lie on two device orders of the same mesh axes ("Device orders" in the module header). A
     destination partial over axes the source is not (creating pending sums) gets the plan of
     :func:`_synthesize_creating`; uneven dims, :func:`_synthesize_uneven`. Between even types the search's
-    plan is compared with one ``exchange`` (after the reductions), which receives exactly the lower bound
-    without reductions: the exchange is taken where it receives fewer bytes (with ``topology``: where it is
-    faster, its rounds priced by :func:`redist.cost.plan_time`).
+    plan is compared, where no pending sum is reduced, with one ``exchange``, which receives exactly the lower
+    bound: the exchange is taken where it receives fewer bytes (with ``topology``: where it is faster, its
+    rounds priced by :func:`redist.cost.plan_time`).
 
     Raises :class:`ShardingError` if the types are on different mesh axes, have different shapes or dtypes,
     pending reductions of different kinds, or a destination that creates a pending reduction other than a
@@ -195,21 +195,23 @@ def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
             states -= used
             if found is not None:
                 candidates.append(found)
-        candidates.append(_fallback(core_src, core_dst))
+        if set(core_src.partial) == set(core_dst.partial):  # the exchange candidate, as in _fewest_bytes
+            candidates.append(_fallback(core_src, core_dst))
         core = min(candidates, key=lambda p: (cost.plan_time(p, topo), p.bytes_received, len(p.steps)))
     return _with_unit_axes(src, dst, core)
 
 
 def _fewest_bytes(src: ShardingType, dst: ShardingType) -> Plan:
     """The search's plan (:func:`_synthesize`), or the exchange plan of :func:`_fallback` where that receives
-    strictly fewer bytes (even types; ties keep the collectives).
+    strictly fewer bytes (even types without pending sums to reduce; ties keep the collectives).
 
     The collectives cannot put an axis under one already in a dim without moving whole buffers, where one
     point-to-point exchange moves only the pieces each device lacks (the redistribution paper's all-permute):
-    without reductions the exchange receives exactly the lower bound, so it is tried only when the search's
-    plan misses it."""
+    it receives exactly the lower bound, so it is tried only when the search's plan misses it. With sums to
+    reduce, reduce-scatters then an exchange can receive fewer bytes too, but proving such a plan on large
+    meshes takes the verifier seconds (``python -m proofs``'s 64-device timing), so it is not offered there."""
     plan = _synthesize(src, dst)
-    if set(src.partial) == set(dst.partial) and plan.bytes_received == lower_bound_bytes(src, dst):
+    if set(src.partial) != set(dst.partial) or plan.bytes_received == lower_bound_bytes(src, dst):
         return plan
     exchange = _fallback(src, dst)
     return exchange if exchange.bytes_received < plan.bytes_received else plan
