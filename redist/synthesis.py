@@ -175,8 +175,7 @@ def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
     sum, or split a mesh axis into sub-axes of two different decompositions.
     """
     check_pair(src, dst)
-    if topology is not None:
-        cost.as_topology(topology, src.mesh)  # a bad topology= is refused whichever path the pair takes
+    topo = None if topology is None else cost.as_topology(topology, src.mesh)  # refused before any path runs
     if src.mesh != dst.mesh:
         return _across_device_orders(src, dst, topology)
     if difference(dst.partial, src.partial):
@@ -184,11 +183,9 @@ def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
     if not (src.is_even() and dst.is_even()):
         return _synthesize_uneven(src, dst, topology)
     core_src, core_dst = _without_unit_axes(src, dst.partial), _without_unit_axes(dst, dst.partial)
-    if topology is None:
+    if topo is None:
         core = _fewest_bytes(core_src, core_dst)
     else:
-
-        topo = cost.as_topology(topology, src.mesh)
         candidates = [_fewest_bytes(core_src, core_dst)]
         states = _state_budget(core_src)
         for refine in (False, True):
