@@ -268,7 +268,7 @@ def run_random_creating(n: int = 2000, workers: int = 2, seed: int = 0) -> dict:
     from proofs.step_rules import creating_pairs
 
     t = time.perf_counter()
-    results = _run(creating_pairs(n, seed), workers, check=_chunk_uneven)
+    results = _run(creating_pairs(n, seed), workers, "random creating", check=_chunk_uneven)
     out = summarize(f"random creating: {n} pairs creating pending sums, meshes <= 16 devices (sub-axes, partial, "
                     "uneven)", results, time.perf_counter() - t)
     out["by_shape"] = dict(Counter(r["shape"] for r in results if r["ok"]).most_common(8))
