@@ -357,6 +357,7 @@ FIXED_CREATING_PAIRS = [
 # The creating instructions that the run must mutate.
 CREATING_KINDS = ("KeepRoot", "EmbedChunk")
 
+
 def run(n_plans: int = 300, seed: int = 0, max_per_op: int = 3, uneven: float = 0.3, n_creating: int = 40) -> dict:
     """Mutate the fixed pairs' plans, then random plans (a share ``uneven`` of them uneven) up to ``n_plans``
     plans, then ``n_creating`` random plans whose destination creates pending sums. ``uneven_plans`` counts
