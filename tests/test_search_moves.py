@@ -25,9 +25,8 @@ def _check_run(space, src, dst, start, move, state, local_bytes, charged):
     and receives what the search charged for the run."""
     step = move.step(synthesis._Run(src, start[0], state[0], dst, space.atoms))
     t = step.apply(src)
-    mesh = src.mesh
-    assert tuple(synthesis._expand(mesh, space.atoms, d) for d in t.dims) == state[0], (move, step)
-    assert synthesis._mask(synthesis._expand(mesh, space.atoms, t.partial)) == state[1], (move, step)
+    assert tuple(space.atoms.expand(d) for d in t.dims) == state[0], (move, step)
+    assert synthesis._mask(space.atoms.expand(t.partial)) == state[1], (move, step)
     assert t.local_bytes == local_bytes, (move, step)
     if isinstance(move, SwapMove):  # a run of swaps is charged a whole buffer; swaps may undo each other
         assert charged >= step.bytes_received(src) * space.scale, (move, step)
