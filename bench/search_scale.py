@@ -2,15 +2,17 @@
 
 Method: for each mesh below, ``--pairs`` seeded random even pairs (:func:`redist.testing.draw_pair`: ranks 1 to
 4, or 1 to 8 on the meshes marked so, partial sources, sub-axes with probability 0.25), plus the pairs named
-in issue 14. Each pair is synthesized once with the plan cache cleared, timed with ``time.perf_counter``:
+in issue 14. Each pair is synthesized once with the plan cache cleared, timed in CPU seconds of this process
+(``time.process_time``: the search is single-threaded, and other processes on a shared machine do not count):
 ``synthesize`` is the whole call, ``search`` the time spent inside the searches (``synthesis._search``, which
 never enumerates devices; the rest of the call is the typing of the plan, the same at any mesh size). The
 byte accounting that does enumerate devices today (``lower_bound_bytes``, ``Plan.bytes_received``) runs after
 the clock, for the quality figures only (on meshes of up to 4,096 devices): for pairs without a reduction,
-the share of plans at the lower bound and the geometric mean and maximum of bytes / bound. ``states`` is what the searches generated (their budget
-is deterministic). Memory: the process's peak resident set (``ru_maxrss``) at the end. Targets (issue 14): on
-4,096 devices with rank <= 4, synthesis median <= 20 ms and max <= 1 s; every named pair <= 1 s, and <= 2 s
-for rank 8 on 16 axes; bytes / bound at scale no worse than on 8 devices; a few hundred MB at most.
+the share of plans at the lower bound and the geometric mean and maximum of bytes / bound. ``states`` is
+what the searches generated (their budget is deterministic). Memory: the process's peak resident set
+(``ru_maxrss``) at the end. Targets (issue 14): on 4,096 devices with rank <= 4, synthesis median <= 20 ms
+and max <= 1 s; every named pair <= 1 s, and <= 2 s for rank 8 on 16 axes; bytes / bound at scale no worse
+than on 8 devices; a few hundred MB at most.
 
     python bench/search_scale.py [--pairs 100] [--seed 0] [--quick]
 """
@@ -83,9 +85,9 @@ class _Timed:
         self.inner, self.seconds, self.states = synthesis._search, 0.0, 0
 
     def __call__(self, *args, **kw):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         found = self.inner(*args, **kw)
-        self.seconds += time.perf_counter() - t0
+        self.seconds += time.process_time() - t0
         self.states += found.states
         return found
 
@@ -97,9 +99,9 @@ def measure(src, dst, timed: _Timed) -> dict:
     """One cold synthesis of ``src -> dst``: times, states, bytes, bound."""
     synthesis._synthesize.cache_clear()
     timed.reset()
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     plan = redist.synthesize(src, dst)
-    total = time.perf_counter() - t0
+    total = time.process_time() - t0
     assert plan.peak_bytes <= max(src.local_bytes, dst.local_bytes)
     row = {"src": str(src), "dst": str(dst), "synthesize_s": total, "search_s": timed.seconds, "states": timed.states,
            "steps": [str(s) for s in plan.steps], "reduces": set(src.partial) != set(dst.partial)}
@@ -153,7 +155,8 @@ def main(argv=None) -> dict:
                   f"{s['synthesize_max_ms']:>9.1f}{s['search_max_ms']:>12.1f}{s['states_max']:>9}"
                   f"{s['at_bound']:>5}/{s['without_reduction']:<4}{s['ratio_geomean']:>9.3f}{s['ratio_max']:>7.2f}",
                   flush=True)
-        print(f"\n{'named pair':<28}{'devices':>8}{'synth ms':>10}{'search ms':>11}{'states':>8}{'bytes/bound':>13}  plan")
+        print(f"\n{'named pair':<28}{'devices':>8}{'synth ms':>10}{'search ms':>11}{'states':>8}{'bytes/bound':>13}"
+              "  plan")
         for name, axes, a, b in NAMED:
             mesh = redist.Mesh(axes)
             row = measure(redist.ShardingType.parse(a, mesh), redist.ShardingType.parse(b, mesh), timed)

@@ -288,10 +288,11 @@ def _synthesize(src: ShardingType, dst: ShardingType) -> Plan:
         return whole.plan
     # Sub-axes can help (or be needed): search again over prime-sized atoms, keep the better plan. A plan at
     # the bound may still shrink: slice, permute, gather of a whole axis is often slice, permute of a part.
-    # When no plan exists over whole axes, the search over sub-axes is the only way and may expand any number
-    # of states within the budget.
+    # When no plan exists over whole axes and the fallback misses the bound (it reduces), the search over
+    # sub-axes is the only way to it and may expand any number of states within the budget.
+    exact = set(src.partial) == set(dst.partial)  # then the fallback receives exactly the lower bound
     finer = _search(src, dst, refine=True, max_states=budget - whole.states, cutoff=cutoff,
-                    max_expansions=None if whole.plan is None else _MAX_REFINED_EXPANSIONS)
+                    max_expansions=_MAX_REFINED_EXPANSIONS if whole.plan is not None or exact else None)
     found = [f for f in (whole, finer) if f.plan is not None]
     if not found:
         return _fallback(src, dst)
