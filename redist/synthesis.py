@@ -946,8 +946,8 @@ def _search(src: ShardingType, dst: ShardingType, refine: bool, topo=None, max_s
         if kind == _JOINED:
             return _Found(_build(src, dst, space, parent, state, extra, suffixes.after), f, max_states - budget.left)
         if kind == _PENDING:  # settle the suffixes up to what this join may cost, then take the best
-            node, lowest, base = extra  # base: the steps to the state and the permute
-            suffixes.reach(f - g - lowest, nsteps - base)
+            node, lowest, base, radius = extra  # base: the steps to the state and the permute
+            suffixes.reach(*radius)  # not f - g - lowest: modeled seconds would not round-trip
             found = suffixes.join(node)
             if found is not None:
                 cost, steps, suffix = found
@@ -956,8 +956,9 @@ def _search(src: ShardingType, dst: ShardingType, refine: bool, topo=None, max_s
                 heapq.heappush(heap, (total, base + steps, -g, moved.bit_count(), tie := tie + 1, _JOINED, state,
                                       suffix))
             elif suffixes.radius is not None:
-                cost, steps = suffixes.radius
-                heapq.heappush(heap, (g + lowest + cost, base + steps, -g, 0, tie := tie + 1, _PENDING, state, extra))
+                cost, steps = radius = suffixes.radius
+                heapq.heappush(heap, (g + lowest + cost, base + steps, -g, 0, tie := tie + 1, _PENDING, state,
+                                      (node, lowest, base, radius)))
             continue
         if best[state] != (g, nsteps):
             continue  # a cheaper path to it was found after this entry was queued
@@ -969,7 +970,7 @@ def _search(src: ShardingType, dst: ShardingType, refine: bool, topo=None, max_s
         node = space.node(state, extra)
         lowest = permute(node.scaled)
         heapq.heappush(heap, (g + lowest, nsteps + 1, -g, 0, tie := tie + 1, _PENDING, state,
-                              (node, lowest, nsteps + 1)))
+                              (node, lowest, nsteps + 1, (0, 0))))
         for try_step in _TRY_STEPS:
             for move, fields, nstate, nbytes, received, group, new_step in try_step(space, node):
                 if not budget.take():

@@ -3,11 +3,13 @@
 Work is counted in states generated (deterministic, as the budget is), not seconds: each pair below took
 seconds to minutes, or gave up, before the search met at a permute and stopped at the fallback's cost."""
 
+import signal
+
 import pytest
 from hypothesis import given, settings
 
 import redist
-from redist import Mesh, ShardingType, lower_bound_bytes, synthesis, synthesize
+from redist import Mesh, ShardingType, cost, lower_bound_bytes, synthesis, synthesize
 from tests.strategies import type_pairs
 
 
@@ -90,3 +92,29 @@ def test_plans_receive_no_more_than_the_fallback(pair):
     assert plan.bytes_received <= synthesis._fallback(core_src, core_dst).bytes_received
     if set(src.partial) == set(dst.partial):
         assert plan.bytes_received == lower_bound_bytes(src, dst), str(plan)
+
+
+@pytest.mark.parametrize("preset", ["2x8-nodes", "nvlink-8", "tpu-v4"])
+@pytest.mark.parametrize("axes, a, b", [
+    ({"a0": 1, "a1": 2, "a2": 1, "a3": 8}, "f32[16{a3,a1}, 2{a0}]", "f32[16, 2{a1}]"),
+    ({"a0": 3, "a1": 6}, "f32[3{a0}, 1, 12{a1}, 1]", "f32[3, 1, 12{a0}, 1]"),
+    ({"a0": 5, "a1": 6, "a2": 2}, "f32[90{a1}, 36{a2}]", "f32[90{a0}, 36{a1,a2}]"),
+])
+def test_searches_by_modeled_time_end(preset, axes, a, b):
+    """A join waiting for suffixes asks for those up to the cost it was queued with, not for its priority
+    minus the cost before it: in modeled seconds that difference rounds below the cost, nothing new was
+    settled, and the search queued the same join again forever (these pairs hung)."""
+    mesh = Mesh(axes)
+    src, dst = ShardingType.parse(a, mesh), ShardingType.parse(b, mesh)
+    signal.signal(signal.SIGALRM, _hung)
+    signal.alarm(60)
+    try:
+        plan = synthesize(src, dst, topology=preset)
+    finally:
+        signal.alarm(0)
+    assert plan.dst == dst and plan.peak_bytes <= max(src.local_bytes, dst.local_bytes)
+    assert cost.plan_time(plan, preset) <= cost.plan_time(synthesize(src, dst), preset)
+
+
+def _hung(signum, frame):
+    raise AssertionError("synthesize(..., topology=) ran for a minute")
