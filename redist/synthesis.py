@@ -784,6 +784,8 @@ def _untry_gathers(space: _Space, back: _Back, classes):
     start = first[1] if first and first[0] is GatherMove else 0
     for a in _representatives(free & ~space.wanted, classes):
         k = space.sizes[a]
+        if k == 1:  # an atom of a size-1 axis: gathering it moves nothing, and would hide a run's latency
+            continue
         for i in range(start, len(dims)):
             if local[i] % k == 0:
                 yield (GatherMove(i, 1), (dims[:i] + (dims[i] + (a,),) + dims[i + 1:], partial, False, (GatherMove, i)),

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 
 import redist
 from redist import Mesh, ShardingType, cost, lower_bound_bytes, synthesis, synthesize
+from redist import steps as S
 from tests.strategies import type_pairs
 
 
@@ -118,3 +119,15 @@ def test_searches_by_modeled_time_end(preset, axes, a, b):
 
 def _hung(signum, frame):
     raise AssertionError("synthesize(..., topology=) ran for a minute")
+
+
+def test_gathers_of_size_one_axes_do_not_hide_a_latency():
+    """A run of gathers whose first move (read backwards) was a size-1 axis paid no latency: the search by
+    modeled time took a permute over the slow node axis and a gather (two latencies of it) for one latency,
+    where gathering first and then an all-to-all over the fast axis is faster."""
+    mesh = Mesh({"a0": 3, "a1": 3, "a2": 1, "a3": 2})
+    src, dst = ShardingType.parse("f32[6{a1}, 3{a0}, 2]", mesh), ShardingType.parse("f32[6{a2}, 3{a1}, 2]", mesh)
+    topo = cost.topology("2x8-nodes", mesh)
+    collectives = redist.Plan.from_steps(src, (S.AllGather(1, ("a0",)), S.AllToAll(0, 1, ("a1",)), S.Permute(dst.dims)))
+    assert collectives.dst == dst
+    assert cost.plan_time(synthesize(src, dst, topology=topo), topo) <= cost.plan_time(collectives, topo)
