@@ -1,14 +1,17 @@
 """Partitioning benchmark: partir_core's schedules against XLA partitioning the same step, per model.
 
 Setup. 8 host devices as the 2-axis mesh ``batch=2, model=4``; the models of ``partir_core.models`` (mlp,
-transformer, gnn, default sizes) and the schedule presets of ``partir_core.schedules`` and their compositions
-(EMB only for the transformer, which has embeddings). Per model x schedule:
+transformer, gnn, and the scanned models: scanned_mlp and scanned_transformer, whose layers run in one
+``lax.scan`` over stacked weights; default sizes) and the schedule presets of ``partir_core.schedules`` and
+their compositions (EMB only for the transformers, which have embeddings). Per model x schedule:
 
 - (a) match: ``pf(*inputs)`` against the unpartitioned step (rtol 1e-4, atol 1e-5).
-- (b) bytes: ours = the sum of ``pf.lower(*inputs).collectives`` bytes (redist's per-device accounting), also
-  read back from our compiled HLO; XLA's = ``jax.jit(step, in_shardings=..., out_shardings=...)`` with OUR
-  input and output shardings (``NamedSharding`` of the lowered program's input and output types), compiled,
-  its collectives parsed by ``redist.xla_baseline.parse_hlo`` (per device, same accounting, max over devices).
+- (b) bytes: ours = the sum of ``pf.lower(*inputs).collectives`` bytes times their ``trips`` (redist's
+  per-device accounting; a collective in a loop body counts once per iteration), also read back from our
+  compiled HLO; XLA's = ``jax.jit(step, in_shardings=..., out_shardings=...)`` with OUR input and output
+  shardings (``NamedSharding`` of the lowered program's input and output types), compiled, its collectives
+  parsed as ``redist.xla_baseline.parse_hlo`` parses them, each counted ``known_trip_count`` times when it
+  is in a while loop's body (``loop_collectives``; per device, same accounting, max over devices).
 - (c) time: per model, all its cases' compiled programs (ours and XLA's) on the same device-resident inputs,
   timed together (``interleaved_times``): 2 warm-up calls each, then ``--rounds`` rounds in which every program
   runs a burst of ``--repeats`` calls (each timed with ``time.perf_counter`` around the call and
@@ -17,7 +20,8 @@ transformer, gnn, default sizes) and the schedule presets of ``partir_core.sched
   round share its state, and the minimum keeps the undisturbed rounds); ratio = ours / XLA.
 - (d) memory: the simulator's ``peak_bytes`` (argument + output + peak temporaries, per device) against
   ``compiled.memory_analysis()`` argument + output + temp - alias of OUR compiled program (the target: the
-  simulator models our program); XLA's program's figure is reported alongside.
+  simulator models our program); XLA's program's figure is reported alongside, and the ratio of the
+  compiled temp + output bytes, ours / XLA's (``mem_ratio``).
 - (e) Spearman rank correlation between ``simulate("cpu-host").step_time_s`` and our measured median step
   time, across the schedules of each model and pooled over all models.
 
@@ -60,6 +64,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import platform  # noqa: E402
+import re  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -74,6 +79,7 @@ import numpy as np  # noqa: E402
 
 import partir_core as pc  # noqa: E402
 import redist  # noqa: E402
+from bench import plots  # noqa: E402
 from bench.calibration import PACKAGE_PROFILE, write_section  # noqa: E402
 from partir_core import models, schedules, simulator  # noqa: E402
 from redist import xla_baseline as xb  # noqa: E402
@@ -81,13 +87,17 @@ from redist import xla_baseline as xb  # noqa: E402
 RESULTS = os.path.join(ROOT, "bench", "results")
 MESH = redist.Mesh({"batch": 2, "model": 4})
 COMMON = ["BP", "MP", "Z2", "Z3", "BP+MP", "BP+Z2", "BP+Z3", "BP+MP+Z3"]
-SCHEDULES = {"mlp": COMMON, "gnn": COMMON, "transformer": COMMON + ["EMB", "BP+EMB", "BP+MP+EMB"]}
+SCHEDULES = {"mlp": COMMON, "gnn": COMMON, "transformer": COMMON + ["EMB", "BP+EMB", "BP+MP+EMB"],
+             "scanned_mlp": COMMON, "scanned_transformer": COMMON + ["EMB", "BP+EMB", "BP+MP+EMB"]}
+SCANNED = ("scanned_mlp", "scanned_transformer")
 # calibration sizes spanning these models' local ops: square matmuls, and f32 vectors for bytes/s
 # (both stream sizes above the size at which XLA's CPU backend splits a loop fusion over its thread pool, so
 # that the pair differs in bytes only, not in how its kernels are dispatched)
 SIZES = {"matmul": (32, 128), "stream": (4096, 16384)}
 QUICK = {"mlp": ["BP", "MP", "Z3", "BP+MP", "BP+MP+Z3"], "gnn": ["BP", "MP", "Z3", "BP+MP", "BP+MP+Z3"],
-         "transformer": ["BP", "MP", "Z3", "EMB", "BP+MP", "BP+MP+Z3"]}
+         "transformer": ["BP", "MP", "Z3", "EMB", "BP+MP", "BP+MP+Z3"],
+         "scanned_mlp": ["BP", "MP", "Z3", "BP+MP", "BP+MP+Z3"],
+         "scanned_transformer": ["BP", "MP", "Z3", "EMB", "BP+MP", "BP+MP+Z3"]}
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -150,9 +160,39 @@ def spearman(xs, ys) -> float:
 
 
 def total_bytes(cols) -> float:
+    """The most any device receives over ``cols``: ``(collective, times it runs)`` pairs."""
     if not cols:
         return 0.0
-    return float(np.sum([c.device_bytes for c in cols], axis=0).max())
+    return float(np.sum([np.asarray(c.device_bytes) * n for c, n in cols], axis=0).max())
+
+
+def loop_collectives(text: str, mesh) -> list:
+    """``(collective, times it runs per call)`` for every collective of a compiled HLO module: those
+    ``redist.xla_baseline.parse_hlo`` finds, walked the same way, a while loop's body and condition counted as
+    often as its ``known_trip_count`` (XLA's backend config; 1 when it has none)."""
+    comps, entry = xb._computations(text)
+    out = []
+
+    def walk(comp, times, seen):
+        for ins in comps.get(comp, []):
+            op = ins.opcode[: -len("-start")] if ins.opcode.endswith("-start") else ins.opcode
+            if op in xb._KINDS:
+                c = xb._collective(ins, op, mesh)
+                if c is not None:
+                    out.append((c, times))
+            trips = 1
+            if ins.opcode == "while":
+                m = re.search(r'"known_trip_count":\{"n":"(\d+)"', ins.attrs)
+                trips = int(m.group(1)) if m else 1
+            callees = re.findall(r"(?:calls|body|condition|true_computation|false_computation)=%?([\w.\-]+)", ins.attrs)
+            bm = re.search(r"branch_computations=\{([^}]*)\}", ins.attrs)
+            callees += re.findall(r"%?([\w.\-]+)", bm.group(1)) if bm else []
+            for callee in callees:
+                if callee not in seen:
+                    walk(callee, times * trips, seen + (callee,))
+
+    walk(entry, 1, (entry,))
+    return out
 
 
 def mem_total(m: xb.MemoryStats) -> int:
@@ -317,13 +357,13 @@ def run_case(model, inputs, want, name):
                      out_shardings=jax.tree_util.tree_unflatten(low.graph.out_tree, osh))
     xargs = jax.tree_util.tree_unflatten(low.graph.in_tree, args)
     xla_c = xla_fn.lower(*xargs).compile()
-    ours_cols = xb.parse_hlo(ours_c.as_text(), MESH)
-    xla_cols = xb.parse_hlo(xla_c.as_text(), MESH)
-    rec["bytes_ours"] = float(sum(c.bytes for c in low.collectives))
+    ours_cols = loop_collectives(ours_c.as_text(), MESH)
+    xla_cols = loop_collectives(xla_c.as_text(), MESH)
+    rec["bytes_ours"] = float(sum(c.bytes * c.trips for c in low.collectives))
     rec["bytes_ours_hlo"] = total_bytes(ours_cols)
     rec["bytes_xla"] = total_bytes(xla_cols)
-    rec["n_collectives_ours"] = len([c for c in ours_cols if c.bytes_received > 0])
-    rec["n_collectives_xla"] = len([c for c in xla_cols if c.bytes_received > 0])
+    rec["n_collectives_ours"] = len([c for c, _ in ours_cols if c.bytes_received > 0])
+    rec["n_collectives_xla"] = len([c for c, _ in xla_cols if c.bytes_received > 0])
     rec["bytes_ratio"] = rec["bytes_ours"] / rec["bytes_xla"] if rec["bytes_xla"] else (
         1.0 if rec["bytes_ours"] == 0 else float("inf"))
     # XLA's result equals ours too (the comparison is of the same function)
@@ -342,62 +382,26 @@ def run_case(model, inputs, want, name):
     rec["mem_xla"] = mx.__dict__ | {"total": mem_total(mx)}
     rec["mem_err_vs_ours"] = sim.peak_bytes / mem_total(mo) - 1
     rec["mem_err_vs_xla"] = sim.peak_bytes / mem_total(mx) - 1
+    rec["mem_ratio"] = (mo.temp + mo.output) / max(mx.temp + mx.output, 1)  # compiled temp + output, ours / XLA
 
     return rec, [(ours_c, args), (xla_c, xargs)]
 
 
 # ---------------------------------------------------------------------------------------------- output
 def table(rows) -> str:
-    head = (f"{'model':12s} {'schedule':10s} {'match':5s} {'ours B':>9s} {'XLA B':>9s} {'B ratio':>7s} "
+    head = (f"{'model':19s} {'schedule':10s} {'match':5s} {'ours B':>9s} {'XLA B':>9s} {'B ratio':>7s} "
             f"{'ours ms':>8s} {'XLA ms':>8s} {'t ratio':>7s} {'sim MB':>8s} {'ours MB':>8s} {'err%':>6s} "
-            f"{'XLA MB':>8s} {'err%':>6s} {'sim ms':>8s}")
+            f"{'XLA MB':>8s} {'err%':>6s} {'T+O rt':>6s} {'sim ms':>8s}")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
-            f"{r['model']:12s} {r['schedule']:10s} {'yes' if r['match'] else 'NO':5s} {r['bytes_ours']:9.0f} "
+            f"{r['model']:19s} {r['schedule']:10s} {'yes' if r['match'] else 'NO':5s} {r['bytes_ours']:9.0f} "
             f"{r['bytes_xla']:9.0f} {r['bytes_ratio']:7.2f} {r['time_ours_s'] * 1e3:8.3f} "
             f"{r['time_xla_s'] * 1e3:8.3f} {r['time_ratio']:7.2f} {r['sim_peak_bytes'] / 1e6:8.4f} "
             f"{r['mem_ours']['total'] / 1e6:8.4f} {100 * r['mem_err_vs_ours']:6.1f} "
-            f"{r['mem_xla']['total'] / 1e6:8.4f} {100 * r['mem_err_vs_xla']:6.1f} {r['sim_step_s'] * 1e3:8.3f}")
+            f"{r['mem_xla']['total'] / 1e6:8.4f} {100 * r['mem_err_vs_xla']:6.1f} {r['mem_ratio']:6.2f} "
+            f"{r['sim_step_s'] * 1e3:8.3f}")
     return "\n".join(lines)
-
-
-def plot(rows, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = sorted({r["model"] for r in rows}, key=list(SCHEDULES).index)
-    fig, axs = plt.subplots(1, 2, figsize=(14, 5.5))
-    ax = axs[0]
-    for m, mk in zip(names, "os^"):
-        rs = [r for r in rows if r["model"] == m]
-        ax.scatter([r["sim_step_s"] * 1e3 for r in rs], [r["time_ours_s"] * 1e3 for r in rs], marker=mk, label=m)
-        for r in rs:
-            ax.annotate(r["schedule"], (r["sim_step_s"] * 1e3, r["time_ours_s"] * 1e3), fontsize=6)
-    lo = min(min(r["sim_step_s"], r["time_ours_s"]) for r in rows) * 1e3 * 0.8
-    hi = max(max(r["sim_step_s"], r["time_ours_s"]) for r in rows) * 1e3 * 1.2
-    ax.plot([lo, hi], [lo, hi], "k:", lw=0.8)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("simulated step time, cpu-host (ms)")
-    ax.set_ylabel("measured step time, ours (ms)")
-    ax.set_title("simulated vs measured step time (8 host devices, batch=2 x model=4)")
-    ax.legend()
-    ax = axs[1]
-    labels = [f"{r['model'][:5]} {r['schedule']}" for r in rows]
-    xs = np.arange(len(rows))
-    ax.bar(xs - 0.2, [r["bytes_ours"] for r in rows], 0.4, label="ours")
-    ax.bar(xs + 0.2, [r["bytes_xla"] for r in rows], 0.4, label="XLA")
-    ax.set_yscale("log")
-    ax.set_xticks(xs)
-    ax.set_xticklabels(labels, rotation=90, fontsize=7)
-    ax.set_ylabel("bytes received per device per step")
-    ax.set_title("collective bytes: ours vs XLA (same in/out shardings)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
 
 
 def main(argv=None):
@@ -408,7 +412,7 @@ def main(argv=None):
     ap.add_argument("--calibrate", action="store_true", help="re-run the cpu-host compute calibration")
     ap.add_argument("--profile", default=PACKAGE_PROFILE,
                     help="the calibration profile --calibrate writes (default: the package's)")
-    ap.add_argument("--models", default="mlp,gnn,transformer")
+    ap.add_argument("--models", default="mlp,gnn,transformer,scanned_mlp,scanned_transformer")
     ap.add_argument("--out", default=os.path.join(RESULTS, "partitioning.json"))
     args = ap.parse_args(argv)
     repeats = args.repeats
@@ -443,7 +447,7 @@ def main(argv=None):
             rec["time_ours_s"], rec["time_xla_s"] = times[2 * k], times[2 * k + 1]
             rec["time_ratio"] = rec["time_ours_s"] / rec["time_xla_s"]
             rows.append(rec)
-            print(f"  {mname:12s} {rec['schedule']:10s} match={rec['match']} bytes {rec['bytes_ours']:.0f}/"
+            print(f"  {mname:19s} {rec['schedule']:10s} match={rec['match']} bytes {rec['bytes_ours']:.0f}/"
                   f"{rec['bytes_xla']:.0f} time {rec['time_ours_s'] * 1e3:.2f}/{rec['time_xla_s'] * 1e3:.2f} ms "
                   f"mem sim {rec['sim_peak_bytes']} ours {rec['mem_ours']['total']} ({time.perf_counter() - start:.0f}s)",
                   flush=True)
@@ -464,6 +468,17 @@ def main(argv=None):
         "cases_mem_err_over_15pct": [f"{r['model']} {r['schedule']}" for r in rows if abs(r["mem_err_vs_ours"]) > 0.15],
         "max_abs_mem_err_vs_xla": max(abs(r["mem_err_vs_xla"]) for r in rows),
         "spearman_sim_vs_measured": spear,
+        "scanned": {
+            "max_mem_ratio": max((r["mem_ratio"] for r in rows if r["model"] in SCANNED), default=None),
+            "cases_mem_ratio_over_1.25": [f"{r['model']} {r['schedule']}" for r in rows
+                                          if r["model"] in SCANNED and r["mem_ratio"] > 1.25],
+            "max_bytes_ratio": max((r["bytes_ratio"] for r in rows if r["model"] in SCANNED), default=None),
+            "cases_bytes_over_1.1": [f"{r['model']} {r['schedule']}" for r in rows
+                                     if r["model"] in SCANNED and r["bytes_ratio"] > 1.1],
+            "max_abs_mem_err_vs_ours": max((abs(r["mem_err_vs_ours"]) for r in rows if r["model"] in SCANNED),
+                                           default=None),
+            "unsupported": sum(r["unsupported"] for r in rows if r["model"] in SCANNED),
+        },
         "timing": f"per model, all its cases' programs (ours and XLA's) interleaved: {rounds} rounds, each a "
                   f"burst of {repeats} calls per program, the order reversed every other round; time = the "
                   f"minimum over rounds of the per-round median",
@@ -483,8 +498,8 @@ def main(argv=None):
     os.makedirs(RESULTS, exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"summary": summary, "cases": rows, "calibration": calib}, f, indent=1)
-    plot(rows, os.path.splitext(args.out)[0] + ".png")
-    print(f"wrote {args.out} and {os.path.splitext(args.out)[0]}.png in {time.perf_counter() - start:.0f}s")
+    figures = plots.draw("partitioning", args.out)
+    print(f"wrote {args.out} and {', '.join(figures)} in {time.perf_counter() - start:.0f}s")
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import redist  # noqa: E402
+from bench import plots  # noqa: E402
 from bench.random_pairs import random_pair  # noqa: E402
 from redist import cost, xla_baseline as xb  # noqa: E402
 
@@ -418,49 +419,6 @@ def print_table(rows: list[dict]) -> None:
           "modeled at the large size; host = measured on 8 host devices)")
 
 
-def plot(rows: list[dict], path_speed: str, path_bytes: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = [r["name"] for r in rows]
-    x = np.arange(len(rows))
-    fig, ax = plt.subplots(figsize=(max(10, len(rows) * 0.22), 5))
-    w = 0.16
-    for i, name in enumerate(TOPOLOGIES):
-        ax.bar(x + (i - 2) * w, [min(r["modeled_large"][name]["speedup"], 50) for r in rows], w,
-               label=f"modeled {name}")
-    if any("measured" in r for r in rows):
-        ax.bar(x + 2 * w, [r.get("measured", {}).get("speedup", 0) for r in rows], w, label="measured host",
-               color="black")
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_yscale("log")
-    ax.set_xticks(x, names, rotation=90, fontsize=6)
-    ax.set_ylabel("XLA time / redist time")
-    ax.set_title("Speedup of redist over XLA's resharding, per case")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path_speed, dpi=120)
-    plt.close(fig)
-
-    # bytes over the lower bound, per case with a non-zero bound (cases with bound 0 are 0 on both sides)
-    nz = [r for r in rows if r["bytes"]["bound"] > 0]
-    nz.sort(key=lambda r: (r["bytes"]["xla"] / r["bytes"]["bound"], r["bytes"]["ours"] / r["bytes"]["bound"]))
-    x = np.arange(len(nz))
-    fig, ax = plt.subplots(figsize=(max(8, len(nz) * 0.2), 5))
-    ax.bar(x - 0.2, [r["bytes"]["xla"] / r["bytes"]["bound"] for r in nz], 0.4, label="XLA")
-    ax.bar(x + 0.2, [r["bytes"]["ours"] / r["bytes"]["bound"] for r in nz], 0.4, label="redist")
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xticks(x, [r["name"] for r in nz], rotation=90, fontsize=6)
-    ax.set_ylabel("bytes received per device / lower bound")
-    ax.set_title(f"Bytes received over the lower bound ({len(rows) - len(nz)} cases with bound 0 omitted)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path_bytes, dpi=120)
-    plt.close(fig)
-
-
 # ---------------------------------------------------------------------------------------------- main
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -507,10 +465,8 @@ def main(argv=None) -> dict:
     with open(args.out, "w") as f:
         json.dump({"summary": summary, "cases": rows, "six_device_cases": six_rows, "mpi": mpi}, f, indent=1,
                   default=float)
-    suffix = "_quick" if args.quick else ""
-    plot(rows, os.path.join(RESULTS, f"redistribution_speedup{suffix}.png"),
-         os.path.join(RESULTS, f"redistribution_bytes{suffix}.png"))
-    print(f"wrote {os.path.relpath(args.out)} and plots in {os.path.relpath(RESULTS)} "
+    figures = plots.draw("redistribution", args.out)
+    print(f"wrote {os.path.relpath(args.out)} and {', '.join(os.path.relpath(f) for f in figures)} "
           f"({summary['seconds']['total']:.0f} s)")
     return summary
 

@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import redist  # noqa: E402
 from redist import blocks, synthesis  # noqa: E402
+from bench import plots  # noqa: E402
 from bench.random_pairs import random_pair  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "synthesis_speed.json")
@@ -106,7 +107,8 @@ def main(argv=None) -> dict:
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS, "w") as f:
         json.dump({"summary": summary, "cases": even_rows, "uneven_cases": uneven_rows}, f, indent=1)
-    print(f"wrote {os.path.relpath(RESULTS)}")
+    figures = plots.draw("synthesis_speed", RESULTS)
+    print(f"wrote {os.path.relpath(RESULTS)} and {', '.join(os.path.relpath(f) for f in figures)}")
     return summary
 
 

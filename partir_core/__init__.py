@@ -16,6 +16,13 @@ Modules, in dependency order: ``keys`` (random keys as key data), ``ir`` (trace 
 groups), ``automatic`` (the search), ``partition`` (``jit``), ``models``, ``schedules``.
 """
 
+from redist.extras import missing_extra
+
+try:
+    import jax  # noqa: F401 - partir_core partitions JAX programs: without JAX, say what to install
+except ModuleNotFoundError as e:
+    raise missing_extra(e, "partir_core", "jax") from e
+
 from partir_core.partition import Partitioned, PartitionedFunction, jit
 from partir_core.simulator import HARDWARE, Hardware, Simulation
 from partir_core.tactics import AutomaticPartition, ManualPartition, PartitionError

@@ -134,10 +134,10 @@ class DimGroups:
         - ``input_dims_axes``: every input dim, on every axis (what manual tactics name);
         - ``groups_axes``: every actionable group (reached through an input dim), on every axis;
         - ``decisions_axes``: after layer grouping (what the search explores);
-        - ``legal``: of those, the ones whose input dim divides by the axis size."""
+        - ``legal``: of those, the ones whose input dim is at least the axis size (evenly split or not)."""
         sizes = dict(mesh.axes)
         n = len(axes)
-        legal = sum(1 for m in self.macro for a in axes if m.size % sizes[a] == 0 and m.size >= sizes[a])
+        legal = sum(1 for m in self.macro for a in axes if m.size >= sizes[a] > 1)
         return {"values_dims_axes": self.n_dims * n, "input_dims_axes": self.n_input_dims * n,
                 "groups_axes": sum(1 for g in self.groups if g.inputs) * n,
                 "decisions_axes": len(self.macro) * n, "legal": legal, "values": self.n_values,

@@ -6,39 +6,62 @@ The decision space comes from :mod:`partir_core.analysis`: dims that must share 
 *action* is ``(decision, axis)``; it is applied as the :class:`~partir_core.ManualPartition` that names the
 decision's representative input dims (``ManualPartition({"params/layers/*/w1": 1}, axis="model")``),
 followed by propagation, exactly as a hand-written tactic would be. So the search result *is* a list of
-manual tactics, and pasting them into a schedule reproduces the program.
+manual tactics, and pasting them into a schedule reproduces the program. A dim need not divide by the axis
+(it is then split by the padding rule). Two *composite* actions per axis reach what no single group does, as
+ZeRO shards weights (:func:`zero_actions`, read off the inputs' kinds): ZeRO-3 (every parameter and
+optimizer-state input on its largest dim) and ZeRO-2 (the optimizer state so, the parameters pinned).
 
 Search state: a *set* of actions, applied in a canonical order (decisions that reach data inputs first, as
-batch parallelism is composed first by hand; then the others in program order; axes in the order given).
-Provenance keeps that order: the j-th action gets tactic index ``k + j/1000`` (``k``: the
-``AutomaticPartition``'s place in the schedule), so earlier actions win conflicts, as earlier tactics do.
-An action that changes nothing where it is applied (its input dim already split on that axis, the axis
-taken by another dim of the input, a pinned input) is not a move.
+batch parallelism is composed first by hand; then the others in program order; the composite ones last;
+axes in the order given). Provenance keeps that order: the j-th action gets tactic index ``k + j/1000``
+(``k``: the ``AutomaticPartition``'s place in the schedule), so earlier actions win conflicts, as earlier
+tactics do. An action that changes nothing where it is applied (its input dim already split on that axis,
+the axis taken by another dim of the input, a pinned input) is not a move.
 
-Evaluation (cheap: the program is traced once): the state of a set is its canonical prefix's state plus one
-action and propagation (states are cached by prefix), then :func:`partir_core.choice.analyze`,
-:func:`partir_core.lowering.lower` and the simulator; results are cached per action set and per resulting
-sharding. A state that cannot be lowered (a ``ShardingError``) is never chosen. The reward of a state is
-``0.5 + 0.5·t0/(t0 + t)`` (``t`` its simulated step time, ``t0`` that of the starting state) when its
-simulated peak memory fits ``memory_budget_bytes``, and ``0.45·budget/peak`` (always lower) when it does not.
+Evaluation (no JAX: the program is traced once): the state of a set is made from its canonical prefix's by
+one action and incremental propagation, and scored by :class:`partir_core.estimate.Estimator` relative to
+the set it was reached from (only the ops whose values changed are chosen again), with the same figures as
+``pf.lower(...).simulate()``; results are cached per action set and per resulting sharding. A state that
+cannot be lowered (a ``ShardingError``) is never chosen. The reward of a state is ``0.5 + 0.5·t0/(t0 + t)``
+(``t`` its simulated step time, ``t0`` that of the starting state) when its simulated peak memory fits
+``memory_budget_bytes``, and ``0.45·budget/peak`` (always lower) when it does not.
 
-Tree policy: UCT over the sets (a node per set, shared between the orders that reach it), with each node's
-value the best reward found below it (the problem is deterministic: the best leaf matters, not the mean),
-normalised among siblings; progressive widening (a node with ``n`` visits has at most ``⌈2√n⌉`` children),
-children tried in order of their action's all-moves-as-first value (the best reward of any evaluated set
-containing it; actions never evaluated first). Every expansion is evaluated directly (no random rollouts:
-every state is a complete strategy). Ties are broken by a ``random.Random(seed)``, so a search with the
-same seed, budget and stopping rule is deterministic; it stops at ``time_budget_s``, after ``max_evals``
-evaluations, when ``patience`` evaluations in a row did not improve the best, or when the tree is exhausted.
+The search, in three phases:
 
-Pieces: :class:`Evaluator` (states and simulations of action sets), :class:`_Tree` (one iteration is
-:meth:`_Tree.descend`, selection then expansion, and :meth:`_Tree.backup`), :func:`_stop_reason`, and
-:func:`search`, the loop that ties them together and keeps the best set found.
+1. *Goals* (:func:`_templates`): data parallelism over every subset of the axes, alone and with one ZeRO
+   action, are evaluated first (PartIR's goal-directed composite search: the strategies experts compose)
+   and become children of the tree's root (macro moves the tree refines one group at a time).
+2. *Tree* (until ``MCTS_SHARE`` of the time budget and of ``max_evals``): UCT over the sets (a node per set,
+   shared between the orders that reach it: transpositions), with each node's value the best reward found
+   below it (the problem is deterministic: the best leaf matters, not the mean), normalised among siblings;
+   progressive widening (a node with ``n`` visits has at most ``⌈2√n⌉`` children), children tried in order
+   of their action's all-moves-as-first value (the best reward of any evaluated set containing it; actions
+   never evaluated first), then of a heuristic prior (:func:`_priors`: batch parallelism, then heavy
+   groups). Every expansion is evaluated directly (no random rollouts: every state is a complete strategy).
+   It stops early when ``patience`` evaluations in a row did not improve the best, or the tree is exhausted.
+3. *Local improvement* (:func:`_improve`): best-improvement moves over single group moves (drop an action,
+   move a decision to another axis, add an action, add two weight decisions on one axis as Megatron splits
+   two groups at once: :func:`_neighbours`) to a local optimum, from the best set found, then from the most
+   promising goals (step time scaled by how far their peak is over the budget, :meth:`Evaluator.promise`:
+   a fast goal that does not fit may fit after a move), then from the next best sets.
+
+Ties are broken by a ``random.Random(seed)``. With a budget of evaluations (``max_evals``) the search is
+deterministic for a seed: the same sets are evaluated in the same order and the same result is returned.
+With a wall-time budget, the order is the same but where it stops depends on the machine's speed; it stops
+when the next evaluation, if it took as long as the slowest so far, would end past ``time_budget_s``.
+
+Pieces: :class:`Evaluator` (states and scores of action sets), :class:`_Tree` (one iteration is
+:meth:`_Tree.descend`, selection then expansion, and :meth:`_Tree.backup`), :func:`_seed`, :func:`_improve`,
+:func:`_stop_reason`, and :func:`search`, which ties them together and keeps the best set found
+(:class:`_Found`). When no set fits the budget, the error names the smallest peak found and the buffers that
+dominate it (:func:`_peak_report`).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import functools
+import itertools
 import math
 import random
 import sys
@@ -46,16 +69,22 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+import jax
+
 from redist.errors import ShardingError
 
 from partir_core.analysis import DimGroups, analyze_groups, input_kind
 from partir_core.choice import analyze
+from partir_core.estimate import Estimator, propagate_changes
+from partir_core.ir import key_name
 from partir_core.lowering import lower
-from partir_core.propagation import State, propagate
+from partir_core.propagation import State
 from partir_core.simulator import simulate
 from partir_core.tactics import AutomaticPartition, ManualPartition, PartitionError
 
 STEP = 1e-3  # provenance step between the actions of one AutomaticPartition
+MCTS_SHARE = 0.6  # of the time budget and of max_evals, for the goals and the tree; the local pass gets the rest
+LOCAL_STARTS = 3  # the local pass starts from this many of the best sets found and of the fastest goals
 
 
 @dataclass(frozen=True)
@@ -93,7 +122,9 @@ class AutoResult:
     ``tactics``: the chosen actions as manual tactics, in the order they apply (paste them into a schedule
     in place of the ``AutomaticPartition``); ``code``: the same as Python source; ``text``: the program after
     them; ``action_space``: sizes before and after grouping; ``groups``: the analysis; ``stats``: search
-    statistics (evaluations, cache hits, iterations, seconds, why it stopped, best over time)."""
+    statistics (evaluations, ``evals_per_s`` over the search's wall time and ``evals_per_cpu_s`` over its
+    process time, ``scoring_ms`` per evaluation, cache hits, templates, iterations, the local pass, seconds,
+    why it stopped, best over time)."""
 
     tactics: list
     actions: list
@@ -144,7 +175,10 @@ def compress(pairs, in_paths) -> tuple:
 
 
 def build_actions(groups: DimGroups, graph, mesh, axes) -> list[Action]:
-    """The legal actions in canonical order (see the module docstring)."""
+    """The legal actions in canonical order (see the module docstring): every decision on every axis of size
+    > 1 that is no larger than each of its input dims (a dim need not divide by the axis: a vocabulary of
+    50 on 4 devices, a batch of 5 on 2 are split by the padding rule, as experts split them), then the
+    composite actions (:func:`zero_actions`)."""
     sizes = dict(mesh.axes)
 
     def data_first(m):
@@ -155,23 +189,51 @@ def build_actions(groups: DimGroups, graph, mesh, axes) -> list[Action]:
     for m in sorted(groups.macro, key=data_first):
         dims = compress(m.reps, graph.in_paths)
         for a in axes:
-            shape_ok = all(graph.shape(graph.invars[graph.in_paths.index(p)])[d] % sizes[a] == 0
-                           for p, d in m.reps)
-            if shape_ok and sizes[a] > 1:
+            fits = all(graph.shape(graph.invars[graph.in_paths.index(p)])[d] >= sizes[a] for p, d in m.reps)
+            if fits and sizes[a] > 1:
                 out.append(Action(m.id, a, dims))
+    return out + zero_actions(len(groups.macro), graph, mesh, axes)
+
+
+def zero_actions(first_id: int, graph, mesh, axes) -> list[Action]:
+    """Composite actions that no single group reaches, as ZeRO shards weights (Automap's inductive tactics,
+    read off the inputs' kinds, not their names): per axis, *ZeRO-3* (decision ``first_id``: every
+    parameter and optimizer-state input split on its largest dim that divides by the axis) and *ZeRO-2*
+    (decision ``first_id + 1``: the optimizer state split so, the parameters pinned as they are). They come
+    last in canonical order, as ZeRO is composed last by hand (``BP+MP+Z2``)."""
+    sizes = dict(mesh.axes)
+    leaves = [(p, graph.shape(v)) for p, v in zip(graph.in_paths, graph.invars) if input_kind(p) != "data"]
+    out = []
+    for a in axes:
+        if sizes[a] <= 1:
+            continue
+        largest = {}
+        for p, shape in leaves:
+            ok = [d for d, n in enumerate(shape) if n % sizes[a] == 0 and n >= sizes[a]]
+            if ok:
+                largest[p] = max(ok, key=lambda d: shape[d])
+        state = {p: d for p, d in largest.items() if input_kind(p) == "state"}
+        if largest:
+            out.append(Action(first_id, a, compress(list(largest.items()), graph.in_paths)))
+        if state:
+            pins = [(p, None) for p, _ in leaves if input_kind(p) == "param"]
+            out.append(Action(first_id + 1, a, compress(pins + list(state.items()), graph.in_paths)))
     return out
 
 
 # ---------------------------------------------------------------------------------- evaluation
 class Evaluator:
-    """States and simulations of action sets, cached (see the module docstring)."""
+    """States and simulations of action sets, cached (see the module docstring). A state is made from its
+    canonical prefix's by one action and :func:`~partir_core.estimate.propagate_changes`, and scored by an
+    :class:`~partir_core.estimate.Estimator` from that prefix's scoring."""
 
     def __init__(self, graph, rules, mesh, base: State, index: int, actions: list, hardware, budget,
                  max_states: int = 512):
         self.graph, self.rules, self.mesh = graph, rules, mesh
         self.base, self.index, self.actions = base, index, actions
         self.rank = {a: i for i, a in enumerate(actions)}
-        self.hardware, self.budget = hardware, budget
+        self.budget = budget
+        self.estimator = Estimator(graph, rules, mesh, hardware)
         self.tactics = {a: a.tactic for a in actions}
         self.matches = {a: [v for _, v, _ in self.tactics[a].matches(graph)] for a in actions}
         self.states: OrderedDict = OrderedDict()
@@ -181,10 +243,21 @@ class Evaluator:
         self.by_fingerprint: dict = {}
         self.values = sorted(base.dims)
         self.n_sim = self.n_hits = self.n_fp_hits = 0
+        self.sim_s = self.slowest_s = 0.0
         self.t0 = None
 
     def key(self, acts) -> tuple:
         return tuple(sorted(acts, key=self.rank.__getitem__))
+
+    def promise(self, e: Evaluation) -> float:
+        """A set's step time, scaled by how far its peak is over the budget (what fitting may cost): which
+        sets a local search should start from."""
+        over = e.peak_bytes / self.budget if self.budget is not None else 1.0
+        return e.step_time_s * max(1.0, over)
+
+    def rank_of(self, key: tuple) -> tuple:
+        """A set's place in a fixed order (ties between equal scores are broken by it)."""
+        return tuple(self.rank[a] for a in key)
 
     def state(self, key: tuple) -> State | None:
         """The propagated state after ``key`` (canonical order), or None if some action is not a move."""
@@ -205,11 +278,12 @@ class Evaluator:
         k = self.index + STEP * (len(key) - 1)
         n_conf = len(s.conflicts)
         self.tactics[a].apply(self.graph, s, self.mesh, k)
-        if [tuple(s.dims[v]) for v in self.matches[a]] == before:
+        changed = {v for v, b in zip(self.matches[a], before) if tuple(s.dims[v]) != b}
+        if not changed:
             del s.conflicts[n_conf:]
             self.noop.add(key)
             return None
-        propagate(self.graph, self.rules, s, self.mesh, k)
+        propagate_changes(self.estimator.structure, s, self.mesh, k, changed)
         self.states[key] = s
         if len(self.states) > self.max_states:
             self.states.popitem(last=False)
@@ -222,7 +296,17 @@ class Evaluator:
                 tuple(tuple(None if p is None else rank[p] for p in s.prov[v]) for v in self.values),
                 frozenset(s.pinned))
 
-    def evaluate(self, key: tuple) -> Evaluation | None:
+    def evaluate(self, key: tuple, near: tuple | None = None) -> Evaluation | None:
+        """The evaluation of set ``key`` (None if some action is not a move), scored from the set ``near`` (an
+        evaluated set it differs little from: the node it was reached from) when the estimator still holds it,
+        else from its canonical prefix or the start."""
+        t_start = time.perf_counter()
+        try:
+            return self._evaluate(key, near)
+        finally:
+            self.slowest_s = max(self.slowest_s, time.perf_counter() - t_start)
+
+    def _evaluate(self, key: tuple, near: tuple | None) -> Evaluation | None:
         if key in self.evals:
             self.n_hits += 1
             return self.evals[key]
@@ -234,12 +318,14 @@ class Evaluator:
             self.n_fp_hits += 1
             ev = self.by_fingerprint[fp]
         else:
+            t_start = time.perf_counter()
             try:
-                sim = simulate(lower(self.graph, analyze(self.graph, self.rules, s, self.mesh), self.mesh),
-                               self.hardware)
+                sim = self.estimator.score(key, s, next((b for b in (near, key[:-1], ()) if b is not None
+                                                         and b != key and b in self.estimator.bases), None))
                 t, peak, err = sim.step_time_s, sim.peak_bytes, None
             except ShardingError as e:  # a state that cannot be lowered (no reshard reaches a type) is never chosen
                 t, peak, err = math.inf, 1 << 62, f"{type(e).__name__}: {e}"
+            self.sim_s += time.perf_counter() - t_start
             self.n_sim += 1
             if self.t0 is None:
                 self.t0 = t if math.isfinite(t) and t > 0 else 1.0
@@ -248,6 +334,12 @@ class Evaluator:
             self.by_fingerprint[fp] = ev
         self.evals[key] = ev
         return ev
+
+    def expected_s(self) -> float:
+        """How long the next evaluation may take: as long as the slowest so far (one whose state and base
+        must be rebuilt takes several times the mean); the search stops when it would end past its
+        deadline."""
+        return self.slowest_s
 
     def reward(self, t, peak, err) -> float:
         if err is not None:
@@ -279,8 +371,8 @@ class _Tree:
     orders that reach it; :meth:`descend` selects and expands, :meth:`backup` records a result."""
 
     def __init__(self, ev: Evaluator, actions: list, rng: random.Random, max_depth: int, exploration: float,
-                 root_reward: float):
-        self.ev, self.actions, self.rng = ev, actions, rng
+                 root_reward: float, priors: dict):
+        self.ev, self.actions, self.rng, self.priors = ev, actions, rng, priors
         self.max_depth, self.exploration = max_depth, exploration
         self.nodes: dict = {(): _Node((), root_reward)}
         self.amaf: dict = {}  # action -> best reward of an evaluated set containing it
@@ -311,13 +403,13 @@ class _Tree:
             path.append(node)
 
     def _expand(self, node: _Node, legal: list) -> _Node | None:
-        """Try the untried action with the best all-moves-as-first value (never evaluated first): the child it
-        leads to, or None if it is no move from ``node`` or leads to an exhausted node."""
-        legal.sort(key=lambda a: (-self.amaf.get(a, 2.0), self.ev.rank[a], self.rng.random()))
+        """Try the untried action with the best all-moves-as-first value (never evaluated first, by prior): the
+        child it leads to, or None if it is no move from ``node`` or leads to an exhausted node."""
+        legal.sort(key=lambda a: (-self.amaf.get(a, 2.0), -self.priors[a], self.ev.rank[a], self.rng.random()))
         a = legal[0]
         node.tried.add(a)
         k = self.ev.key(node.key + (a,))
-        e = self.ev.evaluate(k)
+        e = self.ev.evaluate(k, node.key)
         if e is None:
             return None
         if k in self.nodes:  # reached by another order: share it
@@ -325,9 +417,17 @@ class _Tree:
                 node.children.append(k)
             child = self.nodes[k]
             return None if child.exhausted else child
-        child = _Node(k, e.reward)
-        self.nodes[k] = child
-        node.children.append(k)
+        return self.adopt(node, k, e.reward)
+
+    def adopt(self, node: _Node, key: tuple, reward: float) -> _Node:
+        """A new node for the evaluated set ``key`` (of ``reward``), a child of ``node``; its actions' all-moves-
+        as-first values learn from it."""
+        child = _Node(key, reward)
+        self.nodes[key] = child
+        node.children.append(key)
+        node.best = max(node.best, reward)
+        for a in key:
+            self.amaf[a] = max(self.amaf.get(a, 0.0), reward)
         return child
 
     def _select(self, live: list, visits: int) -> _Node:
@@ -395,8 +495,9 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
     """Run the search for ``tactic`` from ``state`` (after the tactics before it, ``index`` its place in the
     schedule); returns the :class:`AutoResult`, whose ``state`` is the propagated state after the chosen
     tactics. Does not modify ``state``. ``log(iterations, evaluations, best)`` is called after each
-    iteration that evaluated a new set. Raises :class:`PartitionError` if no state found fits the budget."""
-    t_start = time.perf_counter()
+    iteration that evaluated a new set. Raises :class:`PartitionError` if no state found fits the budget,
+    naming the smallest peak found and the tensors that dominate it."""
+    t_start, cpu_start = time.perf_counter(), time.process_time()
     axes = list(tactic.axes) or list(mesh.names)
     groups = analyze_groups(graph, rules)
     actions = build_actions(groups, graph, mesh, axes)
@@ -406,15 +507,20 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
     max_depth = tactic.max_depth if tactic.max_depth is not None else 2 * len(axes) + 2
     patience = tactic.patience if tactic.patience is not None else 40 + 4 * len(actions)
     deadline = t_start + float(tactic.time_budget_s)
+    # the tree gets the first MCTS_SHARE of the time and of the evaluations, the local pass the rest
+    tree_limits = (t_start + MCTS_SHARE * float(tactic.time_budget_s),
+                   None if tactic.max_evals is None else max(1, math.ceil(MCTS_SHARE * tactic.max_evals)))
 
     root_eval = ev.evaluate(())
-    tree = _Tree(ev, actions, random.Random(tactic.seed), max_depth, tactic.exploration, root_eval.reward)
-    best_key, best = (), root_eval
-    history = [(0.0, root_eval.step_time_s if root_eval.feasible else None, 1)]
-    since_improved = iterations = 0
+    tree = _Tree(ev, actions, random.Random(tactic.seed), max_depth, tactic.exploration, root_eval.reward,
+                 _priors(actions, groups, axes))
+    found = _Found((), root_eval, t_start)
     progress = _Progress(tactic, t_start)
+    templates = _templates(actions, groups)
+    seeded = _seed(ev, tree, found, templates, tree_limits, progress)
+    since_improved = iterations = 0
     while True:
-        stopped = _stop_reason(tactic, ev, tree, deadline, since_improved, patience)
+        stopped = _stop_reason(ev, tree, tree_limits, since_improved, patience)
         if stopped:
             break
         iterations += 1
@@ -424,38 +530,217 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
             continue
         e = ev.evals[key]
         tree.backup(path, key, e.reward)
-        if _better(e, key, best, best_key):
-            best, best_key = e, key
-            since_improved = 0
-            history.append((time.perf_counter() - t_start, e.step_time_s if e.feasible else None, ev.n_sim))
-        else:
-            since_improved += 1
-        progress.tick(ev.n_sim, best)
+        since_improved = 0 if found.offer(key, e, ev.n_sim) else since_improved + 1
+        progress.tick(ev.n_sim, found.best)
         if log is not None:
-            log(iterations, ev.n_sim, best)
+            log(iterations, ev.n_sim, found.best)
+    # local improvement from the best set found, then from the most promising goals whether they fit or not
+    # (moves that save memory may make them fit), then from the next best sets
+    best_sets = _ranked(ev, list(ev.evals))[:LOCAL_STARTS]
+    goals = sorted((k for k in dict.fromkeys(ev.key(t) for t in templates)
+                    if ev.evals.get(k) is not None and k not in best_sets),
+                   key=lambda k: (ev.promise(ev.evals[k]), ev.rank_of(k)))[:LOCAL_STARTS]
+    local = _improve(ev, actions, found, max_depth, (deadline, tactic.max_evals), progress,
+                     weight_pairs(actions, groups), best_sets[:1] + goals + best_sets[1:])
     progress.close()
-    stats = {"evaluations": ev.n_sim, "cache_hits": ev.n_hits, "same_state_hits": ev.n_fp_hits,
-             "iterations": iterations, "nodes": len(tree.nodes), "seconds": time.perf_counter() - t_start,
-             "stopped": stopped, "best_reward": best.reward, "history": history, "max_depth": max_depth,
-             "patience": patience}
+    seconds, cpu_s = time.perf_counter() - t_start, time.process_time() - cpu_start
+    best_key, best = found.key, found.best
+    stats = {"evaluations": ev.n_sim, "evals_per_s": ev.n_sim / seconds if seconds > 0 else 0.0,
+             "evals_per_cpu_s": ev.n_sim / cpu_s if cpu_s > 0 else 0.0,
+             "scoring_ms": 1e3 * ev.sim_s / max(ev.n_sim, 1), "cache_hits": ev.n_hits,
+             "same_state_hits": ev.n_fp_hits, "op_choice_hits": ev.estimator.memo.hits,
+             "op_choice_misses": ev.estimator.memo.misses, "iterations": iterations, "nodes": len(tree.nodes),
+             "seconds": seconds, "templates": seeded, "stopped": stopped, "local": local, "best_reward": best.reward,
+             "history": found.history, "max_depth": max_depth, "patience": patience}
     if not best.feasible:
-        hint = f"; the smallest peak found is {best.peak_bytes} B with {[str(a) for a in best_key]}" \
-            if best.error is None else ""
         raise PartitionError(
             f"AutomaticPartition: no sharding found within memory_budget_bytes={tactic.memory_budget_bytes} after "
-            f"{ev.n_sim} evaluations ({stats['seconds']:.1f} s, {stopped}){hint}; raise the budget, add mesh axes "
-            f"to axes={axes}, or give more time_budget_s")
+            f"{ev.n_sim} evaluations ({seconds:.1f} s, {stopped}){_peak_report(ev, best_key, best)}; raise the "
+            f"budget, add mesh axes to axes={axes}, or give more time_budget_s")
     return AutoResult([a.tactic for a in best_key], list(best_key), best.step_time_s, best.peak_bytes,
                       tactic.memory_budget_bytes, space, groups, stats, root_eval.step_time_s, root_eval.peak_bytes,
                       state=ev.state(best_key))
 
 
-def _stop_reason(tactic: AutomaticPartition, ev: Evaluator, tree: _Tree, deadline: float, since_improved: int,
-                 patience: int) -> str | None:
-    """Why the search stops now (see the module docstring), or None to go on."""
-    if time.perf_counter() >= deadline:
+class _Found:
+    """The best set found so far (:func:`_better`) and the history of improvements ``(seconds, step time or
+    None while over budget, evaluations)``."""
+
+    def __init__(self, key: tuple, e: Evaluation, t_start: float):
+        self.key, self.best, self.t_start = key, e, t_start
+        self.history = [(0.0, e.step_time_s if e.feasible else None, 1)]
+
+    def offer(self, key: tuple, e: Evaluation, evaluations: int) -> bool:
+        """Keep ``key`` if it is better; whether it was."""
+        if not _better(e, key, self.best, self.key):
+            return False
+        self.key, self.best = key, e
+        self.history.append((time.perf_counter() - self.t_start, e.step_time_s if e.feasible else None, evaluations))
+        return True
+
+
+def _neighbours(key: tuple, actions: list, max_depth: int, pairs: list = ()):
+    """The sets one group move away from ``key``: one action dropped, one decision moved to another axis, one
+    action added, or one pair of ``pairs`` added (two weight decisions on one axis, as Megatron splits two
+    groups at once); in this order, each in canonical action order."""
+    for a in key:
+        yield tuple(b for b in key if b is not a)
+    for a in key:
+        for b in actions:
+            if b.decision == a.decision and b.axis != a.axis:
+                yield tuple(b if c is a else c for c in key)
+    if len(key) < max_depth:
+        for b in actions:
+            if b not in key:
+                yield key + (b,)
+    if len(key) + 1 < max_depth:
+        for b, c in pairs:
+            if b not in key and c not in key:
+                yield key + (b, c)
+
+
+def weight_pairs(actions: list, groups: DimGroups) -> list[tuple]:
+    """Pairs of actions on one axis over two decisions that reach parameters and no data input."""
+    weights = {m.id for m in groups.macro if m.kind == "param" and not any(
+        input_kind(p) == "data" for g in m.groups for p, _ in g.inputs)}
+    ws = [a for a in actions if a.decision in weights]
+    return [(a, b) for a, b in itertools.combinations(ws, 2) if a.axis == b.axis]
+
+
+def _improve(ev: Evaluator, actions: list, found: _Found, max_depth: int, limits, progress, pairs: list,
+             starts: list) -> dict:
+    """Local improvement over single group moves (:func:`_neighbours`) from each of ``starts`` (sets already
+    evaluated) in turn: evaluate every neighbour of the current set, move to the best if it beats the current
+    set, repeat until none does (a local optimum) or the limits ``(deadline, max_evals)`` are reached.
+    ``found`` keeps the best of everything evaluated. Returns ``{"evaluations", "moves", "starts",
+    "stopped"}``."""
+    deadline, max_evals = limits
+    n0, moves, done = ev.n_sim, 0, []
+
+    def report(why):
+        return {"evaluations": ev.n_sim - n0, "moves": moves, "starts": len(done), "stopped": why}
+
+    for cur in starts:
+        cur_e = ev.evals[cur]
+        while True:
+            start = cur
+            for k in _neighbours(start, actions, max_depth, pairs):
+                if time.perf_counter() + ev.expected_s() >= deadline:
+                    return report("time budget")
+                if max_evals is not None and ev.n_sim >= max_evals:
+                    return report("max_evals")
+                k = ev.key(k)
+                e = ev.evaluate(k, start)
+                if e is not None:
+                    found.offer(k, e, ev.n_sim)
+                    progress.tick(ev.n_sim, found.best)
+                    if _better(e, k, cur_e, cur):
+                        cur_e, cur = e, k
+            if cur == start:
+                break
+            moves += 1
+        done.append(cur)
+    return report("local optimum")
+
+
+def _ranked(ev: Evaluator, keys) -> list:
+    """The evaluated sets among ``keys``, best first (:func:`_better`)."""
+    evaluated = [(ev.evals[k], k) for k in keys if ev.evals.get(k) is not None]
+    order = functools.cmp_to_key(lambda x, y: -1 if _better(*x, *y) else (1 if _better(*y, *x) else 0))
+    return [k for _, k in sorted(evaluated, key=order)]
+
+
+def _templates(actions: list, groups: DimGroups) -> list[tuple]:
+    """Goal-directed starting sets, as experts compose strategies (the goals of PartIR's composite search:
+    data parallelism, then weight sharding): data parallelism (a decision that reaches the leading dim of a
+    data input, on each axis of a subset of the axes), for every such decision and subset, each alone and
+    with one ZeRO action (:func:`zero_actions`) on one axis. Read off the inputs' kinds and the analysis,
+    not off names."""
+    batch_ids = [m.id for m in groups.macro
+                 if any(input_kind(p) == "data" and d == 0 for g in m.groups for p, d in g.inputs)]
+    axes = list(dict.fromkeys(a.axis for a in actions))
+    zero = [b for b in actions if b.decision >= len(groups.macro)]
+    out = []
+    for r in range(len(axes) + 1):
+        for subset in itertools.combinations(axes, r):
+            for dp in {tuple(b for b in actions if b.decision == i and b.axis in subset) for i in batch_ids}:
+                for z in [None] + zero:
+                    key = dp + ((z,) if z is not None else ())
+                    if key and key not in out:
+                        out.append(key)
+    return out
+
+
+def _seed(ev: Evaluator, tree: _Tree, found: _Found, templates: list, limits, progress) -> int:
+    """Evaluate the ``templates`` (within the tree's ``limits``) and make each a child of the root (a macro
+    move: the tree then refines the promising ones, one group at a time); each action's all-moves-as-first
+    value learns from them. Returns how many were evaluated."""
+    n = 0
+    root = tree.nodes[()]
+    for key in templates:
+        if _stop_reason(ev, tree, limits, 0, 1) is not None:
+            break
+        key = ev.key(key)
+        e = ev.evaluate(key)
+        if e is None:
+            continue
+        n += 1
+        found.offer(key, e, ev.n_sim)
+        tree.adopt(root, key, e.reward)
+        progress.tick(ev.n_sim, found.best)
+    return n
+
+
+def _priors(actions: list, groups: DimGroups, axes: list) -> dict:
+    """A prior per action, in [0, 1] (Automap-like heuristics: which decisions an expert makes first): the
+    decisions that reach data inputs (batch parallelism), then the others by the bytes of the values they
+    touch (large weights and activations first; ZeRO as heavy as the heaviest); the axes in the order
+    given."""
+    heavy = max((m.bytes for m in groups.macro), default=1) or 1
+    kind = {m.id: m for m in groups.macro}
+    out = {}
+    for a in actions:
+        m = kind.get(a.decision)
+        if m is None:  # a composite (ZeRO) action: after batch parallelism, with the heaviest groups
+            out[a] = 0.4 + 0.1 * (1 - axes.index(a.axis) / len(axes))
+            continue
+        data = any(input_kind(p) == "data" for g in m.groups for p, _ in g.inputs)
+        out[a] = (0.5 if data else 0.0) + 0.4 * m.bytes / heavy + 0.1 * (1 - axes.index(a.axis) / len(axes))
+    return out
+
+
+def _peak_report(ev: Evaluator, key: tuple, best: Evaluation, top: int = 4) -> str:
+    """``"; the smallest peak found is ... with [...]: arguments ..., outputs ..., temporaries ...; largest: ..."``
+    for the set ``key`` (empty when it could not be lowered at all)."""
+    if best.error is not None:
+        return f"; no state could be lowered ({best.error})"
+    program = lower(ev.graph, analyze(ev.graph, ev.rules, ev.state(key), ev.mesh), ev.mesh)
+    sim = simulate(program, ev.estimator.hardware)
+    g = program.graph
+    named = [(f"input {p}", program.buf_bytes[v]) for p, v in zip(g.in_paths, g.invars)]
+    named += [(f"output {name}", program.buf_bytes[b])
+              for name, b in zip(_output_names(g), program.out_bufs) if b not in g.invars]
+    named.sort(key=lambda nb: -nb[1])
+    largest = ", ".join(f"{n} {b} B" for n, b in named[:top])
+    return (f"; the smallest peak found is {sim.peak_bytes} B with {[str(a) for a in key]} (arguments "
+            f"{sim.argument_bytes} B, outputs {sim.output_bytes} B, temporaries {sim.temp_bytes} B; largest "
+            f"buffers per device: {largest})")
+
+
+def _output_names(graph) -> list[str]:
+    """The outputs' pytree paths joined by ``/`` (``0/layers/0/w1`` for the first element of a returned tuple)."""
+    tree = jax.tree_util.tree_unflatten(graph.out_tree, list(range(len(graph.outvars))))
+    return ["/".join(key_name(k) for k in path) or str(j)
+            for j, (path, _) in enumerate(jax.tree_util.tree_flatten_with_path(tree)[0])]
+
+
+def _stop_reason(ev: Evaluator, tree: _Tree, limits, since_improved: int, patience: int) -> str | None:
+    """Why the tree search stops now (see the module docstring), or None to go on; ``limits``: its
+    ``(deadline, max_evals)``."""
+    deadline, max_evals = limits
+    if time.perf_counter() + ev.expected_s() >= deadline:
         return "time budget"
-    if tactic.max_evals is not None and ev.n_sim >= tactic.max_evals:
+    if max_evals is not None and ev.n_sim >= max_evals:
         return "max_evals"
     if since_improved >= patience:
         return "converged"

@@ -22,7 +22,7 @@ from redist.types import ShardingType
 
 from partir_core import keys
 from partir_core.factors import decompose, dim_axes, drop_clashes, fit_use
-from partir_core.ir import CONTROL_FLOW, Graph
+from partir_core.ir import Boundary, Graph, is_enter
 from partir_core.propagation import State, resolve
 from partir_core.registry import Rule
 from partir_core.reshard import finish_bytes, reshard_bytes
@@ -93,32 +93,69 @@ def _analyze_once(graph: Graph, rules: list, state: State, mesh, choose: bool, t
     ops, unsupported = [], []
     for i, (eqn, rule) in enumerate(zip(graph.eqns, rules)):
         if rule is None:
-            why = ("control flow: kept replicated (operands gathered, results replicated)"
-                   if eqn.name in CONTROL_FLOW else "no factor rule: kept replicated")
-            unsupported.append((i, eqn.name, why))
-            ins = [replicated(graph, v, mesh) for v in eqn.invars]
-            outs = [replicated(graph, v, mesh) for v in eqn.outvars]
-            ops.append(OpSharding(None, {}, ins, outs, [], ()))
-            for v, t in zip(eqn.outvars, outs):
-                types[v] = t
-            continue
-        use, _, _ = resolve(graph, rule, eqn, state, mesh, i)
-        use = fit_use(mesh, rule, drop_clashes(use))
-        op = _op_sharding(graph, rule, eqn, use, types, mesh)
-        if choose:
-            cost = _op_cost(graph, eqn, op, types, state, mesh, targets)
-            if cost > 0:
-                for alt in _alternatives(graph, rule, eqn, state, types, mesh, use):
-                    cand = _op_sharding(graph, rule, eqn, alt, types, mesh)
-                    c = _op_cost(graph, eqn, cand, types, state, mesh, targets)
-                    if c < cost:
-                        op, cost = cand, c
-                        if c == 0:
-                            break
+            unsupported.append((i, eqn.name, "no factor rule: kept replicated"))
+        op = choose_op(graph, rules, i, state, types, mesh, choose, targets)
         ops.append(op)
         for v, t in zip(eqn.outvars, op.out_types):
             types[v] = t
     return Analysis(ops, types, unsupported, state)
+
+
+def choose_op(graph: Graph, rules: list, i: int, state: State, types: dict, mesh, choose: bool = True,
+              targets=None) -> OpSharding:
+    """How equation ``i`` runs (one step of :func:`_analyze_once`): its operands produced as ``types`` gives
+    them, its results priced against ``targets``: the cheapest of :func:`op_candidates`
+    (:func:`cheapest`). Reads nothing but ``state``'s dims and provenance of the equation's operands and
+    results, ``types`` of its operands and ``targets`` of its results, so a caller may reuse the result
+    wherever those are the same. A region's enter or exit is not chosen: it runs as
+    :func:`_boundary_sharding` fixes (with ``follow`` when ``targets`` is not None), ``choose`` or not."""
+    eqn = graph.eqns[i]
+    if isinstance(eqn.prim, Boundary):
+        return _boundary_sharding(graph, rules[i], eqn, types, state, mesh, follow=targets is not None)
+    proposal, alternatives = op_candidates(graph, rules, i, state, types, mesh)
+    if not choose or rules[i] is None:
+        return proposal
+    return cheapest(graph, eqn, proposal, alternatives, types, state, mesh, targets)
+
+
+def op_candidates(graph: Graph, rules: list, i: int, state: State, types: dict, mesh):
+    """``(proposal, alternatives)`` for equation ``i``, not a region's enter or exit (see :func:`choose_op`):
+    the choice the state proposes (the earliest decision wins a conflict; replicated for an op without a
+    rule) and a function giving the alternatives that :func:`_alternatives` makes of the axes its operands
+    and results carry (called only if the proposal needs communication). Both depend on ``state``'s dims and
+    provenance of the equation's values and on ``types`` of its operands (as they are when this is called),
+    not on what its results are priced against."""
+    eqn, rule = graph.eqns[i], rules[i]
+    if rule is None:
+        return OpSharding(None, {}, [replicated(graph, v, mesh) for v in eqn.invars],
+                          [replicated(graph, v, mesh) for v in eqn.outvars], [], ()), tuple
+    use, _, _ = resolve(graph, rule, eqn, state, mesh, i)
+    use = fit_use(mesh, rule, drop_clashes(use))
+    proposal = _op_sharding(graph, rule, eqn, use, types, mesh)
+    # all that the alternatives read of ``types`` and ``state``, as they are now
+    operands = {v: types[v] for v in eqn.invars}
+    dims = State({v: list(state.dims[v]) for v in (*eqn.invars, *eqn.outvars) if v in state.dims}, {})
+
+    def alternatives():
+        return (_op_sharding(graph, rule, eqn, alt, operands, mesh)
+                for alt in _alternatives(graph, rule, eqn, dims, operands, mesh, use))
+
+    return proposal, alternatives
+
+
+def cheapest(graph: Graph, eqn, proposal: OpSharding, alternatives, types, state, mesh, targets) -> OpSharding:
+    """The proposal, unless it needs communication and one of ``alternatives()`` (tried in order) moves
+    fewer bytes (:func:`_op_cost` against ``targets``): then the first of the cheapest. Ties keep the
+    proposal."""
+    op, cost = proposal, _op_cost(graph, eqn, proposal, types, state, mesh, targets)
+    if cost > 0:
+        for cand in alternatives():
+            c = _op_cost(graph, eqn, cand, types, state, mesh, targets)
+            if c < cost:
+                op, cost = cand, c
+                if c == 0:
+                    break
+    return op
 
 
 FOLLOW = "follow"  # ``targets`` of a pass that prices no result (see :func:`_analyze_once`)
@@ -160,13 +197,16 @@ def output_type(graph, analysis, state, v, mesh) -> ShardingType:
     return analysis.types[v].replace(partial=())
 
 
-def _demands(graph, analysis, state, mesh) -> dict:
-    """Per value: the distinct types its readers (and the outputs) want it in."""
+def _demands(graph, analysis, state, mesh, trips: dict | None = None) -> dict:
+    """Per value: the distinct types its readers (and the outputs) want it in. With ``trips`` (a dict), also
+    records per value how often per call its readers read it (inside a loop body: the loop's trips)."""
     want: dict = {}
-    for eqn, op in zip(graph.eqns, analysis.ops):
+    for i, (eqn, op) in enumerate(zip(graph.eqns, analysis.ops)):
         for v, t in zip(eqn.invars, op.in_types):
             if v not in graph.consts:
                 want.setdefault(v, set()).add(t)
+                if trips is not None:
+                    trips[v] = max(trips.get(v, 1), graph.read_trips(i))
     for v in graph.outvars:
         if v not in graph.consts:
             want.setdefault(v, set()).add(output_type(graph, analysis, state, v, mesh))
@@ -174,14 +214,57 @@ def _demands(graph, analysis, state, mesh) -> dict:
 
 
 def received_bytes(graph, analysis, state, mesh) -> float:
-    """Bytes a device receives in the program lowered from ``analysis`` (each distinct reshard once)."""
+    """Bytes a device receives per call of the program lowered from ``analysis`` (each distinct reshard once
+    where it is made, as often as the loops around it run)."""
     total = 0.0
-    for v, ts in _demands(graph, analysis, state, mesh).items():
-        total += sum(reshard_bytes(analysis.types[v], t) for t in ts)
-    for op in analysis.ops:
+    trips: dict = {}
+    for v, ts in _demands(graph, analysis, state, mesh, trips).items():
+        total += trips.get(v, 1) * sum(reshard_bytes(analysis.types[v], t) for t in ts)
+    for i, op in enumerate(analysis.ops):
         for _, axes in op.finish:
-            total += finish_bytes(axes, op.out_types)
+            total += graph.read_trips(i) * finish_bytes(axes, op.out_types)
     return total
+
+
+def _boundary_sharding(graph, rule, eqn, types, state, mesh, follow: bool = False) -> OpSharding:
+    """How a region's enter or exit runs (fixed, not chosen per op: a loop-carried type is one type).
+
+    Enter: every body parameter gets the type propagation gives it (never partial: pending sums are reduced
+    before the region), and its outer operand is moved to that type (a stacked ``xs`` with its leading dim
+    whole) before the region, once. With ``follow`` (the passes that let values keep the layout an op chose
+    for them), a loop invariant or a stacked ``xs`` enters in the layout its operand was produced in instead
+    (its pending sums reduced; a stacked dim must be whole), so that, e.g., the residuals a forward scan saved
+    in the layout its body chose are read by the backward scan as they are; a carry keeps the propagated type,
+    its fixed point. Exit: a carry's body result is moved to the carry's type, the one its
+    parameter got, at the end of the body (inside the loop), and the loop's result has that type; a scan's
+    ``ys`` keep the layout the body produced them in (a pending sum included: it is reduced after the loop, at
+    its readers, once), with the stacked dim whole; a cond's results get the type propagation gives them, every
+    branch's moved there inside the branch. Operands in no tie (index, predicate) are replicated."""
+    reg = graph.regions[eqn.params["region"]]
+    ins = [replicated(graph, v, mesh) for v in eqn.invars]
+    if is_enter(eqn):
+        outs = [state_type(graph, state, p, mesh) for p in eqn.outvars]
+        carried = set(reg.carry)
+        for i, o, stacked in eqn.params["ties"]:
+            p, src = eqn.outvars[o], types[eqn.invars[i]]
+            if follow and p not in carried and not (stacked and src.dims[0]):
+                outs[o] = value_type(graph, p, mesh, src.dims[int(stacked):int(stacked) + len(graph.shape(p))])
+            dims = outs[o].dims[:len(graph.shape(eqn.outvars[o]))]
+            ins[i] = value_type(graph, eqn.invars[i], mesh, (((),) if stacked else ()) + dims)
+        return OpSharding(rule, {}, ins, outs, [], ())
+    outs = [None] * len(eqn.outvars)
+    for o, members, stacked in eqn.params["ties"]:
+        v = eqn.outvars[o]
+        if stacked:
+            t = types[eqn.invars[members[0]]]
+            ins[members[0]] = t
+            outs[o] = value_type(graph, v, mesh, ((),) + t.dims[:len(graph.shape(v)) - 1], t.partial)
+            continue
+        t = state_type(graph, state, v, mesh) if reg.kind == "cond" else types[eqn.invars[members[-1]]]
+        for i in members:
+            ins[i] = t
+        outs[o] = t
+    return OpSharding(rule, {}, ins, outs, [], ())
 
 
 def _op_sharding(graph, rule, eqn, use, types, mesh) -> OpSharding:
@@ -230,8 +313,9 @@ def _op_cost(graph, eqn, op: OpSharding, types, state, mesh, targets=None) -> fl
 
 def _alternatives(graph, rule, eqn, state, types, mesh, base, limit: int = 96):
     """Factor choices to compare with ``base``: per shardable factor, the axes its dims carry (in the
-    state, or as operands are produced), their prefixes, or none; combinations with an axis used twice or
-    blocks that do not compose are dropped (at most ``limit`` are returned)."""
+    state, or as operands are produced), their prefixes, or none (a ``proposed`` factor: as in ``base``);
+    combinations with an axis used twice or blocks that do not compose are dropped (at most ``limit`` are
+    returned)."""
     opts: dict[str, set] = {}
     slots = [(types[v].dims, fs_list) for v, fs_list in zip(eqn.invars, rule.operands)]
     slots += [(tuple(state.dims[v]), fs_list) for v, fs_list in zip(eqn.invars, rule.operands)
@@ -252,7 +336,8 @@ def _alternatives(graph, rule, eqn, state, types, mesh, base, limit: int = 96):
     for f, (a, _) in base.items():
         opts.setdefault(f, set()).add(tuple(a))
     factors = sorted(opts)
-    choices = [[None] + sorted(opts[f]) for f in factors]
+    choices = [[base[f][0]] if f in rule.proposed and f in base else [None] if f in rule.proposed
+               else [None] + sorted(opts[f]) for f in factors]
     out, seen = [], set()
     for combo in itertools.product(*choices):
         axes = [a for c in combo if c for a in c]

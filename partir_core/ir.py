@@ -2,16 +2,34 @@
 
 :func:`trace` runs ``jax.make_jaxpr`` on the function with its inputs flattened, and *inlines* every call-like
 primitive (``jit``/``pjit``, ``closed_call``, ``core_call``, ``remat``/``checkpoint``, ``custom_jvp_call``,
-``custom_vjp_call``) by splicing in its inner jaxpr, so that partitioning sees one flat program. Control flow
-(``scan``, ``while``, ``cond``) stays as a single equation whose sub-jaxprs are kept whole.
+``custom_vjp_call``) by splicing in its inner jaxpr, so that partitioning sees one flat program.
 
-Values are integers. Each has a global shape and dtype (:attr:`Graph.avals`). A value is an *input* (one per
-flattened argument leaf, named by its path), the result of an equation, or a *constant* (a jaxpr literal or
-closed-over const, held in :attr:`Graph.consts`; constants are replicated and never constrain sharding).
-An array of random keys keeps its key dtype (``key<fry>``) and key shape (see :mod:`partir_core.keys`).
+Control flow (``scan``, ``while``, ``cond``) is *inlined with markers*: the choice made here. Its bodies are
+spliced into the same flat list of equations, between two boundary equations of its own (:data:`ENTER`,
+:data:`EXIT`), and a :class:`Region` records where they are::
 
-Input paths: the function's parameter name, then the pytree keys joined by ``/``
-(``"params/layers/0/w1"``, ``"x"``).
+    %p.. = scan_enter %outer..        # the body's parameters: loop invariants, carries, per-iteration xs
+      ... the body's equations ...    # (while: cond_fun's, then body_fun's; cond: every branch's in turn)
+    %out.. = scan_exit %r.. %p..      # the body's results (and, for loops, the carry parameters)
+
+Why markers rather than sub-graphs: propagation, choice and the dim-group analysis then read every body like
+straight-line code, with no case of their own. The boundary equations have factor rules like any primitive
+(:mod:`partir_core.registry`): an outer operand and the body parameter it becomes share their factors (a scan's
+stacked ``xs`` lose the leading dim, a stacked result gains one: that dim is *blocked*, whole inside the loop),
+and at the exit a carry's body result, its parameter and the loop's result share theirs, so a carry's type is a
+fixed point of propagation. Lowering and the simulator read the structure back from :attr:`Graph.regions` and
+build one partitioned loop per region. A body reads only its parameters and constants (jaxprs are closed), so
+a region's equations are self-contained; regions nest.
+
+Values are integers. Each has a global shape and dtype (:attr:`Graph.avals`): a body's values have their
+per-iteration shapes. A value is an *input* (one per flattened argument leaf, named by its path), the result of
+an equation, or a *constant* (a jaxpr literal or closed-over const, held in :attr:`Graph.consts`; constants are
+replicated and never constrain sharding). An array of random keys keeps its key dtype (``key<fry>``) and key
+shape (see :mod:`partir_core.keys`).
+
+Input paths: the function's parameter name, then the pytree keys joined by ``/`` (``"params/layers/0/w1"``,
+``"x"``). A stacked weight keeps its path (``params/layers/w1``); inside a scan body its per-iteration slice is
+named after it (:attr:`Graph.names`: ``params/layers/w1[i]``).
 """
 
 from __future__ import annotations
@@ -26,14 +44,50 @@ from jax.extend import core as jcore
 
 from partir_core import keys
 
+# jax.extend.core exports DropVar from JAX 0.10; JAX 0.8 and 0.9 have it only in jax.core (deprecated in 0.10)
+_DROP_VAR = getattr(jcore, "DropVar", None) or jax.core.DropVar
+
 INLINED = ("pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
            "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin")
 CONTROL_FLOW = ("scan", "while", "cond")
 
 
+class Boundary:
+    """The pseudo-primitive of a region's enter or exit equation (``scan_enter``, ``cond_exit``, ...). It is
+    never bound: lowering builds the loop or conditional itself."""
+
+    multiple_results = True
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self):
+        return self.name
+
+
+ENTER = {k: Boundary(f"{k}_enter") for k in CONTROL_FLOW}
+EXIT = {k: Boundary(f"{k}_exit") for k in CONTROL_FLOW}
+
+
+def is_enter(eqn) -> bool:
+    """Whether ``eqn`` is a region's enter equation."""
+    return eqn.prim in ENTER.values()
+
+
+def is_exit(eqn) -> bool:
+    """Whether ``eqn`` is a region's exit equation."""
+    return eqn.prim in EXIT.values()
+
+
 @dataclass
 class Eqn:
-    """One primitive application: ``outvars = prim(*invars, **params)``."""
+    """One primitive application: ``outvars = prim(*invars, **params)``.
+
+    A region's enter and exit equations (``prim`` a :class:`Boundary`) have ``params = {"region": r, "ties":
+    ...}``: an enter's ties are ``(operand, result, stacked)`` (the outer operand becomes that body parameter;
+    ``stacked``: a scan's ``xs``, whose leading dim the body iterates over); an exit's are ``(result, operands,
+    stacked)`` (the operands, body results and carry parameters, that become that outer result; ``stacked``: a
+    scan's ``ys``, which gain a leading dim)."""
 
     prim: Any
     invars: list[int]
@@ -46,8 +100,45 @@ class Eqn:
 
 
 @dataclass
+class Region:
+    """One ``scan``, ``while`` or ``cond``, inlined into :attr:`Graph.eqns` (see the module docstring).
+
+    ``enter``/``exit``: the indices of its boundary equations. ``bodies``: the equation ranges of its bodies,
+    in order (scan: ``[body]``; while: ``[cond_fun, body_fun]``; cond: one per branch), nested regions
+    included. ``results``: per body, the values it returns (scan: carries then ``ys``; while: cond_fun the
+    predicate, body_fun the carries; cond: the branch's results), and ``exit_slots`` the exit's operands
+    they are. ``consts``/``carry``/``xs``: the enter's
+    results by role (loop invariants, loop-carried values, a scan's per-iteration slices; a cond's operands
+    are its ``consts``). ``index``: a cond's branch index (an outer value). ``params``: the control-flow
+    equation's own (``length``, ``reverse``, ``unroll``, ...). ``trips``: iterations per execution (a scan's
+    ``length``; a while loop's when its bound is static, else None; a cond: 1). ``parent``: the enclosing
+    region, or None."""
+
+    kind: str
+    enter: int
+    exit: int
+    bodies: list
+    results: list
+    consts: list
+    carry: list
+    xs: list
+    params: dict
+    trips: int | None
+    parent: int | None
+    index: int | None = None
+    exit_slots: list = field(default_factory=list)
+
+    @property
+    def trip_count(self) -> int:
+        """:attr:`trips`, or 1 where it is unknown."""
+        return 1 if self.trips is None else self.trips
+
+
+@dataclass
 class Graph:
-    """A flat program. ``outvars`` are values (inputs, equation results or constants)."""
+    """A flat program. ``outvars`` are values (inputs, equation results or constants). ``regions``: the
+    control flow inlined into ``eqns`` (see the module docstring); ``names``: what a value inside a body is
+    called after (the input a body parameter comes from: ``params/layers/w1[i]``)."""
 
     invars: list[int]
     outvars: list[int]
@@ -58,6 +149,9 @@ class Graph:
     in_tree: Any = None
     out_tree: Any = None
     inlined: list[str] = field(default_factory=list)
+    regions: list[Region] = field(default_factory=list)
+    names: dict[int, str] = field(default_factory=dict)
+    _innermost: list | None = field(default=None, repr=False, compare=False)
 
     def shape(self, v: int) -> tuple[int, ...]:
         return self.avals[v][0]
@@ -65,6 +159,33 @@ class Graph:
     def dtype(self, v: int):
         """A numpy dtype, or a JAX key dtype for an array of random keys."""
         return self.avals[v][1]
+
+    def region_at(self, i: int) -> int | None:
+        """The innermost region whose body holds equation ``i`` (its own boundaries are outside it), or None."""
+        if self._innermost is None or len(self._innermost) != len(self.eqns):
+            inner: list = [None] * len(self.eqns)
+            for r, reg in enumerate(self.regions):  # an inner region comes after the regions around it
+                for i in range(reg.enter + 1, reg.exit):
+                    inner[i] = r
+            self._innermost = inner
+        return self._innermost[i]
+
+    def trips(self, region: int | None) -> int:
+        """How often region ``region``'s body runs per call of the program: the product of the trip counts of
+        it and its enclosing regions (1 for None, the top level)."""
+        n = 1
+        while region is not None:
+            n *= self.regions[region].trip_count
+            region = self.regions[region].parent
+        return n
+
+    def read_trips(self, i: int) -> int:
+        """How often equation ``i`` reads its operands per call: as often as its region runs; an exit reads
+        the body's results inside the body, so as often as its own region's body."""
+        eqn = self.eqns[i]
+        if is_exit(eqn):
+            return self.trips(eqn.params["region"])
+        return self.trips(self.region_at(i))
 
 
 def key_name(k) -> str:
@@ -106,8 +227,8 @@ def input_paths(fn, args, kwargs=None) -> tuple[list[str], list[Any], Any]:
 
 
 class _Builder:
-    """Accumulates the flat graph while jaxprs are inlined: fresh value ids, their avals, constants, equations
-    and the names of the calls inlined."""
+    """Accumulates the flat graph while jaxprs are inlined: fresh value ids, their avals, constants, equations,
+    the control-flow regions and the names of the calls inlined."""
 
     def __init__(self):
         self.n = 0
@@ -115,6 +236,9 @@ class _Builder:
         self.consts: dict[int, Any] = {}
         self.eqns: list[Eqn] = []
         self.inlined: list[str] = []
+        self.regions: list[Region] = []
+        self.open: list[int] = []  # the regions being emitted, outermost first
+        self.names: dict[int, str] = {}
 
     def new(self, aval) -> int:
         v = self.n
@@ -147,15 +271,97 @@ class _Builder:
                 sub, sub_consts, skip = inner
                 self.inlined.append(e.primitive.name)
                 outs = self.emit(sub, sub_consts, ins[skip:] if skip else ins)
-                for var, v in zip(e.outvars, outs):
-                    env[var] = v
-                continue
-            outs = [self.new(o.aval) for o in e.outvars]
-            self.eqns.append(Eqn(e.primitive, ins, outs, dict(e.params)))
+            elif e.primitive.name in CONTROL_FLOW:
+                outs = self.control_flow(e, ins)
+            else:
+                outs = [self.new(o.aval) for o in e.outvars]
+                self.eqns.append(Eqn(e.primitive, ins, outs, dict(e.params)))
             for var, v in zip(e.outvars, outs):
-                if not isinstance(var, jcore.DropVar):
+                if not isinstance(var, _DROP_VAR):
                     env[var] = v
         return [self.read(env, a) for a in jaxpr.outvars]
+
+    def control_flow(self, e, ins: list[int]) -> list[int]:
+        """Inline a ``scan``, ``while`` or ``cond`` equation reading ``ins`` as a :class:`Region`; returns the
+        values of its results."""
+        kind, p = e.primitive.name, e.params
+        r = len(self.regions)
+        reg = Region(kind, len(self.eqns), -1, [], [], [], [], [], dict(p), 1, self.open[-1] if self.open else None)
+        self.regions.append(reg)
+        self.eqns.append(None)  # the enter equation, once its parameters are known
+        self.open.append(r)
+        if kind == "scan":
+            body, nc, nk = p["jaxpr"], p["num_consts"], p["num_carry"]
+            params = [self.new(v.aval) for v in body.jaxpr.invars]
+            reg.consts, reg.carry, reg.xs = params[:nc], params[nc:nc + nk], params[nc + nk:]
+            enter_ties = [(i, i, i >= nc + nk) for i in range(len(ins))]
+            reg.results = [self.body(reg, body, params)]
+            rs = reg.results[0]
+            exit_ins = rs + reg.carry
+            exit_ties = [(i, (i, len(rs) + i), False) for i in range(nk)]
+            exit_ties += [(i, (i,), True) for i in range(nk, len(rs))]
+            reg.exit_slots = [list(range(len(rs)))]
+            reg.trips = int(p["length"])
+        elif kind == "while":
+            cj, bj, cn, bn = p["cond_jaxpr"], p["body_jaxpr"], p["cond_nconsts"], p["body_nconsts"]
+            cc = [self.new(v.aval) for v in cj.jaxpr.invars[:cn]]
+            bc = [self.new(v.aval) for v in bj.jaxpr.invars[:bn]]
+            reg.carry = [self.new(v.aval) for v in bj.jaxpr.invars[bn:]]
+            reg.consts = cc + bc
+            params = cc + bc + reg.carry
+            enter_ties = [(i, i, False) for i in range(len(ins))]
+            reg.results = [self.body(reg, cj, cc + reg.carry), self.body(reg, bj, bc + reg.carry)]
+            (pred,), rs = reg.results
+            exit_ins = rs + [pred] + reg.carry
+            exit_ties = [(i, (i, len(rs) + 1 + i), False) for i in range(len(rs))]
+            reg.exit_slots = [[len(rs)], list(range(len(rs)))]
+            reg.trips = _static_trips(self, reg, ins)
+        else:  # cond: operands (index, *ops); every branch reads the same parameters
+            branches = p["branches"]
+            reg.index = ins[0]
+            params = reg.consts = [self.new(v.aval) for v in branches[0].jaxpr.invars]
+            enter_ties = [(1 + i, i, False) for i in range(len(params))]
+            reg.results = [self.body(reg, b, params) for b in branches]
+            n = len(e.outvars)
+            exit_ins = [v for rs in reg.results for v in rs]
+            exit_ties = [(j, tuple(b * n + j for b in range(len(branches))), False) for j in range(n)]
+            reg.exit_slots = [list(range(b * n, (b + 1) * n)) for b in range(len(branches))]
+        for i, o, stacked in enter_ties:
+            if ins[i] in self.names:  # a body parameter is named after the input it comes from
+                self.names[params[o]] = self.names[ins[i]] + ("[i]" if stacked else "")
+        self.eqns[reg.enter] = Eqn(ENTER[kind], ins, params, {"region": r, "ties": tuple(enter_ties)})
+        self.open.pop()
+        outs = [self.new(o.aval) for o in e.outvars]
+        reg.exit = len(self.eqns)
+        self.eqns.append(Eqn(EXIT[kind], exit_ins, outs, {"region": r, "ties": tuple(exit_ties)}))
+        return outs
+
+    def body(self, reg: Region, closed, params: list[int]) -> list[int]:
+        """Emit one body (a closed jaxpr) of ``reg`` reading ``params``; records its range, returns its results."""
+        start = len(self.eqns)
+        outs = self.emit(closed.jaxpr, closed.consts, params)
+        reg.bodies.append(range(start, len(self.eqns)))
+        return outs
+
+
+def _static_trips(b: _Builder, reg: Region, ins: list[int]) -> int | None:
+    """The trip count of a while loop counting a carry up by 1 to a constant bound (``fori_loop`` with traced
+    bounds, ``while i < n``), when its start and bound are constants; else None."""
+    (pred,) = reg.results[0]
+    test = next((e for e in b.eqns[reg.bodies[0].start:reg.bodies[0].stop] if pred in e.outvars), None)
+    if test is None or test.name != "lt" or test.invars[0] not in reg.carry:
+        return None
+    k = reg.carry.index(test.invars[0])
+    outer = dict(zip(reg.consts + reg.carry, ins))  # body parameter -> the outer value it starts as
+    bound = outer.get(test.invars[1], test.invars[1])
+    start = outer[reg.carry[k]]
+    step = next((e for e in b.eqns[reg.bodies[1].start:reg.bodies[1].stop] if reg.results[1][k] in e.outvars), None)
+    if (bound not in b.consts or start not in b.consts or step is None or step.name != "add"
+            or step.invars[0] != reg.carry[k] or step.invars[1] not in b.consts):
+        return None
+    if int(np.asarray(b.consts[step.invars[1]])) != 1:
+        return None
+    return max(int(np.asarray(b.consts[bound])) - int(np.asarray(b.consts[start])), 0)
 
 
 def _inner_jaxpr(e):
@@ -192,5 +398,7 @@ def trace(fn, args, kwargs=None) -> Graph:
     closed = jax.make_jaxpr(flat)(*specs)
     b = _Builder()
     invars = [b.new(v.aval) for v in closed.jaxpr.invars]
+    b.names.update(zip(invars, paths))
     outvars = b.emit(closed.jaxpr, closed.consts, invars)
-    return Graph(invars, outvars, b.eqns, b.avals, b.consts, paths, treedef, out_tree[0], b.inlined)
+    names = {v: n for v, n in b.names.items() if v not in invars}
+    return Graph(invars, outvars, b.eqns, b.avals, b.consts, paths, treedef, out_tree[0], b.inlined, b.regions, names)

@@ -40,9 +40,11 @@ def data_shape(dtype) -> tuple[int, ...]:
     return jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct((), dtype)).shape
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def sharding_type(mesh, shape, dtype, dims, partial=()) -> ShardingType:
     """The type of an array of ``shape`` and ``dtype`` with ``dims`` split as given: for a key array, the type of
-    its key data (``uint32[shape + K]``, the key-data dims replicated)."""
+    its key data (``uint32[shape + K]``, the key-data dims replicated). Cached (types are immutable; choosing
+    a program builds the same few thousand over and over): the arguments must be hashable (tuples)."""
     if not is_key(dtype):
         return ShardingType(mesh, tuple(shape), dtype, tuple(dims), tuple(partial))
     k = data_shape(dtype)
@@ -56,4 +58,13 @@ def to_data(x):
 
 def from_data(x, dtype):
     """The key array of ``dtype`` whose key data is ``x`` if ``dtype`` is a key dtype, else ``x``."""
-    return jax.random.wrap_key_data(x, dtype=dtype) if is_key(dtype) else x
+    return jax.random.wrap_key_data(x, impl=_impl(dtype)) if is_key(dtype) else x
+
+
+@functools.lru_cache(maxsize=None)
+def _impl(dtype):
+    """The PRNG implementation of key dtype ``dtype``, read off an abstract key of it: ``wrap_key_data`` takes
+    an implementation on every JAX (its ``dtype=`` exists only from 0.10.1)."""
+    found = []
+    jax.eval_shape(lambda k: found.append(jax.random.key_impl(k)), jax.ShapeDtypeStruct((), dtype))
+    return found[0]

@@ -7,60 +7,124 @@ type is moved once and the copy reused), the op runs on local shards (:class:`~p
 and a max/min reduction over a split dim is finished (:class:`~partir_core.program.Finish`). Pending sums
 become ``all_reduce`` / ``reduce_scatter`` this way, when consumed by an op that needs a non-partial operand,
 and at the outputs, which get the types propagation gives them.
+
+A control-flow region (:class:`partir_core.ir.Region`) becomes one :class:`~partir_core.program.ControlFlow`
+instruction, a partitioned ``lax.scan`` / ``while_loop`` / ``switch`` on local shards: its operands are moved
+to the types its enter wants before it (once), each body is lowered the same way into instructions of its
+own (its reshards and pending-sum reductions inside it, run every iteration), and at each body's end its
+results are moved to the types its exit wants: a carry whose body result came out in another layout than the
+carry's is moved back inside the loop, at the end of the body, and reported
+(:attr:`~partir_core.program.LocalProgram.carry_reshards`).
 """
 
 from __future__ import annotations
 
 from partir_core import reshard
 from partir_core.choice import Analysis, OpSharding, local_shapes, output_type
-from partir_core.ir import Graph
-from partir_core.program import Compute, Finish, LocalProgram, Reshard
+from partir_core.ir import Graph, is_enter
+from partir_core.program import CarryReshard, Compute, ControlFlow, Finish, LocalProgram, Reshard
 from partir_core.propagation import State
 from partir_core.registry import flops
 
 
-def lower(graph: Graph, analysis: Analysis, mesh, state: State | None = None) -> LocalProgram:
-    """The local program of ``analysis``. A reshard of one buffer to one type is made once and its result
-    reused by every later reader. Outputs are given the type propagation gives them (``state``; without
-    it, their producer's type with pending sums reduced). Raises :class:`redist.ShardingError` if a value
-    must reach a type no redistribution can give it."""
-    types = analysis.types
-    state = analysis.state if state is None else state
-    instructions: list = []
-    buf_bytes = {v: t.local_bytes for v, t in types.items()}
-    fallbacks = []
-    made: dict = {}  # (buffer, type) -> the buffer holding it
+class _Lowering:
+    """The state of one lowering: the program's buffers' bytes, the fallbacks and carry reshards found."""
 
-    def move(buf, src, dst, where):
+    def __init__(self, graph: Graph, analysis: Analysis):
+        self.graph = graph
+        self.analysis = analysis
+        self.types = analysis.types
+        self.buf_bytes = {v: t.local_bytes for v, t in analysis.types.items()}
+        self.fallbacks: list = []
+        self.carry_reshards: list = []
+        self.n = 0  # reshard buffers made so far
+
+    def move(self, buf, src, dst, where, out: list, made: dict, trips: int):
+        """The buffer holding ``buf`` (of type ``src``) as ``dst``: a :class:`Reshard` appended to ``out``, made
+        once per block (``made``) and reused by later readers in it."""
         if src == dst:
             return buf
         if (buf, dst) not in made:
             m = reshard.move(src, dst)
             if m.fallback is not None:
-                fallbacks.append((where, str(src), str(dst), m.fallback))
-            new = ("r", len(made) + 1)
-            buf_bytes[new] = dst.local_bytes
-            instructions.append(Reshard(buf, new, m, [reshard.Collective(k, a, b, where) for k, a, b in m.collectives]))
+                self.fallbacks.append((where, str(src), str(dst), m.fallback))
+            self.n += 1
+            new = ("r", self.n)
+            self.buf_bytes[new] = dst.local_bytes
+            out.append(Reshard(buf, new, m, [reshard.Collective(k, a, b, where, trips) for k, a, b in m.collectives]))
             made[(buf, dst)] = new
         return made[(buf, dst)]
 
-    for i, (eqn, op) in enumerate(zip(graph.eqns, analysis.ops)):
-        where = f"eqn {i} ({eqn.name})"
-        reads = [move(v, types[v], t, where) for v, t in zip(eqn.invars, op.in_types)]
-        f = flops(eqn.name, local_shapes(graph, eqn.invars, op.in_types),
-                  local_shapes(graph, eqn.outvars, op.out_types), eqn.params)
-        instructions.append(Compute(i, reads, list(eqn.outvars), _masks(op), f))
-        for kind, axes in op.finish:
-            b = reshard.finish_bytes(axes, op.out_types)
-            instructions.append(Finish(eqn.outvars[0], kind, tuple(axes),
-                                       [reshard.Collective("all_reduce_" + kind, tuple(axes), b, where)]))
+    def block(self, eqns: range, trips: int, made: dict | None = None) -> list:
+        """The instructions of equations ``eqns`` (a body, or the whole program), each region as one
+        :class:`ControlFlow`; ``trips``: how often the block runs per call; ``made``: the block's moves,
+        ``(buffer, type) -> the buffer holding it`` (filled in; a body's are its own)."""
+        g, ops = self.graph, self.analysis.ops
+        out: list = []
+        made = {} if made is None else made
+        i = eqns.start
+        while i < eqns.stop:
+            eqn, op = g.eqns[i], ops[i]
+            if is_enter(eqn):
+                r = eqn.params["region"]
+                out.append(self.region(r, out, made, trips))
+                i = g.regions[r].exit + 1
+                continue
+            where = f"eqn {i} ({eqn.name})"
+            reads = [self.move(v, self.types[v], t, where, out, made, trips) for v, t in zip(eqn.invars, op.in_types)]
+            f = flops(eqn.name, local_shapes(g, eqn.invars, op.in_types), local_shapes(g, eqn.outvars, op.out_types),
+                      eqn.params)
+            out.append(Compute(i, reads, list(eqn.outvars), _masks(op), f))
+            for kind, axes in op.finish:
+                b = reshard.finish_bytes(axes, op.out_types)
+                out.append(Finish(eqn.outvars[0], kind, tuple(axes),
+                                  [reshard.Collective("all_reduce_" + kind, tuple(axes), b, where, trips)]))
+            i += 1
+        return out
+
+    def region(self, r: int, out: list, made: dict, trips: int) -> ControlFlow:
+        """The :class:`ControlFlow` of region ``r``; its operands' moves are appended to ``out``."""
+        g = self.graph
+        reg = g.regions[r]
+        enter, exit_ = g.eqns[reg.enter], g.eqns[reg.exit]
+        wants, gives = self.analysis.ops[reg.enter].in_types, self.analysis.ops[reg.exit].in_types
+        where = f"eqn {reg.enter} ({reg.kind})"
+        operands = [self.move(v, self.types[v], t, where, out, made, trips) for v, t in zip(enter.invars, wants)]
+        inner = trips * reg.trip_count
+        # exit operand -> the carry it is the body's new value of (loops; a carry's result comes first in its tie)
+        carry_of = {} if reg.kind == "cond" else {t[1][0]: t[0] for t in exit_.params["ties"] if not t[2]}
+        bodies, results = [], []
+        for b, eqns in enumerate(reg.bodies):
+            body = self.block(eqns, inner)
+            at = f"end of the body of eqn {reg.enter} ({reg.kind})"
+            res = []
+            for v, slot in zip(reg.results[b], reg.exit_slots[b]):
+                src, dst = self.types[v], gives[slot]
+                res.append(self.move(v, src, dst, at, body, {}, inner))
+                if src != dst and slot in carry_of:
+                    self.carry_reshards.append(CarryReshard(r, carry_of[slot], str(src), str(dst)))
+            bodies.append(body)
+            results.append(res)
+        return ControlFlow(r, reg.kind, operands, bodies, results, list(exit_.outvars), reg.trip_count)
+
+
+def lower(graph: Graph, analysis: Analysis, mesh, state: State | None = None) -> LocalProgram:
+    """The local program of ``analysis``. A reshard of one buffer to one type is made once per block (the
+    program, or a body) and its result reused by every later reader there. Outputs are given the type
+    propagation gives them (``state``; without it, their producer's type with pending sums reduced). Raises
+    :class:`redist.ShardingError` if a value must reach a type no redistribution can give it."""
+    state = analysis.state if state is None else state
+    low = _Lowering(graph, analysis)
+    made: dict = {}  # the program's moves, reused for the outputs
+    instructions = low.block(range(len(graph.eqns)), 1, made)
     out_types, out_bufs = [], []
     for j, v in enumerate(graph.outvars):
         dst = output_type(graph, analysis, state, v, mesh)
-        out_bufs.append(move(v, types[v], dst, f"output {j}"))
+        out_bufs.append(low.move(v, analysis.types[v], dst, f"output {j}", instructions, made, 1))
         out_types.append(dst)
-    in_types = [types[v] for v in graph.invars]
-    return LocalProgram(graph, mesh, analysis, instructions, in_types, out_types, out_bufs, buf_bytes, fallbacks)
+    in_types = [analysis.types[v] for v in graph.invars]
+    return LocalProgram(graph, mesh, analysis, instructions, in_types, out_types, out_bufs, low.buf_bytes,
+                        low.fallbacks, low.carry_reshards)
 
 
 def _masks(op: OpSharding) -> list:

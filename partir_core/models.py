@@ -11,6 +11,11 @@ partitioning; schedules (:mod:`partir_core.schedules`) name the inputs by path.
   targets)``.
 - :func:`gnn`: a message-passing graph network (gather of sender features, ``segment_sum`` into receivers),
   inputs ``(params, momentum, nodes, senders, receivers, targets)``.
+- :func:`scanned_mlp`: a residual MLP over stacked layer weights (``params/w1``: ``(layers, d, hidden)``) run
+  by one ``lax.scan``, inputs ``(params, momentum, x, y)``.
+- :func:`scanned_transformer`: the transformer with its layers' weights stacked (``params/layers/w1`` of shape
+  ``(layers, d_model, hidden)``) and run by one ``lax.scan`` over them, as MaxText and ``flax.linen.scan``
+  do; cross-entropy by ``take_along_axis``. Its ``stacked`` paths say which inputs carry the layer dim first.
 """
 
 from __future__ import annotations
@@ -28,12 +33,18 @@ BETA = 0.9
 
 @dataclass(frozen=True)
 class Model:
-    """A training step with example inputs. ``batch_inputs``: input path → dim split by batch parallelism."""
+    """A training step with example inputs. ``batch_inputs``: input path → dim split by batch parallelism;
+    ``stacked``: path prefixes of the inputs whose leading dim is a stacked layer dim (scanned over)."""
 
     name: str
     step: Callable
     init: Callable[[Any], tuple]
     batch_inputs: dict
+    stacked: tuple = ()
+
+    def is_stacked(self, path: str) -> bool:
+        """Whether input ``path`` is a stacked weight (its dim 0 the layer)."""
+        return any(path.startswith(prefix + "/") for prefix in self.stacked)
 
 
 def sgd_momentum(params, momentum, grads):
@@ -150,6 +161,62 @@ def transformer(vocab=64, d_model=32, layers=2, heads=4, seq=16, batch=8, mlp_ra
     return Model("transformer", step, init, {"tokens": 0, "targets": 0})
 
 
+# ------------------------------------------------------------------------------------- MLP, scanned
+def scanned_mlp_loss(params, x, y):
+    def layer(h, p):
+        return h + jnp.tanh(h @ p["w1"] + p["b1"]) @ p["w2"], None
+
+    h, _ = jax.lax.scan(layer, x, params)
+    return jnp.mean((h - y) ** 2)
+
+
+def scanned_mlp(batch=32, d=64, hidden=256, layers=4) -> Model:
+    def step(params, momentum, x, y):
+        loss, grads = jax.value_and_grad(scanned_mlp_loss)(params, x, y)
+        params, momentum = sgd_momentum(params, momentum, grads)
+        return params, momentum, loss
+
+    def init(key):
+        k = jax.random.split(key, 4)
+        params = {"w1": jax.random.normal(k[0], (layers, d, hidden)) / np.sqrt(d),
+                  "b1": jnp.zeros((layers, hidden)),
+                  "w2": jax.random.normal(k[1], (layers, hidden, d)) / np.sqrt(hidden) / layers}
+        return params, _zeros_like(params), jax.random.normal(k[2], (batch, d)), jax.random.normal(k[3], (batch, d))
+
+    return Model("scanned_mlp", step, init, {"x": 0, "y": 0}, stacked=("params", "momentum"))
+
+
+# ------------------------------------------------------------------------------ transformer, scanned
+def scanned_transformer_loss(params, tokens, targets, heads):
+    def layer(x, p):
+        x = x + attention(p, layer_norm(x, p["ln1_g"], p["ln1_b"]), heads)
+        h = jax.nn.gelu(layer_norm(x, p["ln2_g"], p["ln2_b"]) @ p["w1"] + p["b1"])
+        return x + h @ p["w2"] + p["b2"], None
+
+    x = params["embed"][tokens] + params["pos"][None, :, :]
+    x, _ = jax.lax.scan(layer, x, params["layers"])
+    logits = layer_norm(x, params["lnf_g"], params["lnf_b"]) @ params["unembed"]
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
+
+
+def scanned_transformer(vocab=64, d_model=32, layers=2, heads=4, seq=16, batch=8, mlp_ratio=4) -> Model:
+    base = transformer(vocab, d_model, layers, heads, seq, batch, mlp_ratio)
+
+    def step(params, momentum, tokens, targets):
+        loss, grads = jax.value_and_grad(scanned_transformer_loss)(params, tokens, targets, heads)
+        params, momentum = sgd_momentum(params, momentum, grads)
+        return params, momentum, loss
+
+    def init(key):
+        params, _, tokens, targets = base.init(key)
+        params = dict(params, layers=jax.tree.map(lambda *ws: jnp.stack(ws), *params["layers"]))
+        return params, _zeros_like(params), tokens, targets
+
+    return Model("scanned_transformer", step, init, {"tokens": 0, "targets": 0},
+                 stacked=("params/layers", "momentum/layers"))
+
+
 # ---------------------------------------------------------------------------------------------- GNN
 def gnn_loss(params, nodes, senders, receivers, targets):
     h = nodes
@@ -180,4 +247,5 @@ def gnn(n_nodes=16, n_edges=32, features=8, hidden=32, layers=2) -> Model:
     return Model("gnn", gnn_step, init, {"senders": 0, "receivers": 0})
 
 
-MODELS = {"mlp": mlp, "transformer": transformer, "gnn": gnn}
+MODELS = {"mlp": mlp, "transformer": transformer, "gnn": gnn, "scanned_mlp": scanned_mlp,
+          "scanned_transformer": scanned_transformer}

@@ -90,6 +90,12 @@ class Partitioned:
         return list(self.program.analysis.unsupported)
 
     @property
+    def carry_reshards(self):
+        """Loop carries moved back to their carry's layout at the end of every iteration (where propagation
+        left a carry's body result in another layout than its parameter): :class:`partir_core.program.CarryReshard`."""
+        return list(self.program.carry_reshards)
+
+    @property
     def fallbacks(self):
         """Reshards that used gather-and-slice instead of a redist plan: ``(where, src, dst, why)``."""
         return list(self.program.fallbacks)
@@ -125,6 +131,12 @@ def render(graph, rules, state, mesh) -> str:
             return repr(c.item()) if c.size == 1 else f"const{v}"
         return f"%{v}"
 
+    def depth(i):
+        r, n = graph.region_at(i), 0
+        while r is not None:
+            r, n = graph.regions[r].parent, n + 1
+        return n
+
     lines = []
     for p, v in zip(graph.in_paths, graph.invars):
         lines.append(f"  input {name(v)}: {a.types[v]}    # {p}")
@@ -132,7 +144,11 @@ def render(graph, rules, state, mesh) -> str:
         outs = ", ".join(f"{name(v)}: {a.types[v]}" for v in e.outvars)
         rule = a.ops[i].rule
         note = f"   # {rule}" if rule is not None else "   # no rule: replicated"
-        lines.append(f"  {outs} = {e.name} {' '.join(name(v) for v in e.invars)}{note}")
+        if ir.is_enter(e):
+            reg = graph.regions[e.params["region"]]
+            params = ", ".join(f"{name(v)} = {graph.names[v]}" for v in e.outvars if v in graph.names)
+            note = f"   # {reg.trips if reg.trips is not None else '?'} trips" + (f"; {params}" if params else "")
+        lines.append(f"  {'  ' * depth(i)}{outs} = {e.name} {' '.join(name(v) for v in e.invars)}{note}")
     lines.append("  return " + ", ".join(name(v) for v in graph.outvars))
     return "\n".join(lines)
 
@@ -181,7 +197,9 @@ class PartitionedFunction:
             elif isinstance(x, (bool, int, float, complex)):
                 dtype = np.asarray(x).dtype
             else:
-                raise PartitionError(f"input {path!r} is {type(x).__name__} {shown(x)}; inputs are arrays or numbers")
+                raise PartitionError(f"input {path!r} is {type(x).__name__} {shown(x)}; inputs are arrays or numbers: "
+                                     "pass a module's arrays and close over the rest (equinox: params, static = "
+                                     "eqx.partition(model, eqx.is_array))")
             if isinstance(dtype, np.dtype) and dtype.kind in "OSUV":
                 raise PartitionError(f"input {path!r} has dtype {dtype}; inputs are arrays of numbers")
             specs.append((tuple(np.shape(x)), str(dtype)))

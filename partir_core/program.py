@@ -8,6 +8,8 @@ named by value ids, or ``("r", n)`` for resharded copies:
   offsets); ops with no rule run on replicated operands with their original parameters. Operand dims that are
   split unevenly and reduced over first get their padding set to the reduction's identity.
 - :class:`Finish`: ``pmax``/``pmin`` after a max/min reduction over a split dim.
+- :class:`ControlFlow`: a control-flow region (:class:`partir_core.ir.Region`) run as one ``lax.scan`` /
+  ``lax.while_loop`` / ``lax.switch`` on local shards, each body a list of these instructions of its own.
 
 :meth:`LocalProgram.run` interprets it inside one ``jax.shard_map`` over the whole mesh, refined where its
 plans use sub-axes (:func:`partir_core.reshard.refine`), with the inputs' and outputs' partition specs; inputs
@@ -82,11 +84,53 @@ class Finish:
 
 
 @dataclass
+class ControlFlow:
+    """Run region ``region`` of the graph (a ``kind`` of ``"scan"``, ``"while"`` or ``"cond"``) as one JAX loop
+    or switch on local shards: ``operands`` are the buffers of its enter's operands (already moved to the types
+    it wants), ``bodies`` the instructions of each body, ``results`` the buffers each body returns (moved to
+    the types its exit wants, at the body's end), ``writes`` the region's results (value ids). ``trips``: how
+    often a body runs per execution (1 where unknown)."""
+
+    region: int
+    kind: str
+    operands: list
+    bodies: list
+    results: list
+    writes: list
+    trips: int
+
+
+@dataclass(frozen=True)
+class CarryReshard:
+    """A loop carry whose body result comes out in another layout than the carry's (``src`` → ``dst``, as text):
+    it is moved back at the end of the body, inside the loop, every iteration. ``carry``: its index among the
+    region's carries."""
+
+    region: int
+    carry: int
+    src: str
+    dst: str
+
+    def __str__(self):
+        return f"region {self.region}, carry {self.carry}: {self.src} -> {self.dst} at the end of every iteration"
+
+
+def walk(instructions):
+    """Every instruction of ``instructions``, those inside control flow included (after it), in order."""
+    for ins in instructions:
+        yield ins
+        if isinstance(ins, ControlFlow):
+            for body in ins.bodies:
+                yield from walk(body)
+
+
+@dataclass
 class LocalProgram:
     """Instructions over per-device buffers (value ids, or ``("r", n)`` for resharded copies) and what they
     were lowered from: the ``graph``, its ``mesh``, the per-op choices (``analysis``), the types of the inputs
-    and outputs, the buffers that hold the outputs, every buffer's local bytes, and the reshards that use the
-    gather-then-slice fallback (``(where, src, dst, why)``)."""
+    and outputs, the buffers that hold the outputs, every buffer's local bytes, the reshards that use the
+    gather-then-slice fallback (``(where, src, dst, why)``), and the loop carries moved back at the end of
+    their body (:class:`CarryReshard`)."""
 
     graph: Graph
     mesh: object
@@ -97,15 +141,18 @@ class LocalProgram:
     out_bufs: list
     buf_bytes: dict
     fallbacks: list = field(default_factory=list)
+    carry_reshards: list = field(default_factory=list)
 
     @property
     def collectives(self) -> list[reshard.Collective]:
-        return [c for ins in self.instructions if isinstance(ins, (Reshard, Finish)) for c in ins.collectives]
+        """Every collective, in program order, those inside loops once each (their ``trips`` say how often
+        they run per call)."""
+        return [c for ins in walk(self.instructions) if isinstance(ins, (Reshard, Finish)) for c in ins.collectives]
 
     @property
     def axis_tokens(self) -> tuple[str, ...]:
         """The sub-axis tokens (and axes) that the program's plans name, in a fixed order."""
-        return tuple(sorted({tok for ins in self.instructions if isinstance(ins, Reshard)
+        return tuple(sorted({tok for ins in walk(self.instructions) if isinstance(ins, Reshard)
                              for tok in ins.move.plan.program.axis_tokens()}))
 
     def jax_mesh(self) -> jax.sharding.Mesh:
@@ -129,7 +176,12 @@ class LocalProgram:
         env = {v: keys.from_data(x, g.dtype(v)) for v, x in zip(g.invars, xs)}
         for v, c in g.consts.items():
             env[v] = c if keys.is_key(g.dtype(v)) else jnp.asarray(c, dtype=g.dtype(v))
-        for ins in self.instructions:
+        self._run(self.instructions, env, names)
+        return tuple(keys.to_data(env[b]) for b in self.out_bufs)
+
+    def _run(self, instructions: list, env: dict, names: reshard.AxisNames) -> None:
+        """Interpret ``instructions`` on the buffers of ``env`` (updated in place)."""
+        for ins in instructions:
             if isinstance(ins, Reshard):
                 env[ins.dst_buf] = reshard.run(ins.move, env[ins.src_buf], names)
             elif isinstance(ins, Compute):
@@ -138,7 +190,38 @@ class LocalProgram:
             elif isinstance(ins, Finish):
                 red = lax.pmax if ins.kind == "max" else lax.pmin
                 env[ins.buf] = red(env[ins.buf], names(ins.axes))
-        return tuple(keys.to_data(env[b]) for b in self.out_bufs)
+            else:
+                env.update(zip(ins.writes, self._control_flow(ins, env, names)))
+
+    def _control_flow(self, ins: ControlFlow, env: dict, names: reshard.AxisNames) -> list:
+        """The results of region ``ins`` run as one ``lax.scan``, ``lax.while_loop`` or ``lax.switch`` on local
+        buffers. A body sees the buffers of ``env`` (constants) and its parameters; it returns its results."""
+        reg = self.graph.regions[ins.region]
+        enter = self.graph.eqns[reg.enter]
+        start = {enter.outvars[o]: env[ins.operands[i]] for i, o, _ in enter.params["ties"]}
+
+        def body(b: int, bound: dict) -> list:
+            local = {**env, **start, **bound}
+            self._run(ins.bodies[b], local, names)
+            return [local[v] for v in ins.results[b]]
+
+        carry = [start[v] for v in reg.carry]
+        if ins.kind == "scan":
+            nk, p = len(reg.carry), reg.params
+
+            def step(c, x):
+                res = body(0, {**dict(zip(reg.carry, c)), **dict(zip(reg.xs, x))})
+                return res[:nk], res[nk:]
+
+            c, ys = lax.scan(step, carry, [start[v] for v in reg.xs], length=p["length"], reverse=p["reverse"],
+                             unroll=p["unroll"])
+            return list(c) + list(ys)
+        if ins.kind == "while":
+            out = lax.while_loop(lambda c: body(0, dict(zip(reg.carry, c)))[0],
+                                 lambda c: body(1, dict(zip(reg.carry, c))), carry)
+            return list(out)
+        branches = [lambda b=b: body(b, {}) for b in range(len(ins.bodies))]
+        return list(lax.switch(env[ins.operands[0]], branches))
 
     def _compute(self, ins: Compute, vals: list, names: reshard.AxisNames) -> list:
         """The results of ``ins`` on local operands ``vals``."""
@@ -148,7 +231,8 @@ class LocalProgram:
         for i, d, kind in ins.masks:
             vals[i] = _mask_padding(vals[i], op.in_types[i], d, kind, names)
         ctx = LocalContext(eqn, local_shapes(g, eqn.invars, op.in_types), local_shapes(g, eqn.outvars, op.out_types),
-                           [t.dims for t in op.out_types], self.mesh, op.new_partial, names)
+                           [t.dims for t in op.out_types], self.mesh, op.new_partial, names,
+                           [t.dims for t in op.in_types])
         if op.rule is None or op.rule.local is None:
             return bind(ctx, *vals)
         return op.rule.local(ctx, *vals)

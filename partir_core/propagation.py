@@ -104,22 +104,22 @@ def resolve(graph: Graph, rule: Rule, eqn, state: State, mesh, eqn_index: int = 
             conflicts.append(Conflict(tactic, eqn_index, eqn.name, f,
                                       tuple((c[0], c[1], c[2], c[3]) for c in cs), win[2],
                                       "dims of one factor demand different axes"))
-    # one mesh axis per op: earlier decisions keep it
-    taken: dict[str, str] = {}
+    # one mesh axis per op (per value, for a rule of independent ties): earlier decisions keep it
+    taken: dict[str, list[str]] = {}
     for f in sorted(use, key=lambda f: use[f][1]):
         axes, _ = use[f]
-        clash = [a for a in axes if a in taken]
+        clash = [(a, g) for a in axes for g in taken.get(a, ()) if rule.exclusive(f, g)]
         if clash:
-            other = taken[clash[0]]
+            a, other = clash[0]
             conflicts.append(Conflict(tactic, eqn_index, eqn.name, f,
                                       tuple((c[0], c[1], c[2], c[3]) for c in cands.get(f, [])),
                                       use[other][0],
-                                      f"mesh axis {clash[0]!r} already splits factor {other} of this op"))
+                                      f"mesh axis {a!r} already splits factor {other} of this op"))
             del use[f]
             spread.pop(f, None)
             continue
         for a in axes:
-            taken[a] = f
+            taken.setdefault(a, []).append(f)
     return use, spread, conflicts
 
 

@@ -13,12 +13,28 @@ factor in ``blocked`` (and any non-result factor that is not a reduction) may no
 gathered before the op. Factors that occur only in results (``iota``, new ``broadcast_in_dim`` dims) are
 produced locally, at the device's block offset.
 
+``proposed`` factors are split only where propagation puts them: the per-op choice keeps them as the state
+proposes (a gather's masked lookup, whose pending-sum result that choice cannot price where it follows its
+operands' layouts).
+
+``independent`` marks a rule whose values are tied in independent groups (a region's enter or exit: each
+operand becomes its own body parameter): a mesh axis may then split two factors that never meet in one value;
+for any other op, one mesh axis splits at most one factor.
+
 ``linear`` says which operands may stay pending sums through the op: ``"all"`` (all operands pending over the
 same axes, e.g. ``add``), ``"one"`` (exactly one operand pending, e.g. ``mul``, ``dot_general``), or None.
 
 ``local(ctx, *xs)`` runs the op on local shards (default: the primitive with its own params); ``ctx`` is a
 :class:`LocalContext` giving local shapes and block offsets. :func:`rule_for` returns None for a primitive
 with no rule; the partitioner then runs it on replicated operands and reports it.
+
+Gathers and scatter-adds (every form ``jnp.take``, ``x[idx]``, ``take_along_axis``, ``nn.Embed`` and their
+gradients produce, batching dims included): indices split on their batch dims; the operand split on an indexed
+dim that slices of 1 are taken from (an embedding's vocabulary): a gather looks up locally the indices in the
+device's block (zero elsewhere) and its result is a pending sum, a scatter-add adds the updates of the device's
+own rows; both keep the unpartitioned handling of out-of-range indices (clamped, or filled / dropped).
+
+A region's enter and exit (:mod:`partir_core.ir`) tie each outer value to the body value it becomes.
 
 Random keys (:mod:`partir_core.keys`): rules see a key array's key shape. ``random_seed``, ``random_fold_in``,
 ``random_clone`` and the raw ``threefry2x32`` hash act on each element alone, so they are elementwise.
@@ -37,8 +53,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
+from partir_core import keys
+from partir_core.ir import CONTROL_FLOW, ENTER
 
 Dims = list  # per dim: tuple of factor names
 
@@ -71,6 +91,8 @@ class Rule:
     blocked: frozenset = frozenset()
     linear: str | None = None
     local: Callable | None = None
+    independent: bool = False
+    proposed: frozenset = frozenset()
 
     def factors(self) -> list[str]:
         """All factors, in order of first appearance (results first)."""
@@ -86,6 +108,13 @@ class Rule:
 
     def shardable(self, f: str) -> bool:
         return f not in self.blocked and (f in self.result_factors() or f in self.reduce)
+
+    def exclusive(self, f: str, g: str) -> bool:
+        """Whether factors ``f`` and ``g`` may not share a mesh axis: always, unless the rule is
+        ``independent`` and no value has dims of both."""
+        if not self.independent:
+            return True
+        return any(f in fs and g in gs for dims in self.operands + self.results for fs in dims for gs in dims)
 
     def __str__(self) -> str:
         def side(lst):
@@ -103,8 +132,9 @@ class Rule:
 class LocalContext:
     """What a rule's local implementation may ask about the current device's shards.
 
-    ``in_shapes``/``out_shapes`` are local shapes; ``offset(r, d)`` is the traced global index at which this
-    device's block of dim ``d`` of result ``r`` starts; ``new_partial`` are the axes over which this op makes
+    ``in_shapes``/``out_shapes`` are local shapes, ``in_dims``/``out_dims`` the mesh axes of every dim;
+    ``offset(r, d)`` / ``in_offset(k, d)`` is the traced global index at which this device's block of dim ``d``
+    of result ``r`` / operand ``k`` starts; ``new_partial`` are the axes over which this op makes
     its results pending sums (for ``scatter-add``, whose operand must then be counted once). ``axis_names``
     maps mesh axes to the names the enclosing ``shard_map``'s mesh gives them (its mesh may be refined:
     :class:`partir_core.reshard.AxisNames`); :meth:`axis_index` goes through it."""
@@ -116,16 +146,25 @@ class LocalContext:
     mesh: Any
     new_partial: tuple[str, ...] = ()
     axis_names: Callable[[tuple[str, ...]], tuple[str, ...]] = tuple
+    in_dims: list[tuple[tuple[str, ...], ...]] = field(default_factory=list)
 
     def axis_index(self, axes):
         """This device's index in its group over mesh ``axes`` (row-major over them, traced)."""
         return lax.axis_index(self.axis_names(tuple(axes)))
 
     def offset(self, r: int, d: int):
+        """Where this device's block of dim ``d`` of result ``r`` starts (traced; 0 for a whole dim)."""
         axes = self.out_dims[r][d]
         if not axes:
             return 0
         return self.axis_index(axes) * self.out_shapes[r][d]
+
+    def in_offset(self, k: int, d: int):
+        """Where this device's block of dim ``d`` of operand ``k`` starts (traced; 0 for a whole dim)."""
+        axes = self.in_dims[k][d]
+        if not axes:
+            return 0
+        return self.axis_index(axes) * self.in_shapes[k][d]
 
 
 class _Names:
@@ -320,79 +359,181 @@ def _random_unwrap(eqn, shapes, out_shapes):
     return Rule([dims], [dims + [()] * (len(out_shapes[0]) - len(dims))], n.sizes)
 
 
+def _lookup_ok(dtype) -> bool:
+    """Whether a lookup may be split into a masked local lookup and a pending sum: numbers, not booleans or keys."""
+    return not keys.is_key(dtype) and np.dtype(dtype) != np.bool_
+
+
+def _index_bounds(ops, dims, window):
+    """The largest valid start index of each indexed dim (the dim's size less the window's)."""
+    return np.array([ops[d] - window[d] for d in dims], np.int64)
+
+
 def _gather(eqn, shapes, out_shapes):
+    """``gather`` in every form ``jnp.take``, ``x[idx]``, ``take_along_axis`` and ``nn.Embed`` produce.
+
+    Operand dims: a *batching* dim shares its factor with its indices batching dim and the result dim that
+    becomes; a *passthrough* window dim (not indexed, whole slice) with its result offset dim; an *indexed* dim
+    with slices of 1 (the vocabulary of an embedding lookup) has a factor of its own, a ``sum`` reduction: split,
+    each device looks up the indices that fall in its block, zero elsewhere, and the result is a pending sum
+    (Megatron's vocabulary-parallel embedding); other dims are blocked. Indices batch dims share their factors
+    with the result's batch dims; the index vector dim is blocked."""
     dn = eqn.params["dimension_numbers"]
-    if dn.operand_batching_dims or dn.start_indices_batching_dims:
-        return None
     ops, idx = shapes
-    slice_sizes = eqn.params["slice_sizes"]
+    out_shape = out_shapes[0]
+    sizes = tuple(eqn.params["slice_sizes"])
     n = _Names()
-    blocked = set()
-    op: list = []
-    passthrough = []
-    for d, s in enumerate(ops):
-        fs = n(s)
-        if d in dn.collapsed_slice_dims or d in dn.start_index_map or slice_sizes[d] != s:
-            blocked.update(fs)
-        else:
-            passthrough.append(d)
-        op.append(fs)
-    # indices: (..., index_vector) ; output batch dims follow the indices' leading dims in order
-    idx_dims = [n(s) for s in idx[:-1]] + [n(idx[-1])]
+    blocked, reduce = set(), {}
+    idx_dims = [n(s) for s in idx]
     blocked.update(idx_dims[-1])
-    out: list = [()] * len(out_shapes[0])
-    window = [d for d in range(len(ops)) if d not in dn.collapsed_slice_dims]
-    for pos, d in zip(dn.offset_dims, window):
-        out[pos] = op[d] if d in passthrough else n(out_shapes[0][pos])
-        if d not in passthrough:
-            blocked.update(out[pos])
-    batch_pos = [p for p in range(len(out)) if p not in dn.offset_dims]
+    op: list = [None] * len(ops)
+    for od, i in zip(dn.operand_batching_dims, dn.start_indices_batching_dims):
+        op[od] = idx_dims[i]
+    lookup = []
+    for d in range(len(ops)):
+        if op[d] is not None:
+            continue
+        op[d] = n(ops[d])
+        if d in dn.start_index_map and sizes[d] == 1 and _lookup_ok(eqn.in_dtypes[0]):
+            lookup.append(d)
+            reduce.update({f: "sum" for f in op[d]})
+        elif d in dn.start_index_map or sizes[d] != ops[d]:
+            blocked.update(op[d])
+    out: list = [()] * len(out_shape)
+    batch_pos = [p for p in range(len(out_shape)) if p not in dn.offset_dims]
     for p, fs in zip(batch_pos, idx_dims[:-1]):
         out[p] = fs
+    window = [d for d in range(len(ops)) if d not in dn.collapsed_slice_dims and d not in dn.operand_batching_dims]
+    whole = [d for d in window if d not in dn.start_index_map and sizes[d] == ops[d]]
+    for pos, d in zip(dn.offset_dims, window):
+        out[pos] = op[d] if d in whole else n(out_shape[pos])
+        if d not in whole:
+            blocked.update(out[pos])
+    bounds = _index_bounds(ops, dn.start_index_map, sizes)
 
     def local(ctx, x, i):
-        sizes = tuple(ctx.in_shapes[0][d] if d in passthrough else s for d, s in enumerate(slice_sizes))
-        return bind(ctx, x, i, slice_sizes=sizes)
+        local_sizes = tuple(ctx.in_shapes[0][d] if d in whole else s for d, s in enumerate(sizes))
+        split = [k for k, d in enumerate(dn.start_index_map) if d in lookup and ctx.in_dims[0][d]]
+        if not split:
+            return bind(ctx, x, i, slice_sizes=local_sizes)
+        fill = eqn.params["mode"] == lax.GatherScatterMode.FILL_OR_DROP
+        gi, oob = _global_indices(i, bounds, clip=not fill)
+        li = gi - _block_starts(ctx, dn.start_index_map, split, gi.dtype)
+        (y,) = bind(ctx, x, li, slice_sizes=local_sizes, mode=lax.GatherScatterMode.FILL_OR_DROP,
+                    fill_value=0)
+        if fill:  # an index out of range everywhere: the fill value, counted once in the pending sum
+            first = (ctx.axis_index(ctx.new_partial) == 0).astype(y.dtype)
+            value = jnp.asarray(eqn.params["fill_value"], y.dtype) * first
+            y = jnp.where(lax.broadcast_in_dim(oob, y.shape, batch_pos), value, y)
+        return [y]
 
-    return Rule([op, idx_dims], [out], n.sizes, blocked=frozenset(blocked), local=local)
+    return Rule([op, idx_dims], [out], n.sizes, reduce=reduce, blocked=frozenset(blocked), local=local,
+                proposed=frozenset(f for d in lookup for f in op[d]))
+
+
+def _global_indices(i, bounds, clip: bool):
+    """``(indices, out_of_range)``: the start indices (index vector last) clamped into ``[0, bounds]`` when
+    ``clip`` (as XLA does for ``clip`` and ``promise_in_bounds``), and whether any coordinate lies outside."""
+    hi = jnp.asarray(bounds, i.dtype)
+    oob = jnp.any((i < 0) | (i > hi), axis=-1)
+    return (jnp.clip(i, 0, hi) if clip else i), oob
+
+
+def _block_starts(ctx, index_map, split, dtype):
+    """Per coordinate of the index vector: where this device's block of the operand dim it indexes starts
+    (0 for the coordinates in ``index_map`` not in ``split``)."""
+    starts = [ctx.in_offset(0, d) if k in split else 0 for k, d in enumerate(index_map)]
+    return jnp.stack([jnp.asarray(s, dtype) for s in starts])
 
 
 def _scatter_add(eqn, shapes, out_shapes):
+    """``scatter-add`` in every form the gradients of those gathers (and ``x.at[idx].add``) produce.
+
+    Operand (= result) dims: a *batching* dim shares its factor with its indices batching dim and the update
+    dim that maps to it; a window dim whose update is whole shares its factor with the update's; an *indexed*
+    dim that updates write one slice of (the vocabulary of an embedding gradient) has a factor of its own:
+    split, each device adds the updates whose index falls in its block (a masked local scatter); other dims
+    are blocked. The updates' scatter dims (one per indices batch dim) are ``sum`` reductions: split, each
+    device scatters its share and the result is a pending sum (the operand counted once)."""
     dn = eqn.params["dimension_numbers"]
-    if dn.operand_batching_dims or dn.scatter_indices_batching_dims:
-        return None
     ops, idx, upd = shapes
     n = _Names()
-    blocked = set()
-    op = [n(s) for s in ops]
-    window_dims = [d for d in range(len(ops)) if d not in dn.inserted_window_dims]
+    blocked, reduce = set(), {}
+    idx_dims = [n(s) for s in idx]
+    blocked.update(idx_dims[-1])
+    op: list = [None] * len(ops)
+    batching = dict(zip(dn.operand_batching_dims, dn.scatter_indices_batching_dims))
+    for od, i in batching.items():
+        op[od] = idx_dims[i]
+    for d in range(len(ops)):
+        if op[d] is None:
+            op[d] = n(ops[d])
+    window = [d for d in range(len(ops)) if d not in dn.inserted_window_dims and d not in batching]
     up: list = [()] * len(upd)
-    for pos, d in zip(dn.update_window_dims, window_dims):
+    lookup = []
+    for pos, d in zip(dn.update_window_dims, window):
         if upd[pos] == ops[d] and d not in dn.scatter_dims_to_operand_dims:
             up[pos] = op[d]
         else:
             up[pos] = n(upd[pos])
-            blocked.update(up[pos]); blocked.update(op[d])  # noqa: E702
-    for d in dn.inserted_window_dims:
-        blocked.update(op[d])
+            blocked.update(up[pos])
+            if d not in dn.scatter_dims_to_operand_dims or upd[pos] != 1:
+                blocked.update(op[d])
     for d in dn.scatter_dims_to_operand_dims:
-        blocked.update(op[d])
-    idx_dims = [n(s) for s in idx[:-1]] + [n(idx[-1])]
-    blocked.update(idx_dims[-1])
+        if d in dn.inserted_window_dims or any(d == w and upd[p] == 1 for p, w in zip(dn.update_window_dims, window)):
+            lookup.append(d)
+        else:
+            blocked.update(op[d])
+    for d in dn.inserted_window_dims:
+        if d not in lookup:
+            blocked.update(op[d])
     scatter_pos = [p for p in range(len(upd)) if p not in dn.update_window_dims]
-    reduce = {}
-    for p, fs in zip(scatter_pos, idx_dims[:-1]):
+    by_index = {i: od for od, i in batching.items()}
+    for p, (i, fs) in zip(scatter_pos, enumerate(idx_dims[:-1])):
         up[p] = fs
-        for f in fs:
-            reduce[f] = "sum"
+        if i not in by_index:
+            reduce.update({f: "sum" for f in fs})
+    window_sizes = [1] * len(ops)
+    for pos, d in zip(dn.update_window_dims, window):
+        window_sizes[d] = upd[pos]
+    bounds = _index_bounds(ops, dn.scatter_dims_to_operand_dims, window_sizes)
 
     def local(ctx, x, i, u):
         if ctx.new_partial:  # the operand must be counted once in the pending sum
             first = ctx.axis_index(ctx.new_partial) == 0
             x = x * first.astype(x.dtype)
-        return bind(ctx, x, i, u)
+        split = [k for k, d in enumerate(dn.scatter_dims_to_operand_dims) if d in lookup and ctx.in_dims[0][d]]
+        if not split:
+            return bind(ctx, x, i, u)
+        clip = eqn.params["mode"] == lax.GatherScatterMode.CLIP
+        gi, oob = _global_indices(i, bounds, clip=clip)
+        li = gi - _block_starts(ctx, dn.scatter_dims_to_operand_dims, split, gi.dtype)
+        li = jnp.where(oob[..., None], -1, li)  # dropped everywhere, as out of range (also off padding)
+        return bind(ctx, x, li, u, mode=lax.GatherScatterMode.FILL_OR_DROP)
 
     return Rule([op, idx_dims, up], [op], n.sizes, reduce=reduce, blocked=frozenset(blocked), local=local)
+
+
+def _boundary(eqn, shapes, out_shapes):
+    """A region's enter or exit (:mod:`partir_core.ir`): the values each tie joins share their factors; a
+    stacked dim (a scan's ``xs`` entering, ``ys`` leaving) has a factor of its own, blocked: the loop reads and
+    writes it whole. Operands in no tie (a cond's index, a while loop's predicate) share nothing."""
+    n = _Names()
+    ops: list = [[n(s) for s in shape] for shape in shapes]
+    outs: list = [[n(s) for s in shape] for shape in out_shapes]
+    blocked = set()
+    if eqn.prim in ENTER.values():
+        for i, o, stacked in eqn.params["ties"]:
+            ops[i] = (ops[i][:1] if stacked else []) + outs[o]
+            if stacked:
+                blocked.update(ops[i][0])
+    else:
+        for o, members, stacked in eqn.params["ties"]:
+            if stacked:
+                blocked.update(outs[o][0])
+            for i in members:
+                ops[i] = list(outs[o][1:] if stacked else outs[o])
+    return Rule(ops, outs, n.sizes, blocked=frozenset(blocked), independent=True)
 
 
 def _concatenate(eqn, shapes, out_shapes):
@@ -516,6 +657,7 @@ RULES: dict[str, Callable] = {
     "random_split": _random_draw,
     "random_wrap": _random_wrap,
     "random_unwrap": _random_unwrap,
+    **{f"{k}_{side}": _boundary for k in CONTROL_FLOW for side in ("enter", "exit")},
 }
 for _name in ELEMENTWISE | IDENTITY:
     RULES[_name] = _elementwise

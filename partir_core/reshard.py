@@ -42,12 +42,15 @@ from partir_core import keys
 class Collective:
     """One collective of the partitioned program: its ``kind`` (a plan step's, or ``all_reduce_max`` /
     ``all_reduce_min`` finishing a reduction), the mesh axes or sub-axes it runs over (a permute: all mesh axes),
-    the ``bytes`` a device receives in it (redist's accounting) and ``where`` in the program it is."""
+    the ``bytes`` a device receives in it (redist's accounting), ``where`` in the program it is, and how often
+    it runs per call (``trips``: inside a loop body, the loop's trip count; so a device receives ``bytes *
+    trips`` in it per call)."""
 
     kind: str
     axes: tuple
     bytes: float
     where: str
+    trips: int = 1
 
 
 @dataclass(frozen=True)
@@ -102,11 +105,20 @@ def reshard_bytes(src: ShardingType, dst: ShardingType) -> float:
     never taken."""
     if src == dst:
         return 0.0
+    if not _possible(src, dst):
+        return float("inf")
+    return move(src, dst).bytes
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _possible(src: ShardingType, dst: ShardingType) -> bool:
+    """Whether some redistribution takes ``src`` to ``dst`` (:func:`redist.bounds.check_pair`), cached per pair:
+    per-op choice asks for the same pairs many times, and the answer depends on the two types alone."""
     try:
         check_pair(src, dst)
     except redist.ShardingError:
-        return float("inf")
-    return move(src, dst).bytes
+        return False
+    return True
 
 
 def finish_bytes(axes, types) -> float:

@@ -8,10 +8,13 @@ parameter tree names the weights). Paths follow the step's parameter names: ``pa
 
 - ``BP``: batch parallelism: the data inputs' batch dim on the batch axis.
 - ``MP``: Megatron: attention ``wq/wk/wv`` and MLP ``w1``/``b1`` column-split (dim 1 / dim 0), ``wo`` and
-  ``w2`` row-split (dim 0), on the model axis; heads follow through the reshape.
+  ``w2`` row-split (dim 0), on the model axis; heads follow through the reshape. A stacked weight (the
+  model's ``stacked`` paths, scanned over) is split the same way, one dim further in: inside the scan body,
+  every layer's slice is Megatron-split.
 - ``Z2``: ZeRO-2: the optimizer state (momentum) sharded on the batch axis, parameters pinned whole; the
   gradients are then reduce-scattered into the update.
-- ``Z3``: ZeRO-3: parameters and optimizer state sharded on the batch axis (gathered before use).
+- ``Z3``: ZeRO-3: parameters and optimizer state sharded on the batch axis (gathered before use); never on
+  a stacked layer dim (that would gather every layer before the scan).
 - ``EMB``: the embedding table on the model dim (dim 1) and the unembedding on the vocabulary (dim 1).
 
 Compositions are ``"+"``-joined names, applied left to right: ``schedule("BP+MP+Z3", model, inputs)``.
@@ -32,8 +35,23 @@ ROW = {"wo": 0, "w2": 0}
 
 
 def _leaves(model, inputs, prefix):
+    """``(path, shape)`` of the inputs under ``prefix``. Raises :class:`PartitionError` for a leaf that is not an
+    array (a module passed whole, with its functions and settings as leaves)."""
     paths, leaves, _ = input_paths(model.step, inputs)
-    return [(p, np.shape(x)) for p, x in zip(paths, leaves) if p.startswith(prefix + "/")]
+    out = []
+    for p, x in zip(paths, leaves):
+        if not p.startswith(prefix + "/"):
+            continue
+        if not hasattr(x, "shape") and not isinstance(x, (bool, int, float, complex)):
+            raise PartitionError(f"input {p!r} is {type(x).__name__} {shown(x)}, not an array; pass a module's "
+                                 "arrays only (equinox: params, static = eqx.partition(model, eqx.is_array))")
+        out.append((p, np.shape(x)))
+    return out
+
+
+def _stacked(model, path) -> int:
+    """1 if input ``path`` is a stacked weight of ``model`` (its dim 0 the layer), else 0."""
+    return int(getattr(model, "is_stacked", lambda p: False)(path))
 
 
 def _axis_size(mesh, axis, default=2):
@@ -54,16 +72,19 @@ def MP(model, inputs, batch_axis="batch", model_axis="model", mesh=None):
     for p, shape in _leaves(model, inputs, "params"):
         leaf = p.rsplit("/", 1)[-1]
         d = COLUMN.get(leaf, ROW.get(leaf))
-        if d is not None and shape[d] % k == 0:
+        if d is not None:
+            d += _stacked(model, p)
+        if d is not None and d < len(shape) and shape[d] % k == 0:
             dims[p] = d
     return [ManualPartition(dims, axis=model_axis)]
 
 
 def _zero_dims(model, inputs, prefix, k):
-    """Per leaf: its largest dim divisible by the axis size (leaves with none are left replicated)."""
+    """Per leaf: its largest dim divisible by the axis size, a stacked layer dim excepted (leaves with none are
+    left replicated)."""
     dims = {}
     for p, shape in _leaves(model, inputs, prefix):
-        ok = [d for d in range(len(shape)) if shape[d] % k == 0 and shape[d] >= k]
+        ok = [d for d in range(_stacked(model, p), len(shape)) if shape[d] % k == 0 and shape[d] >= k]
         if ok:
             dims[p] = max(ok, key=lambda d: shape[d])
     return dims

@@ -33,6 +33,14 @@ materialized.
   ``random_bits``) also holds that scratch while it runs.
 - Step time: ``launch_s`` (one program launch) + kernels x ``op_overhead_s`` + compute + collectives, in
   sequence (nothing overlaps).
+- Control flow (:class:`~partir_core.program.ControlFlow`): a loop costs its trip count times its body (a
+  while loop: its cond_fun and body; an unknown trip count counts 1), plus :data:`LOOP_KERNELS` per
+  iteration; a cond its costliest branch. Each body is a block of its own: its parameters are the loop's
+  state, its results temporaries live to its end, and its peak of temporaries is held beside the loop while it
+  runs. The loop's results (carries and stacked ``ys``) are written when it starts (XLA's while loop keeps its
+  state in one set of buffers for its whole life, the stacked results' filled in place); like any temporary
+  they may share an output's allocation once dead. Collectives in a body combine among themselves and run as
+  often as it does.
 
 Presets (:data:`HARDWARE`): ``"cpu-host"`` (the default; JAX host devices, from redist's calibration profile
 in use, :func:`redist.cost.profile`: its compute figures, and its in-program collective latencies, read when the
@@ -52,7 +60,7 @@ from redist import cost
 from redist.errors import ShardingError, shown
 from redist.mesh import Mesh
 
-from partir_core.program import Compute, Finish, Reshard
+from partir_core.program import Compute, ControlFlow, Finish, Reshard
 
 
 @dataclass(frozen=True)
@@ -144,6 +152,9 @@ LIBRARY_MIN_ELEMENTS = 4096
 # hash of ``random_bits`` as a while loop; a dropout mask's compiled program holds 3 bytes of temporaries per
 # byte of random bits beside them (memory_analysis of f32[n, 1024] masks, n = 64..512, whole and batch-split).
 SCRATCH = {"random_bits": 3}
+# Kernels a loop runs per iteration besides its body's: the loop's own test and counter, and the slices of its
+# stacked operands and results (XLA's while loop on the CPU backend).
+LOOP_KERNELS = 1
 TAKES_FUSED = FUSIBLE | {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
                          "argmax", "argmin"}
 
@@ -186,10 +197,19 @@ def hardware_profile(hardware) -> Hardware:
 
 
 def materialized(program) -> set:
-    """The buffers of ``program`` that get memory of their own (see the module docstring)."""
+    """The buffers of ``program`` that get memory of their own (see the module docstring); inside control
+    flow, every body's parameters and results, and what its own kernels materialize."""
     g = program.graph
-    steps = program.instructions
+    base = set(g.invars) | set(program.out_bufs)
+    return _materialized(program, program.instructions, base) - set(g.consts)
+
+
+def _materialized(program, steps: list, out: set) -> set:
+    """The materialized buffers of one block ``steps`` whose parameters and results are ``out`` (a copy is
+    extended); a region's bodies are blocks of their own."""
+    g = program.graph
     readers: dict = {}  # buffer -> [(instruction index, op name)]
+    out = set(out)
     for t, ins in enumerate(steps):
         if isinstance(ins, Compute):
             for b in ins.reads:
@@ -198,7 +218,15 @@ def materialized(program) -> set:
             readers.setdefault(ins.src_buf, []).append((t, "<reshard>"))
         elif isinstance(ins, Finish):
             readers.setdefault(ins.buf, []).append((t, "<collective>"))
-    out = set(g.invars) | set(program.out_bufs) | {i.dst_buf for i in steps if isinstance(i, Reshard)}
+        elif isinstance(ins, ControlFlow):
+            for b in ins.operands:
+                readers.setdefault(b, []).append((t, "<control flow>"))
+            out.update(ins.writes)
+            reg = g.regions[ins.region]
+            params = set(g.eqns[reg.enter].outvars)
+            for body, results in zip(ins.bodies, ins.results):
+                out |= _materialized(program, body, params | set(results))
+    out |= {i.dst_buf for i in steps if isinstance(i, Reshard)}
 
     def library(t):  # the kernel of instruction t is a library reduction
         ins = steps[t]
@@ -228,7 +256,7 @@ def materialized(program) -> set:
             fused = name in FUSIBLE and rs and all(r in TAKES_FUSED for _, r in rs)
             if not fused or len(ks) > 1 and (name in EXPENSIVE or any(library(k) for k in ks)):
                 out.add(b)
-    return out - set(g.consts)
+    return out
 
 
 def _library_reduction(name: str, nbytes: int, dtype) -> bool:
@@ -249,12 +277,24 @@ def combined_collectives(program) -> list:
     all-reduce when none of them depends on another's result; it has no counterpart for all-gathers,
     reduce-scatters, all-to-alls or permutes on the CPU backend, which stay one collective each (as the
     compiled HLO shows). Modelled greedily in program order: an all-reduce joins the open group of its
-    ``(kind, axes)`` unless its operand depends on a member of that group, which closes the group."""
+    ``(kind, axes)`` unless its operand depends on a member of that group, which closes the group. The
+    combiner works within one computation: a loop body's collectives combine among themselves (a group then
+    runs as often as the loop's body: its members' ``trips``), and nothing combines across a loop."""
+    return _combined(program.instructions)
+
+
+def _combined(steps: list) -> list:
+    """:func:`combined_collectives` of one block of instructions (its regions' bodies as blocks of their own)."""
     deps: dict = {}  # buffer -> bitmask of the collectives (indices into ``cols``) its value depends on
     groups: list = []
     open_group: dict = {}  # (kind, axes) -> (index into groups, bitmask of its members)
     n = 0
-    for ins in program.instructions:
+    for ins in steps:
+        if isinstance(ins, ControlFlow):
+            for body in ins.bodies:
+                groups += _combined(body)
+            open_group.clear()  # its results depend on everything in it
+            continue
         mask = 0
         for b in _reads(ins):
             mask |= deps.get(b, 0)
@@ -280,85 +320,137 @@ def combined_collectives(program) -> list:
 def simulate(program, hardware=None) -> Simulation:
     """Simulate a :class:`partir_core.program.LocalProgram` on ``hardware`` (a preset name or a Hardware)."""
     hw = hardware_profile(hardware)
-    size = dict(program.buf_bytes)
-    mat = materialized(program)
-    consts = set(program.graph.consts)
-    steps = program.instructions
-    # fused values: readers read their materialized sources instead
-    sources: dict = {}
-
-    def srcs(b):
-        if b in consts:
-            return ()
-        if b in mat or b not in sources:
-            return (b,)
-        return sources[b]
-
-    compute_t = comm_t = total_flops = comm_bytes = 0.0
-    kernels = 0
-    eff_reads: list = []
-    for ins in steps:
-        reads = []
-        for b in _reads(ins):
-            reads.extend(srcs(b))
-        reads = list(dict.fromkeys(reads))
-        eff_reads.append(reads)
-        if isinstance(ins, Compute):
-            writes = [b for b in ins.writes if b in mat]
-            for b in ins.writes:
-                if b not in mat:
-                    sources[b] = tuple(reads)
-            moved = sum(size.get(b, 0) for b in reads) + sum(size.get(b, 0) for b in writes)
-            compute_t += max(ins.flops / hw.peak_flops, moved / hw.hbm_bw)
-            total_flops += ins.flops
-            if writes:
-                kernels += 1
-        elif isinstance(ins, Reshard):
-            kernels += len(ins.move.plan.steps)
-            compute_t += 2 * ins.dst.local_bytes / hw.hbm_bw
-        if isinstance(ins, (Reshard, Finish)):
-            comm_bytes += sum(c.bytes for c in ins.collectives)
+    g = program.graph
+    walker = _Walker(program, hw)
+    ins_set, out_set = set(g.invars), set(program.out_bufs)
+    outs = [b for b in out_set if b not in ins_set]
+    blk = walker.block(program.instructions, ins_set, outs)
+    comm_t = 0.0
     topo = hw.topology(program.mesh)
     for group in combined_collectives(program):
         c = group[0]
-        comm_t += cost.collective_time(c.axes, sum(g.bytes for g in group), topo, kind=c.kind,
-                                       group=program.mesh.group_size(tuple(c.axes)), operands=len(group))
-    compute_t += kernels * hw.op_overhead_s + hw.launch_s
+        comm_t += c.trips * cost.collective_time(c.axes, sum(m.bytes for m in group), topo, kind=c.kind,
+                                                 group=program.mesh.group_size(tuple(c.axes)), operands=len(group))
+    compute_t = blk.compute_s + blk.kernels * hw.op_overhead_s + hw.launch_s
     # memory: arguments all program long; outputs and temporaries by liveness (see the module docstring)
-    ins_set = set(program.graph.invars)
-    out_set = set(program.out_bufs)
-    arg_bytes = sum(size.get(v, 0) for v in program.graph.invars)
-    outs = [b for b in out_set if b not in ins_set]
-    out_bytes = sum(size.get(b, 0) for b in outs)
+    arg_bytes = sum(walker.size.get(v, 0) for v in g.invars)
+    out_bytes = sum(walker.size.get(b, 0) for b in outs)
     if len(program.out_bufs) > 1:
         out_bytes += 8 * len(program.out_bufs)  # the output tuple's table of pointers
-    last: dict = {}
-    for t, reads in enumerate(eff_reads):
-        for b in reads:
-            last[b] = t
-    end = len(steps)
-    first: dict = {}
-    for t, ins in enumerate(steps):
-        for b in _writes(ins):
-            if b in mat and b not in ins_set:
-                first.setdefault(b, t)
-    # an elementwise kernel writes its result in place of an operand of the same size it reads last
-    for t, ins in enumerate(steps):
-        if isinstance(ins, Compute) and program.graph.eqns[ins.eqn_index].name in FUSIBLE:
-            sizes = {size.get(b, 0) for b in ins.writes if b in mat}
-            for b in eff_reads[t]:
-                if last.get(b) == t and b in first and b not in out_set and size.get(b, 0) in sizes:
-                    last[b] = t - 1
-                    sizes.discard(size.get(b, 0))
-    temps = {b: (t, max(last.get(b, t), t)) for b, t in first.items() if b not in out_set}
-    for t, ins in enumerate(steps):
-        factor = isinstance(ins, Compute) and SCRATCH.get(program.graph.eqns[ins.eqn_index].name)
-        if factor:
-            size[("scratch", t)] = factor * sum(size.get(b, 0) for b in ins.writes)
-            temps[("scratch", t)] = (t, t)
-    heap = _heap_peak(temps, {b: (first.get(b, 0), end) for b in outs}, size)
-    return Simulation(compute_t + comm_t, int(arg_bytes + out_bytes + heap), comm_bytes, total_flops, compute_t,
-                      comm_t, hw.name, kernels, int(arg_bytes), int(out_bytes), int(heap))
+    return Simulation(compute_t + comm_t, int(arg_bytes + out_bytes + blk.heap), blk.comm_bytes, blk.flops,
+                      compute_t, comm_t, hw.name, blk.kernels, int(arg_bytes), int(out_bytes), int(blk.heap))
+
+
+@dataclass
+class _Block:
+    """What one block of instructions costs per run: compute seconds (without kernel overheads), FLOPs,
+    kernels, bytes received, and the peak of its temporaries."""
+
+    compute_s: float
+    flops: float
+    kernels: float
+    comm_bytes: float
+    heap: int
+
+
+class _Walker:
+    """Walks a program's blocks (the program, and each region's bodies): time, FLOPs, kernels and bytes in
+    program order, and the peak of the temporaries by liveness (see the module docstring)."""
+
+    def __init__(self, program, hw: Hardware):
+        self.program = program
+        self.hw = hw
+        self.size = dict(program.buf_bytes)
+        self.mat = materialized(program)
+        self.consts = set(program.graph.consts)
+        self.sources: dict = {}  # a fused value -> the materialized buffers its readers read instead
+
+    def srcs(self, b):
+        if b in self.consts:
+            return ()
+        if b in self.mat or b not in self.sources:
+            return (b,)
+        return self.sources[b]
+
+    def block(self, steps: list, params: set, outs: list) -> _Block:
+        """The cost of ``steps`` whose parameters (inputs, or a body's) are ``params``, and whose results
+        ``outs`` (the program's outputs, given allocations of their own; a body's results are temporaries
+        live to its end)."""
+        g, hw, size = self.program.graph, self.hw, self.size
+        compute_t = flops = comm_bytes = kernels = 0.0
+        eff_reads: list = []
+        scratch: dict = {}  # instruction -> bytes it holds while it runs, beside its operands and results
+        for t, ins in enumerate(steps):
+            reads = list(dict.fromkeys(r for b in _reads(ins) for r in self.srcs(b)))
+            eff_reads.append(reads)
+            if isinstance(ins, Compute):
+                writes = [b for b in ins.writes if b in self.mat]
+                for b in ins.writes:
+                    if b not in self.mat:
+                        self.sources[b] = tuple(reads)
+                moved = sum(size.get(b, 0) for b in reads) + sum(size.get(b, 0) for b in writes)
+                compute_t += max(ins.flops / hw.peak_flops, moved / hw.hbm_bw)
+                flops += ins.flops
+                kernels += bool(writes)
+                factor = SCRATCH.get(g.eqns[ins.eqn_index].name)
+                if factor:
+                    scratch[t] = factor * sum(size.get(b, 0) for b in ins.writes)
+            elif isinstance(ins, Reshard):
+                kernels += len(ins.move.plan.steps)
+                compute_t += 2 * ins.dst.local_bytes / hw.hbm_bw
+            elif isinstance(ins, ControlFlow):
+                body = self.region(ins)
+                compute_t += body.compute_s
+                flops += body.flops
+                kernels += body.kernels
+                comm_bytes += body.comm_bytes
+                scratch[t] = body.heap
+            if isinstance(ins, (Reshard, Finish)):
+                comm_bytes += sum(c.bytes for c in ins.collectives)
+        heap = self.heap(steps, eff_reads, params, outs, scratch)
+        return _Block(compute_t, flops, kernels, comm_bytes, heap)
+
+    def region(self, ins: ControlFlow) -> _Block:
+        """A region per execution: a loop's body (a while loop's cond_fun too) as often as it runs, plus
+        :data:`LOOP_KERNELS` per iteration; a cond's costliest branch. Its heap: the largest body's."""
+        params = set(self.program.graph.eqns[self.program.graph.regions[ins.region].enter].outvars)
+        bodies = [self.block(body, params, list(results)) for body, results in zip(ins.bodies, ins.results)]
+        heap = max((b.heap for b in bodies), default=0)
+        if ins.kind == "cond":
+            worst = max(bodies, key=lambda b: (b.compute_s, b.kernels))
+            return _Block(worst.compute_s, worst.flops, worst.kernels, worst.comm_bytes, heap)
+        n = ins.trips
+        return _Block(n * sum(b.compute_s for b in bodies), n * sum(b.flops for b in bodies),
+                      n * (sum(b.kernels for b in bodies) + LOOP_KERNELS), n * sum(b.comm_bytes for b in bodies),
+                      heap)
+
+    def heap(self, steps, eff_reads, params: set, outs: list, scratch: dict) -> int:
+        """Peak bytes of the temporaries of one block (see the module docstring)."""
+        g, size = self.program.graph, self.size
+        out_set = set(outs)
+        last: dict = {}
+        for t, reads in enumerate(eff_reads):
+            for b in reads:
+                last[b] = t
+        end = len(steps)
+        first: dict = {}
+        for t, ins in enumerate(steps):
+            for b in _writes(ins):
+                if b in self.mat and b not in params:
+                    first.setdefault(b, t)
+        # an elementwise kernel writes its result in place of an operand of the same size it reads last
+        for t, ins in enumerate(steps):
+            if isinstance(ins, Compute) and g.eqns[ins.eqn_index].name in FUSIBLE:
+                sizes = {size.get(b, 0) for b in ins.writes if b in self.mat}
+                for b in eff_reads[t]:
+                    if last.get(b) == t and b in first and b not in out_set and size.get(b, 0) in sizes:
+                        last[b] = t - 1
+                        sizes.discard(size.get(b, 0))
+        temps = {b: (t, max(last.get(b, t), t)) for b, t in first.items() if b not in out_set}
+        for t, n in scratch.items():
+            size[("scratch", id(steps), t)] = n
+            temps[("scratch", id(steps), t)] = (t, t)
+        return _heap_peak(temps, {b: (first.get(b, 0), end) for b in outs}, size)
 
 
 def _heap_peak(temps: dict, outs: dict, size: dict) -> int:
@@ -389,6 +481,8 @@ def _heap_peak(temps: dict, outs: dict, size: dict) -> int:
 def _reads(ins):
     if isinstance(ins, Reshard):
         return [ins.src_buf]
+    if isinstance(ins, ControlFlow):
+        return list(ins.operands)
     if isinstance(ins, Compute):
         return list(ins.reads)
     if isinstance(ins, Finish):
@@ -399,6 +493,6 @@ def _reads(ins):
 def _writes(ins):
     if isinstance(ins, Reshard):
         return [ins.dst_buf]
-    if isinstance(ins, Compute):
+    if isinstance(ins, (Compute, ControlFlow)):
         return list(ins.writes)
     return []

@@ -1,16 +1,107 @@
-"""``python -m proofs``: run every proof script, print a summary table, exit non-zero on any failure.
+"""``python -m proofs [PART ...] [--quick] [--workers N]``: run the proof scripts (all parts, or those named),
+with a progress bar per part on stderr; print a summary table; exit 1 on any failure, 2 on a usage error.
 
-Options: ``--quick`` (smaller samples, for a smoke run), ``--workers N`` (default 2).
+Parts, in the order they run: ``step_rules`` (the typing rules, with symbolic sizes, and each synthesized step
+alone), ``exhaustive`` (every whole-axis pair on meshes of up to 8 devices), ``random`` (random pairs on
+16-device meshes, and the median verify time), ``uneven`` (random pairs with uneven dims), ``features``
+(reduction kinds, device orders and complex dtypes: exhaustive small pairs and random ones), ``mutation``
+(mutants of lowered programs and claims must be refuted), ``speed64`` (rank-4 plans on a 64-device mesh).
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
+from typing import Callable, NamedTuple
 
 
-def timing_64() -> dict:
-    """verify on rank-4 plans over a 64-device mesh (4x4x2x2): the slowest of several."""
+class Outcome(NamedTuple):
+    """What one part reports: summary rows ``(check, result, "ok" | "FAIL", seconds)``, failures, notes."""
+
+    rows: list
+    failures: list
+    notes: list
+
+
+def step_rules(quick: bool, workers: int) -> Outcome:
+    from proofs import step_rules as rules
+
+    r = rules.run()
+    sym, conc = r["symbolic"], r["concrete"]
+    rows = [("step rules, symbolic sizes (Z3)", f"{sum(x['ok'] for x in sym)}/{len(sym)} proved",
+             "ok" if all(x["ok"] for x in sym) else "FAIL", sum(x["seconds"] for x in sym)),
+            ("step rules, each synthesized step alone", f"{conc['steps']} steps {conc['by_kind']}",
+             "ok" if not conc["failures"] else "FAIL", conc["seconds"])]
+    failures = [f"step rule: {x['rule']}" for x in sym if not x["ok"]] + conc["failures"]
+    return Outcome(rows, failures, [f"synthesis error: {e}" for e in conc["synthesis_errors"]])
+
+
+def _pairs_outcome(res: dict, result: str) -> Outcome:
+    return Outcome([(res["check"], f"{res['passed']}/{res['cases']} {result}", "ok" if not res["failed"] else "FAIL",
+                     res["seconds"])], [f["pair"] + ": " + f["error"] for f in res["failures"]], [])
+
+
+def exhaustive(quick: bool, workers: int) -> Outcome:
+    from proofs import exhaustive as ex
+
+    return _pairs_outcome(ex.run_exhaustive(workers=workers, max_rank=2 if quick else 3), "pairs proved")
+
+
+def random_pairs(quick: bool, workers: int) -> Outcome:
+    from proofs import exhaustive as ex
+
+    rd = ex.run_random(n=1000 if quick else 10_000, workers=workers)
+    out = _pairs_outcome(rd, "pairs proved")
+    med = rd["median_verify_s"]
+    out.rows.append(("speed: median verify, random 16-device pairs", f"median {med * 1000:.1f} ms, "
+                     f"max {rd['max_verify_s'] * 1000:.0f} ms", "ok" if med <= 0.5 else "FAIL", 0.0))
+    if med > 0.5:
+        out.failures.append(f"median verify {med:.3f}s > 0.5s")
+    return out
+
+
+def uneven(quick: bool, workers: int) -> Outcome:
+    from proofs import exhaustive as ex
+
+    un = ex.run_random_uneven(n=300 if quick else 3000, workers=workers)
+    out = _pairs_outcome(un, "pairs proved, oracle agrees")
+    out.notes.append("random uneven plans by shape: " + ", ".join(f"{k} {v}" for k, v in un["by_shape"].items())
+                     + f"; {un['at_bound']} exchange plans without a reduction receive exactly lower_bound_bytes")
+    return out
+
+
+def features(quick: bool, workers: int) -> Outcome:
+    """Reduction kinds, device orders and complex dtypes: exhaustive small pairs and random ones."""
+    from proofs import exhaustive as ex
+
+    fx, fr = ex.run_features(workers=workers, n_random=300 if quick else 2000, max_rank=1 if quick else 2)
+    outs = [_pairs_outcome(res, "pairs proved") for res in (fx, fr)]
+    notes = [f"{res['check'].split(':')[0]} proved by feature: "
+             + ", ".join(f"{k} {v}" for k, v in res["by_feature"].items()) for res in (fx, fr)]
+    return Outcome(outs[0].rows + outs[1].rows, outs[0].failures + outs[1].failures, notes)
+
+
+def mutation(quick: bool, workers: int) -> Outcome:
+    from proofs import mutation as mut
+
+    mu = mut.run(n_plans=100 if quick else 300)
+    notes = ["mutation by operator (killed/mutants, ill-formed): "
+             + ", ".join(f"{k} {v['killed']}/{v['mutants']} ({v['ill_formed']})" for k, v in mu["by_op"].items()),
+             "mutation: uneven plans mutated by shape: "
+             + ", ".join(f"{k} {v}" for k, v in sorted(mu["uneven_plans"].items()))]
+    rows = [(f"mutation: {mu['plans']} plans, {mu['mutants']} mutants ({mu['ill_formed']} ill-formed)",
+             f"{mu['killed_by_verify']}/{mu['non_equivalent']} non-equivalent killed "
+             f"({100 * mu['kill_rate']:.1f}%), {mu['equivalent_survivors']} equivalent survivors",
+             "ok" if mu["ok"] and mu["kill_rate"] == 1.0 else "FAIL", mu["seconds"])]
+    failures = mu["unsound"] + mu["false_alarms"] + mu["undecided"] + mu["no_counterexample"]
+    failures += [f"mutation: no uneven plan with {k} was mutated" for k in mu["missing_uneven_kinds"]]
+    return Outcome(rows, failures, notes)
+
+
+def speed64(quick: bool, workers: int) -> Outcome:
+    """verify on rank-4 plans over a 64-device mesh (4x4x2x2): the slowest of several must take <= 5 s."""
+    from proofs.common import progress
     from redist.errors import ShardingError
     from redist.mesh import Mesh
     from redist.synthesis import synthesize
@@ -18,6 +109,7 @@ def timing_64() -> dict:
     from redist.types import ShardingType
     from redist.verify import verify
 
+    t0 = time.perf_counter()
     mesh = Mesh({"a": 4, "b": 4, "c": 2, "d": 2})
     T = lambda s: ShardingType.parse(s, mesh)  # noqa: E731
     cases = [("f32[64{a}, 32{b}, 16{c}, 8{d}]", "f32[64{d,c}, 32{a}, 16, 8{b}]"),
@@ -34,79 +126,55 @@ def timing_64() -> dict:
             pairs.append((ShardingType(mesh, shape, "f32", d1, p1), ShardingType(mesh, shape, "f32", d2, ())))
         except ShardingError:  # sub-axes of one axis factored differently on the two sides
             continue
-    times, fails = [], []
-    for src, dst in pairs:
+    times, failures = [], []
+    for src, dst in progress(pairs, desc="speed, 64 devices", unit="plan"):
         try:
             plan = synthesize(src, dst)
         except Exception as e:  # noqa: BLE001
-            fails.append(f"synthesize {src} -> {dst}: {e}")
+            failures.append(f"synthesize {src} -> {dst}: {e}")
             continue
         v = verify(plan)
         times.append(v.seconds)
         if not v.ok:
-            fails.append(f"{src} -> {dst}: {v.reason}")
-    return {"plans": len(times), "max_s": max(times), "median_s": sorted(times)[len(times) // 2],
-            "failures": fails, "ok": not fails and max(times) <= 5.0}
+            failures.append(f"{src} -> {dst}: {v.reason}")
+    worst, median = max(times, default=0.0), sorted(times)[len(times) // 2] if times else 0.0
+    ok = not failures and worst <= 5.0
+    return Outcome([("speed: rank-4 plans on 4x4x2x2 (64 devices)",
+                     f"{len(times)} plans, max {worst * 1000:.0f} ms, median {median * 1000:.0f} ms",
+                     "ok" if ok else "FAIL", time.perf_counter() - t0)], failures, [])
+
+
+PARTS: dict[str, Callable[[bool, int], Outcome]] = {
+    "step_rules": step_rules, "exhaustive": exhaustive, "random": random_pairs, "uneven": uneven,
+    "features": features, "mutation": mutation, "speed64": speed64,
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m proofs", description=__doc__.split("\n\n")[1],
+                                     epilog="The full run takes about six minutes on 2 cores; --quick about one.")
+    parser.add_argument("parts", nargs="*", metavar="PART",
+                        help=f"parts to run (default: all): {', '.join(PARTS)}")
+    parser.add_argument("--quick", action="store_true", help="smaller samples, for a smoke run")
+    parser.add_argument("--workers", type=int, default=2, metavar="N", help="processes for the pair checks (2)")
+    return parser
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    quick = "--quick" in argv
-    workers = int(argv[argv.index("--workers") + 1]) if "--workers" in argv else 2
-    from proofs import exhaustive, mutation, step_rules
-
+    parser = _parser()
+    args = parser.parse_args(argv)
+    unknown = [p for p in args.parts if p not in PARTS]
+    if unknown:
+        parser.error(f"unknown part {unknown[0]!r}; the parts are {', '.join(PARTS)}")
+    if args.workers < 1:
+        parser.error(f"--workers must be at least 1, got {args.workers}")
     t0 = time.perf_counter()
-    rows, failures = [], []
-
-    r = step_rules.run()
-    sym, conc = r["symbolic"], r["concrete"]
-    rows.append(("step rules, symbolic sizes (Z3)", f"{sum(x['ok'] for x in sym)}/{len(sym)} proved",
-                 "ok" if all(x["ok"] for x in sym) else "FAIL", sum(x["seconds"] for x in sym)))
-    rows.append(("step rules, each synthesized step alone", f"{conc['steps']} steps {conc['by_kind']}",
-                 "ok" if not conc["failures"] else "FAIL", conc["seconds"]))
-    failures += [f"step rule: {x['rule']}" for x in sym if not x["ok"]] + conc["failures"]
-    notes = [f"synthesis error: {e}" for e in conc["synthesis_errors"]]
-
-    ex = exhaustive.run_exhaustive(workers=workers, max_rank=2 if quick else 3)
-    rows.append((ex["check"], f"{ex['passed']}/{ex['cases']} pairs proved",
-                 "ok" if not ex["failed"] else "FAIL", ex["seconds"]))
-    failures += [f["pair"] + ": " + f["error"] for f in ex["failures"]]
-
-    rd = exhaustive.run_random(n=1000 if quick else 10_000, workers=workers)
-    rows.append((rd["check"], f"{rd['passed']}/{rd['cases']} pairs proved",
-                 "ok" if not rd["failed"] else "FAIL", rd["seconds"]))
-    failures += [f["pair"] + ": " + f["error"] for f in rd["failures"]]
-
-    un = exhaustive.run_random_uneven(n=300 if quick else 3000, workers=workers)
-    rows.append((un["check"], f"{un['passed']}/{un['cases']} pairs proved, oracle agrees",
-                 "ok" if not un["failed"] else "FAIL", un["seconds"]))
-    failures += [f["pair"] + ": " + f["error"] for f in un["failures"]]
-    notes.append("random uneven plans by shape: " + ", ".join(f"{k} {v}" for k, v in un["by_shape"].items())
-                 + f"; {un['at_bound']} exchange plans without a reduction receive exactly lower_bound_bytes")
-
-    mu = mutation.run(n_plans=100 if quick else 300)
-    notes.append("mutation by operator (killed/mutants, ill-formed): "
-                 + ", ".join(f"{k} {v['killed']}/{v['mutants']} ({v['ill_formed']})" for k, v in mu["by_op"].items()))
-    notes.append("mutation: uneven plans mutated by shape: "
-                 + ", ".join(f"{k} {v}" for k, v in sorted(mu["uneven_plans"].items())))
-    rows.append((f"mutation: {mu['plans']} plans, {mu['mutants']} mutants ({mu['ill_formed']} ill-formed)",
-                 f"{mu['killed_by_verify']}/{mu['non_equivalent']} non-equivalent killed "
-                 f"({100 * mu['kill_rate']:.1f}%), {mu['equivalent_survivors']} equivalent survivors",
-                 "ok" if mu["ok"] and mu["kill_rate"] == 1.0 else "FAIL", mu["seconds"]))
-    failures += mu["unsound"] + mu["false_alarms"] + mu["undecided"] + mu["no_counterexample"]
-    failures += [f"mutation: no uneven plan with {k} was mutated" for k in mu["missing_uneven_kinds"]]
-
-    med = rd["median_verify_s"]
-    rows.append(("speed: median verify, random 16-device pairs", f"median {med * 1000:.1f} ms, "
-                 f"max {rd['max_verify_s'] * 1000:.0f} ms", "ok" if med <= 0.5 else "FAIL", 0.0))
-    tm = timing_64()
-    rows.append(("speed: rank-4 plans on 4x4x2x2 (64 devices)",
-                 f"{tm['plans']} plans, max {tm['max_s'] * 1000:.0f} ms, median {tm['median_s'] * 1000:.0f} ms",
-                 "ok" if tm["ok"] else "FAIL", sum([0.0])))
-    failures += tm["failures"]
-    if med > 0.5:
-        failures.append(f"median verify {med:.3f}s > 0.5s")
-
+    rows, failures, notes = [], [], []
+    for name in [p for p in PARTS if p in args.parts or not args.parts]:
+        out = PARTS[name](args.quick, args.workers)
+        rows += out.rows
+        failures += out.failures
+        notes += out.notes
     w = max(len(r[0]) for r in rows)
     print(f"{'check':<{w}}  {'result':<60} {'status':<6} {'time':>8}")
     for name, res, status, secs in rows:
@@ -120,4 +188,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

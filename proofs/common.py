@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 
 import numpy as np
 
@@ -14,6 +15,14 @@ from redist.backends import numpy_backend
 from redist.data import poison_padding, random_array, summands
 from redist.mesh import Mesh
 from redist.types import ShardingType
+
+
+def progress(iterable=None, *, desc: str, total: int | None = None, unit: str = "it"):
+    """A tqdm progress bar on stderr: redrawn in place on a terminal, a line every 30 s into a log file."""
+    from tqdm import tqdm
+
+    return tqdm(iterable, desc=desc, total=total, unit=unit, file=sys.stderr, dynamic_ncols=True,
+                mininterval=0.5 if sys.stderr.isatty() else 30)
 
 
 # ----------------------------------------------------------------------------- meshes
@@ -65,8 +74,12 @@ def source_buffers(src: ShardingType, rng: np.random.Generator):
     element shows); for a partial type every partial group gets its own random summands (SPEC 4: any summands
     whose group sums are right), so dropping, doubling or mixing summands shows too. Every padding position
     of every buffer (uneven dims, SPEC 2) is poisoned (:func:`redist.data.poison_padding`: NaN, or the largest
-    integer), so a program that reads padding as data gives a wrong datum."""
+    integer), so a program that reads padding as data gives a wrong datum. For a pending product the
+    elements are ``2 … N+1``: a product that takes its summands twice gives the square of the value, which
+    1 (the one element of a scalar) would hide."""
     value = random_array(rng, src.shape, src.np_dtype, distinct=True)
+    if src.partial and src.reduction == "prod" and src.dtype != "bool":
+        value = value + np.ones((), value.dtype)
     return poison_padding(src, summands(src, value, rng, low=-50, high=51)), value
 
 
@@ -76,8 +89,10 @@ def oracle(program, src: ShardingType, dst: ShardingType, seed: int = 0, trials:
     partial ``dst``; replicas must agree), compared at the data positions of ``dst`` only: ``unshard`` reads
     no padding, which may hold anything. A program that raises at run time, or gives the wrong local shape,
     is wrong. So is a result whose dtype is not ``dst``'s, and a ``dst`` on another mesh than the program's
-    (SPEC 1: another mesh is another type, even where the data happen to sit on the same devices); ``dst``'s
-    layout is read on its own mesh, so a misplaced block shows as wrong values first."""
+    result (``program.dst_mesh``; SPEC 1: another mesh, device order included, is another type, even where
+    the data happen to sit on the same devices); ``dst``'s layout is read on its own mesh, so a misplaced
+    block shows as wrong values first. Group reductions are ``dst``'s kind (``unshard``), and summands are
+    made for ``src``'s kind (:func:`redist.data.summands`)."""
     from redist.data import unshard
 
     rng = np.random.default_rng(seed)
@@ -94,6 +109,23 @@ def oracle(program, src: ShardingType, dst: ShardingType, seed: int = 0, trials:
             return False, f"raised {type(e).__name__}: {e}"
         if not np.array_equal(got, value):
             return False, "wrong values"
-    if dst.mesh != program.mesh:
-        return False, f"the result is on mesh {program.mesh!r}, not {dst.mesh!r}"
+    if dst.mesh != program.dst_mesh:
+        return False, f"the result is on mesh {program.dst_mesh!r}, not {dst.mesh!r}"
     return True, "equal"
+
+
+# ----------------------------------------------------------------------------- device orders
+def device_orders(mesh: Mesh) -> list[Mesh]:
+    """Other device orders of ``mesh``'s axes (SPEC 1), for exhaustive checks: the devices reversed, numbered
+    column-major (the first axis fastest), and rotated by one position (none for a mesh of one device)."""
+    n = mesh.size
+    if n < 2:
+        return []
+    column_major = np.arange(n).reshape(mesh.shape[::-1]).transpose().reshape(-1)
+    orders = [list(range(n - 1, -1, -1)), column_major.tolist(), [(p + 1) % n for p in range(n)]]
+    out = []
+    for ids in orders:
+        m = mesh.reordered(ids)
+        if m != mesh and m not in out:
+            out.append(m)
+    return out

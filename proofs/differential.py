@@ -3,8 +3,10 @@
     .venv/bin/python -m proofs.differential --numpy 10000 --jax 1000 --mpi 500 [--seed 0]
 
 Each case is a random valid (source, destination) pair from :func:`redist.testing.draw_pair` (partial
-sources, sub-axes, uneven dims) on a random mesh (:func:`redist.testing.draw_mesh`) whose axes have sizes 1
-to 8 (so 1, 3, 5, 6 and 7 among them), in one of the dtypes f32, f64, i32, i64, bf16, bool, f16, u8. The
+sources of every reduction kind, sub-axes, uneven dims, a destination in another device order for a
+quarter of them) on a random mesh (:func:`redist.testing.draw_mesh`, a quarter of them in a random device
+order) whose axes have sizes 1 to 8 (so 1, 3, 5, 6 and 7 among them), in one of the dtypes f32, f64, i32,
+i64, bf16, bool, f16, u8, c64, c128. The
 plan is synthesized and run on a random value's buffers (:func:`redist.data.poisoned_source`: random integer
 summands for a partial source, padding poisoned), and the result is compared element for element with the
 oracle: every device's data block must equal that of ``redist.shard(dst, value)``, or for a partial
@@ -40,9 +42,9 @@ from redist.data import poisoned_source, shard, unshard
 from redist.errors import ShardingError
 from redist.synthesis import synthesize
 from redist.testing import SeededDraw, draw_mesh, draw_pair
-from redist.types import ShardingType
+from redist.types import REDUCTIONS, ShardingType
 
-DTYPES = ("f32", "f32", "f64", "f64", "i32", "i64", "bf16", "bool", "f16", "u8")
+DTYPES = ("f32", "f32", "f64", "f64", "i32", "i64", "bf16", "bool", "f16", "u8", "c64", "c128")
 BACKEND_IDS = {"numpy": 0, "jax": 1, "mpi": 2}  # the data rng's seed part: each backend draws its own cases
 MPI_SIZES = (2, 3, 4, 5, 6, 7, 8)
 KINDS = ("wrong values", "dtype changes", "shape changes", "exceptions", "synthesis errors")
@@ -56,10 +58,11 @@ def draw_case(seed: int, backend: str, i: int, max_devices: int = 8,
     ``devices``; a function of its arguments only, so that every MPI rank draws the same one."""
     draw = SeededDraw(f"differential:{seed}:{backend}:{i}")
     if devices is None:
-        mesh = draw_mesh(draw, max_devices=max_devices)
+        mesh = draw_mesh(draw, max_devices=max_devices, device_order=0.25)
     else:
-        mesh = draw_mesh(draw, max_axes=3, devices=devices)
-    return draw_pair(draw, mesh, partial=0.4, sub_axes=0.25, dtype=DTYPES, uneven=0.35 if mesh.size >= 2 else 0.0)
+        mesh = draw_mesh(draw, max_axes=3, devices=devices, device_order=0.25)
+    return draw_pair(draw, mesh, partial=0.4, sub_axes=0.25, dtype=DTYPES, uneven=0.35 if mesh.size >= 2 else 0.0,
+                     reductions=REDUCTIONS, reorder=0.25)
 
 
 def case_data(src: ShardingType, seed: int, backend: str, i: int):
@@ -137,7 +140,8 @@ def features(src: ShardingType, dst: ShardingType) -> list[str]:
     """What a pair exercises, for the coverage line of the report."""
     tokens = [a for t in (src, dst) for d in t.dims for a in d] + list(src.partial)
     return ([f"dtype {src.dtype}"] + [f"axis of size {s}" for s in sorted(set(src.mesh.shape))]
-            + ["partial source"] * bool(src.partial) + ["partial destination"] * bool(dst.partial)
+            + [f"partial({src.reduction}) source"] * bool(src.partial) + ["partial destination"] * bool(dst.partial)
+            + ["reordered mesh"] * (not src.mesh.is_row_major) + ["another device order"] * (src.mesh != dst.mesh)
             + ["sub-axes"] * any(":" in a for a in tokens) + ["uneven"] * (not (src.is_even() and dst.is_even())))
 
 
@@ -212,19 +216,23 @@ def _reshardable(src: ShardingType, dst: ShardingType) -> bool:
 
 def _reshard(src: ShardingType, dst: ShardingType, value: np.ndarray) -> list[np.ndarray]:
     """``value`` placed as ``src`` (under x64 for a 64-bit dtype, as a user must) and resharded to ``dst`` by
-    ``redist.jax.reshard`` with JAX's x64 mode as it was; the result's shards in device order."""
+    ``redist.jax.reshard`` with JAX's x64 mode as it was; the result's shards by device id. Each type's JAX
+    mesh holds JAX device ``device_ids[p]`` at position ``p`` (the first ``mesh.size`` host devices)."""
     import jax
     from jax.sharding import NamedSharding
 
     import redist.jax as rj
 
-    mesh = src.mesh
-    jmesh = jax.sharding.Mesh(np.array(jax.devices()[: mesh.size]).reshape(mesh.shape), mesh.names)
+    devices = jax.devices()[: src.mesh.size]
+
+    def jax_mesh(mesh):
+        return jax.sharding.Mesh(np.array([devices[d] for d in mesh.device_ids]).reshape(mesh.shape), mesh.names)
+
     with rj.in_dtype(src.np_dtype):
-        x = jax.device_put(value, NamedSharding(jmesh, src.partition_spec()))
-    y = rj.reshard(x, NamedSharding(jmesh, dst.partition_spec()))
+        x = jax.device_put(value, NamedSharding(jax_mesh(src.mesh), src.partition_spec()))
+    y = rj.reshard(x, NamedSharding(jax_mesh(dst.mesh), dst.partition_spec()))
     by_device = {s.device: np.asarray(s.data) for s in y.addressable_shards}
-    return [by_device[d] for d in jmesh.devices.flat]
+    return [by_device[d] for d in devices]
 
 
 def run_mpi(n: int, seed: int) -> Tally:

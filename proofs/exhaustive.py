@@ -7,19 +7,29 @@
   the smallest legal size);
 - random uneven: a seeded sample of pairs with non-divisible dims (XLA's padding rule, SPEC 2) on meshes
   of 2–16 devices (1–4 axes, sub-axes, partial types, rank 1–3), every dim of any size from 0 to twice
-  its larger block count plus one, at least one dim uneven on one side.
+  its larger block count plus one, at least one dim uneven on one side;
+- exhaustive features: every whole-axis pair of rank 0–2 on every mesh of at most 8 devices once more,
+  each with the reduction kinds, device orders and dtypes of issue 15 in turn: a partial source takes the
+  next kind of max, min, prod, sum; the destination the next device order of the default one and those of
+  :func:`proofs.common.device_orders`; the dtype the next of c64, f32, c128, bool (f32 where a complex
+  dtype has no such reduction);
+- random features: a seeded sample of pairs on meshes of up to 16 devices in random device orders, with
+  every reduction kind, destinations on another device order, complex, bool and integer dtypes, sub-axes
+  and uneven dims (those with the uneven checks below).
 
 For each pair: the plan is synthesized, ``verify(plan)`` must prove it (values at every data position of
 the destination, never read from source padding; group sums; peak_bytes and bytes_received against the
 instructions), the program's largest buffer (from the verifier's own shape derivation) must be at most
 max(src, dst) local bytes (computed here from SPEC 2, not from the type class), and bytes_received must not
 beat ``lower_bound_bytes``. For uneven pairs also: a plan with an exchange and no reduction must receive
-exactly ``lower_bound_bytes`` (the exchange sends each device only the elements it lacks), and the numpy
-oracle (source padding filled with NaN) must give the destination's value.
+exactly ``lower_bound_bytes`` (the exchange sends each device only the elements it lacks; between device
+orders, only where no pending value must change hands, since a device may have to take another summand
+there), and the numpy oracle (source padding filled with NaN) must give the destination's value.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing as mp
 import statistics
@@ -30,6 +40,7 @@ from collections import Counter
 from redist.bounds import lower_bound_bytes
 from redist.synthesis import synthesize
 from redist.testing import SeededDraw, draw_mesh, draw_pair
+from redist.types import ShardingType
 from redist.verify import verify
 
 
@@ -86,7 +97,8 @@ def check_pair(pair, uneven: bool = False) -> dict:
 
         kinds = {s.kind for s in plan.steps}
         out["shape"] = plan_shape(plan)
-        out["at_bound"] = "exchange" in kinds and not kinds & {"all_reduce", "reduce_scatter"}
+        out["at_bound"] = ("exchange" in kinds and not kinds & {"all_reduce", "reduce_scatter"}
+                           and (src.mesh == dst.mesh or not src.partial))
         if out["at_bound"] and plan.bytes_received != least:
             out["error"] = f"exchange plan receives {plan.bytes_received} bytes, not lower_bound_bytes {least}"
             return out
@@ -106,12 +118,40 @@ def _chunk_uneven(pairs):
     return [check_pair(p, uneven=True) for p in pairs]
 
 
-def _run(pairs, workers: int, chunk: int = 64, check=_chunk) -> list[dict]:
+def _chunk_features(pairs):
+    """:func:`check_pair` with the uneven checks for the uneven pairs; adds the features each pair has."""
+    out = []
+    for src, dst in pairs:
+        r = check_pair((src, dst), uneven=not (src.is_even() and dst.is_even()))
+        r["features"] = features(src, dst)
+        out.append(r)
+    return out
+
+
+def features(src, dst) -> list[str]:
+    """The issue-15 features of a pair: its reduction kind (partial sources), a change of device order, a
+    source mesh in another device order than the default, and its dtype if complex or bool."""
+    out = [f"partial({src.reduction})"] if src.partial else []
+    out += ["another device order"] * (src.mesh != dst.mesh) + ["reordered mesh"] * (not src.mesh.is_row_major)
+    return out + [src.dtype] * (src.dtype in ("c64", "c128", "bool"))
+
+
+def _run(pairs, workers: int, desc: str, chunk: int = 64, check=_chunk) -> list[dict]:
+    """``check`` on every pair, in chunks, over ``workers`` processes, with a progress bar named ``desc``."""
+    from proofs.common import progress
+
     chunks = [pairs[i:i + chunk] for i in range(0, len(pairs), chunk)]
-    if workers <= 1:
-        return [r for c in chunks for r in check(c)]
-    with mp.get_context("spawn").Pool(workers) as pool:
-        return [r for rs in pool.imap_unordered(check, chunks) for r in rs]
+    results: list[dict] = []
+    with contextlib.ExitStack() as stack:
+        bar = stack.enter_context(progress(desc=desc, total=len(pairs), unit="pair"))
+        if workers <= 1:
+            done = map(check, chunks)
+        else:
+            done = stack.enter_context(mp.get_context("spawn").Pool(workers)).imap_unordered(check, chunks)
+        for rs in done:
+            results += rs
+            bar.update(len(rs))
+    return results
 
 
 def exhaustive_pairs(max_devices: int = 8, max_rank: int = 3):
@@ -137,6 +177,40 @@ def random_uneven_pairs(n: int, seed: int = 0, max_devices: int = 16):
             for _ in range(n)]
 
 
+FEATURE_KINDS = ("max", "min", "prod", "sum")
+FEATURE_DTYPES = ("c64", "f32", "c128", "bool")
+
+
+def feature_pairs(max_devices: int = 8, max_rank: int = 2):
+    """The pairs of "exhaustive features" in the module docstring."""
+    from proofs.common import all_meshes, all_pairs, device_orders
+
+    out, i = [], 0
+    for mesh in all_meshes(max_devices):
+        orders = [mesh] + device_orders(mesh)
+        for rank in range(max_rank + 1):
+            for src, dst in all_pairs(mesh, rank):
+                kind = FEATURE_KINDS[i % len(FEATURE_KINDS)] if src.partial else "sum"
+                dtype = FEATURE_DTYPES[i % len(FEATURE_DTYPES)]
+                if kind in ("max", "min") and dtype in ("c64", "c128"):
+                    dtype = "f32"
+                out.append((ShardingType(mesh, src.shape, dtype, src.dims, src.partial, kind),
+                            ShardingType(orders[i % len(orders)], dst.shape, dtype, dst.dims, dst.partial, kind)))
+                i += 1
+    return out
+
+
+def random_feature_pairs(n: int, seed: int = 0, max_devices: int = 16):
+    """The pairs of "random features" in the module docstring."""
+    from redist.types import REDUCTIONS
+
+    draw = SeededDraw(f"features:{seed}")
+    return [draw_pair(draw, draw_mesh(draw, max_devices=max_devices, min_devices=2, device_order=0.3), max_rank=3,
+                      partial=0.5, sub_axes=0.25, dtype=("f32", "c64", "c128", "bool", "i32", "bf16"),
+                      reductions=REDUCTIONS, reorder=0.5, uneven=0.3, padded=False)
+            for _ in range(n)]
+
+
 def summarize(name: str, results: list[dict], seconds: float) -> dict:
     fails = [r for r in results if not r["ok"]]
     times = [r["seconds"] for r in results if r["seconds"]]
@@ -156,13 +230,13 @@ def run_exhaustive(workers: int = 2, max_devices: int = 8, max_rank: int = 3) ->
     t = time.perf_counter()
     pairs = exhaustive_pairs(max_devices, max_rank)
     return summarize(f"exhaustive: all whole-axis pairs, meshes <= {max_devices} devices, rank <= {max_rank}",
-                     _run(pairs, workers), time.perf_counter() - t)
+                     _run(pairs, workers, "exhaustive"), time.perf_counter() - t)
 
 
 def run_random(n: int = 10_000, workers: int = 2, seed: int = 0) -> dict:
     t = time.perf_counter()
     pairs = random_pairs(n, seed)
-    return summarize(f"random: {n} pairs on 16-device meshes, rank <= 4 (sub-axes, partial)", _run(pairs, workers),
+    return summarize(f"random: {n} pairs on 16-device meshes, rank <= 4 (sub-axes, partial)", _run(pairs, workers, "random"),
                      time.perf_counter() - t)
 
 
@@ -171,13 +245,29 @@ def run_random_uneven(n: int = 3000, workers: int = 2, seed: int = 0) -> dict:
     plans per :func:`plan_shape`) and ``at_bound`` (proved exchange plans without a reduction, each
     receiving exactly the lower bound)."""
     t = time.perf_counter()
-    results = _run(random_uneven_pairs(n, seed), workers, check=_chunk_uneven)
+    results = _run(random_uneven_pairs(n, seed), workers, "random uneven", check=_chunk_uneven)
     out = summarize(f"random uneven: {n} pairs on meshes <= 16 devices, rank <= 3 (sub-axes, partial)", results,
                     time.perf_counter() - t)
     proved = [r for r in results if r["ok"]]
     out["by_shape"] = dict(Counter(r["shape"] for r in proved).most_common())
     out["at_bound"] = sum(r["at_bound"] for r in proved)
     return out
+
+
+def run_features(workers: int = 2, n_random: int = 2000, seed: int = 0, max_rank: int = 2) -> tuple[dict, dict]:
+    """The exhaustive and random feature checks of the module docstring; each summary has ``by_feature``
+    (proved pairs per :func:`features`)."""
+    out = []
+    for name, pairs in ((f"exhaustive features: pairs of rank <= {max_rank} on meshes <= 8 devices with kinds, "
+                         "device orders, complex", feature_pairs(max_rank=max_rank)),
+                        (f"random features: {n_random} pairs on meshes <= 16 devices (kinds, device orders, "
+                         "complex, uneven)", random_feature_pairs(n_random, seed))):
+        t = time.perf_counter()
+        results = _run(pairs, workers, name.split(":")[0], check=_chunk_features)
+        res = summarize(name, results, time.perf_counter() - t)
+        res["by_feature"] = dict(Counter(f for r in results if r["ok"] for f in r["features"]).most_common())
+        out.append(res)
+    return out[0], out[1]
 
 
 if __name__ == "__main__":

@@ -14,6 +14,10 @@ and copies before running it):
 - ``duplicate``: one instruction repeated;
 - ``swap_permute_pair``: two entries of a collective permute's source table exchanged;
 - ``reduce_kind``: a reduce-scatter turned into an all-reduce or back (with a slice);
+- ``wrong_reduction``: a reduce-scatter's or all-reduce's reduction kind replaced by another the dtype has
+  (not on ``bool``, whose sum and maximum are both "or", nor over a group of one device, where every kind
+  is the identity: such mutants are equivalent, but the verifier refutes them, SPEC 2: a plan never converts
+  between kinds);
 - ``swap_transpose``: two entries of a local transpose's permutation exchanged (the transposes around an
   all-to-all);
 - on an ``Exchange`` (point-to-point copies, uneven dims): ``drop_copy`` (one copy of one device removed),
@@ -34,7 +38,12 @@ nobody can make them):
   block than the claim says unless the type replicates over those axes);
 - ``claim_axis_sizes``: the same axis names in the same order, with other sizes of the same product (``x=4,y=2``
   for ``x=2,y=4``, or a prime factor moved between two axes);
-- ``claim_shape``: one dim one element longer.
+- ``claim_shape``: one dim one element longer;
+- ``claim_device_order``: the same axes with the devices in another order (``device_ids`` reversed, rotated
+  by one, or a random permutation; SPEC 1: another mesh is another type): a device then holds the block of
+  another position;
+- ``claim_reduction``: a partial claim of another reduction kind the dtype has (not on ``bool``, nor where
+  the partial group is one device: see ``wrong_reduction``).
 
 Uneven plans are mutated too: fixed pairs of both kinds (collectives on the padded view between ``pad`` and
 ``unpad``, whose program is the even program on the padded buffers, so the operators above apply; and an
@@ -43,11 +52,10 @@ with NaN, so a mutant that reads padding as data is non-equivalent.
 
 Not covered: an off-by-one slice bound. The instruction set cannot express it (a ``Slice`` always keeps
 chunk ``r`` of ``k`` equal chunks), and the backends refuse a mutant-only subclass (they run the
-instructions of :mod:`redist.program` only), so no backend could witness it; the operator is skipped. Device
-order on the claim side: a mesh has no device numbering of its own yet (SPEC 1's ``device_ids`` is not
-built), so no claim can name the same axes with the devices in another order; ``claim_mesh_order`` is the
-nearest mutant that can be built (another numbering of the same devices), and the verifier compares whole
-meshes, so ``device_ids`` will be compared the day they exist.
+instructions of :mod:`redist.program` only), so no backend could witness it; the operator is skipped.
+
+The random plans are drawn with the features of issue 15: partial sources of every reduction kind, source
+meshes and destinations in random device orders, complex and bool dtypes among the real ones.
 
 A mutant the verifier proves correct (a survivor) must be equivalent: the numpy backend, run on random
 data (distinct elements, random summands per partial group), must give the correct result (in the claimed
@@ -64,6 +72,8 @@ import math
 import random
 import sys
 import time
+
+import numpy as np
 
 from redist import program as P
 from redist.synthesis import synthesize
@@ -215,10 +225,15 @@ def mutants(prog: P.Program, rng: random.Random, max_per_op: int = 3):
             for op, desc, y in _exchange_mutants(x, prog.shapes[t], mesh.size):
                 add(op, f"{t}: {desc}", ins[:t] + [y] + ins[t + 1:])
         if isinstance(x, P.ReduceScatter):
-            add("reduce_kind", f"{t}: reduce_scatter -> all_reduce", ins[:t] + [P.AllReduce(x.axes)] + ins[t + 1:])
+            add("reduce_kind", f"{t}: reduce_scatter -> all_reduce",
+                ins[:t] + [P.AllReduce(x.axes, x.reduction)] + ins[t + 1:])
         if isinstance(x, P.AllReduce) and rank:
             add("reduce_kind", f"{t}: all_reduce -> reduce_scatter + all_gather",
-                ins[:t] + [P.ReduceScatter(0, x.axes), P.AllGather(0, x.axes[::-1])] + ins[t + 1:])
+                ins[:t] + [P.ReduceScatter(0, x.axes, x.reduction), P.AllGather(0, x.axes[::-1])] + ins[t + 1:])
+        if isinstance(x, (P.ReduceScatter, P.AllReduce)):
+            for kind in _other_reductions(x.reduction, prog.dtype, mesh.group_size(x.axes)):
+                add("wrong_reduction", f"{t}: {x.reduction} -> {kind}",
+                    ins[:t] + [dataclasses.replace(x, reduction=kind)] + ins[t + 1:])
     for op, lst in found.items():
         rng.shuffle(lst)
         yield from lst[:max_per_op]
@@ -226,14 +241,15 @@ def mutants(prog: P.Program, rng: random.Random, max_per_op: int = 3):
 
 def claim_mutants(dst, rng: random.Random, max_per_op: int = 3):
     """Yield (operator, description, claim) for the claim-side operators of the module docstring: types
-    that differ from ``dst`` in its dtype, its mesh's axis order, its mesh's axis sizes, or its shape."""
+    that differ from ``dst`` in its dtype, its mesh's axis order, its mesh's axis sizes, its shape, its
+    mesh's device order or its reduction kind."""
     from redist.errors import ShardingError
     from redist.mesh import Mesh, prime_factors
     from redist.types import DTYPES, ShardingType
 
-    def on(mesh, shape=dst.shape, dtype=dst.dtype):
+    def on(mesh, shape=dst.shape, dtype=dst.dtype, reduction=dst.reduction):
         try:
-            return ShardingType(mesh, shape, dtype, dst.dims, dst.partial)
+            return ShardingType(mesh, shape, dtype, dst.dims, dst.partial, reduction)
         except ShardingError:  # a sub-axis that does not fit the new mesh: not a claim anyone can make
             return None
 
@@ -243,6 +259,11 @@ def claim_mutants(dst, rng: random.Random, max_per_op: int = 3):
         "claim_mesh_order": [(f"mesh {dst.mesh} -> {Mesh(order)}", on(Mesh(order)))
                              for order in itertools.permutations(axes) if list(order) != axes],
         "claim_axis_sizes": [],
+        "claim_device_order": [(f"device_ids {list(dst.mesh.device_ids)} -> {list(m.device_ids)}", on(m))
+                               for m in _other_device_orders(dst.mesh, rng)],
+        "claim_reduction": [(f"partial({dst.reduction}) -> partial({k})", on(dst.mesh, reduction=k))
+                            for k in (_other_reductions(dst.reduction, dst.np_dtype, dst.mesh.group_size(dst.partial))
+                                      if dst.partial else ())],
         "claim_shape": [(f"dim {i} of {n} -> {n + 1}", on(dst.mesh, shape=dst.shape[:i] + (n + 1,) + dst.shape[i + 1:]))
                         for i, n in enumerate(dst.shape)],
     }
@@ -260,6 +281,31 @@ def claim_mutants(dst, rng: random.Random, max_per_op: int = 3):
         rng.shuffle(lst)
         for desc, claim in lst[:max_per_op]:
             yield op, desc, claim
+
+
+def _other_reductions(kind: str, dtype, group: int) -> list[str]:
+    """The reduction kinds other than ``kind`` that ``dtype`` has, as mutants that change the result: none for
+    ``bool`` (sum and maximum are both "or") or for a group of one device (every kind is the identity)."""
+    from redist.types import REDUCTIONS
+
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_ or group < 2:
+        return []
+    return [k for k in REDUCTIONS if k != kind and not (dtype.kind == "c" and k in ("max", "min"))]
+
+
+def _other_device_orders(mesh, rng: random.Random) -> list:
+    """``mesh``'s axes with its device ids reversed, rotated by one position and randomly permuted (those that
+    differ from ``mesh``; none for one device)."""
+    ids = list(mesh.device_ids)
+    shuffled = list(ids)
+    rng.shuffle(shuffled)
+    out = []
+    for order in (ids[::-1], ids[1:] + ids[:1], shuffled):
+        m = mesh.reordered(order)
+        if m != mesh and m not in out:
+            out.append(m)
+    return out
 
 
 # Pairs whose plans use every instruction kind, the two-move all-to-all (local reshapes and transposes
@@ -284,13 +330,17 @@ FIXED_UNEVEN_PAIRS = [
 ]
 # The two kinds of uneven plan (words of :func:`proofs.exhaustive.plan_shape`) that the run must mutate.
 UNEVEN_KINDS = ("padded collectives", "exchange")
+# The dtypes of the random plans: mostly f32, complex, bool and an integer type among them.
+DRAWN_DTYPES = ("f32", "f32", "f32", "c64", "c128", "bool", "i32")
 
 def run(n_plans: int = 300, seed: int = 0, max_per_op: int = 3, uneven: float = 0.3) -> dict:
     """Mutate the fixed pairs' plans, then random plans (a share ``uneven`` of them uneven) up to ``n_plans``
     plans. ``uneven_plans`` counts the uneven plans mutated by :func:`proofs.exhaustive.plan_shape`; ``ok``
     also needs each of :data:`UNEVEN_KINDS` in some of them."""
+    from proofs.common import progress
     from redist import Mesh, ShardingType
     from redist.testing import SeededDraw, draw_mesh, draw_pair
+    from redist.types import REDUCTIONS
 
     rng = random.Random(seed)
     draw = SeededDraw(rng)
@@ -298,16 +348,21 @@ def run(n_plans: int = 300, seed: int = 0, max_per_op: int = 3, uneven: float = 
     stats = {"plans": 0, "mutants": 0, "ill_formed": 0, "killed_by_verify": 0, "survivors": 0,
              "equivalent_survivors": 0, "unsound": [], "false_alarms": [], "undecided": [], "no_counterexample": [],
              "by_op": {}, "uneven_plans": {}}
-    for mesh_text, a, b in FIXED_PAIRS + FIXED_UNEVEN_PAIRS:
-        mesh = Mesh.parse(mesh_text)
-        src, dst = ShardingType.parse(a, mesh), ShardingType.parse(b, mesh)
-        _mutate(synthesize(src, dst), src, dst, rng, max_per_op, stats)
-    while stats["plans"] < n_plans:
-        mesh = draw_mesh(draw, max_axes=3, max_devices=8, min_devices=2)
-        src, dst = draw_pair(draw, mesh, partial=0.4, sub_axes=0.25, uneven=uneven)
-        plan = synthesize(src, dst)
-        if plan.steps:
-            _mutate(plan, src, dst, rng, max_per_op, stats)
+    fixed = FIXED_PAIRS + FIXED_UNEVEN_PAIRS
+    with progress(desc="mutation", total=max(n_plans, len(fixed)), unit="plan") as bar:
+        for mesh_text, a, b in fixed:
+            mesh = Mesh.parse(mesh_text)
+            src, dst = ShardingType.parse(a, mesh), ShardingType.parse(b, mesh)
+            _mutate(synthesize(src, dst), src, dst, rng, max_per_op, stats)
+            bar.update()
+        while stats["plans"] < n_plans:
+            mesh = draw_mesh(draw, max_axes=3, max_devices=8, min_devices=2, device_order=0.2)
+            src, dst = draw_pair(draw, mesh, partial=0.4, sub_axes=0.25, uneven=uneven, dtype=DRAWN_DTYPES,
+                                 reductions=REDUCTIONS, reorder=0.2)
+            plan = synthesize(src, dst)
+            if plan.steps:
+                _mutate(plan, src, dst, rng, max_per_op, stats)
+                bar.update()
     non_equiv = stats["mutants"] - stats["equivalent_survivors"]
     stats["non_equivalent"] = non_equiv
     stats["kill_rate"] = stats["killed_by_verify"] / non_equiv if non_equiv else 1.0
@@ -335,7 +390,8 @@ def _mutate(plan, src, dst, rng, max_per_op, stats) -> None:
             # program with the original shapes, padded; it must refute it. The backend raises on it or gives
             # a wrong result (see the module docstring); if it gave the right one, that is a false alarm below.
             shapes = (tuple(prog.shapes) + (prog.shapes[-1],) * len(new))[: len(new) + 1]
-        _judge(op, desc, P.Program(prog.mesh, prog.dtype, new, shapes), src, dst, stats, ill_formed=ill_formed)
+        mutant = dataclasses.replace(prog, instructions=new, shapes=shapes)
+        _judge(op, desc, mutant, src, dst, stats, ill_formed=ill_formed)
     for op, desc, claim in claim_mutants(dst, rng, max_per_op):
         _judge(op, f"claim {claim}: {desc}", prog, src, claim, stats, claim_side=True)
 

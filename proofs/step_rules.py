@@ -22,6 +22,7 @@ import time
 
 import z3
 
+from proofs.common import progress
 from redist import program as P
 
 
@@ -49,17 +50,18 @@ def _divmod(x, m, tag):
 
 
 def symbolic_rules() -> list[dict]:
+    """Each rule's proof obligation ``(name, hypotheses, goal)``, proved in turn (a progress bar on stderr)."""
     p, k, k1, k2, L, La, Lb, bP, a, r, i = z3.Ints("p k k1 k2 L La Lb bP a r i")
-    out = []
+    obligations = []
 
     # lemma concat: the row-major block over P + (A1, A2) is bP·k + rank(A1, A2); ranks are a bijection
     u, v, u2, v2 = z3.Ints("u v u2 v2")
     hyps = _pos(p, k1, k2) + [_in(bP, p), _in(u, k1), _in(v, k2), _in(u2, k1), _in(v2, k2)]
-    out.append(_prove("concat: block(P+A) = block(P)·k + rank(A)", hyps,
-                      (bP * k1 + u) * k2 + v == bP * (k1 * k2) + (u * k2 + v)))
-    out.append(_prove("rank over (A1, A2) is injective", hyps,
-                      z3.Implies(u * k2 + v == u2 * k2 + v2, z3.And(u == u2, v == v2))))
-    out.append(_prove("rank over (A1, A2) is in [0, k1·k2)", hyps, _in(u * k2 + v, k1 * k2)))
+    obligations.append(("concat: block(P+A) = block(P)·k + rank(A)", hyps,
+                        (bP * k1 + u) * k2 + v == bP * (k1 * k2) + (u * k2 + v)))
+    obligations.append(("rank over (A1, A2) is injective", hyps,
+                        z3.Implies(u * k2 + v == u2 * k2 + v2, z3.And(u == u2, v == v2))))
+    obligations.append(("rank over (A1, A2) is in [0, k1·k2)", hyps, _in(u * k2 + v, k1 * k2)))
 
     # lemma sub-axes: splitting an axis of size S = s1·s2·s3 into (1)s1, (s1)s2, (s1·s2)s3 gives coordinates
     # (c div (s2·s3)) mod s1, (c div s3) mod s2, c mod s3 whose row-major block is c itself.
@@ -68,21 +70,21 @@ def symbolic_rules() -> list[dict]:
     q2, m2, d2 = _divmod(c, s3, "c3")
     q3, m3, d3 = _divmod(q2, s2, "c3_2")
     hyps = _pos(s1, s2, s3) + [_in(c, s1 * s2 * s3)] + d1 + d2 + d3
-    out.append(_prove("sub-axes (1)s1,(s1)s2,(s1·s2)s3 of an axis: block = coordinate", hyps,
-                      z3.And(_in(q1, s1), (q1 * s2 + m3) * s3 + m2 == c)))
+    obligations.append(("sub-axes (1)s1,(s1)s2,(s1·s2)s3 of an axis: block = coordinate", hyps,
+                        z3.And(_in(q1, s1), (q1 * s2 + m3) * s3 + m2 == c)))
 
     # all_slice(dim, A): before (bP, Lb = k·La); after (bP·k + r, La); Slice keeps x[r·La : (r+1)·La]
     hyps = _pos(p, k, La) + [_in(bP, p), _in(r, k), _in(i, La)]
     ib = i + r * La
-    out.append(_prove("all_slice: value and bounds", hyps,
-                      z3.And(_in(ib, k * La), bP * (k * La) + ib == (bP * k + r) * La + i)))
+    obligations.append(("all_slice: value and bounds", hyps,
+                        z3.And(_in(ib, k * La), bP * (k * La) + ib == (bP * k + r) * La + i)))
 
     # all_gather(dim, A): before (bP·k + a, L); after (bP, k·L); AllGather concatenates in rank order:
     # output index i comes from the member of rank i div L, at index i mod L.
     j, m, dm = _divmod(i, L, "ag")
     hyps = _pos(p, k, L) + [_in(bP, p), _in(i, k * L)] + dm
-    out.append(_prove("all_gather: value, source rank and bounds", hyps,
-                      z3.And(_in(j, k), _in(m, L), (bP * k + j) * L + m == bP * (k * L) + i)))
+    obligations.append(("all_gather: value, source rank and bounds", hyps,
+                        z3.And(_in(j, k), _in(m, L), (bP * k + j) * L + m == bP * (k * L) + i)))
 
     # all_to_all(d1 -> d2, A): before d1 (bP1·k + a, L1), d2 (bP2, L2 = k·C); after d1 (bP1, k·L1),
     # d2 (bP2·k + r, C). The lowered all-to-all sends chunk j of d2 to rank j and puts the sender's rank
@@ -91,7 +93,7 @@ def symbolic_rules() -> list[dict]:
     bP1, bP2, p1, p2, L1, C, i1, i2 = z3.Ints("bP1 bP2 p1 p2 L1 C i1 i2")
     j, m, dm = _divmod(i1, L1, "a2a")
     hyps = _pos(p1, p2, k, L1, C) + [_in(bP1, p1), _in(bP2, p2), _in(r, k), _in(i1, k * L1), _in(i2, C)] + dm
-    out.append(_prove("all_to_all: value on both dims and bounds", hyps, z3.And(
+    obligations.append(("all_to_all: value on both dims and bounds", hyps, z3.And(
         _in(j, k), _in(m, L1), _in(i2 + r * C, k * C),
         (bP1 * k + j) * L1 + m == bP1 * (k * L1) + i1,
         bP2 * (k * C) + i2 + r * C == (bP2 * k + r) * C + i2)))
@@ -101,19 +103,19 @@ def symbolic_rules() -> list[dict]:
     # summand), so the contributors are one summand per A-coordinate (j ↦ j), all at the same global index.
     jj = z3.Int("j")
     hyps = _pos(p, k, La) + [_in(bP, p), _in(r, k), _in(i, La), _in(jj, k)]
-    out.append(_prove("reduce_scatter: every member's contribution is at the right global index", hyps,
-                      z3.And(_in(i + r * La, k * La), bP * (k * La) + i + r * La == (bP * k + r) * La + i)))
+    obligations.append(("reduce_scatter: every member's contribution is at the right global index", hyps,
+                        z3.And(_in(i + r * La, k * La), bP * (k * La) + i + r * La == (bP * k + r) * La + i)))
     # all_reduce(A): same index on every member; summand of member j is j: a bijection onto [0, k)
     hyps = _pos(p, k, L) + [_in(bP, p), _in(i, L), _in(jj, k)]
-    out.append(_prove("all_reduce: every member's contribution is at the right global index", hyps,
-                      bP * L + i == bP * L + i))
+    obligations.append(("all_reduce: every member's contribution is at the right global index", hyps,
+                        bP * L + i == bP * L + i))
     # permute: the source holds, under the type before, the block the receiver needs under the type after
     # (equal block indices, equal local sizes, equal summand coordinates), so indices agree.
     bIn, bOut = z3.Ints("bIn bOut")
     hyps = _pos(L) + [_in(i, L), bIn == bOut]
-    out.append(_prove("permute: same block and local size gives the same element", hyps,
-                      bIn * L + i == bOut * L + i))
-    return out
+    obligations.append(("permute: same block and local size gives the same element", hyps,
+                        bIn * L + i == bOut * L + i))
+    return [_prove(*o) for o in progress(obligations, desc="step rules, symbolic")]
 
 
 def concrete_rules(n_pairs: int = 400, seed: int = 1) -> dict:
@@ -128,7 +130,7 @@ def concrete_rules(n_pairs: int = 400, seed: int = 1) -> dict:
     by_kind: dict[str, int] = {}
     failures, synth_errors = [], []
     t0 = time.perf_counter()
-    for _ in range(n_pairs):
+    for _ in progress(range(n_pairs), desc="step rules, each step alone", unit="plan"):
         mesh = draw_mesh(draw, max_axes=4, max_devices=16)
         src, dst = draw_pair(draw, mesh, partial=0.5, sub_axes=0.3)
         try:

@@ -7,6 +7,8 @@
     out = redist.execute(plan, redist.shard(src, array))
 """
 
+__version__ = "0.1.0"  # the one place the version is written: pyproject.toml reads it (tool.setuptools.dynamic)
+
 from redist.bounds import lower_bound_bytes
 from redist.data import shard, unshard
 from redist.errors import ShardingError

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from redist.axes import check_factorization, remove_axes
 from redist.blocks import box_size, local_box, missing_elements
-from redist.cost import as_topology
 from redist.errors import ShardingError, shown
 from redist.types import ShardingType
 
@@ -14,9 +13,10 @@ def lower_bound_bytes(src: ShardingType, dst: ShardingType) -> int:
 
     ``S_d`` and ``T_d`` are the elements device ``d`` holds before and after (padding is not an element).
     For partial types an element is an (index, summand) pair, and a device keeps its own summand coordinates:
-    with the same partial axes on both sides the formula is unchanged. When partial axes are reduced (over a
-    group of two or more devices), every element a device ends with needs at least one value from another
-    device, so the bound is ``max_d |T_d| · itemsize``. No plan can receive less.
+    with the same partial axes on both sides the formula is unchanged (between two device orders a device may
+    have to take another summand, so a plan may not reach the bound there, but it still holds). When partial
+    axes are reduced (over a group of two or more devices), every element a device ends with needs at least
+    one value from another device, so the bound is ``max_d |T_d| · itemsize``. No plan can receive less.
     """
     check_pair(src, dst)
     mesh = src.mesh
@@ -26,15 +26,17 @@ def lower_bound_bytes(src: ShardingType, dst: ShardingType) -> int:
     return max(missing_elements(src, dst, d) for d in range(mesh.size)) * dst.itemsize
 
 
-def check_pair(src: ShardingType, dst: ShardingType, topology=None) -> None:
-    """Raise :class:`ShardingError` unless ``dst`` is a possible redistribution target of ``src`` and
-    ``topology`` a valid ``topology=`` argument on their mesh (:func:`redist.cost.as_topology`)."""
+def check_pair(src: ShardingType, dst: ShardingType) -> None:
+    """Raise :class:`ShardingError` unless ``dst`` is a possible redistribution target of ``src``: the same mesh
+    axes (the device orders may differ), shape and dtype, sub-axes that fit one factorization of each axis,
+    the same reduction kind where both are partial, and pending axes that the source has too."""
     for what, t in (("source", src), ("destination", dst)):
         if not isinstance(t, ShardingType):
             raise ShardingError(f"the {what} must be a redist.ShardingType (e.g. ShardingType.parse('f32[8{{x}}]', "
                                 f"mesh)), got {type(t).__name__} {shown(t)}")
-    if src.mesh != dst.mesh:
-        raise ShardingError(f"source and destination are on different meshes ({src.mesh} and {dst.mesh})")
+    if not src.mesh.same_axes(dst.mesh):
+        raise ShardingError(f"source and destination are on different meshes ({src.mesh} and {dst.mesh}); only "
+                            "the device order may differ")
     if src.shape != dst.shape:
         raise ShardingError(f"source shape {list(src.shape)} differs from destination shape {list(dst.shape)}")
     if src.dtype != dst.dtype:
@@ -48,11 +50,12 @@ def check_pair(src: ShardingType, dst: ShardingType, topology=None) -> None:
             check_factorization(name, axes)
         except ShardingError as e:
             raise ShardingError(f"source {src} and destination {dst}: {e}") from None
+    if src.partial and dst.partial and src.reduction != dst.reduction:
+        raise ShardingError(f"source {src} is a pending {src.reduction} but destination {dst} a pending "
+                            f"{dst.reduction}: a redistribution cannot convert between reduction kinds")
     if remove_axes(src.partial, dst.partial) is None:
         extra = [a for a in dst.partial if remove_axes(src.partial, (a,)) is None]
         raise ShardingError(
             f"destination {dst} is partial over {{{','.join(extra)}}} but the source {src} is not: "
             "a redistribution can only reduce pending sums, not create them"
         )
-    if topology is not None:
-        as_topology(topology, src.mesh)

@@ -11,7 +11,9 @@ The rule: data is converted to the type's dtype only when no value can change.
   type into one whose range holds it (``i8`` into ``i32``, ``u8`` into ``i16``); an integer type into a
   float type that holds all of its integers (``i8``/``u8`` into ``f16`` or ``bf16``, ``i16`` into ``f32``,
   ``i32``/``u32`` into ``f64``); a float type into one of at least its precision and range (``f16`` or
-  ``bf16`` into ``f32``, ``f32`` into ``f64``). The check reads dtypes, not the values at hand, so whether a
+  ``bf16`` into ``f32``, ``f32`` into ``f64``); a real or complex type into a complex one whose real and
+  imaginary parts each hold it (``c64`` into ``c128``, ``f32`` or ``i16`` into ``c64``, ``f64`` into
+  ``c128``, but not ``f64`` into ``c64``). The check reads dtypes, not the values at hand, so whether a
   call is accepted never depends on the data: ``f64`` into ``f32``, ``i64`` into ``i32``, ``i32`` into
   ``f32``, ``i64`` into ``f64`` (which numpy calls "safe") and complex into real are refused even where
   today's values would fit.

@@ -1,56 +1,111 @@
-"""Command line: ``redist plan SRC DST --mesh x=2,y=4`` prints a plan; ``redist demo`` runs the demo.
+"""redist: synthesize memory-bounded redistribution plans, prove them with Z3, run them.
 
-Every error (a usage error, bad input, or a failure inside) is one line on stderr, ``redist: error: ...``, and
-exit status 2; never a traceback.
+    redist plan SRC DST --mesh x=2,y=4 [--topology NAME] [--json | --program]
+    redist verify SRC DST --mesh x=2,y=4 [--topology NAME] [--claim TYPE] [--timeout SECONDS]
+    redist verify --plan FILE [--claim TYPE] [--timeout SECONDS]
+    redist demo [--backends numpy,jax,mpi]
+
+'plan --json' writes a plan file that 'verify --plan' reads back ('-' reads standard input), so a plan can
+be computed once, checked in, reviewed and verified again.
+
+Exit status: 0 done ('verify': proved), 1 'verify' refuted (or a demo check failed), 2 a usage error or bad
+input, 3 'verify' undecided ('--timeout' ran out). Every error is one line on stderr, 'redist: error: ...';
+never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import sys
 
 from redist.bounds import lower_bound_bytes
+from redist.cost import plan_time
 from redist.errors import ShardingError
 from redist.mesh import Mesh
+from redist.plan import Plan
+from redist.plan_file import file_text
 from redist.synthesis import synthesize
 from redist.types import ShardingType
+from redist.verify import verify
 
-
-def _plan_report(plan, lower_bound: int) -> dict:
-    bound = max(plan.src.local_bytes, plan.dst.local_bytes)
-    return {
-        **plan.to_dict(),
-        "memory_bound_bytes": bound,
-        "lower_bound_bytes": lower_bound,
-        "program": [str(ins) for ins in plan.program.instructions],
-    }
+EXIT_STATUS = {"proved": 0, "refuted": 1, "undecided": 3}
 
 
 def cmd_plan(args) -> int:
-    mesh = Mesh.parse(args.mesh)
-    src = ShardingType.parse(args.src, mesh)
-    dst = ShardingType.parse(args.dst, mesh)
-    plan = synthesize(src, dst)
-    lb = lower_bound_bytes(src, dst)
+    if args.json and args.program:
+        raise _UsageError("redist plan: error: --json writes a plan file, which holds no program; "
+                          "use --program without --json to see the program")
+    plan = _synthesize(args)
     if args.json:
-        print(json.dumps(_plan_report(plan, lb), indent=2))
+        sys.stdout.write(file_text(plan))
         return 0
-    bound = max(src.local_bytes, dst.local_bytes)
-    print(f"mesh {mesh}")
+    print(f"mesh {plan.src.mesh}")
     print(plan)
-    print(f"peak memory     {plan.peak_bytes} B per device (bound max(src, dst) = {bound} B)")
-    ratio = f"{plan.bytes_received / lb:.3f}x" if lb else ("exact" if plan.bytes_received == 0 else "n/a")
-    print(f"bytes received  {plan.bytes_received} B per device (lower bound {lb} B, {ratio})")
+    _print_figures(plan, args.topology)
     if args.program:
         print(plan.program)
     return 0
+
+
+def cmd_verify(args) -> int:
+    if args.plan is not None:
+        if args.src is not None or args.mesh is not None or args.topology is not None:
+            raise _UsageError("redist verify: error: give either SRC DST --mesh MESH [--topology NAME] or "
+                              "--plan FILE, not both (a plan file names its own mesh)")
+        plan = _read_plan_file(args.plan)
+    elif args.dst is None or args.mesh is None:
+        raise _UsageError("redist verify: error: give SRC DST --mesh MESH, or --plan FILE")
+    else:
+        plan = _synthesize(args)
+    claim_type = None
+    if args.claim is not None:
+        try:
+            claim_type = ShardingType.parse(args.claim, plan.src.mesh)
+        except ShardingError as e:
+            raise ShardingError(f"--claim: {e}") from None
+    verdict = verify(plan, claim_type, timeout_s=args.timeout)
+    print(f"mesh {plan.src.mesh}")
+    print(plan)
+    claim = f" the claim {args.claim}" if args.claim is not None else ""
+    print(f"verify: {verdict.status}{claim} in {verdict.seconds:.2f} s")
+    print(f"  {verdict.reason}")
+    if verdict.counterexample is not None:
+        print("counterexample: " + ", ".join(f"{k} {v}" for k, v in verdict.counterexample.items()))
+    return EXIT_STATUS[verdict.status]
 
 
 def cmd_demo(args) -> int:
     from redist.demo import main as demo_main
 
     return demo_main(backends=args.backends)
+
+
+def _synthesize(args) -> Plan:
+    mesh = Mesh.parse(args.mesh)
+    return synthesize(ShardingType.parse(args.src, mesh), ShardingType.parse(args.dst, mesh), topology=args.topology)
+
+
+def _read_plan_file(path: str) -> Plan:
+    try:
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ShardingError(f"cannot read the plan file {path!r}: {e}") from None
+    return Plan.from_json(text)
+
+
+def _print_figures(plan: Plan, topology: str | None) -> None:
+    bound = max(plan.src.local_bytes, plan.dst.local_bytes)
+    lb = lower_bound_bytes(plan.src, plan.dst)
+    print(f"peak memory     {plan.peak_bytes} B per device (bound max(src, dst) = {bound} B)")
+    ratio = f"{plan.bytes_received / lb:.3f}x" if lb else ("exact" if plan.bytes_received == 0 else "n/a")
+    print(f"bytes received  {plan.bytes_received} B per device (lower bound {lb} B, {ratio})")
+    if topology is not None:
+        print(f"modeled time    {plan_time(plan, topology) * 1e6:.1f} us on {topology}")
 
 
 class _UsageError(Exception):
@@ -69,15 +124,15 @@ def _one_line(text: str) -> str:
 
 
 def main(argv=None) -> int:
-    """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status (0 done, 1 a demo
-    check failed, 2 an error, reported in one line on stderr)."""
+    """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status of the module
+    docstring. Errors are reported in one line on stderr."""
     parser = _build_parser()
     try:
         args = parser.parse_args(argv)
         return args.func(args)
     except _UsageError as e:
         print(_one_line(e), file=sys.stderr)
-    except ShardingError as e:
+    except (ShardingError, ImportError) as e:  # bad input, or a missing extra (the message names it)
         print(f"redist: error: {_one_line(e)}", file=sys.stderr)
     except KeyboardInterrupt:
         print("redist: interrupted", file=sys.stderr)
@@ -87,16 +142,42 @@ def main(argv=None) -> int:
     return 2
 
 
+def _seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise argparse.ArgumentTypeError(f"not a number of seconds > 0: {text!r}")
+    return seconds
+
+
 def _build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="redist", description=__doc__)
+    # The module docstring is the --help text, hence plain text (SPEC 6 states the contract).
+    parser = _Parser(prog="redist", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
+    topology = dict(metavar="NAME", help="choose the fastest plan under this cost model preset (tpu-v4, nvlink-8, "
+                                         "2x8-nodes, cpu-host) instead of the one that receives the fewest bytes")
     p = sub.add_parser("plan", help="synthesize and print a redistribution plan")
     p.add_argument("src", help="source type, e.g. 'f32[1024{x}, 512]'")
     p.add_argument("dst", help="destination type, e.g. 'f32[1024, 512{x}]'")
     p.add_argument("--mesh", required=True, help="mesh axes, e.g. x=2,y=4")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--topology", **topology)
+    p.add_argument("--json", action="store_true", help="print the plan as a plan file (redist verify --plan reads it)")
     p.add_argument("--program", action="store_true", help="also print the lowered buffer program")
     p.set_defaults(func=cmd_plan)
+    v = sub.add_parser("verify", help="prove a plan correct with Z3 (exit 0 proved, 1 refuted, 3 undecided)",
+                       description="Synthesize SRC -> DST on --mesh, or read --plan FILE, and prove its lowered "
+                                   "program correct. Exit status 0 proved, 1 refuted, 2 usage, 3 undecided.")
+    v.add_argument("src", nargs="?", help="source type (with DST and --mesh)")
+    v.add_argument("dst", nargs="?", help="destination type")
+    v.add_argument("--mesh", help="mesh axes, e.g. x=2,y=4")
+    v.add_argument("--topology", **topology)
+    v.add_argument("--plan", metavar="FILE", help="verify a plan file written by 'redist plan --json' (- for stdin)")
+    v.add_argument("--claim", metavar="TYPE", help="check the claim that the plan turns its source into TYPE "
+                                                   "instead; a false claim is refuted with a counterexample")
+    v.add_argument("--timeout", type=_seconds, metavar="SECONDS", help="give up after this long (exit 3)")
+    v.set_defaults(func=cmd_verify)
     d = sub.add_parser("demo", help="plan, verify and run classic reshards on every backend")
     d.add_argument("--backends", default="numpy,jax,mpi", help="comma-separated: numpy,jax,mpi")
     d.set_defaults(func=cmd_demo)

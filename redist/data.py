@@ -9,7 +9,7 @@ import numpy as np
 
 from redist.buffers import as_array, device_buffers
 from redist.errors import ShardingError, shown
-from redist.types import ShardingType
+from redist.types import REDUCERS, ShardingType
 
 
 def shard(t: ShardingType, global_array) -> list[np.ndarray]:
@@ -41,56 +41,101 @@ def _check_type(t, where: str) -> None:
 
 
 def summands(t: ShardingType, value, rng: np.random.Generator, low: int = -4, high: int = 5) -> list[np.ndarray]:
-    """Per-device buffers of ``t`` whose partial-group sums are ``value``'s blocks (``shard`` for a type
-    without partial axes).
+    """Per-device buffers of ``t`` whose partial-group reductions (``t.reduction``) are ``value``'s blocks
+    (``shard`` for a type without partial axes).
 
-    Every group of devices that differ only in the partial axes gets its own random integer summands in
-    ``[low, high)`` (padding too), and its first member the remainder, so float sums of integer values are
-    exact; test data that catches a plan which drops, doubles or mixes summands (any summands whose group sums
-    are right must give the right result). For ``bool``, whose sum is a logical or, the summands are random
-    bits where the value is true (the first member's set wherever no other member's is) and false elsewhere.
+    Test data that catches a plan which drops, doubles or mixes summands (any summands whose group reductions
+    are right must give the right result): every group of devices that differ only in the partial axes gets
+    its own random summands, exact in the dtype (padding too):
+
+    - sum: random integers in ``[low, high)``, the first member the remainder (so float sums are exact); for
+      ``bool``, whose sum is a logical or, random bits where the value is true (the first member's set
+      wherever no other member's is) and false elsewhere;
+    - max (min): random integers in ``[low, high)`` no larger (smaller) than the value, and at each element
+      a random member holds the value itself (for ``bool``: random bits under the value);
+    - prod: the other members random units (``±1``; ``1`` for unsigned integers; ``±1, ±1j`` for complex),
+      real and complex floats times a power of two with the powers cancelling out (``2`` on one member,
+      ``0.5`` on another), and the first member the quotient, exact; for ``bool`` (logical and) as min.
     """
     whole = shard(t.replace(partial=()), value)
     if not t.partial:
         return whole
     bufs = [random_array(rng, x.shape, x.dtype, low, high) for x in whole]
-    if t.dtype == "bool":
-        for group in t.mesh.groups(t.partial):
-            value_bits = whole[group[0]]
-            for d in group[1:]:
-                bufs[d] = bufs[d] & value_bits
-            rest = np.logical_or.reduce([bufs[d] for d in group[1:]]) if group[1:] else np.zeros_like(value_bits)
-            bufs[group[0]] = value_bits & (~rest | bufs[group[0]])
-        return [np.asarray(b) for b in bufs]
+    kind = "min" if t.dtype == "bool" and t.reduction == "prod" else t.reduction
     for group in t.mesh.groups(t.partial):
-        rest = sum((bufs[d] for d in group[1:]), np.zeros_like(whole[group[0]]))
-        bufs[group[0]] = np.asarray(whole[group[0]] - rest).astype(whole[group[0]].dtype)
+        members = _GROUP_SUMMANDS[kind]([bufs[d] for d in group], whole[group[0]], rng)
+        for d, b in zip(group, members):
+            bufs[d] = np.asarray(b).astype(t.np_dtype)
     return bufs
 
 
+def _sum_summands(members, value, rng):
+    """Summands of ``value`` by addition (see :func:`summands`), from the random ``members``."""
+    if value.dtype == np.bool_:
+        members = [members[0]] + [m & value for m in members[1:]]
+        rest = np.logical_or.reduce(members[1:]) if members[1:] else np.zeros_like(value)
+        return [value & (~rest | members[0])] + members[1:]
+    rest = sum(members[1:], np.zeros_like(value))
+    return [value - rest] + members[1:]
+
+
+def _extreme_summands(bound, members, value, rng):
+    """Members bounded by ``value`` through ``bound`` (``np.minimum`` for a max, ``np.maximum`` for a min),
+    and at each element a random member equal to ``value``."""
+    holder = rng.integers(0, len(members), size=value.shape)
+    return [np.where(holder == r, value, bound(m, value)) for r, m in enumerate(members)]
+
+
+def _prod_summands(members, value, rng):
+    """Members whose product is ``value``: random units (and cancelling powers of two for floats) on all but
+    the first, the quotient on the first."""
+    kind = value.dtype.kind if value.dtype.kind in "biufc" else "f"  # bf16 (ml_dtypes) is a float of kind "V"
+    units = ([1, -1, 1j, -1j] if kind == "c" else [1] if kind == "u" else [1, -1])
+    others = [rng.choice(units, size=value.shape) for _ in members[1:]]
+    if kind in "fc":  # a power of two on some member, its inverse on another: the product stays a unit
+        scales = np.ones(len(others))
+        pairs = rng.permutation(len(others))
+        scales[pairs[: len(others) // 2 * 2: 2]], scales[pairs[1: len(others) // 2 * 2: 2]] = 2.0, 0.5
+        others = [o * s for o, s in zip(others, scales)]
+    product = np.prod(others, axis=0) if others else np.ones(value.shape)
+    first = value.astype(np.complex128 if kind == "c" else np.float64) / product if kind in "fc" else \
+        value * product.astype(value.dtype)
+    return [first] + [o.real if kind != "c" else o for o in others]
+
+
+_GROUP_SUMMANDS = {
+    "sum": _sum_summands,
+    "max": lambda members, value, rng: _extreme_summands(np.minimum, members, value, rng),
+    "min": lambda members, value, rng: _extreme_summands(np.maximum, members, value, rng),
+    "prod": _prod_summands,
+}
+
+
 def unshard(t: ShardingType, shards) -> np.ndarray:
-    """The global array that per-device ``shards`` of type ``t`` represent; partial axes are summed.
+    """The global array that per-device ``shards`` of type ``t`` represent; partial axes are reduced by
+    ``t.reduction`` (:data:`redist.types.REDUCERS`).
 
     Only the data part of each buffer is read (padding is not). Each group of devices that differ only in the
-    partial axes contributes the sum of its buffers to its block. Replicas must agree: if two groups that hold
-    the same block disagree, this raises :class:`ShardingError` rather than pick one. The shards are taken
-    as :func:`redist.buffers.device_buffers` takes them (one per device, ``t.local_shape``, ``t``'s dtype or
-    one that converts without loss), else :class:`ShardingError`.
+    partial axes contributes the reduction of its buffers (in rank order) to its block. Replicas must agree:
+    if two groups that hold the same block disagree, this raises :class:`ShardingError` rather than pick
+    one. The shards are taken as :func:`redist.buffers.device_buffers` takes them (one per device,
+    ``t.local_shape``, ``t``'s dtype or one that converts without loss), else :class:`ShardingError`.
     """
     _check_type(t, "unshard")
     mesh = t.mesh
     shards = device_buffers(shards, mesh.size, t.local_shape, t.np_dtype)
     out = np.zeros(t.shape, dtype=t.np_dtype)
     seen: dict = {}
+    reduce = REDUCERS[t.reduction]
     for group in mesh.groups(t.partial):
         total = shards[group[0]]
         for d in group[1:]:
-            total = (total + shards[d]).astype(t.np_dtype)
+            total = reduce(total, shards[d]).astype(t.np_dtype)
         box = t.local_box(group[0])
         total = total[t.data_box(group[0])]
         key = tuple((s.start, s.stop) for s in box)
         if key in seen:
-            if not np.array_equal(seen[key], total, equal_nan=total.dtype.kind == "f"):
+            if not np.array_equal(seen[key], total, equal_nan=total.dtype.kind in "fc"):
                 raise ShardingError(f"devices disagree on replicated block {box} of {t} (device {group[0]})")
             continue
         seen[key] = total
@@ -119,13 +164,18 @@ def random_array(rng: np.random.Generator, shape, dtype, low: int = -20, high: i
     """For tests: a random array of ``shape`` and ``dtype`` that the dtype holds exactly, so that sums of it
     are exact: random bits for ``bool``; else integers in ``[low, high)``, or with ``distinct`` the integers
     ``1 … N`` in random order (every element different wherever the dtype holds ``N`` exactly, so that a
-    misplaced element shows)."""
+    misplaced element shows). Complex arrays have such integers as their real part and random integers in
+    ``[low, high)`` as their imaginary part."""
     dtype = np.dtype(dtype)
     if dtype.kind == "b":
         return np.asarray(rng.random(shape) < 0.5)
     if distinct:
-        return (rng.permutation(math.prod(shape)) + 1).reshape(shape).astype(dtype)
-    return np.asarray(rng.integers(low, high, size=shape)).astype(dtype)
+        real = (rng.permutation(math.prod(shape)) + 1).reshape(shape)
+    else:
+        real = np.asarray(rng.integers(low, high, size=shape))
+    if dtype.kind == "c":
+        return (real + 1j * rng.integers(low, high, size=shape)).astype(dtype)
+    return real.astype(dtype)
 
 
 def poisoned_source(t: ShardingType, rng: np.random.Generator, low: int = -20, high: int = 20,

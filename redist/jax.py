@@ -1,177 +1,238 @@
-"""The JAX entry point: reshard a ``jax.Array`` by a synthesized plan, run as ``jax.shard_map`` collectives
-(SPEC section 5).
+"""The JAX entry point: :func:`reshard`, ``jax.device_put(x, sharding)`` for sharded data, with the arrays moved
+by synthesized plans (SPEC section 5).
 
     y = redist.jax.reshard(x, NamedSharding(mesh, P(None, ("x", "y"))))
+    with jax.set_mesh(mesh):
+        params = redist.jax.reshard(params, P(None, "model"))        # one spec for every leaf
+    params = redist.jax.reshard(params, shardings, donate=True)       # a pytree of shardings; inputs deleted
 
-:func:`reshard` reads the layouts, plans (:func:`redist.synthesize`) and runs the plan's program with the
-JAX interpreter, :mod:`redist.backends.jax_backend`, whose names this module re-exports
-(:func:`run_program`, :func:`run_on_buffers`, :func:`refine_mesh`, …); device order, sub-axes and group
-order are described there.
+Arguments follow ``jax.device_put``'s rules: ``x`` is any pytree; ``sharding`` (and ``src``) is one
+``NamedSharding`` or ``PartitionSpec`` for every leaf, or a pytree prefix of ``x`` of them (``None``: leave the
+leaf as ``jax.device_put(leaf)`` leaves it); a ``PartitionSpec`` is taken on the context mesh of
+``jax.set_mesh``. Every array of a call that already lies on the mesh moves in one jitted program (one
+dispatch); host data, Python scalars and single-device arrays are placed as ``jax.device_put`` places them.
+
+Which program moves each array (redist's plan or XLA's own resharding, by a documented rule), the cache of
+programs and how sub-axis plans meet ``jax.set_mesh`` are in :mod:`redist.jax_programs`; the JAX interpreter
+of plans is :mod:`redist.backends.jax_backend`, whose names this module re-exports (:func:`run_program`,
+:func:`run_on_buffers`, :func:`refine_mesh`, …). ``logging.getLogger("redist")`` says at DEBUG, for each call,
+which plan every array took and whether the program came from the cache.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
-from typing import Mapping
+import contextlib
+import logging
+import numbers
+import warnings
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jax import lax
-from jax.sharding import NamedSharding, PartitionSpec
 
-from redist.backends import interpreter
-from redist.backends.jax_backend import (JaxBackend, in_dtype, redist_mesh, refine_mesh, refined_axis_names,
-                                         run_on_buffers, run_program)
+from redist.extras import missing_extra
+
+try:
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+except ModuleNotFoundError as e:
+    raise missing_extra(e, "redist.jax", "jax") from e
+
+from redist import jax_programs as programs
+from redist.backends.jax_backend import in_dtype, redist_mesh, refine_mesh, refined_axis_names, run_on_buffers, \
+    run_program
 from redist.buffers import describe
 from redist.errors import ShardingError
-from redist.mesh import Mesh
-from redist.synthesis import synthesize
-from redist.types import ShardingType
+from redist.jax_programs import clear_cache, sharding_type
 
-__all__ = ["reshard", "run_program", "run_on_buffers", "in_dtype", "refined_axis_names", "refine_mesh",
-           "redist_mesh", "sharding_type"]
+__all__ = ["reshard", "lower", "clear_cache", "run_program", "run_on_buffers", "in_dtype", "refined_axis_names",
+           "refine_mesh", "redist_mesh", "sharding_type"]
 
-
-def _spec(dims, names: Mapping[str, tuple[str, ...]]) -> PartitionSpec:
-    """The PartitionSpec on the refined mesh of per-dim token lists."""
-    out = []
-    for d in dims:
-        axes = tuple(a for tok in d for a in names[tok])
-        out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
-    return PartitionSpec(*out)
+_log = logging.getLogger("redist")
 
 
-# ---------------------------------------------------------------------- reshard
-def sharding_type(shape, dtype, sharding, mesh: Mesh | None = None) -> ShardingType:
-    """The redist type of an array of ``shape``/``dtype`` laid out by a ``NamedSharding``.
+def reshard(x, sharding, *, src=None, donate=False):
+    """Return ``x`` laid out as ``sharding``: ``jax.device_put(x, sharding, donate=donate)`` with every array
+    that lies on the mesh moved by a synthesized plan (or XLA's own resharding where the plan has nothing to
+    add; the rule is in :mod:`redist.jax_programs`) on the devices, never through the host.
 
-    Missing spec entries and ``None`` or ``UNCONSTRAINED`` entries replicate; unreduced axes are rejected.
+    ``x``: a pytree of ``jax.Array`` s laid out by a ``NamedSharding`` (or tracers, under ``jax.jit`` or
+    ``jax.grad``), numpy arrays and scalars. ``sharding``: a ``NamedSharding`` or a ``PartitionSpec`` (on the
+    context mesh of ``jax.set_mesh``) for every leaf, or a pytree prefix of ``x`` of them; a ``None`` there
+    leaves its leaves as ``jax.device_put(leaf)`` does. The result has ``x``'s structure, and each array its
+    target sharding (``UNCONSTRAINED`` spec entries read as replicated and come back as ``None``; under
+    ``jax.jit`` JAX may drop trailing ``None`` entries, an equivalent sharding).
+
+    Eagerly, all the arrays that lie on a mesh move in one compiled program, cached per call signature (each
+    array's shape, dtype, source and target sharding, and ``donate``): a second call on new arrays of the same
+    types only dispatches. An array whose sharding already is the target is returned as it is (unless
+    donated). Host data (numpy arrays and scalars, Python numbers) and arrays on a single device are placed as
+    ``jax.device_put`` places them; a numpy array keeps its dtype (a float64 array stays float64 with JAX's
+    x64 mode off), and so does every JAX array.
+
+    ``donate=True`` donates the input arrays to the program and deletes every input array afterwards
+    (``x.is_deleted()``), also where XLA did not reuse a buffer (its CPU client never does). Under a trace
+    (``jax.jit``, ``jax.grad``) ``donate`` is ignored: donation is then the enclosing ``jax.jit``'s
+    ``donate_argnums``.
+
+    Under a trace the source layout of a tracer is read from ``jax.typeof(x).sharding`` when every mesh axis
+    is ``Explicit``. With ``Auto`` axes (``jax.sharding.Mesh``'s default) it is not known while tracing: pass
+    it as ``src`` (like ``sharding``: one ``NamedSharding``/``PartitionSpec`` or a pytree prefix of them); if
+    the real layout differs, XLA moves the data to ``src`` first (correct, but not by redist's plan). Eagerly,
+    ``src`` must agree with the arrays' shardings.
+
+    Device order: an array's mesh and its target's may hold the same devices in different orders (the same
+    axes; ``jax.make_mesh`` and a hand-made device array, say): the plan then moves blocks between the two
+    orders (SPEC 1, :func:`redist.synthesize`): it runs on every device's buffer, in a program of its own,
+    and the result's buffers become the target-sharded array where they are. Only eagerly: JAX compiles a
+    computation for one device order (it refuses arguments and constraints on another inside ``jax.jit``),
+    so under a trace such a reshard raises :class:`ShardingError`.
+
+    Raises :class:`ShardingError`, naming the leaf, if ``sharding`` or ``src`` is not a tree prefix of ``x``
+    or holds something else than the above, a ``PartitionSpec`` has no context mesh, an array's source
+    layout is unknown or on another mesh than its target (other than in device order, eagerly), the shape
+    does not fit a sharding (an unknown axis, too many spec entries, a dim that does not divide), a leaf
+    cannot be placed, or an input array was deleted (donated before).
     """
-    if not isinstance(sharding, NamedSharding):
-        raise ShardingError(f"redist.jax needs a NamedSharding, got {type(sharding).__name__}: {sharding}")
-    spec = sharding.spec
-    if getattr(spec, "unreduced", None) or getattr(spec, "reduced", None):
-        raise ShardingError(f"partition spec {spec} has unreduced/reduced axes; redist.jax does not take them")
-    entries = tuple(None if e is PartitionSpec.UNCONSTRAINED else e for e in spec)
-    return ShardingType.from_partition_spec(
-        tuple(shape), dtype, entries, mesh if mesh is not None else redist_mesh(sharding.mesh))
+    if not isinstance(donate, bool):
+        raise ShardingError(f"donate must be True or False, got {describe(donate)}")
+    leaves, treedef = jax.tree.flatten(x)
+    targets = _per_leaf(sharding, treedef, "sharding")
+    sources = _per_leaf(src, treedef, "src")
+    if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+        out = _traced(x, leaves, targets, sources)
+    else:
+        call = _Call(x, leaves, targets, sources, donate)
+        out = call.run()
+    return jax.tree.unflatten(treedef, out)
 
 
-def _check_even(t: ShardingType, which: str) -> None:
-    """JAX lays out a ``NamedSharding`` only on dims its blocks divide (shards are not padded), and
-    ``jax.shard_map`` likewise: raise for an uneven dim of ``t``, naming it and its axes."""
-    for i, (n, axes) in enumerate(zip(t.shape, t.dims)):
-        if not t.is_even(i):
-            raise ShardingError(
-                f"{which}: dim {i} (size {n}) does not divide into its {t.blocks(i)} blocks over "
-                f"{{{','.join(axes)}}}; JAX shards only even dims, so reshard needs them (uneven layouts run on "
-                "padded per-device buffers with redist.jax.run_on_buffers)")
+def lower(x, sharding, *, src=None, donate=False) -> jax.stages.Lowered:
+    """The program that :func:`reshard` runs for the arrays of ``x`` that lie on a mesh, lowered for them
+    (``jax.stages.Lowered``: ``.compile().memory_analysis()``, ``.as_text()``); arrays that move between two
+    device orders run apart and are not in it. Nothing runs and nothing is placed. Raises
+    :class:`ShardingError` as :func:`reshard` does, or if no array of ``x`` needs a program."""
+    if not isinstance(donate, bool):
+        raise ShardingError(f"donate must be True or False, got {describe(donate)}")
+    leaves, treedef = jax.tree.flatten(x)
+    call = _Call(x, leaves, _per_leaf(sharding, treedef, "sharding"), _per_leaf(src, treedef, "src"), donate)
+    return call.lower()
 
 
-def _same_mesh(a, b) -> bool:
-    """Equal meshes; a traced array may only carry the abstract mesh, which is then compared."""
-    if a == b:
-        return True
-    abstract = (jax.sharding.AbstractMesh,)
-    if isinstance(a, abstract) or isinstance(b, abstract):
-        return getattr(a, "abstract_mesh", a) == getattr(b, "abstract_mesh", b)
-    return False
+# ---------------------------------------------------------------------- arguments
+def _per_leaf(spec, treedef, what: str) -> list:
+    """``spec`` (one ``NamedSharding``, ``PartitionSpec`` or None, or a pytree prefix of the tree ``treedef``
+    of them) broadcast to one entry per leaf, as ``jax.device_put`` broadcasts its ``device`` and ``src``; a
+    ``PartitionSpec`` given as the target is read on the context mesh. ``what`` names the argument."""
+    if spec is None or isinstance(spec, (jax.sharding.Sharding, PartitionSpec)):
+        return [_entry(spec, what)] * treedef.num_leaves
+    out = [None] * treedef.num_leaves
 
+    def put(s, subtree):
+        s = _entry(s, what)
+        for i in jax.tree.leaves(subtree):
+            out[i] = s
 
-def reshard(x, sharding, *, src=None):
-    """Return ``x`` laid out as ``sharding`` (a ``NamedSharding``), moved by a synthesized plan.
-
-    ``x`` is a ``jax.Array`` with a ``NamedSharding`` on the same mesh, or a tracer under ``jax.jit``. The plan
-    runs as ``jax.shard_map`` collectives on the devices; nothing goes through the host. The result's
-    ``.sharding`` is ``sharding`` (``UNCONSTRAINED`` spec entries are taken as replicated and come back as
-    ``None``; under ``jax.jit`` JAX may drop trailing ``None`` entries, an equivalent sharding).
-
-    Under ``jax.jit`` a tracer has no ``.sharding``; the source layout is taken from
-    ``jax.typeof(x).sharding`` when every mesh axis is ``Explicit``. With ``Auto`` axes (JAX's default)
-    the layout is not known while tracing, so pass it as ``src`` (a ``NamedSharding`` or ``PartitionSpec``);
-    if the real layout differs, XLA moves the data to ``src`` first (correct, but not by redist's plan).
-    Limitation: under ``jax.jit`` inside a ``jax.set_mesh`` context, a plan that needs sub-axes fails in JAX
-    (the refined mesh is not the context mesh); outside such a context, and eagerly, it works.
-
-    The result has ``x``'s dtype: a 64-bit array (made under JAX's x64 mode) stays 64-bit even where x64 is
-    off for this call.
-
-    Raises :class:`ShardingError` if ``x`` is no JAX array, ``sharding`` (or ``x``'s sharding) is not a
-    ``NamedSharding``, the meshes differ, or the shape does not fit the shardings (an unknown axis, too many
-    spec entries, a dim that does not divide).
-    """
-    if not isinstance(x, jax.Array):
-        raise ShardingError(f"reshard moves a jax.Array laid out on a mesh (jax.device_put(x, NamedSharding(mesh, "
-                            f"spec))), got {describe(x)}")
-    if not isinstance(sharding, NamedSharding):
-        raise ShardingError(f"reshard needs a NamedSharding as the target, got {type(sharding).__name__}")
-    jmesh = sharding.mesh
-    if not isinstance(jmesh, jax.sharding.Mesh):
-        raise ShardingError(f"the target sharding's mesh must be a concrete jax.sharding.Mesh, got {jmesh}")
-    traced = isinstance(x, jax.core.Tracer)
-    if src is None:
-        if not traced:
-            src = getattr(x, "sharding", None)
-        else:
-            src = jax.typeof(x).sharding
-            types = getattr(src.mesh, "axis_types", ())
-            if not isinstance(src, NamedSharding) or any(t != jax.sharding.AxisType.Explicit for t in types):
-                raise ShardingError(
-                    "under jax.jit the source layout of a traced array is not known (mesh axes are not "
-                    "Explicit); pass it as reshard(x, sharding, src=NamedSharding(...) or PartitionSpec(...))")
-    elif isinstance(src, PartitionSpec):
-        src = NamedSharding(jmesh, src)
-    if not isinstance(src, NamedSharding):
-        raise ShardingError(f"the array's sharding must be a NamedSharding, got {type(src).__name__}: {src}")
-    if not _same_mesh(src.mesh, jmesh):
-        raise ShardingError(f"the array is on mesh {src.mesh} but the target sharding on mesh {jmesh}; "
-                            "reshard moves data within one mesh")
-    mesh = redist_mesh(jmesh)
     try:
-        dtype = np.dtype(x.dtype)
-    except TypeError:
-        raise ShardingError(f"unsupported dtype {x.dtype}") from None
-    src_t = sharding_type(x.shape, dtype, src, mesh)
-    dst_t = sharding_type(x.shape, dtype, sharding, mesh)
-    _check_even(src_t, "the array's sharding")
-    _check_even(dst_t, "the target sharding")
-    if any(e is PartitionSpec.UNCONSTRAINED for e in sharding.spec):
-        sharding = NamedSharding(jmesh, PartitionSpec(
-            *(None if e is PartitionSpec.UNCONSTRAINED else e for e in sharding.spec)))
-    fn = _shard_mapped(src_t, dst_t, jmesh)
-    if not traced:
-        with in_dtype(dtype):
-            if x.size == 0:
-                return _empty(x.shape, dtype, sharding)
-            return _jitted(src_t, dst_t, jmesh, sharding)(x)
-    # The shard_map's result is laid out on the refined mesh, element for element as ``sharding`` says;
-    # restating it on the original mesh moves no data (it only changes the type).
-    y = fn(x)
-    if any(t == jax.sharding.AxisType.Explicit for t in jmesh.axis_types):
-        return jax.sharding.reshard(y, sharding)
-    return lax.with_sharding_constraint(y, sharding)
+        jax.tree.map(put, spec, treedef.unflatten(range(treedef.num_leaves)),
+                     is_leaf=lambda s: s is None or isinstance(s, (jax.sharding.Sharding, PartitionSpec)))
+    except ValueError as e:
+        raise ShardingError(f"{what} must be one NamedSharding or PartitionSpec, or a pytree prefix of x's "
+                            f"structure {treedef} of them; got {describe(spec)} ({e})") from None
+    return out
 
 
-@lru_cache(maxsize=256)
-def _shard_mapped(src_t: ShardingType, dst_t: ShardingType, jmesh):
-    """The plan from ``src_t`` to ``dst_t`` as a shard_map over the refined mesh of ``jmesh``."""
-    program = synthesize(src_t, dst_t).program
-    refined, names = refine_mesh(jmesh, program.axis_tokens())
-    in_spec = _spec(src_t.dims, names)
-    backend = JaxBackend(program.mesh, names)
-    mapped = jax.shard_map(
-        lambda x: interpreter.run(program, backend, x),
-        mesh=refined,
-        in_specs=in_spec,
-        out_specs=_spec(dst_t.dims, names),
-        check_vma=False,
-    )
-    if refined is jmesh or not any(t == jax.sharding.AxisType.Explicit for t in jmesh.axis_types):
-        return mapped
-    # With Explicit axes the array's type names its mesh: restate it on the refined mesh first (the same
-    # layout, so no data moves).
-    return lambda x: mapped(jax.sharding.reshard(x, NamedSharding(refined, in_spec)))
+def _entry(s, what: str):
+    """One entry of ``sharding`` or ``src``, checked; a target ``PartitionSpec`` on the context mesh."""
+    if s is None or isinstance(s, NamedSharding):
+        return s
+    if isinstance(s, PartitionSpec):
+        return _on_context_mesh(s) if what == "sharding" else s
+    raise ShardingError(f"{what}: reshard takes a NamedSharding or a PartitionSpec (or None) for each leaf, "
+                        f"got {describe(s)}")
+
+
+def _on_context_mesh(spec: PartitionSpec) -> NamedSharding:
+    """``spec`` on the concrete mesh of ``jax.set_mesh``.
+
+    Under a trace ``jax.sharding.get_mesh`` refuses to answer, and the abstract mesh of the context does not
+    do: a ``shard_map`` over an abstract mesh is lowered on the context's concrete mesh, whose axes a plan on
+    sub-axes does not have. So the concrete mesh is read as ``jax.device_put`` reads it for a
+    ``PartitionSpec``, from JAX's context (the one private name this package uses).
+    """
+    try:
+        mesh = jax.sharding.get_mesh()
+    except ValueError:  # under a trace
+        from jax._src.mesh import get_concrete_mesh
+
+        mesh = get_concrete_mesh()
+    if mesh.empty:
+        raise ShardingError(f"the target {spec} is a PartitionSpec but no mesh is set: call reshard inside "
+                            "`with jax.set_mesh(mesh):`, or give a NamedSharding(mesh, spec)")
+    return NamedSharding(mesh, spec)
+
+
+def _on_mesh(leaf) -> bool:
+    """Whether ``leaf`` is a concrete array laid out on a mesh (else it is host data or on one device)."""
+    return isinstance(leaf, jax.Array) and isinstance(leaf.sharding, NamedSharding)
+
+
+def _source(leaf, src, target) -> NamedSharding:
+    """The layout of a concrete array on a mesh: its sharding, which ``src`` (if given) must agree with."""
+    have = leaf.sharding
+    if src is None:
+        return have
+    if isinstance(src, PartitionSpec) and isinstance(target, NamedSharding):
+        src = NamedSharding(target.mesh, src)
+    if src != have and not (isinstance(src, NamedSharding) and src.is_equivalent_to(have, leaf.ndim)):
+        raise ShardingError(f"src= says the array is laid out as {src}, but it is laid out as {have}")
+    return have
+
+
+class _Where:
+    """Names leaf ``i`` of ``x`` in messages (nothing for a bare array); the path is found only when needed."""
+
+    def __init__(self, x, i: int):
+        self.x, self.i = x, i
+
+    def __str__(self) -> str:
+        path, _ = jax.tree_util.tree_flatten_with_path(self.x)[0][self.i]
+        return f"leaf x{jax.tree_util.keystr(path)}: " if path else ""
+
+    @contextlib.contextmanager
+    def naming(self):
+        try:
+            yield
+        except ShardingError as e:
+            raise ShardingError(f"{self}{e}") from None
+
+
+# ---------------------------------------------------------------------- placing host data
+def _place(leaf, target, where: _Where):
+    """``jax.device_put(leaf, target)`` of host data (a numpy array keeps its dtype, as every JAX array does)
+    or of an array on a single device."""
+    dtype = None if isinstance(leaf, numbers.Number) else getattr(leaf, "dtype", None)
+    with where.naming():
+        if isinstance(leaf, jax.Array) and leaf.is_deleted():
+            raise ShardingError("the array has been deleted (was it donated before?)")
+        try:
+            with _wide(dtype):
+                return jax.device_put(leaf, target)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise ShardingError(f"{describe(leaf)} cannot be placed as {target}: {e}") from None
+
+
+@contextlib.contextmanager
+def _quiet_donation():
+    """No warning that XLA could not reuse a donated buffer (a gather's input cannot hold its output): the
+    caller asked for the inputs to go, and they are deleted after the call whether XLA reused them or not."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        yield
+
+
+def _wide(dtype):
+    """:func:`in_dtype` of ``dtype``, if any: JAX keeps a 64-bit dtype within."""
+    return in_dtype(dtype) if dtype is not None else contextlib.nullcontext()
 
 
 def _empty(shape, dtype, sharding: NamedSharding):
@@ -182,6 +243,149 @@ def _empty(shape, dtype, sharding: NamedSharding):
         tuple(shape), sharding, [jnp.zeros(local, dtype, device=d) for d in sharding.addressable_devices])
 
 
-@lru_cache(maxsize=256)
-def _jitted(src_t, dst_t, jmesh, sharding):
-    return jax.jit(_shard_mapped(src_t, dst_t, jmesh), out_shardings=sharding)
+# ---------------------------------------------------------------------- eager calls
+class _Call:
+    """One eager call: which leaves the program moves (``moved``, with the program's distinct input arrays
+    ``inputs`` and ``index`` from moved leaf to input), and the signature that keys the program cache.
+    Building it checks only what identifies the program; the moves are checked on a cache miss. Leaves whose
+    mesh is not the target's (``reordered``: the same devices in another order, else an error) move apart,
+    each by its own program (:func:`redist.jax_programs.between_device_orders`)."""
+
+    def __init__(self, x, leaves, targets, sources, donate: bool):
+        self.x, self.leaves, self.targets, self.donate = x, leaves, targets, donate
+        self.moved, self.inputs, index, signature = [], [], [], []
+        self.rest, self.reordered = [], []  # leaves the program does not move
+        position: dict[int, int] = {}
+        for i, (leaf, target, src) in enumerate(zip(leaves, targets, sources)):
+            if target is None or not _on_mesh(leaf):
+                self.rest.append(i)
+                continue
+            if src is not None:
+                with _Where(x, i).naming():
+                    _source(leaf, src, target)
+            have = leaf.sharding
+            if (have == target and not donate) or leaf.size == 0:
+                self.rest.append(i)
+                continue
+            if have.mesh != target.mesh:
+                self.reordered.append(i)
+                continue
+            j = position.setdefault(id(leaf), len(self.inputs))
+            if j == len(self.inputs):
+                self.inputs.append(leaf)
+            self.moved.append(i)
+            index.append(j)
+            signature.append((leaf.shape, leaf.dtype, leaf.weak_type, have, target))
+        self.index = tuple(index)
+        self.key = (tuple(signature), self.index, donate)
+
+    def _moves(self) -> tuple[programs.Move, ...]:
+        out = []
+        for i in self.moved:
+            leaf = self.leaves[i]
+            with _Where(self.x, i).naming():
+                out.append(programs.move(leaf.shape, leaf.dtype, leaf.sharding, self.targets[i]))
+        return tuple(out)
+
+    def _program(self) -> tuple[programs.Program, bool]:
+        """The program, and whether it came from the cache."""
+        program, cached = programs.program(self.key, self._moves, self.index, self.donate)
+        if _log.isEnabledFor(logging.DEBUG):
+            _log.debug("reshard: %d of %d arrays moved by one program (%s):\n%s", len(self.moved),
+                       len(self.leaves), "from the cache" if cached else "new: synthesized and compiled now",
+                       program.description)
+        return program, cached
+
+    def lower(self) -> jax.stages.Lowered:
+        if not self.moved:
+            raise ShardingError("no array of x needs a program (nothing lies on a mesh and changes layout)")
+        program, _ = self._program()
+        with _wide(program.wide), _quiet_donation():
+            return program.jitted.lower(*self.inputs)
+
+    def run(self) -> list:
+        """The leaves of the result. Everything is checked (the programs built, the other leaves placed)
+        before a program runs, and donated arrays are deleted only after they ran."""
+        out = list(self.leaves)
+        program, cached = self._program() if self.moved else (None, True)
+        reordered = []
+        for i in self.reordered:
+            leaf = self.leaves[i]
+            with _Where(self.x, i).naming():
+                reordered.append(programs.move(leaf.shape, leaf.dtype, leaf.sharding, self.targets[i]))
+        for i in self.rest:
+            out[i] = self._rest(i)
+        for i in self.moved + self.reordered:
+            if self.leaves[i].is_deleted():
+                raise ShardingError(f"{_Where(self.x, i)}the array has been deleted (was it donated before?)")
+        for i, m in zip(self.reordered, reordered):  # before the program, which may donate their buffers
+            _log.debug("reshard: %sbetween two device orders, eagerly: %s", _Where(self.x, i), m.describe())
+            with _Where(self.x, i).naming():
+                out[i] = programs.between_device_orders(m, self.leaves[i])
+        if program is not None:
+            with _wide(program.wide), _quiet_donation() if self.donate and not cached else contextlib.nullcontext():
+                results = program.fn(*self.inputs)
+            for i, y in zip(self.moved, results):
+                out[i] = y
+        if self.donate:
+            kept = {id(y) for y in out}  # leaves returned as they are (target None)
+            for leaf in self.leaves:
+                if isinstance(leaf, jax.Array) and id(leaf) not in kept and not leaf.is_deleted():
+                    leaf.delete()
+        return out
+
+    def _rest(self, i: int):
+        """Leaf ``i``, which the program does not move: placed, made empty, or itself (its sharding is the
+        target and it is not donated)."""
+        leaf, target, where = self.leaves[i], self.targets[i], _Where(self.x, i)
+        if target is None or not _on_mesh(leaf):
+            return _place(leaf, target, where)
+        if leaf.size:
+            return leaf
+        with where.naming():
+            m = programs.move(leaf.shape, leaf.dtype, leaf.sharding, target)
+        with _wide(leaf.dtype):
+            return _empty(leaf.shape, leaf.dtype, m.sharding)
+
+
+# ---------------------------------------------------------------------- under a trace
+def _traced(x, leaves, targets, sources) -> list:
+    """The leaves under a trace: the arrays moved inline by their routes (those of redist's route on one mesh
+    in one shard_map), host data placed as ``jax.device_put`` places it."""
+    out = list(leaves)
+    moved, moves = [], []
+    for i, (leaf, target, src) in enumerate(zip(leaves, targets, sources)):
+        where = _Where(x, i)
+        if target is None or not (isinstance(leaf, jax.core.Tracer) or _on_mesh(leaf)):
+            out[i] = leaf if isinstance(leaf, jax.core.Tracer) else _place(leaf, target, where)
+            continue
+        with where.naming():
+            if not isinstance(leaf, jax.core.Tracer):
+                src = _source(leaf, src, target)
+            elif src is None:
+                src = _traced_layout(leaf)
+            elif isinstance(src, PartitionSpec) and isinstance(target, NamedSharding):
+                src = NamedSharding(target.mesh, src)
+            m = programs.move(leaf.shape, leaf.dtype, src, target)
+            if m.between_device_orders:
+                raise programs.traced_between_device_orders(m)
+            moves.append(m)
+        moved.append(i)
+    if _log.isEnabledFor(logging.DEBUG) and moves:
+        _log.debug("reshard under a trace, inline in the caller's program:\n%s",
+                   "\n".join(f"  {_Where(x, i)}{m.describe()}" for i, m in zip(moved, moves)))
+    for i, y in zip(moved, programs.apply(tuple(moves), [leaves[i] for i in moved])):
+        out[i] = y
+    return out
+
+
+def _traced_layout(leaf) -> NamedSharding:
+    """A tracer's layout, where JAX knows it while tracing: on a mesh whose axes are all Explicit."""
+    sharding = jax.typeof(leaf).sharding
+    mesh = getattr(sharding, "mesh", None)
+    if (not isinstance(sharding, NamedSharding) or not mesh.axis_names
+            or any(t != jax.sharding.AxisType.Explicit for t in mesh.axis_types)):
+        raise ShardingError(
+            "under jax.jit the source layout of a traced array is not known (mesh axes are not Explicit); "
+            "pass it as reshard(x, sharding, src=NamedSharding(...) or PartitionSpec(...))")
+    return sharding

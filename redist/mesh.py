@@ -1,4 +1,13 @@
-"""Device meshes: ordered named axes, devices numbered row-major (the last axis varies fastest).
+"""Device meshes: ordered named axes, and the device at each mesh position (row-major by default).
+
+Positions and devices. A mesh's positions are numbered row-major over its axes (the last axis varies
+fastest), and ``device_ids[p]`` is the id of the device at position ``p`` (SPEC 1): a permutation of
+``range(size)``, the identity by default. Sharding types speak of positions (a device holds the block of its
+position); buffers, ranks and everything that runs speak of device ids. So every method that takes or returns
+a ``device`` (``coords``, ``device``, ``group_index``, ``groups``) means a device id, read through
+``device_ids``; with the default order an id is its position. Two meshes are the same when their axes,
+sizes and device ids agree. Text form: ``x=2,y=4`` for the default order, ``x=2,y=2,device_ids=[3,2,1,0]``
+(Shardy's ``device_ids`` list) otherwise.
 
 A mesh is where axis tokens become values: :meth:`Mesh.axis` reads ``"y"`` or ``"y:(2)2"`` into a
 :class:`redist.axes.Axis` (once per mesh and token), and the group arithmetic (``group_index``, ``groups``,
@@ -13,7 +22,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Mapping
 
@@ -24,6 +33,8 @@ from redist.errors import ShardingError, shown
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _AXIS_TEXT = re.compile(r"(?P<name>[^=]*)=(?P<size>[0-9]+)\Z")
+# The device ids at the end of a mesh's text: ``,device_ids=[3,2,1,0]`` (whitespace already removed).
+_DEVICE_IDS_TEXT = re.compile(r"(?P<axes>.*?),?device_ids=\[(?P<ids>[^\]]*)\]\Z")
 
 MAX_DEVICES = 2**31 - 1
 """The most devices a mesh may have: MPI ranks and JAX/XLA device ids are 32-bit integers."""
@@ -57,18 +68,21 @@ def prime_factors(n: int) -> list[int]:
 
 @dataclass(frozen=True)
 class Mesh:
-    """An ordered set of named axes. ``Mesh({"x": 2, "y": 4})`` has 8 devices.
+    """An ordered set of named axes and the device at each position. ``Mesh({"x": 2, "y": 4})`` has 8 devices.
 
-    Device ids are row-major over the axes in mesh order, exactly like
-    ``np.arange(size).reshape(shape)``: device ``d`` has coordinates ``np.unravel_index(d, shape)``.
+    Positions are row-major over the axes in mesh order, exactly like ``np.arange(size).reshape(shape)``;
+    ``device_ids[p]`` is the device at position ``p`` (default: device ``p``). See the module docstring.
     """
 
     axes: tuple[tuple[str, int], ...]
+    # None for the default (row-major) order, so that a mesh of a billion devices holds no table.
+    _device_ids: tuple[int, ...] | None = field(default=None, repr=False)
 
-    def __init__(self, axes: Mapping[str, int] | tuple[tuple[str, int], ...]):
+    def __init__(self, axes: Mapping[str, int] | tuple[tuple[str, int], ...], device_ids=None):
         """``axes``: a mapping from axis name to size, or ``(name, size)`` pairs, in mesh order. Names are
-        identifiers, sizes integers >= 1, at most :data:`MAX_DEVICES` devices in all; else
-        :class:`ShardingError`."""
+        identifiers, sizes integers >= 1, at most :data:`MAX_DEVICES` devices in all. ``device_ids``: None (the
+        default order) or a sequence giving the device id at each row-major position, a permutation of
+        ``range(size)``. Anything else raises :class:`ShardingError`."""
         items = _axis_items(axes)
         seen = set()
         for name, n in items:
@@ -80,19 +94,26 @@ class Mesh:
                 raise ShardingError(f"mesh axis {name!r} has size {shown(n)}; sizes are integers >= 1")
             seen.add(name)
         axes = tuple((n, int(s)) for n, s in items)
-        if math.prod(s for _, s in axes) > MAX_DEVICES:
+        size = math.prod(s for _, s in axes)
+        if size > MAX_DEVICES:
             raise ShardingError(f"mesh {', '.join(f'{n}={shown(s)}' for n, s in axes)} has more than {MAX_DEVICES} "
                                 "devices")
         object.__setattr__(self, "axes", axes)
+        object.__setattr__(self, "_device_ids", _device_order(device_ids, size, axes))
 
     @classmethod
     def parse(cls, text: str) -> "Mesh":
-        """Parse ``"x=2,y=4"`` (whitespace-insensitive; sizes in ASCII digits)."""
+        """Parse ``"x=2,y=4"`` or, with a device order, ``"x=2,y=2,device_ids=[3,2,1,0]"`` (whitespace-insensitive;
+        numbers in ASCII digits)."""
         if not isinstance(text, str):
             raise ShardingError(f"mesh text must be a string like 'x=2,y=4', got {type(text).__name__} {shown(text)}")
         body = "".join(text.split())
+        ids = None
+        m = _DEVICE_IDS_TEXT.match(body)
+        if m:
+            body, ids = m["axes"], _read_ids(m["ids"], text)
         if not body:
-            raise ShardingError("empty mesh text; expected something like 'x=2,y=4'")
+            raise ShardingError(f"empty mesh text {shown(text)}; expected something like 'x=2,y=4'")
         items = []
         for part in body.split(","):
             m = _AXIS_TEXT.match(part)
@@ -100,7 +121,7 @@ class Mesh:
                 raise ShardingError(f"cannot read mesh axis {shown(part)} in {shown(text)}; expected NAME=SIZE "
                                     "with SIZE in digits 0-9")
             items.append((m["name"], read_decimal(m["size"], f"the size of mesh axis {m['name']!r}", MAX_DEVICES)))
-        return cls(tuple(items))
+        return cls(tuple(items), ids)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -113,6 +134,39 @@ class Mesh:
     @property
     def size(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def device_ids(self) -> tuple[int, ...]:
+        """The device id at each row-major position (a new tuple of ``size`` ints: ``range(size)`` in the
+        default order)."""
+        return tuple(range(self.size)) if self._device_ids is None else self._device_ids
+
+    @property
+    def is_row_major(self) -> bool:
+        """Whether device ``p`` is at position ``p`` for every ``p`` (the default order)."""
+        return self._device_ids is None
+
+    def reordered(self, device_ids) -> "Mesh":
+        """This mesh's axes with the device order ``device_ids`` (None: the default order); see :class:`Mesh`."""
+        return Mesh(self.axes, device_ids)
+
+    def same_axes(self, other: "Mesh") -> bool:
+        """Whether ``other`` has these axes (names, sizes, order), whatever the device orders."""
+        return isinstance(other, Mesh) and self.axes == other.axes
+
+    def position(self, device: int) -> int:
+        """The row-major position of device ``device`` (:class:`ShardingError` for no device of this mesh)."""
+        if isinstance(device, bool) or not isinstance(device, (int, np.integer)) or not 0 <= device < self.size:
+            raise ShardingError(f"device {shown(device)} is not a device of mesh {self} (ids 0 to {self.size - 1})")
+        return int(device) if self._device_ids is None else self._positions[device]
+
+    @cached_property
+    def _positions(self) -> tuple[int, ...]:
+        """The inverse of ``_device_ids``: the position of each device id (not part of equality or hashing)."""
+        out = [0] * self.size
+        for p, d in enumerate(self._device_ids):
+            out[d] = p
+        return tuple(out)
 
     def axis(self, token: str) -> Axis:
         """The :class:`~redist.axes.Axis` that ``token`` names: a mesh axis name (``"y"``, the whole axis) or a
@@ -171,18 +225,19 @@ class Mesh:
         return k
 
     def coords(self, device: int) -> dict[str, int]:
-        """Coordinates of device ``device``, by axis name."""
+        """Coordinates of device ``device`` (the coordinates of its position), by axis name."""
+        p = self.position(device)
         out = {}
         for name, size in reversed(self.axes):
-            device, out[name] = divmod(device, size)
+            p, out[name] = divmod(p, size)
         return {n: out[n] for n in self.names}
 
     def device(self, coords: Mapping[str, int]) -> int:
         """The id of the device at ``coords`` (the inverse of :meth:`coords`)."""
-        d = 0
+        p = 0
         for name, size in self.axes:
-            d = d * size + coords[name]
-        return d
+            p = p * size + coords[name]
+        return p if self._device_ids is None else self._device_ids[p]
 
     def group_index(self, device: int, names) -> int:
         """The rank of ``device`` in its group over ``names`` (axes or sub-axes): row-major over ``names`` in the
@@ -228,7 +283,7 @@ class Mesh:
                     raise ShardingError(f"axes {a!r} and {b!r} overlap: {{{','.join(axes)}}} define no groups of "
                                         f"devices on mesh {self}")
         by_key: dict[tuple[int, ...], dict[int, int]] = {}
-        for d in range(self.size):
+        for d in range(self.size):  # device ids in order, so that groups come in the order of their lowest id
             c = self.coords(d)
             key = dict(c)
             for a in axes:
@@ -237,10 +292,13 @@ class Mesh:
         return [[ranks[r] for r in range(len(ranks))] for ranks in by_key.values()]
 
     def __str__(self) -> str:
-        return ",".join(f"{n}={s}" for n, s in self.axes)
+        text = ",".join(f"{n}={s}" for n, s in self.axes)
+        return text if self._device_ids is None else f"{text},device_ids=[{','.join(map(str, self._device_ids))}]"
 
     def __repr__(self) -> str:
-        return f"Mesh({dict(self.axes)!r})"
+        if self._device_ids is None:
+            return f"Mesh({dict(self.axes)!r})"
+        return f"Mesh({dict(self.axes)!r}, device_ids={self._device_ids!r})"
 
 
 def _axis_items(axes) -> tuple:
@@ -258,6 +316,42 @@ def _axis_items(axes) -> tuple:
         if isinstance(item, str) or not isinstance(item, (tuple, list)) or len(item) != 2:
             raise ShardingError(f"Mesh takes {hint}; {shown(item)} is not a (name, size) pair")
     return items
+
+
+def _device_order(device_ids, size: int, axes) -> tuple[int, ...] | None:
+    """``device_ids`` as a tuple of ints, None for the default order (given as None or as the identity), or
+    :class:`ShardingError` unless it is a permutation of ``range(size)``."""
+    if device_ids is None:
+        return None
+    where = f"device_ids of mesh {','.join(f'{n}={s}' for n, s in axes)}"
+    if isinstance(device_ids, (str, bytes, Mapping)) or not hasattr(device_ids, "__len__"):
+        raise ShardingError(f"{where} must be a sequence of {size} device ids (a permutation of 0 to {size - 1}), "
+                            f"got {type(device_ids).__name__} {shown(device_ids)}")
+    ids = tuple(device_ids)
+    if len(ids) != size:
+        raise ShardingError(f"{where}: expected {size} device ids, one per mesh position, got {len(ids)}")
+    bad = next((d for d in ids if isinstance(d, bool) or not isinstance(d, (int, np.integer))
+                or not 0 <= d < size), None)
+    if bad is not None:
+        raise ShardingError(f"{where}: {shown(bad)} is not a device id of a mesh of {size} devices (0 to {size - 1})")
+    ids = tuple(int(d) for d in ids)
+    if len(set(ids)) != size:
+        twice = next(d for d in ids if ids.count(d) > 1)
+        raise ShardingError(f"{where}: device {twice} is listed twice; device_ids must be a permutation of 0 to "
+                            f"{size - 1}")
+    return None if ids == tuple(range(size)) else ids
+
+
+def _read_ids(text: str, whole: str) -> tuple[int, ...]:
+    """The ids of ``device_ids=[…]`` in a mesh's text (``whole``, quoted in an error)."""
+    if not text:
+        return ()
+    out = []
+    for part in text.split(","):
+        if not part.isascii() or not part.isdigit():
+            raise ShardingError(f"cannot read device id {shown(part)} in {shown(whole)}; expected digits 0-9")
+        out.append(read_decimal(part, "device id", MAX_DEVICES))
+    return tuple(out)
 
 
 @lru_cache(maxsize=65536)

@@ -9,7 +9,9 @@
 Contracts:
 
 - :func:`reshard` is collective over ``comm``: every rank calls it with its own shard of ``src`` and the same
-  ``src`` and ``dst``. Rank ``r`` is device ``r`` of ``src.mesh`` (row-major ids, see :class:`redist.Mesh`).
+  ``src`` and ``dst``. Rank ``r`` is device id ``r``: under ``src`` it holds the block of its position on
+  ``src.mesh``, and it gets the block of its position on ``dst.mesh`` (the device orders, ``device_ids``,
+  of :class:`redist.Mesh`; the two may differ, and then the plan moves blocks between the orders).
 - Before any data moves, the ranks agree on their arguments with one small ``Allgather``; a wrong
   ``comm.size``, arguments that differ between ranks, or a local buffer whose shape does not fit ``src`` or
   whose data does not convert to its dtype without loss (:mod:`redist.buffers`) on any rank make *every*
@@ -19,8 +21,8 @@ Contracts:
   ``comm`` (:func:`clear_cache` frees them). How data travels: :mod:`redist.backends.mpi_backend`.
 - A failure on one rank in the middle of a plan (an exception, not an agreement error) leaves the other
   ranks blocked in a collective: wrap SPMD code in :func:`abort_on_error` so that such a rank aborts the job.
-- Sums use MPI's reduction order, so floating-point results can differ from the numpy backend in the last
-  bits; integer-valued data and integer dtypes agree exactly.
+- Reductions (sum, max, min, prod) use MPI's reduction order, so floating-point results can differ from the
+  numpy backend in the last bits; integer-valued data and integer dtypes agree exactly.
 
 :func:`reshard` agrees on the arguments, plans (:func:`redist.synthesize`) and runs the plan's program with
 the MPI interpreter, :mod:`redist.backends.mpi_backend`, whose :func:`run_program` and :func:`clear_cache`

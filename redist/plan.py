@@ -9,8 +9,10 @@ from fractions import Fraction
 from functools import cached_property
 
 from redist import steps as S
+from redist.bounds import lower_bound_bytes
 from redist.errors import ShardingError, shown
-from redist.program import Program, lower
+from redist.plan_file import FORMAT, read_plan, step_args
+from redist.program import Program, collective_mesh, lower
 from redist.types import ShardingType
 
 
@@ -34,7 +36,8 @@ class Plan:
     """``steps[i]`` turns ``types[i]`` into ``types[i + 1]``; ``types[0]`` is the source, ``types[-1]`` the
     destination. Construction checks every step's typing rule and raises :class:`ShardingError` for anything
     else: not one type more than steps, something that is no :class:`redist.ShardingType` or no step of
-    :mod:`redist.steps`, or a step that does not turn its type into the next."""
+    :mod:`redist.steps`, a step that does not turn its type into the next, or collectives on two device
+    orders (:func:`redist.program.collective_mesh`)."""
 
     steps: tuple
     types: tuple
@@ -56,6 +59,7 @@ class Plan:
             out = step.apply(t)
             if out != t_next:
                 raise ShardingError(f"step {i} of the plan, {step}, turns {t} into {out}, not into {t_next}")
+        collective_mesh(self.steps, self.types)
 
     @classmethod
     def from_steps(cls, src: ShardingType, steps: Iterable[S.Step]) -> Plan:
@@ -132,17 +136,35 @@ class Plan:
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
-        return {
-            "mesh": str(self.src.mesh),
+        """The plan as a plan file's JSON object (format in :mod:`redist.plan_file`): the source, each step's
+        kind and ``args`` (what :meth:`from_json` rebuilds it from), text, type after it and bytes, and the
+        plan's figures against its two bounds. ``dst_mesh`` is there only when the plan changes the device
+        order."""
+        out: dict = {"format": FORMAT, "mesh": str(self.src.mesh)}
+        if self.dst.mesh != self.src.mesh:
+            out["dst_mesh"] = str(self.dst.mesh)
+        out.update({
             "src": str(self.src),
             "dst": str(self.dst),
             "steps": [
-                {"kind": s.kind, "step": str(s), "type": str(t), "bytes_received": b}
+                {"kind": s.kind, "args": step_args(s), "step": str(s), "type": str(t), "bytes_received": b}
                 for s, t, b in zip(self.steps, self.types[1:], self.step_bytes())
             ],
             "peak_bytes": self.peak_bytes,
             "bytes_received": self.bytes_received,
-        }
+            "memory_bound_bytes": max(self.src.local_bytes, self.dst.local_bytes),
+            "lower_bound_bytes": lower_bound_bytes(self.src, self.dst),
+        })
+        return out
 
     def to_json(self, **kw) -> str:
+        """:meth:`to_dict` as JSON text (``kw`` goes to ``json.dumps``, e.g. ``indent=2``)."""
         return json.dumps(self.to_dict(), **kw)
+
+    @classmethod
+    def from_json(cls, text) -> "Plan":
+        """The plan a plan file holds (the text :meth:`to_json` writes), rebuilt step by step through the step
+        classes and their typing rules, every derived field checked against the steps
+        (:func:`redist.plan_file.read_plan`). Raises :class:`~redist.errors.ShardingError` naming the first
+        field that is wrong. It does not prove the plan: :func:`redist.verify` does."""
+        return read_plan(text)

@@ -17,8 +17,10 @@ Instructions (``x`` is a device's buffer before, ``r`` its group rank):
   (Every all-to-all of a plan is lowered to this leading-dim form between local reshapes and transposes,
   so each backend implements only this form: ``lax.all_to_all(x, axes, 0, 0, tiled=True)``, an MPI
   ``Alltoall`` of contiguous rows.)
-- ``ReduceScatter(dim, axes)``: sum the group's buffers, keep chunk r of k along ``dim``.
-- ``AllReduce(axes)``: sum the group's buffers.
+- ``ReduceScatter(dim, axes, reduction)``: reduce the group's buffers elementwise (``reduction``: ``"sum"``,
+  ``"max"``, ``"min"`` or ``"prod"``; of ``bool`` buffers sum and max are the logical or, min and prod the
+  logical and; max and min propagate NaN), keep chunk r of k along ``dim``.
+- ``AllReduce(axes, reduction)``: reduce the group's buffers elementwise, as ``ReduceScatter``.
 - ``CollectivePermute(sources)``: device d's new buffer is device ``sources[d]``'s buffer (a permutation of
   the devices; ``sources[d] == d`` means d keeps its buffer and receives nothing).
 - ``Exchange(shape, copies)``: device d's new buffer has ``shape``, zero where no copy writes (padding), and
@@ -29,6 +31,14 @@ Instructions (``x`` is a device's buffer before, ``r`` its group rank):
 Instructions name their axes as :class:`~redist.axes.Axis` values, which are the token strings (lowering makes
 them on the plan's mesh; a program built by hand may name them as plain token strings). Backends read them
 through the mesh (``mesh.groups``, ``mesh.group_index``, ``mesh.axis``); the verifier reads their text.
+
+Devices. ``d`` above is a device id, and buffers are per device id (an MPI rank, a shard of
+:func:`redist.execute`). Groups and ranks are those of ``Program.mesh``, whose ``device_ids`` say which device
+is at which position (:class:`redist.Mesh`); ``CollectivePermute`` and ``Exchange`` name devices by id and do
+not depend on it. ``src_mesh`` and ``dst_mesh`` are the device orders the input buffers and the result are
+laid out in (the source's and destination's meshes: the same axes as ``mesh``, and ``mesh`` itself unless the
+plan changes the device order, which it does by a permute or an exchange; every collective of a plan runs on
+one device order, ``mesh``).
 
 The backends (:mod:`redist.backends`) execute these, and :mod:`redist.verify` proves these same instructions
 correct. Lowering is one instruction per plan step, except that an all-to-all step (of one move or several)
@@ -50,6 +60,7 @@ from redist.axes import Axis
 from redist.blocks import Copy, exchange_copies, permute_sources
 from redist.errors import ShardingError
 from redist.mesh import Mesh
+from redist.types import REDUCTIONS
 
 
 @dataclass(frozen=True)
@@ -83,11 +94,13 @@ class AllToAll:
 class ReduceScatter:
     dim: int
     axes: tuple[Axis, ...]
+    reduction: str = "sum"
 
 
 @dataclass(frozen=True)
 class AllReduce:
     axes: tuple[Axis, ...]
+    reduction: str = "sum"
 
 
 @dataclass(frozen=True)
@@ -120,12 +133,20 @@ Instruction = (Reshape | Transpose | Slice | AllGather | AllToAll | ReduceScatte
 @dataclass(frozen=True)
 class Program:
     """Instructions over ``mesh``; ``shapes[i]`` is the local buffer shape before instruction ``i``
-    (``shapes[-1]`` the result's). ``dtype`` is a numpy dtype."""
+    (``shapes[-1]`` the result's). ``dtype`` is a numpy dtype. ``src_mesh`` and ``dst_mesh`` (None: ``mesh``)
+    are the device orders of the input buffers and of the result (see "Devices" above)."""
 
     mesh: Mesh
     dtype: np.dtype
     instructions: tuple[Instruction, ...]
     shapes: tuple[tuple[int, ...], ...]
+    src_mesh: Mesh | None = None
+    dst_mesh: Mesh | None = None
+
+    def __post_init__(self):
+        for name in ("src_mesh", "dst_mesh"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, self.mesh)
 
     def axis_tokens(self) -> tuple[Axis, ...]:
         """Every axis or sub-axis token that some instruction names, in first-use order."""
@@ -166,9 +187,9 @@ def _lower_one(step, t_in) -> Instruction:
     if isinstance(step, S.AllGather):
         return AllGather(step.dim, axes)
     if isinstance(step, S.ReduceScatter):
-        return ReduceScatter(step.dim, axes)
+        return ReduceScatter(step.dim, axes, step.reduction)
     if isinstance(step, S.AllReduce):
-        return AllReduce(axes)
+        return AllReduce(axes, step.reduction)
     raise ShardingError(f"no lowering for {step!r}: it is not a redist step")
 
 
@@ -218,18 +239,37 @@ def _all_to_all(moves, t_in, t_out) -> tuple[Instruction, ...]:
     return tuple(ins)
 
 
+# Steps that lower to instructions naming devices by id (or to none): they may change the device order.
+_POINT_TO_POINT = (S.Permute, S.Exchange, S.Pad, S.Unpad)
+
+
+def collective_mesh(steps, types) -> Mesh:
+    """The mesh on which the collectives of ``steps`` (with their ``len(steps) + 1`` types) run: the mesh of
+    the type before each step other than a permute or an exchange (``types[0].mesh`` if there is none).
+    Raises :class:`ShardingError` if they run on two device orders: the program's groups are one mesh's."""
+    meshes = {t.mesh for step, t in zip(steps, types) if not isinstance(step, _POINT_TO_POINT)}
+    if len(meshes) > 1:
+        raise ShardingError(f"the plan's collectives run on {len(meshes)} device orders "
+                            f"({'; '.join(sorted(map(str, meshes)))}); a plan changes the device order by a "
+                            "permute or an exchange before or after all of its collectives")
+    return meshes.pop() if meshes else types[0].mesh
+
+
 def lower(steps, types) -> Program:
-    """Lower typed steps (with their ``len(steps) + 1`` types) to a buffer program."""
+    """Lower typed steps (with their ``len(steps) + 1`` types) to a buffer program; its ``mesh`` is
+    :func:`collective_mesh`, its ``src_mesh`` and ``dst_mesh`` the first and last types'."""
     t0 = types[0]
+    mesh = collective_mesh(steps, types)
     instructions, shapes = [], [t0.local_shape]
     for step, t in zip(steps, types):
         for ins in lower_step(step, t):
-            if _moves_nothing(ins, shapes[-1], t0.mesh):
+            if _moves_nothing(ins, shapes[-1], mesh):
                 continue
             instructions.append(ins)
-            shapes.append(shape_after(ins, shapes[-1], t0.mesh))
+            shapes.append(shape_after(ins, shapes[-1], mesh))
     assert shapes[-1] == types[-1].local_shape
-    return Program(mesh=t0.mesh, dtype=t0.np_dtype, instructions=tuple(instructions), shapes=tuple(shapes))
+    return Program(mesh=mesh, dtype=t0.np_dtype, instructions=tuple(instructions), shapes=tuple(shapes),
+                   src_mesh=t0.mesh, dst_mesh=types[-1].mesh)
 
 
 def _moves_nothing(ins, shape, mesh) -> bool:
@@ -252,7 +292,8 @@ def shape_after(ins: Instruction, shape, mesh: Mesh) -> tuple[int, ...]:
     Raises :class:`~redist.errors.ShardingError` when ``ins`` cannot run on such a buffer: a dim the buffer
     lacks, a split into chunks that does not divide, an all-to-all whose leading dim is not its group size,
     a reshape to another number of elements, a transpose or permute that is not a permutation, an exchange
-    whose copies do not fit the buffers; and, from ``mesh``, axes that are not its own.
+    whose copies do not fit the buffers, a reduction of no known kind; and, from ``mesh``, axes that are not
+    its own.
     """
     shape = tuple(shape)
     where = f"{type(ins).__name__} on a local buffer of shape {shape}"
@@ -271,6 +312,8 @@ def shape_after(ins: Instruction, shape, mesh: Mesh) -> tuple[int, ...]:
     if isinstance(ins, Exchange):
         _check_copies(ins, shape, mesh.size, where)
         return tuple(ins.shape)
+    if isinstance(ins, (ReduceScatter, AllReduce)) and ins.reduction not in REDUCTIONS:
+        raise ShardingError(f"{where}: reduction {ins.reduction!r} is not one of {', '.join(REDUCTIONS)}")
     k = mesh.group_size(ins.axes)
     if isinstance(ins, AllReduce):
         return shape

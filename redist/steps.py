@@ -17,6 +17,16 @@ of devices in a group (the product of the sizes of the step's axes).
 | reduce_scatter(dim, axes)     | remove ``axes`` from partial, append them to dim   | ÷ k        | (k−1)/k · L_in   |
 | all_reduce(axes)              | remove ``axes`` from partial                       | same       | 2(k−1)/k · L     |
 
+Reductions. ``reduce_scatter`` and ``all_reduce`` carry a reduction kind (``reduction``: ``"sum"``, ``"max"``,
+``"min"`` or ``"prod"``, :data:`redist.types.REDUCTIONS`; written ``all_reduce(max, {x})``, and without the
+kind for a sum) and fit only a type whose pending reduction is of that kind: no step converts between kinds.
+
+Device order. ``permute`` and ``exchange`` may also move the array to the same mesh axes with another device
+order (``device_ids``, SPEC 1): each device then gets the block its position on the new mesh holds, from
+the devices that hold it on the old one (:func:`redist.blocks.permute_sources`,
+:func:`redist.blocks.exchange_copies`), and its bytes are counted as for any permute or exchange. No other
+step changes the mesh.
+
 A permute sends whole buffers between devices: device ``d`` receives the buffer of
 ``redist.blocks.permute_sources(...)[d]``, which holds exactly the block (and, for a partial type, the summand)
 that ``d`` must hold after. Devices that already hold theirs keep them and receive nothing. Which device holds
@@ -28,24 +38,25 @@ on the type's mesh (:meth:`redist.Mesh.axis`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from fractions import Fraction
 
 from redist.axes import Axis, remove_axes, strip_suffix
-from redist.blocks import missing_elements, permute_sources
+from redist.blocks import exchange_copies, missing_elements, permute_sources
 from redist.errors import ShardingError
-from redist.types import ShardingType
+from redist.types import REDUCTIONS, ShardingType
 
 
 def _axes(axes) -> str:
     return "{" + ",".join(axes) + "}"
 
 
-def _rebuild(step, t: ShardingType, dims, partial=None, regrouped=()) -> ShardingType:
-    """``t`` with new ``dims`` and ``partial``; the dims in ``regrouped`` change their block count and must be
-    even before and after (see "Uneven dims" above)."""
+def _rebuild(step, t: ShardingType, dims, partial=None, regrouped=(), mesh=None) -> ShardingType:
+    """``t`` with new ``dims``, ``partial`` and ``mesh`` (a device order); the dims in ``regrouped`` change their
+    block count and must be even before and after (see "Uneven dims" above)."""
     try:
-        out = t.replace(dims=dims, partial=partial)
+        out = t.replace(dims=dims, partial=partial, mesh=mesh)
     except ShardingError as e:
         raise ShardingError(f"{step} does not fit {t}: {e}") from None
     for d in regrouped:
@@ -80,7 +91,36 @@ def _partial_without(step, t: ShardingType, axes) -> tuple[Axis, ...]:
     rest = remove_axes(t.partial, t.mesh.axes_of(axes)) if axes else None
     if rest is None:
         raise ShardingError(f"{step} does not fit {t}: {_axes(axes)} are not all partial axes")
+    if step.reduction != t.reduction:
+        raise ShardingError(f"{step} does not fit {t}: it takes the {step.reduction} of the group, but the pending "
+                            f"reduction is a {t.reduction}; no step converts between reduction kinds")
     return rest
+
+
+def _check_reduction(step) -> None:
+    if not isinstance(step.reduction, str) or step.reduction not in REDUCTIONS:
+        raise ShardingError(f"{step.kind} has reduction {step.reduction!r}; use one of {', '.join(REDUCTIONS)}")
+
+
+def _kind(reduction: str) -> str:
+    """The reduction kind as a step's text shows it: nothing for a sum (the text of plans before kinds)."""
+    return "" if reduction == "sum" else f"{reduction}, "
+
+
+def _target_mesh(step, t: ShardingType):
+    """The mesh ``step`` (a permute or exchange) moves ``t`` to: ``t.mesh`` in the order ``step.device_ids``
+    (None: ``t.mesh`` as it is)."""
+    if step.device_ids is None:
+        return None
+    try:
+        return t.mesh.reordered(step.device_ids)
+    except ShardingError as e:
+        raise ShardingError(f"{step} does not fit {t}: {e}") from None
+
+
+def _order(device_ids) -> str:
+    """The device order of a permute or exchange in its text (nothing if it keeps the order)."""
+    return "" if device_ids is None else f", device_ids=[{','.join(map(str, device_ids))}]"
 
 
 @dataclass(frozen=True)
@@ -192,17 +232,23 @@ class MultiAllToAll:
 @dataclass(frozen=True)
 class Permute:
     """Send whole local buffers between devices so that the result has per-dim axes ``dims``
-    (same block count in every dim, same partial axes)."""
+    (same block count in every dim, same partial axes), on the device order ``device_ids`` (None: the input's;
+    see "Device order" above)."""
 
     dims: tuple[tuple[str, ...], ...]
+    device_ids: tuple[int, ...] | None = None
     kind = "permute"
 
     def apply(self, t: ShardingType) -> ShardingType:
         if len(self.dims) != t.rank:
             raise ShardingError(f"{self} does not fit {t}: it names {len(self.dims)} dims")
-        out = _rebuild(self, t, tuple(tuple(d) for d in self.dims))
+        out = _rebuild(self, t, tuple(tuple(d) for d in self.dims), mesh=_target_mesh(self, t))
         if out.local_shape != t.local_shape:
             raise ShardingError(f"{self} does not fit {t}: it changes the local shape")
+        changed = next((i for i in range(t.rank) if out.blocks(i) != t.blocks(i)), None)
+        if changed is not None:
+            raise ShardingError(f"{self} does not fit {t}: it splits dim {changed} into {out.blocks(changed)} blocks, "
+                                f"not {t.blocks(changed)}; a permute moves whole blocks (an exchange regroups them)")
         return out
 
     def bytes_received(self, t: ShardingType) -> Fraction:
@@ -213,19 +259,22 @@ class Permute:
         return tuple(Fraction(t.local_bytes if s != d else 0) for d, s in enumerate(permute_sources(t, self.apply(t))))
 
     def __str__(self):
-        return "permute(to [" + ", ".join(_axes(d) for d in self.dims) + "])"
+        return "permute(to [" + ", ".join(_axes(d) for d in self.dims) + "]" + _order(self.device_ids) + ")"
 
 
 @dataclass(frozen=True)
 class ReduceScatter:
-    """Sum over the group of partial ``axes`` and keep block ``group_index(axes)`` of local ``dim``."""
+    """Reduce (``reduction``: sum, max, min or prod) over the group of partial ``axes`` and keep block
+    ``group_index(axes)`` of local ``dim``."""
 
     dim: int
     axes: tuple[str, ...]
+    reduction: str = "sum"
     kind = "reduce_scatter"
 
     def apply(self, t: ShardingType) -> ShardingType:
         _check_dim(self, t, self.dim)
+        _check_reduction(self)
         partial = _partial_without(self, t, self.axes)
         dims = list(t.dims)
         dims[self.dim] = dims[self.dim] + tuple(self.axes)
@@ -236,17 +285,20 @@ class ReduceScatter:
         return Fraction(k - 1, k) * t.local_bytes
 
     def __str__(self):
-        return f"reduce_scatter(dim {self.dim}, {_axes(self.axes)})"
+        return f"reduce_scatter({_kind(self.reduction)}dim {self.dim}, {_axes(self.axes)})"
 
 
 @dataclass(frozen=True)
 class AllReduce:
-    """Sum over the group of partial ``axes``; every member gets the sum."""
+    """Reduce (``reduction``: sum, max, min or prod) over the group of partial ``axes``; every member gets the
+    result."""
 
     axes: tuple[str, ...]
+    reduction: str = "sum"
     kind = "all_reduce"
 
     def apply(self, t: ShardingType) -> ShardingType:
+        _check_reduction(self)
         return _rebuild(self, t, t.dims, _partial_without(self, t, self.axes))
 
     def bytes_received(self, t: ShardingType) -> Fraction:
@@ -254,33 +306,39 @@ class AllReduce:
         return Fraction(2 * (k - 1), k) * t.local_bytes
 
     def __str__(self):
-        return f"all_reduce({_axes(self.axes)})"
+        return f"all_reduce({_kind(self.reduction)}{_axes(self.axes)})"
 
 
 @dataclass(frozen=True)
 class Exchange:
-    """Point-to-point: every device gets each element of its block under ``dims`` that it lacks, from one
-    device that holds it (same partial coordinates), and keeps what it has (see
-    :func:`redist.blocks.exchange_copies`)."""
+    """Point-to-point: every device gets each element of its block under ``dims`` (on the device order
+    ``device_ids``; None: the input's) that it does not keep, from one device that holds it, and keeps what it
+    can (see :func:`redist.blocks.exchange_copies`)."""
 
     dims: tuple[tuple[str, ...], ...]
+    device_ids: tuple[int, ...] | None = None
     kind = "exchange"
 
     def apply(self, t: ShardingType) -> ShardingType:
         if len(self.dims) != t.rank:
             raise ShardingError(f"{self} does not fit {t}: it names {len(self.dims)} dims")
-        return _rebuild(self, t, tuple(tuple(d) for d in self.dims))
+        return _rebuild(self, t, tuple(tuple(d) for d in self.dims), mesh=_target_mesh(self, t))
 
     def bytes_received(self, t: ShardingType) -> Fraction:
         return max(self.device_bytes(t))
 
     def device_bytes(self, t: ShardingType) -> tuple[Fraction, ...]:
-        """Per device: the elements of its new block it does not hold already (padding is not sent)."""
+        """Per device: the elements of its copies from other devices (padding is not sent). On one device
+        order, and whenever a device keeps its summand role, that is the elements of its new block it does
+        not hold already (:func:`redist.blocks.missing_elements`)."""
         out = self.apply(t)
-        return tuple(Fraction(missing_elements(t, out, d) * t.itemsize) for d in range(t.mesh.size))
+        if t.mesh == out.mesh:
+            return tuple(Fraction(missing_elements(t, out, d) * t.itemsize) for d in range(t.mesh.size))
+        return tuple(Fraction(sum(math.prod(c.size) for c in copies if c.source != d) * t.itemsize)
+                     for d, copies in enumerate(exchange_copies(t, out)))
 
     def __str__(self):
-        return "exchange(to [" + ", ".join(_axes(d) for d in self.dims) + "])"
+        return "exchange(to [" + ", ".join(_axes(d) for d in self.dims) + "]" + _order(self.device_ids) + ")"
 
 
 @dataclass(frozen=True)
@@ -310,7 +368,7 @@ class Unpad:
 
     def apply(self, t: ShardingType) -> ShardingType:
         try:
-            out = ShardingType(t.mesh, self.shape, t.dtype, t.dims, t.partial)
+            out = ShardingType(t.mesh, self.shape, t.dtype, t.dims, t.partial, t.reduction)
         except ShardingError as e:
             raise ShardingError(f"{self} does not fit {t}: {e}") from None
         if out.padded_shape != t.shape:

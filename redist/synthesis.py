@@ -65,6 +65,16 @@ state's blocks at the source (a lower bound on any prefix and permute to it), co
 collectives. On pairs where no plan of collectives meets the bound, the search ends after a few thousand
 states and the exchange is taken, instead of running the budget out.
 
+Reductions. The reduction kind of a pending value (sum, max, min, prod) is the same on both sides
+(:func:`redist.bounds.check_pair`); every ``reduce_scatter`` and ``all_reduce`` of a plan takes the source's,
+and the search is the same for every kind.
+
+Device orders. Between the same axes on two device orders (SPEC 1), the plan is the plan on one order and a
+``permute`` to the other, either after all its steps or before them (the plan from the source moved to the
+destination's order); where that end of the plan is a ``permute`` or an ``exchange`` already, that step moves
+the blocks to the other order too, at no extra cost. The fewer bytes (with a topology: the faster) of the
+two is returned. Every collective of the plan thus runs on one device order.
+
 Budget and fallback. The searches of one ``synthesize`` call generate at most ``_MAX_STATES`` (50,000)
 states in all, counted in both directions, fewer for ranks above 8 (a state is a tuple per dim), and twice
 that with a topology (its own searches by modeled time get a second budget); a search over sub-axes also
@@ -85,11 +95,12 @@ can receive more than a searched plan would.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from functools import lru_cache
 from typing import NamedTuple
 
+from redist import cost
 from redist import steps as S
 from redist.axes import Axis, canonical_axes, remove_axes
 from redist.bounds import check_pair
@@ -170,17 +181,21 @@ def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
     and over sub-axes) are priced with :func:`redist.cost.plan_time` and the fastest is returned (ties:
     fewer bytes, then fewer steps).
 
-    Raises :class:`ShardingError` if the types are on different meshes, have different shapes or dtypes, or if
-    the destination is partial over an axis the source is not.
+    The types may lie on two device orders of the same mesh axes ("Device orders" in the module header).
+    Raises :class:`ShardingError` if the types are on different mesh axes, have different shapes or dtypes,
+    or pending reductions of different kinds, or if the destination is partial over an axis the source is not.
     """
-    check_pair(src, dst, topology)
+    check_pair(src, dst)
+    if topology is not None:
+        cost.as_topology(topology, src.mesh)  # a bad topology= is refused whichever path the pair takes
+    if src.mesh != dst.mesh:
+        return _across_device_orders(src, dst, topology)
     if not (src.is_even() and dst.is_even()):
         return _synthesize_uneven(src, dst, topology)
     core_src, core_dst = _without_unit_axes(src, dst.partial), _without_unit_axes(dst, dst.partial)
     if topology is None:
         core = _synthesize(core_src, core_dst)
     else:
-        from redist import cost
 
         topo = cost.as_topology(topology, src.mesh)
         candidates = [_synthesize(core_src, core_dst)]
@@ -193,6 +208,33 @@ def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
                 candidates.append(found.plan)
         core = min(candidates, key=lambda p: (cost.plan_time(p, topo), p.bytes_received, len(p.steps)))
     return _with_unit_axes(src, dst, core)
+
+
+def _across_device_orders(src: ShardingType, dst: ShardingType, topology) -> Plan:
+    """A plan between two device orders of the same axes ("Device orders" in the module header)."""
+    ids = dst.mesh.device_ids
+    after = synthesize(src, dst.replace(mesh=src.mesh), topology)
+    steps = list(after.steps)
+    if steps and isinstance(steps[-1], (S.Permute, S.Exchange)):
+        steps[-1] = replace(steps[-1], device_ids=ids)
+    else:
+        steps.append(S.Permute(dst.dims, ids))
+    before = synthesize(src.replace(mesh=dst.mesh), dst, topology)
+    first = [S.Permute(src.dims, ids)] + list(before.steps)
+    if before.steps and isinstance(before.steps[0], (S.Permute, S.Exchange)):
+        first = [replace(before.steps[0], device_ids=ids)] + list(before.steps[1:])
+    candidates = [Plan.from_steps(src, steps), Plan.from_steps(src, first)]
+    return _cheapest(candidates, topology, src.mesh)
+
+
+def _cheapest(candidates, topology, mesh: Mesh) -> Plan:
+    """The fewest-bytes candidate (ties: fewest steps, then the first), or with ``topology`` the fastest (ties:
+    fewest bytes, then steps)."""
+    if topology is None:
+        return min(candidates, key=lambda p: (p.bytes_received, len(p.steps)))
+
+    topo = cost.as_topology(topology, mesh)
+    return min(candidates, key=lambda p: (cost.plan_time(p, topo), p.bytes_received, len(p.steps)))
 
 
 def _synthesize_uneven(src: ShardingType, dst: ShardingType, topology) -> Plan:
@@ -214,9 +256,9 @@ def _synthesize_uneven(src: ShardingType, dst: ShardingType, topology) -> Plan:
     exchange = S.Exchange(dst.dims)
     if not reduced:
         return Plan.from_steps(src, (exchange,))
-    candidates = [Plan.from_steps(src, (S.AllReduce(reduced), exchange))]
+    candidates = [Plan.from_steps(src, (S.AllReduce(reduced, src.reduction), exchange))]
     if _type_or_none(src, dst.dims, src.partial) is not None:
-        candidates.append(Plan.from_steps(src, (exchange, S.AllReduce(reduced))))
+        candidates.append(Plan.from_steps(src, (exchange, S.AllReduce(reduced, src.reduction))))
     bound = max(src.local_bytes, dst.local_bytes)
     for d in range(src.rank):
         mid = _type_or_none(src, src.dims[:d] + (src.dims[d] + reduced,) + src.dims[d + 1:], dst.partial)
@@ -225,7 +267,6 @@ def _synthesize_uneven(src: ShardingType, dst: ShardingType, topology) -> Plan:
             candidates.append(Plan.from_steps(src, first.steps + (exchange,)))
     if topology is None:
         return min(candidates, key=lambda p: (p.bytes_received, len(p.steps)))
-    from redist import cost
 
     topo = cost.as_topology(topology, src.mesh)
     return min(candidates, key=lambda p: (cost.plan_time(p, topo), p.bytes_received, len(p.steps)))
@@ -261,7 +302,7 @@ def _with_unit_axes(src: ShardingType, dst: ShardingType, core: Plan) -> Plan:
     steps, t = [], src
     reduced = tuple(a for a in src.partial if a not in core.src.partial)
     if reduced:
-        steps.append(S.AllReduce(reduced))
+        steps.append(S.AllReduce(reduced, src.reduction))
         t = steps[-1].apply(t)
     if t != core.src:
         steps.append(S.Permute(core.src.dims))
@@ -366,9 +407,9 @@ def _fallback(src: ShardingType, dst: ShardingType) -> Plan:
             placed[-1] = (dim, placed[-1][1] + (axis,))
         else:
             placed.append((dim, (axis,)))
-    steps = [S.ReduceScatter(dim, axes) for dim, axes in placed]
+    steps = [S.ReduceScatter(dim, axes, src.reduction) for dim, axes in placed]
     if unplaced:
-        steps.append(S.AllReduce(tuple(unplaced)))
+        steps.append(S.AllReduce(tuple(unplaced), src.reduction))
     return Plan.from_steps(src, (*steps, S.Exchange(dst.dims)))
 
 
@@ -545,7 +586,7 @@ class ReduceScatterMove(NamedTuple):
     atom: int
 
     def step(self, run: _Run) -> S.ReduceScatter:
-        return S.ReduceScatter(self.dim, run.pushed(self.dim))
+        return S.ReduceScatter(self.dim, run.pushed(self.dim), run.before.reduction)
 
 
 def _try_reduce_scatters(space: _Space, node: _Node):
@@ -646,7 +687,7 @@ class AllReduceMove(NamedTuple):
     """5. ``all_reduce``: sum over every partial atom the destination does not keep."""
 
     def step(self, run: _Run) -> S.AllReduce:
-        return S.AllReduce(remove_axes(run.before.partial, run.dst.partial))
+        return S.AllReduce(remove_axes(run.before.partial, run.dst.partial), run.before.reduction)
 
 
 def _try_all_reduce(space: _Space, node: _Node):

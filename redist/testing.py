@@ -16,8 +16,11 @@ Hypothesis they say only which outcomes are possible (anything above 0 and below
 Hypothesis shrinks toward the simpler one (no sub-axes, an axis left out, an even pair).
 
     draw = SeededDraw(random.Random(0))
-    mesh = draw_mesh(draw, max_devices=16)
-    src, dst = draw_pair(draw, mesh, partial=0.4, sub_axes=0.25, uneven=0.3)
+    mesh = draw_mesh(draw, max_devices=16, device_order=0.2)
+    src, dst = draw_pair(draw, mesh, partial=0.4, sub_axes=0.25, uneven=0.3, reductions=REDUCTIONS, reorder=0.2)
+
+Options that are off by default (``device_order``, ``reorder``, a ``reductions`` list of one kind) draw nothing
+when off, so that turning them on adds choices without shifting the seeded samples of callers that do not.
 
 Buffers for such pairs (random values, summands of a partial type, poisoned padding) are in
 :mod:`redist.data`.
@@ -33,7 +36,7 @@ from redist.bounds import check_pair
 from redist.errors import ShardingError, shown
 from redist.axes import Axis
 from redist.mesh import Mesh
-from redist.types import ShardingType
+from redist.types import DTYPES, REDUCTIONS, ShardingType
 
 T = TypeVar("T")
 
@@ -137,9 +140,10 @@ class HypothesisDraw:
 
 # ----------------------------------------------------------------------------------------- meshes
 def draw_mesh(draw: Draw, *, max_axes: int = 4, max_devices: int = 16, min_devices: int = 1,
-              devices: int | None = None, axis_sizes: Sequence[int] = AXIS_SIZES) -> Mesh:
+              devices: int | None = None, axis_sizes: Sequence[int] = AXIS_SIZES, device_order: float = 0.0) -> Mesh:
     """A mesh of 1 to ``max_axes`` axes named ``a0, a1, …`` with sizes from ``axis_sizes`` (a size listed
-    twice is drawn twice as often).
+    twice is drawn twice as often); with probability ``device_order`` its devices in a random order
+    (``device_ids``, SPEC 1), else in the default order.
 
     With ``devices``: exactly that many devices, every ordered way of writing it as a product of at most
     ``max_axes`` sizes from ``axis_sizes`` equally likely. Otherwise the number of axes and each size are
@@ -156,7 +160,7 @@ def draw_mesh(draw: Draw, *, max_axes: int = 4, max_devices: int = 16, min_devic
         shapes = [s for s in _ordered_products(devices, sizes, max_axes) if s]
         if not shapes:
             raise ShardingError(f"no mesh of at most {max_axes} axes with sizes from {sizes} has {devices} devices")
-        return _mesh(draw.choice(shapes))
+        return draw_device_order(draw, _mesh(draw.choice(shapes)), device_order)
     if not 1 <= min_devices <= max_devices or min_devices > max(sizes) ** max_axes:
         raise ShardingError(f"no mesh of at most {max_axes} axes with sizes from {sizes} has between "
                             f"{min_devices} and {max_devices} devices")
@@ -166,11 +170,19 @@ def draw_mesh(draw: Draw, *, max_axes: int = 4, max_devices: int = 16, min_devic
         while math.prod(shape) > max_devices:
             shape[draw.integers(0, n - 1)] = draw.choice((1, 2))
         if draw.accept(math.prod(shape) >= min_devices):
-            return _mesh(shape)
+            return draw_device_order(draw, _mesh(shape), device_order)
 
 
 def _mesh(shape) -> Mesh:
     return Mesh({f"a{i}": s for i, s in enumerate(shape)})
+
+
+def draw_device_order(draw: Draw, mesh: Mesh, p: float = 1.0) -> Mesh:
+    """``mesh``'s axes with the devices in a random order (``device_ids``, a uniform permutation) with
+    probability ``p``, else ``mesh`` itself (nothing drawn if ``p`` is 0 or the mesh has one device)."""
+    if mesh.size > 1 and draw.boolean(p):
+        return mesh.reordered(draw.permutation(range(mesh.size)))
+    return mesh
 
 
 def _ordered_products(n: int, factors: Sequence[int], max_len: int):
@@ -228,11 +240,16 @@ def _sub_axes(name: str, size: int, factors: Sequence[int]) -> list[str]:
 # ----------------------------------------------------------------------------------------- pairs
 def draw_pair(draw: Draw, mesh: Mesh, *, max_rank: int = 3, partial: float = 0.3, dst_partial: float = 0.5,
               sub_axes: float = 0.0, dtype: str | Sequence[str] = "f32", multipliers: Sequence[int] = (1, 1, 2, 3),
-              uneven: float = 0.0, padded: bool = True, empty_dims: bool = True) -> tuple[ShardingType, ShardingType]:
+              uneven: float = 0.0, padded: bool = True, empty_dims: bool = True, reductions: Sequence[str] = ("sum",),
+              reorder: float = 0.0) -> tuple[ShardingType, ShardingType]:
     """A valid (source, destination) pair on ``mesh`` (``redist.bounds.check_pair`` accepts it): one shape
-    and dtype, the destination's partial axes a subset of the source's.
+    and dtype, the destination's partial axes a subset of the source's, one reduction kind.
 
     - rank from 0 to ``max_rank``; dtype ``dtype``, or drawn from it if it is a sequence of dtype names;
+    - the reduction kind of a partial source drawn from ``reductions`` (among those the dtype has: no max or
+      min of complex numbers);
+    - with probability ``reorder`` the destination on ``mesh``'s axes with the devices in a random order
+      (SPEC 1), else on ``mesh``;
     - layouts from :func:`draw_layout` (with ``sub_axes``); the source may hold partial axes with probability
       ``partial``, and each of them stays pending in the destination with probability ``dst_partial`` unless
       the destination puts it in a dim;
@@ -248,6 +265,14 @@ def draw_pair(draw: Draw, mesh: Mesh, *, max_rank: int = 3, partial: float = 0.3
         raise ShardingError(f"uneven pairs with padding need a mesh of two devices or more, got {mesh}")
     if max_rank < 0:
         raise ShardingError(f"max_rank must be at least 0, got {shown(max_rank)}")
+    reductions = tuple(reductions)
+    if not reductions or any(k not in REDUCTIONS for k in reductions):
+        raise ShardingError(f"reductions must be reduction kinds of {REDUCTIONS}, got {shown(reductions)}")
+    dtypes = (dtype,) if isinstance(dtype, str) else tuple(dtype)
+    complex_only = all(d in DTYPES and DTYPES[d].kind == "c" for d in dtypes)
+    if partial > 0 and complex_only and set(reductions) <= {"max", "min"}:
+        raise ShardingError(f"no reduction kind of {reductions} fits complex dtypes {dtypes}")
+    dst_mesh = mesh
     while True:
         ragged = draw.boolean(uneven)
         dtype_name = dtype if isinstance(dtype, str) else draw.choice(dtype)
@@ -255,6 +280,13 @@ def draw_pair(draw: Draw, mesh: Mesh, *, max_rank: int = 3, partial: float = 0.3
         d1, p1 = draw_layout(draw, mesh, rank, partial=draw.boolean(partial), sub_axes=sub_axes)
         d2, _ = draw_layout(draw, mesh, rank, partial=False, sub_axes=sub_axes)
         p2 = tuple(a for a in p1 if draw.boolean(dst_partial) and not _overlaps(mesh, a, d2))
+        kind = "sum"
+        if p1 and len(reductions) > 1:
+            kind = draw.choice(reductions)
+        elif p1:
+            kind = reductions[0]
+        if reorder > 0:
+            dst_mesh = draw_device_order(draw, mesh, reorder)
         shape = []
         for a, b in zip(d1, d2):
             k1, k2 = mesh.group_size(a), mesh.group_size(b)
@@ -263,8 +295,8 @@ def draw_pair(draw: Draw, mesh: Mesh, *, max_rank: int = 3, partial: float = 0.3
             else:
                 shape.append(math.lcm(k1, k2) * draw.choice(multipliers))
         try:
-            src = ShardingType(mesh, tuple(shape), dtype_name, d1, p1)
-            dst = ShardingType(mesh, tuple(shape), dtype_name, d2, p2)
+            src = ShardingType(mesh, tuple(shape), dtype_name, d1, p1, kind)
+            dst = ShardingType(dst_mesh, tuple(shape), dtype_name, d2, p2, kind)
             check_pair(src, dst)
             valid = not (ragged and padded and src.is_even() and dst.is_even())
         except ShardingError:

@@ -2,6 +2,10 @@
 
 ``f32[1024{x}, 512{y,z}] partial{w}`` says: dim 0 is split over mesh axis ``x``; dim 1 over ``y`` (major)
 then ``z`` (minor); each group of devices that differ only in ``w`` holds summands whose sum is the value.
+``partial(max){w}`` (also ``min``, ``prod``) says the group's maximum (minimum, product) is the value: a type has
+one *reduction kind* (``reduction``, ``"sum"`` for plain ``partial{…}``). Of ``bool`` values the sum and the
+maximum are the logical or, the minimum and the product the logical and; complex numbers have no maximum or
+minimum, so ``partial(max)`` and ``partial(min)`` of ``c64``/``c128`` are refused.
 Axes a type does not name replicate. On device coordinates ``c``, a dim of size ``N`` split over axes
 ``(a1, …, ak)`` (``k = s[a1]…s[ak]`` blocks) has block index ``b = ((c[a1]·s[a2] + c[a2])·s[a3] + …)`` and local
 size ``L = ceil(N / k)``; the device holds elements ``[min(N, b·L), min(N, (b+1)·L))`` of it, at the start of its
@@ -47,13 +51,23 @@ DTYPES: dict[str, np.dtype] = {
     "u8": np.dtype(np.uint8),
     "u32": np.dtype(np.uint32),
     "bool": np.dtype(np.bool_),
+    "c64": np.dtype(np.complex64),
+    "c128": np.dtype(np.complex128),
 }
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 MAX_ELEMENTS = 2**63 - 1
 """The most elements an array may have (and so the largest dim): numpy, JAX and XLA index with 64-bit integers."""
 
-_TYPE_RE = re.compile(r"(?P<dtype>[a-z0-9]+)\[(?P<dims>[^\]]*)\](?:partial\{(?P<partial>[^}]*)\})?\Z")
+REDUCTIONS = ("sum", "max", "min", "prod")
+"""The reduction kinds of pending values (SPEC 2): how a partial group's buffers combine into the value."""
+
+REDUCERS = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
+"""The elementwise numpy ufunc of each reduction kind. On ``bool`` arrays numpy's sum and maximum are the
+logical or, its minimum and product the logical and; its maximum and minimum propagate NaN."""
+
+_TYPE_RE = re.compile(r"(?P<dtype>[a-z0-9]+)\[(?P<dims>[^\]]*)\]"
+                      r"(?:partial(?:\((?P<reduction>[^()]*)\))?\{(?P<partial>[^}]*)\})?\Z")
 # One dim and the comma after it; matched at successive positions of the dims text (one pass, no splitting).
 _DIM_RE = re.compile(r"(?P<size>-?[0-9]+)(?:\{(?P<axes>[^{}]*)\})?(?P<comma>,?)")
 
@@ -75,7 +89,9 @@ class ShardingType:
     """A global array's shape and dtype, and how its elements are laid out on ``mesh``.
 
     ``dims[i]`` lists the mesh axes or sub-axes that split dim ``i``, major to minor; ``partial`` lists the axes
-    over which buffers are pending summands, in mesh order. Every mesh axis appears at most once in a type.
+    over which buffers are pending summands, in mesh order, and ``reduction`` (one of :data:`REDUCTIONS`) how
+    they combine; a type without partial axes has no pending reduction and its ``reduction`` is ``"sum"``.
+    Every mesh axis appears at most once in a type.
     Axes may be given as token strings (``"y:(2)2"``) and are held as :class:`~redist.axes.Axis` values, which
     are those strings (canonical: adjacent pieces of one axis merged), so ``t.dims == (("x",), ("y", "z"))``.
     Instances are immutable and hashable; construction validates everything and raises
@@ -87,6 +103,7 @@ class ShardingType:
     dtype: str
     dims: tuple[tuple[Axis, ...], ...]
     partial: tuple[Axis, ...] = ()
+    reduction: str = "sum"
 
     def __post_init__(self):
         if not isinstance(self.mesh, Mesh):
@@ -103,6 +120,7 @@ class ShardingType:
         partial = sorted(partial, key=lambda a: (order[a.name], a.pre))
         object.__setattr__(self, "partial", canonical_axes(partial))
         object.__setattr__(self, "dims", tuple(canonical_axes(d) for d in dims))
+        object.__setattr__(self, "reduction", _reduction(self.reduction, self.dtype, bool(partial)))
 
     # ------------------------------------------------------------------ text form
     @classmethod
@@ -126,22 +144,30 @@ class ShardingType:
         partial = _axis_names(m["partial"], "partial{…}", text)
         if len(set(partial)) != len(partial):
             raise ShardingError(f"an axis is listed twice in partial{{…}} of {shown(text)}")
-        return cls(mesh, shape, m["dtype"], dims, partial)
+        reduction = m["reduction"]
+        if reduction is not None and reduction not in REDUCTIONS:
+            raise ShardingError(f"unknown reduction kind {shown(reduction)} in partial(…) of {shown(text)}; "
+                                f"use one of {', '.join(REDUCTIONS)}")
+        return cls(mesh, shape, m["dtype"], dims, partial, reduction or "sum")
 
     def __str__(self) -> str:
         dims = ", ".join(f"{n}{{{','.join(d)}}}" if d else str(n) for n, d in zip(self.shape, self.dims))
         text = f"{self.dtype}[{dims}]"
-        return text + (f" partial{{{','.join(self.partial)}}}" if self.partial else "")
+        if not self.partial:
+            return text
+        kind = "" if self.reduction == "sum" else f"({self.reduction})"
+        return text + f" partial{kind}{{{','.join(self.partial)}}}"
 
     def __repr__(self) -> str:
         return f"ShardingType.parse({str(self)!r}, {self.mesh!r})"
 
     # ------------------------------------------------------------------ JAX interop
     @classmethod
-    def from_partition_spec(cls, shape, dtype, spec, mesh: Mesh, partial=()) -> "ShardingType":
+    def from_partition_spec(cls, shape, dtype, spec, mesh: Mesh, partial=(), reduction: str = "sum") -> "ShardingType":
         """Build a type from a JAX ``PartitionSpec`` or a tuple like ``(("x", "y"), None)``: one entry per
-        leading dim (missing trailing entries replicate), each None, an axis name or a tuple of axis names.
-        Raises :class:`ShardingError` for anything else, naming the entry."""
+        leading dim (missing trailing entries replicate), each None, an axis name or a tuple of axis names;
+        ``partial`` and ``reduction`` as in the constructor. Raises :class:`ShardingError` for anything else,
+        naming the entry."""
         shape = _sizes(shape)
         entries = _spec_entries(spec)
         if len(entries) > len(shape):
@@ -158,7 +184,7 @@ class ShardingType:
                 raise ShardingError(f"entry {i} of partition spec {shown(spec)} is {shown(e)}; expected None, a mesh "
                                     "axis name or a tuple of axis names")
         dims += [()] * (len(shape) - len(entries))
-        return cls(mesh, shape, dtype, tuple(dims), partial)
+        return cls(mesh, shape, dtype, tuple(dims), partial, reduction)
 
     def partition_spec(self):
         """The JAX ``PartitionSpec`` of this type (partial axes are not part of it)."""
@@ -206,7 +232,7 @@ class ShardingType:
 
     def padded(self) -> "ShardingType":
         """The even type of shape ``padded_shape`` with the same axes: every device's buffer is the same."""
-        return ShardingType(self.mesh, self.padded_shape, self.dtype, self.dims, self.partial)
+        return ShardingType(self.mesh, self.padded_shape, self.dtype, self.dims, self.partial, self.reduction)
 
     @property
     def global_bytes(self) -> int:
@@ -232,14 +258,33 @@ class ShardingType:
         :func:`redist.blocks.data_box`)."""
         return redist.blocks.data_box(self, device)
 
-    def replace(self, dims=None, partial=None) -> "ShardingType":
+    def replace(self, dims=None, partial=None, mesh=None, reduction=None) -> "ShardingType":
+        """This type with the given fields changed (None: kept). A ``mesh`` other than one with the same axes in
+        another device order is refused (:class:`ShardingError`): the axes would mean something else."""
+        if mesh is not None and not self.mesh.same_axes(mesh):
+            raise ShardingError(f"cannot move {self} from mesh {self.mesh} to mesh {shown(mesh)}: a type keeps its "
+                                "mesh's axes, only the device order may change")
         return ShardingType(
-            self.mesh, self.shape, self.dtype, self.dims if dims is None else dims,
-            self.partial if partial is None else partial,
+            self.mesh if mesh is None else mesh, self.shape, self.dtype, self.dims if dims is None else dims,
+            self.partial if partial is None else partial, self.reduction if reduction is None else reduction,
         )
 
 
 # ---------------------------------------------------------------------- reading and checking arguments
+def _reduction(kind, dtype: str, pending: bool) -> str:
+    """The reduction kind of a type of ``dtype``: ``kind`` if it is one of :data:`REDUCTIONS`, and ``"sum"`` when
+    nothing is ``pending`` (no partial axes: the kind means nothing, so that such types compare equal).
+    Raises :class:`ShardingError` for another ``kind`` and for the maximum or minimum of complex numbers."""
+    if not isinstance(kind, str) or kind not in REDUCTIONS:
+        raise ShardingError(f"unknown reduction kind {shown(kind)}; use one of {', '.join(REDUCTIONS)}")
+    if not pending:
+        return "sum"
+    if kind in ("max", "min") and DTYPES[dtype].kind == "c":
+        raise ShardingError(f"partial({kind}) of {dtype} values: complex numbers have no {kind}imum; pending "
+                            f"reductions of {dtype} are sums or products")
+    return kind
+
+
 def _parse_dims(body: str, text: str) -> tuple[tuple[int, ...], tuple[tuple[str, ...], ...]]:
     """The sizes and axis lists of ``body`` (``"8{x,y},4,2{z}"``, whitespace removed), read left to right in one
     pass: linear in its length. ``text`` (the user's whole text) is quoted only in an error."""
@@ -281,7 +326,7 @@ def _spec_entries(spec) -> tuple:
         if spec.unreduced or spec.reduced:
             raise ShardingError(f"partition spec {spec} has unreduced or reduced axes; give pending sums as "
                                 "partial=(axis, ...) instead")
-        return tuple(spec.partitions)
+        return tuple(spec)  # its entries (iteration works on every JAX; `.partitions` only from 0.10)
     if not _is_list(spec):
         raise ShardingError(f"partition spec must be a PartitionSpec or a tuple like (('x', 'y'), None), got "
                             f"{type(spec).__name__} {shown(spec)}")

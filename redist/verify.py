@@ -9,17 +9,24 @@ that independence is on purpose, so that a bug there cannot prove itself right. 
 :class:`redist.axes.Axis` values, which are their token strings; the verifier reads only their text, parses each
 token itself and re-derives name, pre-size and size independently. The meaning of a type is stated once, below, in Z3 terms, from the contract (SPEC sections 1 and 2):
 
-    Devices are numbered row-major over the mesh axes in mesh order (the last axis varies fastest).
-    A dim of size N with axes (a1 … ak), major → minor, on a device with coordinates c has block index
+    Mesh positions are numbered row-major over the mesh axes in mesh order (the last axis varies fastest),
+    and ``device_ids[p]`` is the device at position p (default: device p); a device's coordinates are those
+    of its position. A dim of size N with axes (a1 … ak), major → minor, on a device with coordinates c has
+    block index
     b = ((c[a1]·s[a2] + c[a2])·s[a3] + …), L = ceil(N / (s[a1]·…·s[ak])); local index i of that dim is global
     index b·L + i, which is data if b·L + i < N and padding otherwise. A sub-axis ``name:(pre)size`` of an
     axis of size S has coordinate (c[name] // (S / (pre·size))) % size. Partial axes: the buffers of the
     devices that differ only on them are summands of the value, summand coordinate = the device's
-    coordinates on the partial axes.
+    coordinates on the partial axes; the value is their sum, maximum, minimum or product (the type's
+    ``reduction``; of ``bool`` values sum and maximum are the logical or, minimum and product the and).
 
 The proof follows each element of the result backward. For a symbolic device (mesh coordinates are Z3
 integers in range) and a symbolic local index, each instruction, read in reverse, says which device and
-which local index of the buffer before it the element came from:
+which local index of the buffer before it the element came from. Devices are followed by their coordinates
+on the program's mesh (``Program.mesh``, whose groups the collectives use); the claim's device order
+(``Program.dst_mesh``) and the source's (``Program.src_mesh``) are translated to and from it by tables over
+the position, as for a permute (none where the device orders agree). Instructions that name devices (a
+permute's sources, an exchange's copies) name device ids, read through the program mesh's ``device_ids``.
 
 - ``Slice(dim, axes)``: same device; index + r·n_out along ``dim`` (r = the device's rank over ``axes``).
 - ``AllGather(dim, axes)``: the group member of rank i // n_in; index i % n_in along ``dim``.
@@ -47,12 +54,20 @@ Queries (``unsat`` = proved):
    has a source global index other than the one the destination type assigns there (padding positions
    of the result may hold anything);
 2. *sums* (only with partial axes or reductions): with ``Q`` the destination's partial axes, the
-   contributors to the group sum at (device, index) are indexed by (summation members, Q-coordinates of
-   the group member); their number must equal the number of source summand coordinates, and query 2 asks
-   for two different contributors with the same source summand coordinate, or from two different source
-   partial groups (SPEC 4: *any* summands whose group sums are right must work, so the summands of one
-   group need not agree with those of a replica group). ``unsat`` proves the contributors are a bijection
-   onto the summands of one source group: each is added exactly once.
+   contributors to the group reduction at (device, index) are indexed by (summation members, Q-coordinates
+   of the group member). For a sum or a product each summand must be taken exactly once: their number must
+   equal the number of source summand coordinates, and query 2 asks for two different contributors with the
+   same source summand coordinate, or from two different source partial groups (SPEC 4: *any* summands
+   whose group sums are right must work, so the summands of one group need not agree with those of a
+   replica group). ``unsat`` proves the contributors are a bijection onto the summands of one source group.
+   For an idempotent reduction (max, min, and every reduction of ``bool``: or, and) a summand taken twice
+   changes nothing, and summands of other groups of the same element change nothing either once one whole
+   group is in (each is at most the maximum, at least the minimum), so the query asks instead that the
+   contributors *cover* every summand of one group: a bijection proves it at once; otherwise, with the
+   contributor of all-zero members as the witness group, query 3 asks for a summand coordinate of that
+   group that no contributor (each concrete choice of members, one walk each) takes. ``unsat`` proves the
+   group is covered. (A program that covers some other group but not the witness's is refuted; every
+   reduction of a synthesized plan covers all groups alike.)
 
 ``peak_bytes`` and ``bytes_received`` are recomputed from the instructions and buffer shapes (which are the
 same on every device of an SPMD program; the shapes are themselves re-derived from the instructions).
@@ -67,13 +82,16 @@ in any of them is refuted (status ``"refuted"``, with a counterexample in the st
 
 - ``plan`` must be a :class:`~redist.plan.Plan`. Read: ``program``, ``src`` (the type of the input buffers),
   ``dst`` (the claim when none is given), ``peak_bytes`` and ``bytes_received`` (:func:`_check_costs`).
-- ``Mesh`` — of the program, of the source type and of the claim — is compared as a whole value by the one
-  helper :func:`_mesh_difference` (``==`` of the frozen dataclass): axis names, sizes and their order today,
-  and device order too the day ``Mesh`` gains ``device_ids`` (SPEC 1), with no change here. A type on
-  another arrangement of the same number of devices (axes in another order, other sizes, other names) is
-  refuted, the counterexample naming a device whose position differs (``Mesh({"y": 2, "x": 4})`` against
-  ``x=4,y=2``: device 1 is at ``{x: 0, y: 1}`` on one and ``{y: 0, x: 1}`` on the other). A type on another
-  number of devices is no claim about these devices: ``ShardingError``.
+- ``Mesh``: the source type's must be the program's ``src_mesh`` and the claim's its ``dst_mesh``, compared as
+  whole values (axis names, sizes, their order and ``device_ids``) by the one helper
+  :func:`_mesh_difference`: a type on another arrangement of the same number of devices (axes in another
+  order, other sizes, other names, or another device order) is refuted, the counterexample naming a device
+  whose position differs (``Mesh({"y": 2, "x": 4})`` against ``x=4,y=2``: device 1 is at ``{x: 0, y: 1}``
+  on one and ``{y: 0, x: 1}`` on the other; ``device_ids=[1,0]`` against the default order: device 0 is at
+  ``{x: 1}`` on one and ``{x: 0}`` on the other). The program's own three meshes must have the same axes
+  (only their device orders may differ), else it is refuted. A type on another number of devices is no
+  claim about these devices: ``ShardingError``. ``device_ids`` are read as data (a permutation, inverted
+  here); no method of ``Mesh`` is called.
 - ``Program.dtype`` must be the source type's dtype, and the claim's ``dtype`` the source's
   (:func:`_check_fields`). The names' meaning is ``ShardingType.np_dtype``: the dtype table, not block
   arithmetic, is the one thing read from the type class beyond its fields.
@@ -85,7 +103,10 @@ in any of them is refuted (status ``"refuted"``, with a counterexample in the st
 - ``Program.instructions``: every field of every instruction is checked by :func:`_derive_shapes` (dims in
   range, axes of the mesh that do not overlap, a permutation of the devices, copies that fit their buffers,
   name devices and do not overlap) and read by the walk.
-- Reduction kinds (SPEC 4: max, min, prod) do not exist in the types yet; every reduction is a sum.
+- ``ShardingType.reduction`` and the instructions' ``reduction``: every reduction instruction of the program
+  must take one kind, the source's where the source is partial, and a partial claim must be of the
+  source's kind (:func:`_check_reductions`); the maximum or minimum of complex numbers is refuted. The kind
+  decides query 2 (exactly once, or covered).
 
 Time
 ----
@@ -99,6 +120,7 @@ happens before the first check and cannot be cut short.
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 import re
@@ -109,19 +131,27 @@ from fractions import Fraction
 from typing import Any, Sequence
 
 import numpy as np
-import z3
 
 from redist import program as P
 from redist.errors import ShardingError
+from redist.extras import MissingModule
 from redist.mesh import Mesh
 from redist.plan import Plan
 from redist.types import ShardingType
+
+try:
+    import z3
+except ModuleNotFoundError as e:  # no [verify] extra: `import redist` works, and verify() says what to install
+    z3 = MissingModule(e, "redist.verify", "verify")
 
 __all__ = ["Verdict", "verify", "verify_program", "program_bytes", "STATUSES"]
 
 STATUSES = ("proved", "refuted", "undecided")
 
 _TOKEN = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::\((?P<pre>\d+)\)(?P<size>\d+))?\Z")
+# The reduction kinds (SPEC 2), and those for which taking a summand twice changes nothing.
+_KINDS = ("sum", "max", "min", "prod")
+_IDEMPOTENT = ("max", "min")
 
 
 @dataclass(frozen=True)
@@ -377,6 +407,8 @@ def _malformed(ins, rank: int) -> str | None:
         return None
     if isinstance(ins, (P.Slice, P.AllGather, P.ReduceScatter)) and not _is_int(ins.dim):
         return f"dim {ins.dim!r} is not a dim"
+    if isinstance(ins, (P.ReduceScatter, P.AllReduce)) and ins.reduction not in _KINDS:
+        return f"reduction {ins.reduction!r} is none of {', '.join(_KINDS)}"
     if not isinstance(ins, (P.Reshape, P.Transpose, P.Slice, P.AllGather, P.AllToAll, P.ReduceScatter, P.AllReduce)):
         return f"unknown instruction {type(ins).__name__}"
     return None
@@ -444,6 +476,8 @@ class _Walk:
         self.program = program
         self.mesh_sizes = mesh_sizes
         self.names = list(mesh_sizes)
+        self.ids = _device_order(program.mesh)  # the device at each position of the program's mesh
+        self.pos = _positions(self.ids)  # the position of each device id
         self.tag = tag
         self.deadline = deadline
         self.defs: list = []  # definitional constraints (each has exactly one solution per input)
@@ -458,11 +492,25 @@ class _Walk:
         self.ranges.append(z3.And(v >= lo, v < hi))
         return v
 
-    def device_id(self, c):
+    def position(self, c):
+        """The row-major position of coordinates ``c``."""
         d = z3.IntVal(0)
         for name in self.names:
             d = d * self.mesh_sizes[name] + c[name]
         return d
+
+    def reorder(self, c: dict, from_ids, to_ids, what: str) -> dict:
+        """The coordinates, on the device order ``to_ids``, of the device at coordinates ``c`` on the device
+        order ``from_ids`` (both: the device at each position); ``c`` itself where the orders agree."""
+        if from_ids == to_ids:
+            return c
+        at = _positions(to_ids)
+        doing = f"encoding the device order of the {what} for the {self.tag!r} walk"
+        targets = [_coords(self.mesh_sizes, at[d]) for d in from_ids]
+        key = self.position(c)
+        out = {name: _table(key, [x[name] for x in targets], self.deadline, doing) for name in self.names}
+        self.n += 1
+        return self._named_coords(f"o{self.n}", out)
 
     def run(self, c: dict, idx: list):
         """Walk from the result back to the source; returns (source device coords, source index)."""
@@ -475,9 +523,10 @@ class _Walk:
             if isinstance(ins, P.CollectivePermute):
                 if not ins.pairs():
                     continue
-                # One table per mesh axis, of the source's coordinate on it: no division in the terms.
-                did, doing = self.device_id(c), f"encoding the source table of instruction {t}"
-                sources = [_coords(self.mesh_sizes, s) for s in ins.sources]
+                # One table per mesh axis, of the source's coordinate on it: no division in the terms. The
+                # table is over positions: the device at position p is ids[p], its source sources[ids[p]].
+                did, doing = self.position(c), f"encoding the source table of instruction {t}"
+                sources = [_coords(self.mesh_sizes, self.pos[ins.sources[d]]) for d in self.ids]
                 c = self._named_coords(t, {name: _table(did, [s[name] for s in sources], self.deadline, doing)
                                            for name in self.names})
                 continue
@@ -541,7 +590,7 @@ class _Walk:
         and index)``, and ``k == J → no box holds it``; the boxes of one device do not overlap, so ``k`` is a
         function of the device and index. This keeps the encoding linear in the number of copies (an
         if-then-else chain over thousands of copies is much slower to solve)."""
-        did = self.device_id(c)
+        did = self.position(c)
         doing = f"encoding the copies of instruction {t} (exchange) for the {self.tag!r} walk"
         n_copies = sum(len(copies) for copies in ins.copies)
         k = self.fresh(f"copy{t}", 0, n_copies + 1)
@@ -553,11 +602,11 @@ class _Walk:
                 self.deadline.check(doing)
             if not copies:
                 continue
-            on_d = did == d
+            on_d = did == self.pos[d]
             for cp in copies:
                 inside = z3.And([on_d] + [z3.And(i >= lo, i < lo + n) for i, lo, n in zip(idx, cp.dst_start, cp.size)])
                 covers.append(inside)
-                source = _coords(self.mesh_sizes, cp.source)
+                source = _coords(self.mesh_sizes, self.pos[cp.source])
                 self.defs.append(z3.Implies(k == j, z3.And(
                     [inside] + [c2[name] == source[name] for name in self.names]
                     + [a == (i if lo_in == lo_out else i + (lo_in - lo_out))
@@ -587,8 +636,22 @@ class _Walk:
         return out
 
 
+def _device_order(mesh) -> tuple[int, ...]:
+    """The device id at each row-major position of ``mesh``: its ``device_ids``, read as data."""
+    return tuple(mesh.device_ids)
+
+
+def _positions(ids: Sequence[int]) -> list[int]:
+    """The position of each device id, given the device id at each position (a permutation)."""
+    out = [0] * len(ids)
+    for p, d in enumerate(ids):
+        out[d] = p
+    return out
+
+
 def _coords(mesh_sizes: dict, device: int) -> dict[str, int]:
-    """The coordinates of device id ``device``: row-major over the mesh axes, the last varying fastest."""
+    """The coordinates of position ``device``: row-major over the mesh axes, the last varying fastest (a
+    device id's own position in the default device order)."""
     out = {}
     for name in reversed(list(mesh_sizes)):
         device, out[name] = divmod(device, mesh_sizes[name])
@@ -760,8 +823,10 @@ def _check_arguments(program, src, dst) -> None:
             and all(_is_ints(s) for s in program.shapes)):
         raise ShardingError("verify: the program's instructions and shapes must be tuples (shapes: one tuple of "
                             f"sizes per buffer), got {_show(program.instructions)} and {_show(program.shapes)}")
-    if not isinstance(program.mesh, Mesh):
-        raise ShardingError(f"verify: the program's mesh must be a redist.Mesh, got {_show(program.mesh)}")
+    for name in ("mesh", "src_mesh", "dst_mesh"):
+        if not isinstance(getattr(program, name), Mesh):
+            raise ShardingError(f"verify: the program's {name} must be a redist.Mesh, got "
+                                f"{_show(getattr(program, name))}")
     try:
         np.dtype(program.dtype)
     except TypeError:
@@ -803,22 +868,31 @@ def _verify(program, src, dst, costs, deadline: _Deadline, details: dict) -> Non
         raise _Refuted(f"the program ends with local shape {shapes[-1]}, but {dst} has local shape {dst_local}",
                        _field_cx(mesh_sizes, "local_shape", shapes[-1], dst_local))
     _check_costs(program, shapes, mesh_sizes, costs, details)
+    kind = _check_reductions(program, src, dst)
     if any(n == 0 for n in dst_local):
         return  # no elements: nothing to prove
     _value_query(program, mesh_sizes, src, dst, dst_local, deadline, details)
-    _sum_query(program, mesh_sizes, src, dst, dst_local, deadline, details)
+    idempotent = kind in _IDEMPOTENT or np.dtype(program.dtype) == np.dtype(np.bool_)
+    _sum_query(program, mesh_sizes, src, dst, dst_local, deadline, details, idempotent)
 
 
 # ----------------------------------------------------------------------------- fields no query reads
 def _check_fields(program, src, dst) -> None:
-    """Meshes, dtypes and shapes must agree exactly (the audit in the module header): the program's mesh and
-    dtype are the source type's, and the claim's mesh, dtype and shape are the source's."""
+    """Meshes, dtypes and shapes must agree exactly (the audit in the module header): the source type's mesh
+    is the program's ``src_mesh`` and the claim's its ``dst_mesh``, whose axes are those of the program's
+    ``mesh``; the program's dtype is the source type's, and the claim's dtype and shape are the source's."""
     mesh_sizes = dict(program.mesh.axes)
-    for what, t in (("source type", src), ("claim", dst)):
-        cx = _mesh_difference(program.mesh, t.mesh)
+    for which in ("src_mesh", "dst_mesh"):
+        if tuple(getattr(program, which).axes) != tuple(program.mesh.axes):
+            raise _Refuted(f"the program's {which} {getattr(program, which)!r} does not have the axes of the mesh "
+                           f"{program.mesh!r} its collectives run on", _mesh_difference(program.mesh,
+                                                                                        getattr(program, which)))
+    for what, t, have, role in (("source type", src, program.src_mesh, "the program reads its input on"),
+                                ("claim", dst, program.dst_mesh, "the program leaves its result on")):
+        cx = _mesh_difference(have, t.mesh)
         if cx is not None:
-            raise _Refuted(f"the {what} {t} is on mesh {t.mesh!r}, but the program runs on mesh {program.mesh!r}: "
-                           f"device {cx['device']} is at {cx['holds']['coords']} on the program's mesh and at "
+            raise _Refuted(f"the {what} {t} is on mesh {t.mesh!r}, but {role} mesh {have!r}: device "
+                           f"{cx['device']} is at {cx['holds']['coords']} on the program's mesh and at "
                            f"{cx['expected']['coords']} on the {what}'s", cx)
     dtype = np.dtype(program.dtype)
     if dtype != src.np_dtype:
@@ -834,23 +908,56 @@ def _check_fields(program, src, dst) -> None:
 
 def _mesh_difference(have, want) -> dict | None:
     """None if ``have`` and ``want`` (meshes of the same number of devices) are the same mesh, else a
-    counterexample: the first device whose position (coordinates by axis name) differs, or device 0 when
-    every position agrees (axes of size 1 in another order). The whole values are compared, so every field
-    that ``Mesh`` has or gains — device order, once it has ``device_ids`` — is compared."""
+    counterexample: the first device id whose position (coordinates by axis name, through each mesh's
+    ``device_ids``) differs, or device 0 when every position agrees (axes of size 1 in another order). The
+    whole values are compared, so every field of ``Mesh`` (axes, sizes, their order, device order) is."""
     if have == want:
         return None
     sizes_have, sizes_want = dict(have.axes), dict(want.axes)
-    n = math.prod(sizes_have.values())
-    d = next((d for d in range(n) if _coords(sizes_have, d) != _coords(sizes_want, d)), 0)
-    return {"device": d, "coords": _coords(sizes_have, d), "index": None,
-            "holds": {"mesh": repr(have), "coords": _coords(sizes_have, d)},
-            "expected": {"mesh": repr(want), "coords": _coords(sizes_want, d)}}
+    at_have, at_want = _positions(_device_order(have)), _positions(_device_order(want))
+
+    def where(sizes, at, d):
+        return _coords(sizes, at[d])
+
+    n = len(at_have)
+    d = next((d for d in range(n) if where(sizes_have, at_have, d) != where(sizes_want, at_want, d)), 0)
+    return {"device": d, "coords": where(sizes_have, at_have, d), "index": None,
+            "holds": {"mesh": repr(have), "coords": where(sizes_have, at_have, d)},
+            "expected": {"mesh": repr(want), "coords": where(sizes_want, at_want, d)}}
 
 
 def _field_cx(mesh_sizes: dict, what: str, holds, expected) -> dict:
-    """A counterexample for a field that is the same on every device and at every index: device 0."""
+    """A counterexample for a field that is the same on every device and at every index: the device at
+    position 0 (device 0 in the default order)."""
     return {"device": 0, "coords": _coords(mesh_sizes, 0), "index": None,
             "holds": {what: holds}, "expected": {what: expected}}
+
+
+def _check_reductions(program, src, dst) -> str | None:
+    """The reduction kind of the program (None if nothing is reduced or pending), after checking it against
+    the types (the audit in the module header): the instructions take one kind, the source's where it is
+    partial; a partial claim is of the source's kind; the maximum or minimum of complex numbers is refused."""
+    mesh_sizes = dict(program.mesh.axes)
+    taken = [(t, ins.reduction) for t, ins in enumerate(program.instructions)
+             if isinstance(ins, (P.ReduceScatter, P.AllReduce))]
+    kinds = {k for _, k in taken}
+    if len(kinds) > 1:
+        raise _Refuted(f"the program reduces by {' and '.join(sorted(kinds))}: one value has one reduction kind",
+                       _field_cx(mesh_sizes, "reduction", sorted(kinds), sorted(kinds)[0]))
+    pending = src.reduction if src.partial else None
+    kind = pending or (kinds.pop() if kinds else None)
+    if pending is not None:
+        wrong = next(((t, k) for t, k in taken if k != pending), None)
+        if wrong is not None:
+            raise _Refuted(f"instruction {wrong[0]} takes the {wrong[1]} of its group, but the source {src} is a "
+                           f"pending {pending}", _field_cx(mesh_sizes, "reduction", wrong[1], pending))
+    if dst.partial and kind is not None and dst.reduction != kind:
+        raise _Refuted(f"the claim {dst} is a pending {dst.reduction}, but the program's values are a pending "
+                       f"{kind}", _field_cx(mesh_sizes, "reduction", kind, dst.reduction))
+    if kind in _IDEMPOTENT and np.dtype(program.dtype).kind == "c":
+        raise _Refuted(f"the program takes the {kind} of complex numbers, which have none",
+                       _field_cx(mesh_sizes, "reduction", kind, "sum or prod"))
+    return kind
 
 
 def _check_costs(program, shapes, mesh_sizes, costs, details: dict) -> None:
@@ -880,10 +987,10 @@ def _value_query(program, mesh_sizes, src, dst, dst_local, deadline: _Deadline, 
     names = list(mesh_sizes)
     src_partial = _type_meaning(mesh_sizes, src, {n: z3.IntVal(0) for n in names}, None)[3]
     w = _Walk(program, mesh_sizes, "a", deadline)
-    c = {n: w.fresh(f"dev_{n}", 0, s) for n, s in mesh_sizes.items()}
+    c = {n: w.fresh(f"dev_{n}", 0, s) for n, s in mesh_sizes.items()}  # on the claim's device order
     idx = [w.fresh(f"idx{d}", 0, L) for d, L in enumerate(dst_local)]
     want, _, _, _, is_data = _type_meaning(mesh_sizes, dst, c, idx)
-    c0, i0 = w.run(c, idx)
+    c0, i0 = _walk_between_orders(w, program, c, idx)
     got, _, summand, _, from_data = _type_meaning(mesh_sizes, src, c0, i0)
     unwritten = z3.Not(_all(w.written))
     bad = z3.Or([unwritten, z3.Not(from_data)] + [a != b for a, b in zip(got, want)])
@@ -892,7 +999,7 @@ def _value_query(program, mesh_sizes, src, dst, dst_local, deadline: _Deadline, 
     if res == z3.unsat:
         return
     mdl = s.model()
-    cx = _cex(mdl, w, names, c, idx, want, c0, i0, got, summand, src_partial)
+    cx = _cex(mdl, w, program, c, idx, want, c0, i0, got, summand, src_partial)
     where = f"device {cx['device']} {cx['coords']} at local index {cx['index']}"
     if not z3.is_true(mdl.eval(_all(w.written), model_completion=True)):
         cx["holds"] = {"unwritten": True}
@@ -909,8 +1016,20 @@ def _value_query(program, mesh_sizes, src, dst, dst_local, deadline: _Deadline, 
         f"{cx['expected']['global_index']} there", cx)
 
 
-def _sum_query(program, mesh_sizes, src, dst, dst_local, deadline: _Deadline, details: dict) -> None:
-    """Query 2 of the module header: each group sum adds every summand of one source group exactly once."""
+def _walk_between_orders(w: _Walk, program, c: dict, idx: list):
+    """Walk back from coordinates ``c`` on the claim's device order (``program.dst_mesh``) and local index
+    ``idx`` to the source: returns the source device's coordinates on the source's device order
+    (``program.src_mesh``) and its local index."""
+    ids = w.ids
+    c = w.reorder(c, _device_order(program.dst_mesh), ids, "claim")
+    c0, i0 = w.run(c, idx)
+    return w.reorder(c0, ids, _device_order(program.src_mesh), "source"), i0
+
+
+def _sum_query(program, mesh_sizes, src, dst, dst_local, deadline: _Deadline, details: dict,
+               idempotent: bool) -> None:
+    """Query 2 of the module header: each group reduction takes every summand of one source group exactly
+    once, or (``idempotent``) at least once."""
     names = list(mesh_sizes)
     zero = {n: z3.IntVal(0) for n in names}
     src_partial = _type_meaning(mesh_sizes, src, zero, None)[3]
@@ -920,49 +1039,67 @@ def _sum_query(program, mesh_sizes, src, dst, dst_local, deadline: _Deadline, de
                           if isinstance(ins, (P.ReduceScatter, P.AllReduce)))
     n_q = _ksize(dst_partial)
     n_summands = _ksize(src_partial)
-    if n_members * n_q != n_summands:
+    if n_members * n_q < n_summands or (not idempotent and n_members * n_q != n_summands):
         raise _Refuted(
-            f"each element of the result sums {n_members} source summand(s) per device "
+            f"each element of the result reduces {n_members} source summand(s) per device "
             f"(x {n_q} over the destination's partial axes), but the source has {n_summands} summand(s) "
-            "per element: some summand is dropped or added more than once",
+            "per element: some summand is dropped" + ("" if idempotent else " or taken more than once"),
             {"device": 0, "coords": _coords(mesh_sizes, 0), "index": (0,) * len(dst_local),
              "holds": {"summands": n_members * n_q}, "expected": {"summands": n_summands}})
     if n_summands == 1:
-        return
+        return  # one summand: every contributor holds the value (query 1), and each is taken once or, if
+        # idempotent, any number of times
     details["queries"] = 2
-    base_c = {n: z3.Int(f"base_{n}") for n in names}
+    base_c = {n: z3.Int(f"base_{n}") for n in names}  # on the claim's device order
     base_ranges = [z3.And(base_c[n] >= 0, base_c[n] < s) for n, s in mesh_sizes.items()]
     base_idx = [z3.Int(f"base_i{d}") for d in range(len(dst_local))]
     base_ranges += [z3.And(v >= 0, v < L) for v, L in zip(base_idx, dst_local)]
     base_ranges.append(_type_meaning(mesh_sizes, dst, base_c, base_idx)[4])  # data positions only
-    walks = []
-    for tag in ("p", "q"):
-        wk = _Walk(program, mesh_sizes, tag, deadline)
-        cc = dict(base_c)
-        qs = []
-        for ax in dst_partial:
-            v = wk.fresh("grp", 0, ax.size)
-            qs.append(v)
-            cc = _with_sub(cc, ax, v)
-        cs, ii = wk.run(cc, list(base_idx))
-        _, _, summ, _, _ = _type_meaning(mesh_sizes, src, cs, ii)
-        members = qs + [v for _, vs, _ in wk.sum_vars for v in vs]
-        walks.append((wk, members, summ, cs, _group_key(cs, src_partial)))
+    walks = [_contributor(program, mesh_sizes, tag, base_c, base_idx, src, src_partial, dst_partial, deadline)
+             for tag in ("p", "q")]
     (w1, m1, s1, cs1, g1), (w2, m2, s2, cs2, g2) = walks
     differ = z3.Or([a != b for a, b in zip(m1, m2)])
     same = z3.And([a == b for a, b in zip(s1, s2)])
     other_group = z3.Or([a != b for a, b in zip(g1, g2)])
-    s, res = _solve(base_ranges + w1.ranges + w1.defs + w1.written + w2.ranges + w2.defs + w2.written
-                    + [differ, z3.Or(same, other_group)], deadline, "summation query")
-    if res == z3.unsat:
-        return
-    mdl = s.model()
+    bijection = n_members * n_q == n_summands
+    if bijection or not idempotent:
+        s, res = _solve(base_ranges + w1.ranges + w1.defs + w1.written + w2.ranges + w2.defs + w2.written
+                        + [differ, z3.Or(same, other_group)], deadline, "summation query")
+        if res == z3.unsat:
+            return
+        if not idempotent:
+            _refute_pair(s.model(), mesh_sizes, program, base_c, base_idx, (cs1, cs2), (s1, s2), src_partial)
+    _coverage_query(program, mesh_sizes, src, src_partial, dst_partial, base_c, base_idx, base_ranges, w1,
+                    deadline, details)
+
+
+def _contributor(program, mesh_sizes, tag, base_c, base_idx, src, src_partial, dst_partial, deadline):
+    """One symbolic contributor to the group reduction at the base device and index: a walk from the member
+    of the base's destination group given by fresh Q-coordinates. Returns ``(walk, member variables
+    (Q-coordinates, then each reduction's), source summand coordinates, source device coordinates, source
+    group key)``."""
+    wk = _Walk(program, mesh_sizes, tag, deadline)
+    cc = dict(base_c)
+    qs = []
+    for ax in dst_partial:
+        v = wk.fresh("grp", 0, ax.size)
+        qs.append(v)
+        cc = _with_sub(cc, ax, v)
+    cs, ii = _walk_between_orders(wk, program, cc, list(base_idx))
+    _, _, summ, _, _ = _type_meaning(mesh_sizes, src, cs, ii)
+    members = qs + [v for _, vs, _ in wk.sum_vars for v in vs]
+    return wk, members, summ, cs, _group_key(cs, src_partial)
+
+
+def _refute_pair(mdl, mesh_sizes, program, base_c, base_idx, cs, ss, src_partial) -> None:
+    """Refute with the model of query 2: two contributors that take one summand, or two source groups."""
+    names = list(mesh_sizes)
     dev = {n: _model_int(mdl, base_c[n]) for n in names}
     index = tuple(_model_int(mdl, v) for v in base_idx)
-    src_dev = [{n: _model_int(mdl, cc[n]) for n in names} for cc in (cs1, cs2)]
-    summ = [{a.token: _model_int(mdl, e) for a, e in zip(src_partial, ss)} for ss in (s1, s2)]
-    from_devs = [_dev_id(d, mesh_sizes) for d in src_dev]
-    cx = {"device": _dev_id(dev, mesh_sizes), "coords": dev, "index": index,
+    src_dev = [{n: _model_int(mdl, cc[n]) for n in names} for cc in cs]
+    summ = [{a.token: _model_int(mdl, e) for a, e in zip(src_partial, x)} for x in ss]
+    from_devs = [_device_at(program.src_mesh, d, mesh_sizes) for d in src_dev]
+    cx = {"device": _device_at(program.dst_mesh, dev, mesh_sizes), "coords": dev, "index": index,
           "holds": {"summands": summ, "added_from_devices": from_devs},
           "expected": {"summands": "each summand of one source partial group, exactly once"}}
     if summ[0] == summ[1]:
@@ -971,6 +1108,41 @@ def _sum_query(program, mesh_sizes, src, dst, dst_local, deadline: _Deadline, de
         why = (f"mixes summands of different source partial groups (devices {from_devs} are in different "
                f"groups over {{{','.join(a.token for a in src_partial)}}})")
     raise _Refuted(f"the group sum at device {cx['device']} {dev}, local index {index} {why}", cx)
+
+
+def _coverage_query(program, mesh_sizes, src, src_partial, dst_partial, base_c, base_idx, base_ranges,
+                    template: _Walk, deadline: _Deadline, details: dict) -> None:
+    """Query 3 of the module header (idempotent reductions): one walk per concrete choice of the members
+    (Q-coordinates, then each reduction's members, as in ``template``); the contributor of all-zero members
+    names the witness group, and the query asks for a summand coordinate of it that no contributor takes."""
+    sizes = [ax.size for ax in dst_partial] + [ax.size for _, _, axes in template.sum_vars for ax in axes]
+    choices = list(itertools.product(*(range(k) for k in sizes)))
+    details["queries"] = 3
+    details["coverage_walks"] = len(choices)
+    missing = [z3.Int(f"missing_{a.token}") for a in src_partial]
+    constraints = list(base_ranges) + [z3.And(v >= 0, v < a.size) for v, a in zip(missing, src_partial)]
+    witness, covered = None, []
+    for j, choice in enumerate(choices):
+        deadline.check(f"encoding contributor {j} of {len(choices)} for the coverage query")
+        wk, members, summ, _, group = _contributor(program, mesh_sizes, f"m{j}", base_c, base_idx, src,
+                                                   src_partial, dst_partial, deadline)
+        constraints += wk.ranges + wk.defs + wk.written + [v == x for v, x in zip(members, choice)]
+        if witness is None:
+            witness = group
+        covered.append(z3.And([a == b for a, b in zip(group, witness)] + [a == b for a, b in zip(summ, missing)]))
+    s, res = _solve(constraints + [z3.Not(z3.Or(covered))], deadline, "coverage query")
+    if res == z3.unsat:
+        return
+    mdl = s.model()
+    names = list(mesh_sizes)
+    dev = {n: _model_int(mdl, base_c[n]) for n in names}
+    index = tuple(_model_int(mdl, v) for v in base_idx)
+    summand = {a.token: _model_int(mdl, v) for a, v in zip(src_partial, missing)}
+    cx = {"device": _device_at(program.dst_mesh, dev, mesh_sizes), "coords": dev, "index": index,
+          "holds": {"missing_summand": summand},
+          "expected": {"summands": "every summand of one source partial group, at least once"}}
+    raise _Refuted(f"the group reduction at device {cx['device']} {dev}, local index {index} never takes source "
+                   f"summand {summand} of the group of its first contributor", cx)
 
 
 def _group_key(c: dict, partial: tuple[_Axis, ...]) -> list:
@@ -983,24 +1155,32 @@ def _group_key(c: dict, partial: tuple[_Axis, ...]) -> list:
     return list(key.values())
 
 
-def _dev_id(coords: dict, mesh_sizes: dict) -> int:
-    d = 0
-    for n, s in mesh_sizes.items():
-        d = d * s + coords[n]
-    return d
+def _device_at(mesh, coords: dict, mesh_sizes: dict) -> int | None:
+    """The id of the device at ``coords`` on ``mesh``'s device order; None where a coordinate is off its axis
+    (a model leaves the source coordinates free where no source element is read)."""
+    p = 0
+    for n, size in mesh_sizes.items():
+        if not 0 <= coords[n] < size:
+            return None
+        p = p * size + coords[n]
+    return _device_order(mesh)[p]
 
 
-def _cex(mdl, w, names, c, idx, want, c0, i0, got, summand, src_partial) -> dict:
+def _cex(mdl, w, program, c, idx, want, c0, i0, got, summand, src_partial) -> dict:
+    """The value query's counterexample: the device (id, and coordinates on the claim's device order), the
+    local index, what it holds (global index, source device id and local index, summand, members) and
+    what the claim expects there."""
+    names = w.names
     coords = {n: _model_int(mdl, c[n]) for n in names}
     src_coords = {n: _model_int(mdl, c0[n]) for n in names}
     sums = {f"instruction {t}": [_model_int(mdl, v) for v in vs] for t, vs, _ in w.sum_vars}
     out = {
-        "device": _dev_id(coords, w.mesh_sizes),
+        "device": _device_at(program.dst_mesh, coords, w.mesh_sizes),
         "coords": coords,
         "index": tuple(_model_int(mdl, v) for v in idx),
         "holds": {
             "global_index": tuple(_model_int(mdl, e) for e in got),
-            "from_device": _dev_id(src_coords, w.mesh_sizes),
+            "from_device": _device_at(program.src_mesh, src_coords, w.mesh_sizes),
             "from_local_index": tuple(_model_int(mdl, e) for e in i0),
         },
         "expected": {"global_index": tuple(_model_int(mdl, e) for e in want)},

@@ -37,7 +37,8 @@ import redist.mpi
 from redist import program as P
 from redist.backends import interpreter, mpi_backend
 from redist.data import poisoned_source
-from redist.testing import SeededDraw, draw_pair
+from redist.testing import SeededDraw, draw_device_order, draw_pair
+from redist.types import REDUCTIONS
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
@@ -48,7 +49,7 @@ MESHES = {
     8: [(8,), (2, 4), (4, 2), (2, 2, 2)],
 }
 NAMES = ("x", "y", "z")
-DTYPES = ("f64", "f64", "f64", "f32", "f16", "bf16", "i8", "i16", "i32", "i64", "u8", "u32", "bool")
+DTYPES = ("f64", "f64", "f64", "f32", "f16", "bf16", "i8", "i16", "i32", "i64", "u8", "u32", "bool", "c64", "c128")
 
 
 def say(*args) -> None:
@@ -66,10 +67,12 @@ def make_mesh(shape) -> redist.Mesh:
 
 
 def random_pair(seed: int, i: int, mesh: redist.Mesh, uneven: bool = False):
-    """Random case ``i``: a pair on ``mesh`` (sub-axes, partial sources, every dtype of :data:`DTYPES`; with
-    ``uneven``, padding on some side), a function of the arguments alone, so that every rank draws it."""
+    """Random case ``i``: a pair on ``mesh`` or ``mesh`` in a random device order (sub-axes, partial sources of
+    every reduction kind, every dtype of :data:`DTYPES`, destinations in another device order; with ``uneven``,
+    padding on some side), a function of the arguments alone, so that every rank draws it."""
     draw = SeededDraw(f"mpi_worker:{seed}:{i}:{uneven}")
-    return draw_pair(draw, mesh, partial=0.4, sub_axes=0.3, dtype=DTYPES, multipliers=(1, 2), uneven=uneven)
+    return draw_pair(draw, draw_device_order(draw, mesh, 0.3), partial=0.4, sub_axes=0.3, dtype=DTYPES,
+                     multipliers=(1, 2), uneven=uneven, reductions=REDUCTIONS, reorder=0.3)
 
 
 def classic_pairs(mesh_shape) -> list[tuple[str, str, str]]:
@@ -146,6 +149,7 @@ def uneven_named_pairs() -> list[tuple[str, str, str]]:
 
 # ------------------------------------------------------------------------------------ modes
 KINDS: dict[str, int] = {}
+FEATURES: dict[str, int] = {}  # issue-15 features of the cases run (reduction kinds, device orders, complex)
 
 
 def run_case(src, dst, rng, failures: list, label: str) -> tuple[bool, bool]:
@@ -155,6 +159,9 @@ def run_case(src, dst, rng, failures: list, label: str) -> tuple[bool, bool]:
     plan = redist.synthesize(src, dst)
     for ins in plan.program.instructions:
         KINDS[type(ins).__name__] = KINDS.get(type(ins).__name__, 0) + 1
+    for feature in ([f"partial({src.reduction})"] * bool(src.partial) + ["device order"] * (src.mesh != dst.mesh)
+                    + ["reordered mesh"] * (not src.mesh.is_row_major) + [src.dtype] * (src.dtype in ("c64", "c128"))):
+        FEATURES[feature] = FEATURES.get(feature, 0) + 1
     value, shards = poisoned_source(src, rng)
     expected = redist.execute(plan, shards)
     core_ok = np.array_equal(redist.unshard(dst, expected), value)
@@ -199,6 +206,7 @@ def mode_cases(seed: int, count: int, uneven: int) -> None:
     for f in failures:
         say("FAILED", f)
     say("instructions run:", " ".join(f"{k}={v}" for k, v in sorted(KINDS.items())))
+    say("features run:", " ".join(f"{k}={v}" for k, v in sorted(FEATURES.items())))
     say(f"uneven cases={u_cases} passed={u_passed} exchanges={exchanges}")
     say(f"ranks={SIZE} cases={cases} passed={passed} core_mismatch={mismatched} subcomms_stable={stable} "
         f"seconds={time.time() - t0:.1f}")

@@ -42,7 +42,8 @@ def test_import_redist_does_not_import_mpi4py():
 
 @pytest.mark.parametrize("n", [4, 6, 8])
 def test_random_and_classic_reshards_match_numpy_backend(n):
-    """Even cases, then uneven ones (random pairs with padding and named cases) in the same job; poisoned padding."""
+    """Even cases, then uneven ones (random pairs with padding and named cases) in the same job; poisoned padding;
+    every reduction kind, device orders on both sides, complex dtypes."""
     proc, _ = mpirun(n, "cases", str(100 + n), "400", "100")
     got = summary(proc, r"ranks=(?P<ranks>\d+) cases=(?P<cases>\d+) passed=(?P<passed>\d+) "
                         r"core_mismatch=(?P<core>\d+) subcomms_stable=(?P<stable>\d)")
@@ -58,6 +59,10 @@ def test_random_and_classic_reshards_match_numpy_backend(n):
     kinds = re.search(r"instructions run: (.*)", proc.stdout).group(1)
     for kind in ("Slice", "AllGather", "AllToAll", "ReduceScatter", "AllReduce", "CollectivePermute", "Exchange"):
         assert f"{kind}=" in kinds, f"no {kind} ran: {kinds}"
+    features = re.search(r"features run: (.*)", proc.stdout).group(1)
+    for feature in ("partial(sum)", "partial(max)", "partial(min)", "partial(prod)", "device order", "reordered mesh",
+                    "c64", "c128"):
+        assert f"{feature}=" in features, f"no case with {feature} ran: {features}"
 
 
 def test_argument_errors_raise_on_every_rank():

@@ -192,22 +192,6 @@ def test_primitive_without_rule_is_replicated_and_reported():
     assert_same(pf(x, w), f(x, w))
 
 
-def test_control_flow_kept_replicated():
-    def f(x, w):
-        def body(c, row):
-            return c + row @ w, None
-
-        out, _ = lax.scan(body, jnp.zeros(w.shape[1]), x)
-        return jnp.tanh(x @ w), out
-
-    x, w = jax.random.normal(jax.random.key(1), (8, 4)), jax.random.normal(jax.random.key(2), (4, 8))
-    pf = pc.jit(f, MESH, [MP({"x": 0}, axis="batch")])
-    low = pf.lower(x, w)
-    assert any(u[1] == "scan" and "replicated" in u[2] for u in low.unsupported)
-    assert outs(low)[0] == t("f32[8{batch}, 8]")
-    assert_same(pf(x, w), f(x, w))
-
-
 def test_inlines_calls_and_custom_jvp():
     @jax.jit
     def inner(x):

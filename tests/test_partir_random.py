@@ -263,7 +263,8 @@ def test_simulated_memory_of_random_bits_matches_xla(batch_split):
 
 
 def test_keys_through_scan_and_closed_over_key():
-    """Control flow carrying keys runs replicated; a key closed over by the function is a constant."""
+    """Keys flow through a partitioned scan (as its stacked operand); a key closed over by the function is a
+    constant."""
     outer = jax.random.key(11)
 
     def f(key, x):
@@ -276,7 +277,8 @@ def test_keys_through_scan_and_closed_over_key():
     key, x = jax.random.key(3), jnp.ones((B, D))
     pf = pc.jit(f, MESH, [MP({"x": 0}, axis="batch")])
     low = pf.lower(key, x)
-    assert [u[1] for u in low.unsupported] == ["scan"]
+    assert not low.unsupported and [r.kind for r in low.graph.regions] == ["scan"]
+    assert low.out_types[0].dims[0] == ("batch",)
     assert "random_bits const" in str(low)  # the closed-over key
     assert_same_step(pf(key, x), f(key, x))
 

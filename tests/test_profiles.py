@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -11,6 +10,7 @@ import pytest
 
 import redist
 from redist import cost
+from tests.packaging_helpers import build_wheel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MESH = redist.Mesh({"batch": 2, "model": 4})
@@ -141,29 +141,11 @@ def test_importing_reads_no_data_file(tmp_path):
     assert out[1].startswith("use [") and "cpu-host.json" in out[1]
 
 
-def _wheel(tmp_path):
-    """Build the project's wheel from a copy of its sources (as ``pip install .`` would, in an isolated build
-    environment unless this one can build it), in ``tmp_path``."""
-    src = tmp_path / "src"
-    for name in ("redist", "partir_core", "proofs"):
-        shutil.copytree(os.path.join(ROOT, name), src / name, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(os.path.join(ROOT, name), src / name)
-    cmd = [sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "-q", "-w", str(tmp_path / "dist")]
-    proc = subprocess.run(cmd + ["--no-build-isolation"], capture_output=True, text=True, timeout=600)
-    if proc.returncode:  # this environment's setuptools cannot build wheels: the isolated build fetches one
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        if proc.returncode and ("No matching distribution" in proc.stderr or "connection" in proc.stderr.lower()):
-            pytest.skip("building the wheel needs setuptools>=68 from a package index, which is out of reach")
-        assert proc.returncode == 0, proc.stderr
-    (wheel,) = (tmp_path / "dist").glob("redist-*.whl")
-    return wheel
-
-
+@pytest.mark.slow  # builds the wheel and simulates a transformer twice
 def test_the_wheel_ships_the_profile_and_simulates_as_the_checkout(tmp_path):
     """An installed package (the wheel, unpacked as pip installs it) reads its own copy of the profile through
     importlib.resources, and simulates a reference model exactly as the checkout does."""
-    with zipfile.ZipFile(_wheel(tmp_path)) as z:
+    with zipfile.ZipFile(build_wheel(tmp_path)) as z:
         assert "redist/profiles/cpu-host.json" in z.namelist()
         z.extractall(tmp_path / "site")
     code = """if True:

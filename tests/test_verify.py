@@ -496,7 +496,7 @@ def test_malformed_instructions_are_refuted_not_raised():
 
 
 def test_claim_mutants_are_refuted_with_counterexamples_and_are_wrong():
-    """The claim-side operators of proofs/mutation.py (issue 12.3), on a plan with partial axes and sub-axes
+    """The claim-side operators of proofs/mutation.py (issue 12.3, device order: 15.3), on a plan with partial axes and sub-axes
     in its mesh's reach: every mutant is refuted, with a counterexample, and the numpy oracle agrees."""
     from proofs.mutation import claim_mutants
 
@@ -508,4 +508,22 @@ def test_claim_mutants_are_refuted_with_counterexamples_and_are_wrong():
         v = verify(plan, claim)
         assert v.status == "refuted" and v.counterexample is not None, (desc, v.reason)
         assert oracle(plan.program, plan.src, claim)[0] is False, desc
-    assert seen == {"claim_dtype", "claim_mesh_order", "claim_axis_sizes", "claim_shape"}
+    assert seen == {"claim_dtype", "claim_mesh_order", "claim_axis_sizes", "claim_shape", "claim_device_order"}
+
+
+def test_every_dropped_exchange_copy_is_refuted_with_a_counterexample():
+    """Regression (issue 15.3): with one copy of an exchange dropped, the counterexample's source device was
+    looked up at coordinates the model left free, and verify raised IndexError instead of refuting (e.g.
+    device 2's first copy here)."""
+    mesh = Mesh({"x": 2, "y": 4})
+    plan = synthesize(T("f32[7{x}, 5{y}]", mesh), T("f32[7{y}, 5{x}]", mesh))
+    prog = plan.program
+    t = next(i for i, ins in enumerate(prog.instructions) if isinstance(ins, P.Exchange))
+    ex = prog.instructions[t]
+    for d, copies in enumerate(ex.copies):
+        for j in range(len(copies)):
+            dropped = ex.copies[:d] + (copies[:j] + copies[j + 1:],) + ex.copies[d + 1:]
+            mutant = dataclasses.replace(ex, copies=dropped)
+            instructions = prog.instructions[:t] + (mutant,) + prog.instructions[t + 1:]
+            v = verify_program(dataclasses.replace(prog, instructions=instructions), plan.src, plan.dst)
+            assert v.status == "refuted" and v.counterexample["device"] == d, (d, j, v.reason)

@@ -18,6 +18,8 @@ import abc
 import math
 from typing import TypeVar
 
+import numpy as np
+
 from redist import program as P
 from redist.buffers import describe
 from redist.errors import ShardingError
@@ -73,8 +75,9 @@ class Backend(abc.ABC):
 def check_program(program, entry: str) -> None:
     """Raise :class:`ShardingError` unless ``program`` is a :class:`~redist.program.Program` of instructions of
     :mod:`redist.program` whose buffer shapes are the ones its instructions make
-    (:func:`redist.program.shape_after`), so that no backend meets an instruction it cannot run; ``entry``
-    names the caller in the message."""
+    (:func:`redist.program.shape_after`) and whose reductions its dtype has (no maximum or minimum of complex
+    numbers), so that no backend meets an instruction it cannot run; ``entry`` names the caller in the
+    message."""
     if not isinstance(program, P.Program):
         raise ShardingError(f"{entry} needs a redist.program.Program (plan.program), got {describe(program)}")
     if len(program.shapes) != len(program.instructions) + 1:
@@ -92,6 +95,9 @@ def check_program(program, entry: str) -> None:
         if shape != tuple(program.shapes[t + 1]):
             raise ShardingError(f"{entry}: instruction {t} of the program makes buffers of shape {shape}, the "
                                 f"program says {tuple(program.shapes[t + 1])}")
+        if getattr(ins, "reduction", None) in ("max", "min") and np.dtype(program.dtype).kind == "c":
+            raise ShardingError(f"{entry}: instruction {t} of the program takes the {ins.reduction} of "
+                                f"{np.dtype(program.dtype).name} values; complex numbers have none")
 
 
 def run(program: P.Program, backend: Backend, x: State) -> State:

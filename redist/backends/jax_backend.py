@@ -1,10 +1,12 @@
 """The JAX interpreter: one device's buffer under ``jax.shard_map``, instructions as ``lax`` collectives.
 
-Devices. Device id ``d`` of the redist mesh is position ``d`` of ``jax_mesh.devices`` in row-major order
-(``jax_mesh.devices.flat[d]``), whatever the JAX ``device.id`` there is. Everything here works in mesh
-positions (``lax.axis_index``), exactly as ``NamedSharding`` does, so a mesh whose devices are in any order
-is handled correctly; only comparisons with per-``device.id`` lists assume the usual order
-``np.array(jax.devices()[:n]).reshape(shape)``.
+Devices. The redist mesh of a JAX mesh (:func:`redist_mesh`) has its axes and its device order: the device at
+position ``p`` (``jax_mesh.devices.flat[p]``, row-major) is redist device ``d``, the rank of its JAX
+``device.id`` among the mesh's (so ``d`` is the JAX device id itself when the mesh holds devices ``0 … n-1``,
+as ``jax.devices()[:n]`` in any arrangement, ``jax.make_mesh`` or a reversed device array does). Collectives
+work in mesh positions (``lax.axis_index``), exactly as ``NamedSharding`` does; the instructions that name
+devices (a permute's sources, an exchange's copies) are translated from device ids to positions through the
+program mesh's ``device_ids``, which must be the JAX mesh's order (``run_on_buffers`` builds or checks that).
 
 Sub-axes. A program may name sub-axes ``y:(pre)size``. JAX collectives need real axis names, so the program
 runs on a *refined* mesh: the same devices in the same order, every axis split at the boundaries the
@@ -28,11 +30,17 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Mapping
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jax import lax
-from jax.sharding import NamedSharding, PartitionSpec
+
+from redist.extras import missing_extra
+
+try:
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import NamedSharding, PartitionSpec
+except ModuleNotFoundError as e:
+    raise missing_extra(e, "redist.jax", "jax") from e
 
 from redist import program as P
 from redist.backends import interpreter
@@ -43,16 +51,38 @@ from redist.blocks import Copy
 from redist.mesh import Mesh
 
 __all__ = ["run_program", "run_on_buffers", "in_dtype", "refined_axis_names", "refine_mesh", "redist_mesh",
-           "JaxBackend"]
+           "jax_mesh_of", "JaxBackend"]
 
 
 # ---------------------------------------------------------------------- meshes and axis names
 def redist_mesh(jax_mesh) -> Mesh:
-    """The redist mesh with the axes (names, sizes, order) of a JAX mesh."""
+    """The redist mesh with the axes (names, sizes, order) of a JAX mesh and its device order: the device at
+    each position is the rank of its JAX ``device.id`` among the mesh's (see "Devices" above). An abstract
+    mesh, which holds no devices, gets the default order."""
+    devices = getattr(jax_mesh, "devices", None)
+    ids = None
+    if isinstance(devices, np.ndarray):
+        jax_ids = [d.id for d in devices.flat]
+        rank = {i: r for r, i in enumerate(sorted(jax_ids))}
+        ids = [rank[i] for i in jax_ids]
     try:
-        return Mesh(tuple(zip(jax_mesh.axis_names, jax_mesh.axis_sizes)))
+        return Mesh(tuple(zip(jax_mesh.axis_names, jax_mesh.axis_sizes)), ids)
     except ShardingError as e:
         raise ShardingError(f"the JAX mesh {jax_mesh} cannot be used by redist: {e}") from None
+
+
+def jax_mesh_of(mesh: Mesh, devices=None):
+    """The JAX mesh of ``mesh``: its axes, and at each position the JAX device of the redist device there,
+    device ``d`` being ``devices[d]`` (default: the first ``mesh.size`` of ``jax.devices()``; any list of
+    devices sorted by id, so that :func:`redist_mesh` gives ``mesh`` back). Raises :class:`ShardingError` if
+    JAX has fewer devices."""
+    devices = jax.devices() if devices is None else list(devices)
+    if len(devices) < mesh.size:
+        raise ShardingError(
+            f"the plan's mesh has {mesh.size} devices, JAX has {len(devices)} ({devices[0].platform}); run "
+            f"it on a mesh of at most {len(devices)} devices, or give JAX more (on the CPU: "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={mesh.size} before JAX starts)")
+    return jax.sharding.Mesh(np.array([devices[d] for d in mesh.device_ids]).reshape(mesh.shape), mesh.names)
 
 
 def _refined_axes(mesh: Mesh, tokens) -> dict[str, tuple[Axis, ...]]:
@@ -96,11 +126,12 @@ def run_program(program: P.Program, x, axis_names: Mapping[str, tuple[str, ...]]
     """Run ``program`` on this device's buffer ``x``; call it inside ``jax.shard_map`` (per-device view).
 
     The shard_map's mesh must be the refined mesh of :func:`refine_mesh` for ``program.axis_tokens()``
-    (or the JAX mesh itself when the program names no sub-axes), all of its axes manual. ``axis_names``
-    maps each token and mesh axis name to refined JAX axis names; by default
-    ``refined_axis_names(program.mesh, program.axis_tokens())``. Returns the buffer of shape
-    ``program.shapes[-1]``. Pending sums of ``bool`` buffers are logical or (as in the numpy backend). A
-    program whose buffers are all empty runs no collective. Raises :class:`ShardingError` for a ``program``
+    (or the JAX mesh itself when the program names no sub-axes), all of its axes manual, with the program
+    mesh's device order (:func:`redist_mesh` of it is ``program.mesh``). ``axis_names`` maps each token and
+    mesh axis name to refined JAX axis names; by default ``refined_axis_names(program.mesh,
+    program.axis_tokens())``. Returns the buffer of shape ``program.shapes[-1]``. Reductions of ``bool``
+    buffers are logical (as in the numpy backend; :class:`JaxBackend`). A program whose buffers are all empty
+    runs no collective. Raises :class:`ShardingError` for a ``program``
     that is not a well-formed :class:`~redist.program.Program` or an ``x`` not of ``program.shapes[0]``.
     """
     interpreter.check_program(program, "run_program")
@@ -116,47 +147,49 @@ def run_on_buffers(program: P.Program, shards, jax_mesh=None) -> list[np.ndarray
     collectives on host or accelerator devices; returns new numpy arrays (writable, never the caller's), in
     device order, of ``program.dtype``.
 
-    ``jax_mesh`` defaults to the first ``program.mesh.size`` devices in the mesh's shape. The buffers are
-    placed on their devices as one array with a leading device dim, and each device runs the program on its
-    own buffer under ``jax.shard_map`` — the per-device counterpart of :func:`reshard`, behind
+    ``jax_mesh`` defaults to :func:`jax_mesh_of` the program's mesh (device ``d`` is ``jax.devices()[d]``);
+    one given must have the program mesh's axes and device order (:func:`redist_mesh`). The buffers are
+    placed on their devices as one array with a leading dim of mesh positions, and each device runs the
+    program on its own buffer under ``jax.shard_map`` — the per-device counterpart of :func:`reshard`, behind
     ``redist.execute(plan, shards, backend="jax")``. Types with uneven dims run here, on their padded local
     buffers (not through :func:`reshard`: JAX does not pad shards). A 64-bit dtype runs with JAX's x64 mode
     switched on for the call (:func:`in_dtype`), so nothing is narrowed to 32 bits.
 
     ``shards`` are taken by :func:`redist.buffers.device_buffers` (no lossy conversion). Raises
     :class:`ShardingError` for a ``program`` that is not a well-formed :class:`~redist.program.Program`, for
-    shards that do not fit, for a mesh larger than JAX's device count, or for a ``jax_mesh`` whose axes are
-    not the program's.
+    shards that do not fit, for a mesh larger than JAX's device count, for a ``jax_mesh`` whose axes or device
+    order are not the program mesh's, or for a reduction JAX cannot run (:class:`JaxBackend`).
     """
     interpreter.check_program(program, "run_on_buffers")
     mesh = program.mesh
     bufs = device_buffers(shards, mesh.size, program.shapes[0], program.dtype)
     if jax_mesh is None:
-        devices = jax.devices()
-        if len(devices) < mesh.size:
-            raise ShardingError(
-                f"the plan's mesh has {mesh.size} devices, JAX has {len(devices)} ({devices[0].platform}); run "
-                f"it on a mesh of at most {len(devices)} devices, or give JAX more (on the CPU: "
-                f"XLA_FLAGS=--xla_force_host_platform_device_count={mesh.size} before JAX starts)")
-        jax_mesh = jax.sharding.Mesh(np.array(devices[: mesh.size]).reshape(mesh.shape), mesh.names)
-    elif redist_mesh(jax_mesh).axes != mesh.axes:
+        jax_mesh = jax_mesh_of(mesh)
+    elif not redist_mesh(jax_mesh).same_axes(mesh):
         raise ShardingError(f"jax_mesh has axes {dict(zip(jax_mesh.axis_names, jax_mesh.axis_sizes))}, the "
                             f"program runs on mesh {mesh}")
+    elif redist_mesh(jax_mesh) != mesh:
+        raise ShardingError(f"jax_mesh orders its devices as mesh {redist_mesh(jax_mesh)}, the program runs on "
+                            f"mesh {mesh}: the same axes in another device order")
     refined, names = refine_mesh(jax_mesh, program.axis_tokens())
     if all(math.prod(s) == 0 for s in program.shapes):
         # Nothing to move (a dim of size 0), and JAX cannot read back shards of no elements made under jit.
         return [np.zeros(program.shapes[-1], program.dtype) for _ in bufs]
     spec = PartitionSpec(tuple(refined.axis_names))
     with in_dtype(program.dtype):
+        # Row p of the leading dim is the buffer of the device at position p, device_ids[p].
         x = jax.make_array_from_single_device_arrays(
             (mesh.size,) + tuple(program.shapes[0]), NamedSharding(refined, spec),
-            [jax.device_put(b[None], dev) for b, dev in zip(bufs, refined.devices.flat)])
+            [jax.device_put(bufs[d][None], dev) for d, dev in zip(mesh.device_ids, refined.devices.flat)])
         backend = JaxBackend(mesh, names)
         f = jax.shard_map(lambda b: interpreter.run(program, backend, b[0])[None], mesh=refined, in_specs=spec,
                           out_specs=spec, check_vma=False)
         y = jax.jit(f)(x)
         by_device = {s.device: np.array(s.data)[0] for s in y.addressable_shards}
-    return [by_device[dev] for dev in refined.devices.flat]
+    out = [None] * mesh.size
+    for d, dev in zip(mesh.device_ids, refined.devices.flat):
+        out[d] = by_device[dev]
+    return out
 
 
 def in_dtype(dtype):
@@ -171,7 +204,15 @@ def in_dtype(dtype):
 # ---------------------------------------------------------------------- the instructions
 class JaxBackend(interpreter.Backend):
     """The state is this device's buffer, a traced ``jax.Array``; a collective over tokens runs over their
-    refined JAX axes, ``axis_names[token]`` (:func:`refined_axis_names` of the program's tokens)."""
+    refined JAX axes, ``axis_names[token]`` (:func:`refined_axis_names` of the program's tokens).
+
+    Reductions: a sum is ``psum`` / ``psum_scatter``; an all-reduce by max or min is ``pmax`` / ``pmin``. JAX
+    has no reduce-scatter by max, min or product, nor an all-reduce by product: those run as an all-to-all
+    of the ``k`` chunks (each member receives chunk ``r`` of every member's buffer) and the reduction of the
+    received chunks on the device, which receives ``(k−1)/k · L_in`` as a reduce-scatter does and needs no
+    buffer larger than its input; an all-reduce by product is that reduce-scatter over the flattened buffer
+    (padded with ones to ``k`` chunks), then an all-gather: ``2(k−1)/k · L`` as an all-reduce. Reductions of
+    ``bool`` run on ``int32`` (sum and max: or, min and prod: and)."""
 
     def __init__(self, mesh: Mesh, axis_names: Mapping[str, tuple[str, ...]]):
         self.mesh = mesh
@@ -199,29 +240,67 @@ class JaxBackend(interpreter.Backend):
         return lax.all_to_all(x, self.axes(ins.axes), 0, 0, tiled=True)
 
     def reduce_scatter(self, ins: P.ReduceScatter, x):
-        axes = self.axes(ins.axes)
-        return _summed(lambda v: lax.psum_scatter(v, axes, scatter_dimension=ins.dim, tiled=True), x)
+        axes, reduction = self.axes(ins.axes), _kind(ins.reduction, x)
+        if reduction == "sum":
+            return _on_ints(lambda v: lax.psum_scatter(v, axes, scatter_dimension=ins.dim, tiled=True), x)
+        return _on_ints(lambda v: _reduce_scatter(v, axes, ins.dim, self.mesh.group_size(ins.axes), reduction), x)
 
     def all_reduce(self, ins: P.AllReduce, x):
-        axes = self.axes(ins.axes)
-        return _summed(lambda v: lax.psum(v, axes), x)
+        axes, reduction = self.axes(ins.axes), _kind(ins.reduction, x)
+        if reduction == "prod":
+            k = self.mesh.group_size(ins.axes)
+            return _all_reduce_prod(x, axes, k)
+        op = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}[reduction]
+        return _on_ints(lambda v: op(v, axes), x)
 
     def collective_permute(self, ins: P.CollectivePermute, x):
         """Device d gets device ``sources[d]``'s buffer; ppermute indexes devices linearly over all axes in
-        mesh order, which is the device id. Devices that keep their buffer are listed as ``(d, d)`` pairs, so
-        the permutation is whole and no device is left with ppermute's zeros."""
+        mesh order, which is the position, read from the device id through the mesh. Devices that keep their
+        buffer are listed as ``(p, p)`` pairs, so the permutation is whole and no device is left with
+        ppermute's zeros."""
         if not ins.pairs():
             return x
-        return lax.ppermute(x, self.axes(self.mesh.names), perm=[(s, d) for d, s in enumerate(ins.sources)])
+        at = self.mesh.position
+        return lax.ppermute(x, self.axes(self.mesh.names), perm=[(at(s), at(d)) for d, s in enumerate(ins.sources)])
 
     def exchange(self, ins: P.Exchange, x):
-        return _exchange(ins, x, self.axes(self.mesh.names), self.mesh.size)
+        return _exchange(ins, x, self.axes(self.mesh.names), self.mesh)
 
 
-def _summed(op, x):
+def _kind(reduction: str, x) -> str:
+    """The reduction to run: of ``bool``, a product is the minimum (logical and)."""
+    return "min" if reduction == "prod" and x.dtype == jnp.bool_ else reduction
+
+
+def _on_ints(op, x):
+    """``op`` on ``x``, or for ``bool`` on its ``int32`` view, read back as ``!= 0`` (XLA does not reduce
+    ``pred`` across devices): sum and max of 0s and 1s are non-zero where some is 1, min where all are."""
     if x.dtype == jnp.bool_:
         return op(x.astype(jnp.int32)) != 0
     return op(x)
+
+
+_LOCAL_REDUCE = {"max": jnp.max, "min": jnp.min, "prod": jnp.prod}
+
+
+def _reduce_scatter(x, axes, dim: int, k: int, reduction: str):
+    """Reduce-scatter by ``reduction`` (max, min, prod) along ``dim`` over the group ``axes`` of ``k``: split
+    ``dim`` into ``k`` chunks, bring them to the front, exchange them (all-to-all: chunk ``j`` to member ``j``;
+    what arrives from member ``s`` is row ``s``), and reduce the rows."""
+    n = x.shape[dim]
+    chunks = jnp.moveaxis(x.reshape(x.shape[:dim] + (k, n // k) + x.shape[dim + 1:]), dim, 0)
+    received = lax.all_to_all(chunks, axes, 0, 0, tiled=True)
+    return _LOCAL_REDUCE[reduction](received, axis=0).astype(x.dtype)
+
+
+def _all_reduce_prod(x, axes, k: int):
+    """All-reduce by product over the group ``axes`` of ``k``: :func:`_reduce_scatter` of the flattened buffer
+    padded with ones to a multiple of ``k``, then an all-gather of the chunks."""
+    flat = x.reshape(-1)
+    m = -(-flat.size // k)
+    padded = jnp.concatenate([flat, jnp.ones((k * m - flat.size,), x.dtype)])
+    chunk = _reduce_scatter(padded, axes, 0, k, "prod")
+    return lax.all_gather(chunk, axes, axis=0, tiled=True)[: flat.size].reshape(x.shape)
 
 
 @dataclass(frozen=True, eq=False)
@@ -274,26 +353,28 @@ def _exchange_rounds(ins: P.Exchange, n: int) -> tuple[_Round, ...]:
     return tuple(out)
 
 
-def _exchange(ins: P.Exchange, x, all_axes, n: int):
+def _exchange(ins: P.Exchange, x, all_axes, mesh: Mesh):
     """Point-to-point exchange, as rounds of :func:`_exchange_rounds`: each device gathers its slab with
     ``jnp.take`` along each dim (indices from its row of the round's tables, clipped into the buffer), one
     ``lax.ppermute`` over the round's (sender, receiver) pairs moves the slabs, and each receiver scatters its
     slab into the output with ``mode="drop"``, its indices past a copy's size (or all of them, if it receives
-    nothing) out of range. The output starts as zeros, which stay where no copy writes. The device's id is
-    its linear index over all ``n`` devices' mesh axes (row-major), as ``ppermute`` numbers devices."""
+    nothing) out of range. The output starts as zeros, which stay where no copy writes. A device's position is
+    its linear index over all the mesh axes (row-major), as ``ppermute`` numbers devices; the tables, by
+    device id, are read in position order (``mesh.device_ids``)."""
+    n, order, at = mesh.size, np.asarray(mesh.device_ids), mesh.position
     me = lax.axis_index(all_axes)
     # A leading unit dim: see _Round. zeros_like keeps x's dtype (jnp.zeros would narrow f64 without x64).
     out = jnp.zeros_like(x, shape=(1,) + tuple(ins.shape))
     for rnd in _exchange_rounds(ins, n):
-        start = jnp.asarray(rnd.src_start)[me]
+        start = jnp.asarray(rnd.src_start[order])[me]
         slab = x
         for dim, m in enumerate(rnd.slab):
             if m == x.shape[dim] and not rnd.src_start[:, dim].any():
                 continue  # every sender takes the whole dim
             slab = jnp.take(slab, start[dim] + jnp.arange(m, dtype=jnp.int32), axis=dim, mode="clip")
         if rnd.shift:
-            slab = lax.ppermute(slab, all_axes, perm=[(s, (s + rnd.shift) % n) for s in rnd.senders])
-        dst, size = jnp.asarray(rnd.dst_start)[me], jnp.asarray(rnd.size)[me]
+            slab = lax.ppermute(slab, all_axes, perm=[(at(s), at((s + rnd.shift) % n)) for s in rnd.senders])
+        dst, size = jnp.asarray(rnd.dst_start[order])[me], jnp.asarray(rnd.size[order])[me]
         index = []
         for dim, m in enumerate((1,) + rnd.slab):
             i = jnp.arange(m, dtype=jnp.int32)

@@ -14,8 +14,15 @@ and :func:`run_program`, here and re-exported there):
 - Collectives run on a private duplicate of ``comm`` and on sub-communicators split from it, one per
   (mesh, axes) group; both are created once per communicator and cached on it (an MPI attribute), so
   repeated reshards reuse them. :func:`clear_cache` frees them.
-- Sums (``ReduceScatter``, ``AllReduce``) use MPI's reduction order, so floating-point results can differ
-  from the numpy backend in the last bits; integer-valued data and integer dtypes agree exactly.
+- Reductions (``ReduceScatter``, ``AllReduce``) use MPI's reduction order, so floating-point results can
+  differ from the numpy backend in the last bits; integer-valued data and integer dtypes agree exactly. Sums
+  and products run as MPI's ``SUM`` and ``PROD`` (complex dtypes included), maxima and minima of integers as
+  ``MAX`` and ``MIN``; of ``bool``, sum and max as ``LOR``, min and prod as ``LAND``. Maxima and minima of
+  floats, and every reduction of ``f16`` and ``bf16``, are user operations on whole elements computed by
+  numpy: MPI's ``MAX`` of a NaN and a number depends on their order, numpy's propagates the NaN, as the
+  other backends do.
+- Rank ``r`` is device id ``r``: it holds the block of its position on the mesh (``Mesh.device_ids``), and
+  its groups are read through the mesh (``Mesh.groups``), so any device order runs unchanged.
 """
 
 from __future__ import annotations
@@ -24,13 +31,19 @@ import itertools
 import math
 
 import numpy as np
-from mpi4py import MPI
 
 from redist import program as P
 from redist.backends import interpreter
 from redist.buffers import describe, local_buffer
 from redist.errors import ShardingError
+from redist.extras import missing_extra
 from redist.mesh import Mesh
+from redist.types import REDUCERS
+
+try:
+    from mpi4py import MPI
+except ModuleNotFoundError as e:
+    raise missing_extra(e, "redist.mpi", "mpi") from e
 
 __all__ = ["run_program", "run", "communicator", "clear_cache", "MpiBackend"]
 
@@ -149,32 +162,36 @@ def _raw(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1).view(np.uint8)
 
 
-# ---------------------------------------------------------------------------------------------- sums
+# ---------------------------------------------------------------------------------------------- reductions
 _NATIVE = {
     np.dtype(np.int8): MPI.INT8_T, np.dtype(np.int16): MPI.INT16_T, np.dtype(np.int32): MPI.INT32_T,
     np.dtype(np.int64): MPI.INT64_T, np.dtype(np.uint8): MPI.UINT8_T, np.dtype(np.uint32): MPI.UINT32_T,
     np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE,
+    np.dtype(np.complex64): MPI.C_FLOAT_COMPLEX, np.dtype(np.complex128): MPI.C_DOUBLE_COMPLEX,
 }
+_NATIVE_OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
+_BOOL_OPS = {"sum": MPI.LOR, "max": MPI.LOR, "min": MPI.LAND, "prod": MPI.LAND}
 _USER_OPS: dict = {}
 
 
-def _sum_op(dtype: np.dtype):
-    """``(element datatype, op)`` that sums like numpy does (bool: logical or)."""
-    if dtype in _NATIVE:
-        return _NATIVE[dtype], MPI.SUM
+def _reduce_op(dtype: np.dtype, reduction: str):
+    """``(element datatype, op)`` that reduces like numpy does (see the module docstring)."""
     if dtype == np.dtype(np.bool_):
-        return MPI.C_BOOL, MPI.LOR
-    if dtype not in _USER_OPS:  # f16, bf16: a user op on whole elements, adding in numpy
-        def add(inbuf, inoutbuf, _datatype, dtype=dtype):
+        return MPI.C_BOOL, _BOOL_OPS[reduction]
+    if dtype in _NATIVE and (dtype.kind in "iuc" or reduction in ("sum", "prod")):
+        return _NATIVE[dtype], _NATIVE_OPS[reduction]
+    key = (dtype, reduction)
+    if key not in _USER_OPS:  # numpy's ufunc on whole elements
+        def apply(inbuf, inoutbuf, _datatype, dtype=dtype, ufunc=REDUCERS[reduction]):
             acc = np.frombuffer(inoutbuf, dtype=dtype)
-            acc[...] = np.frombuffer(inbuf, dtype=dtype) + acc
+            acc[...] = ufunc(np.frombuffer(inbuf, dtype=dtype), acc)
 
         element = MPI.BYTE.Create_contiguous(dtype.itemsize).Commit()
-        _USER_OPS[dtype] = (element, MPI.Op.Create(add, commute=True))
-    return _USER_OPS[dtype]
+        _USER_OPS[key] = (element, MPI.Op.Create(apply, commute=True))
+    return _USER_OPS[key]
 
 
-def _sum_spec(a: np.ndarray, element):
+def _reduce_spec(a: np.ndarray, element):
     """``a``'s memory as elements of ``element`` (the count follows from the byte length)."""
     return [_raw(a), element]
 
@@ -232,8 +249,9 @@ class MpiBackend(interpreter.Backend):
         return _Buffer(x, True)
 
     def reduce_scatter(self, ins: P.ReduceScatter, buf):
-        """``Reduce_scatter_block`` after bringing the ``k`` chunks along ``dim`` to the front (a copy unless
-        ``dim`` is outermost; an owned input is dropped as soon as the copy exists)."""
+        """``Reduce_scatter_block`` (by the instruction's reduction) after bringing the ``k`` chunks along
+        ``dim`` to the front (a copy unless ``dim`` is outermost; an owned input is dropped as soon as the copy
+        exists)."""
         x = buf.take()
         sub, k = self.ctx.group(ins.axes)
         out_shape = list(x.shape)
@@ -242,20 +260,20 @@ class MpiBackend(interpreter.Backend):
         send = x if pre == 1 else np.ascontiguousarray(x.reshape(pre, k, -1).swapaxes(0, 1))
         del x
         out = np.empty(out_shape, dtype=send.dtype)
-        element, op = _sum_op(send.dtype)
-        sub.Reduce_scatter_block(_sum_spec(send, element), _sum_spec(out, element), op)
+        element, op = _reduce_op(send.dtype, ins.reduction)
+        sub.Reduce_scatter_block(_reduce_spec(send, element), _reduce_spec(out, element), op)
         return _Buffer(out, True)
 
     def all_reduce(self, ins: P.AllReduce, buf):
-        """``Allreduce``, in place when the buffer is ours."""
+        """``Allreduce`` (by the instruction's reduction), in place when the buffer is ours."""
         owned, x = buf.owned, buf.take()
         sub, _ = self.ctx.group(ins.axes)
-        element, op = _sum_op(x.dtype)
+        element, op = _reduce_op(x.dtype, ins.reduction)
         if owned:
-            sub.Allreduce(MPI.IN_PLACE, _sum_spec(x, element), op)
+            sub.Allreduce(MPI.IN_PLACE, _reduce_spec(x, element), op)
             return _Buffer(x, True)
         out = np.empty_like(x)
-        sub.Allreduce(_sum_spec(x, element), _sum_spec(out, element), op)
+        sub.Allreduce(_reduce_spec(x, element), _reduce_spec(out, element), op)
         return _Buffer(out, True)
 
     def collective_permute(self, ins: P.CollectivePermute, buf):

@@ -8,6 +8,7 @@ from redist import program as P
 from redist.backends import interpreter
 from redist.buffers import device_buffers
 from redist.mesh import Mesh
+from redist.types import REDUCERS
 
 
 def run(program: P.Program, shards) -> list[np.ndarray]:
@@ -26,8 +27,10 @@ def run(program: P.Program, shards) -> list[np.ndarray]:
 
 class NumpyBackend(interpreter.Backend):
     """The state is the list of every device's buffer, by device id; collectives loop over the groups of
-    ``mesh`` (:meth:`redist.mesh.Mesh.groups`, members in rank order). A sum of ``bool`` buffers is logical or,
-    as numpy adds them."""
+    ``mesh`` (:meth:`redist.mesh.Mesh.groups`, members in rank order). Reductions are numpy's elementwise
+    ufuncs (:data:`redist.types.REDUCERS`), in rank order: of ``bool`` buffers the sum and the maximum are
+    the logical or, the minimum and the product the logical and, as numpy computes them; the maximum and
+    minimum propagate NaN."""
 
     def __init__(self, mesh: Mesh):
         self.mesh = mesh
@@ -63,7 +66,7 @@ class NumpyBackend(interpreter.Backend):
     def reduce_scatter(self, ins: P.ReduceScatter, bufs):
         out = list(bufs)
         for group in self.mesh.groups(ins.axes):
-            total = _sum([bufs[d] for d in group])
+            total = _reduce([bufs[d] for d in group], ins.reduction)
             for r, d in enumerate(group):
                 out[d] = np.split(total, len(group), axis=ins.dim)[r].copy()
         return out
@@ -71,7 +74,7 @@ class NumpyBackend(interpreter.Backend):
     def all_reduce(self, ins: P.AllReduce, bufs):
         out = list(bufs)
         for group in self.mesh.groups(ins.axes):
-            total = _sum([bufs[d] for d in group])
+            total = _reduce([bufs[d] for d in group], ins.reduction)
             for d in group:
                 out[d] = total.copy()
         return out
@@ -89,8 +92,11 @@ class NumpyBackend(interpreter.Backend):
         return out
 
 
-def _sum(xs):
+def _reduce(xs, reduction: str):
+    """The reduction of the buffers ``xs``, in their order, in their dtype."""
+    op = REDUCERS[reduction]
     total = xs[0].copy()
-    for x in xs[1:]:
-        total = total + x
+    with np.errstate(invalid="ignore"):  # ml_dtypes warns on NaN in a max or min, which propagates it, as wanted
+        for x in xs[1:]:
+            total = op(total, x)
     return total.astype(xs[0].dtype)

@@ -1,0 +1,425 @@
+"""Fast, exact scoring of candidate shardings for the automatic search: only what changed is redone.
+
+Scoring a state the plain way (:func:`partir_core.propagation.propagate`, :func:`partir_core.choice.analyze`,
+:func:`partir_core.lowering.lower`, :func:`partir_core.simulator.simulate`) walks every op of the program
+several times for every candidate; on the reference transformer that is a third of a second. The search's
+candidates differ from a state it has already scored (its parent: one more group action) in a part of the
+program only, so an :class:`Estimator` scores a state *relative to a scored base*, giving the same figures as
+the plain way (``tests/test_partir_estimate.py`` checks equality on every preset of every model and on
+random action sets):
+
+1. Propagation (:func:`propagate_changes`): the same sweeps as :func:`~partir_core.propagation.propagate`
+   (forward, backward, ... to a fixed point), but an op is visited only when one of its operands or results
+   changed since it was last visited. The base is at a fixed point, so an op none of whose values changed
+   would resolve as it did there, write nothing and record no new conflict: skipping it changes nothing.
+2. Per-op choice (:class:`_Pass`): :func:`~partir_core.choice.analyze` runs up to six passes of per-op
+   choices (:func:`~partir_core.choice.choose_op`), each priced against targets (the state's types, none,
+   or the types the readers asked for in the pass before). Each pass is redone from the base's pass of the
+   same position: an op is chosen again only if the state of one of its values, the produced type of one of
+   its operands or the targets of one of its results differ from the base's (:func:`choose_op` reads
+   nothing else); its result's type, if it changed, makes its readers dirty in turn. The received bytes of
+   a pass (which pass wins) are kept per value and updated for the values whose type or demands changed.
+   Choices are remembered across candidates (:class:`_OpMemo`); an op's candidates, which do not depend on
+   the targets, are shared by the passes that price them against different targets
+   (:func:`~partir_core.choice.op_candidates`, :func:`~partir_core.choice.cheapest`).
+3. Lowering and simulation: the winning choice is lowered and simulated as ``pf.lower(...).simulate()``
+   does (:func:`partir_core.lowering.lower`, :func:`partir_core.simulator.simulate`); nothing runs on JAX.
+
+Control flow. ``scan``, ``while`` and ``cond`` are inlined (:mod:`partir_core.ir`): a body's ops are ops of
+the program, between its region's enter and exit, and are propagated and chosen as any op is. An enter or exit
+is not chosen (:func:`~partir_core.choice.choose_op` fixes it from its own values' state and its operands'
+types), so the incremental parts need nothing more. The passes are compared by bytes received per call: a
+value read inside a body counts once per trip (:attr:`Structure.trips`), as
+:func:`~partir_core.choice.received_bytes` counts it; the simulator this module calls prices a loop as its
+trips times its body.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from partir_core.choice import FOLLOW, Analysis, cheapest, choose_op, op_candidates, output_type, value_type
+from partir_core.factors import compose, group
+from partir_core.ir import Boundary, Graph
+from partir_core.lowering import lower
+from partir_core.propagation import State, _slots, resolve
+from partir_core.reshard import finish_bytes, reshard_bytes
+from partir_core.simulator import Simulation, simulate
+
+
+# ------------------------------------------------------------------------------------------ structure
+class Structure:
+    """What never changes between candidates of one program: for every value, the ops that name it
+    (``touching``: propagation and choice read its state there), its readers (``readers``: ``(eqn, operand
+    position)``: their demands price it) and its ``producer``; how often per call its readers read it
+    (``trips``: inside a loop body, the loop's trips; 1 elsewhere) and how often each op runs its reductions
+    (``op_trips``); the outputs; the ops run replicated."""
+
+    def __init__(self, graph: Graph, rules: list):
+        self.graph, self.rules = graph, rules
+        self.touching: dict[int, list[int]] = {}
+        self.readers: dict[int, list[tuple[int, int]]] = {}
+        for i, eqn in enumerate(graph.eqns):
+            for v in dict.fromkeys(list(eqn.invars) + list(eqn.outvars)):
+                if v not in graph.consts:
+                    self.touching.setdefault(v, []).append(i)
+            for k, v in enumerate(eqn.invars):
+                if v not in graph.consts:
+                    self.readers.setdefault(v, []).append((i, k))
+        self.slots = [[v for v in dict.fromkeys(list(e.invars) + list(e.outvars)) if v not in graph.consts]
+                      for e in graph.eqns]
+        self.producer = {v: i for i, eqn in enumerate(graph.eqns) for v in eqn.outvars}
+        self.outputs = {v for v in graph.outvars if v not in graph.consts}
+        self.op_trips = [graph.read_trips(i) for i in range(len(graph.eqns))]
+        self.trips = {v: max([1] + [self.op_trips[i] for i, _ in rs]) for v, rs in self.readers.items()}
+        self.unsupported = [(i, e.name, "no factor rule: kept replicated")
+                            for i, (e, r) in enumerate(zip(graph.eqns, rules)) if r is None]
+
+
+# --------------------------------------------------------------------------------------- propagation
+def propagate_changes(structure: Structure, state: State, mesh, tactic: int, changed, max_rounds: int = 100) -> set:
+    """Propagate ``state`` to a fixed point in place, as :func:`~partir_core.propagation.propagate` does, when
+    it was at a fixed point before the values ``changed`` were changed (by a tactic's ``apply``). Returns the
+    values whose dims or provenance propagation changed (``changed`` included)."""
+    graph, rules = structure.graph, structure.rules
+    seen = {(c.eqn, c.factor) for c in state.conflicts}
+    touched = set(changed)
+    pending = {i for v in changed for i in structure.touching.get(v, ())}
+    for rnd in range(max_rounds):
+        if not pending:
+            break
+        forward = rnd % 2 == 0
+        heap = [i if forward else -i for i in pending]
+        heapq.heapify(heap)
+        pending, queued = set(), set(pending)
+        while heap:
+            i = heapq.heappop(heap)
+            i = i if forward else -i
+            queued.discard(i)
+            for v in _visit(graph, rules[i], i, state, mesh, tactic, seen):
+                touched.add(v)
+                for j in structure.touching.get(v, ()):
+                    if (j > i if forward else j < i) and j not in queued:
+                        queued.add(j)
+                        heapq.heappush(heap, j if forward else -j)
+                    elif (j <= i if forward else j >= i):
+                        pending.add(j)
+    return touched
+
+
+def _visit(graph: Graph, rule, i: int, state: State, mesh, tactic: int, seen: set) -> list:
+    """One op's step of :func:`~partir_core.propagation.propagate` (the same reads and writes): the values
+    it wrote."""
+    if rule is None:
+        return []
+    eqn = graph.eqns[i]
+    _, spread, conflicts = resolve(graph, rule, eqn, state, mesh, i, tactic)
+    for c in conflicts:
+        if (i, c.factor) not in seen:
+            seen.add((i, c.factor))
+            state.conflicts.append(c)
+    if not spread:
+        return []
+    wrote = []
+    for v, d, fs in _slots(rule, eqn):
+        if v in graph.consts or v in state.pinned or not fs:
+            continue
+        if not any(f in spread for f in fs):
+            continue
+        per = [spread.get(f, ((), 0))[0] for f in fs]
+        target = compose(mesh, per, fs, rule.sizes)
+        cur = state.dims[v][d]
+        if not target or target == cur or target[: len(cur)] != cur:
+            continue
+        others = {a for j, ax in enumerate(state.dims[v]) if j != d for a in ax}
+        if others & set(target) or (len(fs) > 1 and graph.shape(v)[d] % group(mesh, target)):
+            continue
+        state.dims[v][d] = target
+        if state.prov[v][d] is None:
+            provs = [spread[f][1] for f in fs if f in spread]
+            state.prov[v][d] = min(provs) if provs else tactic
+        wrote.append(v)
+    return wrote
+
+
+def state_diff(a: State, b: State) -> set:
+    """The values whose dims or provenance differ between two states of one program."""
+    return {v for v, dims in b.dims.items() if a.dims[v] != dims or a.prov[v] != b.prov[v]}
+
+
+# ------------------------------------------------------------------------------------------ analysis
+@dataclass
+class _Pass:
+    """One pass of :func:`~partir_core.choice.analyze` (one :func:`~partir_core.choice._analyze_once`):
+    the ``targets`` it priced results against (None, :data:`FOLLOW` or ``{value: [types]}``), its ``ops`` and
+    produced ``types``, the ``demands`` on every value (the distinct types its readers and the outputs want,
+    sorted by text as :func:`~partir_core.choice._demands` sorts them), the bytes received per value
+    (``received``) and per finished reduction (``finished``), and their total ``cost``
+    (:func:`~partir_core.choice.received_bytes`)."""
+
+    targets: object
+    ops: list
+    types: dict
+    demands: dict
+    received: dict
+    finished: dict
+    cost: float
+
+
+class _Chooser:
+    """Passes of per-op choice on one state, each made from scratch or from a base pass (see the module
+    docstring)."""
+
+    def __init__(self, structure: Structure, state: State, mesh, memo: "_OpMemo"):
+        self.s, self.state, self.mesh, self.memo = structure, state, mesh, memo
+        self.graph = structure.graph
+        self.state_keys: dict = {}  # op -> what its candidates read of the state (see choose_op)
+
+    def choose_op(self, i: int, types: dict, targets):
+        """:func:`~partir_core.choice.choose_op`, remembered in two levels (:class:`_OpMemo`): the op's
+        candidates by everything they depend on (the op, its operands' types, its values' dims and the order
+        of their provenances), shared by the passes that price against different targets; and the choice by
+        that and the targets of its results. Provenance enters by its order among the op's values only:
+        :func:`~partir_core.propagation.resolve` and :func:`~partir_core.factors.drop_clashes` compare
+        provenances and nothing else, and what a choice keeps of them (``OpSharding.use``'s second elements)
+        is read by no one (lowering reads ``use``'s factors only)."""
+        g, state, memo = self.graph, self.state, self.memo
+        eqn = g.eqns[i]
+        if isinstance(eqn.prim, Boundary):  # fixed, not chosen, and cheap: not remembered
+            return choose_op(g, self.s.rules, i, state, types, self.mesh, True, targets)
+        if i not in self.state_keys:  # the same in every pass
+            slots = self.s.slots[i]
+            provs = sorted({p for v in slots for p in state.prov[v] if p is not None})
+            rank = {p: r for r, p in enumerate(provs)}
+            self.state_keys[i] = tuple((tuple(state.dims[v]), tuple(None if p is None else rank[p]
+                                                                    for p in state.prov[v])) for v in slots)
+        key = (i, tuple(memo.ref(types[v]) for v in eqn.invars), self.state_keys[i])
+        cands = memo.get(key)
+        if cands is None:
+            cands = _Candidates(*op_candidates(g, self.s.rules, i, state, types, self.mesh))
+            memo.put(key, cands)
+        if self.s.rules[i] is None:
+            return cands.proposal
+        if isinstance(targets, dict):
+            wanted = tuple(tuple(memo.ref(t) for t in targets.get(v, ())) for v in eqn.outvars)
+        else:
+            wanted = targets
+        op = memo.get((key, wanted))
+        if op is None:
+            op = cheapest(g, eqn, cands.proposal, cands.alternatives, types, state, self.mesh, targets)
+            memo.put((key, wanted), op)
+        return op
+
+    def run(self, targets, base: _Pass | None, dirty_values: set) -> _Pass:
+        """The pass pricing results against ``targets``; from ``base`` (a pass of the same kind of targets on a
+        state that differs from this one in ``dirty_values``) when given."""
+        g, state, mesh = self.graph, self.state, self.mesh
+        if base is None:
+            types = {v: value_type(g, v, mesh, tuple(state.dims[v])) for v in g.invars}
+            for v in g.consts:
+                types[v] = value_type(g, v, mesh, ((),) * len(g.shape(v)))
+            ops = []
+            for i, eqn in enumerate(g.eqns):
+                op = self.choose_op(i, types, targets)
+                ops.append(op)
+                types.update(zip(eqn.outvars, op.out_types))
+            return self._priced(targets, ops, types, None, None)
+        ops, types = list(base.ops), dict(base.types)
+        dirty_ops = {i for v in dirty_values for i in self.s.touching.get(v, ())}
+        if isinstance(targets, dict):
+            changed = {v for v in targets.keys() | base.targets.keys()
+                       if targets.get(v) is not base.targets.get(v) and targets.get(v) != base.targets.get(v)}
+            dirty_ops |= {self.s.producer[v] for v in changed if v in self.s.producer}
+        retyped, redemanded = set(), set()
+        for v in g.invars:
+            if v in dirty_values:
+                t = value_type(g, v, mesh, tuple(state.dims[v]))
+                if t != types[v]:
+                    types[v] = t
+                    retyped.add(v)
+                    dirty_ops.update(i for i, _ in self.s.readers.get(v, ()))
+        heap = list(dirty_ops)
+        heapq.heapify(heap)
+        done = set()
+        while heap:
+            i = heapq.heappop(heap)
+            if i in done:
+                continue
+            done.add(i)
+            eqn = g.eqns[i]
+            op = self.choose_op(i, types, targets)
+            old, ops[i] = ops[i], op
+            if op.in_types != old.in_types:
+                redemanded.update(v for v, a, b in zip(eqn.invars, op.in_types, old.in_types) if a != b)
+            for v, t in zip(eqn.outvars, op.out_types):
+                if t != types[v]:
+                    types[v] = t
+                    retyped.add(v)
+                    for j, _ in self.s.readers.get(v, ()):
+                        heapq.heappush(heap, j)
+        redemanded |= retyped | (dirty_values & self.s.outputs)
+        return self._priced(targets, ops, types, base, (redemanded, done))
+
+    def _priced(self, targets, ops, types, base: _Pass | None, change) -> _Pass:
+        """The pass with its demands and received bytes: all of them, or those of ``base`` updated for the
+        values and ops that ``change`` (``(values, ops)``) names."""
+        g = self.graph
+        if base is None:
+            values = [v for v in self.s.readers.keys() | self.s.outputs]
+            demands, received, finished = {}, {}, {}
+            op_ids = range(len(ops))
+        else:
+            values, op_ids = change
+            demands, received, finished = dict(base.demands), dict(base.received), dict(base.finished)
+        for v in values:
+            want = {ops[i].in_types[k] for i, k in self.s.readers.get(v, ())}
+            if v in self.s.outputs:
+                want.add(output_type(g, _Types(types), self.state, v, self.mesh))
+            if want:
+                demands[v] = list(want) if len(want) == 1 else sorted(want, key=str)
+                received[v] = self.s.trips.get(v, 1) * sum(reshard_bytes(types[v], t) for t in demands[v])
+            else:
+                demands.pop(v, None)
+                received.pop(v, None)
+        for i in op_ids:
+            finished[i] = self.s.op_trips[i] * sum(finish_bytes(axes, ops[i].out_types) for _, axes in ops[i].finish)
+        return _Pass(targets, ops, types, demands, received, finished,
+                     sum(received.values()) + sum(finished.values()))
+
+
+class _Candidates:
+    """One op's :func:`~partir_core.choice.op_candidates`: the ``proposal``, and its alternatives made once,
+    when first asked for."""
+
+    __slots__ = ("proposal", "_make", "_made")
+
+    def __init__(self, proposal, make):
+        self.proposal, self._make, self._made = proposal, make, None
+
+    def alternatives(self):
+        if self._made is None:
+            self._made = list(self._make())
+        return self._made
+
+
+class _OpMemo:
+    """Per-op candidates (:class:`_Candidates`) and choices by their keys (see :meth:`_Chooser.choose_op`),
+    the ``size`` last used kept. Keys name sharding types by identity (:meth:`ref`: hashing a type hashes
+    all its fields, and the partitioner's types are shared objects, :func:`partir_core.keys.sharding_type`);
+    every type so named is kept alive, so that no other object takes its id. An equal type that is another
+    object only misses."""
+
+    def __init__(self, size: int = 1 << 17):
+        self.entries: OrderedDict = OrderedDict()
+        self.size = size
+        self.hits = self.misses = 0
+        self.alive: dict = {}
+
+    def ref(self, t) -> int:
+        i = id(t)
+        if i not in self.alive:
+            self.alive[i] = t
+        return i
+
+    def get(self, key):
+        op = self.entries.get(key)
+        if op is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+            self.entries.move_to_end(key)
+        return op
+
+    def put(self, key, op) -> None:
+        self.entries[key] = op
+        if len(self.entries) > self.size:
+            self.entries.popitem(last=False)
+
+
+class _Types:
+    """An object with the ``types`` attribute that :func:`~partir_core.choice.output_type` reads."""
+
+    __slots__ = ("types",)
+
+    def __init__(self, types):
+        self.types = types
+
+
+# pass positions of choice.analyze: P0 (state-priced), P1, P2 (priced against the demands of the pass
+# before), F0 (FOLLOW), F1, F2
+_STARTS = (("P", None), ("F", FOLLOW))
+
+
+def choose(structure: Structure, state: State, mesh, base: dict | None, dirty_values: set, memo: _OpMemo,
+           passes: int = 3) -> tuple[Analysis, dict]:
+    """:func:`partir_core.choice.analyze` of ``state`` (the same passes, the same winner), and its passes by
+    position for later calls; from ``base`` (the passes of a state that differs from this one in
+    ``dirty_values``) where it has the same position."""
+    ch = _Chooser(structure, state, mesh, memo)
+    made: dict = {}
+
+    def run(pos, targets):
+        b = None
+        if base is not None:  # the same position, else (a chain the base ended early) the pass before it
+            b = base.get(pos) or (base.get(pos[0] + str(int(pos[1]) - 1)) if pos[1] > "1" else None)
+        made[pos] = ch.run(targets, b, dirty_values) if b is not None else ch.run(targets, None, set())
+        return made[pos]
+
+    first = run("P0", None)
+    best = first
+    for name, targets in _STARTS:
+        cur = first if name == "P" else run("F0", targets)
+        if cur.cost < best.cost:
+            best = cur
+        for j in range(1, passes):
+            nxt = run(f"{name}{j}", cur.demands)
+            if nxt.cost < best.cost:
+                best = nxt
+            if nxt.types == cur.types:
+                break
+            cur = nxt
+    return Analysis(best.ops, best.types, list(structure.unsupported), state), made
+
+
+# ------------------------------------------------------------------------------------------- scoring
+class Estimator:
+    """Scores states of one program (see the module docstring): :meth:`score` gives the
+    :class:`~partir_core.simulator.Simulation` that ``simulate(lower(analyze(...)))`` gives, computed from a
+    base state scored before. Keeps the passes of the first state scored (the search's start) and of the
+    ``max_bases`` states scored last."""
+
+    def __init__(self, graph: Graph, rules: list, mesh, hardware=None, max_bases: int = 64):
+        self.structure = Structure(graph, rules)
+        self.graph, self.rules, self.mesh, self.hardware = graph, rules, mesh, hardware
+        self.bases: OrderedDict = OrderedDict()  # key -> (state, passes)
+        self.memo = _OpMemo()
+        self.max_bases = max_bases
+        self.first = None
+
+    def analysis(self, key, state: State, base_key=None) -> Analysis:
+        """The per-op choice of ``state`` (remembered under ``key``), from the state remembered under
+        ``base_key`` when there is one."""
+        base = self.bases.get(base_key) if base_key is not None else None
+        if base is not None:
+            self.bases.move_to_end(base_key)
+            dirty = state_diff(base[0], state)
+            analysis, passes = choose(self.structure, state, self.mesh, base[1], dirty, self.memo)
+        else:
+            analysis, passes = choose(self.structure, state, self.mesh, None, set(), self.memo)
+        self.bases[key] = (state, passes)
+        if self.first is None:
+            self.first = key
+        if len(self.bases) > self.max_bases:
+            old = next(iter(self.bases))
+            if old == self.first:
+                self.bases.move_to_end(old)
+                old = next(iter(self.bases))
+            del self.bases[old]
+        return analysis
+
+    def score(self, key, state: State, base_key=None) -> Simulation:
+        """The simulation of ``state`` as lowered (see :meth:`analysis`). Raises :class:`redist.ShardingError`
+        if the state cannot be lowered."""
+        return simulate(lower(self.graph, self.analysis(key, state, base_key), self.mesh), self.hardware)

@@ -1,0 +1,432 @@
+"""The device-side programs of :func:`redist.jax.reshard`: how one array moves (a :class:`Move`), which program
+moves it (:func:`route`), and one jitted program for all the arrays of a call, cached (:func:`program`).
+
+Route. Two correct programs can move an array from ``src`` to ``dst``: redist's plan, run as a ``jax.shard_map``
+of the plan's lowered program (:mod:`redist.backends.jax_backend`), and XLA's own resharding, the semantics
+of ``jax.jit(lambda a: a, out_shardings=dst)`` (a sharding constraint; ``jax.sharding.reshard`` on Explicit
+axes). :func:`route` gives the pair to XLA where XLA moves no more bytes than the plan, and to redist's plan
+everywhere else; the tie goes to XLA, whose program runs as fast or faster (it fuses its collectives with
+the local copies that a ``shard_map`` keeps apart), costs less to compile, and under the caller's
+``jax.jit`` may fuse with the neighbours. Where the plan is empty or made of ``all_slice`` steps alone or of
+``all_gather`` steps alone, XLA emits the same local slices or the same all-gathers (the same bytes, the
+same buffers; ``tests/test_jax_reshard.py`` checks this on XLA's compiled HLO), so the tie is known without
+compiling. For any other plan the decision is measured once per (source type, destination type, mesh): XLA's
+resharding of the pair is compiled for an abstract input and the bytes its collectives receive per device
+are read from the HLO (:func:`redist.xla_baseline.parse_hlo`). Where XLA cannot go from ``src`` to ``dst``
+directly it gathers the whole array and slices it (its "involuntary full rematerialization", e.g.
+jax-ml/jax#21562 and FSDP -> Megatron), which shows as gathered bytes, up to k times the plan's, and holds
+the whole array: those pairs run as redist's plan. Where XLA finds the same all-to-all or permute as the
+plan, it receives the same bytes and holds the same memory (``bench/jax_reshard.py`` measures both).
+
+Meshes. A plan over sub-axes runs on the refined mesh of :func:`~redist.backends.jax_backend.refine_mesh`.
+``jax.shard_map`` wants its mesh to be the context mesh (``jax.set_mesh``), so the shard_map is traced under
+``jax.sharding.use_abstract_mesh(refined)``; on Explicit axes the array's type names its mesh, so it is first
+restated on the refined mesh (the same layout: no data moves). Either way the result is then restated on the
+caller's mesh as the target sharding, which again moves nothing. An array's mesh and the target's may also
+hold the same devices in two orders (:func:`move`): the plan then moves blocks between the orders, eagerly
+only (:func:`between_device_orders`: the program runs on every device's buffer), since JAX compiles a
+computation for one device order.
+
+Cache. :func:`program` keeps the jitted programs of the last :data:`PROGRAMS` call signatures (least recently
+used first out); plans, routes and shard_maps are cached per (source type, destination type, mesh) in
+bounded caches. :func:`clear_cache` empties them all.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
+from typing import Callable, Hashable, Mapping
+
+import numpy as np
+
+from redist.extras import missing_extra
+
+try:
+    import jax
+    from jax import lax
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec
+except ModuleNotFoundError as e:
+    raise missing_extra(e, "redist.jax", "jax") from e
+
+from redist.backends import interpreter
+from redist.backends.jax_backend import JaxBackend, in_dtype, jax_mesh_of, redist_mesh, refine_mesh
+from redist.errors import ShardingError
+from redist.mesh import Mesh
+from redist.plan import Plan
+from redist.synthesis import synthesize
+from redist.types import ShardingType
+from redist.xla_baseline import HLO_BYTES, parse_hlo
+
+__all__ = ["Move", "move", "route", "xla_bytes_received", "apply", "between_device_orders",
+           "traced_between_device_orders", "Program", "program", "clear_cache", "sharding_type", "PROGRAMS"]
+
+#: How many jitted programs (one per call signature: arrays' shapes, dtypes, shardings, donation) are kept.
+PROGRAMS = 256
+
+
+# ---------------------------------------------------------------------- types of JAX layouts
+def sharding_type(shape, dtype, sharding, mesh: Mesh | None = None) -> ShardingType:
+    """The redist type of an array of ``shape``/``dtype`` laid out by a ``NamedSharding``.
+
+    Missing spec entries and ``None`` or ``UNCONSTRAINED`` entries replicate; unreduced axes are rejected.
+    """
+    if not isinstance(sharding, NamedSharding):
+        raise ShardingError(f"redist.jax needs a NamedSharding, got {type(sharding).__name__}: {sharding}")
+    spec = sharding.spec
+    if getattr(spec, "unreduced", None) or getattr(spec, "reduced", None):
+        raise ShardingError(f"partition spec {spec} has unreduced/reduced axes; redist.jax does not take them")
+    entries = tuple(None if e is PartitionSpec.UNCONSTRAINED else e for e in spec)
+    return ShardingType.from_partition_spec(
+        tuple(shape), dtype, entries, mesh if mesh is not None else redist_mesh(sharding.mesh))
+
+
+def _check_even(t: ShardingType, which: str) -> None:
+    """JAX lays out a ``NamedSharding`` only on dims its blocks divide (shards are not padded), and
+    ``jax.shard_map`` likewise: raise for an uneven dim of ``t``, naming it and its axes."""
+    for i, (n, axes) in enumerate(zip(t.shape, t.dims)):
+        if not t.is_even(i):
+            raise ShardingError(
+                f"{which}: dim {i} (size {n}) does not divide into its {t.blocks(i)} blocks over "
+                f"{{{','.join(axes)}}}; JAX shards only even dims, so reshard needs them (uneven layouts run on "
+                "padded per-device buffers with redist.jax.run_on_buffers)")
+
+
+def _same_mesh(a, b) -> bool:
+    """Equal meshes; a traced array may only carry the abstract mesh, which is then compared."""
+    if a == b:
+        return True
+    if isinstance(a, jax.sharding.AbstractMesh) or isinstance(b, jax.sharding.AbstractMesh):
+        return getattr(a, "abstract_mesh", a) == getattr(b, "abstract_mesh", b)
+    return False
+
+
+def _redist_meshes(src_jmesh, jmesh) -> tuple[Mesh, Mesh]:
+    """The redist meshes of the array's JAX mesh and of the target's: one mesh, or two device orders of the
+    same axes and devices (:func:`redist_mesh`; both number the devices by the same ranks of their ids).
+    Raises :class:`ShardingError` for anything else."""
+    if _same_mesh(src_jmesh, jmesh):
+        mesh = redist_mesh(jmesh)
+        return mesh, mesh
+    reordered = (isinstance(src_jmesh, jax.sharding.Mesh) and src_jmesh.shape_tuple == jmesh.shape_tuple
+                 and {d.id for d in src_jmesh.devices.flat} == {d.id for d in jmesh.devices.flat})
+    if not reordered:
+        raise ShardingError(f"the array is on mesh {src_jmesh} but the target sharding on mesh {jmesh}; "
+                            "reshard moves data within one mesh, or between two device orders of it (the same "
+                            "axes and devices)")
+    return redist_mesh(src_jmesh), redist_mesh(jmesh)
+
+
+def _explicit(mesh) -> bool:
+    return any(t == AxisType.Explicit for t in mesh.axis_types)
+
+
+# ---------------------------------------------------------------------- one array's move
+@dataclass(frozen=True)
+class Move:
+    """One array's reshard: from type ``src`` to type ``dst`` on the JAX ``mesh``; ``source`` is the array's
+    layout and ``sharding`` the target as the result carries it (``dst``'s ``NamedSharding`` as the caller
+    spelled it, ``UNCONSTRAINED`` entries read as replicated). :attr:`plan` is redist's plan and
+    :attr:`route` the program that runs. ``src.mesh`` and ``dst.mesh`` differ where the array's JAX mesh
+    holds the target's devices in another order (:attr:`between_device_orders`)."""
+
+    src: ShardingType
+    dst: ShardingType
+    mesh: jax.sharding.Mesh
+    sharding: NamedSharding
+    source: NamedSharding
+
+    @property
+    def plan(self) -> Plan:
+        return _plan(self.src, self.dst)
+
+    @property
+    def route(self) -> str:
+        return route(self)
+
+    @property
+    def between_device_orders(self) -> bool:
+        """Whether the move goes between two device orders of one mesh (eagerly only: JAX compiles a
+        computation for one device order; :func:`between_device_orders`)."""
+        return self.src.mesh != self.dst.mesh
+
+    def describe(self) -> str:
+        """One line for the log: the pair, the program chosen, the plan's steps, bytes and peak."""
+        plan = self.plan
+        steps = "; ".join(map(str, plan.steps)) or "no step"
+        program = "redist's plan" if self.route == "redist" else "XLA's resharding, no more bytes than the plan"
+        return (f"{self.src} -> {self.dst}: {program} [{steps}] (receives {plan.bytes_received} B per device, "
+                f"peak {plan.peak_bytes} B)")
+
+
+def move(shape, dtype, src: NamedSharding, dst: NamedSharding) -> Move:
+    """The :class:`Move` of an array of ``shape``/``dtype`` from layout ``src`` to ``dst``.
+
+    Raises :class:`ShardingError` if either is no ``NamedSharding``, the target's mesh is not a concrete
+    ``jax.sharding.Mesh``, the meshes differ other than in device order (the same axes and devices;
+    :attr:`Move.between_device_orders`), ``dtype`` is not one redist moves, or the shape does not fit a
+    sharding (an unknown axis, too many spec entries, a dim that does not divide).
+    """
+    if not isinstance(dst, NamedSharding):
+        raise ShardingError(f"reshard needs a NamedSharding or a PartitionSpec as the target, got "
+                            f"{type(dst).__name__}: {dst}")
+    if not isinstance(dst.mesh, jax.sharding.Mesh):
+        raise ShardingError(f"the target sharding's mesh must be a concrete jax.sharding.Mesh, got {dst.mesh}")
+    if not isinstance(src, NamedSharding):
+        raise ShardingError(f"the array's sharding must be a NamedSharding, got {type(src).__name__}: {src}")
+    src_mesh, mesh = _redist_meshes(src.mesh, dst.mesh)
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        raise ShardingError(f"unsupported dtype {dtype}") from None
+    src_t, dst_t = sharding_type(shape, dtype, src, src_mesh), sharding_type(shape, dtype, dst, mesh)
+    _check_even(src_t, "the array's sharding")
+    _check_even(dst_t, "the target sharding")
+    if any(e is PartitionSpec.UNCONSTRAINED for e in dst.spec):
+        dst = NamedSharding(dst.mesh, PartitionSpec(*(None if e is PartitionSpec.UNCONSTRAINED else e
+                                                      for e in dst.spec)))
+    return Move(src_t, dst_t, dst.mesh, dst, src)
+
+
+@lru_cache(maxsize=1024)
+def _plan(src: ShardingType, dst: ShardingType) -> Plan:
+    return synthesize(src, dst)
+
+
+def route(m: Move) -> str:
+    """``"xla"`` if XLA's own resharding of ``m.src`` to ``m.dst`` on ``m.mesh`` receives no more bytes per
+    device than redist's plan (known without compiling for a plan of slices alone or gathers alone, else
+    measured by :func:`xla_bytes_received`), else ``"redist"``; decided once per (source type, destination
+    type, mesh). The rule is stated in the module header. A move with pending values (a ``partial`` type of
+    any reduction kind) or between two device orders is always ``"redist"``: XLA's resharding of a
+    ``NamedSharding`` expresses neither."""
+    if m.src.partial or m.dst.partial or m.between_device_orders:
+        return "redist"
+    key = (m.src, m.dst, m.mesh)
+    decided = _ROUTES.get(key)
+    if decided is None:
+        kinds = {step.kind for step in m.plan.steps}
+        tie = kinds <= {"all_slice"} or kinds == {"all_gather"} or xla_bytes_received(m) <= m.plan.bytes_received
+        decided = "xla" if tie else "redist"
+        _ROUTES.put(key, decided)
+    return decided
+
+
+def xla_bytes_received(m: Move) -> float:
+    """The most bytes any device receives in XLA's resharding of ``m`` (``jax.jit(lambda a: a,
+    out_shardings=m.sharding)`` compiled for an abstract input laid out as ``m.source``; nothing runs), its
+    collectives read from the compiled HLO and counted in the array's dtype, as the plan counts them: XLA's
+    CPU backend carries ``bf16`` collectives as ``f32``, which doubles their bytes on the wire but not the
+    elements moved (and it does the same to the plan's collectives). The compiled program is the one a call
+    of that single array runs (:func:`_xla_resharding_jit`), so measuring costs such a call no second
+    compile."""
+    with in_dtype(m.src.np_dtype):
+        compiled = _xla_resharding_jit(m.sharding).lower(
+            jax.ShapeDtypeStruct(m.src.shape, m.src.np_dtype, sharding=m.source)).compile()
+    itemsize = m.src.np_dtype.itemsize
+    per_device = [np.asarray(c.device_bytes) * itemsize / HLO_BYTES[c.dtype]
+                  for c in parse_hlo(compiled.as_text(), m.src.mesh)]
+    return float(np.sum(per_device, axis=0).max()) if per_device else 0.0
+
+
+def _xla_resharding(a):
+    """The identity: under ``jax.jit`` with ``out_shardings``, XLA's own resharding (the name shows in JAX's logs)."""
+    return a
+
+
+@lru_cache(maxsize=256)
+def _xla_resharding_jit(sharding: NamedSharding):
+    return jax.jit(_xla_resharding, out_shardings=sharding)
+
+
+def apply(moves: tuple[Move, ...], xs) -> list:
+    """``xs[j]`` moved by ``moves[j]`` (global arrays inside a trace: the caller's ``jax.jit`` or ``jax.grad``,
+    or :func:`program`'s own ``jit``), each restated with the sharding ``moves[j].sharding``. The arrays that
+    take redist's route on one mesh move in one ``shard_map``. No move may go between two device orders (JAX
+    compiles a computation for one; :func:`between_device_orders` moves those eagerly)."""
+    out = list(xs)
+    meshes: dict = {}
+    for j, m in enumerate(moves):
+        if m.route == "redist":
+            meshes.setdefault(m.mesh, []).append(j)
+    for mesh, js in meshes.items():
+        ys = _shard_mapped(tuple((moves[j].src, moves[j].dst) for j in js), mesh)(*(xs[j] for j in js))
+        for j, y in zip(js, ys):
+            out[j] = y
+    return [jax.sharding.reshard(y, m.sharding) if _explicit(m.mesh) else
+            lax.with_sharding_constraint(y, m.sharding) for m, y in zip(moves, out)]
+
+
+def _spec(dims, names: Mapping[str, tuple[str, ...]]) -> PartitionSpec:
+    """The PartitionSpec on the refined mesh of per-dim token lists."""
+    out = []
+    for d in dims:
+        axes = tuple(a for tok in d for a in names[tok])
+        out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+    return PartitionSpec(*out)
+
+
+@lru_cache(maxsize=256)
+def _shard_mapped(pairs: tuple[tuple[ShardingType, ShardingType], ...], mesh) -> Callable:
+    """The plans of ``pairs`` (source and destination types on ``mesh``) as one function of the global arrays:
+    one shard_map over the mesh refined at every boundary that any of the plans' sub-axes use, traced with
+    that mesh as the context's abstract mesh (see Meshes in the module header)."""
+    programs = [_plan(src, dst).program for src, dst in pairs]
+    tokens = sorted({tok for p in programs for tok in p.axis_tokens()})
+    refined, names = refine_mesh(mesh, tokens)
+    in_specs = tuple(_spec(src.dims, names) for src, _ in pairs)
+    backend = JaxBackend(programs[0].mesh, names)
+    mapped = jax.shard_map(lambda *bs: tuple(interpreter.run(p, backend, b) for p, b in zip(programs, bs)),
+                           mesh=refined, in_specs=in_specs, out_specs=tuple(_spec(dst.dims, names) for _, dst in pairs),
+                           check_vma=False)
+    restate = _explicit(mesh)
+
+    def run(*xs):
+        with jax.sharding.use_abstract_mesh(refined.abstract_mesh):
+            if restate:
+                xs = [jax.sharding.reshard(x, NamedSharding(refined, spec)) for x, spec in zip(xs, in_specs)]
+            return mapped(*xs)
+
+    return run
+
+
+# ---------------------------------------------------------------------- between two device orders
+def between_device_orders(m: Move, x):
+    """``x`` (a concrete array laid out as ``m.source``) moved by ``m``, a move between two device orders,
+    eagerly: the plan's program runs on the buffers of every device (:func:`_on_devices`), and its results
+    become ``m.sharding``'s array where they are. An empty array is the caller's to make. Raises
+    :class:`ShardingError` (:func:`traced_between_device_orders`) if called under a trace, where the
+    program would not run but be traced into the caller's, which has one device order."""
+    with in_dtype(m.src.np_dtype):
+        devices = sorted(m.mesh.devices.flat, key=lambda d: d.id)
+        run, stacked_sharding = _on_devices(m.src, m.dst, tuple(devices))
+        by_device = {s.device: s.data for s in x.addressable_shards}
+        rows = [by_device[d][None] for d in stacked_sharding.mesh.devices.flat]
+        if isinstance(rows[0], jax.core.Tracer):  # x is concrete, but the call is inside jax.jit (closed over)
+            raise traced_between_device_orders(m)
+        stacked = jax.make_array_from_single_device_arrays((m.src.mesh.size,) + m.src.local_shape,
+                                                           stacked_sharding, rows)
+        return jax.make_array_from_single_device_arrays(x.shape, m.sharding,
+                                                        [s.data[0] for s in run(stacked).addressable_shards])
+
+
+def traced_between_device_orders(m: Move) -> ShardingError:
+    """The error for a move between two device orders under a trace."""
+    return ShardingError(f"under jax.jit, JAX runs a computation on one device order, but the array's mesh "
+                         f"({m.src.mesh}) and the target's ({m.dst.mesh}) order the devices differently; call "
+                         "reshard outside jax.jit to move between them")
+
+
+@lru_cache(maxsize=256)
+def _on_devices(src: ShardingType, dst: ShardingType, devices: tuple):
+    """``(jitted function, its input sharding)``: the plan's program run on a stack of every device's buffer
+    (row ``p``: the device at position ``p`` of the program's mesh, on the JAX mesh of that device order,
+    ``devices[d]`` being device ``d``), as :func:`~redist.backends.jax_backend.run_on_buffers` runs it."""
+    program = _plan(src, dst).program
+    refined, names = refine_mesh(jax_mesh_of(program.mesh, devices), program.axis_tokens())
+    spec = PartitionSpec(tuple(refined.axis_names))
+    backend = JaxBackend(program.mesh, names)
+    mapped = jax.shard_map(lambda b: interpreter.run(program, backend, b[0])[None], mesh=refined, in_specs=spec,
+                           out_specs=spec, check_vma=False)
+    return jax.jit(mapped), NamedSharding(refined, spec)
+
+
+# ---------------------------------------------------------------------- all the arrays of one call
+@dataclass(frozen=True)
+class Program:
+    """One jitted program moving several arrays: ``fn(*inputs)`` returns one array per move, move ``j``
+    applied to ``inputs[index[j]]`` (an array at several leaves is one input, donated once); ``jitted`` is
+    the ``jax.jit`` function that ``fn`` calls, to lower. ``wide`` is a 64-bit dtype among the arrays (run
+    the call under :func:`redist.jax.in_dtype` of it), or None."""
+
+    moves: tuple[Move, ...]
+    index: tuple[int, ...]
+    donate: bool
+    fn: Callable = field(compare=False)
+    jitted: Callable = field(compare=False)
+    wide: np.dtype | None = field(compare=False)
+
+    @cached_property
+    def description(self) -> str:
+        return "\n".join(f"  [{j}] {m.describe()}" for j, m in enumerate(self.moves))
+
+
+def _build(moves: tuple[Move, ...], index: tuple[int, ...], donate: bool) -> Program:
+    inputs = max(index) + 1
+
+    def moved(*xs):
+        return tuple(apply(moves, [xs[i] for i in index]))
+
+    if len(moves) == 1 and not donate and moves[0].route == "xla":
+        # The program the route measured (already compiled for this layout): one array, XLA's resharding.
+        jitted = _xla_resharding_jit(moves[0].sharding)
+        fn = lambda x: (jitted(x),)  # noqa: E731
+    else:
+        jitted = fn = jax.jit(moved, out_shardings=tuple(m.sharding for m in moves),
+                              donate_argnums=tuple(range(inputs)) if donate else ())
+    with jax.enable_x64(False):  # JAX's own rule for which dtypes its 32-bit mode narrows
+        wide = next((m.src.np_dtype for m in moves
+                     if jax.dtypes.canonicalize_dtype(m.src.np_dtype) != m.src.np_dtype), None)
+    return Program(moves, index, donate, fn, jitted, wide)
+
+
+class _Cache:
+    """A bounded map, least recently used entry out first; safe to share between threads."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._entries: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable):
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+            return entry
+
+    def put(self, key: Hashable, entry) -> None:
+        with self._lock:
+            self._entries[key] = entry
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+_PROGRAMS = _Cache(PROGRAMS)
+_ROUTES = _Cache(1024)
+
+
+def program(key: Hashable, make_moves: Callable[[], tuple[Move, ...]], index: tuple[int, ...],
+            donate: bool) -> tuple[Program, bool]:
+    """``(the Program for the call signature key, whether it came from the cache)``.
+
+    ``key`` must determine the moves, ``index`` and ``donate`` (the caller's signature of the arrays and
+    targets); on a miss ``make_moves()`` builds the moves (synthesis and checks: it may raise
+    :class:`ShardingError`, and then nothing is cached).
+    """
+    entry = _PROGRAMS.get(key)
+    if entry is not None:
+        return entry, True
+    entry = _build(make_moves(), index, donate)
+    _PROGRAMS.put(key, entry)
+    return entry, False
+
+
+def clear_cache() -> None:
+    """Forget every cached program, shard_map, route and plan (they are rebuilt on the next call)."""
+    _PROGRAMS.clear()
+    _shard_mapped.cache_clear()
+    _ROUTES.clear()
+    _xla_resharding_jit.cache_clear()
+    _on_devices.cache_clear()
+    _plan.cache_clear()
