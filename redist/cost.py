@@ -68,11 +68,12 @@ from redist.blocks import exchange_copies, permute_sources
 from redist.errors import ShardingError, shown
 from redist.mesh import Mesh
 from redist.plan import Plan
+from redist.program import Exchange
 
 __all__ = [
     "Link", "Topology", "PRESETS", "topology", "as_topology", "preset_names", "collective_time", "step_time",
-    "step_axes", "plan_time", "records_time", "cpu_host_link", "Profile", "load_profile", "use_profile", "profile",
-    "PROFILE_RESOURCE",
+    "step_axes", "exchange_time", "plan_time", "records_time", "cpu_host_link", "Profile", "load_profile",
+    "use_profile", "profile", "PROFILE_RESOURCE",
 ]
 
 
@@ -259,25 +260,41 @@ def collective_time(axes: Iterable[str], nbytes: float, topo: Topology, kind: st
 
 def step_axes(step, t_in) -> tuple[str, ...]:
     """The axes a step communicates over: its own axes, or for a permute or an exchange the mesh axes along
-    which some device's source device differs from it (in mesh order). An exchange is priced as one
-    collective over them (one latency)."""
+    which some device's source device differs from it (in mesh order)."""
     if isinstance(step, S.Permute):
         sources = permute_sources(t_in, step.apply(t_in))
         return t_in.mesh.varying_axes((d, s) for d, s in enumerate(sources) if s != d)
     if isinstance(step, S.Exchange):
         copies = exchange_copies(t_in, step.apply(t_in))
         return t_in.mesh.varying_axes((d, c.source) for d, cs in enumerate(copies) for c in cs if c.source != d)
-    if isinstance(step, (S.AllSlice, S.Pad, S.Unpad)):
+    if isinstance(step, (S.AllSlice, S.Pad, S.Unpad, S.ReplicateToPartial, S.ShardToPartial)):
         return ()
     return t_in.mesh.axes_of(step.axes)
 
 
 def step_time(step, t_in, topo: Topology) -> float:
-    """Modeled seconds of one plan step applied to type ``t_in``."""
+    """Modeled seconds of one plan step applied to type ``t_in`` (an exchange: :func:`exchange_time`)."""
     nbytes = step.bytes_received(t_in)
     if nbytes == 0:
         return 0.0
+    if isinstance(step, S.Exchange):
+        return exchange_time(step, t_in, topo)
     return collective_time(step_axes(step, t_in), float(nbytes), topo)
+
+
+def exchange_time(step: S.Exchange, t_in, topo: Topology) -> float:
+    """Modeled seconds of an exchange: the rounds it runs (:meth:`redist.program.Exchange.rounds`, one
+    ``ppermute`` each in the JAX backend) one after the other, each a collective over the mesh axes along which
+    its senders and receivers differ, moving the round's slab: the largest copy of the round along each dim
+    (the static shape every sender of the round sends). One latency per round, not one in all."""
+    t_out = step.apply(t_in)
+    ins = Exchange(t_out.local_shape, exchange_copies(t_in, t_out))
+    total = 0.0
+    for _, moves in ins.rounds():
+        slab = math.prod(max(c.size[i] for _, _, c in moves) for i in range(t_in.rank)) * t_in.itemsize
+        axes = t_in.mesh.varying_axes((source, dest) for source, dest, _ in moves)
+        total += collective_time(axes, slab, topo)
+    return total
 
 
 def plan_time(plan, topo: Topology | str) -> float:

@@ -19,8 +19,20 @@ Instructions (``x`` is a device's buffer before, ``r`` its group rank):
   ``Alltoall`` of contiguous rows.)
 - ``ReduceScatter(dim, axes, reduction)``: reduce the group's buffers elementwise (``reduction``: ``"sum"``,
   ``"max"``, ``"min"`` or ``"prod"``; of ``bool`` buffers sum and max are the logical or, min and prod the
-  logical and; max and min propagate NaN), keep chunk r of k along ``dim``.
+  logical and; max and min propagate NaN), keep chunk r of k along ``dim``. When k does not divide
+  ``n = x.shape[dim]``, the chunks follow XLA's padding rule: chunk r is ``[min(n, r·L), min(n, (r+1)·L))``
+  with ``L = ceil(n/k)``, at the start of a result of ``L`` along ``dim`` whose rest is zero (the typed step
+  makes this only of a dim that no axis split before; see :class:`redist.steps.ReduceScatter`).
 - ``AllReduce(axes, reduction)``: reduce the group's buffers elementwise, as ``ReduceScatter``.
+- ``KeepRoot(axes)``: the member of rank 0 keeps ``x``; every other member's buffer becomes zeros. Local.
+- ``EmbedChunk(dim, axes)``: a zero buffer k times longer along ``dim`` with ``x`` as chunk r:
+  ``new[..., r·n : (r+1)·n, ...] = x`` (the adjoint of ``Slice``). Local.
+
+  These two create pending sums (:class:`redist.steps.ReplicateToPartial`, :class:`redist.steps.ShardToPartial`)
+  and are the only instructions that write values no device held: zeros, the identity of a sum (only sums
+  are created: :func:`redist.bounds.check_pair`). (A ``shard_to_partial`` that leaves an uneven dim whole
+  is lowered to an ``Exchange`` of local copies instead, each device's block placed where the dim holds it:
+  an ``EmbedChunk`` would place it at ``r·n``, past the end for the last blocks.)
 - ``CollectivePermute(sources)``: device d's new buffer is device ``sources[d]``'s buffer (a permutation of
   the devices; ``sources[d] == d`` means d keeps its buffer and receives nothing).
 - ``Exchange(shape, copies)``: device d's new buffer has ``shape``, zero where no copy writes (padding), and
@@ -57,7 +69,7 @@ import numpy as np
 
 from redist import steps as S
 from redist.axes import Axis
-from redist.blocks import Copy, exchange_copies, permute_sources
+from redist.blocks import Copy, exchange_copies, local_box, permute_sources
 from redist.errors import ShardingError
 from redist.mesh import Mesh
 from redist.types import REDUCTIONS
@@ -104,6 +116,17 @@ class AllReduce:
 
 
 @dataclass(frozen=True)
+class KeepRoot:
+    axes: tuple[Axis, ...]
+
+
+@dataclass(frozen=True)
+class EmbedChunk:
+    dim: int
+    axes: tuple[Axis, ...]
+
+
+@dataclass(frozen=True)
 class CollectivePermute:
     sources: tuple[int, ...]
 
@@ -121,13 +144,31 @@ class Exchange:
         """Elements ``device`` receives from other devices."""
         return sum(math.prod(c.size) for c in self.copies[device] if c.source != device)
 
+    def rounds(self, local: bool = False) -> tuple[tuple[int, tuple[tuple[int, int, Copy], ...]], ...]:
+        """The copies in rounds ``(shift, ((source, destination, copy), …))`` in which every device sends at most
+        one copy and receives at most one: a round is a shift ``(destination − source) mod n`` and the
+        how-many-th copy of such a pair it is, in the order of (shift, that count). The JAX backend runs each
+        round of a nonzero shift as one ``ppermute``, and the cost model charges each its latency. Copies of no
+        elements are left out, and so are copies within a device (shift 0) unless ``local``."""
+        n = len(self.copies)
+        rounds: dict[tuple[int, int], list[tuple[int, int, Copy]]] = {}
+        for d, copies in enumerate(self.copies):
+            seen: dict[int, int] = {}
+            for c in copies:
+                if (c.source == d and not local) or math.prod(c.size) == 0:
+                    continue
+                j = seen.get(c.source, 0)
+                seen[c.source] = j + 1
+                rounds.setdefault(((d - c.source) % n, j), []).append((c.source, d, c))
+        return tuple((shift, tuple(moves)) for (shift, _), moves in sorted(rounds.items()))
+
     def __str__(self) -> str:
         moved = sum(1 for d, cs in enumerate(self.copies) for c in cs if c.source != d)
         return f"Exchange(shape={self.shape}, {moved} transfers between devices)"
 
 
-Instruction = (Reshape | Transpose | Slice | AllGather | AllToAll | ReduceScatter | AllReduce | CollectivePermute
-               | Exchange)
+Instruction = (Reshape | Transpose | Slice | AllGather | AllToAll | ReduceScatter | AllReduce | KeepRoot | EmbedChunk
+               | CollectivePermute | Exchange)
 
 
 @dataclass(frozen=True)
@@ -163,6 +204,19 @@ class Program:
         return "\n".join(lines)
 
 
+def _embed_in_place(t_in, t_out) -> Exchange:
+    """An exchange of one local copy per device (none for a device without elements): its elements under
+    ``t_in`` placed where its block under ``t_out`` holds them, which contains them (a ``shard_to_partial`` onto
+    a whole dim); the rest of the buffer is zero."""
+    copies = []
+    for d in range(t_in.mesh.size):
+        have, want = local_box(t_in, d), local_box(t_out, d)
+        size = tuple(h.stop - h.start for h in have)
+        at = tuple(h.start - w.start for h, w in zip(have, want))
+        copies.append((Copy(d, (0,) * len(size), at, size),) if all(size) else ())
+    return Exchange(t_out.local_shape, tuple(copies))
+
+
 def lower_step(step, t_in) -> tuple[Instruction, ...]:
     """The instructions that implement one typed step on buffers of type ``t_in``."""
     if isinstance(step, S.AllToAll):
@@ -181,6 +235,8 @@ def _lower_one(step, t_in) -> Instruction:
     if isinstance(step, S.Exchange):
         t_out = step.apply(t_in)
         return Exchange(t_out.local_shape, exchange_copies(t_in, t_out))
+    if isinstance(step, S.ShardToPartial) and not (t_in.is_even(step.dim) and step.apply(t_in).is_even(step.dim)):
+        return _embed_in_place(t_in, step.apply(t_in))
     axes = t_in.mesh.axes_of(step.axes)
     if isinstance(step, S.AllSlice):
         return Slice(step.dim, axes)
@@ -190,6 +246,10 @@ def _lower_one(step, t_in) -> Instruction:
         return ReduceScatter(step.dim, axes, step.reduction)
     if isinstance(step, S.AllReduce):
         return AllReduce(axes, step.reduction)
+    if isinstance(step, S.ReplicateToPartial):
+        return KeepRoot(axes)
+    if isinstance(step, S.ShardToPartial):
+        return EmbedChunk(step.dim, axes)
     raise ShardingError(f"no lowering for {step!r}: it is not a redist step")
 
 
@@ -293,7 +353,7 @@ def shape_after(ins: Instruction, shape, mesh: Mesh) -> tuple[int, ...]:
     lacks, a split into chunks that does not divide, an all-to-all whose leading dim is not its group size,
     a reshape to another number of elements, a transpose or permute that is not a permutation, an exchange
     whose copies do not fit the buffers, a reduction of no known kind; and, from ``mesh``, axes that are not
-    its own.
+    its own. (A reduce-scatter whose group size does not divide its dim pads its chunks; a slice does not.)
     """
     shape = tuple(shape)
     where = f"{type(ins).__name__} on a local buffer of shape {shape}"
@@ -315,7 +375,7 @@ def shape_after(ins: Instruction, shape, mesh: Mesh) -> tuple[int, ...]:
     if isinstance(ins, (ReduceScatter, AllReduce)) and ins.reduction not in REDUCTIONS:
         raise ShardingError(f"{where}: reduction {ins.reduction!r} is not one of {', '.join(REDUCTIONS)}")
     k = mesh.group_size(ins.axes)
-    if isinstance(ins, AllReduce):
+    if isinstance(ins, (AllReduce, KeepRoot)):
         return shape
     dim = 0 if isinstance(ins, AllToAll) else ins.dim
     if not 0 <= dim < len(shape):
@@ -324,9 +384,11 @@ def shape_after(ins: Instruction, shape, mesh: Mesh) -> tuple[int, ...]:
     if isinstance(ins, AllToAll):
         if s[0] != k:
             raise ShardingError(f"{where}: the leading dim must hold the {k} chunks of its group")
-    elif isinstance(ins, AllGather):
+    elif isinstance(ins, (AllGather, EmbedChunk)):
         s[dim] *= k
-    else:  # Slice, ReduceScatter
+    elif isinstance(ins, ReduceScatter):
+        s[dim] = -(-s[dim] // k)
+    else:  # Slice
         if s[dim] % k:
             raise ShardingError(f"{where}: dim {dim} does not split into {k} equal chunks")
         s[dim] //= k
@@ -334,7 +396,8 @@ def shape_after(ins: Instruction, shape, mesh: Mesh) -> tuple[int, ...]:
 
 
 def _check_copies(ins: Exchange, shape, n_dev: int, where: str) -> None:
-    """An exchange's copies: a tuple per device, each copy from a device that exists, inside both buffers."""
+    """An exchange's copies: a tuple per device, each copy from a device that exists, inside both buffers,
+    and no two copies of a device writing one element (which of them wins would be the backend's choice)."""
     if len(ins.copies) != n_dev or len(ins.shape) != len(shape):
         raise ShardingError(f"{where}: expected copies for {n_dev} devices into a buffer of rank {len(shape)}, "
                             f"got {len(ins.copies)} into shape {tuple(ins.shape)}")
@@ -344,3 +407,7 @@ def _check_copies(ins: Exchange, shape, n_dev: int, where: str) -> None:
                        for a, b, n, cap_in, cap_out in zip(c.src_start, c.dst_start, c.size, shape, ins.shape))
             if not (0 <= c.source < n_dev and len(c.size) == len(shape) and fits):
                 raise ShardingError(f"{where}: copy {c} of device {d} does not fit the buffers")
+        for i, c in enumerate(copies):
+            for e in copies[:i]:
+                if all(max(b, f) < min(b + n, f + m) for b, n, f, m in zip(c.dst_start, c.size, e.dst_start, e.size)):
+                    raise ShardingError(f"{where}: copies {e} and {c} of device {d} overlap")

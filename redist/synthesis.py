@@ -102,8 +102,8 @@ from typing import NamedTuple
 
 from redist import cost
 from redist import steps as S
-from redist.axes import Axis, canonical_axes, remove_axes
-from redist.bounds import check_pair
+from redist.axes import Axis, canonical_axes, difference, remove_axes
+from redist.bounds import check_pair, lower_bound_bytes
 from redist.errors import ShardingError
 from redist.mesh import Mesh, prime_factors
 from redist.plan import Plan
@@ -181,24 +181,33 @@ def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
     and over sub-axes) are priced with :func:`redist.cost.plan_time` and the fastest is returned (ties:
     fewer bytes, then fewer steps).
 
-    The types may lie on two device orders of the same mesh axes ("Device orders" in the module header).
+    The types may lie on two device orders of the same mesh axes ("Device orders" in the module header). A
+    destination partial over axes the source is not (creating pending sums) gets the plan of
+    :func:`_synthesize_creating`; uneven dims, :func:`_synthesize_uneven`. Between even types the search's
+    plan is compared, where no pending sum is reduced, with one ``exchange``, which receives exactly the lower
+    bound: the exchange is taken where it receives fewer bytes (with ``topology``: where it is faster, its
+    rounds priced by :func:`redist.cost.plan_time`).
+
     Raises :class:`ShardingError` if the types are on different mesh axes, have different shapes or dtypes,
-    or pending reductions of different kinds, or if the destination is partial over an axis the source is not.
+    pending reductions of different kinds, or a destination that creates a pending reduction other than a
+    sum, or split a mesh axis into sub-axes of two different decompositions.
     """
     check_pair(src, dst)
     if topology is not None:
         cost.as_topology(topology, src.mesh)  # a bad topology= is refused whichever path the pair takes
     if src.mesh != dst.mesh:
         return _across_device_orders(src, dst, topology)
+    if difference(dst.partial, src.partial):
+        return _synthesize_creating(src, dst, topology)
     if not (src.is_even() and dst.is_even()):
         return _synthesize_uneven(src, dst, topology)
     core_src, core_dst = _without_unit_axes(src, dst.partial), _without_unit_axes(dst, dst.partial)
     if topology is None:
-        core = _synthesize(core_src, core_dst)
+        core = _fewest_bytes(core_src, core_dst)
     else:
 
         topo = cost.as_topology(topology, src.mesh)
-        candidates = [_synthesize(core_src, core_dst)]
+        candidates = [_fewest_bytes(core_src, core_dst)]
         states = _state_budget(core_src)
         for refine in (False, True):
             found = _search(core_src, core_dst, refine, topo, states,
@@ -206,8 +215,79 @@ def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
             states -= found.states
             if found.plan is not None:
                 candidates.append(found.plan)
+        if set(core_src.partial) == set(core_dst.partial):  # the exchange candidate, as in _fewest_bytes
+            candidates.append(_fallback(core_src, core_dst))
         core = min(candidates, key=lambda p: (cost.plan_time(p, topo), p.bytes_received, len(p.steps)))
     return _with_unit_axes(src, dst, core)
+
+
+def _fewest_bytes(src: ShardingType, dst: ShardingType) -> Plan:
+    """The search's plan (:func:`_synthesize`), or the exchange plan of :func:`_fallback` where that receives
+    strictly fewer bytes (even types without pending sums to reduce; ties keep the collectives).
+
+    The collectives cannot put an axis under one already in a dim without moving whole buffers, where one
+    point-to-point exchange moves only the pieces each device lacks (the redistribution paper's all-permute):
+    it receives exactly the lower bound, so it is tried only when the search's plan misses it. With sums to
+    reduce, reduce-scatters then an exchange can receive fewer bytes too, but proving such a plan on large
+    meshes takes the verifier seconds (``python -m proofs``'s 64-device timing), so it is not offered there."""
+    plan = _synthesize(src, dst)
+    if set(src.partial) != set(dst.partial) or plan.bytes_received == lower_bound_bytes(src, dst):
+        return plan
+    exchange = _fallback(src, dst)
+    return exchange if exchange.bytes_received < plan.bytes_received else plan
+
+
+def _synthesize_creating(src: ShardingType, dst: ShardingType, topology) -> Plan:
+    """A plan to a destination partial over axes ``C`` that the source is not (SPEC 3: pending sums created).
+
+    Creating a sum moves no data: the plan runs to ``dst`` with ``C`` placed in dims or replicated (a type
+    no larger than ``dst``, partial over the rest of ``dst``'s axes), then makes ``C`` partial:
+    ``replicate_to_partial`` for the replicated ones, ``shard_to_partial`` for those at the minor end of a dim
+    (each member's block becomes its zero-padded summand, where a gather would receive the others'). The
+    candidates place ``C`` (see :func:`_creation_placements`) and each synthesizes the plan to that type;
+    the fewest bytes (with ``topology``: the fastest), then the fewest steps, is returned. Peak: the plan
+    before the creation stays within ``max(src, type before)``, and the creation only grows the buffer to
+    ``dst``'s.
+    """
+    created = difference(dst.partial, src.partial)
+    kept = difference(dst.partial, created)
+    candidates = []
+    for placed in _creation_placements(src, dst, created):
+        before = _type_or_none(dst, tuple(d + placed.get(i, ()) for i, d in enumerate(dst.dims)), kept)
+        if before is None:
+            continue
+        steps = [S.ShardToPartial(i, axes) for i, axes in sorted(placed.items())]
+        replicated = difference(created, tuple(a for axes in placed.values() for a in axes))
+        if replicated:
+            steps.insert(0, S.ReplicateToPartial(replicated))
+        try:
+            Plan.from_steps(before, steps)
+        except ShardingError:  # a dim that the created axes would leave uneven: their blocks do not nest
+            continue
+        candidates.append(Plan.from_steps(src, synthesize(src, before, topology).steps + tuple(steps)))
+    return _cheapest(candidates, topology, src.mesh)
+
+
+def _creation_placements(src: ShardingType, dst: ShardingType, created) -> list[dict[int, tuple[Axis, ...]]]:
+    """Where to put the created axes before they become partial: ``{dim: axes appended to dst's dim}``, the
+    rest replicated. First each axis in the dim where the source has it (then it becomes a summand without
+    moving), else replicated; then none placed; then, for each dim, each axis where the source has it, else
+    in that dim (the reduction before the creation then moves a smaller buffer). Duplicates are dropped."""
+    def home(a: Axis) -> int | None:
+        return next((i for i, d in enumerate(src.dims) for b in d if a.overlaps(b)), None)
+
+    options: list[dict[int, tuple[Axis, ...]]] = []
+    for fallback in (None, "replicated", *range(dst.rank)):
+        placed: dict[int, tuple[Axis, ...]] = {}
+        if fallback != "replicated":
+            for a in created:
+                i = home(a)
+                i = fallback if i is None else i
+                if i is not None:
+                    placed[i] = placed.get(i, ()) + (a,)
+        if placed not in options:
+            options.append(placed)
+    return options
 
 
 def _across_device_orders(src: ShardingType, dst: ShardingType, topology) -> Plan:
@@ -245,8 +325,10 @@ def _synthesize_uneven(src: ShardingType, dst: ShardingType, topology) -> Plan:
     ends with an ``exchange``, which receives exactly what each device lacks. Without pending sums to reduce
     that is the whole plan, at the lower bound. With them, the fewest-bytes (with ``topology``: the fastest)
     of: an ``all_reduce`` before or after the exchange (after: if the destination does not place a reduced
-    axis in a dim), and a plan on the padded view that reduce-scatters the reduced axes onto one dim whose
-    padded size they keep, then the exchange. Peak: at most ``max(src, dst)`` local bytes in every case.
+    axis in a dim), a plan on the padded view that reduce-scatters the reduced axes onto one dim whose
+    padded size they keep, then the exchange, and the plans that reduce-scatter onto whole dims that the
+    scatter leaves uneven (:func:`_uneven_reduce_scatters`). Peak: at most ``max(src, dst)`` local bytes in
+    every case.
     """
     if src == dst:
         return Plan.from_steps(src, ())
@@ -265,11 +347,32 @@ def _synthesize_uneven(src: ShardingType, dst: ShardingType, topology) -> Plan:
         if mid is not None and mid.padded_shape == src.padded_shape and mid.local_bytes <= bound:
             first = _between_padded_views(src, mid, topology)
             candidates.append(Plan.from_steps(src, first.steps + (exchange,)))
-    if topology is None:
-        return min(candidates, key=lambda p: (p.bytes_received, len(p.steps)))
+    candidates += _uneven_reduce_scatters(src, dst, reduced, topology)
+    return _cheapest(candidates, topology, src.mesh)
 
-    topo = cost.as_topology(topology, src.mesh)
-    return min(candidates, key=lambda p: (cost.plan_time(p, topo), p.bytes_received, len(p.steps)))
+
+def _uneven_reduce_scatters(src: ShardingType, dst: ShardingType, reduced, topology) -> list[Plan]:
+    """Plans that begin with reduce-scatters onto dims that no axis splits in ``src``, which may leave them
+    uneven (the padding rule; no padding is reduced in MPI's ``Reduce_scatter`` with counts), then go on to
+    ``dst`` (:func:`synthesize`, whatever sums are left). One plan per choice: each such dim takes the
+    ``reduced`` axes that ``dst`` places in it, in ``dst``'s order; or one such dim takes them all."""
+    whole = [i for i, d in enumerate(src.dims) if not d]
+    choices = [{i: tuple(a for a in dst.dims[i] if remove_axes(reduced, (a,)) is not None) for i in whole}]
+    choices += [{i: reduced} for i in whole]
+    plans = []
+    for choice in choices:
+        choice = {i: axes for i, axes in choice.items() if axes}
+        placed = tuple(a for axes in choice.values() for a in axes)
+        rest = remove_axes(src.partial, placed) if placed else None
+        if rest is None:
+            continue
+        steps = [S.ReduceScatter(i, axes, src.reduction) for i, axes in sorted(choice.items())]
+        try:
+            mid = Plan.from_steps(src, steps)
+        except ShardingError:  # a sub-axis order the type cannot hold
+            continue
+        plans.append(Plan.from_steps(src, mid.steps + synthesize(mid.dst, dst, topology).steps))
+    return plans
 
 
 def _between_padded_views(src: ShardingType, dst: ShardingType, topology) -> Plan:
@@ -391,7 +494,8 @@ def _fallback(src: ShardingType, dst: ShardingType) -> Plan:
     nowhere are all-reduced after them: reduce-scatters over a group of ``k`` devices receive
     ``(k−1)/k · L_src`` in all, half of what an all-reduce receives, and leave a smaller buffer. Peak:
     ``max(src.local_bytes, dst.local_bytes)``. Bytes: the lower bound without a reduction, else at most
-    ``2(k−1)/k · L_src + L_dst``. Correct for any valid pair.
+    ``2(k−1)/k · L_src + L_dst``. Correct for any valid pair without created sums. It is also the exchange
+    candidate of :func:`_fewest_bytes` and, with a topology, of :func:`synthesize`.
     """
     placed: list[tuple[int, tuple[Axis, ...]]] = []  # (dim, axes) of each reduce_scatter
     unplaced = []
