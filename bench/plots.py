@@ -200,6 +200,9 @@ def partitioning_bytes(data: dict) -> str:
     ax.barh(y + 0.2, [r["bytes_xla"] / 1024 for r in rows], 0.4, color=XLA, label="XLA's partitioner")
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    kib = [r[k] / 1024 for r in rows for k in ("bytes_ours", "bytes_xla") if r[k] > 0]
+    if kib and max(kib) / min(kib) < 30:  # an axis of a decade or so: plain numbers at 2, 3 and 5 times 10^k too
+        ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "235" else ""))
     wm, ws = (max(len(r[k]) for r in rows) for k in ("model", "schedule"))
     ax.set_yticks(y, [f"{r['model']:<{wm}}  {r['schedule']:<{ws}}" for r in rows], fontsize=7, family="monospace")
     ax.set_ylim(len(rows) - 0.5, -0.5)

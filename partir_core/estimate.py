@@ -41,10 +41,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from partir_core.choice import FOLLOW, Analysis, cheapest, choose_op, op_candidates, output_type, value_type
-from partir_core.factors import compose, group
 from partir_core.ir import Boundary, Graph
 from partir_core.lowering import lower
-from partir_core.propagation import State, _slots, resolve
+from partir_core.propagation import State, visit
 from partir_core.reshard import finish_bytes, reshard_bytes
 from partir_core.simulator import Simulation, simulate
 
@@ -98,7 +97,7 @@ def propagate_changes(structure: Structure, state: State, mesh, tactic: int, cha
             i = heapq.heappop(heap)
             i = i if forward else -i
             queued.discard(i)
-            for v in _visit(graph, rules[i], i, state, mesh, tactic, seen):
+            for v in visit(graph, rules[i], i, state, mesh, tactic, seen):
                 touched.add(v)
                 for j in structure.touching.get(v, ()):
                     if (j > i if forward else j < i) and j not in queued:
@@ -107,41 +106,6 @@ def propagate_changes(structure: Structure, state: State, mesh, tactic: int, cha
                     elif (j <= i if forward else j >= i):
                         pending.add(j)
     return touched
-
-
-def _visit(graph: Graph, rule, i: int, state: State, mesh, tactic: int, seen: set) -> list:
-    """One op's step of :func:`~partir_core.propagation.propagate` (the same reads and writes): the values
-    it wrote."""
-    if rule is None:
-        return []
-    eqn = graph.eqns[i]
-    _, spread, conflicts = resolve(graph, rule, eqn, state, mesh, i, tactic)
-    for c in conflicts:
-        if (i, c.factor) not in seen:
-            seen.add((i, c.factor))
-            state.conflicts.append(c)
-    if not spread:
-        return []
-    wrote = []
-    for v, d, fs in _slots(rule, eqn):
-        if v in graph.consts or v in state.pinned or not fs:
-            continue
-        if not any(f in spread for f in fs):
-            continue
-        per = [spread.get(f, ((), 0))[0] for f in fs]
-        target = compose(mesh, per, fs, rule.sizes)
-        cur = state.dims[v][d]
-        if not target or target == cur or target[: len(cur)] != cur:
-            continue
-        others = {a for j, ax in enumerate(state.dims[v]) if j != d for a in ax}
-        if others & set(target) or (len(fs) > 1 and graph.shape(v)[d] % group(mesh, target)):
-            continue
-        state.dims[v][d] = target
-        if state.prov[v][d] is None:
-            provs = [spread[f][1] for f in fs if f in spread]
-            state.prov[v][d] = min(provs) if provs else tactic
-        wrote.append(v)
-    return wrote
 
 
 def state_diff(a: State, b: State) -> set:

@@ -123,6 +123,42 @@ def resolve(graph: Graph, rule: Rule, eqn, state: State, mesh, eqn_index: int = 
     return use, spread, conflicts
 
 
+def visit(graph: Graph, rule, i: int, state: State, mesh, tactic: int, seen: set) -> list:
+    """One op's step of :func:`propagate`: resolve op ``i``'s factors (``rule``, None for an op without one),
+    record its new conflicts (``seen`` holds the (op, factor) pairs already recorded) and extend the dims of
+    its values with the axes its factors spread, in place. Returns the values whose dims it changed."""
+    if rule is None:
+        return []
+    eqn = graph.eqns[i]
+    _, spread, conflicts = resolve(graph, rule, eqn, state, mesh, i, tactic)
+    for c in conflicts:
+        if (i, c.factor) not in seen:
+            seen.add((i, c.factor))
+            state.conflicts.append(c)
+    if not spread:
+        return []
+    wrote = []
+    for v, d, fs in _slots(rule, eqn):
+        if v in graph.consts or v in state.pinned or not fs:
+            continue
+        if not any(f in spread for f in fs):
+            continue
+        per = [spread.get(f, ((), 0))[0] for f in fs]
+        target = compose(mesh, per, fs, rule.sizes)
+        cur = state.dims[v][d]
+        if not target or target == cur or target[: len(cur)] != cur:
+            continue
+        others = {a for j, ax in enumerate(state.dims[v]) if j != d for a in ax}
+        if others & set(target) or (len(fs) > 1 and graph.shape(v)[d] % group(mesh, target)):
+            continue
+        state.dims[v][d] = target
+        if state.prov[v][d] is None:
+            provs = [spread[f][1] for f in fs if f in spread]
+            state.prov[v][d] = min(provs) if provs else tactic
+        wrote.append(v)
+    return wrote
+
+
 def propagate(graph: Graph, rules: list, state: State, mesh, tactic: int, max_rounds: int = 100) -> State:
     """Propagate ``state`` to a fixed point (forward and backward sweeps); records conflicts, in place."""
     seen = {(c.eqn, c.factor) for c in state.conflicts}
@@ -130,34 +166,7 @@ def propagate(graph: Graph, rules: list, state: State, mesh, tactic: int, max_ro
     for rnd in range(max_rounds):
         changed = False
         for i in (order if rnd % 2 == 0 else order[::-1]):
-            rule = rules[i]
-            if rule is None:
-                continue
-            eqn = graph.eqns[i]
-            _, spread, conflicts = resolve(graph, rule, eqn, state, mesh, i, tactic)
-            for c in conflicts:
-                if (i, c.factor) not in seen:
-                    seen.add((i, c.factor))
-                    state.conflicts.append(c)
-            if not spread:
-                continue
-            for v, d, fs in _slots(rule, eqn):
-                if v in graph.consts or v in state.pinned or not fs:
-                    continue
-                if not any(f in spread for f in fs):
-                    continue
-                per = [spread.get(f, ((), 0))[0] for f in fs]
-                target = compose(mesh, per, fs, rule.sizes)
-                cur = state.dims[v][d]
-                if not target or target == cur or target[: len(cur)] != cur:
-                    continue
-                others = {a for j, ax in enumerate(state.dims[v]) if j != d for a in ax}
-                if others & set(target) or (len(fs) > 1 and graph.shape(v)[d] % group(mesh, target)):
-                    continue
-                state.dims[v][d] = target
-                if state.prov[v][d] is None:
-                    provs = [spread[f][1] for f in fs if f in spread]
-                    state.prov[v][d] = min(provs) if provs else tactic
+            if visit(graph, rules[i], i, state, mesh, tactic, seen):
                 changed = True
         if not changed:
             break

@@ -31,6 +31,7 @@ from jax.sharding import PartitionSpec
 
 import redist
 from redist import steps as S
+from redist.axes import difference
 from redist.bounds import check_pair
 from redist.jax import refine_mesh, run_program
 from redist.types import ShardingType
@@ -101,8 +102,9 @@ def _gather_then_slice(src: ShardingType, dst: ShardingType) -> redist.Plan:
 
 def reshard_bytes(src: ShardingType, dst: ShardingType) -> float:
     """Bytes a device receives moving ``src`` to ``dst`` (the move lowering would run); infinite when no
-    redistribution can do it (``dst`` is partial over an axis ``src`` is not): a choice that needs it is
-    never taken."""
+    redistribution can do it, or when ``dst`` is partial over an axis ``src`` is not: redist can create
+    pending sums (SPEC 3), but a partitioned program's pending sums come from its contractions, so a choice
+    that creates them is never taken."""
     if src == dst:
         return 0.0
     if not _possible(src, dst):
@@ -112,13 +114,14 @@ def reshard_bytes(src: ShardingType, dst: ShardingType) -> float:
 
 @functools.lru_cache(maxsize=1 << 15)
 def _possible(src: ShardingType, dst: ShardingType) -> bool:
-    """Whether some redistribution takes ``src`` to ``dst`` (:func:`redist.bounds.check_pair`), cached per pair:
-    per-op choice asks for the same pairs many times, and the answer depends on the two types alone."""
+    """Whether lowering may move ``src`` to ``dst``: :func:`redist.bounds.check_pair` accepts the pair and it
+    creates no pending sums (see :func:`reshard_bytes`). Cached per pair: per-op choice asks for the same pairs
+    many times, and the answer depends on the two types alone."""
     try:
         check_pair(src, dst)
     except redist.ShardingError:
         return False
-    return True
+    return not difference(dst.partial, src.partial)
 
 
 def finish_bytes(axes, types) -> float:

@@ -56,13 +56,14 @@ def all_layouts(mesh: Mesh, rank: int, partial: bool = True):
             yield tuple(tuple(d) for d in dims), part
 
 
-def all_pairs(mesh: Mesh, rank: int, dtype: str = "f32", multiplier: int = 1):
-    """Every (src, dst) pair of whole-axis layouts with dst.partial a subset of src.partial, each dim the
-    smallest size both sides divide (``multiplier`` times that)."""
+def all_pairs(mesh: Mesh, rank: int, dtype: str = "f32", multiplier: int = 1, creating: bool = False):
+    """Every (src, dst) pair of whole-axis layouts with dst.partial a subset of src.partial (with
+    ``creating``: every pair whose dst.partial is not, so that the destination creates pending sums), each dim
+    the smallest size both sides divide (``multiplier`` times that)."""
     layouts = list(all_layouts(mesh, rank))
     for d1, p1 in layouts:
         for d2, p2 in layouts:
-            if not set(p2) <= set(p1):
+            if (set(p2) <= set(p1)) == creating:
                 continue
             shape = tuple(math.lcm(mesh.group_size(a), mesh.group_size(b)) * multiplier for a, b in zip(d1, d2))
             yield (ShardingType(mesh, shape, dtype, d1, p1), ShardingType(mesh, shape, dtype, d2, p2))
@@ -76,10 +77,14 @@ def source_buffers(src: ShardingType, rng: np.random.Generator):
     of every buffer (uneven dims, SPEC 2) is poisoned (:func:`redist.data.poison_padding`: NaN, or the largest
     integer), so a program that reads padding as data gives a wrong datum. For a pending product the
     elements are ``2 … N+1``: a product that takes its summands twice gives the square of the value, which
-    1 (the one element of a scalar) would hide."""
+    1 (the one element of a scalar) would hide. Otherwise signed and float elements get random signs (still
+    distinct): a claim of a pending max over buffers that hold the value on one member and zeros on the others
+    is right for positive values only, and one of a pending min for negative ones."""
     value = random_array(rng, src.shape, src.np_dtype, distinct=True)
     if src.partial and src.reduction == "prod" and src.dtype != "bool":
         value = value + np.ones((), value.dtype)
+    elif value.dtype.kind in "ifc":
+        value = np.where(rng.random(value.shape) < 0.5, -value, value).astype(value.dtype)
     return poison_padding(src, summands(src, value, rng, low=-50, high=51)), value
 
 
@@ -92,7 +97,9 @@ def oracle(program, src: ShardingType, dst: ShardingType, seed: int = 0, trials:
     result (``program.dst_mesh``; SPEC 1: another mesh, device order included, is another type, even where
     the data happen to sit on the same devices); ``dst``'s layout is read on its own mesh, so a misplaced
     block shows as wrong values first. Group reductions are ``dst``'s kind (``unshard``), and summands are
-    made for ``src``'s kind (:func:`redist.data.summands`)."""
+    made for ``src``'s kind (:func:`redist.data.summands`); a partial ``dst`` of another kind than a partial
+    ``src`` is wrong whatever the values (another kind is another type, and no step converts kinds: on some
+    data a max of a product's summands happens to equal the product)."""
     from redist.data import unshard
 
     rng = np.random.default_rng(seed)
@@ -111,6 +118,8 @@ def oracle(program, src: ShardingType, dst: ShardingType, seed: int = 0, trials:
             return False, "wrong values"
     if dst.mesh != program.dst_mesh:
         return False, f"the result is on mesh {program.dst_mesh!r}, not {dst.mesh!r}"
+    if src.partial and dst.partial and src.reduction != dst.reduction:  # no program converts kinds (SPEC 3)
+        return False, f"the result is a pending {src.reduction}, not a pending {dst.reduction}"
     return True, "equal"
 
 

@@ -4,9 +4,10 @@
 
 Each case is a random valid (source, destination) pair from :func:`redist.testing.draw_pair` (partial
 sources of every reduction kind, sub-axes, uneven dims, a destination in another device order for a
-quarter of them) on a random mesh (:func:`redist.testing.draw_mesh`, a quarter of them in a random device
-order) whose axes have sizes 1 to 8 (so 1, 3, 5, 6 and 7 among them), in one of the dtypes f32, f64, i32,
-i64, bf16, bool, f16, u8, c64, c128. The
+quarter of them, destinations that create pending sums: SPEC 3) on a random mesh
+(:func:`redist.testing.draw_mesh`, a quarter of them in a random device order) whose axes have sizes 1 to 8
+(so 1, 3, 5, 6 and 7 among them), in one of the dtypes f32, f64, i32, i64, bf16, bool, f16, u8, c64, c128.
+The
 plan is synthesized and run on a random value's buffers (:func:`redist.data.poisoned_source`: random integer
 summands for a partial source, padding poisoned), and the result is compared element for element with the
 oracle: every device's data block must equal that of ``redist.shard(dst, value)``, or for a partial
@@ -54,7 +55,7 @@ KINDS = ("wrong values", "dtype changes", "shape changes", "exceptions", "synthe
 def draw_case(seed: int, backend: str, i: int, max_devices: int = 8,
               devices: int | None = None) -> tuple[ShardingType, ShardingType]:
     """Case ``i`` of ``backend``'s run: a valid pair (a third of them uneven, on meshes of two devices or
-    more) on a mesh of 1-4 axes with at most ``max_devices`` devices, or of 1-3 axes with exactly
+    more; a fifth of them with a destination that may create pending sums) on a mesh of 1-4 axes with at most ``max_devices`` devices, or of 1-3 axes with exactly
     ``devices``; a function of its arguments only, so that every MPI rank draws the same one."""
     draw = SeededDraw(f"differential:{seed}:{backend}:{i}")
     if devices is None:
@@ -62,7 +63,7 @@ def draw_case(seed: int, backend: str, i: int, max_devices: int = 8,
     else:
         mesh = draw_mesh(draw, max_axes=3, devices=devices, device_order=0.25)
     return draw_pair(draw, mesh, partial=0.4, sub_axes=0.25, dtype=DTYPES, uneven=0.35 if mesh.size >= 2 else 0.0,
-                     reductions=REDUCTIONS, reorder=0.25)
+                     reductions=REDUCTIONS, reorder=0.25, create=0.2)
 
 
 def case_data(src: ShardingType, seed: int, backend: str, i: int):
@@ -142,7 +143,8 @@ def features(src: ShardingType, dst: ShardingType) -> list[str]:
     return ([f"dtype {src.dtype}"] + [f"axis of size {s}" for s in sorted(set(src.mesh.shape))]
             + [f"partial({src.reduction}) source"] * bool(src.partial) + ["partial destination"] * bool(dst.partial)
             + ["reordered mesh"] * (not src.mesh.is_row_major) + ["another device order"] * (src.mesh != dst.mesh)
-            + ["sub-axes"] * any(":" in a for a in tokens) + ["uneven"] * (not (src.is_even() and dst.is_even())))
+            + ["sub-axes"] * any(":" in a for a in tokens) + ["uneven"] * (not (src.is_even() and dst.is_even()))
+            + ["created pending sums"] * (not set(dst.partial) <= set(src.partial)))
 
 
 def run_case(tally: Tally, seed: int, i: int, src: ShardingType, dst: ShardingType, execute) -> None:

@@ -2,12 +2,16 @@
 
 - exhaustive: every (src, dst) pair of whole-axis types (partial types included, dst.partial ⊆ src.partial)
   of rank 0–3 on every mesh of at most 8 devices (axis sizes >= 2), each dim the smallest size both
-  sides divide;
+  sides divide; and, apart, every such pair whose destination creates pending sums (dst.partial ⊄
+  src.partial: SPEC 3; ``python -m proofs`` runs them to rank 2, where the proofs, which enumerate each
+  group sum's contributors, take minutes rather than the better part of an hour);
 - random: a seeded sample of pairs on 16-device meshes (1–4 axes, sub-axes, partial types, dims up to 3×
   the smallest legal size);
 - random uneven: a seeded sample of pairs with non-divisible dims (XLA's padding rule, SPEC 2) on meshes
   of 2–16 devices (1–4 axes, sub-axes, partial types, rank 1–3), every dim of any size from 0 to twice
   its larger block count plus one, at least one dim uneven on one side;
+- random creating: a seeded sample of pairs whose destination creates pending sums, on meshes of 2–16
+  devices (sub-axes, partial sources, a third uneven), also checked by the numpy oracle;
 - exhaustive features: every whole-axis pair of rank 0–2 on every mesh of at most 8 devices once more,
   each with the reduction kinds, device orders and dtypes of issue 15 in turn: a partial source takes the
   next kind of max, min, prod, sum; the destination the next device order of the default one and those of
@@ -97,7 +101,10 @@ def check_pair(pair, uneven: bool = False) -> dict:
 
         kinds = {s.kind for s in plan.steps}
         out["shape"] = plan_shape(plan)
-        out["at_bound"] = ("exchange" in kinds and not kinds & {"all_reduce", "reduce_scatter"}
+        # without reductions or created sums, on one device order or without pending sums, an exchange
+        # receives exactly what each device lacks
+        out["at_bound"] = ("exchange" in kinds
+                           and not kinds & {"all_reduce", "reduce_scatter", "replicate_to_partial", "shard_to_partial"}
                            and (src.mesh == dst.mesh or not src.partial))
         if out["at_bound"] and plan.bytes_received != least:
             out["error"] = f"exchange plan receives {plan.bytes_received} bytes, not lower_bound_bytes {least}"
@@ -154,13 +161,13 @@ def _run(pairs, workers: int, desc: str, chunk: int = 64, check=_chunk) -> list[
     return results
 
 
-def exhaustive_pairs(max_devices: int = 8, max_rank: int = 3):
+def exhaustive_pairs(max_devices: int = 8, max_rank: int = 3, creating: bool = False):
     from proofs.common import all_meshes, all_pairs
 
     out = []
     for mesh in all_meshes(max_devices):
         for rank in range(max_rank + 1):
-            out += list(all_pairs(mesh, rank))
+            out += list(all_pairs(mesh, rank, creating=creating))
     return out
 
 
@@ -226,11 +233,12 @@ def summarize(name: str, results: list[dict], seconds: float) -> dict:
     }
 
 
-def run_exhaustive(workers: int = 2, max_devices: int = 8, max_rank: int = 3) -> dict:
+def run_exhaustive(workers: int = 2, max_devices: int = 8, max_rank: int = 3, creating: bool = False) -> dict:
     t = time.perf_counter()
-    pairs = exhaustive_pairs(max_devices, max_rank)
-    return summarize(f"exhaustive: all whole-axis pairs, meshes <= {max_devices} devices, rank <= {max_rank}",
-                     _run(pairs, workers, "exhaustive"), time.perf_counter() - t)
+    pairs = exhaustive_pairs(max_devices, max_rank, creating)
+    what = "pairs creating pending sums" if creating else "pairs"
+    return summarize(f"exhaustive: all whole-axis {what}, meshes <= {max_devices} devices, rank <= {max_rank}",
+                     _run(pairs, workers, f"exhaustive {what}"), time.perf_counter() - t)
 
 
 def run_random(n: int = 10_000, workers: int = 2, seed: int = 0) -> dict:
@@ -254,6 +262,17 @@ def run_random_uneven(n: int = 3000, workers: int = 2, seed: int = 0) -> dict:
     return out
 
 
+def run_random_creating(n: int = 2000, workers: int = 2, seed: int = 0) -> dict:
+    """:func:`proofs.step_rules.creating_pairs` checked like the uneven pairs (numpy oracle included); adds
+    ``by_shape``."""
+    from proofs.step_rules import creating_pairs
+
+    t = time.perf_counter()
+    results = _run(creating_pairs(n, seed), workers, "random creating", check=_chunk_uneven)
+    out = summarize(f"random creating: {n} pairs creating pending sums, meshes <= 16 devices (sub-axes, partial, "
+                    "uneven)", results, time.perf_counter() - t)
+    out["by_shape"] = dict(Counter(r["shape"] for r in results if r["ok"]).most_common(8))
+    return out
 def run_features(workers: int = 2, n_random: int = 2000, seed: int = 0, max_rank: int = 2) -> tuple[dict, dict]:
     """The exhaustive and random feature checks of the module docstring; each summary has ``by_feature``
     (proved pairs per :func:`features`)."""
@@ -272,7 +291,8 @@ def run_features(workers: int = 2, n_random: int = 2000, seed: int = 0, max_rank
 
 if __name__ == "__main__":
     res = (run_random_uneven() if "--uneven" in sys.argv else run_random() if "--random" in sys.argv
-           else run_exhaustive())
+           else run_random_creating() if "--creating" in sys.argv
+           else run_exhaustive(creating="--exhaustive-creating" in sys.argv))
     print({k: v for k, v in res.items() if k != "failures"})
     for f in res["failures"]:
         print(f)

@@ -180,6 +180,14 @@ def remove_axes(axes: tuple[Axis, ...], remove: tuple[Axis, ...]) -> tuple[Axis,
     return _axes_of_pieces([p for p in have if p not in dropped], axes)
 
 
+def difference(axes: tuple[Axis, ...], other: tuple[Axis, ...]) -> tuple[Axis, ...]:
+    """The factors of ``axes`` that ``other`` does not name, as canonical axes (whatever of ``other`` is not
+    in ``axes`` is ignored): ``difference((y,), (y:(1)2,))`` is ``(y:(2)2,)``."""
+    have, drop = split_common([axes, other])
+    dropped = set(drop)
+    return _axes_of_pieces([p for p in have if p not in dropped], axes) or ()
+
+
 def check_factorization(name: str, axes) -> None:
     """Raise :class:`ShardingError` unless the sub-axes ``axes`` of mesh axis ``name`` cut it at points that each
     divide the next (a chain of factors): ``x:(1)2`` and ``x:(3)2`` of an axis of size 6 are not factors of one

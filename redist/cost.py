@@ -74,8 +74,8 @@ from redist.plan import Plan
 
 __all__ = [
     "Link", "Topology", "PRESETS", "topology", "as_topology", "preset_names", "collective_time", "step_time",
-    "step_axes", "plan_time", "records_time", "cpu_host_link", "Profile", "load_profile", "use_profile", "profile",
-    "PROFILE_RESOURCE",
+    "step_axes", "exchange_time", "plan_time", "records_time", "cpu_host_link", "Profile", "load_profile",
+    "use_profile", "profile", "PROFILE_RESOURCE",
 ]
 
 
@@ -271,7 +271,7 @@ def step_axes(step, t_in) -> tuple[str, ...]:
         return _permute_axes(t_in, step.apply(t_in))
     if isinstance(step, S.Exchange):
         return _exchange_axes(t_in, step.apply(t_in))
-    if isinstance(step, (S.AllSlice, S.Pad, S.Unpad)):
+    if isinstance(step, (S.AllSlice, S.Pad, S.Unpad, S.ReplicateToPartial, S.ShardToPartial)):
         return ()
     return t_in.mesh.axes_of(step.axes)
 
@@ -330,11 +330,27 @@ def _exchange_axes(t_in, t_out) -> tuple[str, ...]:
 
 
 def step_time(step, t_in, topo: Topology) -> float:
-    """Modeled seconds of one plan step applied to type ``t_in``."""
+    """Modeled seconds of one plan step applied to type ``t_in`` (an exchange: :func:`exchange_time`)."""
     nbytes = step.bytes_received(t_in)
     if nbytes == 0:
         return 0.0
+    if isinstance(step, S.Exchange):
+        return exchange_time(step, t_in, topo)
     return collective_time(step_axes(step, t_in), float(nbytes), topo)
+
+
+def exchange_time(step: S.Exchange, t_in, topo: Topology) -> float:
+    """Modeled seconds of an exchange: the rounds it runs (:meth:`redist.program.Exchange.rounds`, one
+    ``ppermute`` each in the JAX backend) one after the other, each a collective over the mesh axes along which
+    its senders and receivers differ, moving the round's slab: the largest copy of the round along each dim
+    (the static shape every sender of the round sends). One latency per round, not one in all."""
+    (ins,) = P.lower_step(step, t_in)
+    total = 0.0
+    for _, moves in ins.rounds(t_in.mesh):
+        slab = math.prod(max(c.size[i] for _, _, c in moves) for i in range(t_in.rank)) * t_in.itemsize
+        axes = t_in.mesh.varying_axes((source, dest) for source, dest, _ in moves)
+        total += collective_time(axes, slab, topo)
+    return total
 
 
 def plan_time(plan, topo: Topology | str) -> float:

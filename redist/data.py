@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 
 from redist.buffers import as_array, device_buffers
@@ -48,7 +49,8 @@ def summands(t: ShardingType, value, rng: np.random.Generator, low: int = -4, hi
     are right must give the right result): every group of devices that differ only in the partial axes gets
     its own random summands, exact in the dtype (padding too):
 
-    - sum: random integers in ``[low, high)``, the first member the remainder (so float sums are exact); for
+    - sum: random integers in ``[low, high)`` (narrowed for floats so that a group sum is exact in any order:
+      :func:`_exact_sum_range`), the first member the remainder; for
       ``bool``, whose sum is a logical or, random bits where the value is true (the first member's set
       wherever no other member's is) and false elsewhere;
     - max (min): random integers in ``[low, high)`` no larger (smaller) than the value, and at each element
@@ -60,13 +62,31 @@ def summands(t: ShardingType, value, rng: np.random.Generator, low: int = -4, hi
     whole = shard(t.replace(partial=()), value)
     if not t.partial:
         return whole
-    bufs = [random_array(rng, x.shape, x.dtype, low, high) for x in whole]
     kind = "min" if t.dtype == "bool" and t.reduction == "prod" else t.reduction
+    if kind == "sum":
+        low, high = _exact_sum_range(t, value, low, high)
+    bufs = [random_array(rng, x.shape, x.dtype, low, high) for x in whole]
     for group in t.mesh.groups(t.partial):
         members = _GROUP_SUMMANDS[kind]([bufs[d] for d in group], whole[group[0]], rng)
         for d, b in zip(group, members):
             bufs[d] = np.asarray(b).astype(t.np_dtype)
     return bufs
+
+
+def _exact_sum_range(t: ShardingType, value, low: int, high: int) -> tuple[int, int]:
+    """``[low, high)`` narrowed so that a group sum of float summands is exact in any order: with ``k``
+    members drawn within ``s`` of zero, the remainder member is at most ``|value| + (k-1)·s`` and every
+    partial sum at most ``|value| + 2(k-1)·s``, which must stay within the integers the dtype holds exactly
+    (256 for bf16, 2048 for f16): a backend that sums in another order than the caller must get the same
+    value. Where even ``s = 0`` does not fit, the members other than the first are zero."""
+    value = np.asarray(value)
+    k = t.mesh.group_size(t.partial)
+    if k < 2 or value.dtype.kind in "iub":  # integers sum exactly; bf16 is kind "V" (ml_dtypes), a float
+        return low, high
+    limit = 2 ** (ml_dtypes.finfo(value.real.dtype).nmant + 1)
+    room = limit - int(np.abs(value.real).max(initial=0))
+    spread = max(0, room // (2 * (k - 1)))
+    return max(low, -spread), min(high, spread + 1)
 
 
 def _sum_summands(members, value, rng):

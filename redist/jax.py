@@ -154,17 +154,14 @@ def _entry(s, what: str):
 def _on_context_mesh(spec: PartitionSpec) -> NamedSharding:
     """``spec`` on the concrete mesh of ``jax.set_mesh``.
 
-    Under a trace ``jax.sharding.get_mesh`` refuses to answer, and the abstract mesh of the context does not
-    do: a ``shard_map`` over an abstract mesh is lowered on the context's concrete mesh, whose axes a plan on
-    sub-axes does not have. So the concrete mesh is read as ``jax.device_put`` reads it for a
-    ``PartitionSpec``, from JAX's context (the one private name this package uses).
+    The abstract mesh of the context does not do: a ``shard_map`` over an abstract mesh is lowered on the
+    context's concrete mesh, whose axes a plan on sub-axes does not have. So the concrete mesh is read as
+    ``jax.device_put`` reads it for a ``PartitionSpec``, from JAX's context (the one private name this package
+    uses): ``jax.sharding.get_mesh`` (public from JAX 0.8.1) returns it too, but refuses under a trace.
     """
-    try:
-        mesh = jax.sharding.get_mesh()
-    except ValueError:  # under a trace
-        from jax._src.mesh import get_concrete_mesh
+    from jax._src.mesh import get_concrete_mesh
 
-        mesh = get_concrete_mesh()
+    mesh = get_concrete_mesh()
     if mesh.empty:
         raise ShardingError(f"the target {spec} is a PartitionSpec but no mesh is set: call reshard inside "
                             "`with jax.set_mesh(mesh):`, or give a NamedSharding(mesh, spec)")

@@ -221,7 +221,10 @@ def xla_bytes_received(m: Move) -> float:
     CPU backend carries ``bf16`` collectives as ``f32``, which doubles their bytes on the wire but not the
     elements moved (and it does the same to the plan's collectives). The compiled program is the one a call
     of that single array runs (:func:`_xla_resharding_jit`), so measuring costs such a call no second
-    compile."""
+    compile. An array of no elements receives nothing, and nothing is compiled for it (XLA before JAX 0.9.1
+    fails to compile its resharding on Auto axes)."""
+    if 0 in m.src.shape:
+        return 0.0
     with in_dtype(m.src.np_dtype):
         compiled = _xla_resharding_jit(m.sharding).lower(
             jax.ShapeDtypeStruct(m.src.shape, m.src.np_dtype, sharding=m.source)).compile()

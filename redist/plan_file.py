@@ -19,6 +19,8 @@ What the reader builds from: ``mesh`` (``Mesh.parse``), ``src`` (``ShardingType.
     all_slice, all_gather              ``dim`` (int), ``axes`` (axis tokens, major → minor)
     reduce_scatter                     ``dim``, ``axes``, ``reduction`` (sum, max, min or prod)
     all_reduce                         ``axes``, ``reduction``
+    replicate_to_partial               ``axes`` (the pending sums it creates)
+    shard_to_partial                   ``dim``, ``axes`` (the minor end of ``dim``, made pending sums)
     all_to_all                         ``moves``: ``[src_dim, dst_dim, axes]`` per move; one move is
                                        :class:`~redist.steps.AllToAll`, several a
                                        :class:`~redist.steps.MultiAllToAll`
@@ -66,6 +68,10 @@ def step_args(step) -> dict[str, Any]:
             return {"dim": step.dim, "axes": _tokens(step.axes), "reduction": step.reduction}
         case S.AllReduce():
             return {"axes": _tokens(step.axes), "reduction": step.reduction}
+        case S.ReplicateToPartial():
+            return {"axes": _tokens(step.axes)}
+        case S.ShardToPartial():
+            return {"dim": step.dim, "axes": _tokens(step.axes)}
         case S.AllToAll():
             return {"moves": [[step.src_dim, step.dst_dim, _tokens(step.axes)]]}
         case S.MultiAllToAll():
@@ -246,7 +252,8 @@ def _device_ids(value, where: str) -> tuple[int, ...] | None:
 
 
 _ARGS = {"all_slice": ("dim", "axes"), "all_gather": ("dim", "axes"), "reduce_scatter": ("dim", "axes", "reduction"),
-         "all_reduce": ("axes", "reduction"), "all_to_all": ("moves",), "permute": ("dims", "device_ids"),
+         "all_reduce": ("axes", "reduction"), "replicate_to_partial": ("axes",), "shard_to_partial": ("dim", "axes"),
+         "all_to_all": ("moves",), "permute": ("dims", "device_ids"),
          "exchange": ("dims", "device_ids"), "pad": (), "unpad": ("shape",)}
 _BUILDERS: dict[str, Callable[[dict, str], Any]] = {
     "all_slice": lambda a, w: S.AllSlice(_int(a["dim"], f"{w}: dim"), _axes(a["axes"], f"{w}: axes")),
@@ -255,6 +262,8 @@ _BUILDERS: dict[str, Callable[[dict, str], Any]] = {
                                                    _reduction(a["reduction"], f"{w}: reduction")),
     "all_reduce": lambda a, w: S.AllReduce(_axes(a["axes"], f"{w}: axes"),
                                            _reduction(a["reduction"], f"{w}: reduction")),
+    "replicate_to_partial": lambda a, w: S.ReplicateToPartial(_axes(a["axes"], f"{w}: axes")),
+    "shard_to_partial": lambda a, w: S.ShardToPartial(_int(a["dim"], f"{w}: dim"), _axes(a["axes"], f"{w}: axes")),
     "all_to_all": _all_to_all,
     "permute": lambda a, w: S.Permute(_dims(a["dims"], f"{w}: dims"),
                                       _device_ids(a["device_ids"], f"{w}: device_ids")),

@@ -19,8 +19,20 @@ Instructions (``x`` is a device's buffer before, ``r`` its group rank):
   ``Alltoall`` of contiguous rows.)
 - ``ReduceScatter(dim, axes, reduction)``: reduce the group's buffers elementwise (``reduction``: ``"sum"``,
   ``"max"``, ``"min"`` or ``"prod"``; of ``bool`` buffers sum and max are the logical or, min and prod the
-  logical and; max and min propagate NaN), keep chunk r of k along ``dim``.
+  logical and; max and min propagate NaN), keep chunk r of k along ``dim``. When k does not divide
+  ``n = x.shape[dim]``, the chunks follow XLA's padding rule: chunk r is ``[min(n, r·L), min(n, (r+1)·L))``
+  with ``L = ceil(n/k)``, at the start of a result of ``L`` along ``dim`` whose rest is zero (the typed step
+  makes this only of a dim that no axis split before; see :class:`redist.steps.ReduceScatter`).
 - ``AllReduce(axes, reduction)``: reduce the group's buffers elementwise, as ``ReduceScatter``.
+- ``KeepRoot(axes)``: the member of rank 0 keeps ``x``; every other member's buffer becomes zeros. Local.
+- ``EmbedChunk(dim, axes)``: a zero buffer k times longer along ``dim`` with ``x`` as chunk r:
+  ``new[..., r·n : (r+1)·n, ...] = x`` (the adjoint of ``Slice``). Local.
+
+  These two create pending sums (:class:`redist.steps.ReplicateToPartial`, :class:`redist.steps.ShardToPartial`)
+  and are the only instructions that write values no device held: zeros, the identity of a sum (only sums
+  are created: :func:`redist.bounds.check_pair`). (A ``shard_to_partial`` that leaves an uneven dim whole
+  is lowered to an ``Exchange`` of local copies instead (a :class:`CopyTable`), each device's block placed where the dim holds it:
+  an ``EmbedChunk`` would place it at ``r·n``, past the end for the last blocks.)
 - ``CollectivePermute(sources)``: device d's new buffer is device ``sources[d]``'s buffer, where ``sources`` is
   a tuple of device ids (a permutation of the devices; ``sources[d] == d`` means d keeps its buffer and
   receives nothing) or a :class:`CoordinateMap`: the source of d is the device whose rank over ``source_axes``
@@ -71,7 +83,7 @@ import numpy as np
 from redist import steps as S
 from redist.axes import Axis, check_factorization
 from redist.blocks import (Copy, DeviceClasses, Segment, device_coords, device_id, exchange_copies, exchange_segments,
-                           permute_groups, permute_sources, rank, with_ranks)
+                           local_box, permute_groups, permute_sources, rank, with_ranks)
 from redist.errors import ShardingError
 from redist.mesh import Mesh
 from redist.types import REDUCTIONS
@@ -115,6 +127,17 @@ class ReduceScatter:
 class AllReduce:
     axes: tuple[Axis, ...]
     reduction: str = "sum"
+
+
+@dataclass(frozen=True)
+class KeepRoot:
+    axes: tuple[Axis, ...]
+
+
+@dataclass(frozen=True)
+class EmbedChunk:
+    dim: int
+    axes: tuple[Axis, ...]
 
 
 @dataclass(frozen=True)
@@ -233,7 +256,8 @@ class ExchangeDim:
 @dataclass(frozen=True)
 class CopyTable:
     """The copies of every device, by device id (``copies[d]``): the form of an exchange between two device
-    orders, whose devices have no coordinates in common (a mesh in another order is a table of its devices)."""
+    orders, whose devices have no coordinates in common (a mesh in another order is a table of its devices),
+    and of the local copies of a ``shard_to_partial`` onto an uneven dim (each device's source is itself)."""
 
     copies: tuple[tuple[Copy, ...], ...]
 
@@ -284,6 +308,25 @@ class Exchange:
             out += [(d, cp) for cp in self.copies(mesh, d) if cp.source == device]
         return out
 
+    def rounds(self, mesh: Mesh, local: bool = False) -> tuple[tuple[int, tuple[tuple[int, int, Copy], ...]], ...]:
+        """The copies in rounds ``(shift, ((source, destination, copy), …))`` in which every device sends at most
+        one copy and receives at most one: a round is a shift ``(destination − source) mod n`` and the
+        how-many-th copy of such a pair it is, in the order of (shift, that count). The JAX backend runs each
+        round of a nonzero shift as one ``ppermute``, and the cost model charges each its latency. Copies of no
+        elements are left out, and so are copies within a device (shift 0) unless ``local``. This visits every
+        device of ``mesh`` (a ``ppermute`` takes its pairs device by device)."""
+        n = mesh.size
+        rounds: dict[tuple[int, int], list[tuple[int, int, Copy]]] = {}
+        for d in range(n):
+            seen: dict[int, int] = {}
+            for c in self.copies(mesh, d):
+                if (c.source == d and not local) or math.prod(c.size) == 0:
+                    continue
+                j = seen.get(c.source, 0)
+                seen[c.source] = j + 1
+                rounds.setdefault(((d - c.source) % n, j), []).append((c.source, d, c))
+        return tuple((shift, tuple(moves)) for (shift, _), moves in sorted(rounds.items()))
+
     def __str__(self) -> str:
         if isinstance(self.dims, CopyTable):
             moved = sum(c.source != d for d, cs in enumerate(self.dims.copies) for c in cs)
@@ -292,8 +335,8 @@ class Exchange:
         return f"Exchange(shape={self.shape}, {'; '.join(parts) or 'rank 0'})"
 
 
-Instruction = (Reshape | Transpose | Slice | AllGather | AllToAll | ReduceScatter | AllReduce | CollectivePermute
-               | Exchange)
+Instruction = (Reshape | Transpose | Slice | AllGather | AllToAll | ReduceScatter | AllReduce | KeepRoot | EmbedChunk
+               | CollectivePermute | Exchange)
 
 
 @dataclass(frozen=True)
@@ -329,11 +372,26 @@ class Program:
         return "\n".join(lines)
 
 
+def _embed_in_place(t_in, t_out) -> Exchange:
+    """An exchange of one local copy per device (none for a device without elements): its elements under
+    ``t_in`` placed where its block under ``t_out`` holds them, which contains them (a ``shard_to_partial`` onto
+    a whole dim); the rest of the buffer is zero."""
+    copies = []
+    for d in range(t_in.mesh.size):
+        have, want = local_box(t_in, d), local_box(t_out, d)
+        size = tuple(h.stop - h.start for h in have)
+        at = tuple(h.start - w.start for h, w in zip(have, want))
+        copies.append((Copy(d, (0,) * len(size), at, size),) if all(size) else ())
+    return Exchange(t_out.local_shape, CopyTable(tuple(copies)))
+
+
 def lower_step(step, t_in, mesh: Mesh | None = None) -> tuple[Instruction, ...]:
     """The instructions that implement one typed step on buffers of type ``t_in``, in a program on ``mesh``
     (default: ``t_in.mesh``; see "Devices" above and :func:`_point_to_point`)."""
     if isinstance(step, (S.Permute, S.Exchange)):
         return _point_to_point(step, t_in, step.apply(t_in), mesh or t_in.mesh)
+    if isinstance(step, S.ShardToPartial) and not (t_in.is_even(step.dim) and step.apply(t_in).is_even(step.dim)):
+        return (_embed_in_place(t_in, step.apply(t_in)),)
     if isinstance(step, S.AllToAll):
         return _all_to_all(((step.src_dim, step.dst_dim, t_in.mesh.axes_of(step.axes)),), t_in, step.apply(t_in))
     if isinstance(step, S.MultiAllToAll):
@@ -369,6 +427,10 @@ def _lower_one(step, t_in) -> Instruction:
         return ReduceScatter(step.dim, axes, step.reduction)
     if isinstance(step, S.AllReduce):
         return AllReduce(axes, step.reduction)
+    if isinstance(step, S.ReplicateToPartial):
+        return KeepRoot(axes)
+    if isinstance(step, S.ShardToPartial):
+        return EmbedChunk(step.dim, axes)
     raise ShardingError(f"no lowering for {step!r}: it is not a redist step")
 
 
@@ -516,7 +578,7 @@ def shape_after(ins: Instruction, shape, mesh: Mesh) -> tuple[int, ...]:
     lacks, a split into chunks that does not divide, an all-to-all whose leading dim is not its group size,
     a reshape to another number of elements, a transpose or permute that is not a permutation, an exchange
     whose copies do not fit the buffers, a reduction of no known kind; and, from ``mesh``, axes that are not
-    its own.
+    its own. (A reduce-scatter whose group size does not divide its dim pads its chunks; a slice does not.)
     """
     shape = tuple(shape)
     where = f"{type(ins).__name__} on a local buffer of shape {shape}"
@@ -543,7 +605,7 @@ def shape_after(ins: Instruction, shape, mesh: Mesh) -> tuple[int, ...]:
     if isinstance(ins, (ReduceScatter, AllReduce)) and ins.reduction not in REDUCTIONS:
         raise ShardingError(f"{where}: reduction {ins.reduction!r} is not one of {', '.join(REDUCTIONS)}")
     k = mesh.group_size(ins.axes)
-    if isinstance(ins, AllReduce):
+    if isinstance(ins, (AllReduce, KeepRoot)):
         return shape
     dim = 0 if isinstance(ins, AllToAll) else ins.dim
     if not 0 <= dim < len(shape):
@@ -552,9 +614,11 @@ def shape_after(ins: Instruction, shape, mesh: Mesh) -> tuple[int, ...]:
     if isinstance(ins, AllToAll):
         if s[0] != k:
             raise ShardingError(f"{where}: the leading dim must hold the {k} chunks of its group")
-    elif isinstance(ins, AllGather):
+    elif isinstance(ins, (AllGather, EmbedChunk)):
         s[dim] *= k
-    else:  # Slice, ReduceScatter
+    elif isinstance(ins, ReduceScatter):
+        s[dim] = -(-s[dim] // k)
+    else:  # Slice
         if s[dim] % k:
             raise ShardingError(f"{where}: dim {dim} does not split into {k} equal chunks")
         s[dim] //= k

@@ -18,6 +18,22 @@ of devices in a group (the product of the sizes of the step's axes).
 |                               |                                                    |            | lacks            |
 | reduce_scatter(dim, axes)     | remove ``axes`` from partial, append them to dim   | ÷ k        | (k−1)/k · L_in   |
 | all_reduce(axes)              | remove ``axes`` from partial                       | same       | 2(k−1)/k · L     |
+| replicate_to_partial(axes)    | add unused ``axes`` to partial                     | same       | 0                |
+| shard_to_partial(dim, axes)   | move minor-end suffix ``axes`` of dim to partial   | × k        | 0                |
+
+A reduce-scatter onto a dim that no axis splits before it may leave that dim uneven: the chunks then follow the
+padding rule (chunk ``r`` is elements ``[min(N, r·L), min(N, (r+1)·L))``, ``L = ceil(N / k)``, at the start of a
+buffer of ``L``), and ``L_in`` is counted on the input viewed padded to ``k·L``: a device receives ``(k−1)·L_out``,
+the ``k − 1`` other summands of its chunk (Shardy's and DTensor's uneven reduce-scatter pad the same way; MPI's
+``Reduce_scatter`` with counts sends no padding, and the device with the longest chunk receives exactly this).
+
+Creating pending sums (SPEC 3: the destination's group sums must equal the value) moves no data: each step
+splits a device's block into summands whose group sum is the block, with zeros, the identity of a sum.
+``replicate_to_partial`` keeps the buffer on the member of rank 0 of each group over ``axes`` and zeros it on
+the others; ``shard_to_partial`` places each member's block of ``dim`` as chunk ``r`` (its rank) of a zero
+buffer ``k`` times longer, so the group's buffers are disjoint zero-padded pieces of the gathered block (an
+all-gather without the communication: the buffer grows as in a gather). Onto a dim left whole, the blocks
+may be uneven: each member's block sits where the dim holds it (``5{x} -> 5 partial{x}`` on ``x=4``).
 
 A permute sends whole buffers between devices: device ``d`` receives the buffer of the device that
 :func:`redist.blocks.permute_groups` names by coordinates, which holds exactly the block (and, for a partial
@@ -293,7 +309,8 @@ class Permute:
 @dataclass(frozen=True)
 class ReduceScatter:
     """Reduce (``reduction``: sum, max, min or prod) over the group of partial ``axes`` and keep block
-    ``group_index(axes)`` of local ``dim``."""
+    ``group_index(axes)`` of local ``dim``. Onto a dim that no axis splits before, the blocks may be uneven
+    (the padding rule; see the module docstring)."""
 
     dim: int
     axes: tuple[str, ...]
@@ -305,12 +322,14 @@ class ReduceScatter:
         _check_reduction(self)
         partial = _partial_without(self, t, self.axes)
         dims = list(t.dims)
+        whole = not dims[self.dim]  # the blocks of a whole dim nest in it, even or not
         dims[self.dim] = dims[self.dim] + tuple(self.axes)
-        return _rebuild(self, t, tuple(dims), partial, regrouped=(self.dim,))
+        return _rebuild(self, t, tuple(dims), partial, regrouped=() if whole else (self.dim,))
 
     def bytes_received(self, t: ShardingType) -> Fraction:
+        """``(k−1)/k · L_in`` with ``L_in`` padded to ``k`` chunks: ``(k−1) · L_out``."""
         k = t.mesh.group_size(self.axes)
-        return Fraction(k - 1, k) * t.local_bytes
+        return Fraction(k - 1) * self.apply(t).local_bytes
 
     def __str__(self):
         return f"reduce_scatter({_kind(self.reduction)}dim {self.dim}, {_axes(self.axes)})"
@@ -335,6 +354,59 @@ class AllReduce:
 
     def __str__(self):
         return f"all_reduce({_kind(self.reduction)}{_axes(self.axes)})"
+
+
+def _check_creates_sum(step, t: ShardingType) -> None:
+    """Creating summands writes zeros, the identity of a sum only: refuse a type with another pending kind."""
+    if t.reduction != "sum":
+        raise ShardingError(f"{step} does not fit {t}: it creates summands of zeros, which a pending "
+                            f"{t.reduction} does not have as its identity")
+
+
+@dataclass(frozen=True)
+class ReplicateToPartial:
+    """Make ``axes``, over which the type replicates, pending sums: in each group over ``axes`` the member of
+    rank 0 keeps its buffer and the others hold zeros. Local; the group's sum is the block every member held."""
+
+    axes: tuple[str, ...]
+    kind = "replicate_to_partial"
+
+    def apply(self, t: ShardingType) -> ShardingType:
+        _check_named(self, self.axes)
+        _check_creates_sum(self, t)
+        return _rebuild(self, t, t.dims, t.partial + tuple(self.axes))
+
+    def bytes_received(self, t: ShardingType) -> Fraction:
+        return Fraction(0)
+
+    def __str__(self):
+        return f"replicate_to_partial({_axes(self.axes)})"
+
+
+@dataclass(frozen=True)
+class ShardToPartial:
+    """Make ``axes``, the minor end of ``dim``, pending sums: each member of a group over ``axes`` places its
+    block of ``dim`` as chunk ``group_index(axes)`` of ``k`` along a zero buffer ``k`` times longer. Local; the
+    group's sum is the block the group held together (the result of an all-gather, without communication).
+    Where no axis is left in ``dim``, its blocks may be uneven: they nest in the whole dim, and each member's
+    block goes where the dim holds it (the rest of the buffer, zeros)."""
+
+    dim: int
+    axes: tuple[str, ...]
+    kind = "shard_to_partial"
+
+    def apply(self, t: ShardingType) -> ShardingType:
+        _check_creates_sum(self, t)
+        dims = list(t.dims)
+        dims[self.dim] = _without_suffix(self, t, self.dim, self.axes)
+        whole = not dims[self.dim]  # the blocks of a dim nest in the whole dim, even or not
+        return _rebuild(self, t, tuple(dims), t.partial + tuple(self.axes), regrouped=() if whole else (self.dim,))
+
+    def bytes_received(self, t: ShardingType) -> Fraction:
+        return Fraction(0)
+
+    def __str__(self):
+        return f"shard_to_partial(dim {self.dim}, {_axes(self.axes)})"
 
 
 @dataclass(frozen=True)
@@ -418,4 +490,5 @@ class Unpad:
         return f"unpad(to {list(self.shape)})"
 
 
-Step = AllSlice | AllGather | AllToAll | MultiAllToAll | Permute | ReduceScatter | AllReduce | Exchange | Pad | Unpad
+Step = (AllSlice | AllGather | AllToAll | MultiAllToAll | Permute | ReduceScatter | AllReduce | ReplicateToPartial
+        | ShardToPartial | Exchange | Pad | Unpad)

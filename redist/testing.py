@@ -241,9 +241,10 @@ def _sub_axes(name: str, size: int, factors: Sequence[int]) -> list[str]:
 def draw_pair(draw: Draw, mesh: Mesh, *, max_rank: int = 3, partial: float = 0.3, dst_partial: float = 0.5,
               sub_axes: float = 0.0, dtype: str | Sequence[str] = "f32", multipliers: Sequence[int] = (1, 1, 2, 3),
               uneven: float = 0.0, padded: bool = True, empty_dims: bool = True, reductions: Sequence[str] = ("sum",),
-              reorder: float = 0.0) -> tuple[ShardingType, ShardingType]:
+              reorder: float = 0.0, create: float = 0.0) -> tuple[ShardingType, ShardingType]:
     """A valid (source, destination) pair on ``mesh`` (``redist.bounds.check_pair`` accepts it): one shape
-    and dtype, the destination's partial axes a subset of the source's, one reduction kind.
+    and dtype, one reduction kind; the destination's partial axes those of the source it keeps, and with
+    ``create`` new ones.
 
     - rank from 0 to ``max_rank``; dtype ``dtype``, or drawn from it if it is a sequence of dtype names;
     - the reduction kind of a partial source drawn from ``reductions`` (among those the dtype has: no max or
@@ -253,6 +254,11 @@ def draw_pair(draw: Draw, mesh: Mesh, *, max_rank: int = 3, partial: float = 0.3
     - layouts from :func:`draw_layout` (with ``sub_axes``); the source may hold partial axes with probability
       ``partial``, and each of them stays pending in the destination with probability ``dst_partial`` unless
       the destination puts it in a dim;
+    - with probability ``create`` the destination's layout may also make pending sums of axes that the source
+      leaves out of its partial axes (SPEC 3: creating them; replicated or split axes of the source alike; only
+      sums are created, so a draw that creates next to another kind is drawn again):
+      those that :func:`draw_layout` draws to the destination's partial axes (``create=0``, the default,
+      draws nothing for it, so that the samples drawn before it existed stay the same);
     - each dim a multiple of the block counts of both sides (``multipliers`` times their lcm), except that
       with probability ``uneven`` every dim gets any size from 0 (from 1 without ``empty_dims``) to twice
       the larger of its two block counts plus one (XLA's padding rule, SPEC 2). With ``padded`` such a draw
@@ -278,8 +284,9 @@ def draw_pair(draw: Draw, mesh: Mesh, *, max_rank: int = 3, partial: float = 0.3
         dtype_name = dtype if isinstance(dtype, str) else draw.choice(dtype)
         rank = draw.integers(0, max_rank)
         d1, p1 = draw_layout(draw, mesh, rank, partial=draw.boolean(partial), sub_axes=sub_axes)
-        d2, _ = draw_layout(draw, mesh, rank, partial=False, sub_axes=sub_axes)
+        d2, new = draw_layout(draw, mesh, rank, partial=draw.boolean(create), sub_axes=sub_axes)
         p2 = tuple(a for a in p1 if draw.boolean(dst_partial) and not _overlaps(mesh, a, d2))
+        p2 += tuple(a for a in new if not _overlaps(mesh, a, (p1,)))
         kind = "sum"
         if p1 and len(reductions) > 1:
             kind = draw.choice(reductions)

@@ -33,8 +33,13 @@ permute's sources, an exchange's copies) name device ids, read through the progr
 - ``AllToAll(axes)`` (over a leading dim of k chunks, the only all-to-all the instruction set has): the
   member of rank i[0]; index r along dim 0 (r = the device's rank over ``axes``), the rest the same.
 - ``ReduceScatter(dim, axes)``: a *sum* over the group: a fresh symbolic member (one summand per value of
-  it); index + r·n_out along ``dim``.
+  it); index + r·n_out along ``dim``. Where k does not divide the dim (the padding rule), an index at or
+  past the input's n_in along ``dim`` holds a zero: the element is *no data* (as below).
 - ``AllReduce(axes)``: a sum over the group, fresh symbolic member, same index.
+- ``KeepRoot(axes)``: same device and index; the element is no data (a zero) unless the device's rank over
+  ``axes`` is 0.
+- ``EmbedChunk(dim, axes)``: same device; index − r·n_in along ``dim``, and no data unless the index lies in
+  chunk r (r·n_in ≤ index < (r+1)·n_in).
 - ``CollectivePermute(sources)``: the device ``sources[d]``, same index. A table of device ids is read per
   mesh axis: a table over the device id d of ``sources[d]``'s coordinate on that axis, each a balanced tree of
   ``If(d < start, …)`` over the runs of devices on which the coordinate is affine in d (:func:`_table`). A
@@ -53,12 +58,13 @@ permute's sources, an exchange's copies) name device ids, read through the progr
 - ``Reshape(shape)``: same device; the index with the same row-major position in the input shape.
 
 At the source, the source type's meaning gives the global index and summand coordinate the element is.
-Queries (``unsat`` = proved):
+Each (device, index, choice of summation members) is a *contributor* to a group sum of the destination: a
+source element (summand), or no data, a zero. Queries (``unsat`` = proved):
 
 1. *values*: some device, local index that the destination type says is data, and choice of summation
-   members where the element is unwritten by an exchange, comes from a padding position of the source, or
-   has a source global index other than the one the destination type assigns there (padding positions
-   of the result may hold anything);
+   members where the element is no data, comes from a padding position of the source, or has a source
+   global index other than the one the destination type assigns there (padding positions of the result may
+   hold anything);
 2. *sums* (only with partial axes or reductions): with ``Q`` the destination's partial axes, the
    contributors to the group reduction at (device, index) are indexed by (summation members, Q-coordinates
    of the group member). For a sum or a product each summand must be taken exactly once: their number must
@@ -74,6 +80,23 @@ Queries (``unsat`` = proved):
    group that no contributor (each concrete choice of members, one walk each) takes. ``unsat`` proves the
    group is covered. (A program that covers some other group but not the witness's is refuted; every
    reduction of a synthesized plan covers all groups alike.)
+
+*Creating* pending sums (SPEC 3: the destination may be partial over axes the source is not; the program
+then holds zeros where a summand lacks data: ``KeepRoot``, ``EmbedChunk``, an exchange or a padded chunk
+that writes none) makes some contributors zeros, and the counting in 2 no longer holds. When the claim
+is partial over a factor of the mesh that the source is not, or the program has a creating instruction,
+the *summand-bijection* queries replace 1 and 2:
+
+1'. *values*: as 1, except that a contributor may be no data (a zero adds nothing to a sum);
+2'. *injective*: two different contributors at one (device, index), both data, with the same source summand
+   coordinate or from two source partial groups (as 2, over data contributors only);
+3'. *onto*: with every contributor enumerated (the Q-coordinates and summation members take each of their
+   values, one walk each: at most ``_MAX_CONTRIBUTORS``), a (device, index) and a source summand
+   coordinate ``σ`` that no data contributor there holds.
+
+``unsat`` of all three proves that each destination group sum adds every summand of one source group
+exactly once, and zeros elsewhere. Zeros are the identity of a sum only: a program or claim that creates
+pending values of another reduction kind is refuted before these queries.
 
 ``peak_bytes`` and ``bytes_received`` are recomputed from the instructions and buffer shapes (which are the
 same on every device of an SPMD program; the shapes are themselves re-derived from the instructions): the
@@ -105,7 +128,7 @@ in any of them is refuted (status ``"refuted"``, with a counterexample in the st
   arithmetic, is the one thing read from the type class beyond its fields.
 - ``ShardingType.shape``: the claim's must be the source's (:func:`_check_fields`).
 - ``ShardingType.dims``: the value query, through the meaning above (and the local shapes, below).
-- ``ShardingType.partial``: the sums query and its count of summands.
+- ``ShardingType.partial``: the sums query and its count of summands, or (creating) queries 1'-3'.
 - ``Program.shapes``: re-derived from the instructions and compared (:func:`_derive_shapes`); the first must
   be the source's local shape, the last the claim's.
 - ``Program.instructions``: every field of every instruction is checked by :func:`_derive_shapes` (dims in
@@ -367,12 +390,15 @@ def _derive_shapes(program, mesh_sizes, deadline: _Deadline) -> list[tuple[int, 
             x = [x[p] for p in ins.perm]
         else:
             k = _ksize(_axes(mesh_sizes, ins.axes, where))
-            if isinstance(ins, (P.Slice, P.ReduceScatter)):
+            if isinstance(ins, P.Slice):
                 dim_ok(ins.dim)
                 if x[ins.dim] % k:
                     raise _Refuted(f"{where}: local dim {ins.dim} of size {x[ins.dim]} does not split in {k}")
                 x[ins.dim] //= k
-            elif isinstance(ins, P.AllGather):
+            elif isinstance(ins, P.ReduceScatter):
+                dim_ok(ins.dim)
+                x[ins.dim] = -(-x[ins.dim] // k)  # chunks by the padding rule
+            elif isinstance(ins, (P.AllGather, P.EmbedChunk)):
                 dim_ok(ins.dim)
                 x[ins.dim] *= k
             elif isinstance(ins, P.AllToAll):
@@ -445,11 +471,12 @@ def _malformed(ins, rank: int) -> str | None:
                     and all(_is_ints(tuple(seg) if isinstance(seg, tuple) else seg, 5) for seg in x.segments)):
                 return f"the table of dim {i} ({x!r:.80}) is not axes and segments of five integers"
         return None
-    if isinstance(ins, (P.Slice, P.AllGather, P.ReduceScatter)) and not _is_int(ins.dim):
+    if isinstance(ins, (P.Slice, P.AllGather, P.ReduceScatter, P.EmbedChunk)) and not _is_int(ins.dim):
         return f"dim {ins.dim!r} is not a dim"
     if isinstance(ins, (P.ReduceScatter, P.AllReduce)) and ins.reduction not in _KINDS:
         return f"reduction {ins.reduction!r} is none of {', '.join(_KINDS)}"
-    if not isinstance(ins, (P.Reshape, P.Transpose, P.Slice, P.AllGather, P.AllToAll, P.ReduceScatter, P.AllReduce)):
+    if not isinstance(ins, (P.Reshape, P.Transpose, P.Slice, P.AllGather, P.AllToAll, P.ReduceScatter, P.AllReduce,
+                            P.KeepRoot, P.EmbedChunk)):
         return f"unknown instruction {type(ins).__name__}"
     return None
 
@@ -551,9 +578,9 @@ def _check_exchange(ins, shape_in, mesh_sizes, where: str, deadline: _Deadline) 
 
 def program_bytes(program, mesh_sizes=None) -> Fraction:
     """The most bytes any device receives over the program, from the instructions and shapes alone:
-    Reshape, Transpose and Slice 0; AllGather (k−1)/k·L_out; AllToAll (k−1)/k·L; ReduceScatter (k−1)/k·L_in;
-    AllReduce 2(k−1)/k·L (the same on every device); CollectivePermute L on a device whose source is another
-    device; Exchange the elements a device copies from other devices (per device: :func:`_p2p_bytes`)."""
+    Reshape, Transpose, Slice, KeepRoot and EmbedChunk 0; AllGather (k−1)/k·L_out; AllToAll (k−1)/k·L;
+    ReduceScatter (k−1)·L_out (= (k−1)/k·L_in, the input padded to k chunks); AllReduce 2(k−1)/k·L (the same
+    on every device); CollectivePermute L on a device whose source is another device; Exchange the elements a device copies from other devices (per device: :func:`_p2p_bytes`)."""
     uniform, per_device = _received(program, mesh_sizes or dict(program.mesh.axes))
     return uniform + (int(per_device.max()) if per_device.size else 0)
 
@@ -573,11 +600,13 @@ def _received(program, mesh_sizes) -> tuple[Fraction, np.ndarray]:
         if isinstance(ins, (P.Reshape, P.Transpose)):
             continue
         k = _ksize(_axes(mesh_sizes, ins.axes, f"instruction {t}"))
-        if isinstance(ins, P.Slice):
+        if isinstance(ins, (P.Slice, P.KeepRoot, P.EmbedChunk)):
             add = Fraction(0)
         elif isinstance(ins, P.AllGather):
             add = Fraction(k - 1, k) * L_out
-        elif isinstance(ins, (P.AllToAll, P.ReduceScatter)):
+        elif isinstance(ins, P.ReduceScatter):
+            add = Fraction(k - 1) * L_out
+        elif isinstance(ins, P.AllToAll):
             add = Fraction(k - 1, k) * L_in
         elif isinstance(ins, P.AllReduce):
             add = Fraction(2 * (k - 1), k) * L_in
@@ -675,7 +704,7 @@ class _Walk:
         self.defs: list = []  # definitional constraints (each has exactly one solution per input)
         self.ranges: list = []  # ranges of the free variables
         self.sum_vars: list = []  # (instruction index, fresh member coordinate vars)
-        self.written: list = []  # conditions: the element was written by every exchange it passed
+        self.live: list = []  # conditions: the element is data, not a zero that an instruction wrote there
         self.n = 0
 
     def fresh(self, base: str, lo: int, hi: int):
@@ -753,9 +782,17 @@ class _Walk:
                 j = idx[0]
                 idx[0] = _rank(c, axes)
                 c = _with_rank(c, axes, j)
+            elif isinstance(ins, P.KeepRoot):
+                self.live.append(_rank(c, axes) == 0)
+            elif isinstance(ins, P.EmbedChunk):
+                start = _rank(c, axes) * n_in[ins.dim]
+                self.live.append(z3.And(idx[ins.dim] >= start, idx[ins.dim] < start + n_in[ins.dim]))
+                idx[ins.dim] = idx[ins.dim] - start
             elif isinstance(ins, (P.ReduceScatter, P.AllReduce)):
                 if isinstance(ins, P.ReduceScatter):
                     idx[ins.dim] = idx[ins.dim] + _rank(c, axes) * n_out[ins.dim]
+                    if n_in[ins.dim] % _ksize(axes):  # the padding rule: past the input, a zero
+                        self.live.append(idx[ins.dim] < n_in[ins.dim])
                 members = []
                 for ax in axes:
                     v = self.fresh(f"sum{t}", 0, ax.size)
@@ -833,7 +870,7 @@ class _Walk:
                     inside, source_block == slot(j, lambda g: g.source_block),
                     index == idx[i] + slot(j, lambda g: g.src_start - g.dst_start))))
             self.defs.append(z3.Implies(k == slots, z3.Not(z3.Or(covers)) if covers else z3.BoolVal(True)))
-            self.written.append(k < slots)
+            self.live.append(k < slots)
             i2.append(index)
             settings.append((source_axes, source_block))
         out = dict(c)
@@ -875,7 +912,7 @@ class _Walk:
                 j += 1
         self.deadline.check(doing)
         self.defs.append(z3.Implies(k == n_copies, z3.Not(z3.Or(covers)) if covers else z3.BoolVal(True)))
-        self.written.append(k < n_copies)
+        self.live.append(k < n_copies)
         return c2, i2
 
     def _named(self, t: int, idx: list) -> list:
@@ -1132,9 +1169,35 @@ def _verify(program, src, dst, costs, deadline: _Deadline, details: dict) -> Non
     kind = _check_reductions(program, src, dst)
     if any(n == 0 for n in dst_local):
         return  # no elements: nothing to prove
-    _value_query(program, mesh_sizes, src, dst, dst_local, deadline, details)
+    zeros = _creates(mesh_sizes, src, dst) or any(isinstance(ins, (P.KeepRoot, P.EmbedChunk))
+                                                  for ins in program.instructions)
+    created = kind or (dst.reduction if dst.partial else "sum")
+    if zeros and created != "sum":
+        raise _Refuted(f"the program or the claim {dst} creates pending values (zeros where a summand lacks "
+                       f"data), but zeros are the identity of a sum only, and its values are a pending {created}",
+                       _field_cx(mesh_sizes, "reduction", created, "sum"))
+    _value_query(program, mesh_sizes, src, dst, dst_local, deadline, details, zeros)
+    if zeros:
+        _creation_queries(program, mesh_sizes, src, dst, dst_local, deadline, details)
+        return
     idempotent = kind in _IDEMPOTENT or np.dtype(program.dtype) == np.dtype(np.bool_)
     _sum_query(program, mesh_sizes, src, dst, dst_local, deadline, details, idempotent)
+
+
+def _creates(mesh_sizes, src, dst) -> bool:
+    """Whether the claim ``dst`` is partial over some factor of a mesh axis that ``src`` is not: a partial
+    axis's factor range ``[pre, pre·size)`` not covered by the ranges of the source's partial axes of that
+    mesh axis."""
+    have: dict[str, list] = {}
+    for a in _axes(mesh_sizes, tuple(src.partial), f"partial of {src}"):
+        have.setdefault(a.name, []).append((a.lo, a.hi))
+    for a in _axes(mesh_sizes, tuple(dst.partial), f"partial of {dst}"):
+        at = a.lo
+        while at < a.hi:
+            at = next((hi for lo, hi in have.get(a.name, ()) if lo <= at < hi), None)
+            if at is None:
+                return True
+    return False
 
 
 # ----------------------------------------------------------------------------- fields no query reads
@@ -1243,8 +1306,10 @@ def _check_costs(program, shapes, mesh_sizes, costs, details: dict) -> None:
 
 
 # ----------------------------------------------------------------------------- the two queries
-def _value_query(program, mesh_sizes, src, dst, dst_local, deadline: _Deadline, details: dict) -> None:
-    """Query 1 of the module header: every data position of the result holds the claimed element."""
+def _value_query(program, mesh_sizes, src, dst, dst_local, deadline: _Deadline, details: dict,
+                 zeros: bool = False) -> None:
+    """Query 1 of the module header (1' with ``zeros``: a contributor may be a zero): every data position of
+    the result holds the claimed element."""
     names = list(mesh_sizes)
     src_partial = _type_meaning(mesh_sizes, src, {n: z3.IntVal(0) for n in names}, None)[3]
     w = _Walk(program, mesh_sizes, "a", deadline)
@@ -1253,8 +1318,9 @@ def _value_query(program, mesh_sizes, src, dst, dst_local, deadline: _Deadline, 
     want, _, _, _, is_data = _type_meaning(mesh_sizes, dst, c, idx)
     c0, i0 = _walk_between_orders(w, program, c, idx)
     got, _, summand, _, from_data = _type_meaning(mesh_sizes, src, c0, i0)
-    unwritten = z3.Not(_all(w.written))
-    bad = z3.Or([unwritten, z3.Not(from_data)] + [a != b for a, b in zip(got, want)])
+    live = _all(w.live)
+    wrong = [z3.Not(from_data)] + [a != b for a, b in zip(got, want)]
+    bad = z3.And(live, z3.Or(wrong)) if zeros else z3.Or([z3.Not(live)] + wrong)
     s, res = _solve(w.ranges + w.defs + [is_data, bad], deadline, "value query")
     details["queries"] = 1
     if res == z3.unsat:
@@ -1262,9 +1328,10 @@ def _value_query(program, mesh_sizes, src, dst, dst_local, deadline: _Deadline, 
     mdl = s.model()
     cx = _cex(mdl, w, program, c, idx, want, c0, i0, got, summand, src_partial)
     where = f"device {cx['device']} {cx['coords']} at local index {cx['index']}"
-    if not z3.is_true(mdl.eval(_all(w.written), model_completion=True)):
+    if not z3.is_true(mdl.eval(live, model_completion=True)):
         cx["holds"] = {"unwritten": True}
-        raise _Refuted(f"{where} is never written by an exchange, but {dst} puts global element "
+        raise _Refuted(f"{where} is never written (no exchange copy, padded reduce-scatter chunk or creating "
+                       f"instruction puts data there: it holds a zero), but {dst} puts global element "
                        f"{cx['expected']['global_index']} there", cx)
     if not z3.is_true(mdl.eval(from_data, model_completion=True)):
         cx["holds"]["padding"] = True
@@ -1311,11 +1378,7 @@ def _sum_query(program, mesh_sizes, src, dst, dst_local, deadline: _Deadline, de
         return  # one summand: every contributor holds the value (query 1), and each is taken once or, if
         # idempotent, any number of times
     details["queries"] = 2
-    base_c = {n: z3.Int(f"base_{n}") for n in names}  # on the claim's device order
-    base_ranges = [z3.And(base_c[n] >= 0, base_c[n] < s) for n, s in mesh_sizes.items()]
-    base_idx = [z3.Int(f"base_i{d}") for d in range(len(dst_local))]
-    base_ranges += [z3.And(v >= 0, v < L) for v, L in zip(base_idx, dst_local)]
-    base_ranges.append(_type_meaning(mesh_sizes, dst, base_c, base_idx)[4])  # data positions only
+    base_c, base_idx, base_ranges = _base_position(mesh_sizes, dst, dst_local)
     walks = [_contributor(program, mesh_sizes, tag, base_c, base_idx, src, src_partial, dst_partial, deadline)
              for tag in ("p", "q")]
     (w1, m1, s1, cs1, g1), (w2, m2, s2, cs2, g2) = walks
@@ -1324,7 +1387,7 @@ def _sum_query(program, mesh_sizes, src, dst, dst_local, deadline: _Deadline, de
     other_group = z3.Or([a != b for a, b in zip(g1, g2)])
     bijection = n_members * n_q == n_summands
     if bijection or not idempotent:
-        s, res = _solve(base_ranges + w1.ranges + w1.defs + w1.written + w2.ranges + w2.defs + w2.written
+        s, res = _solve(base_ranges + w1.ranges + w1.defs + w1.live + w2.ranges + w2.defs + w2.live
                         + [differ, z3.Or(same, other_group)], deadline, "summation query")
         if res == z3.unsat:
             return
@@ -1332,6 +1395,17 @@ def _sum_query(program, mesh_sizes, src, dst, dst_local, deadline: _Deadline, de
             _refute_pair(s.model(), mesh_sizes, program, base_c, base_idx, (cs1, cs2), (s1, s2), src_partial)
     _coverage_query(program, mesh_sizes, src, src_partial, dst_partial, base_c, base_idx, base_ranges, w1,
                     deadline, details)
+
+
+def _base_position(mesh_sizes, dst, dst_local) -> tuple[dict, list, list]:
+    """A symbolic data position of the result: device coordinates (on the claim's device order), local index,
+    and the constraints that put them in range at a data position of ``dst``."""
+    c = {n: z3.Int(f"base_{n}") for n in mesh_sizes}
+    idx = [z3.Int(f"base_i{d}") for d in range(len(dst_local))]
+    ranges = [z3.And(c[n] >= 0, c[n] < size) for n, size in mesh_sizes.items()]
+    ranges += [z3.And(v >= 0, v < L) for v, L in zip(idx, dst_local)]
+    ranges.append(_type_meaning(mesh_sizes, dst, c, idx)[4])  # data positions only
+    return c, idx, ranges
 
 
 def _contributor(program, mesh_sizes, tag, base_c, base_idx, src, src_partial, dst_partial, deadline):
@@ -1387,7 +1461,7 @@ def _coverage_query(program, mesh_sizes, src, src_partial, dst_partial, base_c, 
         deadline.check(f"encoding contributor {j} of {len(choices)} for the coverage query")
         wk, members, summ, _, group = _contributor(program, mesh_sizes, f"m{j}", base_c, base_idx, src,
                                                    src_partial, dst_partial, deadline)
-        constraints += wk.ranges + wk.defs + wk.written + [v == x for v, x in zip(members, choice)]
+        constraints += wk.ranges + wk.defs + wk.live + [v == x for v, x in zip(members, choice)]
         if witness is None:
             witness = group
         covered.append(z3.And([a == b for a, b in zip(group, witness)] + [a == b for a, b in zip(summ, missing)]))
@@ -1404,6 +1478,73 @@ def _coverage_query(program, mesh_sizes, src, src_partial, dst_partial, base_c, 
           "expected": {"summands": "every summand of one source partial group, at least once"}}
     raise _Refuted(f"the group reduction at device {cx['device']} {dev}, local index {index} never takes source "
                    f"summand {summand} of the group of its first contributor", cx)
+
+
+# The onto query walks once per contributor to a group sum; beyond this many it answers undecided.
+_MAX_CONTRIBUTORS = 1024
+
+
+def _creation_queries(program, mesh_sizes, src, dst, dst_local, deadline: _Deadline, details: dict) -> None:
+    """Queries 2' and 3' of the module header (after 1', :func:`_value_query` with ``zeros``): no two data
+    contributors to one group sum hold one source summand or come from two source partial groups, and every
+    summand of the group reaches it."""
+    zero = {n: z3.IntVal(0) for n in mesh_sizes}
+    src_partial = _type_meaning(mesh_sizes, src, zero, None)[3]
+    dst_partial = _type_meaning(mesh_sizes, dst, zero, None)[3]
+    base = _base_position(mesh_sizes, dst, dst_local)
+    base_c, base_idx, base_ranges = base
+    (w1, m1, s1, cs1, g1), (w2, m2, s2, cs2, g2) = (
+        _contributor(program, mesh_sizes, tag, base_c, base_idx, src, src_partial, dst_partial, deadline)
+        for tag in ("p", "q"))
+    if m1:  # more than one contributor per group sum: compare two of them
+        details["queries"] = 2
+        differ = z3.Or([a != b for a, b in zip(m1, m2)])
+        same = z3.And([a == b for a, b in zip(s1, s2)])
+        other_group = z3.Or([a != b for a, b in zip(g1, g2)])
+        s, res = _solve(base_ranges + w1.ranges + w1.defs + w1.live + w2.ranges + w2.defs + w2.live
+                        + [differ, z3.Or(same, other_group)], deadline, "summation query")
+        if res == z3.sat:
+            _refute_pair(s.model(), mesh_sizes, program, base_c, base_idx, (cs1, cs2), (s1, s2), src_partial)
+    _onto_query(program, mesh_sizes, src, src_partial, dst_partial, base, w1, deadline, details)
+
+
+def _onto_query(program, mesh_sizes, src, src_partial, dst_partial, base, template: _Walk, deadline: _Deadline,
+                details: dict) -> None:
+    """Query 3' of the module header: every summand of the source reaches each group sum of the result.
+
+    Every contributor is enumerated: one walk per value of (Q-coordinates, summation members, as in
+    ``template``), all from the symbolic ``base`` position; the query asks for a base position and a source
+    summand coordinate ``σ`` that no data contributor holds. With 2' (all data contributors hold distinct
+    summands of one source group) its ``unsat`` makes the data contributors a bijection onto that group's
+    summands."""
+    base_c, base_idx, base_ranges = base
+    sizes = [ax.size for ax in dst_partial] + [ax.size for _, _, axes in template.sum_vars for ax in axes]
+    count = math.prod(sizes)
+    if count > _MAX_CONTRIBUTORS:
+        raise _Undecided(f"the onto query of a creating claim would walk {count} contributors per group sum, "
+                         f"more than {_MAX_CONTRIBUTORS}")
+    sigma = [z3.Int(f"sigma_{a.token}") for a in src_partial]
+    constraints = list(base_ranges) + [z3.And(v >= 0, v < a.size) for v, a in zip(sigma, src_partial)]
+    for j, choice in enumerate(itertools.product(*(range(k) for k in sizes))):
+        deadline.check(f"encoding contributor {j} of {count} for the onto query")
+        wk, members, summ, _, _ = _contributor(program, mesh_sizes, f"o{j}", base_c, base_idx, src, src_partial,
+                                               dst_partial, deadline)
+        constraints += wk.ranges + wk.defs + [v == x for v, x in zip(members, choice)]
+        constraints.append(z3.Not(z3.And([_all(wk.live)] + [a == b for a, b in zip(summ, sigma)])))
+    details["queries"] = 3
+    s, res = _solve(constraints, deadline, "onto query")
+    if res == z3.unsat:
+        return
+    mdl = s.model()
+    dev = {n: _model_int(mdl, base_c[n]) for n in mesh_sizes}
+    index = tuple(_model_int(mdl, v) for v in base_idx)
+    missing = {a.token: _model_int(mdl, v) for a, v in zip(src_partial, sigma)}
+    cx = {"device": _device_at(program.dst_mesh, dev, mesh_sizes), "coords": dev, "index": index,
+          "holds": {"missing_summand": missing, "contributors": count},
+          "expected": {"summands": "each summand of one source partial group, exactly once"}}
+    what = f"source summand {missing}" if missing else "the source element"
+    raise _Refuted(f"the group sum at device {cx['device']} {dev}, local index {index} lacks {what}: none of its "
+                   f"{count} contributor(s) holds it", cx)
 
 
 def _group_key(c: dict, partial: tuple[_Axis, ...]) -> list:

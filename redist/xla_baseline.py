@@ -192,6 +192,9 @@ def _mesh_groups(axes, devices: np.ndarray, sel) -> tuple[tuple[int, ...], ...]:
     for n, s in axes:
         pts = sorted(cuts[n])
         for lo, hi in zip(pts, pts[1:]):
+            if hi % lo:
+                raise ShardingError(f"replica groups select sub-axes of mesh axis {n!r} that are no factors of one "
+                                    f"decomposition of it (cut points {pts})")
             where[(n, lo, hi)] = len(factors)
             factors.append(hi // lo)
     fine = devices.reshape(factors)

@@ -1,11 +1,13 @@
 """Worker for tests/test_mpi_backend.py and proofs/differential.py, run under ``mpiexec -n N`` (launched by
 tests/mpi_launch.py); each mode prints one summary line.
 
-    cases SEED COUNT [UNEVEN]
+    cases SEED COUNT [UNEVEN [CREATE]]
                        classic and COUNT random (seeded) reshards on the meshes of size N, then UNEVEN
-                       (default 0) random pairs with padding plus named uneven cases, against the numpy
-                       backend: ``ranks=N cases=C passed=P core_mismatch=M subcomms_stable=1`` and
-                       ``uneven cases=U passed=Q exchanges=E``
+                       (default 0) random pairs with padding plus named uneven cases (uneven reduce-scatters
+                       among them), then CREATE (default 0) random pairs whose destination may create pending
+                       sums plus named creation cases, against the numpy backend:
+                       ``ranks=N cases=C passed=P core_mismatch=M subcomms_stable=1``,
+                       ``uneven cases=U passed=Q exchanges=E`` and ``creation cases=K passed=R created=S``
     errors             argument errors must raise ShardingError on every rank: ``errors=E all_raised=A``
     fresh              results are new arrays, lossless inputs are accepted:
                        ``fresh plans=P fresh=F lossless inputs=L accepted=A``
@@ -66,10 +68,18 @@ def make_mesh(shape) -> redist.Mesh:
     return redist.Mesh({n: s for n, s in zip(NAMES, shape)})
 
 
-def random_pair(seed: int, i: int, mesh: redist.Mesh, uneven: bool = False):
+def random_pair(seed: int, i: int, mesh: redist.Mesh, uneven: bool = False, create: bool = False):
     """Random case ``i``: a pair on ``mesh`` or ``mesh`` in a random device order (sub-axes, partial sources of
     every reduction kind, every dtype of :data:`DTYPES`, destinations in another device order; with ``uneven``,
-    padding on some side), a function of the arguments alone, so that every rank draws it."""
+    padding on some side; with ``create``, pending sums that the destination creates, even or uneven), a
+    function of the arguments alone, so that every rank draws it."""
+    if create:  # drawn until the destination creates some: draw_pair creates over few axes
+        draw = SeededDraw(f"mpi_worker:{seed}:{i}:create")
+        while True:
+            src, dst = draw_pair(draw, draw_device_order(draw, mesh, 0.3), partial=0.4, sub_axes=0.3, dtype=DTYPES,
+                                 multipliers=(1, 2), uneven=0.3, reorder=0.3, create=1.0)
+            if not set(dst.partial) <= set(src.partial):
+                return src, dst
     draw = SeededDraw(f"mpi_worker:{seed}:{i}:{uneven}")
     return draw_pair(draw, draw_device_order(draw, mesh, 0.3), partial=0.4, sub_axes=0.3, dtype=DTYPES,
                      multipliers=(1, 2), uneven=uneven, reductions=REDUCTIONS, reorder=0.3)
@@ -142,8 +152,37 @@ def uneven_named_pairs() -> list[tuple[str, str, str]]:
             (m, "f64[5{x}, 3] partial{y}", "f64[5{y}, 3{x}]"),   # a reduced axis
             (m, "f64[3, 7{y}] partial{x}", "f64[3{x}, 7]"),
             (m, "bf16[5{x}, 9{y}]", "bf16[5{y,x}, 9]"),
+            (m, "f32[7, 8] partial{x,y}", "f32[7{x}, 8{y}]"),   # two reduce-scatters, the first uneven
         ]
+    # reduce-scatters with uneven counts: (4, 4, 4, 1) rows on x=4, and a dim shorter than the group
+    out += [(f"x={n}", f"f32[{2 * n + 5}, 3] partial{{x}}", f"f32[{2 * n + 5}{{x}}, 3]"),
+            (f"x={n}", f"i64[{n - 1}, 2] partial{{x}}", f"i64[{n - 1}{{x}}, 2]"),
+            (f"x={n}", "bf16[5, 3] partial{x}", "bf16[5{x}, 3]"),
+            (f"x={n}", f"f32[{2 * n + 5}, 3] partial(max){{x}}", f"f32[{2 * n + 5}{{x}}, 3]"),
+            (f"x={n}", f"i32[{n + 1}, 2] partial(min){{x}}", f"i32[{n + 1}{{x}}, 2]")]
     return out
+
+
+def creation_pairs(seed: int, count: int) -> list[tuple[redist.ShardingType, redist.ShardingType]]:
+    """``count`` random pairs whose destination may create pending sums (on the meshes of this size), then
+    named creation cases (Shardy's replicated and sharded to unreduced, onto a sub-axis, with a reduction)."""
+    pairs = [random_pair(seed, i, make_mesh(MESHES[SIZE][i % len(MESHES[SIZE])]), create=True)
+             for i in range(count)]
+    n, (a, b) = SIZE, MESHES[SIZE][1]
+    named = [
+        (f"x={n}", f"f32[{2 * n}{{x}}, 4]", f"f32[{2 * n}, 4] partial{{x}}"),     # sharded to unreduced
+        (f"x={n}", "f64[3, 4]", "f64[3, 4] partial{x}"),                          # replicated to unreduced
+        (f"x={n}", "i32[5{x}, 2]", "i32[5, 2] partial{x}"),                       # uneven: placed in place
+        (f"x={a},y={b}", f"f32[{2 * b}{{y}}, 8] partial{{x}}", f"f32[{2 * b}, 8] partial{{x,y}}"),
+        (f"x={a},y={b}", "f64[8] partial{x}", "f64[8] partial{y}"),               # reduce one, create another
+        (f"x={a},y={b}", f"bool[{2 * a}{{x}}, 3]", f"bool[{2 * a}, 3] partial{{x,y}}"),
+    ]
+    if b == 4:
+        named.append((f"x={a},y=4", "f32[16, 8]", "f32[16, 8] partial{y:(1)2}"))  # onto a sub-axis
+    for mtext, x, y in named:
+        mesh = redist.Mesh.parse(mtext)
+        pairs.append((redist.ShardingType.parse(x, mesh), redist.ShardingType.parse(y, mesh)))
+    return pairs
 
 
 
@@ -174,7 +213,7 @@ def run_case(src, dst, rng, failures: list, label: str) -> tuple[bool, bool]:
     return ok, core_ok
 
 
-def mode_cases(seed: int, count: int, uneven: int) -> None:
+def mode_cases(seed: int, count: int, uneven: int, create: int) -> None:
     t0 = time.time()
     cases = passed = mismatched = 0
     failures: list[str] = []
@@ -203,11 +242,17 @@ def mode_cases(seed: int, count: int, uneven: int) -> None:
         ok, core_ok = run_case(src, dst, np.random.default_rng([seed, 7, i]), failures, f"uneven {i}")
         exchanges += KINDS.get("Exchange", 0) > before_ex
         u_cases, u_passed, mismatched = u_cases + 1, u_passed + ok, mismatched + (not core_ok)
+    c_cases = c_passed = created = 0
+    for i, (src, dst) in enumerate(creation_pairs(seed, create)):
+        ok, core_ok = run_case(src, dst, np.random.default_rng([seed, 11, i]), failures, f"creation {i}")
+        created += not set(dst.partial) <= set(src.partial)
+        c_cases, c_passed, mismatched = c_cases + 1, c_passed + ok, mismatched + (not core_ok)
     for f in failures:
         say("FAILED", f)
     say("instructions run:", " ".join(f"{k}={v}" for k, v in sorted(KINDS.items())))
     say("features run:", " ".join(f"{k}={v}" for k, v in sorted(FEATURES.items())))
     say(f"uneven cases={u_cases} passed={u_passed} exchanges={exchanges}")
+    say(f"creation cases={c_cases} passed={c_passed} created={created}")
     say(f"ranks={SIZE} cases={cases} passed={passed} core_mismatch={mismatched} subcomms_stable={stable} "
         f"seconds={time.time() - t0:.1f}")
 
@@ -260,8 +305,8 @@ def mode_errors() -> None:
          lambda: redist.mpi.reshard(np.zeros((1, 4)) if RANK == 2 else good, src, dst, COMM)),
         ("lossy dtype on rank 1",
          lambda: redist.mpi.reshard(good.astype(np.int64) if RANK == 1 else good, src, dst, COMM)),
-        ("no plan (dst partial, src not)",
-         lambda: redist.mpi.reshard(good, src, other.replace(partial=(mesh.names[-1],)), COMM)),
+        ("no plan (dst of another dtype)",
+         lambda: redist.mpi.reshard(good, src, redist.ShardingType.parse(str(dst).replace("f64", "i32"), mesh), COMM)),
     ]
     raised = 0
     for label, fn in checks:
@@ -422,7 +467,8 @@ if __name__ == "__main__":
     mode = sys.argv[1]
     with redist.mpi.abort_on_error(COMM):
         if mode == "cases":
-            mode_cases(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 0)
+            mode_cases(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 0,
+                       int(sys.argv[5]) if len(sys.argv) > 5 else 0)
         elif mode == "errors":
             mode_errors()
         elif mode == "memory":

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 import redist
 from redist import ShardingError, buffers
 from redist import program as P
+from redist.blocks import Copy
 from redist.backends import interpreter, numpy_backend
 from tests.strategies import meshes, type_pairs
 
@@ -163,13 +164,15 @@ def _ill_formed():
         ("count", P.Program(good.mesh, good.dtype, good.instructions, good.shapes[:1])),
         ("permutation", P.Program(good.mesh, good.dtype, (P.CollectivePermute((0, 0, 1, 2, 3, 4, 5, 6)),),
                                   ((4, 16), (4, 16)))),
+        ("overlap", P.Program(good.mesh, good.dtype, (P.Exchange((4, 16), ((
+            Copy(0, (0, 0), (0, 0), (2, 16)), Copy(0, (2, 0), (1, 0), (2, 16))),) + ((),) * 7),), ((4, 16), (4, 16)))),
     ]
 
 
 MATCHES = {"not a program": "needs a redist.program.Program", "unknown instruction": "not an instruction of",
            "leading dim": "leading dim must hold the 4 chunks", "does not split": "does not split into 4",
            "no dim": "has no dim 2", "shapes": r"program says \(16, 8\)", "count": "one more than instructions",
-           "permutation": "not a permutation of the 8 devices"}
+           "permutation": "not a permutation of the 8 devices", "overlap": "of device 0 overlap"}
 
 
 @pytest.mark.parametrize("what", list(MATCHES))

@@ -101,7 +101,7 @@ def run_redist(*args):
     (["plan", "f32[8{x}]", "f32[8]", "--mesh", ""], "redist: error: empty mesh text"),
     (["plan", "f32[٨{x}]", "f32[8]", "--mesh", "x=2"], "redist: error: cannot read dim 0 '٨{x}'"),
     (["plan", "f32[8{x}]", "f64[8]", "--mesh", "x=2"], "redist: error: source dtype f32 differs from destination"),
-    (["plan", "f32[8]", "f32[8] partial{x}", "--mesh", "x=2"], "can only reduce pending sums, not create them"),
+    (["plan", "f32[6{x:(1)2}]", "f32[6{x:(1)3}]", "--mesh", "x=6"], "split mesh axis 'x' (size 6) in incompatible ways"),
     (["demo", "--backends", "bogus"], "redist: error: unknown backend 'bogus' in 'bogus'; the backends are numpy, jax, mpi"),
     (["demo", "--backends", "numpy,cuda"], "unknown backend 'cuda' in 'numpy,cuda'"),
     (["plan", "f32[8{x}]", "f32[8]", "--mesh", "x=2", "--topology", "tpu-v9"], "unknown topology preset 'tpu-v9'"),
@@ -184,7 +184,7 @@ def test_proofs_help_runs_nothing():
     """``--help`` used to start the whole five-minute run; now it prints the usage and the parts, and exits."""
     r = _proofs("--help")
     assert r.returncode == 0 and r.stdout.startswith("usage: python -m proofs [-h] [--quick] [--workers N] [PART ...]")
-    assert "step_rules, exhaustive, random, uneven, features, mutation, speed64" in " ".join(r.stdout.split())
+    assert "step_rules, exhaustive, creating, random, uneven, features, mutation, speed64" in " ".join(r.stdout.split())
     assert "check" not in r.stdout.split() and r.stderr == ""
 
 

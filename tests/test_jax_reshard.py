@@ -366,10 +366,10 @@ def test_gathers_and_slices_take_xla_s_resharding_which_is_as_good(mesh_shape, n
 
 @pytest.mark.parametrize("mesh_shape,names,shape,src,dst,dtype", [
     ((8,), ("x",), (16, 8), P("x"), P(None, "x"), np.float32),                 # all-to-all
-    ((2, 4), ("x", "y"), (8, 8), P("x", "y"), P("y", "x"), np.float32),         # a swap: all-to-all, permute
+    ((2, 2), ("x", "y"), (8, 8), P("x", "y"), P("y", "x"), np.float32),         # a swap of equal axes: permute
     ((2, 4), ("x", "y"), (64,), P(("x", "y")), P(("y", "x")), np.float32),      # a reorder within a dim: permute
     ((2, 4), ("x", "y"), (16,), P("x"), P("y"), np.float32),                    # a slice, a permute on sub-axes
-    ((2, 4), ("x", "y"), (16, 8), P("y", "x"), P("x", "y"), jnp.bfloat16),      # XLA's CPU backend: bf16 as f32
+    ((2, 4), ("x", "y"), (16, 8), P(None, "y"), P("y", None), jnp.bfloat16),    # XLA's CPU backend: bf16 as f32
 ])
 def test_pairs_xla_moves_with_no_more_bytes_take_xla_s_resharding(mesh_shape, names, shape, src, dst, dtype):
     """The measured half of the rule: XLA finds the plan's all-to-all or permute itself, receiving the same
@@ -394,9 +394,11 @@ def test_pairs_xla_moves_with_no_more_bytes_take_xla_s_resharding(mesh_shape, na
     ((4, 2), ("x", "y"), (8, 16, 8), P("y", None, "x"), P(None, ("x", "y"), None)),  # jax-ml/jax#21562
     ((2, 4), ("x", "y"), (16, 8), P(("x", "y")), P(None, "y")),                      # FSDP -> Megatron
     ((2, 4), ("x", "y"), (8, 8), P(None, "x"), P("y")),                              # a slice and a gather
+    ((2, 4), ("x", "y"), (8, 8), P("x", "y"), P("y", "x")),                          # a swap: one exchange
 ])
 def test_pairs_xla_gathers_whole_take_redist_s_plan(mesh_shape, names, shape, src, dst):
-    """Where XLA gathers the whole array and slices it (more bytes than the plan), the plan runs."""
+    """Where XLA receives more bytes than the plan (it gathers the whole array and slices it, or it swaps
+    axes with collectives where one exchange sends each device only what it lacks), the plan runs."""
     mesh = jmesh(mesh_shape, names)
     m = jax_programs.move(shape, np.float32, NamedSharding(mesh, src), NamedSharding(mesh, dst))
     assert m.route == "redist", m.plan
@@ -407,12 +409,26 @@ def test_pairs_xla_gathers_whole_take_redist_s_plan(mesh_shape, names, shape, sr
     assert_placed(rj.reshard(x, NamedSharding(mesh, dst)), values(shape), NamedSharding(mesh, dst))
 
 
+@pytest.mark.parametrize("kind", [AUTO, EXPLICIT])
+def test_an_array_of_no_elements_takes_xla_s_resharding_without_measuring_it(kind):
+    """Neither program moves a byte of an array of no elements, so XLA receives nothing, known without
+    compiling its resharding (which XLA before JAX 0.9.1 fails to compile on Auto axes: "Unexpected XLA
+    sharding override"), even where the plan's steps alone do not tell."""
+    mesh = jmesh((2, 4), ("x", "y"), kind)
+    m = jax_programs.move((0, 4), np.float32, NamedSharding(mesh, P("x")), NamedSharding(mesh, P(None, "y")))
+    assert {s.kind for s in m.plan.steps} == {"all_slice", "all_gather"}, m.plan
+    assert jax_programs.xla_bytes_received(m) == 0.0
+    assert m.route == "xla"
+    assert jax_programs._xla_resharding_jit.cache_info().currsize == 0  # nothing lowered, nothing compiled
+
+
 # ---------------------------------------------------------------------- device orders, reduction kinds, complex
 def test_a_pytree_across_two_device_orders_with_donation_eagerly_and_refused_under_jit():
     """A leaf whose target mesh holds its devices in another order moves eagerly by the plan between the
     two orders, next to a leaf moved within one mesh; donated, both inputs go. Under jax.jit the reordered
     leaf is refused, by name (JAX compiles a computation for one device order)."""
-    made = jax.make_mesh((2, 4), ("x", "y"), devices=jax.devices()[:8])
+    # Explicit axes (make_mesh's default from JAX 0.9, Auto before): a tracer's layout is known without src=
+    made = jax.make_mesh((2, 4), ("x", "y"), axis_types=(EXPLICIT, EXPLICIT), devices=jax.devices()[:8])
     flipped = jax.sharding.Mesh(np.array(list(made.devices.flat)[::-1]).reshape(2, 4), ("x", "y"))
     host = {"same": values((8, 12)), "flipped": values((8, 12), seed=1)}
     dst = {"same": NamedSharding(made, P("y", "x")), "flipped": NamedSharding(flipped, P("y", "x"))}

@@ -42,9 +42,10 @@ def test_import_redist_does_not_import_mpi4py():
 
 @pytest.mark.parametrize("n", [4, 6, 8])
 def test_random_and_classic_reshards_match_numpy_backend(n):
-    """Even cases, then uneven ones (random pairs with padding and named cases) in the same job; poisoned padding;
-    every reduction kind, device orders on both sides, complex dtypes."""
-    proc, _ = mpirun(n, "cases", str(100 + n), "400", "100")
+    """Even cases, then uneven ones (random pairs with padding and named cases, uneven reduce-scatters among
+    them), then pairs that create pending sums, in the same job; poisoned padding; every reduction kind,
+    device orders on both sides, complex dtypes."""
+    proc, _ = mpirun(n, "cases", str(100 + n), "400", "100", "60")
     got = summary(proc, r"ranks=(?P<ranks>\d+) cases=(?P<cases>\d+) passed=(?P<passed>\d+) "
                         r"core_mismatch=(?P<core>\d+) subcomms_stable=(?P<stable>\d)")
     assert int(got["ranks"]) == n
@@ -56,8 +57,12 @@ def test_random_and_classic_reshards_match_numpy_backend(n):
     assert int(uneven["cases"]) >= 100
     assert uneven["passed"] == uneven["cases"], proc.stdout[-6000:]
     assert int(uneven["exchanges"]) >= 10, proc.stdout[-6000:]
+    creation = summary(proc, r"creation cases=(?P<cases>\d+) passed=(?P<passed>\d+) created=(?P<created>\d+)")
+    assert creation["passed"] == creation["cases"], proc.stdout[-6000:]
+    assert int(creation["created"]) >= 20, proc.stdout[-6000:]
     kinds = re.search(r"instructions run: (.*)", proc.stdout).group(1)
-    for kind in ("Slice", "AllGather", "AllToAll", "ReduceScatter", "AllReduce", "CollectivePermute", "Exchange"):
+    for kind in ("Slice", "AllGather", "AllToAll", "ReduceScatter", "AllReduce", "CollectivePermute", "Exchange",
+                 "KeepRoot", "EmbedChunk"):
         assert f"{kind}=" in kinds, f"no {kind} ran: {kinds}"
     features = re.search(r"features run: (.*)", proc.stdout).group(1)
     for feature in ("partial(sum)", "partial(max)", "partial(min)", "partial(prod)", "device order", "reordered mesh",

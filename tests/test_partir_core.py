@@ -320,7 +320,8 @@ def test_vocabulary_and_batch_that_do_not_divide_the_mesh(name):
 
 def test_an_impossible_reshard_is_never_priced_as_a_choice():
     """Lowering prices alternatives by reshard bytes; a target that is partial over an axis the source is not
-    cannot be reached, so it costs infinity (it once crashed the pricing of the refinement passes)."""
+    costs infinity: redist can create pending sums, but partir_core never chooses to (it once crashed the
+    pricing of the refinement passes)."""
     from partir_core.reshard import reshard_bytes
 
     assert reshard_bytes(t("f32[8{model}, 16] partial{batch}"), t("f32[8, 16] partial{model}")) == float("inf")

@@ -12,13 +12,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from redist import Mesh, Plan, ShardingError, ShardingType, synthesize, verify
+from redist import steps as S
 from redist.plan_file import FORMAT, file_text
 from redist.testing import SeededDraw, draw_mesh, draw_pair
 from redist.types import REDUCTIONS
 
 MESH = Mesh({"x": 4, "y": 2})
 KINDS = {"all_slice", "all_gather", "all_to_all", "permute", "reduce_scatter", "all_reduce", "exchange", "pad",
-         "unpad"}
+         "unpad", "replicate_to_partial", "shard_to_partial"}
 
 
 def _plan(src: str, dst: str, mesh: Mesh = MESH) -> Plan:
@@ -27,19 +28,25 @@ def _plan(src: str, dst: str, mesh: Mesh = MESH) -> Plan:
 
 def _sample_plans(n: int = 160, seed: int = 3) -> list[Plan]:
     """Seeded random plans (sub-axes, partial sources of every reduction kind, uneven dims, device orders,
-    complex dtypes) on meshes of up to 16 devices."""
+    complex dtypes, created pending sums) on meshes of up to 16 devices."""
     draw = SeededDraw(seed)
     plans = []
     while len(plans) < n:
         mesh = draw_mesh(draw, max_axes=3, max_devices=16, min_devices=2, device_order=0.2)
         src, dst = draw_pair(draw, mesh, max_rank=3, partial=0.4, sub_axes=0.3, uneven=0.4,
-                             dtype=("f32", "f32", "c64", "i32"), reductions=REDUCTIONS, reorder=0.2)
+                             dtype=("f32", "f32", "c64", "i32"), reductions=REDUCTIONS, reorder=0.2, create=0.2)
         plans.append(synthesize(src, dst))
     return plans
 
 
-# Multi-move all-to-alls are rare in random draws: one fixed plan that has one.
-PLANS = _sample_plans() + [_plan("f32[2, 3{a0:(1)3}, 6]", "f32[2, 3, 6{a0}]", Mesh({"a0": 6}))]
+# Multi-move all-to-alls are rare in random plans, and any one reduction kind may be missing: plans built step
+# by step that have them.
+PLANS = _sample_plans() + [
+    Plan.from_steps(ShardingType.parse("f32[8{x}, 8, 8{y}]", MESH),
+                    [S.MultiAllToAll(((0, 1, ("x",)), (2, 1, ("y",))))]),
+    *(Plan.from_steps(ShardingType.parse(f"f32[8, 4] partial({kind}){{x,y}}", MESH),
+                      [S.ReduceScatter(0, ("x",), kind), S.AllReduce(("y",), kind)]) for kind in REDUCTIONS),
+]
 
 
 def test_the_sample_has_every_step_kind_and_a_multi_move_all_to_all():
@@ -90,8 +97,10 @@ def test_derived_fields_are_optional():
     assert Plan.from_json(json.dumps(bare)) == plan
 
 
-# A plan with several kinds of step: pad, reduce_scatter, unpad, exchange.
-BASE = _plan("f32[5{x}, 4] partial{y}", "f32[5, 4{x}]")
+# A plan with several kinds of step: pad, reduce_scatter, unpad, exchange (built step by step, so that it does
+# not change with the synthesizer's choices).
+BASE = Plan.from_steps(ShardingType.parse("f32[5{x}, 4] partial{y}", MESH),
+                       [S.Pad(), S.ReduceScatter(0, ("y",)), S.Unpad((5, 4)), S.Exchange(((), ("x",)))])
 
 
 def _edited(edit) -> str:

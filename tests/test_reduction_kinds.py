@@ -15,6 +15,7 @@ from redist import Mesh, ShardingError, ShardingType, synthesize, verify
 from redist.data import summands, unshard
 from redist.testing import SeededDraw, draw_mesh, draw_pair
 from redist.types import REDUCTIONS
+from redist.verify import verify_program
 
 MESH = Mesh({"x": 2, "y": 4})
 
@@ -130,3 +131,17 @@ def test_oracle_sees_a_product_taken_twice():
     assert oracle(prog, src, dst)[0]
     assert not oracle(twice, src, dst, trials=6)[0]
     assert verify(synthesize(src, dst)).ok
+
+
+def test_oracle_refuses_a_claim_of_another_kind_whatever_the_values():
+    """Regression: the mutation run counted a false alarm on the claim ``partial(max)`` for a program that
+    keeps a pending product of a scalar: on some data the max of the product's summands equals the product.
+    Another kind is another type, which the verifier rightly refutes. On bool, a pending min and a pending
+    prod (both a logical and) agree on every datum: only the kind check tells them apart."""
+    mesh = Mesh({"a0": 2, "a1": 2, "a2": 2})
+    src = T("bool[3] partial(min){a0,a2}", mesh)
+    prog = synthesize(src, src).program
+    claim = T("bool[3] partial(prod){a0,a2}", mesh)
+    assert oracle(prog, src, src, trials=64)[0]
+    assert oracle(prog, src, claim, trials=64) == (False, "the result is a pending min, not a pending prod")
+    assert verify_program(prog, src, claim).status == "refuted"

@@ -186,21 +186,31 @@ def test_exchange_axes_are_those_some_sender_differs_on(pair):
 
 # ---------------------------------------------------------------------- XLA's replica groups as axes
 def _groups_to_axes_by_search(mesh: Mesh, groups):
-    """The search over tuples of prime sub-axes that :func:`groups_to_axes` replaced."""
+    """The search over tuples of prime sub-axes that :func:`groups_to_axes` replaced, over every order of each
+    axis's prime factors (6 = 2·3 = 3·2: a group may read the axis either way)."""
     from redist.axes import Axis, canonical_axes
+    from redist.errors import ShardingError
 
-    primes = []
+    primes = set()
     for name, size in mesh.axes:
-        pre = 1
-        for q in prime_factors(size):
-            primes.append(Axis(name, pre, q, size))
-            pre *= q
+        for factors in set(itertools.permutations(prime_factors(size))):
+            pre = 1
+            for q in factors:
+                primes.add(Axis(name, pre, q, size))
+                pre *= q
+    primes = sorted(primes)
     k = len(groups[0])
     if k == 1:
         return ()
     for r in range(1, len(primes) + 1):
         for order in itertools.permutations(primes, r):
-            if mesh.group_size(order) == k and set(map(tuple, mesh.groups(order))) == set(groups):
+            if mesh.group_size(order) != k:
+                continue
+            try:
+                found = set(map(tuple, mesh.groups(order))) == set(groups)
+            except ShardingError:  # factors of two decompositions of one axis
+                continue
+            if found:
                 return canonical_axes(order)
     return None
 

@@ -175,15 +175,15 @@ def test_permute_sources_is_a_permutation():
     [
         ("f32[8{x}]", "f32[4{x}]", "shape"),
         ("f32[8{x}]", "i32[8{x}]", "dtype"),
-        ("f32[8]", "f32[8] partial{x}", "only reduce pending sums"),
-        ("f32[8] partial{y}", "f32[8] partial{x}", "partial over {x}"),
+        ("f32[6{z:(1)2}]", "f32[6{z:(1)3}]", "incompatible ways"),
     ],
 )
 def test_mismatched_pairs_raise(a, b, match):
+    mesh = Mesh({"x": 2, "y": 4, "z": 6})
     with pytest.raises(ShardingError, match=match):
-        synthesize(ShardingType.parse(a, MESH), ShardingType.parse(b, MESH))
+        synthesize(ShardingType.parse(a, mesh), ShardingType.parse(b, mesh))
     with pytest.raises(ShardingError, match=match):
-        lower_bound_bytes(ShardingType.parse(a, MESH), ShardingType.parse(b, MESH))
+        lower_bound_bytes(ShardingType.parse(a, mesh), ShardingType.parse(b, mesh))
 
 
 def test_different_meshes_raise():
@@ -309,10 +309,15 @@ UNEVEN = [
     (MESH, "f32[5{x}]", "f32[5{x,y}]", ["exchange"]),  # the nested split that does not nest
     (MESH, "f32[5{x,y}]", "f32[5{x}]", ["exchange"]),
     (MESH, "f32[9, 3] partial{x}", "f32[9{y}, 3]", ["exchange", "all_reduce"]),  # reduce the smaller buffer
-    (MESH, "f32[9, 3] partial{y}", "f32[9{y}, 3]", ["all_reduce", "exchange"]),  # y must be reduced first
+    # y must be reduced first: a reduce-scatter onto the whole dim 0, uneven after it (3, 3, 3, 0 rows),
+    # receives 3 x 36 = 108 B, where all_reduce + exchange takes 162 B
+    (MESH, "f32[9, 3] partial{y}", "f32[9{y}, 3]", ["reduce_scatter"]),
     (MESH, "f32[9{y}, 3] partial{x}", "f32[9, 3{y}] partial{x}", ["exchange"]),
-    # reduce-scatter the sums onto the even dim, then exchange: 232 B, where all_reduce + exchange takes 336 B
-    (Mesh({"x": 2, "y": 2}), "f32[7, 8] partial{x,y}", "f32[7{x}, 8{y}]", ["reduce_scatter", "exchange"]),
+    # reduce-scatter x onto the whole dim 0 (uneven: 4 and 3 rows), then y onto dim 1: 128 + 64 = 192 B,
+    # where reduce-scatter onto the even dim + exchange takes 232 B and all_reduce + exchange 336 B
+    (Mesh({"x": 2, "y": 2}), "f32[7, 8] partial{x,y}", "f32[7{x}, 8{y}]", ["reduce_scatter", "reduce_scatter"]),
+    # the uneven reduce-scatter of issue 15: counts (4, 4, 4, 1) rows; 144 B, where all_reduce + exchange took 234 B
+    (Mesh({"x": 4}), "f32[13, 3] partial{x}", "f32[13{x}, 3]", ["reduce_scatter"]),
 ]
 
 

@@ -179,3 +179,18 @@ def test_poisoned_sources_hold_their_value(pair, seed):
     assert value.shape == src.shape and value.dtype == src.np_dtype
     assert np.array_equal(unshard(src, bufs), value)
     assert np.array_equal(unshard(src, summands(src, value, np.random.default_rng(seed))), value)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32", "c64"])
+def test_float_summands_sum_exactly_in_any_order(dtype):
+    """A backend may sum a group in another order than the caller: the summands keep every partial sum within
+    the integers the dtype holds exactly (bf16: up to 256), even when asked for a wide range."""
+    mesh = redist.Mesh({"x": 8})
+    t = redist.ShardingType.parse(f"{dtype}[200] partial{{x}}", mesh)
+    value = random_array(np.random.default_rng(0), t.shape, t.np_dtype, distinct=True)
+    bufs = summands(t, value, np.random.default_rng(1), low=-50, high=51)
+    for order in (range(8), range(7, -1, -1)):
+        total = bufs[order[0]]
+        for d in order[1:]:
+            total = total + bufs[d]
+        assert np.array_equal(total, value), order

@@ -35,6 +35,8 @@ METHODS: dict[type, str] = {
     P.AllToAll: "all_to_all",
     P.ReduceScatter: "reduce_scatter",
     P.AllReduce: "all_reduce",
+    P.KeepRoot: "keep_root",
+    P.EmbedChunk: "embed_chunk",
     P.CollectivePermute: "collective_permute",
     P.Exchange: "exchange",
 }
@@ -64,6 +66,12 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def all_reduce(self, ins: P.AllReduce, x): ...
+
+    @abc.abstractmethod
+    def keep_root(self, ins: P.KeepRoot, x): ...
+
+    @abc.abstractmethod
+    def embed_chunk(self, ins: P.EmbedChunk, x): ...
 
     @abc.abstractmethod
     def collective_permute(self, ins: P.CollectivePermute, x): ...

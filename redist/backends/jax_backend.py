@@ -47,7 +47,6 @@ from redist.backends import interpreter
 from redist.buffers import device_buffers
 from redist.errors import ShardingError
 from redist.axes import Axis
-from redist.blocks import Copy
 from redist.mesh import Mesh
 
 __all__ = ["run_program", "run_on_buffers", "in_dtype", "refined_axis_names", "refine_mesh", "redist_mesh",
@@ -240,10 +239,17 @@ class JaxBackend(interpreter.Backend):
         return lax.all_to_all(x, self.axes(ins.axes), 0, 0, tiled=True)
 
     def reduce_scatter(self, ins: P.ReduceScatter, x):
+        """``psum_scatter`` for a sum, else :func:`_reduce_scatter`; where k does not divide the dim, on the
+        buffer padded with zeros to k chunks (the padding rule: the last chunks end in zeros, as the
+        instruction says, whatever the reduction: every member pads with zeros)."""
         axes, reduction = self.axes(ins.axes), _kind(ins.reduction, x)
+        k = self.mesh.group_size(ins.axes)
+        short = -x.shape[ins.dim] % k
+        if short:
+            x = jnp.pad(x, [(0, short if d == ins.dim else 0) for d in range(x.ndim)])
         if reduction == "sum":
             return _on_ints(lambda v: lax.psum_scatter(v, axes, scatter_dimension=ins.dim, tiled=True), x)
-        return _on_ints(lambda v: _reduce_scatter(v, axes, ins.dim, self.mesh.group_size(ins.axes), reduction), x)
+        return _on_ints(lambda v: _reduce_scatter(v, axes, ins.dim, k, reduction), x)
 
     def all_reduce(self, ins: P.AllReduce, x):
         axes, reduction = self.axes(ins.axes), _kind(ins.reduction, x)
@@ -252,6 +258,17 @@ class JaxBackend(interpreter.Backend):
             return _all_reduce_prod(x, axes, k)
         op = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}[reduction]
         return _on_ints(lambda v: op(v, axes), x)
+
+    def keep_root(self, ins: P.KeepRoot, x):
+        return jnp.where(lax.axis_index(self.axes(ins.axes)) == 0, x, jnp.zeros_like(x))
+
+    def embed_chunk(self, ins: P.EmbedChunk, x):
+        k = self.mesh.group_size(ins.axes)
+        n = x.shape[ins.dim]
+        shape = x.shape[:ins.dim] + (n * k,) + x.shape[ins.dim + 1:]
+        # zeros_like keeps x's dtype (jnp.zeros would narrow f64 without x64)
+        zeros = jnp.zeros_like(x, shape=shape)
+        return lax.dynamic_update_slice_in_dim(zeros, x, lax.axis_index(self.axes(ins.axes)) * n, axis=ins.dim)
 
     def collective_permute(self, ins: P.CollectivePermute, x):
         """Device d gets device ``sources[d]``'s buffer; ppermute indexes devices linearly over all axes in
@@ -327,23 +344,12 @@ class _Round:
 
 @lru_cache(maxsize=256)
 def _exchange_rounds(ins: P.Exchange, mesh: Mesh) -> tuple[_Round, ...]:
-    """The copies of ``ins`` in rounds keyed by (shift, how many earlier copies of that pair there are), so
-    that within a round each device sends at most once and receives at most once; copies of no elements are
-    left out, and so are rounds without any. (Every device's copies are listed: a ``ppermute`` names all the
-    pairs of its round.)"""
+    """The tables of the rounds of :meth:`redist.program.Exchange.rounds` (copies within a device included, as
+    rounds of shift 0), in which each device sends at most once and receives at most once."""
     n = mesh.size
-    rounds: dict[tuple[int, int], list[tuple[int, int, Copy]]] = {}
-    for d in range(n):
-        seen: dict[int, int] = {}
-        for c in ins.copies(mesh, d):
-            if math.prod(c.size) == 0:
-                continue
-            j = seen.get(c.source, 0)
-            seen[c.source] = j + 1
-            rounds.setdefault(((d - c.source) % n, j), []).append((c.source, d, c))
     rank = len(ins.shape)
     out = []
-    for (shift, _), moves in sorted(rounds.items()):
+    for shift, moves in ins.rounds(mesh, local=True):
         src_start = np.zeros((n, rank), np.int32)
         dst_start = np.zeros((n, rank + 1), np.int32)
         size = np.zeros((n, rank + 1), np.int32)

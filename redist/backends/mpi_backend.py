@@ -251,7 +251,9 @@ class MpiBackend(interpreter.Backend):
     def reduce_scatter(self, ins: P.ReduceScatter, buf):
         """``Reduce_scatter_block`` (by the instruction's reduction) after bringing the ``k`` chunks along
         ``dim`` to the front (a copy unless ``dim`` is outermost; an owned input is dropped as soon as the copy
-        exists)."""
+        exists). Where ``k`` does not divide the dim: :meth:`_reduce_scatter_counts`."""
+        if buf.x.shape[ins.dim] % self.ctx.mesh.group_size(ins.axes):
+            return self._reduce_scatter_counts(ins, buf)
         x = buf.take()
         sub, k = self.ctx.group(ins.axes)
         out_shape = list(x.shape)
@@ -262,6 +264,44 @@ class MpiBackend(interpreter.Backend):
         out = np.empty(out_shape, dtype=send.dtype)
         element, op = _reduce_op(send.dtype, ins.reduction)
         sub.Reduce_scatter_block(_reduce_spec(send, element), _reduce_spec(out, element), op)
+        return _Buffer(out, True)
+
+    def _reduce_scatter_counts(self, ins: P.ReduceScatter, buf):
+        """``Reduce_scatter`` with counts, for chunks by the padding rule (``L = ceil(n/k)`` rows of the dim
+        from ``min(n, r·L)``, fewer at the end): the dim is brought to the front so that each chunk is
+        contiguous, no padding is sent, and the rows a rank receives go to the start of its zero result."""
+        x = buf.take()
+        sub, k = self.ctx.group(ins.axes)
+        n = x.shape[ins.dim]
+        size = -(-n // k)
+        rest = x.size // n if n else 0
+        counts = [(min(n, (r + 1) * size) - min(n, r * size)) * rest for r in range(k)]
+        send = np.ascontiguousarray(np.moveaxis(x, ins.dim, 0))
+        del x
+        mine = np.empty((counts[sub.Get_rank()] // rest if rest else 0,) + send.shape[1:], dtype=send.dtype)
+        element, op = _reduce_op(send.dtype, ins.reduction)
+        sub.Reduce_scatter(_reduce_spec(send, element), _reduce_spec(mine, element), counts, op)
+        del send
+        out = np.zeros((size,) + mine.shape[1:], dtype=mine.dtype)
+        out[: len(mine)] = mine
+        return _Buffer(np.ascontiguousarray(np.moveaxis(out, 0, ins.dim)), True)
+
+    def keep_root(self, ins: P.KeepRoot, buf):
+        """Local: rank 0 of the group keeps the buffer, the others make a zero buffer of its shape."""
+        if self.ctx.mesh.group_index(self.ctx.rank, ins.axes) == 0:
+            return buf
+        x = buf.take()
+        return _Buffer(np.zeros_like(x), True)
+
+    def embed_chunk(self, ins: P.EmbedChunk, buf):
+        """Local: a zero buffer ``k`` times longer along ``dim``, with this buffer as chunk ``r`` (its rank)."""
+        x = buf.take()
+        k, r = self.ctx.mesh.group_size(ins.axes), self.ctx.mesh.group_index(self.ctx.rank, ins.axes)
+        n = x.shape[ins.dim]
+        shape = list(x.shape)
+        shape[ins.dim] *= k
+        out = np.zeros(shape, dtype=x.dtype)
+        out[(slice(None),) * ins.dim + (slice(r * n, (r + 1) * n),)] = x
         return _Buffer(out, True)
 
     def all_reduce(self, ins: P.AllReduce, buf):

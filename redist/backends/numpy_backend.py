@@ -68,7 +68,7 @@ class NumpyBackend(interpreter.Backend):
         for group in self.mesh.groups(ins.axes):
             total = _reduce([bufs[d] for d in group], ins.reduction)
             for r, d in enumerate(group):
-                out[d] = np.split(total, len(group), axis=ins.dim)[r].copy()
+                out[d] = _chunk(total, ins.dim, len(group), r)
         return out
 
     def all_reduce(self, ins: P.AllReduce, bufs):
@@ -77,6 +77,25 @@ class NumpyBackend(interpreter.Backend):
             total = _reduce([bufs[d] for d in group], ins.reduction)
             for d in group:
                 out[d] = total.copy()
+        return out
+
+    def keep_root(self, ins: P.KeepRoot, bufs):
+        out = list(bufs)
+        for group in self.mesh.groups(ins.axes):
+            for d in group[1:]:
+                out[d] = np.zeros_like(bufs[d])
+        return out
+
+    def embed_chunk(self, ins: P.EmbedChunk, bufs):
+        out = list(bufs)
+        for group in self.mesh.groups(ins.axes):
+            for r, d in enumerate(group):
+                x = bufs[d]
+                shape = list(x.shape)
+                n, shape[ins.dim] = shape[ins.dim], shape[ins.dim] * len(group)
+                new = np.zeros(shape, x.dtype)
+                new[(slice(None),) * ins.dim + (slice(r * n, (r + 1) * n),)] = x
+                out[d] = new
         return out
 
     def collective_permute(self, ins: P.CollectivePermute, bufs):
@@ -90,6 +109,19 @@ class NumpyBackend(interpreter.Backend):
                 new[c.dst_box] = bufs[c.source][c.src_box]
             out.append(new)
         return out
+
+
+def _chunk(x: np.ndarray, dim: int, k: int, r: int) -> np.ndarray:
+    """Chunk ``r`` of ``k`` of ``x`` along ``dim`` by the padding rule: ``L = ceil(n / k)`` elements from
+    ``min(n, r·L)`` (fewer at the end, then zeros), as a new array."""
+    n = x.shape[dim]
+    size = -(-n // k)
+    lo, hi = min(n, r * size), min(n, (r + 1) * size)
+    shape = list(x.shape)
+    shape[dim] = size
+    out = np.zeros(shape, x.dtype)
+    out[(slice(None),) * dim + (slice(0, hi - lo),)] = x[(slice(None),) * dim + (slice(lo, hi),)]
+    return out
 
 
 def _reduce(xs, reduction: str):
