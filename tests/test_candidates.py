@@ -13,7 +13,6 @@ from proofs.common import oracle
 from redist import cost
 from redist import program as P
 from redist import steps as S
-from redist.blocks import exchange_copies
 from redist.bounds import lower_bound_bytes
 from redist.data import poisoned_source, unshard
 from redist.execute import execute
@@ -154,8 +153,8 @@ def test_exchange_is_priced_one_latency_per_round():
     topo = cost.topology("2x8-nodes", m)
     src, dst = T("f32[8{x}, 16{y}]", m), T("f32[8{y}, 16{x}]", m)
     step = S.Exchange(dst.dims)
-    ins = P.Exchange(dst.local_shape, exchange_copies(src, dst))
-    rounds = ins.rounds()
+    (ins,) = P.lower_step(step, src)
+    rounds = ins.rounds(m)
     assert len(rounds) > 1
     want = 0.0
     for _, moves in rounds:

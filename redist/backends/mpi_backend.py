@@ -317,48 +317,51 @@ class MpiBackend(interpreter.Backend):
         return _Buffer(out, True)
 
     def collective_permute(self, ins: P.CollectivePermute, buf):
-        """One ``Sendrecv``: receive from ``sources[rank]``, send to the rank whose source is this one."""
-        me = self.ctx.rank
-        source = ins.sources[me]
+        """One ``Sendrecv``: receive from this rank's source, send to the rank whose source is this one (each
+        computed for this rank alone)."""
+        me, mesh = self.ctx.rank, self.ctx.mesh
+        source = ins.source_of(mesh, me)
         if source == me:
             return buf
         x = buf.take()
         out = np.empty_like(x)
-        self.ctx.comm.Sendrecv([_raw(x), MPI.BYTE], ins.sources.index(me), _TAG, [_raw(out), MPI.BYTE], source,
+        self.ctx.comm.Sendrecv([_raw(x), MPI.BYTE], ins.target_of(mesh, me), _TAG, [_raw(out), MPI.BYTE], source,
                                _TAG)
         return _Buffer(out, True)
 
     def exchange(self, ins: P.Exchange, buf):
         """One ``Alltoallv`` of contiguous bytes over the private communicator, then copies within the rank.
 
-        The data for rank ``d`` is the boxes of ``ins.copies[d]`` whose source is this rank, packed one after the
-        other in copy order; the receiver unpacks its own ``ins.copies[rank]`` from each source in the same order,
-        so both sides agree on the layout without further messages. Copies from the rank itself are done
-        directly. Positions no copy writes are zero. Besides the input, the send and receive buffers are alive
-        together, then the receive buffer and the output (the send buffer is freed before the output exists,
-        an owned input right after the local copies)."""
+        The data for rank ``d`` is the boxes of ``d``'s copies whose source is this rank, packed one after the
+        other in ``d``'s copy order; the receiver unpacks its own copies from each source in the same order,
+        so both sides agree on the layout without further messages. Each rank computes only its own copies
+        and the copies it sends (:meth:`~redist.program.Exchange.copies_from`), never the whole table. Copies
+        from the rank itself are done directly. Positions no copy writes are zero. Besides the input, the send
+        and receive buffers are alive together, then the receive buffer and the output (the send buffer is
+        freed before the output exists, an owned input right after the local copies)."""
         x = buf.take()
-        me, n = self.ctx.rank, self.ctx.mesh.size
+        me, mesh = self.ctx.rank, self.ctx.mesh
         itemsize = x.dtype.itemsize
-        outgoing = [[c for c in ins.copies[d] if c.source == me] if d != me else [] for d in range(n)]
-        incoming = [c for c in ins.copies[me] if c.source != me]
-        send_counts = [sum(math.prod(c.size) for c in cs) * itemsize for cs in outgoing]
-        recv_counts = [0] * n
+        mine = ins.copies(mesh, me)
+        outgoing = ins.copies_from(mesh, me)
+        incoming = [c for c in mine if c.source != me]
+        send_counts, recv_counts = [0] * mesh.size, [0] * mesh.size
+        for d, c in outgoing:
+            send_counts[d] += math.prod(c.size) * itemsize
         for c in incoming:
             recv_counts[c.source] += math.prod(c.size) * itemsize
         send = np.empty(sum(send_counts), np.uint8)
         at = 0
-        for cs in outgoing:
-            for c in cs:
-                nbytes = math.prod(c.size) * itemsize
-                send[at: at + nbytes].view(x.dtype).reshape(c.size)[...] = x[c.src_box]
-                at += nbytes
+        for _, c in outgoing:
+            nbytes = math.prod(c.size) * itemsize
+            send[at: at + nbytes].view(x.dtype).reshape(c.size)[...] = x[c.src_box]
+            at += nbytes
         recv = np.empty(sum(recv_counts), np.uint8)
         self.ctx.comm.Alltoallv([send, (send_counts, _offsets(send_counts)), MPI.BYTE],
                                 [recv, (recv_counts, _offsets(recv_counts)), MPI.BYTE])
         del send
         out = np.zeros(ins.shape, dtype=x.dtype)
-        for c in ins.copies[me]:
+        for c in mine:
             if c.source == me:
                 out[c.dst_box] = x[c.src_box]
         del x
