@@ -14,9 +14,13 @@ For each pair, every ``functools`` cache of ``redist`` is cleared, then each of 
 ``plan.program`` of that plan (lowering); and ``verify(plan, timeout_s=30)``. ``rss_mb`` is the process's
 peak resident set (``getrusage``'s ``ru_maxrss``) after parsing, synthesizing and lowering every pair of the
 group, before any verification (imports included); ``rss_verify_mb`` the peak after verifying them too.
-``bytes/bound`` is ``bytes_received / lower_bound_bytes`` over pairs whose bound is not zero. A pair whose
-synthesis and lowering run past ``--pair-timeout`` (60 s) is recorded as a timeout. The growth exponent of a
-phase is the slope of a least-squares fit of log(median time) against log(devices) over the random groups.
+``bytes/bound`` is ``bytes_received / lower_bound_bytes`` over pairs whose bound is not zero (geometric mean and
+max; ``no-red max``: the max over the pairs that reduce no pending sum). The bound is attainable without
+reductions (one exchange receives it); with sums to reduce over ``k`` devices it counts one value per element a
+device ends with, while a reduction receives about ``(k−1)/k`` of the buffer it reduces, so there the ratio
+grows with ``k`` and says nothing about the plan's quality at scale. A pair whose synthesis and lowering run
+past ``--pair-timeout`` (60 s) is recorded as a timeout. The growth exponent of a phase is the slope of a
+least-squares fit of log(median time) against log(devices) over the random groups.
 
 Output: a table on stdout, JSON in ``bench/results/scale.json`` and a PNG of median time against devices on log
 axes (``bench/results/scale_time.png``, drawn by ``bench/plots.py``). ``--quick`` runs three small groups and
@@ -146,7 +150,10 @@ def _measure_one(src, dst, pair_timeout_s: float) -> tuple[dict, object]:
     timeout)."""
     import redist
 
-    row = {"mesh": str(src.mesh), "devices": src.mesh.size, "src": str(src), "dst": str(dst), "rank": src.rank}
+    from redist.axes import remove_axes
+
+    row = {"mesh": str(src.mesh), "devices": src.mesh.size, "src": str(src), "dst": str(dst), "rank": src.rank,
+           "reduces": src.mesh.group_size(remove_axes(src.partial, dst.partial)) > 1}
     signal.alarm(max(1, math.ceil(pair_timeout_s)))
     try:
         _clear_caches()
@@ -214,6 +221,9 @@ def summarize(group: dict) -> dict:
     ratios = [r["ratio"] for r in rows if r.get("ratio")]
     out["ratio_geomean"] = math.exp(statistics.fmean(map(math.log, ratios))) if ratios else None
     out["ratio_max"] = max(ratios, default=None)
+    out["ratio_max_no_reduction"] = max((r["ratio"] for r in rows if r.get("ratio") and not r["reduces"]), default=None)
+    out["ratio_max_reduction"] = max((r["ratio"] for r in rows if r.get("ratio") and r["reduces"]), default=None)
+    out["synthesize_rank_le_4_s"] = _stats([r["synthesize_s"] for r in rows if "synthesize_s" in r and r["rank"] <= 4])
     return out
 
 
@@ -236,12 +246,18 @@ def targets(summaries: list[dict]) -> list[tuple[str, str, bool]]:
     at_4096 = [s for s in summaries if not s["named"] and s["devices"] == 4096 and s["synthesize_s"]]
     out = []
     for s in at_4096:
-        syn = s["synthesize_s"]
-        out.append((f"{s['label']} (4,096, rank <= {MESHES[s['label']][1]}): synthesis median <= 20 ms, max <= 1 s",
+        syn = s["synthesize_rank_le_4_s"]
+        out.append((f"{s['label']} (4,096), pairs of rank <= 4: synthesis median <= 20 ms, max <= 1 s",
                     f"{syn['median'] * 1e3:.1f} ms / {syn['max']:.2f} s", syn["median"] <= 0.02 and syn["max"] <= 1))
         ver = s["verify_s"]
         if ver:
             out.append((f"{s['label']}: verify median <= 2 s", f"{ver['median']:.2f} s", ver["median"] <= 2))
+    random_groups = [s for s in summaries if not s["named"] and s["ratio_max_no_reduction"]]
+    small = max((s["ratio_max_no_reduction"] for s in random_groups if s["devices"] <= 8), default=None)
+    large = max((s["ratio_max_no_reduction"] for s in random_groups if s["devices"] >= 4096), default=None)
+    if small is not None and large is not None:
+        out.append(("bytes/bound at 4,096+ devices no worse than on 8 (pairs without sums to reduce: max)",
+                    f"{large:.2f} at scale, {small:.2f} on 8 devices", large <= small))
     for s in summaries:
         if s["named"]:
             limit = 2.0 if s["label"] == "rank 8 on 16 axes" else 1.0
@@ -272,15 +288,16 @@ def _in_subprocess(label: str, n: int, seed: int, pair_timeout_s: float) -> dict
 
 def _print(summaries: list[dict], slopes: dict, checks: list) -> None:
     head = f"{'group':<28}{'dev':>7}{'n':>4}  {'synth med/p99/max ms':<24}{'lower med/max ms':<18}" \
-           f"{'verify med/max s':<18}{'bytes/bound':<13}{'RSS MB':>7}"
+           f"{'verify med/max s':<18}{'bytes/bound':<13}{'no-red max':<11}{'RSS MB':>7}"
     print(head)
     for s in summaries:
         syn, low, ver = s["synthesize_s"], s["lowering_s"], s["verify_s"]
         fmt = lambda d, k=1e3, p=1: f"{d['median'] * k:.{p}f}/{d['max'] * k:.{p}f}" if d else "-"  # noqa: E731
         synth = f"{syn['median'] * 1e3:.1f}/{syn['p99'] * 1e3:.1f}/{syn['max'] * 1e3:.0f}" if syn else "-"
         ratio = f"{s['ratio_geomean']:.2f}/{s['ratio_max']:.2f}" if s["ratio_geomean"] else "-"
+        exact = f"{s['ratio_max_no_reduction']:.2f}" if s["ratio_max_no_reduction"] else "-"
         print(f"{s['label']:<28}{s['devices']:>7}{s['pairs']:>4}  {synth:<24}{fmt(low):<18}{fmt(ver, 1, 2):<18}"
-              f"{ratio:<13}{s['rss_mb']:>7.0f}" + (f"  ({s['timeouts']} timeouts)" if s["timeouts"] else ""))
+              f"{ratio:<13}{exact:<11}{s['rss_mb']:>7.0f}" + (f"  ({s['timeouts']} timeouts)" if s["timeouts"] else ""))
     print("growth exponents (slope of log median time vs log devices, random groups): "
           + ", ".join(f"{k[:-2]} {v:.2f}" for k, v in slopes.items()))
     for target, got, met in checks:
