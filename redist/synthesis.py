@@ -269,7 +269,10 @@ def _creation_placements(src: ShardingType, dst: ShardingType, created) -> list[
     """Where to put the created axes before they become partial: ``{dim: axes appended to dst's dim}``, the
     rest replicated. First each axis in the dim where the source has it (then it becomes a summand without
     moving), else replicated; then none placed; then, for each dim, each axis where the source has it, else
-    in that dim (the reduction before the creation then moves a smaller buffer). Duplicates are dropped."""
+    in that dim (the reduction before the creation then moves a smaller buffer); then, for each dim, every
+    axis in that dim (where the source's dim of an axis cannot take it, another dim can: ``[4096{x}, 4096{y}]
+    -> [4096{y}, 4096] partial{x}`` on 256x256 goes through ``[4096{y}, 4096{x}]``, one permute of the source's
+    blocks, instead of gathering a 256 times larger buffer). Duplicates are dropped."""
     def home(a: Axis) -> int | None:
         return next((i for i, d in enumerate(src.dims) for b in d if a.overlaps(b)), None)
 
@@ -282,6 +285,10 @@ def _creation_placements(src: ShardingType, dst: ShardingType, created) -> list[
                 i = fallback if i is None else i
                 if i is not None:
                     placed[i] = placed.get(i, ()) + (a,)
+        if placed not in options:
+            options.append(placed)
+    for dim in range(dst.rank):
+        placed = {dim: tuple(created)}
         if placed not in options:
             options.append(placed)
     return options

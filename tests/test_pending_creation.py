@@ -235,3 +235,17 @@ def test_a_created_max_is_refuted():
     v = verify_program(program, REPLICATED, T("f32[4, 6] partial(max){x}", M))
     assert v.status == "refuted" and "identity of a sum only" in v.reason
     assert v.counterexample is not None
+
+
+def test_created_axes_may_go_to_another_dim_than_the_sources():
+    """``x`` cannot join ``y`` in dim 0 (4 rows over 16 devices), so it goes to dim 1: one permute of the source's
+    blocks, then ``shard_to_partial``, receiving one block (16 B) where gathering over ``x`` first and replicating
+    received 64 B."""
+    m = _mesh("x=4,y=4")
+    s, d = T("f32[4{x}, 16{y}]", m), T("f32[4{y}, 16] partial{x}", m)
+    plan = synthesize(s, d)
+    assert [step.kind for step in plan.steps] == ["permute", "shard_to_partial"], plan
+    assert plan.bytes_received == s.local_bytes == 16
+    assert verify(plan).ok
+    ok, why = oracle(plan.program, s, d, seed=1)
+    assert ok, why
