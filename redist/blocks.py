@@ -211,7 +211,7 @@ def max_missing_elements(src: ShardingType, dst: ShardingType) -> int:
             front = [(math.prod(lts), 0)]
         else:
             cls = DeviceClasses(src.mesh, [a for i in comp for a in src.dims[i] + dst.dims[i]])
-            front = _pareto(*_box_overlaps_on(src, dst, comp, cls.coords))
+            front = _pareto(*box_overlaps_on(src, dst, comp, cls.coords))
         pairs = _pareto_pairs([(a * c, b * e) for a, b in pairs for c, e in front])
     return max(const_lt * a - const_o * b for a, b in pairs)
 
@@ -234,7 +234,7 @@ def _missing_by_device(src: ShardingType, dst: ShardingType) -> np.ndarray:
 def missing_elements_on(src: ShardingType, dst: ShardingType, coords: dict):
     """Per device given by its ``coords`` (ints or numpy arrays; see :class:`DeviceClasses`), how many elements
     of its box under ``dst`` it does not hold under ``src``."""
-    lt, o = _box_overlaps_on(src, dst, range(src.rank), coords)
+    lt, o = box_overlaps_on(src, dst, range(src.rank), coords)
     return lt - o
 
 
@@ -298,8 +298,10 @@ def _components(src: ShardingType, dst: ShardingType, dims: list[int]) -> list[l
     return list(comps.values())
 
 
-def _box_overlaps_on(src: ShardingType, dst: ShardingType, dims, coords: dict):
-    """``(Π lt_i, Π o_i)`` over ``dims`` for the devices at ``coords`` (see :func:`max_missing_elements`)."""
+def box_overlaps_on(src: ShardingType, dst: ShardingType, dims, coords: dict):
+    """``(Π lt_i, Π o_i)`` over ``dims`` for the devices at ``coords`` (ints or numpy arrays; see
+    :func:`max_missing_elements`): the size of each device's box under ``dst`` and how much of it its box under
+    ``src`` holds."""
     big = max((L * k for t in (src, dst) for L, k in zip(t.local_shape, map(t.blocks, range(t.rank)))), default=0)
     as_ints = (lambda x: x) if big < 2**62 else (lambda x: np.asarray(x, dtype=object))  # beyond int64
     lt_all, o_all = 1, 1

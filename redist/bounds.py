@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from redist.axes import check_factorization, difference, remove_axes
-from redist.blocks import box_size, local_box, max_missing_elements
+from redist.blocks import DeviceClasses, box_overlaps_on, box_size, device_id, local_box, max_missing_elements, rank
 from redist.errors import ShardingError, shown
 from redist.types import ShardingType
 
@@ -45,14 +47,50 @@ def _creating_bound(src: ShardingType, dst: ShardingType) -> int:
     one value per such element enters the group, and some member receives ``1/|G|`` of them.
     """
     reduces = src.mesh.group_size(difference(src.partial, dst.partial)) > 1
+    members = dst.mesh.group_size(dst.partial)
+    if reduces:  # every element of B is needed; block 0 of every dim is the largest B
+        return -(-math.prod(min(n, L) for n, L in zip(dst.shape, dst.local_shape)) // members) * dst.itemsize
+    if src.mesh != dst.mesh:  # two device orders: the groups' members, device by device
+        return _creating_bound_by_device(src, dst)
+    return -(-int(_needed_by_group(src, dst).max(initial=0)) // members) * dst.itemsize
+
+
+def _needed_by_group(src: ShardingType, dst: ShardingType) -> np.ndarray:
+    """Per summand group of ``dst`` (without reductions, on one device order): the elements of its block that no
+    member holds under ``src``. Computed per class of the axes the layouts and ``dst``'s partial axes use
+    (:class:`redist.blocks.DeviceClasses`), not per device: a group is the classes that agree outside the
+    partial pieces, and its members' source blocks are the distinct source-block ranks among them (blocks of
+    one layout are equal or disjoint)."""
+    mesh = src.mesh
+    partial = mesh.axes_of(dst.partial)
+    classes = DeviceClasses(mesh, [a for t in (src, dst) for d in t.dims for a in d] + list(partial))
+    c = classes.coords
+    lt, o = box_overlaps_on(src, dst, range(src.rank), c)
+    lt, o = np.broadcast_to(lt, (classes.size,)), np.broadcast_to(o, (classes.size,))
+    key = {name: c[name].copy() for name in mesh.names}  # the class's coordinates with partial pieces zeroed
+    for name, lo, hi in classes.pieces:
+        if any(a.name == name and a.pre <= lo and hi <= a.stop for a in partial):
+            stride = mesh.axis_size(name) // hi
+            key[name] -= key[name] // stride % (hi // lo) * stride
+    group = np.asarray(device_id(mesh, key), np.int64)
+    blocks = np.stack([group] + [np.broadcast_to(rank(c, d), (classes.size,)) for d in src.dims])
+    _, first = np.unique(blocks, axis=1, return_index=True)  # one class per (group, source block)
+    groups, at = np.unique(group, return_inverse=True)
+    held = np.zeros(groups.size, o.dtype)
+    np.add.at(held, at[first], o[first])
+    need = np.zeros(groups.size, lt.dtype)
+    need[at] = lt  # the members share one block
+    return need - held
+
+
+def _creating_bound_by_device(src: ShardingType, dst: ShardingType) -> int:
+    """:func:`_creating_bound` without reductions between two device orders, group by group."""
     worst = 0
     for group in dst.mesh.groups(dst.partial):
         block = local_box(dst, group[0])  # the members differ only in partial coordinates: one block
-        need = box_size(block)
-        if not reduces:  # blocks of one layout are equal or disjoint: count each distinct one once
-            held = {tuple((s.start, s.stop) for s in local_box(src, d)) for d in group}
-            need -= sum(math.prod(max(0, min(hi, b.stop) - max(lo, b.start)) for (lo, hi), b in zip(box, block))
-                        for box in held)
+        held = {tuple((s.start, s.stop) for s in local_box(src, d)) for d in group}
+        need = box_size(block) - sum(math.prod(max(0, min(hi, b.stop) - max(lo, b.start))
+                                               for (lo, hi), b in zip(box, block)) for box in held)
         worst = max(worst, -(-need // len(group)))
     return worst * dst.itemsize
 
