@@ -345,12 +345,8 @@ def exchange_time(step: S.Exchange, t_in, topo: Topology) -> float:
     its senders and receivers differ, moving the round's slab: the largest copy of the round along each dim
     (the static shape every sender of the round sends). One latency per round, not one in all."""
     (ins,) = P.lower_step(step, t_in)
-    total = 0.0
-    for _, moves in ins.rounds(t_in.mesh):
-        slab = math.prod(max(c.size[i] for _, _, c in moves) for i in range(t_in.rank)) * t_in.itemsize
-        axes = t_in.mesh.varying_axes((source, dest) for source, dest, _ in moves)
-        total += collective_time(axes, slab, topo)
-    return total
+    return sum(collective_time(axes, math.prod(slab) * t_in.itemsize, topo)
+               for slab, axes in ins.round_stats(t_in.mesh))
 
 
 def plan_time(plan, topo: Topology | str) -> float:

@@ -327,6 +327,60 @@ class Exchange:
                 rounds.setdefault(((d - c.source) % n, j), []).append((c.source, d, c))
         return tuple((shift, tuple(moves)) for (shift, _), moves in sorted(rounds.items()))
 
+    def round_stats(self, mesh: Mesh) -> tuple[tuple[tuple[int, ...], tuple[str, ...]], ...]:
+        """Per round of :meth:`rounds` (copies within a device left out), in order: the round's slab (the
+        largest copy of the round along each dim) and the mesh axes along which its senders and receivers
+        differ, in mesh order. The same figures as read from :meth:`rounds`, computed with numpy over every
+        device at once from the segment tables (what :func:`redist.cost.exchange_time` prices)."""
+        if isinstance(self.dims, CopyTable):
+            return tuple((tuple(max(c.size[i] for _, _, c in moves) for i in range(len(self.shape))),
+                          mesh.varying_axes((s, d) for s, d, _ in moves)) for _, moves in self.rounds(mesh))
+        if not self.dims:  # rank 0: each device copies its own scalar
+            return ()
+        n = mesh.size
+        ids = np.arange(n, dtype=np.int64)
+        c = device_coords(mesh, ids)
+        tables = []  # per dim: the receiver block of each device, and per block its k-th segment's fields
+        for x in self.dims:
+            slots = max((len(v) for v in x.by_block.values()), default=0)
+            if slots == 0:
+                return ()
+            k_out = max(x.by_block) + 1
+            source_block = np.full((k_out, slots), -1, np.int64)
+            size = np.zeros((k_out, slots), np.int64)
+            for b, segs in x.by_block.items():
+                for k, seg in enumerate(segs):
+                    source_block[b, k], size[b, k] = seg.source_block, seg.size
+            block = np.broadcast_to(rank(c, mesh.axes_of(x.axes)), (n,))
+            ok = block < k_out
+            tables.append((mesh.axes_of(x.source_axes), np.where(ok, block, 0), ok, source_block, size))
+        sources, sizes, valid = [], [], []  # per copy slot, in the order of copies(): arrays over devices
+        for combo in itertools.product(*(range(t[3].shape[1]) for t in tables)):
+            live, size_k, replace_k = np.ones(n, bool), [], []
+            for (axes, block, ok, source_block, size), k in zip(tables, combo):
+                sb = source_block[block, k]
+                live &= ok & (sb >= 0) & (size[block, k] > 0)
+                size_k.append(size[block, k])
+                replace_k.append((axes, np.maximum(sb, 0)))
+            source = np.asarray(device_id(mesh, with_ranks(c, replace_k)), np.int64)
+            sources.append(source)
+            sizes.append(np.stack(size_k))
+            valid.append(live & (source != ids))
+        keys, slabs, differs = [], [], []  # per move between devices: its round, its sizes, where it varies
+        for t, (source, size, live) in enumerate(zip(sources, sizes, valid)):
+            j = sum((valid[u] & (sources[u] == source)).astype(np.int64) for u in range(t)) if t else 0
+            keys.append((((ids - source) % n) * len(sources) + j)[live])  # round key order: (shift, j)
+            slabs.append(size[:, live])
+            src_c = device_coords(mesh, source[live])
+            differs.append(np.stack([src_c[name] != c[name][live] for name in mesh.names]))
+        rounds, at = np.unique(np.concatenate(keys), return_inverse=True)
+        slab = np.zeros((len(tables), rounds.size), np.int64)
+        np.maximum.at(slab, (slice(None), at), np.concatenate(slabs, axis=1))
+        varying = np.zeros((len(mesh.names), rounds.size), bool)
+        np.logical_or.at(varying, (slice(None), at), np.concatenate(differs, axis=1))
+        return tuple((tuple(int(v) for v in slab[:, r]), tuple(m for m, on in zip(mesh.names, varying[:, r]) if on))
+                     for r in range(rounds.size))
+
     def __str__(self) -> str:
         if isinstance(self.dims, CopyTable):
             moved = sum(c.source != d for d, cs in enumerate(self.dims.copies) for c in cs)

@@ -117,6 +117,9 @@ _MAX_STATES = 50_000
 _BUDGET_RANK = 8
 # The search over sub-axes refines a plan that usually exists already; it gives up sooner.
 _MAX_REFINED_EXPANSIONS = 8_000
+# Without sums to reduce, the fallback's exchange receives the lower bound and a search can only tie with it
+# (collectives rather than point-to-point traffic): its searches get a smaller budget.
+_MAX_EXACT_STATES = 15_000
 
 
 @dataclass(frozen=True)
@@ -204,17 +207,18 @@ def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
     if topo is None:
         core = _fewest_bytes(core_src, core_dst)
     else:
-        candidates = [_fewest_bytes(core_src, core_dst)]
-        states = _state_budget(core_src)
-        for refine in (False, True):
-            found = _search(core_src, core_dst, refine, topo, states,
+        fewest = _fewest_bytes(core_src, core_dst)
+        exchange = [_fallback(core_src, core_dst)] if set(core_src.partial) == set(core_dst.partial) else []
+        timed = {id(p): cost.plan_time(p, topo) for p in [fewest, *exchange]}
+        searched, states = [], _state_budget(core_src)
+        for refine in (False, True):  # searches by modeled time, stopped where they cannot beat a candidate
+            found = _search(core_src, core_dst, refine, topo, states, cutoff=min(timed.values()),
                             max_expansions=_MAX_REFINED_EXPANSIONS if refine else None)
             states -= found.states
             if found.plan is not None:
-                candidates.append(found.plan)
-        if set(core_src.partial) == set(core_dst.partial):  # the exchange candidate, as in _fewest_bytes
-            candidates.append(_fallback(core_src, core_dst))
-        core = min(candidates, key=lambda p: (cost.plan_time(p, topo), p.bytes_received, len(p.steps)))
+                searched.append(found.plan)
+                timed[id(found.plan)] = cost.plan_time(found.plan, topo)
+        core = min([fewest, *searched, *exchange], key=lambda p: (timed[id(p)], p.bytes_received, len(p.steps)))
     return _with_unit_axes(src, dst, core)
 
 
@@ -434,6 +438,9 @@ def _synthesize(src: ShardingType, dst: ShardingType) -> Plan:
     if direct is not None:
         return direct
     budget, cutoff = _state_budget(src), _fallback_cost(src, dst)
+    exact = set(src.partial) == set(dst.partial)  # then the fallback receives exactly the lower bound
+    if exact:  # a search can only tie with the fallback's exchange (in steps, not bytes): it gets less time
+        budget = min(budget, _MAX_EXACT_STATES)
     whole = _search(src, dst, refine=False, max_states=budget, cutoff=cutoff)
     if whole.plan is not None and (not _splits(src, dst)
                                    or whole.cost == _bound(src, dst) and len(whole.plan.steps) < 3):
@@ -442,7 +449,6 @@ def _synthesize(src: ShardingType, dst: ShardingType) -> Plan:
     # the bound may still shrink: slice, permute, gather of a whole axis is often slice, permute of a part.
     # When no plan exists over whole axes and the fallback misses the bound (it reduces), the search over
     # sub-axes is the only way to it and may expand any number of states within the budget.
-    exact = set(src.partial) == set(dst.partial)  # then the fallback receives exactly the lower bound
     finer = _search(src, dst, refine=True, max_states=budget - whole.states, cutoff=cutoff,
                     max_expansions=_MAX_REFINED_EXPANSIONS if whole.plan is not None or exact else None)
     found = [f for f in (whole, finer) if f.plan is not None]

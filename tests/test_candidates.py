@@ -165,3 +165,17 @@ def test_exchange_is_priced_one_latency_per_round():
     slowest = max(topo.link(a).alpha for a in m.names)
     assert got >= len(rounds) * min(topo.link(a).alpha for a in m.names)
     assert got > slowest  # more than one collective's latency
+
+
+@given(type_pairs(max_rank=3, sub_axes=0.3, uneven=True))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_exchange_round_stats_are_those_of_its_rounds(pair):
+    """The cost model reads an exchange's rounds from numpy over all devices (Exchange.round_stats): each
+    round's slab and the axes its moves vary along are what the rounds the JAX backend runs give."""
+    src, dst = pair
+    step = S.Exchange(dst.dims)
+    (ins,) = P.lower_step(step, src.replace(partial=dst.partial))
+    m = src.mesh
+    want = tuple((tuple(max(c.size[i] for _, _, c in moves) for i in range(src.rank)),
+                  m.varying_axes((s, d) for s, d, _ in moves)) for _, moves in ins.rounds(m))
+    assert ins.round_stats(m) == want
