@@ -65,7 +65,7 @@ from redist.types import ShardingType
 from redist.xla_baseline import HLO_BYTES, parse_hlo
 
 __all__ = ["Move", "move", "route", "xla_bytes_received", "apply", "between_device_orders",
-           "traced_between_device_orders", "Program", "program", "clear_cache", "sharding_type", "PROGRAMS"]
+           "traced_between_device_orders", "Program", "program", "cached", "clear_cache", "sharding_type", "PROGRAMS"]
 
 #: How many jitted programs (one per call signature: arrays' shapes, dtypes, shardings, donation) are kept.
 PROGRAMS = 256
@@ -431,6 +431,11 @@ def program(key: Hashable, make_moves: Callable[[], tuple[Move, ...]], index: tu
     entry = _build(make_moves(), index, donate)
     _PROGRAMS.put(key, entry)
     return entry, False
+
+
+def cached(key: Hashable) -> Program | None:
+    """The cached Program of the call signature ``key`` (see :func:`program`), or None; builds nothing."""
+    return _PROGRAMS.get(key)
 
 
 def clear_cache() -> None:

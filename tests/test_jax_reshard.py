@@ -304,6 +304,16 @@ def test_a_donated_array_cannot_be_used_again():
         rj.reshard({"a": x}, NamedSharding(mesh, P()))
 
 
+def test_a_donated_array_cannot_be_used_again_from_the_cache():
+    """The cached program of a donating call is found again for the deleted array, which is refused."""
+    mesh = jmesh((8,), ("x",))
+    x = jax.device_put(values((16,)), NamedSharding(mesh, P("x")))
+    rj.reshard(x, NamedSharding(mesh, P()), donate=True)
+    assert x.is_deleted()
+    with pytest.raises(redist.ShardingError, match=r"^the array has been deleted"):
+        rj.reshard(x, NamedSharding(mesh, P()), donate=True)
+
+
 def test_nothing_is_deleted_when_a_leaf_is_refused():
     mesh = jmesh((2, 4), ("x", "y"))
     good = jax.device_put(values((8, 8)), NamedSharding(mesh, P("x")))
@@ -509,6 +519,47 @@ def test_the_log_says_which_plan_and_whether_it_came_from_the_cache(caplog):
     for msg in messages:
         assert "f32[8{y}, 16, 8{x}] -> f32[8, 16{x,y}, 8]: redist's plan [all_to_all(" in msg
         assert "receives 448 B per device, peak 512 B" in msg
+
+
+class FullPath(Exception):
+    """Raised in place of redist.jax's full path of a call (flatten, check, build), to see which calls the
+    cache answers alone."""
+
+
+def refuse_the_full_path(*args, **kwargs):
+    raise FullPath
+
+
+@pytest.mark.parametrize("pair", ["jax#21562", "all-to-all"])
+def test_the_cache_answers_only_its_own_call_signature(monkeypatch, pair):
+    """A second call of one array on new data of the same type and layout runs the cached program with no
+    other work (the full path is refused here), redist's plan or XLA's; a call that differs in shape,
+    dtype, layout, mesh, target or donation never gets that program: it takes the full path, whose result
+    is right."""
+    mesh, explicit = jmesh((4, 2), ("x", "y")), jmesh((4, 2), ("x", "y"), EXPLICIT)
+    shape, src, dst = {"jax#21562": ((8, 16, 8), P("y", None, "x"), P(None, ("x", "y"), None)),
+                       "all-to-all": ((16, 8, 8), P("x"), P(None, "x"))}[pair]
+    target = NamedSharding(mesh, dst)
+    rj.reshard(jax.device_put(values(shape), NamedSharding(mesh, src)), target)
+    calls = {  # name: (host values, source sharding, target, donate)
+        "shape": (values((2 * shape[0],) + shape[1:]), NamedSharding(mesh, src), target, False),
+        "dtype": (values(shape, np.int32), NamedSharding(mesh, src), target, False),
+        "bf16": (values(shape, jnp.bfloat16), NamedSharding(mesh, src), target, False),
+        "layout": (values(shape), NamedSharding(mesh, P(None, "y")), target, False),
+        "mesh": (values(shape), NamedSharding(explicit, src), NamedSharding(explicit, dst), False),
+        "target": (values(shape), NamedSharding(mesh, src), NamedSharding(mesh, P("x", "y")), False),
+        "donate": (values(shape), NamedSharding(mesh, src), target, True),
+    }
+    inputs = {k: jax.device_put(h, s) for k, (h, s, _, _) in calls.items()}
+    x = jax.device_put(values(shape, seed=1), NamedSharding(mesh, src))
+    monkeypatch.setattr(rj, "_Call", refuse_the_full_path)
+    assert_placed(rj.reshard(x, target), values(shape, seed=1), target)
+    for k, (_, _, t, donate) in calls.items():
+        with pytest.raises(FullPath):
+            rj.reshard(inputs[k], t, donate=donate)
+    monkeypatch.undo()
+    for k, (h, _, t, donate) in calls.items():
+        assert_placed(rj.reshard(inputs[k], t, donate=donate), h, t)
 
 
 def test_the_cache_is_bounded_and_clearable(monkeypatch):
