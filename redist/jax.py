@@ -130,6 +130,9 @@ def _per_leaf(spec, treedef, what: str) -> list:
     ``PartitionSpec`` given as the target is read on the context mesh. ``what`` names the argument."""
     if spec is None or isinstance(spec, (jax.sharding.Sharding, PartitionSpec)):
         return [_entry(spec, what)] * treedef.num_leaves
+    entries, structure = jax.tree.flatten(spec, is_leaf=_is_entry)
+    if structure == treedef:  # one entry per leaf (the common case, and no tree walk per entry)
+        return [_entry(s, what) for s in entries]
     out = [None] * treedef.num_leaves
 
     def put(s, subtree):
@@ -138,12 +141,15 @@ def _per_leaf(spec, treedef, what: str) -> list:
             out[i] = s
 
     try:
-        jax.tree.map(put, spec, treedef.unflatten(range(treedef.num_leaves)),
-                     is_leaf=lambda s: s is None or isinstance(s, (jax.sharding.Sharding, PartitionSpec)))
+        jax.tree.map(put, spec, treedef.unflatten(range(treedef.num_leaves)), is_leaf=_is_entry)
     except ValueError as e:
         raise ShardingError(f"{what} must be one NamedSharding or PartitionSpec, or a pytree prefix of x's "
                             f"structure {treedef} of them; got {describe(spec)} ({e})") from None
     return out
+
+
+def _is_entry(s) -> bool:
+    return s is None or isinstance(s, (jax.sharding.Sharding, PartitionSpec))
 
 
 def _entry(s, what: str):
