@@ -244,6 +244,40 @@ def test_a_pytree_under_jit_moves_in_one_shard_map():
     assert f.lower(x).as_text().count("sdy.manual_computation") == 1
 
 
+SAME_TYPE_PAIRS = [  # (mesh shape, names, shape, dtype, src, dst): a plan of each kind of instruction
+    ((4, 2), ("x", "y"), (8, 16, 8), np.float32, P("y", None, "x"), P(None, ("x", "y"), None)),  # all-to-all
+    ((2, 4), ("x", "y"), (16, 8), np.int32, P(("x", "y")), P(None, "y")),      # all-to-all, all-gather
+    ((2, 4), ("x", "y"), (16, 8), jnp.bfloat16, P("x", "y"), P("y", "x")),     # exchange
+    ((2, 4), ("x", "y"), (16,), np.float32, P("x"), P("y")),                   # slice and permute on sub-axes
+    ((2, 4), ("x", "y"), (8, 16), np.float32, P(None, "y"), P("x", "y")),      # slice
+]
+
+
+@pytest.mark.parametrize("mesh_shape,names,shape,dtype,src,dst", SAME_TYPE_PAIRS)
+@pytest.mark.parametrize("traced", [False, True])
+def test_arrays_of_one_type_move_together_by_one_collective_per_step(mesh_shape, names, shape, dtype, src, dst,
+                                                                     traced, monkeypatch):
+    """Three arrays of one type (and one of another) by redist's plan (the route pinned to it, to run every
+    kind of instruction): the three are stacked and each collective of the plan runs once for all of them
+    (jax.vmap batches it), with the values of three separate moves, eagerly and under jit."""
+    monkeypatch.setattr(jax_programs, "route", lambda m: "redist")
+    mesh = jmesh(mesh_shape, names)
+    host = {"a": [values(shape, dtype, seed=s) for s in range(3)], "other": values((8, 8), seed=3)}
+    source = {"a": NamedSharding(mesh, src), "other": NamedSharding(mesh, P("x"))}
+    x = {k: jax.device_put(h, source[k]) for k, h in host.items()}
+    target = {"a": NamedSharding(mesh, dst), "other": NamedSharding(mesh, P(None, "x"))}
+    move = jax.jit(lambda t: rj.reshard(t, target, src=source)) if traced else lambda t: rj.reshard(t, target)
+    with jax.transfer_guard("disallow"):
+        y = move(x)
+    jax.tree.map(assert_placed, y, host, {"a": [target["a"]] * 3, "other": target["other"]})
+    def lowered(t):
+        return (jax.jit(move).lower(t) if traced else rj.lower(t, target)).as_text()
+
+    three, one = lowered(x), lowered({"a": x["a"][:1], "other": x["other"]})
+    for kind in ("all_gather", "all_to_all", "collective_permute"):
+        assert three.count(f"stablehlo.{kind}") == one.count(f"stablehlo.{kind}"), kind
+
+
 def test_grad_through_a_pytree_reshard():
     mesh = jmesh((2, 4), ("x", "y"), EXPLICIT)
     host, x, dst = layer(mesh)
