@@ -22,6 +22,14 @@ on XLA's compiled HLO), known without compiling; for any other plan XLA's reshar
 once per (source type, destination type, mesh) for an abstract input and the bytes its collectives receive
 per device are read from the HLO (:func:`redist.xla_baseline.parse_hlo`).
 
+Batching. The arrays of one call that take redist's route move in one ``shard_map``, and those of one type
+pair (a parameter tree holds many arrays of one shape and layout: a model's layers) move stacked: each
+collective of their plan runs once for all of them (``jax.vmap`` of the plan's program batches its
+collectives). On a tree of small arrays a collective's latency, not its bytes, is the cost, so one
+collective for 25 arrays takes a fraction of 25 collectives' time (``bench/jax_reshard.py``'s 101-leaf
+tree: 0.7x), for a stacked copy of those arrays in memory. (XLA's CPU compiler is slow on a stacked
+all-to-all: seconds for 25 arrays; the compile is a first call's, cached after.)
+
 Meshes. A plan over sub-axes runs on the refined mesh of :func:`~redist.backends.jax_backend.refine_mesh`.
 ``jax.shard_map`` wants its mesh to be the context mesh (``jax.set_mesh``), so the shard_map is traced under
 ``jax.sharding.use_abstract_mesh(refined)``; on Explicit axes the array's type names its mesh, so it is first
@@ -316,10 +324,9 @@ def _shard_mapped(pairs: tuple[tuple[ShardingType, ShardingType], ...], mesh) ->
 
 
 def _batched(program, backend: JaxBackend, buffers: list) -> list:
-    """``program`` run on each of ``buffers`` (local buffers of one type): on a stack of them where there are
-    several, so that each collective runs once for all (``jax.vmap`` batches the collectives along the stack):
-    on a tree of small arrays a collective's latency, not its bytes, is the cost (25 pairs of collectives
-    became 2 in ``bench/jax_reshard.py``'s 101-leaf tree, 0.7x the time, for a stacked copy of the inputs)."""
+    """``program`` run on each of ``buffers`` (local buffers of one type): on their stack where there are
+    several, so that each collective runs once for all (``jax.vmap`` batches the collectives along the stack;
+    see Batching in the module header)."""
     if len(buffers) == 1:
         return [interpreter.run(program, backend, buffers[0])]
     stacked = jax.vmap(lambda b: interpreter.run(program, backend, b))(jnp.stack(buffers))
