@@ -8,7 +8,7 @@ axes). :func:`route` runs redist's plan where XLA's resharding falls back to gat
 "involuntary full rematerialization": where XLA cannot go from ``src`` to ``dst`` directly, every device
 receives all of the array it lacks and slices its block out of it, e.g. jax-ml/jax#21562 and FSDP ->
 Megatron) and the plan receives fewer bytes; everywhere else it runs XLA's resharding. There the plan
-brings a k-fold saving in bytes and never holds the whole array (``bench/jax_reshard.py``: 2-3.5x less
+brings a k-fold saving in bytes and never holds the whole array (``bench/jax_reshard.py``: 1.7-3.6x less
 memory held, and faster). Elsewhere XLA has a direct program (the plan's own all-gathers, slices,
 all-to-alls or permutes, or its collectives for a swap of axes), which runs as fast or faster than a
 ``shard_map`` (XLA fuses its collectives with the local copies that a ``shard_map`` keeps apart), costs less
