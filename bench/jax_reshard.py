@@ -5,22 +5,26 @@ object per pair, so every first call compiles). ``jax.device_put(x, dst)`` is me
 on host CPU devices it copies through host memory (no compile, no collectives), so it is no reference for
 device-side speed here.
 
-Pairs (``PAIRS``): each a mesh of 8 host CPU devices and one array, or a pytree of them, of about ``--mib``
-MiB in all: gathers, slices, all-to-alls (f32 and bf16), jax-ml/jax#21562, FSDP -> Megatron, swaps of two
+Pairs (``PAIRS``): each a mesh of 8 host CPU devices and one array, or a pytree of them, of about 1 MiB
+in all: gathers, slices, all-to-alls (f32 and bf16), jax-ml/jax#21562, FSDP -> Megatron, swaps of two
 axes, a reorder within a dim, a pair that needs sub-axes, and two pytrees (a layer of mixed shardings, and a
 101-leaf parameter tree).
 
 Per pair, measured identically on both sides (``reshard(x, dst)``, the public call with all its Python work,
 against ``f(x)``):
 
-- warm: ``--rounds`` rounds after two warm-up calls each; in every round each program runs once, the order
-  rotating between rounds (interleaved, so that load from other jobs falls on all of them alike); each call
-  is timed with ``time.perf_counter`` around the call and ``jax.block_until_ready``. Medians are compared.
+- warm: ``--rounds`` rounds after two warm-up calls each; in every round each program runs once, in the
+  next of all the orders of the programs (interleaved, so that load from other jobs falls on all of them
+  alike, and each program follows each other equally often: a rotation of one order would always run ours
+  right after ``device_put``'s host copies); each call is timed with ``time.perf_counter`` around the call
+  and ``jax.block_until_ready``. Medians are compared.
 - first call: on ``--first`` new pairs (the pair with dim 0 grown by a few blocks, so that no cache of ours
   or JAX's holds it): synthesis, tracing, compile and run, ours and jit's alternately first. The median of
   the per-shape ratios is the pair's ratio.
 - second call: after clearing redist's caches, one first call, then a call on new arrays of the same types
-  (median of ``--second`` such rounds), against the warm median.
+  (median of ``--second`` such rounds), against the warm median; the same for a new ``jit`` object (its
+  first call compiles, or finds JAX's cache), for comparison: a second call right after a compile is slower
+  than the median of warm calls on either side.
 - memory: ``compiled.memory_analysis()`` of both programs (``redist.jax.lower`` gives ours), as the bytes
   held per device during the call, ``argument + output + temp - alias``, without and with donation; the
   type-level bound ``max(src, dst)`` (local bytes, summed over leaves) next to them.
@@ -30,7 +34,7 @@ The machine's load average is recorded before and after (``os.getloadavg``); on 
 carry that noise. Outputs: a table on stdout (a tqdm progress bar while running),
 ``bench/results/jax_reshard.json`` and ``bench/results/jax_reshard.png``.
 
-    python bench/jax_reshard.py [--rounds 41] [--first 5] [--second 3] [--mib 1] [--only NAME ...]
+    python bench/jax_reshard.py [--rounds 42] [--first 5] [--second 5] [--only NAME ...]
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
+import itertools  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import math  # noqa: E402
@@ -180,16 +185,16 @@ def _timed(fn, x) -> float:
 
 
 def _interleaved(fns: dict, x, rounds: int) -> dict[str, list[float]]:
-    """Each function ``rounds`` times after two warm-up calls; each round runs them all, in an order that
-    rotates from round to round."""
+    """Each function ``rounds`` times after two warm-up calls; each round runs them all, in the next of all
+    their orders (so that each follows each other equally often)."""
     names = list(fns)
+    orders = list(itertools.permutations(names))
     for name in names:
         for _ in range(2):
             jax.block_until_ready(fns[name](x))
     times = {n: [] for n in names}
     for r in range(rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
-        for name in order:
+        for name in orders[r % len(orders)]:
             times[name].append(_timed(fns[name], x))
     return times
 
@@ -228,14 +233,16 @@ def measure(pair: Pair, rounds: int, first: int, second: int, log) -> dict:
     row["first"]["ratio_vs_jit"] = statistics.median(f["ours"] / f["jit"] for f in firsts)
     row["first"]["ratio_vs_device_put"] = statistics.median(f["ours"] / f["device_put"] for f in firsts)
 
-    # second call: new arrays of the same types right after a first call
-    seconds = []
+    # second call: new arrays of the same types right after a first call, ours and a new jit's alternately first
+    seconds = {"ours": [], "jit": []}
     for s in range(second):
         jax_programs.clear_cache()
-        x1, _ = _arrays(pair, mesh, seed=100 + s)
-        x2, _ = _arrays(pair, mesh, seed=200 + s)
-        _timed(lambda v: rj.reshard(v, dst), x1)
-        seconds.append(_timed(lambda v: rj.reshard(v, dst), x2))
+        runs = {"ours": lambda v: rj.reshard(v, dst), "jit": jax.jit(_identity, out_shardings=dst)}
+        for name in (("ours", "jit") if s % 2 else ("jit", "ours")):
+            x1, _ = _arrays(pair, mesh, seed=100 + s)
+            x2, _ = _arrays(pair, mesh, seed=200 + s)
+            _timed(runs[name], x1)
+            seconds[name].append(_timed(runs[name], x2))
 
     # warm, interleaved
     times = _interleaved({"ours": lambda v: rj.reshard(v, dst), "jit": jit,
@@ -244,7 +251,9 @@ def measure(pair: Pair, rounds: int, first: int, second: int, log) -> dict:
     row["warm"] = dict(warm, ratio_vs_jit=warm["ours"] / warm["jit"],
                        ratio_vs_device_put=warm["ours"] / warm["device_put"],
                        min_ratio_vs_jit=min(times["ours"]) / min(times["jit"]))
-    row["second"] = {"median": statistics.median(seconds), "ratio_vs_warm": statistics.median(seconds) / warm["ours"]}
+    second_median = {name: statistics.median(t) for name, t in seconds.items()}
+    row["second"] = {"median": second_median["ours"], "ratio_vs_warm": second_median["ours"] / warm["ours"],
+                     "jit_median": second_median["jit"], "jit_ratio_vs_warm": second_median["jit"] / warm["jit"]}
 
     # correctness of all three against the host values
     want = jax.tree.map(np.asarray, x)
@@ -293,12 +302,16 @@ def summarize(rows: list[dict]) -> dict:
                          "worst": rows[first.index(max(first))]["name"]},
         "first_vs_device_put_median": statistics.median(r["first"]["ratio_vs_device_put"] for r in rows),
         "second_vs_warm": {"median": statistics.median(r["second"]["ratio_vs_warm"] for r in rows),
-                           "max": max(r["second"]["ratio_vs_warm"] for r in rows)},
+                           "max": max(r["second"]["ratio_vs_warm"] for r in rows),
+                           "jit_median": statistics.median(r["second"]["jit_ratio_vs_warm"] for r in rows),
+                           "jit_max": max(r["second"]["jit_ratio_vs_warm"] for r in rows)},
         "memory": {
             "ours_less": [r["name"] for r in rows if r["memory"]["ours"]["held"] < r["memory"]["jit"]["held"]],
             "ours_more": [r["name"] for r in rows if r["memory"]["ours"]["held"] > r["memory"]["jit"]["held"]],
             "donated_over_max_src_dst": {r["name"]: r["memory"]["ours_donated"]["held"] / r["memory"]["max_src_dst"]
                                          for r in rows},
+            "donated_over_jit_donated": {r["name"]: r["memory"]["ours_donated"]["held"]
+                                         / r["memory"]["jit_donated"]["held"] for r in rows},
         },
     }
 
@@ -355,9 +368,10 @@ def plot(rows: list[dict], path: str) -> None:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=41, help="interleaved warm rounds per pair (default 41)")
+    ap.add_argument("--rounds", type=int, default=42, help="interleaved warm rounds per pair (default 42: each "
+                    "of the 6 orders of the 3 programs 7 times)")
     ap.add_argument("--first", type=int, default=5, help="new shapes per pair for first calls (default 5)")
-    ap.add_argument("--second", type=int, default=3, help="first+second call rounds per pair (default 3)")
+    ap.add_argument("--second", type=int, default=5, help="first+second call rounds per pair (default 5)")
     ap.add_argument("--only", nargs="*", help="run only these pairs (names)")
     ap.add_argument("--out", default=os.path.join(RESULTS, "jax_reshard.json"))
     args = ap.parse_args(argv)
@@ -384,7 +398,8 @@ def main(argv=None) -> dict:
           f"{w['over_1.25'] or 'none'}; warm / device_put geomean {summary['warm_vs_device_put_geomean']:.2f}")
     print(f"first call / jit: median {f['median']:.2f}, max {f['max']:.2f} ({f['worst']}); / device_put median "
           f"{summary['first_vs_device_put_median']:.2f}; second call / warm: median "
-          f"{summary['second_vs_warm']['median']:.2f}, max {summary['second_vs_warm']['max']:.2f}")
+          f"{summary['second_vs_warm']['median']:.2f}, max {summary['second_vs_warm']['max']:.2f} (jit's: median "
+          f"{summary['second_vs_warm']['jit_median']:.2f}, max {summary['second_vs_warm']['jit_max']:.2f})")
     print(f"memory held: ours less in {summary['memory']['ours_less']}, "
           f"more in {summary['memory']['ours_more'] or 'none'}")
     print(f"load average (1, 5, 15 min) before {load_before}, after {load_after}; {summary['seconds']:.0f} s")

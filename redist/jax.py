@@ -93,6 +93,11 @@ def reshard(x, sharding, *, src=None, donate=False):
     does not fit a sharding (an unknown axis, too many spec entries, a dim that does not divide), a leaf
     cannot be placed, or an input array was deleted (donated before).
     """
+    if (src is None and isinstance(sharding, NamedSharding) and isinstance(x, jax.Array)
+            and not isinstance(x, jax.core.Tracer) and (donate is False or donate is True)):
+        y = _from_the_cache(x, sharding, donate)
+        if y is not None:
+            return y
     if not isinstance(donate, bool):
         raise ShardingError(f"donate must be True or False, got {describe(donate)}")
     leaves, treedef = jax.tree.flatten(x)
@@ -125,6 +130,9 @@ def _per_leaf(spec, treedef, what: str) -> list:
     ``PartitionSpec`` given as the target is read on the context mesh. ``what`` names the argument."""
     if spec is None or isinstance(spec, (jax.sharding.Sharding, PartitionSpec)):
         return [_entry(spec, what)] * treedef.num_leaves
+    entries, structure = jax.tree.flatten(spec, is_leaf=_is_entry)
+    if structure == treedef:  # one entry per leaf (the common case, and no tree walk per entry)
+        return [_entry(s, what) for s in entries]
     out = [None] * treedef.num_leaves
 
     def put(s, subtree):
@@ -133,12 +141,15 @@ def _per_leaf(spec, treedef, what: str) -> list:
             out[i] = s
 
     try:
-        jax.tree.map(put, spec, treedef.unflatten(range(treedef.num_leaves)),
-                     is_leaf=lambda s: s is None or isinstance(s, (jax.sharding.Sharding, PartitionSpec)))
+        jax.tree.map(put, spec, treedef.unflatten(range(treedef.num_leaves)), is_leaf=_is_entry)
     except ValueError as e:
         raise ShardingError(f"{what} must be one NamedSharding or PartitionSpec, or a pytree prefix of x's "
                             f"structure {treedef} of them; got {describe(spec)} ({e})") from None
     return out
+
+
+def _is_entry(s) -> bool:
+    return s is None or isinstance(s, (jax.sharding.Sharding, PartitionSpec))
 
 
 def _entry(s, what: str):
@@ -241,6 +252,36 @@ def _empty(shape, dtype, sharding: NamedSharding):
 
 
 # ---------------------------------------------------------------------- eager calls
+def _signature(leaf, target) -> tuple:
+    """What identifies a moved array's part of a program: its type (shape, dtype, weak type), its layout and
+    its target."""
+    return leaf.shape, leaf.dtype, leaf.weak_type, leaf.sharding, target
+
+
+def _from_the_cache(x, target: NamedSharding, donate: bool):
+    """``reshard(x, target, donate=donate)`` of one concrete array, by the cached program of this call
+    signature (the key :class:`_Call` gives it), with no other work: None where there is no such program (or
+    ``x`` was deleted), and the full path then runs (and raises where it must)."""
+    program = programs.cached(((_signature(x, target),), (0,), donate))
+    if program is None or x.is_deleted():
+        return None
+    _log_program(program, 1, cached=True)
+    if program.wide is None:
+        y, = program.fn(x)
+    else:
+        with in_dtype(program.wide):
+            y, = program.fn(x)
+    if donate and not x.is_deleted():
+        x.delete()
+    return y
+
+
+def _log_program(program: programs.Program, leaves: int, cached: bool) -> None:
+    if _log.isEnabledFor(logging.DEBUG):
+        _log.debug("reshard: %d of %d arrays moved by one program (%s):\n%s", len(program.moves), leaves,
+                   "from the cache" if cached else "new: synthesized and compiled now", program.description)
+
+
 class _Call:
     """One eager call: which leaves the program moves (``moved``, with the program's distinct input arrays
     ``inputs`` and ``index`` from moved leaf to input), and the signature that keys the program cache.
@@ -272,7 +313,7 @@ class _Call:
                 self.inputs.append(leaf)
             self.moved.append(i)
             index.append(j)
-            signature.append((leaf.shape, leaf.dtype, leaf.weak_type, have, target))
+            signature.append(_signature(leaf, target))
         self.index = tuple(index)
         self.key = (tuple(signature), self.index, donate)
 
@@ -287,10 +328,7 @@ class _Call:
     def _program(self) -> tuple[programs.Program, bool]:
         """The program, and whether it came from the cache."""
         program, cached = programs.program(self.key, self._moves, self.index, self.donate)
-        if _log.isEnabledFor(logging.DEBUG):
-            _log.debug("reshard: %d of %d arrays moved by one program (%s):\n%s", len(self.moved),
-                       len(self.leaves), "from the cache" if cached else "new: synthesized and compiled now",
-                       program.description)
+        _log_program(program, len(self.leaves), cached)
         return program, cached
 
     def lower(self) -> jax.stages.Lowered:

@@ -4,19 +4,31 @@ moves it (:func:`route`), and one jitted program for all the arrays of a call, c
 Route. Two correct programs can move an array from ``src`` to ``dst``: redist's plan, run as a ``jax.shard_map``
 of the plan's lowered program (:mod:`redist.backends.jax_backend`), and XLA's own resharding, the semantics
 of ``jax.jit(lambda a: a, out_shardings=dst)`` (a sharding constraint; ``jax.sharding.reshard`` on Explicit
-axes). :func:`route` gives the pair to XLA where XLA moves no more bytes than the plan, and to redist's plan
-everywhere else; the tie goes to XLA, whose program runs as fast or faster (it fuses its collectives with
-the local copies that a ``shard_map`` keeps apart), costs less to compile, and under the caller's
-``jax.jit`` may fuse with the neighbours. Where the plan is empty or made of ``all_slice`` steps alone or of
-``all_gather`` steps alone, XLA emits the same local slices or the same all-gathers (the same bytes, the
-same buffers; ``tests/test_jax_reshard.py`` checks this on XLA's compiled HLO), so the tie is known without
-compiling. For any other plan the decision is measured once per (source type, destination type, mesh): XLA's
-resharding of the pair is compiled for an abstract input and the bytes its collectives receive per device
-are read from the HLO (:func:`redist.xla_baseline.parse_hlo`). Where XLA cannot go from ``src`` to ``dst``
-directly it gathers the whole array and slices it (its "involuntary full rematerialization", e.g.
-jax-ml/jax#21562 and FSDP -> Megatron), which shows as gathered bytes, up to k times the plan's, and holds
-the whole array: those pairs run as redist's plan. Where XLA finds the same all-to-all or permute as the
-plan, it receives the same bytes and holds the same memory (``bench/jax_reshard.py`` measures both).
+axes). :func:`route` runs redist's plan where XLA's resharding falls back to gathering the whole array (its
+"involuntary full rematerialization": where XLA cannot go from ``src`` to ``dst`` directly, every device
+receives all of the array it lacks and slices its block out of it, e.g. jax-ml/jax#21562 and FSDP ->
+Megatron) and the plan receives fewer bytes; everywhere else it runs XLA's resharding. There the plan
+brings a k-fold saving in bytes and never holds the whole array (``bench/jax_reshard.py``: 1.7-3.6x less
+memory held, and faster). Elsewhere XLA has a direct program (the plan's own all-gathers, slices,
+all-to-alls or permutes, or its collectives for a swap of axes), which runs as fast or faster than a
+``shard_map`` (XLA fuses its collectives with the local copies that a ``shard_map`` keeps apart), costs less
+to compile and under the caller's ``jax.jit`` may fuse with the neighbours; that holds also where the plan
+receives somewhat fewer bytes by an exchange, which the JAX backend runs as rounds of ``ppermute`` with a
+gather and a scatter each (a swap of two axes on 2x4 devices: 2/3 of XLA's bytes, but 9x XLA's time and 4x
+its memory on host devices). The decision takes no timing, so it is the same on every run: where the plan
+is empty or made of ``all_slice`` steps alone or of ``all_gather`` steps alone, XLA emits the same local
+slices or the same all-gathers (the same bytes, the same buffers; ``tests/test_jax_reshard.py`` checks this
+on XLA's compiled HLO), known without compiling; for any other plan XLA's resharding of the pair is compiled
+once per (source type, destination type, mesh) for an abstract input and the bytes its collectives receive
+per device are read from the HLO (:func:`redist.xla_baseline.parse_hlo`).
+
+Batching. The arrays of one call that take redist's route move in one ``shard_map``, and those of one type
+pair (a parameter tree holds many arrays of one shape and layout: a model's layers) move stacked: each
+collective of their plan runs once for all of them (``jax.vmap`` of the plan's program batches its
+collectives). On a tree of small arrays a collective's latency, not its bytes, is the cost, so one
+collective for 25 arrays takes a fraction of 25 collectives' time (``bench/jax_reshard.py``'s 101-leaf
+tree: 0.7x), for a stacked copy of those arrays in memory. (XLA's CPU compiler is slow on a stacked
+all-to-all: seconds for 25 arrays; the compile is a first call's, cached after.)
 
 Meshes. A plan over sub-axes runs on the refined mesh of :func:`~redist.backends.jax_backend.refine_mesh`.
 ``jax.shard_map`` wants its mesh to be the context mesh (``jax.set_mesh``), so the shard_map is traced under
@@ -46,6 +58,7 @@ from redist.extras import missing_extra
 
 try:
     import jax
+    import jax.numpy as jnp
     from jax import lax
     from jax.sharding import AxisType, NamedSharding, PartitionSpec
 except ModuleNotFoundError as e:
@@ -61,7 +74,7 @@ from redist.types import ShardingType
 from redist.xla_baseline import HLO_BYTES, parse_hlo
 
 __all__ = ["Move", "move", "route", "xla_bytes_received", "apply", "between_device_orders",
-           "traced_between_device_orders", "Program", "program", "clear_cache", "sharding_type", "PROGRAMS"]
+           "traced_between_device_orders", "Program", "program", "cached", "clear_cache", "sharding_type", "PROGRAMS"]
 
 #: How many jitted programs (one per call signature: arrays' shapes, dtypes, shardings, donation) are kept.
 PROGRAMS = 256
@@ -156,7 +169,7 @@ class Move:
         """One line for the log: the pair, the program chosen, the plan's steps, bytes and peak."""
         plan = self.plan
         steps = "; ".join(map(str, plan.steps)) or "no step"
-        program = "redist's plan" if self.route == "redist" else "XLA's resharding, no more bytes than the plan"
+        program = "redist's plan" if self.route == "redist" else "XLA's own resharding"
         return (f"{self.src} -> {self.dst}: {program} [{steps}] (receives {plan.bytes_received} B per device, "
                 f"peak {plan.peak_bytes} B)")
 
@@ -196,11 +209,12 @@ def _plan(src: ShardingType, dst: ShardingType) -> Plan:
 
 
 def route(m: Move) -> str:
-    """``"xla"`` if XLA's own resharding of ``m.src`` to ``m.dst`` on ``m.mesh`` receives no more bytes per
-    device than redist's plan (known without compiling for a plan of slices alone or gathers alone, else
-    measured by :func:`xla_bytes_received`), else ``"redist"``; decided once per (source type, destination
-    type, mesh). The rule is stated in the module header. A move with pending values (a ``partial`` type of
-    any reduction kind) or between two device orders is always ``"redist"``: XLA's resharding of a
+    """``"redist"`` if XLA's own resharding of ``m.src`` to ``m.dst`` on ``m.mesh`` gathers the whole array
+    (some device receives at least the array's bytes less its source block, measured by
+    :func:`xla_bytes_received`) while redist's plan receives fewer bytes, else ``"xla"``; a plan of slices
+    alone or gathers alone is ``"xla"`` without measuring. Decided once per (source type, destination type,
+    mesh); the rule and its reasons are in the module header. A move with pending values (a ``partial`` type
+    of any reduction kind) or between two device orders is always ``"redist"``: XLA's resharding of a
     ``NamedSharding`` expresses neither."""
     if m.src.partial or m.dst.partial or m.between_device_orders:
         return "redist"
@@ -208,8 +222,11 @@ def route(m: Move) -> str:
     decided = _ROUTES.get(key)
     if decided is None:
         kinds = {step.kind for step in m.plan.steps}
-        tie = kinds <= {"all_slice"} or kinds == {"all_gather"} or xla_bytes_received(m) <= m.plan.bytes_received
-        decided = "xla" if tie else "redist"
+        decided = "xla"
+        if not (kinds <= {"all_slice"} or kinds == {"all_gather"}):
+            xla = xla_bytes_received(m)
+            if xla > m.plan.bytes_received and xla >= m.src.global_bytes - m.src.local_bytes:
+                decided = "redist"
         _ROUTES.put(key, decided)
     return decided
 
@@ -275,15 +292,26 @@ def _spec(dims, names: Mapping[str, tuple[str, ...]]) -> PartitionSpec:
 def _shard_mapped(pairs: tuple[tuple[ShardingType, ShardingType], ...], mesh) -> Callable:
     """The plans of ``pairs`` (source and destination types on ``mesh``) as one function of the global arrays:
     one shard_map over the mesh refined at every boundary that any of the plans' sub-axes use, traced with
-    that mesh as the context's abstract mesh (see Meshes in the module header)."""
-    programs = [_plan(src, dst).program for src, dst in pairs]
-    tokens = sorted({tok for p in programs for tok in p.axis_tokens()})
+    that mesh as the context's abstract mesh (see Meshes in the module header). Arrays of one pair (the
+    layers of a model: a parameter tree holds many arrays of one type) move together, by :func:`_batched`."""
+    groups: dict[tuple[ShardingType, ShardingType], list[int]] = {}
+    for j, pair in enumerate(pairs):
+        groups.setdefault(pair, []).append(j)
+    programs = {pair: _plan(*pair).program for pair in groups}
+    tokens = sorted({tok for p in programs.values() for tok in p.axis_tokens()})
     refined, names = refine_mesh(mesh, tokens)
     in_specs = tuple(_spec(src.dims, names) for src, _ in pairs)
-    backend = JaxBackend(programs[0].mesh, names)
-    mapped = jax.shard_map(lambda *bs: tuple(interpreter.run(p, backend, b) for p, b in zip(programs, bs)),
-                           mesh=refined, in_specs=in_specs, out_specs=tuple(_spec(dst.dims, names) for _, dst in pairs),
-                           check_vma=False)
+    backend = JaxBackend(next(iter(programs.values())).mesh, names)
+
+    def moved(*bs):
+        out = [None] * len(bs)
+        for pair, js in groups.items():
+            for j, y in zip(js, _batched(programs[pair], backend, [bs[j] for j in js])):
+                out[j] = y
+        return tuple(out)
+
+    mapped = jax.shard_map(moved, mesh=refined, in_specs=in_specs,
+                           out_specs=tuple(_spec(dst.dims, names) for _, dst in pairs), check_vma=False)
     restate = _explicit(mesh)
 
     def run(*xs):
@@ -293,6 +321,16 @@ def _shard_mapped(pairs: tuple[tuple[ShardingType, ShardingType], ...], mesh) ->
             return mapped(*xs)
 
     return run
+
+
+def _batched(program, backend: JaxBackend, buffers: list) -> list:
+    """``program`` run on each of ``buffers`` (local buffers of one type): on their stack where there are
+    several, so that each collective runs once for all (``jax.vmap`` batches the collectives along the stack;
+    see Batching in the module header)."""
+    if len(buffers) == 1:
+        return [interpreter.run(program, backend, buffers[0])]
+    stacked = jax.vmap(lambda b: interpreter.run(program, backend, b))(jnp.stack(buffers))
+    return list(stacked)
 
 
 # ---------------------------------------------------------------------- between two device orders
@@ -423,6 +461,11 @@ def program(key: Hashable, make_moves: Callable[[], tuple[Move, ...]], index: tu
     entry = _build(make_moves(), index, donate)
     _PROGRAMS.put(key, entry)
     return entry, False
+
+
+def cached(key: Hashable) -> Program | None:
+    """The cached Program of the call signature ``key`` (see :func:`program`), or None; builds nothing."""
+    return _PROGRAMS.get(key)
 
 
 def clear_cache() -> None:
