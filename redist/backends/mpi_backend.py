@@ -8,9 +8,18 @@ and :func:`run_program`, here and re-exported there):
 - Data travels in numpy buffers through the buffer (uppercase) methods of mpi4py, never pickled, always
   as contiguous bytes: chunks are packed along a leading dim with numpy before a collective and merged
   into place after it (MPICH's derived datatypes for strided chunks measured 2-3x slower here); an
-  all-to-all comes lowered to that form (:class:`redist.program.AllToAll`). At most two buffers of the
-  larger local size are alive at once: extra memory per rank stays within
-  ``2 · max(src.local_bytes, dst.local_bytes)`` (the input buffer is never written to).
+  all-to-all comes lowered to that form (:class:`redist.program.AllToAll`) and runs out of place, straight
+  from the packed (or the caller's) buffer into the next one (MPICH's in-place ``Alltoall`` measured 1.4-3.7x
+  slower at 16-64 MiB per rank).
+- Memory: at most two buffers of at most ``max(src.local_bytes, dst.local_bytes)`` are alive at once besides
+  the caller's input (never written to). One of them may be the rank's *scratch* buffer, kept between calls
+  so that a packing copy does not pay for fresh pages on every call (on this machine a fresh 64 MiB buffer
+  costs as much again as the copy into it): in a program of one data-moving instruction (besides reshapes)
+  that instruction's temporary lives there (the gathered rows of an ``AllGather`` along an inner dim, the
+  packed chunks of a ``ReduceScatter``), in a program of two the first one's result (the packed chunks of
+  a slab transpose, the received rows of a pencil transpose) when the second needs no temporary. The
+  scratch buffer only grows (to the largest such buffer so far) and is never returned: the result is always
+  a fresh array. :func:`held_bytes` tells its size, :func:`clear_cache` frees it.
 - Collectives run on a private duplicate of ``comm`` and on sub-communicators split from it, one per
   (mesh, axes) group; both are created once per communicator and cached on it (an MPI attribute), so
   repeated reshards reuse them. :func:`clear_cache` frees them.
@@ -45,7 +54,7 @@ try:
 except ModuleNotFoundError as e:
     raise missing_extra(e, "redist.mpi", "mpi") from e
 
-__all__ = ["run_program", "run", "communicator", "clear_cache", "MpiBackend"]
+__all__ = ["run_program", "run", "communicator", "context", "clear_cache", "held_bytes", "MpiBackend"]
 
 _TAG = 0x5EED  # point-to-point tag for CollectivePermute, on the private duplicate communicator
 
@@ -82,9 +91,11 @@ def run(program: P.Program, x: np.ndarray, local, comm) -> np.ndarray:
     ``local`` (:func:`redist.buffers.local_buffer`), collectively over ``comm``; returns a new array.
 
     ``x`` is overwritten or dropped as soon as it is no longer needed when it is an array of its own, and
-    never written to when it is (a view of) the caller's memory; the result is copied if it still is."""
-    ctx = _context(comm, program.mesh)
-    buf = interpreter.run(program, MpiBackend(ctx), _Buffer(x, _owned(x, local)))
+    never written to when it is (a view of) the caller's memory; the result is copied if it still is, or if
+    it is the scratch buffer (a rank on which the second instruction moved nothing)."""
+    ctx = context(comm)
+    ctx.mesh = program.mesh
+    buf = interpreter.run(program, MpiBackend(ctx, _scratch_use(program)), _Buffer(x, _owned(x, local)))
     return buf.take() if buf.owned else buf.take().copy()
 
 
@@ -100,13 +111,19 @@ def _owned(x: np.ndarray, local) -> bool:
 
 # ---------------------------------------------------------------------------------------------- communicators
 class _Context:
-    """A private duplicate of the user's communicator and its cached sub-communicators."""
+    """What a rank keeps per user communicator: a private duplicate of it, the sub-communicators split from
+    that, the scratch buffer, and the argument combinations the ranks have agreed on
+    (:func:`redist.mpi.reshard`'s business: a bounded map, oldest first out)."""
+
+    AGREED_MAX = 256
 
     def __init__(self, comm):
         self.comm = comm.Dup()
         self.rank = self.comm.Get_rank()
         self.groups: dict = {}
         self.mesh: Mesh | None = None
+        self.scratch: np.ndarray | None = None
+        self.agreed: dict = {}
 
     def group(self, axes) -> tuple:
         """``(sub-communicator, k)`` for this rank's group over ``axes``; created collectively, once."""
@@ -116,24 +133,41 @@ class _Context:
             self.groups[key] = self.comm.Split(color, self.mesh.group_index(self.rank, axes))
         return self.groups[key], self.groups[key].Get_size()
 
+    def scratch_array(self, shape, dtype) -> np.ndarray:
+        """The scratch buffer's first bytes as a C-contiguous array of ``shape`` and ``dtype`` (grown first,
+        the old one freed before the new one exists, when it is too small)."""
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        if self.scratch is None or self.scratch.size < nbytes:
+            self.scratch = None
+            self.scratch = np.empty(nbytes, np.uint8)
+        return self.scratch[:nbytes].view(dtype).reshape(shape)
+
+    def remember(self, key, digest: int) -> None:
+        """Record an agreed argument combination, dropping the oldest beyond :attr:`AGREED_MAX`."""
+        self.agreed[key] = digest
+        while len(self.agreed) > self.AGREED_MAX:
+            del self.agreed[next(iter(self.agreed))]
+
 
 _KEYVAL = None
 
 
-def _context(comm, mesh: Mesh) -> _Context:
+def context(comm) -> _Context:
+    """The :class:`_Context` cached on the intracommunicator ``comm`` (an MPI attribute); made on first use,
+    collectively (``comm.Dup``): every rank reaches it on its first call over ``comm``."""
     global _KEYVAL
     if _KEYVAL is None:
         _KEYVAL = MPI.Comm.Create_keyval()
     ctx = comm.Get_attr(_KEYVAL)
     if ctx is None:
-        ctx = _Context(comm)  # collective (Dup): every rank reaches it on its first reshard over comm
+        ctx = _Context(comm)
         comm.Set_attr(_KEYVAL, ctx)
-    ctx.mesh = mesh
     return ctx
 
 
 def clear_cache(comm=None) -> None:
-    """Free the communicators cached on ``comm`` (collective over ``comm``)."""
+    """Free the communicators, the scratch buffer and the agreements cached on ``comm`` (collective over
+    ``comm``)."""
     comm = MPI.COMM_WORLD if comm is None else comm
     if _KEYVAL is None or comm.Get_attr(_KEYVAL) is None:
         return
@@ -142,19 +176,56 @@ def clear_cache(comm=None) -> None:
     for sub in ctx.groups.values():
         sub.Free()
     ctx.comm.Free()
+    ctx.scratch = None
+
+
+def held_bytes(comm=None) -> int:
+    """Bytes of data this rank keeps between calls over ``comm``: the scratch buffer (0 when none)."""
+    comm = MPI.COMM_WORLD if comm is None else comm
+    ctx = None if _KEYVAL is None else comm.Get_attr(_KEYVAL)
+    return 0 if ctx is None or ctx.scratch is None else ctx.scratch.nbytes
 
 
 # ---------------------------------------------------------------------------------------------- buffers
 class _Buffer:
-    """The current buffer; ``owned`` when it is ours to overwrite or drop (not the caller's input)."""
+    """The current buffer; ``owned`` when it is ours to overwrite, drop or return (not the caller's input),
+    ``scratch`` when it lives in the scratch buffer (ours to overwrite, never to return)."""
 
-    def __init__(self, x: np.ndarray, owned: bool):
-        self.x, self.owned = x, owned
+    def __init__(self, x: np.ndarray, owned: bool, scratch: bool = False):
+        self.x, self.owned, self.scratch = x, owned, scratch
+
+    @property
+    def writable(self) -> bool:
+        return self.owned or self.scratch
 
     def take(self) -> np.ndarray:
         """Hand over the array and drop this reference, so an owned buffer dies as soon as its user is done."""
         x, self.x = self.x, None
         return x
+
+
+def _scratch_use(program: P.Program):
+    """``(instruction, role)``: which instruction may use the scratch buffer in ``program``, and for what
+    (``"temp"``: its temporary, ``"result"``: its result), or None (module docstring, memory)."""
+    moving = [t for t, ins in enumerate(program.instructions) if not isinstance(ins, P.Reshape)]
+    if len(moving) == 1:
+        return program.instructions[moving[0]], "temp"
+    if len(moving) == 2 and not _needs_temp(program, moving[1]):
+        return program.instructions[moving[0]], "result"
+    return None
+
+
+def _needs_temp(program: P.Program, t: int) -> bool:
+    """Whether instruction ``t`` of ``program`` allocates a temporary besides its result."""
+    ins, shape = program.instructions[t], program.shapes[t]
+    if isinstance(ins, P.Exchange):
+        return True
+    if isinstance(ins, P.AllGather):
+        return math.prod(shape[: ins.dim]) > 1
+    if isinstance(ins, P.ReduceScatter):
+        k = program.mesh.group_size(ins.axes)
+        return math.prod(shape[: ins.dim]) > 1 or shape[ins.dim] % k != 0
+    return False
 
 
 def _raw(a: np.ndarray) -> np.ndarray:
@@ -199,72 +270,95 @@ def _reduce_spec(a: np.ndarray, element):
 # ---------------------------------------------------------------------------------------------- instructions
 class MpiBackend(interpreter.Backend):
     """The state is this rank's :class:`_Buffer`; each method takes its array (so that an owned input dies
-    as soon as it is used) and returns the next buffer. Every buffer is C-contiguous."""
+    as soon as it is used) and returns the next buffer. Every buffer is C-contiguous. ``scratch_use`` is
+    :func:`_scratch_use` of the program: the scratch buffer is handed out once per run, to that instruction
+    for that role."""
 
-    def __init__(self, ctx: _Context):
+    def __init__(self, ctx: _Context, scratch_use=None):
         self.ctx = ctx
+        self.scratch_use = scratch_use
+
+    def _array(self, ins, role: str, shape, dtype) -> tuple[np.ndarray, bool]:
+        """An uninitialised C-contiguous array for ``ins``'s ``role`` (``"result"`` or ``"temp"``), and whether
+        it is the scratch buffer (where ``ins`` may use it for that role) rather than a fresh array."""
+        if self.scratch_use is not None and self.scratch_use[0] is ins and self.scratch_use[1] == role:
+            self.scratch_use = None
+            return self.ctx.scratch_array(shape, dtype), True
+        return np.empty(shape, dtype), False
 
     def reshape(self, ins: P.Reshape, buf):
         """A view with the new shape (the buffer is C-contiguous)."""
-        owned = buf.owned
-        return _Buffer(buf.take().reshape(ins.shape), owned)
+        return _Buffer(buf.take().reshape(ins.shape), buf.owned, buf.scratch)
 
     def transpose(self, ins: P.Transpose, buf):
         """A C-contiguous copy of the transposed buffer; an owned input is dropped once the copy exists. Where
-        the transpose only moves dims of size 1 numpy makes no copy, and the view is owned as its input was."""
-        owned, x = buf.owned, buf.take()
-        y = np.ascontiguousarray(np.transpose(x, ins.perm))
-        return _Buffer(y, owned or not np.may_share_memory(x, y))
+        the transpose only moves dims of size 1 the view is the result, held as its input was."""
+        x = buf.take()
+        view = np.transpose(x, ins.perm)
+        if view.flags.c_contiguous:
+            return _Buffer(view, buf.owned, buf.scratch)
+        y, scratch = self._array(ins, "result", view.shape, x.dtype)
+        np.copyto(y, view)
+        return _Buffer(y, not scratch, scratch)
 
     def slice(self, ins: P.Slice, buf):
-        """Keep chunk ``r`` of ``k`` along ``dim`` (local; a copy, so the result is contiguous and owned)."""
+        """Keep chunk ``r`` of ``k`` along ``dim`` (local; a copy, so the result is contiguous and ours)."""
         x = buf.take()
         k, r = self.ctx.mesh.group_size(ins.axes), self.ctx.mesh.group_index(self.ctx.rank, ins.axes)
         n = x.shape[ins.dim] // k
-        index = [slice(None)] * x.ndim
-        index[ins.dim] = slice(r * n, (r + 1) * n)
-        return _Buffer(x[tuple(index)].copy(), True)
+        chunk = x[(slice(None),) * ins.dim + (slice(r * n, (r + 1) * n),)]
+        y, scratch = self._array(ins, "result", chunk.shape, x.dtype)
+        np.copyto(y, chunk)
+        return _Buffer(y, not scratch, scratch)
 
     def all_gather(self, ins: P.AllGather, buf):
-        """``Allgather`` into a buffer with a leading member dim (rank ``j``'s buffer is row ``j``), then the
-        member dim becomes the major part of ``dim`` (a view for dim 0, else one copy)."""
+        """``Allgather``: rank ``j``'s buffer becomes chunk ``j`` along ``dim``. Where the dims before ``dim``
+        hold one element the chunks are contiguous and arrive in the result itself; else they arrive as rows
+        of a temporary with a leading member dim, which one copy interleaves into the result."""
         x = buf.take()
         sub, k = self.ctx.group(ins.axes)
-        got = np.empty((k,) + x.shape, dtype=x.dtype)
+        shape = x.shape[: ins.dim] + (k * x.shape[ins.dim],) + x.shape[ins.dim + 1:]
+        if math.prod(x.shape[: ins.dim]) == 1:
+            out, scratch = self._array(ins, "result", shape, x.dtype)
+            sub.Allgather([_raw(x), MPI.BYTE], [_raw(out), MPI.BYTE])
+            return _Buffer(out, not scratch, scratch)
+        got, _ = self._array(ins, "temp", (k,) + x.shape, x.dtype)
         sub.Allgather([_raw(x), MPI.BYTE], [_raw(got), MPI.BYTE])
         del x
-        shape = list(got.shape[1:])
-        shape[ins.dim] *= k
-        return _Buffer(np.ascontiguousarray(np.moveaxis(got, 0, ins.dim)).reshape(shape), True)
+        out, scratch = self._array(ins, "result", shape, got.dtype)
+        np.copyto(out.reshape(got.shape[1: ins.dim + 1] + (k,) + got.shape[ins.dim + 1:]),
+                  np.moveaxis(got, 0, ins.dim))
+        return _Buffer(out, not scratch, scratch)
 
     def all_to_all(self, ins: P.AllToAll, buf):
-        """In-place ``Alltoall`` of the leading dim's rows: row ``j`` goes to rank ``j``, and row ``j`` of the
-        result comes from rank ``j``. Every rank exchanges in place (MPI needs ``IN_PLACE`` on all ranks or
-        none), on a copy where the buffer is the caller's."""
-        owned, x = buf.owned, buf.take()
-        if not owned:
-            x = x.copy()
+        """``Alltoall`` of the leading dim's rows, out of place: row ``j`` goes to rank ``j``, and row ``j`` of
+        the result comes from rank ``j``."""
+        x = buf.take()
         sub, _ = self.ctx.group(ins.axes)
-        sub.Alltoall(MPI.IN_PLACE, [_raw(x), MPI.BYTE])
-        return _Buffer(x, True)
+        out, scratch = self._array(ins, "result", x.shape, x.dtype)
+        sub.Alltoall([_raw(x), MPI.BYTE], [_raw(out), MPI.BYTE])
+        return _Buffer(out, not scratch, scratch)
 
     def reduce_scatter(self, ins: P.ReduceScatter, buf):
         """``Reduce_scatter_block`` (by the instruction's reduction) after bringing the ``k`` chunks along
-        ``dim`` to the front (a copy unless ``dim`` is outermost; an owned input is dropped as soon as the copy
-        exists). Where ``k`` does not divide the dim: :meth:`_reduce_scatter_counts`."""
+        ``dim`` to the front (a copy into a temporary unless the dims before ``dim`` hold one element; an
+        owned input is dropped as soon as the copy exists). Where ``k`` does not divide the dim:
+        :meth:`_reduce_scatter_counts`."""
         if buf.x.shape[ins.dim] % self.ctx.mesh.group_size(ins.axes):
             return self._reduce_scatter_counts(ins, buf)
         x = buf.take()
         sub, k = self.ctx.group(ins.axes)
-        out_shape = list(x.shape)
-        out_shape[ins.dim] //= k
+        out_shape = x.shape[: ins.dim] + (x.shape[ins.dim] // k,) + x.shape[ins.dim + 1:]
         pre = math.prod(x.shape[: ins.dim])
-        send = x if pre == 1 else np.ascontiguousarray(x.reshape(pre, k, -1).swapaxes(0, 1))
+        send = x
+        if pre > 1:
+            send, _ = self._array(ins, "temp", (k, pre, x.size // (pre * k)), x.dtype)
+            np.copyto(send, x.reshape(pre, k, -1).swapaxes(0, 1))
         del x
-        out = np.empty(out_shape, dtype=send.dtype)
+        out, scratch = self._array(ins, "result", out_shape, send.dtype)
         element, op = _reduce_op(send.dtype, ins.reduction)
         sub.Reduce_scatter_block(_reduce_spec(send, element), _reduce_spec(out, element), op)
-        return _Buffer(out, True)
+        return _Buffer(out, not scratch, scratch)
 
     def _reduce_scatter_counts(self, ins: P.ReduceScatter, buf):
         """``Reduce_scatter`` with counts, for chunks by the padding rule (``L = ceil(n/k)`` rows of the dim
@@ -306,15 +400,15 @@ class MpiBackend(interpreter.Backend):
 
     def all_reduce(self, ins: P.AllReduce, buf):
         """``Allreduce`` (by the instruction's reduction), in place when the buffer is ours."""
-        owned, x = buf.owned, buf.take()
+        x = buf.take()
         sub, _ = self.ctx.group(ins.axes)
         element, op = _reduce_op(x.dtype, ins.reduction)
-        if owned:
+        if buf.writable:
             sub.Allreduce(MPI.IN_PLACE, _reduce_spec(x, element), op)
-            return _Buffer(x, True)
-        out = np.empty_like(x)
+            return _Buffer(x, buf.owned, buf.scratch)
+        out, scratch = self._array(ins, "result", x.shape, x.dtype)
         sub.Allreduce(_reduce_spec(x, element), _reduce_spec(out, element), op)
-        return _Buffer(out, True)
+        return _Buffer(out, not scratch, scratch)
 
     def collective_permute(self, ins: P.CollectivePermute, buf):
         """One ``Sendrecv``: receive from ``sources[rank]``, send to the rank whose source is this one."""
@@ -323,10 +417,10 @@ class MpiBackend(interpreter.Backend):
         if source == me:
             return buf
         x = buf.take()
-        out = np.empty_like(x)
+        out, scratch = self._array(ins, "result", x.shape, x.dtype)
         self.ctx.comm.Sendrecv([_raw(x), MPI.BYTE], ins.sources.index(me), _TAG, [_raw(out), MPI.BYTE], source,
                                _TAG)
-        return _Buffer(out, True)
+        return _Buffer(out, not scratch, scratch)
 
     def exchange(self, ins: P.Exchange, buf):
         """One ``Alltoallv`` of contiguous bytes over the private communicator, then copies within the rank.
