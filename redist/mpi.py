@@ -71,19 +71,20 @@ def reshard(local, src: ShardingType, dst: ShardingType, comm=None, *, check: bo
     exists from ``src`` to ``dst``.
     """
     comm = communicator(comm)
-    x = _agree(context(comm), local, src, dst, check)
-    plan = synthesize(src, dst)  # deterministic and cached: every rank gets the same plan or the same error
-    return run(plan.program, x, local, comm)
+    x, program = _agree(context(comm), local, src, dst, check)
+    return run(program, x, local, comm)
 
 
 # ---------------------------------------------------------------------------------------------- agreement
-def _agree(ctx, local, src, dst, check: bool) -> np.ndarray:
+def _agree(ctx, local, src, dst, check: bool) -> tuple[np.ndarray, object]:
     """Agree on the arguments over ``ctx.comm`` (the private duplicate): one 32-byte ``Allreduce`` of the
-    verdict, then, only if some rank asks for it or the verdict shows a disagreement, :func:`_agree_fully`.
-    Returns ``local`` as a C-contiguous array of ``src``'s dtype (the caller's own where it already is one)."""
+    verdict, then, only if some rank asks for it or the verdict shows a disagreement, :func:`_agree_fully`
+    and the plan (:func:`redist.synthesize` is deterministic: every rank gets the same plan or the same
+    error), both remembered for the combination. Returns ``local`` as a C-contiguous array of ``src``'s dtype
+    (the caller's own where it already is one) and the plan's program."""
     typed = isinstance(src, ShardingType) and isinstance(dst, ShardingType)
     key = (src, dst) if typed else None
-    digest = ctx.agreed.get(key) if typed and not check else None
+    digest, program = ctx.agreed.get(key, (None, None)) if typed and not check else (None, None)
     known = digest is not None
     if not known:
         digest = _digest(src, dst, typed)
@@ -91,10 +92,11 @@ def _agree(ctx, local, src, dst, check: bool) -> np.ndarray:
     verdict = np.array([digest, -digest, not known, bool(problem)], dtype=np.int64)
     ctx.comm.Allreduce(MPI.IN_PLACE, verdict, op=MPI.MAX)
     if verdict[0] == -verdict[1] and not verdict[2] and not verdict[3]:
-        return x
+        return x, program
     _agree_fully(ctx.comm, src, dst, typed, digest, problem)
-    ctx.remember(key, digest)
-    return x
+    program = synthesize(src, dst).program
+    ctx.remember(key, (digest, program))
+    return x, program
 
 
 def _digest(src, dst, typed: bool) -> int:

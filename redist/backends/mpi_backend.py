@@ -142,9 +142,10 @@ class _Context:
             self.scratch = np.empty(nbytes, np.uint8)
         return self.scratch[:nbytes].view(dtype).reshape(shape)
 
-    def remember(self, key, digest: int) -> None:
-        """Record an agreed argument combination, dropping the oldest beyond :attr:`AGREED_MAX`."""
-        self.agreed[key] = digest
+    def remember(self, key, agreed) -> None:
+        """Record what was agreed for an argument combination (the entry point's business), dropping the
+        oldest beyond :attr:`AGREED_MAX`."""
+        self.agreed[key] = agreed
         while len(self.agreed) > self.AGREED_MAX:
             del self.agreed[next(iter(self.agreed))]
 
