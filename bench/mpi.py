@@ -71,7 +71,8 @@ def case_types(name: str, n: int, mib: int) -> tuple[str, str, str]:
     if name == "pencil":
         q = n // 2
         y, z = 512, 256 * q
-        return f"x=2,y={q}", f"f32[{e // (256 * 256)}, {y}{{x}}, {z}{{y}}]", f"f32[{e // (256 * 256)}{{x}}, {y}, {z}{{y}}]"
+        x = e // (256 * 256)
+        return f"x=2,y={q}", f"f32[{x}, {y}{{x}}, {z}{{y}}]", f"f32[{x}{{x}}, {y}, {z}{{y}}]"
     if name == "gather":
         return f"x={n}", f"f32[{e // m}{{x}}, {m}]", f"f32[{e // m}, {m}]"
     if name == "gather_inner":

@@ -144,6 +144,9 @@ def test_memory_within_twice_the_larger_local_buffer():
     # allocates nothing but its result.
     extra, allocated, held = figures["f64[1024{x,y}, 1024] -> f64[1024, 1024{x,y}]"]
     assert allocated <= 1.01 and 0.99 <= held <= 1.01 and extra <= 2.01, proc.stdout
+    # An uneven gather of rows: each rank's rows go straight from its input into every result (no send or
+    # receive buffer).
+    assert figures["f64[1023{x,y}, 1024] -> f64[1023, 1024]"][0] <= 1.01, proc.stdout
 
 
 def test_failure_mid_plan_aborts_every_rank():

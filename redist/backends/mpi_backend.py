@@ -424,45 +424,73 @@ class MpiBackend(interpreter.Backend):
         return _Buffer(out, not scratch, scratch)
 
     def exchange(self, ins: P.Exchange, buf):
-        """One ``Alltoallv`` of contiguous bytes over the private communicator, then copies within the rank.
+        """One ``Alltoallv`` over the private communicator, then copies within the rank.
 
-        The data for rank ``d`` is the boxes of ``ins.copies[d]`` whose source is this rank, packed one after the
-        other in copy order; the receiver unpacks its own ``ins.copies[rank]`` from each source in the same order,
-        so both sides agree on the layout without further messages. Copies from the rank itself are done
-        directly. Positions no copy writes are zero. Besides the input, the send and receive buffers are alive
-        together, then the receive buffer and the output (the send buffer is freed before the output exists,
-        an owned input right after the local copies)."""
+        The data for rank ``d`` is the boxes of ``ins.copies[d]`` whose source is this rank, one after the
+        other in copy order; the receiver takes its own ``ins.copies[rank]`` from each source in the same order,
+        so both sides agree on the layout without further messages. Where each rank's boxes form one
+        contiguous run of the buffer, in that order (whole rows of a C-contiguous buffer: rows split unevenly,
+        say), the data goes straight from the input or straight into the output; otherwise it is packed into
+        a send buffer (the scratch buffer where this is the program's only instruction) or received into a
+        receive buffer and copied into place. Copies from the rank itself are done directly. Positions no copy
+        writes are zero. Besides the input, at most the send and receive buffers are alive together, then the
+        receive buffer and the output (the send buffer is dropped before the output exists, an owned input
+        right after the local copies)."""
         x = buf.take()
         me, n = self.ctx.rank, self.ctx.mesh.size
-        itemsize = x.dtype.itemsize
         outgoing = [[c for c in ins.copies[d] if c.source == me] if d != me else [] for d in range(n)]
-        incoming = [c for c in ins.copies[me] if c.source != me]
-        send_counts = [sum(math.prod(c.size) for c in cs) * itemsize for cs in outgoing]
-        recv_counts = [0] * n
-        for c in incoming:
-            recv_counts[c.source] += math.prod(c.size) * itemsize
-        send = np.empty(sum(send_counts), np.uint8)
-        at = 0
-        for cs in outgoing:
-            for c in cs:
-                nbytes = math.prod(c.size) * itemsize
-                send[at: at + nbytes].view(x.dtype).reshape(c.size)[...] = x[c.src_box]
-                at += nbytes
-        recv = np.empty(sum(recv_counts), np.uint8)
-        self.ctx.comm.Alltoallv([send, (send_counts, _offsets(send_counts)), MPI.BYTE],
-                                [recv, (recv_counts, _offsets(recv_counts)), MPI.BYTE])
-        del send
+        incoming = [[c for c in ins.copies[me] if c.source == s] if s != me else [] for s in range(n)]
+        send_counts = [sum(math.prod(c.size) for c in cs) for cs in outgoing]
+        recv_counts = [sum(math.prod(c.size) for c in cs) for cs in incoming]
+        send_at = [_run_offset(cs, x.shape, "src_start") for cs in outgoing]
+        if None in send_at:
+            send, _ = self._array(ins, "temp", (sum(send_counts),), x.dtype)
+            send_at = _offsets(send_counts)
+            for cs, at in zip(outgoing, send_at):
+                for c in cs:
+                    send[at: at + math.prod(c.size)].reshape(c.size)[...] = x[c.src_box]
+                    at += math.prod(c.size)
+        else:
+            send = x
         out = np.zeros(ins.shape, dtype=x.dtype)
+        recv_at = [_run_offset(cs, out.shape, "dst_start") for cs in incoming]
+        if None in recv_at:
+            recv, recv_at = np.empty(sum(recv_counts), x.dtype), _offsets(recv_counts)
+        else:
+            recv = out
+        size = x.dtype.itemsize
+        self.ctx.comm.Alltoallv([_raw(send), ([k * size for k in send_counts], [a * size for a in send_at]), MPI.BYTE],
+                                [_raw(recv), ([k * size for k in recv_counts], [a * size for a in recv_at]), MPI.BYTE])
+        del send
         for c in ins.copies[me]:
             if c.source == me:
                 out[c.dst_box] = x[c.src_box]
         del x
-        at = _offsets(recv_counts)
-        for c in incoming:
-            nbytes = math.prod(c.size) * itemsize
-            out[c.dst_box] = recv[at[c.source]: at[c.source] + nbytes].view(out.dtype).reshape(c.size)
-            at[c.source] += nbytes
+        if recv is not out:
+            for cs, at in zip(incoming, recv_at):
+                for c in cs:
+                    out[c.dst_box] = recv[at: at + math.prod(c.size)].reshape(c.size)
+                    at += math.prod(c.size)
         return _Buffer(out, True)
+
+
+def _run_offset(copies, shape, start: str) -> int | None:
+    """The flat index at which the boxes of ``copies`` (from their ``start`` field, ``"src_start"`` or
+    ``"dst_start"``, and their ``size``) lie one after the other, in order, as one contiguous run of a
+    C-contiguous array of ``shape``; None where they do not (0 for no elements)."""
+    first = at = None
+    for c in copies:
+        if math.prod(c.size) == 0:
+            continue
+        outer = next((d for d, size in enumerate(c.size) if size != 1), len(shape))
+        if tuple(c.size[outer + 1:]) != tuple(shape[outer + 1:]):
+            return None  # not whole rows of the dims after the outermost one it spans
+        offset = int(np.ravel_multi_index(getattr(c, start), shape))
+        if at is not None and offset != at:
+            return None
+        first = offset if first is None else first
+        at = offset + math.prod(c.size)
+    return 0 if first is None else first
 
 
 def _offsets(counts) -> list[int]:
