@@ -24,16 +24,18 @@ Contracts:
   (at most 256, oldest first out); a rank whose cache differs from the others' merely runs the full
   agreement again, together with them.
 - The result is always a new array; the caller's buffer is never returned, aliased or written to. Extra
-  memory per rank stays within ``2 · max(src.local_bytes, dst.local_bytes)``; communicators are cached on
-  ``comm`` (:func:`clear_cache` frees them). How data travels: :mod:`redist.backends.mpi_backend`.
+  memory per rank stays within ``2 · max(src.local_bytes, dst.local_bytes)``, counting the one scratch buffer
+  a rank keeps between calls (its size: :func:`held_bytes`). Communicators, agreements (with their plans)
+  and the scratch buffer are cached on ``comm``; :func:`clear_cache` frees them. How data travels:
+  :mod:`redist.backends.mpi_backend`.
 - A failure on one rank in the middle of a plan (an exception, not an agreement error) leaves the other
   ranks blocked in a collective: wrap SPMD code in :func:`abort_on_error` so that such a rank aborts the job.
 - Reductions (sum, max, min, prod) use MPI's reduction order, so floating-point results can differ from the
   numpy backend in the last bits; integer-valued data and integer dtypes agree exactly.
 
-:func:`reshard` agrees on the arguments, plans (:func:`redist.synthesize`) and runs the plan's program with
-the MPI interpreter, :mod:`redist.backends.mpi_backend`, whose :func:`run_program`, :func:`clear_cache` and
-:func:`held_bytes` this module re-exports.
+:func:`reshard` agrees on the arguments, plans (:func:`redist.synthesize`, once per agreed combination) and
+runs the plan's program with the MPI interpreter, :mod:`redist.backends.mpi_backend`, whose
+:func:`run_program`, :func:`clear_cache` and :func:`held_bytes` this module re-exports.
 """
 
 from __future__ import annotations
