@@ -26,8 +26,10 @@ Contenders, each returning a new array as ``reshard`` does (rank r is device r):
   result to unpack into otherwise (pencil, gather_inner, uneven).
 - ``xla``: XLA's collective sequence for the same types (``jax.jit(lambda a: a, out_shardings=dst)`` compiled
   on 8 host devices, ``redist.xla_baseline``) replayed by :class:`bench.mpi_replay_worker.Replay` with its
-  local copies (the fusions of the entry computation as contiguous copies). No replay for partial or uneven
-  sources (a JAX array holds neither).
+  local copies (the fusions of the entry computation as contiguous copies, cheaper than the transposing
+  copies some of them are) and its result in a buffer allocated per call (XLA's CPU runtime returns a new
+  buffer per execution; its temporaries stay preallocated, which favours the replay). No replay for
+  partial or uneven sources (a JAX array holds neither).
 - ``gather_slice``: ``Allgather`` every shard, assemble the global array, copy out the destination block
   (partial sources: ``Allreduce``, then the block); left out where the global array on every rank would not
   fit in memory.

@@ -64,10 +64,13 @@ def subcomm(groups: tuple[tuple[int, ...], ...]):
 
 # ---------------------------------------------------------------------------------------------- XLA replay
 class Replay:
-    """XLA's collectives as prepared mpi4py calls with preallocated buffers of the HLO's sizes."""
+    """XLA's collectives as prepared mpi4py calls with preallocated buffers of the HLO's sizes. With
+    ``fresh_result`` the last operation writes into a buffer allocated on each call, as XLA's CPU runtime
+    returns a new buffer per execution (its temporaries stay preallocated here, which favours the replay)."""
 
-    def __init__(self, collectives: list[dict]):
+    def __init__(self, collectives: list[dict], fresh_result: bool = False):
         self.ops = []
+        self.fresh_result = fresh_result and bool(collectives)
         # Local copies share one pair of buffers: only their time is replayed, not XLA's memory.
         largest = max((sum(math.prod(s) for s in c["result_shapes"]) for c in collectives if c["kind"] == "copy"),
                       default=0)
@@ -98,7 +101,10 @@ class Replay:
             self.ops.append((kind, sub, send, recv))
 
     def __call__(self):
-        for kind, how, send, recv in self.ops:
+        last = len(self.ops) - 1
+        for i, (kind, how, send, recv) in enumerate(self.ops):
+            if i == last and self.fresh_result:
+                recv = np.empty_like(recv)
             if kind == "all_gather":
                 how.Allgather(send, recv)
             elif kind == "all_to_all":
