@@ -98,7 +98,7 @@ def entry_sequence(hlo: str, collectives) -> list[dict]:
     body = body[: body.index("\n}")]
     seq = []
     for line in body.splitlines()[1:]:
-        m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = (\S+) ([\w\-]+)\(", line)
+        m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = (\([^()]*\)|\S+) ([\w\-]+)\(", line)
         if not m:
             continue
         name, shape, opcode = m.groups()
