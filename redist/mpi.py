@@ -25,7 +25,8 @@ Contracts:
   agreement again, together with them.
 - The result is always a new array; the caller's buffer is never returned, aliased or written to. Extra
   memory per rank stays within ``2 · max(src.local_bytes, dst.local_bytes)``, counting the one scratch buffer
-  a rank keeps between calls (its size: :func:`held_bytes`). Communicators, agreements (with their plans)
+  a rank keeps between calls (its size: :func:`held_bytes`; it only grows, so after a larger reshard it
+  stays at that one's size until :func:`clear_cache`). Communicators, agreements (with their plans)
   and the scratch buffer are cached on ``comm``; :func:`clear_cache` frees them. How data travels:
   :mod:`redist.backends.mpi_backend`.
 - A failure on one rank in the middle of a plan (an exception, not an agreement error) leaves the other

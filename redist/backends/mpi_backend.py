@@ -10,16 +10,17 @@ and :func:`run_program`, here and re-exported there):
   into place after it (MPICH's derived datatypes for strided chunks measured 2-3x slower here); an
   all-to-all comes lowered to that form (:class:`redist.program.AllToAll`) and runs out of place, straight
   from the packed (or the caller's) buffer into the next one (MPICH's in-place ``Alltoall`` measured 1.4-3.7x
-  slower at 16-64 MiB per rank).
+  slower at 16-64 MiB per rank, -n 2 and 4).
 - Memory: at most two buffers of at most ``max(src.local_bytes, dst.local_bytes)`` are alive at once besides
   the caller's input (never written to). One of them may be the rank's *scratch* buffer, kept between calls
-  so that a packing copy does not pay for fresh pages on every call (on this machine a fresh 64 MiB buffer
-  costs as much again as the copy into it): in a program of one data-moving instruction (besides reshapes)
+  so that a packing copy does not pay for fresh pages on every call (a copy into a fresh buffer of 64-256
+  MiB measured 1.8-2.6x slower here than into a reused one): in a program of one data-moving instruction (besides reshapes)
   that instruction's temporary lives there (the gathered rows of an ``AllGather`` along an inner dim, the
   packed chunks of a ``ReduceScatter``), in a program of two the first one's result (the packed chunks of
   a slab transpose, the received rows of a pencil transpose) when the second needs no temporary. The
-  scratch buffer only grows (to the largest such buffer so far) and is never returned: the result is always
-  a fresh array. :func:`held_bytes` tells its size, :func:`clear_cache` frees it.
+  scratch buffer only grows (to the largest such buffer so far: after a larger reshard it stays larger than
+  a smaller one needs) and is never returned: the result is always a fresh array. :func:`held_bytes` tells
+  its size, :func:`clear_cache` frees it.
 - Collectives run on a private duplicate of ``comm`` and on sub-communicators split from it, one per
   (mesh, axes) group; both are created once per communicator and cached on it (an MPI attribute), so
   repeated reshards reuse them. :func:`clear_cache` frees them.
