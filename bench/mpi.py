@@ -36,7 +36,7 @@ Contenders, each returning a new array as ``reshard`` does (rank r is device r):
 
 Method: per case, the first call of ``redist`` is timed alone after :func:`redist.mpi.clear_cache` (full
 agreement, synthesis, sub-communicators, scratch buffer); then two warm-up calls of every contender and
-``--repeats`` rounds, the contenders in a rotating order; each call is ``Barrier``, time, call, and the
+``--repeats`` rounds (times ``64 // S`` below 64 MiB), the contenders in a rotating order; each call is ``Barrier``, time, call, and the
 round's time of a contender is the maximum over ranks. Reported: the minimum over rounds (and the median).
 ``redist``, ``program``, ``hand`` and ``gather_slice`` results are checked exactly against the destination
 block of the global array (entries are the flat index mod 65521, exact in f32; a partial source's summands

@@ -188,7 +188,7 @@ def run_case(case: dict, repeats: int) -> dict:
                for name, fn in fns.items()}
     if case["xla"] is not None:
         fns["xla"] = Replay(case["xla"], fresh_result=True)
-    times = timed(fns, repeats)
+    times = timed(fns, repeats * max(1, 64 // case["mib"]))  # small cases: more rounds, as cheap as 7 large
     best = {name: min(t) for name, t in times.items()}
     return {**{k: case[k] for k in ("name", "ranks", "mib", "mesh", "src", "dst")},
             "steps": [type(i).__name__ for i in plan.program.instructions], "correct": correct,
