@@ -12,17 +12,24 @@ Contracts:
   ``src`` and ``dst``. Rank ``r`` is device id ``r``: under ``src`` it holds the block of its position on
   ``src.mesh``, and it gets the block of its position on ``dst.mesh`` (the device orders, ``device_ids``,
   of :class:`redist.Mesh`; the two may differ, and then the plan moves blocks between the orders).
-- Before any data moves, the ranks agree on their arguments. The first call of an argument combination
-  (``src``, ``dst``) on a communicator runs the full agreement, one small ``Allgather`` of a digest of the
-  arguments and of each rank's local-buffer check; later calls with an agreed combination send only a
-  fixed 32-byte verdict through one ``Allreduce`` (the largest and smallest digest, whether some rank needs
-  the full agreement, whether some rank's buffer is wrong). Every rank takes the same branch from that
-  verdict, so a wrong ``comm.size``, arguments that differ between ranks (agreed or not), or a local buffer
-  whose shape does not fit ``src`` or whose data does not convert to its dtype without loss
-  (:mod:`redist.buffers`) on any rank make *every* rank raise :class:`redist.ShardingError` (and nothing
-  else happens). ``check=True`` forces the full agreement. The agreed combinations are cached on ``comm``
-  (at most 256, oldest first out); a rank whose cache differs from the others' merely runs the full
-  agreement again, together with them.
+- The ranks agree on their arguments, so that a wrong ``comm.size``, arguments that differ between ranks, or
+  a local buffer whose shape does not fit ``src`` or whose data does not convert to its dtype without loss
+  (:mod:`redist.buffers`) on any rank make *every* rank raise :class:`redist.ShardingError` (none hangs, and
+  the caller's buffer is untouched). The first call of an argument combination (``src``, ``dst``) on a
+  communicator, or any call with ``check=True``, runs the full agreement: one small ``Allgather`` of a
+  digest of the arguments and of each rank's buffer check, before any data moves; then the plan is made and
+  given a *channel* of its own (a duplicate communicator with the sub-communicators of its groups, split
+  there and then). Every call starts a 32-byte verdict, a nonblocking ``Allreduce`` (``MAX``) of (digest,
+  negated digest, "this rank needs the full agreement", "this rank's buffer is wrong"). A rank with an
+  agreed combination and a good buffer does not wait for it: it runs the plan on the combination's channel
+  at once, its collectives nonblocking, and every wait for data is also a wait for the verdict. Ranks that
+  run different plans run them on different channels, where no collective can complete or be confused
+  with another, so each of them meets the verdict; a verdict against the call makes every rank drop what it
+  was doing (the requests left behind, and their buffers, are kept alive, never reused) and forget every
+  agreement, and then all run the full agreement, which raises naming the ranks (or, where some rank only
+  asked for it, agrees and runs the plan). The agreed combinations are cached on ``comm`` (at most 64, each
+  with its channel, oldest first out). The verdict costs no extra synchronisation on the way of the data:
+  it completes within the first collective.
 - The result is always a new array; the caller's buffer is never returned, aliased or written to. Extra
   memory per rank stays within ``2 · max(src.local_bytes, dst.local_bytes)``, counting the one scratch buffer
   a rank keeps between calls (its size: :func:`held_bytes`; it only grows, so after a larger reshard it
@@ -50,7 +57,8 @@ from typing import NoReturn
 
 import numpy as np
 
-from redist.backends.mpi_backend import MPI, clear_cache, communicator, context, held_bytes, run, run_program
+from redist.backends.mpi_backend import (MPI, Disagreement, Verdict, clear_cache, communicator, context, held_bytes,
+                                         run, run_program)
 from redist.buffers import describe, local_buffer
 from redist.errors import ShardingError
 from redist.synthesis import synthesize
@@ -69,37 +77,41 @@ def reshard(local, src: ShardingType, dst: ShardingType, comm=None, *, check: bo
     ``src``'s dtype only without loss (:mod:`redist.buffers`, as :func:`redist.execute` takes shards).
     ``check=True`` runs the full argument agreement even for a combination the ranks agreed on before.
     Raises :class:`ShardingError` if ``comm`` is no MPI intracommunicator (on the ranks that passed it), and on
-    every rank, before moving any data, if the ranks' arguments disagree, if ``comm.size`` is wrong, if some
-    rank's ``local`` does not have ``src.local_shape`` or does not convert to ``src``'s dtype, or if no plan
-    exists from ``src`` to ``dst``.
+    every rank if the ranks' arguments disagree, if ``comm.size`` is wrong, if some rank's ``local`` does not
+    have ``src.local_shape`` or does not convert to ``src``'s dtype, or if no plan exists from ``src`` to
+    ``dst`` (before any data moves where the combination is new to some rank; else as soon as the verdict
+    arrives, with nothing returned and ``local`` untouched).
     """
     comm = communicator(comm)
-    x, program = _agree(context(comm), local, src, dst, check)
-    return run(program, x, local, comm)
+    ctx = context(comm)
+    typed = isinstance(src, ShardingType) and isinstance(dst, ShardingType)
+    key = (src, dst) if typed else None
+    known = ctx.agreed.get(key) if typed and not check else None
+    digest = known[0] if known else _digest(src, dst, typed)
+    x, problem = _local(local, src) if typed else (None, "src is no ShardingType")
+    verdict, votes = _verdict(ctx, digest, not known, bool(problem))
+    if known and not problem:
+        try:  # run on while the verdict travels: a verdict against the call raises on every rank
+            return run(known[2], x, local, comm, known[1], verdict)
+        except Disagreement:
+            ctx.drop(key)
+    else:
+        verdict.request.Wait()
+    if votes[0] != -votes[1] or votes[3]:
+        ctx.reset()  # the same on every rank: whatever ran, ran on the wrong assumptions
+    _agree_fully(ctx.comm, src, dst, typed, digest, problem)
+    _, channel, program = ctx.open(key, digest, synthesize(src, dst).program)
+    return run(program, x, local, comm, channel)
 
 
 # ---------------------------------------------------------------------------------------------- agreement
-def _agree(ctx, local, src, dst, check: bool) -> tuple[np.ndarray, object]:
-    """Agree on the arguments over ``ctx.comm`` (the private duplicate): one 32-byte ``Allreduce`` of the
-    verdict, then, only if some rank asks for it or the verdict shows a disagreement, :func:`_agree_fully`
-    and the plan (:func:`redist.synthesize` is deterministic: every rank gets the same plan or the same
-    error), both remembered for the combination. Returns ``local`` as a C-contiguous array of ``src``'s dtype
-    (the caller's own where it already is one) and the plan's program."""
-    typed = isinstance(src, ShardingType) and isinstance(dst, ShardingType)
-    key = (src, dst) if typed else None
-    digest, program = ctx.agreed.get(key, (None, None)) if typed and not check else (None, None)
-    known = digest is not None
-    if not known:
-        digest = _digest(src, dst, typed)
-    x, problem = _local(local, src) if typed else (None, "src is no ShardingType")
-    verdict = np.array([digest, -digest, not known, bool(problem)], dtype=np.int64)
-    ctx.comm.Allreduce(MPI.IN_PLACE, verdict, op=MPI.MAX)
-    if verdict[0] == -verdict[1] and not verdict[2] and not verdict[3]:
-        return x, program
-    _agree_fully(ctx.comm, src, dst, typed, digest, problem)
-    program = synthesize(src, dst).program
-    ctx.remember(key, (digest, program))
-    return x, program
+def _verdict(ctx, digest: int, unknown: bool, bad_local: bool) -> tuple[Verdict, np.ndarray]:
+    """Start the verdict: a nonblocking ``MAX`` reduction, over the agreement communicator, of the votes
+    (digest, negated digest, whether this rank needs the full agreement, whether its buffer is wrong). It
+    stands for the call when every rank had the same digest, an agreed combination and a good buffer."""
+    votes = np.array([digest, -digest, unknown, bad_local], dtype=np.int64)
+    request = ctx.comm.Iallreduce(MPI.IN_PLACE, votes, op=MPI.MAX)
+    return Verdict(request, lambda: votes[0] == -votes[1] and not votes[2] and not votes[3]), votes
 
 
 def _digest(src, dst, typed: bool) -> int:

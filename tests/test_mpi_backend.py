@@ -88,10 +88,11 @@ def test_argument_errors_raise_on_every_rank():
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_agreement_runs_once_per_combination_and_mismatches_still_raise_everywhere(n):
-    """The full agreement (an Allgather) runs on the first call of a combination, on every disagreement and
-    when a rank asks with ``check=True``; otherwise a call agrees through the small verdict alone. Ranks that
-    call different combinations they had each agreed on before, or an agreed one with a bad buffer, all raise
-    (none hangs), and the communicator stays usable."""
+    """The full agreement (an Allgather) runs on the first call of a combination, on every disagreement (which
+    forgets the agreements) and when a rank asks with ``check=True``; otherwise a call agrees through the
+    verdict alone, which travels while the plan runs. Ranks that call different combinations they had each
+    agreed on before (so that each runs a different plan on ahead), or an agreed one with a bad buffer on one
+    rank, all raise (none hangs), and the communicator stays usable."""
     proc, _ = mpirun(n, "agreement", timeout=120)
     got = summary(proc, r"agreement full=(?P<full>\d+) expected=(?P<expected>\d+) errors=(?P<errors>\d+) "
                         r"all_raised=(?P<raised>\d+) correct=(?P<correct>\d) of (?P<calls>\d+)")

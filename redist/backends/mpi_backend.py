@@ -55,7 +55,8 @@ try:
 except ModuleNotFoundError as e:
     raise missing_extra(e, "redist.mpi", "mpi") from e
 
-__all__ = ["run_program", "run", "communicator", "context", "clear_cache", "held_bytes", "MpiBackend"]
+__all__ = ["run_program", "run", "communicator", "context", "clear_cache", "held_bytes", "Channel", "Verdict",
+           "Disagreement", "MpiBackend"]
 
 _TAG = 0x5EED  # point-to-point tag for CollectivePermute, on the private duplicate communicator
 
@@ -87,16 +88,24 @@ def communicator(comm):
     return comm
 
 
-def run(program: P.Program, x: np.ndarray, local, comm) -> np.ndarray:
+def run(program: P.Program, x: np.ndarray, local, comm, channel: "Channel | None" = None,
+        verdict: "Verdict | None" = None) -> np.ndarray:
     """Run the checked ``program`` on ``x``, this rank's checked C-contiguous buffer made from the caller's
     ``local`` (:func:`redist.buffers.local_buffer`), collectively over ``comm``; returns a new array.
 
+    The collectives run on ``channel`` (made for this program by :meth:`_Context.open`), else on the
+    communicator's default channel. With a ``verdict`` in flight, every wait for data is also a wait for the
+    verdict, and a verdict that goes against the call raises :class:`Disagreement` (module docstring).
     ``x`` is overwritten or dropped as soon as it is no longer needed when it is an array of its own, and
     never written to when it is (a view of) the caller's memory; the result is copied if it still is, or if
     it is the scratch buffer (a rank on which the second instruction moved nothing)."""
     ctx = context(comm)
-    ctx.mesh = program.mesh
-    buf = interpreter.run(program, MpiBackend(ctx, _scratch_use(program)), _Buffer(x, _owned(x, local)))
+    if channel is None:
+        channel = ctx.default
+        channel.mesh = program.mesh
+    backend = MpiBackend(ctx, channel, _scratch_use(program), verdict)
+    buf = interpreter.run(program, backend, _Buffer(x, _owned(x, local)))
+    backend.settle([])
     return buf.take() if buf.owned else buf.take().copy()
 
 
@@ -111,20 +120,20 @@ def _owned(x: np.ndarray, local) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- communicators
-class _Context:
-    """What a rank keeps per user communicator: a private duplicate of it, the sub-communicators split from
-    that, the scratch buffer, and the argument combinations the ranks have agreed on
-    (:func:`redist.mpi.reshard`'s business: a bounded map, oldest first out)."""
+class Channel:
+    """A private duplicate of a communicator and the sub-communicators split from it, one per (mesh, axes)
+    group. A channel made for a program (``program`` given) splits every group the program uses at once,
+    collectively, so that running the program calls no blocking collective besides its data movement;
+    the default channel (no program) splits them on first use."""
 
-    AGREED_MAX = 256
-
-    def __init__(self, comm):
+    def __init__(self, comm, mesh: Mesh | None = None, program: P.Program | None = None):
         self.comm = comm.Dup()
         self.rank = self.comm.Get_rank()
+        self.mesh = mesh
         self.groups: dict = {}
-        self.mesh: Mesh | None = None
-        self.scratch: np.ndarray | None = None
-        self.agreed: dict = {}
+        for ins in () if program is None else program.instructions:
+            if isinstance(ins, (P.AllGather, P.AllToAll, P.ReduceScatter, P.AllReduce)):
+                self.group(ins.axes)
 
     def group(self, axes) -> tuple:
         """``(sub-communicator, k)`` for this rank's group over ``axes``; created collectively, once."""
@@ -133,6 +142,41 @@ class _Context:
             color = next(group[0] for group in self.mesh.groups(tuple(axes)) if self.rank in group)
             self.groups[key] = self.comm.Split(color, self.mesh.group_index(self.rank, axes))
         return self.groups[key], self.groups[key].Get_size()
+
+    def free(self) -> None:
+        for sub in self.groups.values():
+            sub.Free()
+        self.comm.Free()
+
+
+class Verdict:
+    """A nonblocking reduction in flight (``request``) whose result decides whether the call may stand:
+    ``ok()`` reads it once it has arrived."""
+
+    def __init__(self, request, ok):
+        self.request, self.ok = request, ok
+
+
+class Disagreement(Exception):
+    """Raised on every rank when a verdict goes against a call that ran on ahead of it (internal: the entry
+    point catches it, resets the context and agrees in full)."""
+
+
+class _Context:
+    """What a rank keeps per user communicator: a private duplicate of it (for agreement traffic and for
+    making channels), the default channel, one channel per agreed argument combination with its program
+    (:func:`redist.mpi.reshard`'s business: a bounded map, oldest first out), the scratch buffer, and what
+    a disagreement left behind (requests that will never complete, with the buffers and channels they
+    hold, kept alive so that MPI never writes into freed memory)."""
+
+    AGREED_MAX = 64  # each channel holds a duplicate and its groups: MPI has a few thousand contexts
+
+    def __init__(self, comm):
+        self.comm = comm.Dup()
+        self.default = Channel(self.comm)
+        self.agreed: dict = {}
+        self.scratch: np.ndarray | None = None
+        self.abandoned: list = []
 
     def scratch_array(self, shape, dtype) -> np.ndarray:
         """The scratch buffer's first bytes as a C-contiguous array of ``shape`` and ``dtype`` (grown first,
@@ -143,12 +187,30 @@ class _Context:
             self.scratch = np.empty(nbytes, np.uint8)
         return self.scratch[:nbytes].view(dtype).reshape(shape)
 
-    def remember(self, key, agreed) -> None:
-        """Record what was agreed for an argument combination (the entry point's business), dropping the
-        oldest beyond :attr:`AGREED_MAX`."""
-        self.agreed[key] = agreed
+    def open(self, key, digest: int, program: P.Program) -> tuple:
+        """Record an agreed combination: ``(digest, channel, program)`` with a new channel for ``program``
+        (collective: every rank opens it together, after the full agreement), dropping the oldest beyond
+        :attr:`AGREED_MAX`. A channel it replaces (``check=True``) is set aside, not freed."""
+        self._set_aside(self.agreed.pop(key, None))
+        self.agreed[key] = (digest, Channel(self.comm, program.mesh, program), program)
         while len(self.agreed) > self.AGREED_MAX:
-            del self.agreed[next(iter(self.agreed))]
+            self.agreed.pop(next(iter(self.agreed)))[1].free()
+        return self.agreed[key]
+
+    def drop(self, key) -> None:
+        """After a verdict against a call that ran on ahead: set aside the combination's channel and the
+        scratch buffer, which requests that will never complete may still target; never used again."""
+        self._set_aside(self.agreed.pop(key, None), self.scratch)
+        self.scratch = None
+
+    def reset(self) -> None:
+        """After a disagreement (the same on every rank): forget every agreement, setting their channels
+        aside as :meth:`drop` does."""
+        self._set_aside(*self.agreed.values())
+        self.agreed = {}
+
+    def _set_aside(self, *things) -> None:
+        self.abandoned += [t for t in things if t is not None]
 
 
 _KEYVAL = None
@@ -175,10 +237,11 @@ def clear_cache(comm=None) -> None:
         return
     ctx = comm.Get_attr(_KEYVAL)
     comm.Delete_attr(_KEYVAL)
-    for sub in ctx.groups.values():
-        sub.Free()
+    for _, channel, _ in ctx.agreed.values():
+        channel.free()
+    ctx.default.free()
     ctx.comm.Free()
-    ctx.scratch = None
+    ctx.agreed, ctx.scratch = {}, None
 
 
 def held_bytes(comm=None) -> int:
@@ -272,13 +335,34 @@ def _reduce_spec(a: np.ndarray, element):
 # ---------------------------------------------------------------------------------------------- instructions
 class MpiBackend(interpreter.Backend):
     """The state is this rank's :class:`_Buffer`; each method takes its array (so that an owned input dies
-    as soon as it is used) and returns the next buffer. Every buffer is C-contiguous. ``scratch_use`` is
-    :func:`_scratch_use` of the program: the scratch buffer is handed out once per run, to that instruction
-    for that role."""
+    as soon as it is used) and returns the next buffer. Every buffer is C-contiguous. Collectives run on
+    ``channel``, nonblocking, completed by :meth:`_complete` (which also watches the ``verdict``, if one is
+    in flight). ``scratch_use`` is :func:`_scratch_use` of the program: the scratch buffer is handed out
+    once per run, to that instruction for that role."""
 
-    def __init__(self, ctx: _Context, scratch_use=None):
-        self.ctx = ctx
+    def __init__(self, ctx: _Context, channel: Channel, scratch_use=None, verdict: Verdict | None = None):
+        self.ctx, self.ch = ctx, channel
         self.scratch_use = scratch_use
+        self.verdict = verdict
+
+    def _complete(self, *requests) -> None:
+        """Wait for ``requests``; while a verdict is in flight, for whichever comes first (:meth:`settle`)."""
+        pending = list(requests)
+        while self.verdict is not None and any(pending):
+            if MPI.Request.Waitany(pending + [self.verdict.request]) == len(pending):
+                self.settle(pending)
+        MPI.Request.Waitall(pending)
+
+    def settle(self, pending: list) -> None:
+        """Wait for the verdict, if one is in flight; raise :class:`Disagreement` if it goes against the call,
+        leaving the ``pending`` requests (and the buffers they hold) to the context."""
+        verdict, self.verdict = self.verdict, None
+        if verdict is None:
+            return
+        verdict.request.Wait()
+        if not verdict.ok():
+            self.ctx.abandoned += [r for r in pending if r]
+            raise Disagreement
 
     def _array(self, ins, role: str, shape, dtype) -> tuple[np.ndarray, bool]:
         """An uninitialised C-contiguous array for ``ins``'s ``role`` (``"result"`` or ``"temp"``), and whether
@@ -306,7 +390,7 @@ class MpiBackend(interpreter.Backend):
     def slice(self, ins: P.Slice, buf):
         """Keep chunk ``r`` of ``k`` along ``dim`` (local; a copy, so the result is contiguous and ours)."""
         x = buf.take()
-        k, r = self.ctx.mesh.group_size(ins.axes), self.ctx.mesh.group_index(self.ctx.rank, ins.axes)
+        k, r = self.ch.mesh.group_size(ins.axes), self.ch.mesh.group_index(self.ch.rank, ins.axes)
         n = x.shape[ins.dim] // k
         chunk = x[(slice(None),) * ins.dim + (slice(r * n, (r + 1) * n),)]
         y, scratch = self._array(ins, "result", chunk.shape, x.dtype)
@@ -318,14 +402,14 @@ class MpiBackend(interpreter.Backend):
         hold one element the chunks are contiguous and arrive in the result itself; else they arrive as rows
         of a temporary with a leading member dim, which one copy interleaves into the result."""
         x = buf.take()
-        sub, k = self.ctx.group(ins.axes)
+        sub, k = self.ch.group(ins.axes)
         shape = x.shape[: ins.dim] + (k * x.shape[ins.dim],) + x.shape[ins.dim + 1:]
         if math.prod(x.shape[: ins.dim]) == 1:
             out, scratch = self._array(ins, "result", shape, x.dtype)
-            sub.Allgather([_raw(x), MPI.BYTE], [_raw(out), MPI.BYTE])
+            self._complete(sub.Iallgather([_raw(x), MPI.BYTE], [_raw(out), MPI.BYTE]))
             return _Buffer(out, not scratch, scratch)
         got, _ = self._array(ins, "temp", (k,) + x.shape, x.dtype)
-        sub.Allgather([_raw(x), MPI.BYTE], [_raw(got), MPI.BYTE])
+        self._complete(sub.Iallgather([_raw(x), MPI.BYTE], [_raw(got), MPI.BYTE]))
         del x
         out, scratch = self._array(ins, "result", shape, got.dtype)
         np.copyto(out.reshape(got.shape[1: ins.dim + 1] + (k,) + got.shape[ins.dim + 1:]),
@@ -336,9 +420,9 @@ class MpiBackend(interpreter.Backend):
         """``Alltoall`` of the leading dim's rows, out of place: row ``j`` goes to rank ``j``, and row ``j`` of
         the result comes from rank ``j``."""
         x = buf.take()
-        sub, _ = self.ctx.group(ins.axes)
+        sub, _ = self.ch.group(ins.axes)
         out, scratch = self._array(ins, "result", x.shape, x.dtype)
-        sub.Alltoall([_raw(x), MPI.BYTE], [_raw(out), MPI.BYTE])
+        self._complete(sub.Ialltoall([_raw(x), MPI.BYTE], [_raw(out), MPI.BYTE]))
         return _Buffer(out, not scratch, scratch)
 
     def reduce_scatter(self, ins: P.ReduceScatter, buf):
@@ -346,10 +430,10 @@ class MpiBackend(interpreter.Backend):
         ``dim`` to the front (a copy into a temporary unless the dims before ``dim`` hold one element; an
         owned input is dropped as soon as the copy exists). Where ``k`` does not divide the dim:
         :meth:`_reduce_scatter_counts`."""
-        if buf.x.shape[ins.dim] % self.ctx.mesh.group_size(ins.axes):
+        if buf.x.shape[ins.dim] % self.ch.mesh.group_size(ins.axes):
             return self._reduce_scatter_counts(ins, buf)
         x = buf.take()
-        sub, k = self.ctx.group(ins.axes)
+        sub, k = self.ch.group(ins.axes)
         out_shape = x.shape[: ins.dim] + (x.shape[ins.dim] // k,) + x.shape[ins.dim + 1:]
         pre = math.prod(x.shape[: ins.dim])
         send = x
@@ -359,7 +443,7 @@ class MpiBackend(interpreter.Backend):
         del x
         out, scratch = self._array(ins, "result", out_shape, send.dtype)
         element, op = _reduce_op(send.dtype, ins.reduction)
-        sub.Reduce_scatter_block(_reduce_spec(send, element), _reduce_spec(out, element), op)
+        self._complete(sub.Ireduce_scatter_block(_reduce_spec(send, element), _reduce_spec(out, element), op))
         return _Buffer(out, not scratch, scratch)
 
     def _reduce_scatter_counts(self, ins: P.ReduceScatter, buf):
@@ -367,7 +451,7 @@ class MpiBackend(interpreter.Backend):
         from ``min(n, r·L)``, fewer at the end): the dim is brought to the front so that each chunk is
         contiguous, no padding is sent, and the rows a rank receives go to the start of its zero result."""
         x = buf.take()
-        sub, k = self.ctx.group(ins.axes)
+        sub, k = self.ch.group(ins.axes)
         n = x.shape[ins.dim]
         size = -(-n // k)
         rest = x.size // n if n else 0
@@ -376,7 +460,7 @@ class MpiBackend(interpreter.Backend):
         del x
         mine = np.empty((counts[sub.Get_rank()] // rest if rest else 0,) + send.shape[1:], dtype=send.dtype)
         element, op = _reduce_op(send.dtype, ins.reduction)
-        sub.Reduce_scatter(_reduce_spec(send, element), _reduce_spec(mine, element), counts, op)
+        self._complete(sub.Ireduce_scatter(_reduce_spec(send, element), _reduce_spec(mine, element), counts, op))
         del send
         out = np.zeros((size,) + mine.shape[1:], dtype=mine.dtype)
         out[: len(mine)] = mine
@@ -384,7 +468,7 @@ class MpiBackend(interpreter.Backend):
 
     def keep_root(self, ins: P.KeepRoot, buf):
         """Local: rank 0 of the group keeps the buffer, the others make a zero buffer of its shape."""
-        if self.ctx.mesh.group_index(self.ctx.rank, ins.axes) == 0:
+        if self.ch.mesh.group_index(self.ch.rank, ins.axes) == 0:
             return buf
         x = buf.take()
         return _Buffer(np.zeros_like(x), True)
@@ -392,7 +476,7 @@ class MpiBackend(interpreter.Backend):
     def embed_chunk(self, ins: P.EmbedChunk, buf):
         """Local: a zero buffer ``k`` times longer along ``dim``, with this buffer as chunk ``r`` (its rank)."""
         x = buf.take()
-        k, r = self.ctx.mesh.group_size(ins.axes), self.ctx.mesh.group_index(self.ctx.rank, ins.axes)
+        k, r = self.ch.mesh.group_size(ins.axes), self.ch.mesh.group_index(self.ch.rank, ins.axes)
         n = x.shape[ins.dim]
         shape = list(x.shape)
         shape[ins.dim] *= k
@@ -403,25 +487,25 @@ class MpiBackend(interpreter.Backend):
     def all_reduce(self, ins: P.AllReduce, buf):
         """``Allreduce`` (by the instruction's reduction), in place when the buffer is ours."""
         x = buf.take()
-        sub, _ = self.ctx.group(ins.axes)
+        sub, _ = self.ch.group(ins.axes)
         element, op = _reduce_op(x.dtype, ins.reduction)
         if buf.writable:
-            sub.Allreduce(MPI.IN_PLACE, _reduce_spec(x, element), op)
+            self._complete(sub.Iallreduce(MPI.IN_PLACE, _reduce_spec(x, element), op))
             return _Buffer(x, buf.owned, buf.scratch)
         out, scratch = self._array(ins, "result", x.shape, x.dtype)
-        sub.Allreduce(_reduce_spec(x, element), _reduce_spec(out, element), op)
+        self._complete(sub.Iallreduce(_reduce_spec(x, element), _reduce_spec(out, element), op))
         return _Buffer(out, not scratch, scratch)
 
     def collective_permute(self, ins: P.CollectivePermute, buf):
         """One ``Sendrecv``: receive from ``sources[rank]``, send to the rank whose source is this one."""
-        me = self.ctx.rank
+        me = self.ch.rank
         source = ins.sources[me]
         if source == me:
             return buf
         x = buf.take()
         out, scratch = self._array(ins, "result", x.shape, x.dtype)
-        self.ctx.comm.Sendrecv([_raw(x), MPI.BYTE], ins.sources.index(me), _TAG, [_raw(out), MPI.BYTE], source,
-                               _TAG)
+        self._complete(self.ch.comm.Isendrecv([_raw(x), MPI.BYTE], ins.sources.index(me), _TAG,
+                                              [_raw(out), MPI.BYTE], source, _TAG))
         return _Buffer(out, not scratch, scratch)
 
     def exchange(self, ins: P.Exchange, buf):
@@ -438,7 +522,7 @@ class MpiBackend(interpreter.Backend):
         receive buffer and the output (the send buffer is dropped before the output exists, an owned input
         right after the local copies)."""
         x = buf.take()
-        me, n = self.ctx.rank, self.ctx.mesh.size
+        me, n = self.ch.rank, self.ch.mesh.size
         outgoing = [[c for c in ins.copies[d] if c.source == me] if d != me else [] for d in range(n)]
         incoming = [[c for c in ins.copies[me] if c.source == s] if s != me else [] for s in range(n)]
         send_counts = [sum(math.prod(c.size) for c in cs) for cs in outgoing]
@@ -460,8 +544,9 @@ class MpiBackend(interpreter.Backend):
         else:
             recv = out
         size = x.dtype.itemsize
-        self.ctx.comm.Alltoallv([_raw(send), ([k * size for k in send_counts], [a * size for a in send_at]), MPI.BYTE],
-                                [_raw(recv), ([k * size for k in recv_counts], [a * size for a in recv_at]), MPI.BYTE])
+        self._complete(self.ch.comm.Ialltoallv(
+            [_raw(send), ([k * size for k in send_counts], [a * size for a in send_at]), MPI.BYTE],
+            [_raw(recv), ([k * size for k in recv_counts], [a * size for a in recv_at]), MPI.BYTE]))
         del send
         for c in ins.copies[me]:
             if c.source == me:
