@@ -19,8 +19,8 @@ Cases (f32; the size is the larger of the source and destination local buffers p
 Contenders, each returning a new array as ``reshard`` does (rank r is device r):
 
 - ``redist``: ``redist.mpi.reshard(local, src, dst)``, the public call with its argument agreement (after the
-  first call, one 32-byte ``Allreduce``); ``program``: the same plan through ``redist.mpi.run_program`` (no
-  agreement), which isolates the agreement's cost.
+  first call, a 32-byte nonblocking ``Allreduce`` that travels while the plan runs); ``program``: the same
+  plan through ``redist.mpi.run_program`` (no agreement), which isolates the agreement's cost.
 - ``hand``: what a competent mpi4py user writes for the pattern: a persistent packing buffer made once, the
   collective straight into a fresh result where the layout allows (slab, gathers, pending sum), a fresh
   result to unpack into otherwise (pencil, gather_inner, uneven).
@@ -35,11 +35,11 @@ Contenders, each returning a new array as ``reshard`` does (rank r is device r):
   fit in memory.
 
 Method: per case, the first call of ``redist`` is timed alone after :func:`redist.mpi.clear_cache` (full
-agreement, synthesis, sub-communicators, scratch buffer); then two warm-up calls of every contender and
-``--repeats`` rounds (times ``64 // S`` below 64 MiB), the contenders in a rotating order; each call is ``Barrier``, time, call, and the
-round's time of a contender is the maximum over ranks. Reported: the minimum over rounds (and the median).
-``redist``, ``program``, ``hand`` and ``gather_slice`` results are checked exactly against the destination
-block of the global array (entries are the flat index mod 65521, exact in f32; a partial source's summands
+agreement, synthesis, the channel and its sub-communicators, the scratch buffer); then two warm-up calls of
+every contender and ``--repeats`` rounds (times ``64 // S`` below 64 MiB), the contenders in a rotating
+order; each call is ``Barrier``, time, call, and the round's time of a contender is the maximum over ranks.
+Reported: the minimum over rounds (and the median). ``redist``, ``program``, ``hand`` and ``gather_slice``
+results are checked exactly against the destination block of the global array (entries are the flat index mod 65521, exact in f32; a partial source's summands
 are the array on the ranks at partial coordinate 0 and zeros elsewhere); the replay moves placeholder data
 and is not checked. The load average is recorded before and after each job.
 """

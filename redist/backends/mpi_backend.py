@@ -14,16 +14,21 @@ and :func:`run_program`, here and re-exported there):
 - Memory: at most two buffers of at most ``max(src.local_bytes, dst.local_bytes)`` are alive at once besides
   the caller's input (never written to). One of them may be the rank's *scratch* buffer, kept between calls
   so that a packing copy does not pay for fresh pages on every call (a copy into a fresh buffer of 64-256
-  MiB measured 1.8-2.6x slower here than into a reused one): in a program of one data-moving instruction (besides reshapes)
-  that instruction's temporary lives there (the gathered rows of an ``AllGather`` along an inner dim, the
-  packed chunks of a ``ReduceScatter``), in a program of two the first one's result (the packed chunks of
-  a slab transpose, the received rows of a pencil transpose) when the second needs no temporary. The
+  MiB measured 1.8-2.6x slower here than into a reused one): in a program of one data-moving instruction
+  (besides reshapes) that instruction's temporary lives there (the gathered rows of an ``AllGather`` along
+  an inner dim, the packed chunks of a ``ReduceScatter``), in a program of two the first one's result (the
+  packed chunks of a slab transpose, the received rows of a pencil transpose) when the second needs no
+  temporary. The
   scratch buffer only grows (to the largest such buffer so far: after a larger reshard it stays larger than
   a smaller one needs) and is never returned: the result is always a fresh array. :func:`held_bytes` tells
   its size, :func:`clear_cache` frees it.
-- Collectives run on a private duplicate of ``comm`` and on sub-communicators split from it, one per
-  (mesh, axes) group; both are created once per communicator and cached on it (an MPI attribute), so
-  repeated reshards reuse them. :func:`clear_cache` frees them.
+- Collectives run on a :class:`Channel`: a private duplicate of ``comm`` and sub-communicators split from
+  it, one per (mesh, axes) group. :func:`run_program` uses the communicator's default channel;
+  :func:`redist.mpi.reshard` gives each agreed argument combination a channel of its own, its groups split
+  when it is made. They are cached on ``comm`` (an MPI attribute), so repeated calls reuse them;
+  :func:`clear_cache` frees them. Every collective is nonblocking and completed by one wait that also
+  watches the call's verdict when one is in flight (:func:`redist.mpi.reshard`): a verdict against the call
+  raises :class:`Disagreement`, leaving the unfinished requests, and the buffers they hold, alive.
 - Reductions (``ReduceScatter``, ``AllReduce``) use MPI's reduction order, so floating-point results can
   differ from the numpy backend in the last bits; integer-valued data and integer dtypes agree exactly. Sums
   and products run as MPI's ``SUM`` and ``PROD`` (complex dtypes included), maxima and minima of integers as
