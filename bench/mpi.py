@@ -41,7 +41,8 @@ order; each call is ``Barrier``, time, call, and the round's time of a contender
 Reported: the minimum over rounds (and the median). ``redist``, ``program``, ``hand`` and ``gather_slice``
 results are checked exactly against the destination block of the global array (entries are the flat index
 mod 65521, exact in f32; a partial source's summands are the array on the ranks at partial coordinate 0 and
-zeros elsewhere); the replay moves placeholder data and is not checked. The load average is recorded before and after each job.
+zeros elsewhere); the replay moves placeholder data and is not checked. The load average is recorded before
+and after each job.
 """
 
 from __future__ import annotations
