@@ -26,9 +26,10 @@ and :func:`run_program`, here and re-exported there):
   it, one per (mesh, axes) group. :func:`run_program` uses the communicator's default channel;
   :func:`redist.mpi.reshard` gives each agreed argument combination a channel of its own, its groups split
   when it is made. They are cached on ``comm`` (an MPI attribute), so repeated calls reuse them;
-  :func:`clear_cache` frees them. Every collective is nonblocking and completed by one wait that also
-  watches the call's verdict when one is in flight (:func:`redist.mpi.reshard`): a verdict against the call
-  raises :class:`Disagreement`, leaving the unfinished requests, and the buffers they hold, alive.
+  :func:`clear_cache` frees them. Every collective is nonblocking; when the call's verdict is in flight
+  (:func:`redist.mpi.reshard`), the first one is posted, then the verdict waited for (both progress
+  together), then the data. A verdict against the call raises :class:`Disagreement`, leaving the unfinished
+  request, and the buffers it holds, alive.
 - Reductions (``ReduceScatter``, ``AllReduce``) use MPI's reduction order, so floating-point results can
   differ from the numpy backend in the last bits; integer-valued data and integer dtypes agree exactly. Sums
   and products run as MPI's ``SUM`` and ``PROD`` (complex dtypes included), maxima and minima of integers as
@@ -99,8 +100,9 @@ def run(program: P.Program, x: np.ndarray, local, comm, channel: "Channel | None
     ``local`` (:func:`redist.buffers.local_buffer`), collectively over ``comm``; returns a new array.
 
     The collectives run on ``channel`` (made for this program by :meth:`_Context.open`), else on the
-    communicator's default channel. With a ``verdict`` in flight, every wait for data is also a wait for the
-    verdict, and a verdict that goes against the call raises :class:`Disagreement` (module docstring).
+    communicator's default channel. With a ``verdict`` in flight, the first collective is posted, then the
+    verdict waited for, then the data; a verdict that goes against the call raises :class:`Disagreement`
+    (module docstring).
     ``x`` is overwritten or dropped as soon as it is no longer needed when it is an array of its own, and
     never written to when it is (a view of) the caller's memory; the result is copied if it still is, or if
     it is the scratch buffer (a rank on which the second instruction moved nothing)."""
@@ -341,7 +343,7 @@ def _reduce_spec(a: np.ndarray, element):
 class MpiBackend(interpreter.Backend):
     """The state is this rank's :class:`_Buffer`; each method takes its array (so that an owned input dies
     as soon as it is used) and returns the next buffer. Every buffer is C-contiguous. Collectives run on
-    ``channel``, nonblocking, completed by :meth:`_complete` (which also watches the ``verdict``, if one is
+    ``channel``, nonblocking, completed by :meth:`_complete` (which first settles the ``verdict``, if one is
     in flight). ``scratch_use`` is :func:`_scratch_use` of the program: the scratch buffer is handed out
     once per run, to that instruction for that role."""
 
@@ -350,17 +352,18 @@ class MpiBackend(interpreter.Backend):
         self.scratch_use = scratch_use
         self.verdict = verdict
 
-    def _complete(self, *requests) -> None:
-        """Wait for ``requests``; while a verdict is in flight, for whichever comes first (:meth:`settle`)."""
-        pending = list(requests)
-        while self.verdict is not None and any(pending):
-            if MPI.Request.Waitany(pending + [self.verdict.request]) == len(pending):
-                self.settle(pending)
-        MPI.Request.Waitall(pending)
+    def _complete(self, request) -> None:
+        """Wait for ``request``, a collective already posted; while a verdict is in flight, wait for the verdict
+        first (:meth:`settle`), the data progressing meanwhile. (One request at a time: on an oversubscribed
+        host MPICH waits for one request as fast as a blocking collective, for any of several 3-4x slower.)"""
+        if self.verdict is not None:
+            self.settle([request])
+        request.Wait()
 
     def settle(self, pending: list) -> None:
         """Wait for the verdict, if one is in flight; raise :class:`Disagreement` if it goes against the call,
-        leaving the ``pending`` requests (and the buffers they hold) to the context."""
+        leaving the ``pending`` requests (which may never complete, and the buffers they hold) to the
+        context."""
         verdict, self.verdict = self.verdict, None
         if verdict is None:
             return
