@@ -1,6 +1,6 @@
 """Every figure of the benchmarks, drawn from their saved JSON in ``bench/results/`` (no benchmark reruns).
 
-    python bench/plots.py [NAME ...]        # ./dev bench plots; NAME: redistribution, partitioning, synthesis_speed
+    python bench/plots.py [NAME ...]   # ./dev bench plots; NAME: redistribution, partitioning, synthesis_speed, scale
 
 One figure per question, each a PNG beside its JSON (``NAME.json`` gives ``NAME_FIGURE.png``):
 
@@ -11,7 +11,9 @@ One figure per question, each a PNG beside its JSON (``NAME.json`` gives ``NAME_
 - ``partitioning_time``: simulated and measured step time, schedules in simulated order, per model;
 - ``partitioning_bytes``: collective bytes per device and step, ours and XLA's partitioner;
 - ``synthesis_speed_time``: a histogram of synthesis times (even and uneven pairs);
-- ``synthesis_speed_bytes``: a histogram of bytes received / lower bound (pairs without a reduction).
+- ``synthesis_speed_bytes``: a histogram of bytes received / lower bound (pairs without a reduction);
+- ``scale_time``: median seconds of synthesis, lowering, verification and the lower bound against the device
+  count, on log axes (``bench/scale.py``).
 
 Each case is named by its case name and its types (``mesh: src -> dst``) in a column beside the bars. Cases
 where redist and XLA are the same (same bytes, same plan, same memory) are left out of a figure and
@@ -264,11 +266,43 @@ def synthesis_bytes(data: dict) -> str:
     return fig
 
 
+# ---------------------------------------------------------------------------------------------- scale
+def _plain_log_axes(ax) -> None:
+    """Log scales on both axes with plain number tick labels (``1000``, ``0.01``)."""
+    for axis in (ax.xaxis, ax.yaxis):
+        getattr(ax, f"set_{axis.axis_name}scale")("log")
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0f}" if v >= 1 else f"{v:g}"))
+        axis.set_minor_formatter(NullFormatter())
+
+
+def scale_time(data: dict) -> str:
+    """Median seconds of each phase against the device count (random groups, joined in device order), and
+    synthesis + lowering of each named pair (crosses), on log axes."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    groups = sorted((s for s in data["summaries"] if not s["named"]), key=lambda s: s["devices"])
+    for phase, style in (("synthesize_s", "o-"), ("lowering_s", "s-"), ("verify_s", "^-"), ("lower_bound_s", "d--")):
+        pts = [(s["devices"], s[phase]["median"]) for s in groups if s[phase] and s[phase]["median"] > 0]
+        if pts:
+            ax.plot(*zip(*pts), style, label=f"{phase[:-2].replace('_', ' ')} (median)")
+    named = [s for s in data["summaries"] if s["named"] and s["plan_and_lower_max_s"]]
+    ax.plot([s["devices"] for s in named], [s["plan_and_lower_max_s"] for s in named], "kx",
+            label="named pairs: synthesize + lower")
+    _plain_log_axes(ax)
+    ax.set_xlabel("devices (log scale)")
+    ax.set_ylabel("seconds (log scale)")
+    ax.set_title(f"Scale: random pairs per mesh, {data['pairs_per_random_group']} each; medians", fontsize=9,
+                 loc="left")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
 FIGURES = {  # benchmark: {figure: how to draw it from the benchmark's JSON}
     "redistribution": {"bytes": redistribution_bytes, "speedup": redistribution_speedup,
                        "memory": redistribution_memory},
     "partitioning": {"time": partitioning_time, "bytes": partitioning_bytes},
     "synthesis_speed": {"time": synthesis_speed, "bytes": synthesis_bytes},
+    "scale": {"time": scale_time},
 }
 
 

@@ -12,7 +12,15 @@ and copies before running it):
 - ``wrong_axis``: one axis token replaced by another mesh axis or sub-axis not already named there;
 - ``drop``: one instruction removed;
 - ``duplicate``: one instruction repeated;
-- ``swap_permute_pair``: two entries of a collective permute's source table exchanged;
+- ``swap_permute_pair``: two entries of a collective permute's source table exchanged (a permute lowered as a
+  coordinate map is mutated in its table form, which the verifier reads another way);
+- on a permute's coordinate map (the compact form lowering makes; each group says that the source's rank
+  over its source axes is the receiver's rank over its axes): ``map_reverse_group`` (a group's source axes
+  in reverse order: the right class of devices, in the wrong order), ``map_swap_sides`` (a group's two sides
+  exchanged: the inverse map), ``map_swap_groups`` (the source axes of two groups exchanged),
+  ``map_wrong_axis`` (one axis of a group replaced by another token of the mesh) and ``map_drop_group``
+  (one group removed); where the result is no permutation (sides of different sizes or factors) the mutant
+  is ill-formed;
 - ``reduce_kind``: a reduce-scatter turned into an all-reduce or back (with a slice);
 - ``embed_gather``: an ``EmbedChunk`` (a created summand: the member's block in its own chunk of zeros)
   turned into an ``AllGather`` of the same shape, or back (``KeepRoot``, which zeros all but one member,
@@ -23,13 +31,20 @@ and copies before running it):
   them, SPEC 2: a plan never converts between kinds);
 - ``swap_transpose``: two entries of a local transpose's permutation exchanged (the transposes around an
   all-to-all);
-- on an ``Exchange`` (point-to-point copies, uneven dims): ``drop_copy`` (one copy of one device removed),
-  ``shift_copy_src`` / ``shift_copy_dst`` (one copy's ``src_start`` / ``dst_start`` moved by ±1 along one
-  dim, where the exchange stays well-formed), ``shift_copy_off`` (such a move that leaves the exchange
-  ill-formed: off a buffer's edge, or onto another copy of the device), ``copy_source`` (one copy reads
-  another device) and ``shrink_copy`` (one copy's size less one along one dim). An exchange is ill-formed
-  when a copy names no device, does not fit the buffer it reads or the one it writes, or overlaps another
-  copy of its device.
+- on an ``Exchange`` (per-dim segment tables, uneven dims): ``drop_segment`` (one segment removed),
+  ``shift_segment_src`` / ``shift_segment_dst`` (one segment's ``src_start`` / ``dst_start`` moved by ±1,
+  where the exchange stays well-formed), ``shift_segment_off`` (such a move that leaves it ill-formed: off a
+  buffer's edge, or onto another segment of its block), ``segment_source`` (one segment reads another source
+  block: a wrong class of senders), ``segment_block`` (one segment serves another receiver block),
+  ``shrink_segment`` (one segment's size less one) and ``exchange_axes`` (a dim's source axes or axes
+  reversed, or swapped for each other). An exchange is ill-formed when a segment names a block that does not
+  exist, does not fit the buffer it reads or the one it writes, or overlaps another segment of its block, or
+  when source axes overlap;
+- on an exchange between two device orders (a copy table, per device): ``drop_copy`` (one copy of one device
+  removed), ``shift_copy_src`` / ``shift_copy_dst`` (one copy's ``src_start`` / ``dst_start`` moved by ±1
+  along one dim, where the table stays well-formed), ``shift_copy_off`` (such a move that leaves it
+  ill-formed), ``copy_source`` (one copy reads another device) and ``shrink_copy`` (one copy's size less one
+  along one dim).
 
 On the claim side (each mutant is the plan's program with a claimed destination type that differs from the
 plan's in one field the value query does not read; claims that are not well-formed types are skipped, as
@@ -90,12 +105,9 @@ def derive_shapes(prog: P.Program, instructions) -> tuple | None:
     for ins in instructions:
         x = list(shapes[-1])
         try:
-            if isinstance(ins, P.CollectivePermute):
-                pass
-            elif isinstance(ins, P.Exchange):
-                if not _copies_fit(ins, tuple(x), mesh.size):
-                    return None
-                x = list(ins.shape)
+            if isinstance(ins, (P.CollectivePermute, P.Exchange)):
+                # A table, a coordinate map or segment tables: the library's checks of the instruction's form.
+                x = list(P.shape_after(ins, tuple(x), mesh))
             elif isinstance(ins, P.Reshape):
                 if math.prod(ins.shape) != math.prod(x):
                     return None
@@ -116,59 +128,118 @@ def derive_shapes(prog: P.Program, instructions) -> tuple | None:
                     x[ins.dim] *= k
                 elif isinstance(ins, P.AllToAll) and x[0] != k:
                     return None
-        except (IndexError, ValueError):
+        except (IndexError, ValueError):  # ShardingError is a ValueError
             return None
         shapes.append(tuple(x))
     return tuple(shapes)
 
 
-def _copies_fit(ins: P.Exchange, shape_in: tuple, n_dev: int) -> bool:
-    """Whether an exchange is well-formed on buffers of ``shape_in``: copies for every device, each from an
-    existing device, inside the buffer it reads and the one it writes, none overlapping another of its device."""
-    if len(ins.copies) != n_dev:
+def _well_formed(ins, shape_in, mesh) -> bool:
+    try:
+        P.shape_after(ins, shape_in, mesh)
+    except ValueError:
         return False
-    for copies in ins.copies:
-        for c in copies:
-            if not 0 <= c.source < n_dev or not len(c.src_start) == len(c.dst_start) == len(c.size) == len(shape_in):
-                return False
-            if any(n < 0 or a < 0 or b < 0 or a + n > cap_in or b + n > cap_out
-                   for a, b, n, cap_in, cap_out in zip(c.src_start, c.dst_start, c.size, shape_in, ins.shape)):
-                return False
-        for i, c in enumerate(copies):
-            for e in copies[:i]:
-                if all(c.dst_start[k] < e.dst_start[k] + e.size[k] and e.dst_start[k] < c.dst_start[k] + c.size[k]
-                       for k in range(len(ins.shape))):
-                    return False
     return True
 
 
-def _exchange_mutants(x: P.Exchange, shape_in: tuple, n_dev: int):
+def _exchange_mutants(x: P.Exchange, shape_in: tuple, mesh):
     """(operator, description, mutated exchange) for every exchange mutant of the module docstring, for an
     exchange that reads buffers of ``shape_in``."""
+    def with_dim(i, **change):
+        dims = list(x.dims)
+        dims[i] = dataclasses.replace(dims[i], **change)
+        return P.Exchange(x.shape, tuple(dims))
+
+    def with_segment(i, j, new):
+        segs = x.dims[i].segments
+        return with_dim(i, segments=segs[:j] + ((new,) if new is not None else ()) + segs[j + 1:])
+
+    for i, dim in enumerate(x.dims):
+        k_in, k_out = mesh.group_size(dim.source_axes), mesh.group_size(dim.axes)
+        for j, g in enumerate(dim.segments):
+            yield "drop_segment", f"dim {i} segment {j} ({tuple(g)}) dropped", with_segment(i, j, None)
+            for delta in (1, -1):
+                for field in ("src_start", "dst_start"):
+                    y = with_segment(i, j, g._replace(**{field: getattr(g, field) + delta}))
+                    op = f"shift_segment_{field[:3]}" if _well_formed(y, shape_in, mesh) else "shift_segment_off"
+                    yield op, f"dim {i} segment {j} {field} {delta:+d}", y
+            if g.size >= 1:
+                yield "shrink_segment", f"dim {i} segment {j} size -1", with_segment(i, j, g._replace(size=g.size - 1))
+            for sb in range(k_in):
+                if sb != g.source_block:
+                    yield ("segment_source", f"dim {i} segment {j} source block {g.source_block} -> {sb}",
+                           with_segment(i, j, g._replace(source_block=sb)))
+            for b in range(k_out):
+                if b != g.block:
+                    yield ("segment_block", f"dim {i} segment {j} block {g.block} -> {b}",
+                           with_segment(i, j, g._replace(block=b)))
+        for field in ("source_axes", "axes"):
+            axes = getattr(dim, field)
+            if len(axes) >= 2:
+                yield "exchange_axes", f"dim {i} {field} reversed", with_dim(i, **{field: axes[::-1]})
+        if dim.source_axes != dim.axes:
+            yield ("exchange_axes", f"dim {i} source axes and axes swapped",
+                   with_dim(i, source_axes=dim.axes, axes=dim.source_axes))
+
+
+def _copy_table_mutants(x: P.Exchange, shape_in: tuple, mesh):
+    """(operator, description, mutated exchange) for the copy-table operators of the module docstring (an
+    exchange between two device orders), for an exchange that reads buffers of ``shape_in``."""
+    table = x.dims.copies
+
     def with_copy(d, j, new):
-        copies = list(x.copies)
+        copies = list(table)
         copies[d] = copies[d][:j] + ((new,) if new is not None else ()) + copies[d][j + 1:]
-        return P.Exchange(x.shape, tuple(copies))
+        return P.Exchange(x.shape, P.CopyTable(tuple(copies)))
 
     def moved(start, k, delta):
         return start[:k] + (start[k] + delta,) + start[k + 1:]
 
-    for d, copies in enumerate(x.copies):
+    for d, copies in enumerate(table):
         for j, c in enumerate(copies):
             yield "drop_copy", f"device {d} copy {j} ({c}) dropped", with_copy(d, j, None)
             for k in range(len(c.size)):
                 for delta in (1, -1):
                     for field in ("src_start", "dst_start"):
                         y = with_copy(d, j, dataclasses.replace(c, **{field: moved(getattr(c, field), k, delta)}))
-                        op = f"shift_copy_{field[:3]}" if _copies_fit(y, shape_in, n_dev) else "shift_copy_off"
+                        op = f"shift_copy_{field[:3]}" if _well_formed(y, shape_in, mesh) else "shift_copy_off"
                         yield op, f"device {d} copy {j} {field}[{k}] {delta:+d}", y
                 if c.size[k] >= 1:
                     yield ("shrink_copy", f"device {d} copy {j} size[{k}] -1",
                            with_copy(d, j, dataclasses.replace(c, size=moved(c.size, k, -1))))
-            for e in range(n_dev):
+            for e in range(mesh.size):
                 if e != c.source:
                     yield ("copy_source", f"device {d} copy {j} source {c.source} -> {e}",
                            with_copy(d, j, dataclasses.replace(c, source=e)))
+
+
+def _map_mutants(x: P.CollectivePermute, mesh):
+    """(operator, description, mutated permute) for the coordinate-map operators of the module docstring."""
+    groups = x.sources.groups
+
+    def permute(new_groups):
+        return P.CollectivePermute(P.CoordinateMap(tuple(new_groups)))
+
+    for g, (source_axes, axes) in enumerate(groups):
+        rest = list(groups[:g]), list(groups[g + 1:])
+        if len(source_axes) >= 2:
+            yield ("map_reverse_group", f"group {g} source axes reversed",
+                   permute(rest[0] + [(source_axes[::-1], axes)] + rest[1]))
+        yield "map_swap_sides", f"group {g} sides swapped", permute(rest[0] + [(axes, source_axes)] + rest[1])
+        yield "map_drop_group", f"group {g} dropped", permute(rest[0] + rest[1])
+        for side in (0, 1):
+            names = (source_axes, axes)[side]
+            for j in range(len(names)):
+                for tok in _tokens(mesh):
+                    if tok not in names:
+                        new = names[:j] + (mesh.axis(tok),) + names[j + 1:]
+                        pair = (new, axes) if side == 0 else (source_axes, new)
+                        yield ("map_wrong_axis", f"group {g} axis {names[j]} -> {tok}",
+                               permute(rest[0] + [pair] + rest[1]))
+        for h in range(g + 1, len(groups)):
+            swapped = list(groups)
+            swapped[g], swapped[h] = (groups[h][0], axes), (source_axes, groups[h][1])
+            yield "map_swap_groups", f"groups {g} and {h}: source axes exchanged", permute(swapped)
 
 
 def _tokens(mesh):
@@ -210,7 +281,7 @@ def mutants(prog: P.Program, rng: random.Random, max_per_op: int = 3):
         add("drop", f"{t}: {x} dropped", ins[:t] + ins[t + 1:])
         add("duplicate", f"{t}: {x} duplicated", ins[:t + 1] + ins[t:])
         if isinstance(x, P.CollectivePermute):
-            src = list(x.sources)
+            src = list(x.source_table(mesh))
             for a in range(len(src)):
                 for b in range(a + 1, len(src)):
                     if src[a] != src[b] and (src[a] != a or src[b] != b):
@@ -218,6 +289,9 @@ def mutants(prog: P.Program, rng: random.Random, max_per_op: int = 3):
                         s2[a], s2[b] = s2[b], s2[a]
                         add("swap_permute_pair", f"{t}: sources[{a}] <-> sources[{b}]",
                             ins[:t] + [P.CollectivePermute(tuple(s2))] + ins[t + 1:])
+            if isinstance(x.sources, P.CoordinateMap):
+                for op, desc, y in _map_mutants(x, mesh):
+                    add(op, f"{t}: {desc}", ins[:t] + [y] + ins[t + 1:])
         if isinstance(x, P.Transpose):
             perm = list(x.perm)
             for a in range(len(perm)):
@@ -227,7 +301,8 @@ def mutants(prog: P.Program, rng: random.Random, max_per_op: int = 3):
                     add("swap_transpose", f"{t}: perm entries {a} <-> {b}",
                         ins[:t] + [P.Transpose(tuple(p2))] + ins[t + 1:])
         if isinstance(x, P.Exchange):
-            for op, desc, y in _exchange_mutants(x, prog.shapes[t], mesh.size):
+            make = _copy_table_mutants if isinstance(x.dims, P.CopyTable) else _exchange_mutants
+            for op, desc, y in make(x, prog.shapes[t], mesh):
                 add(op, f"{t}: {desc}", ins[:t] + [y] + ins[t + 1:])
         if isinstance(x, (P.EmbedChunk, P.AllGather)):
             other = P.AllGather if isinstance(x, P.EmbedChunk) else P.EmbedChunk

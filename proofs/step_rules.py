@@ -174,7 +174,7 @@ def concrete_rules(n_pairs: int = 400, seed: int = 1, n_creating: int = 150) -> 
             if not v.ok:
                 failures.append(f"{step} on {t_in}: {v.reason}")
                 continue
-            derived = max(program_bytes(prog))
+            derived = program_bytes(prog)
             if Fraction(step.bytes_received(t_in)) != derived:
                 failures.append(f"{step} on {t_in}: bytes_received {step.bytes_received(t_in)} != {derived}")
     return {"steps": sum(by_kind.values()), "by_kind": by_kind, "failures": failures,

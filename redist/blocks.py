@@ -4,17 +4,31 @@ A sharding type ``t`` (:mod:`redist.types`) splits dim ``i`` of size ``N`` into 
 elements; device ``d`` holds block ``b = block_index(t, i, d)`` (its rank over the dim's axes), that is the
 elements ``[min(N, b·L), min(N, (b+1)·L))`` of the dim, at the start of its local buffer. Per device these
 ranges make a *box* of global indices (:func:`local_box`), stored in the box ``data_box`` of its buffer; the
-rest of the buffer is padding. A device is named by its id; its block is that of its position on the type's
-mesh (:class:`redist.Mesh`: the device order), so the two types of a permute or exchange may lie on meshes
-with the same axes and different device orders. Everything here is a pure function of types (and device ids);
-the plan steps
-(:mod:`redist.steps`), their lowering (:mod:`redist.program`), the cost model and the bounds read it:
+rest of the buffer is padding. Everything here is a pure function of types; the plan steps (:mod:`redist.steps`),
+their lowering (:mod:`redist.program`), the cost model and the bounds read it.
 
-- :func:`missing_elements`: how many elements of its new box a device lacks (what a point-to-point step
-  receives, and what :func:`redist.lower_bound_bytes` counts);
-- :func:`permute_sources`: for a permute (same block counts), the device whose whole buffer each device takes;
-- :func:`exchange_copies`: for an exchange (any two layouts with the same partial axes), the boxes each device
-  copies from which device (:class:`Copy`).
+Device orders. A device is named by its id, and its block is that of its position on the type's mesh
+(:class:`redist.Mesh`: ``device_ids``); coordinates are those of positions (:func:`device_coords`,
+:func:`device_id` translate). The two types of a permute or an exchange may lie on meshes with the same axes
+and different device orders, on which a device has two unrelated positions: such a step is a table over the
+devices (as a mesh in another order is one), a permute's sources (:func:`permute_sources`) or an exchange's
+copies per device (:func:`exchange_copies`), each keeping what a device holds where it can.
+
+Scale. Nothing below enumerates devices. A block index is a mixed-radix number over the digits of a device's
+coordinates (:func:`rank`), so what a layout change does is stated per dim and per axis:
+
+- :func:`max_missing_elements`: the most elements of its new box that a device lacks (what a point-to-point
+  step receives, and what :func:`redist.lower_bound_bytes` counts), from each dim's interval arithmetic; only
+  dims whose overlap varies and that share mesh axes are evaluated jointly, over the classes of devices that
+  agree on those axes (:class:`DeviceClasses`);
+- :func:`permute_groups`: for a permute (same block counts), the device whose whole buffer each device takes,
+  as a map of coordinates (a few groups of axes, whatever the device count);
+- :func:`exchange_segments`: for an exchange (any two layouts with the same partial axes), per dim, which
+  interval of which source block lands where in which destination block (:class:`Segment`): ``O(k_in + k_out)``
+  entries per dim; a device's copies (:class:`Copy`) are the product of its dims' segments.
+
+Functions named ``…_on`` and :func:`rank` take device coordinates as numpy arrays (one entry per class of
+devices, see :class:`DeviceClasses`) or as plain integers: the same arithmetic serves one device or many.
 """
 
 from __future__ import annotations
@@ -22,13 +36,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+from redist.axes import Axis, canonical_axes, check_factorization, split_common
+from redist.errors import ShardingError
 
 if TYPE_CHECKING:  # types calls this module: a runtime import would be a cycle
+    from redist.mesh import Mesh
     from redist.types import ShardingType
 
 
-# ---------------------------------------------------------------------- blocks and boxes
+# ---------------------------------------------------------------------- blocks and boxes of one device
 def block_index(t: ShardingType, dim: int, device: int) -> int:
     """The block of dim ``dim`` of ``t`` that ``device`` holds: its rank in its group over ``t.dims[dim]``."""
     return t.mesh.group_index(device, t.dims[dim])
@@ -54,17 +74,350 @@ def box_size(box) -> int:
     return math.prod(s.stop - s.start for s in box)
 
 
-def missing_elements(src: ShardingType, dst: ShardingType, device: int) -> int:
-    """How many of the elements ``device`` holds under ``dst`` it does not hold under ``src`` (padding is not
-    an element)."""
-    have, want = local_box(src, device), local_box(dst, device)
-    overlap = 1
-    for s, t in zip(have, want):
-        overlap *= max(0, min(s.stop, t.stop) - max(s.start, t.start))
-    return box_size(want) - overlap
+# ---------------------------------------------------------------------- coordinates, one device or many
+def rank(coords, axes):
+    """A device's rank over ``axes`` (row-major, as :meth:`redist.Mesh.group_index`), from its coordinates on
+    the mesh axes (``coords[name]``: an int, or a numpy array for many devices at once)."""
+    r = 0
+    for a in axes:
+        r = r * a.size + (coords[a.name] // a.stride) % a.size
+    return r
 
 
-# ---------------------------------------------------------------------- moving blocks
+def with_ranks(coords: dict, replacements) -> dict:
+    """``coords`` with the device's rank over each ``axes`` of ``replacements`` (``(axes, rank)`` pairs, axes
+    that do not overlap) set to ``rank``, and every other coordinate kept (ints or numpy arrays)."""
+    out = dict(coords)
+    for axes, r in replacements:
+        for a in reversed(axes):
+            digit = r % a.size
+            out[a.name] = out[a.name] + (digit - (out[a.name] // a.stride) % a.size) * a.stride
+            r = r // a.size
+    return out
+
+
+def device_id(mesh: Mesh, coords: dict):
+    """The id of the device at ``coords`` (the position row-major over the mesh axes, read through the mesh's
+    device order; ints or numpy arrays)."""
+    p = 0
+    for name, size in mesh.axes:
+        p = p * size + coords[name]
+    if mesh.is_row_major:
+        return p
+    return _order(mesh)[0][p] if isinstance(p, np.ndarray) else mesh.device_ids[p]
+
+
+def device_coords(mesh: Mesh, devices) -> dict:
+    """The coordinates of the positions of device ids ``devices`` (an int or a numpy array), by mesh axis
+    name."""
+    if not mesh.is_row_major:
+        devices = _order(mesh)[1][devices] if isinstance(devices, np.ndarray) else mesh.position(devices)
+    out = {}
+    for name, size in reversed(mesh.axes):
+        devices, out[name] = divmod(devices, size)
+    return out
+
+
+@lru_cache(maxsize=64)
+def _order(mesh: Mesh) -> tuple[np.ndarray, np.ndarray]:
+    """The device id at each position of ``mesh`` and the position of each device id, as arrays."""
+    ids = np.asarray(mesh.device_ids, np.int64)
+    positions = np.empty_like(ids)
+    positions[ids] = np.arange(ids.size, dtype=np.int64)
+    return ids, positions
+
+
+class DeviceClasses:
+    """The devices of ``mesh`` up to their coordinates outside ``axes``: devices that agree on every one of
+    ``axes`` form one class, and any function of their coordinates on ``axes`` alone is the same on all of them.
+
+    Each mesh axis is cut at the boundaries that ``axes`` use on it (as :func:`redist.axes.split_common`
+    does); the classes are the combinations of the digits of the pieces that lie inside one of ``axes``:
+    ``size`` of them, the product of those pieces' sizes (at most the device count, and 1 for no axes).
+    ``coords[name]`` (a numpy array, one entry per class) is the coordinate on mesh axis ``name`` of the
+    class's *representative*, its member whose other digits are 0. A mesh axis whose boundaries are no chain
+    of factors (sub-axes of two decompositions) is taken whole. Raises :class:`ShardingError` for an axis that
+    is not of ``mesh``.
+    """
+
+    def __init__(self, mesh: Mesh, axes):
+        used: dict[str, list[Axis]] = {}
+        for a in mesh.axes_of(tuple(axes)):
+            used.setdefault(a.name, []).append(a)
+        self.mesh = mesh
+        self.pieces: list[tuple[str, int, int]] = []  # (mesh axis, lo, hi): a factor range of it
+        for name, size in mesh.axes:
+            if size == 1 or name not in used:
+                continue
+            pts = sorted({1, size} | {p for a in used[name] for p in (a.pre, a.stop)})
+            if any(hi % lo for lo, hi in zip(pts, pts[1:])):
+                self.pieces.append((name, 1, size))
+                continue
+            self.pieces += [(name, lo, hi) for lo, hi in zip(pts, pts[1:])
+                            if any(a.pre <= lo and hi <= a.stop for a in used[name])]
+        sizes = [hi // lo for _, lo, hi in self.pieces]
+        self.size = math.prod(sizes)
+        digits = np.indices(sizes, dtype=np.int64).reshape(len(sizes), self.size)
+        self.coords = {name: np.zeros(self.size, np.int64) for name in mesh.names}
+        for (name, _, hi), digit in zip(self.pieces, digits):
+            self.coords[name] += digit * (mesh.axis_size(name) // hi)
+
+    def rank(self, axes) -> np.ndarray:
+        """Per class, its devices' rank over ``axes`` (which must be among, or made of pieces of, the axes the
+        classes were made for)."""
+        return np.broadcast_to(rank(self.coords, self.mesh.axes_of(axes)), (self.size,))
+
+    def around(self, device: int) -> np.ndarray:
+        """Per class, the id of its member that agrees with ``device`` outside the classes' pieces."""
+        mine = device_coords(self.mesh, device)
+        coords = {}
+        for name in self.mesh.names:
+            kept = mine[name]
+            for n, lo, hi in self.pieces:
+                if n == name:
+                    stride = self.mesh.axis_size(name) // hi
+                    kept -= (kept // stride) % (hi // lo) * stride
+            coords[name] = kept + self.coords[name]
+        return device_id(self.mesh, coords)
+
+
+# ---------------------------------------------------------------------- elements a device lacks
+def max_missing_elements(src: ShardingType, dst: ShardingType) -> int:
+    """``max_d (|T_d| − |T_d ∩ S_d|)``: the most elements of its box under ``dst`` that a device does not hold
+    under ``src`` (``S_d``, ``T_d`` its boxes; padding is not an element). Partial axes do not enter.
+
+    Per dim ``i`` a device's two intervals give ``lt_i = |T_d,i|`` and ``o_i = |S_d,i ∩ T_d,i|``, and the count
+    is ``Π lt_i − Π o_i``. A dim whose ``(lt_i, o_i)`` is the same on every device is a constant factor
+    (:func:`_dim_overlap`, from the range of the offset between the two intervals). The others are grouped into
+    components that share mesh axes; a component of even dims of which one can miss its overlap entirely
+    contributes ``(Π lt, 0)``, any other is evaluated over its classes of devices (:class:`DeviceClasses` of its
+    axes, at most the devices its axes span). Components are independent: the Pareto-best ``(Π lt, Π o)`` of
+    each are combined. Cost: polynomial in the rank and the number of axes, plus those classes.
+    """
+    if src.mesh != dst.mesh:  # two device orders: a device's two positions differ, so count per device
+        return int(np.max(_missing_by_device(src, dst), initial=0))
+    const_lt = const_o = 1
+    open_dims: dict[int, tuple[int | None, bool]] = {}
+    for i in range(src.rank):
+        lt, o, zeroable = _dim_overlap(src, dst, i)
+        if o is None:
+            open_dims[i] = (lt, zeroable)
+        else:
+            const_lt, const_o = const_lt * lt, const_o * o
+    pairs = [(1, 1)]
+    for comp in _components(src, dst, list(open_dims)):
+        lts = [open_dims[i][0] for i in comp]
+        if None not in lts and any(open_dims[i][1] for i in comp):
+            front = [(math.prod(lts), 0)]
+        else:
+            cls = DeviceClasses(src.mesh, [a for i in comp for a in src.dims[i] + dst.dims[i]])
+            front = _pareto(*_box_overlaps_on(src, dst, comp, cls.coords))
+        pairs = _pareto_pairs([(a * c, b * e) for a, b in pairs for c, e in front])
+    return max(const_lt * a - const_o * b for a, b in pairs)
+
+
+def _missing_by_device(src: ShardingType, dst: ShardingType) -> np.ndarray:
+    """Per device id, the elements of its box under ``dst`` it does not hold under ``src``, each box read at
+    the device's position on its type's mesh (the meshes may differ in device order): ``O(devices · rank)``."""
+    ids = np.arange(src.mesh.size, dtype=np.int64)
+    cs, ct = device_coords(src.mesh, ids), device_coords(dst.mesh, ids)
+    want = have = 1
+    for n, Ls, Lt, a_s, a_t in zip(src.shape, src.local_shape, dst.local_shape, src.dims, dst.dims):
+        bs, bt = rank(cs, a_s), rank(ct, a_t)
+        s_lo, s_hi = np.minimum(n, bs * Ls), np.minimum(n, (bs + 1) * Ls)
+        t_lo, t_hi = np.minimum(n, bt * Lt), np.minimum(n, (bt + 1) * Lt)
+        want = want * (t_hi - t_lo)
+        have = have * np.maximum(0, np.minimum(s_hi, t_hi) - np.maximum(s_lo, t_lo))
+    return np.broadcast_to(want - have, ids.shape)
+
+
+def missing_elements_on(src: ShardingType, dst: ShardingType, coords: dict):
+    """Per device given by its ``coords`` (ints or numpy arrays; see :class:`DeviceClasses`), how many elements
+    of its box under ``dst`` it does not hold under ``src``."""
+    lt, o = _box_overlaps_on(src, dst, range(src.rank), coords)
+    return lt - o
+
+
+def _dim_overlap(src: ShardingType, dst: ShardingType, i: int) -> tuple[int | None, int | None, bool]:
+    """``(lt, o, zeroable)`` of dim ``i`` (see :func:`max_missing_elements`): ``lt`` when it is the same on
+    every device (else None), ``o`` when it is too (else None), and whether some device's overlap is 0.
+
+    For even dims, ``lt = L_dst`` and the overlap depends only on the offset ``δ = b_src·L_src − b_dst·L_dst``
+    between the two intervals: ``o = max(0, min(L_src, L_dst, L_src + δ, L_dst − δ))``, a trapezoid in ``δ``.
+    ``δ`` is linear in the digits of the pieces of the dim's axes (a piece in both lists adds up its two
+    weights), so its range is ``[Σ min(0, w)(size − 1), Σ max(0, w)(size − 1)]`` and both ends are taken by
+    some device. A trapezoid is lowest at an end of an interval: ``o`` reaches 0 if it does at an end, and is
+    constant if both ends are on the top. Uneven dims are left open."""
+    n = src.shape[i]
+    if n == 0:
+        return 0, 0, True
+    ks, kt = src.blocks(i), dst.blocks(i)
+    Ls, Lt = src.local_shape[i], dst.local_shape[i]
+    if n % ks or n % kt:
+        return None, None, False
+    pieces = split_common([src.dims[i], dst.dims[i]])
+    if any(hi % lo for p in pieces for _, lo, hi in p):
+        return Lt, None, False  # no common digits: evaluate it over classes
+    weight: dict[tuple, int] = {}
+    for sign, length, ps in ((1, Ls, pieces[0]), (-1, Lt, pieces[1])):
+        for j, p in enumerate(ps):
+            weight[p] = weight.get(p, 0) + sign * length * math.prod(hi // lo for _, lo, hi in ps[j + 1:])
+    lo = sum(min(0, w) * (p[2] // p[1] - 1) for p, w in weight.items())
+    hi = sum(max(0, w) * (p[2] // p[1] - 1) for p, w in weight.items())
+
+    def overlap(delta: int) -> int:
+        return max(0, min(Ls, Lt, Ls + delta, Lt - delta))
+
+    top = min(Ls, Lt)
+    if lo == hi or overlap(lo) == overlap(hi) == top:
+        return Lt, overlap(lo), overlap(lo) == 0
+    return Lt, None, 0 in (overlap(lo), overlap(hi))
+
+
+def _components(src: ShardingType, dst: ShardingType, dims: list[int]) -> list[list[int]]:
+    """``dims`` grouped into the connected components of "shares a factor of a mesh axis" (sorted)."""
+    pieces = split_common([a for i in dims for a in (src.dims[i], dst.dims[i])])
+    owner: dict[tuple, int] = {}
+    parent = {i: i for i in dims}
+
+    def find(i):
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    for k, i in enumerate(dims):
+        for p in pieces[2 * k] + pieces[2 * k + 1]:
+            if p[1] == p[2]:
+                continue  # an axis of size 1 splits nothing
+            if p in owner:
+                parent[find(i)] = find(owner[p])
+            owner[p] = i
+    comps: dict[int, list[int]] = {}
+    for i in dims:
+        comps.setdefault(find(i), []).append(i)
+    return list(comps.values())
+
+
+def _box_overlaps_on(src: ShardingType, dst: ShardingType, dims, coords: dict):
+    """``(Π lt_i, Π o_i)`` over ``dims`` for the devices at ``coords`` (see :func:`max_missing_elements`)."""
+    big = max((L * k for t in (src, dst) for L, k in zip(t.local_shape, map(t.blocks, range(t.rank)))), default=0)
+    as_ints = (lambda x: x) if big < 2**62 else (lambda x: np.asarray(x, dtype=object))  # beyond int64
+    lt_all, o_all = 1, 1
+    for i in dims:
+        n = src.shape[i]
+        s0 = np.minimum(n, as_ints(rank(coords, src.dims[i])) * src.local_shape[i])
+        t0 = np.minimum(n, as_ints(rank(coords, dst.dims[i])) * dst.local_shape[i])
+        s1, t1 = np.minimum(n, s0 + src.local_shape[i]), np.minimum(n, t0 + dst.local_shape[i])
+        lt_all = lt_all * (t1 - t0)
+        o_all = o_all * np.maximum(0, np.minimum(s1, t1) - np.maximum(s0, t0))
+    return lt_all, o_all
+
+
+def _pareto(lt, o) -> list[tuple[int, int]]:
+    """The pairs of ``(lt, o)`` (arrays, one entry per device class) that no other beats on both: larger ``lt``
+    and smaller ``o`` are better, since a device's count is ``Π lt − Π o`` over components."""
+    lt, o = (np.ravel(x) for x in np.broadcast_arrays(lt, o))
+    if lt.dtype == object:  # sizes beyond int64: few classes, plain Python
+        return _pareto_pairs(zip(lt.tolist(), o.tolist()))
+    order = np.lexsort((o, lt))  # by lt, then o: the first of each lt has its least o
+    lt, o = lt[order], o[order]
+    first = np.flatnonzero(np.r_[True, lt[1:] != lt[:-1]])
+    return _pareto_pairs(zip(lt[first].tolist(), o[first].tolist()))
+
+
+def _pareto_pairs(pairs) -> list[tuple[int, int]]:
+    """The pairs ``(lt, o)`` not beaten by another on both (larger ``lt``, smaller ``o``)."""
+    out = []
+    for a, b in sorted(set(pairs), key=lambda p: (-p[0], p[1])):
+        if not out or b < out[-1][1]:
+            out.append((a, b))
+    return out
+
+
+# ---------------------------------------------------------------------- permutes
+def permute_groups(t_in: ShardingType, t_out: ShardingType) -> tuple[tuple[tuple[Axis, ...], tuple[Axis, ...]], ...]:
+    """The source of each device in a permute from ``t_in`` to ``t_out`` (same block count in every dim, same
+    partial axes), as groups ``(source_axes, axes)``: device ``d`` takes the buffer of the device whose rank over
+    ``source_axes`` is ``d``'s rank over ``axes``, for every group, and whose other coordinates are ``d``'s. No
+    groups: nobody moves.
+
+    The axes of both types are cut into common pieces. Per dim, the source must hold ``d``'s block: its rank
+    over the dim's pieces under ``t_in`` is ``d``'s over those under ``t_out`` (one group per dim whose pieces
+    differ, less the pieces the two lists share at their major and minor ends). The pieces only ``t_out`` places
+    take, on the source, the digits of the pieces only ``t_in`` places, so that the map is a permutation: each
+    such piece is paired with the piece found by following its position (the piece of ``t_in`` where ``t_out``
+    has it, and so on), which keeps every device that already holds its block in place whenever those pieces
+    have equal sizes (swaps of equal-sized axes, as the synthesizer makes); else they are taken in mesh order
+    as one group. Partial axes and the axes neither type places keep their coordinates. Raises
+    :class:`ShardingError` if the two types cut a mesh axis into factors of different decompositions.
+    """
+    r = t_in.rank
+    cut = split_common([*t_in.dims, *t_out.dims, t_in.partial, t_out.partial])
+    if any(hi % lo for ps in cut for _, lo, hi in ps):
+        raise ShardingError(f"a permute from {t_in} to {t_out} cuts a mesh axis into factors of two different "
+                            "decompositions")
+    size_of = dict(t_in.mesh.axes)
+    P = [[p for p in ps if p[1] != p[2]] for ps in cut[:r]]
+    Q = [[p for p in ps if p[1] != p[2]] for ps in cut[r: 2 * r]]
+    groups = []
+    for p, q in zip(P, Q):
+        while p and q and p[0] == q[0]:
+            p, q = p[1:], q[1:]
+        while p and q and p[-1] == q[-1]:
+            p, q = p[:-1], q[:-1]
+        if p:
+            groups.append((p, q))
+    placed_in = {p for g in groups for p in g[0]}
+    placed_out = {p for g in groups for p in g[1]}
+    mesh_order = {name: k for k, name in enumerate(t_in.mesh.names)}
+    order = lambda p: (mesh_order[p[0]], p[1])  # noqa: E731
+    only_out, only_in = sorted(placed_out - placed_in, key=order), sorted(placed_in - placed_out, key=order)
+    pairs = _chains(groups, only_out, only_in)
+    if pairs is not None:
+        groups += [([b], [a]) for b, a in pairs]
+    elif only_out:
+        groups.append((only_out, only_in))
+
+    def axes(pieces) -> tuple[Axis, ...]:
+        return canonical_axes(tuple(Axis(n, lo, hi // lo, size_of[n]) for n, lo, hi in pieces))
+
+    return tuple((axes(s), axes(a)) for s, a in groups)
+
+
+def _chains(groups, only_out, only_in):
+    """Pairs ``(b, a)``: piece ``b`` of ``only_out`` with the piece ``a`` of ``only_in`` reached by following
+    positions (``b``'s position in ``t_out``'s list, the piece of ``t_in`` there, that piece's position in
+    ``t_out``'s list if it has one, …), all of equal sizes; None if some chain meets another size or runs out."""
+    at = {q: (g, j) for g, (_, qs) in enumerate(groups) for j, q in enumerate(qs)}
+    out = []
+    for b in only_out:
+        cur = b
+        while True:
+            g, j = at[cur]
+            ps = groups[g][0]
+            if j >= len(ps) or ps[j][2] // ps[j][1] != cur[2] // cur[1]:
+                return None
+            cur = ps[j]
+            if cur not in at:  # placed by t_in only
+                out.append((b, cur))
+                break
+    return out
+
+
+# ---------------------------------------------------------------------- exchanges
+class Segment(NamedTuple):
+    """Along one dim: a device whose block over the dim's axes is ``block`` takes ``[src_start, src_start +
+    size)`` of its buffer's dim from a device whose block over the source's axes is ``source_block``, into
+    ``[dst_start, dst_start + size)``."""
+
+    block: int
+    source_block: int
+    src_start: int
+    dst_start: int
+    size: int
+
+
+# ---------------------------------------------------------------------- changes of device order
 def _blocks(t: ShardingType, device: int) -> tuple[int, ...]:
     """The block of every dim of ``t`` that ``device`` holds."""
     return tuple(block_index(t, i, device) for i in range(t.rank))
@@ -139,9 +492,33 @@ class Copy:
         return tuple(slice(a, a + n) for a, n in zip(self.dst_start, self.size))
 
 
-@lru_cache(maxsize=1024)
+def exchange_segments(t_in: ShardingType, t_out: ShardingType) -> tuple[tuple[Segment, ...], ...]:
+    """Per dim, the :class:`Segment` of every pair of a block under ``t_out`` and a block under ``t_in`` that
+    share elements (padding is no element), by destination block, then source block: at most ``k_in + k_out − 1``
+    per dim, whatever the device count.
+
+    A device's copies in an exchange are the products of one segment per dim (for its blocks under ``t_out``),
+    each from the device that differs from it only in its coordinates on ``t_in``'s dim axes, which are those of
+    the segments' source blocks: a device that holds a block takes it from itself, and a sender shares every
+    other coordinate (partial ones included) with its receiver.
+    """
+    out = []
+    for n, Ls, Lt, kt in zip(t_in.shape, t_in.local_shape, t_out.local_shape, map(t_out.blocks, range(t_out.rank))):
+        segs = []
+        for b in range(kt):
+            lo, hi = min(n, b * Lt), min(n, (b + 1) * Lt)
+            for s in range(lo // Ls, -(-hi // Ls)) if hi > lo else ():
+                a, z = max(lo, s * Ls), min(hi, (s + 1) * Ls)
+                segs.append(Segment(b, s, a - s * Ls, a - lo, z - a))
+        out.append(tuple(segs))
+    return tuple(out)
+
+
+@lru_cache(maxsize=256)
 def exchange_copies(t_in: ShardingType, t_out: ShardingType) -> tuple[tuple[Copy, ...], ...]:
-    """For each device, the copies that assemble its buffer under ``t_out`` from buffers under ``t_in``.
+    """For each device, the copies that assemble its buffer under ``t_out`` from buffers under ``t_in``: the
+    per-device form of an exchange between two device orders (``O(devices)``, as such a mesh is a table of its
+    devices; on one order :func:`exchange_segments` is the compact form).
 
     Both types have the same partial axes; their meshes have the same axes and may differ in device order.
     Summands move as whole partial groups (the devices that differ only on the partial axes; one device each
@@ -181,3 +558,18 @@ def exchange_copies(t_in: ShardingType, t_out: ShardingType) -> tuple[tuple[Copy
         for d, cs in zip(group, copies):
             out[d] = tuple(sorted(cs, key=lambda c: c.source != d))
     return tuple(out)
+
+
+
+def check_factors(t_in: ShardingType, t_out: ShardingType, what: str) -> None:
+    """Raise :class:`ShardingError` unless the sub-axes that ``t_in`` and ``t_out`` use of each mesh axis are
+    factors of one decomposition of it (as between a plan's source and destination); ``what`` names the step."""
+    by_axis: dict[str, list[Axis]] = {}
+    for t in (t_in, t_out):
+        for a in [a for d in t.dims for a in d] + list(t.partial):
+            by_axis.setdefault(a.name, []).append(a)
+    for name, axes in by_axis.items():
+        try:
+            check_factorization(name, axes)
+        except ShardingError as e:
+            raise ShardingError(f"{what} does not fit {t_in}: {e}") from None

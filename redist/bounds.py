@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from redist.axes import check_factorization, difference, remove_axes
-from redist.blocks import box_size, local_box, missing_elements
+from redist.blocks import box_size, local_box, max_missing_elements
 from redist.errors import ShardingError, shown
 from redist.types import ShardingType
 
@@ -15,20 +15,22 @@ def lower_bound_bytes(src: ShardingType, dst: ShardingType) -> int:
 
     ``S_d`` and ``T_d`` are the elements device ``d`` holds before and after (padding is not an element).
     For partial types an element is an (index, summand) pair, and a device keeps its own summand coordinates:
-    with the same partial axes on both sides the formula is unchanged (between two device orders a device may
-    have to take another summand, so a plan may not reach the bound there, but it still holds). When partial
-    axes are reduced (over a group of two or more devices), every element a device ends with needs at least
-    one value from another device, so the bound is ``max_d |T_d| · itemsize``. When the destination creates
-    pending sums, :func:`_creating_bound`. No plan can receive less.
+    with the same partial axes on both sides the formula is unchanged. When partial axes are reduced (over a
+    group of two or more devices), every element a device ends with needs at least one value from another
+    device, so the bound is ``max_d |T_d| · itemsize``: the device holding block 0 of every dim, whose box is
+    ``Π min(N, L)``. When the destination creates pending sums, :func:`_creating_bound`. No plan can receive
+    less (between two device orders a device may have to take another summand, so a plan may not reach the
+    bound there, but it still holds). Computed from the block structure
+    (:func:`redist.blocks.max_missing_elements`), in time independent of the device count on one device order;
+    the creating bound visits each summand group of the destination once.
     """
     check_pair(src, dst)
-    mesh = src.mesh
     if difference(dst.partial, src.partial):
         return _creating_bound(src, dst)
     reduced = remove_axes(src.partial, dst.partial)
-    if mesh.group_size(reduced) > 1:
-        return max(box_size(local_box(dst, d)) for d in range(mesh.size)) * dst.itemsize
-    return max(missing_elements(src, dst, d) for d in range(mesh.size)) * dst.itemsize
+    if src.mesh.group_size(reduced) > 1:
+        return math.prod(min(n, L) for n, L in zip(dst.shape, dst.local_shape)) * dst.itemsize
+    return max_missing_elements(src, dst) * dst.itemsize
 
 
 def _creating_bound(src: ShardingType, dst: ShardingType) -> int:

@@ -62,13 +62,15 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
+import numpy as np
+
+from redist import program as P
 from redist import steps as S
 from redist.axes import axis_name
-from redist.blocks import exchange_copies, permute_sources
+from redist.blocks import DeviceClasses, exchange_segments, permute_groups, rank, with_ranks
 from redist.errors import ShardingError, shown
 from redist.mesh import Mesh
 from redist.plan import Plan
-from redist.program import Exchange
 
 __all__ = [
     "Link", "Topology", "PRESETS", "topology", "as_topology", "preset_names", "collective_time", "step_time",
@@ -260,16 +262,71 @@ def collective_time(axes: Iterable[str], nbytes: float, topo: Topology, kind: st
 
 def step_axes(step, t_in) -> tuple[str, ...]:
     """The axes a step communicates over: its own axes, or for a permute or an exchange the mesh axes along
-    which some device's source device differs from it (in mesh order)."""
+    which some device's source device differs from it (in mesh order), found per class of devices
+    (:class:`redist.blocks.DeviceClasses` of the axes the step's layouts use), never per device. An exchange
+    is priced as one collective over them (one latency)."""
+    if isinstance(step, (S.Permute, S.Exchange)) and step.apply(t_in).mesh != t_in.mesh:
+        return _reordered_axes(step, t_in)
     if isinstance(step, S.Permute):
-        sources = permute_sources(t_in, step.apply(t_in))
-        return t_in.mesh.varying_axes((d, s) for d, s in enumerate(sources) if s != d)
+        return _permute_axes(t_in, step.apply(t_in))
     if isinstance(step, S.Exchange):
-        copies = exchange_copies(t_in, step.apply(t_in))
-        return t_in.mesh.varying_axes((d, c.source) for d, cs in enumerate(copies) for c in cs if c.source != d)
+        return _exchange_axes(t_in, step.apply(t_in))
     if isinstance(step, (S.AllSlice, S.Pad, S.Unpad, S.ReplicateToPartial, S.ShardToPartial)):
         return ()
     return t_in.mesh.axes_of(step.axes)
+
+
+def _reordered_axes(step, t_in) -> tuple[str, ...]:
+    """The mesh axes (on ``t_in``'s mesh) along which some device's source differs from it, for a permute or
+    an exchange to another device order: read device by device from its lowered tables (a mesh in another
+    order is a table of its devices)."""
+    mesh = t_in.mesh
+    pairs = []
+    for ins in P.lower_step(step, t_in):
+        for d in range(mesh.size):
+            if isinstance(ins, P.CollectivePermute):
+                pairs.append((d, ins.source_of(mesh, d)))
+            else:
+                pairs += [(d, c.source) for c in ins.copies(mesh, d)]
+    return mesh.varying_axes((d, s) for d, s in pairs if s != d)
+
+
+def _permute_axes(t_in, t_out) -> tuple[str, ...]:
+    """The mesh axes on which some device's source in a permute differs from it: the source's coordinates,
+    computed on a representative of each class of the groups' axes."""
+    groups = permute_groups(t_in, t_out)
+    classes = DeviceClasses(t_in.mesh, [a for g in groups for side in g for a in side])
+    c = classes.coords
+    source = with_ranks(c, [(s, rank(c, a)) for s, a in groups])
+    return tuple(n for n in t_in.mesh.names if np.any(source[n] != c[n]))
+
+
+def _exchange_axes(t_in, t_out) -> tuple[str, ...]:
+    """The mesh axes on which some copy's sender differs from its receiver in an exchange. A sender differs
+    from its receiver only on ``t_in``'s dim axes, where it has its segment's source block: per receiver block,
+    the coordinates on each such axis that its segments read from are compared with the receiver's own (a
+    device whose block has no segment in some dim receives no copy)."""
+    mesh = t_in.mesh
+    classes = DeviceClasses(mesh, [a for t in (t_in, t_out) for d in t.dims for a in d])
+    c = classes.coords
+    receives = np.ones(classes.size, bool)
+    differs = {n: np.zeros(classes.size, bool) for n in mesh.names}
+    for source_axes, axes, segs in zip(t_in.dims, t_out.dims, exchange_segments(t_in, t_out)):
+        k = mesh.group_size(axes)
+        block = np.broadcast_to(rank(c, axes), (classes.size,))
+        blocks = np.array([g.block for g in segs], np.int64)
+        count = np.bincount(blocks, minlength=k)
+        receives &= count[block] > 0
+        below = 1
+        for a in reversed(source_axes):  # the coordinate on ``a`` of each segment's source block
+            coord = np.array([g.source_block // below % a.size for g in segs], np.int64)
+            below *= a.size
+            least, most = np.full(k, a.size, np.int64), np.full(k, -1, np.int64)
+            np.minimum.at(least, blocks, coord)
+            np.maximum.at(most, blocks, coord)
+            own = (c[a.name] // a.stride) % a.size
+            differs[a.name] |= (count[block] > 0) & ((least[block] != most[block]) | (least[block] != own))
+    return tuple(n for n in mesh.names if np.any(receives & differs[n]))
 
 
 def step_time(step, t_in, topo: Topology) -> float:
@@ -287,10 +344,9 @@ def exchange_time(step: S.Exchange, t_in, topo: Topology) -> float:
     ``ppermute`` each in the JAX backend) one after the other, each a collective over the mesh axes along which
     its senders and receivers differ, moving the round's slab: the largest copy of the round along each dim
     (the static shape every sender of the round sends). One latency per round, not one in all."""
-    t_out = step.apply(t_in)
-    ins = Exchange(t_out.local_shape, exchange_copies(t_in, t_out))
+    (ins,) = P.lower_step(step, t_in)
     total = 0.0
-    for _, moves in ins.rounds():
+    for _, moves in ins.rounds(t_in.mesh):
         slab = math.prod(max(c.size[i] for _, _, c in moves) for i in range(t_in.rank)) * t_in.itemsize
         axes = t_in.mesh.varying_axes((source, dest) for source, dest, _ in moves)
         total += collective_time(axes, slab, topo)

@@ -9,10 +9,11 @@ from fractions import Fraction
 from functools import cached_property
 
 from redist import steps as S
+from redist.blocks import DeviceClasses
 from redist.bounds import lower_bound_bytes
 from redist.errors import ShardingError, shown
 from redist.plan_file import FORMAT, read_plan, step_args
-from redist.program import Program, collective_mesh, lower
+from redist.program import Program, collective_mesh, lower, point_to_point_bytes
 from redist.types import ShardingType
 
 
@@ -103,20 +104,31 @@ class Plan:
         return max(t.local_bytes for t in self.types)
 
     @cached_property
-    def device_bytes(self) -> tuple[Fraction, ...]:
-        """Bytes each device receives over the whole plan (collectives count as in the steps' table)."""
-        totals = [Fraction(0)] * self.src.mesh.size
+    def _received(self) -> Fraction:
+        """The most bytes any device receives over the whole plan. Collectives receive the same on every
+        device; point-to-point steps (permute, exchange) per device: one of them adds its own maximum, and
+        several are added up per class of devices (:class:`redist.blocks.DeviceClasses` of the axes that
+        decide what a device receives in them), so that no device is counted at two different maxima. A plan
+        that changes the device order adds them up per device, from its program's tables
+        (:func:`redist.program.point_to_point_bytes`)."""
+        uniform, p2p = Fraction(0), []
         for step, t in zip(self.steps, self.types):
-            if hasattr(step, "device_bytes"):  # point-to-point steps: each device receives its own amount
-                totals = [b + x for b, x in zip(totals, step.device_bytes(t))]
+            b = step.bytes_received(t)
+            if hasattr(step, "class_bytes") and b:
+                p2p.append((step, t, b))
             else:
-                totals = [b + step.bytes_received(t) for b in totals]
-        return tuple(totals)
+                uniform += b
+        if p2p and any(t.mesh != self.src.mesh for t in self.types):
+            return uniform + int(point_to_point_bytes(self.program).max())
+        if len(p2p) <= 1:
+            return uniform + sum(b for _, _, b in p2p)
+        classes = DeviceClasses(self.src.mesh, [a for s, t, _ in p2p for a in s.class_axes(t)])
+        return uniform + int(max(sum(s.class_bytes(t, classes.coords) for s, t, _ in p2p)))
 
     @property
     def bytes_received(self) -> int | float:
         """The largest, over devices, of the bytes a device receives over the whole plan."""
-        return _number(max(self.device_bytes, default=Fraction(0)))
+        return _number(self._received)
 
     def step_bytes(self) -> tuple[int | float, ...]:
         """Bytes received per device in each step (the most any device receives in it)."""

@@ -31,14 +31,23 @@ Instructions (``x`` is a device's buffer before, ``r`` its group rank):
   These two create pending sums (:class:`redist.steps.ReplicateToPartial`, :class:`redist.steps.ShardToPartial`)
   and are the only instructions that write values no device held: zeros, the identity of a sum (only sums
   are created: :func:`redist.bounds.check_pair`). (A ``shard_to_partial`` that leaves an uneven dim whole
-  is lowered to an ``Exchange`` of local copies instead, each device's block placed where the dim holds it:
+  is lowered to an ``Exchange`` of local copies instead (a :class:`CopyTable`), each device's block placed where the dim holds it:
   an ``EmbedChunk`` would place it at ``r·n``, past the end for the last blocks.)
-- ``CollectivePermute(sources)``: device d's new buffer is device ``sources[d]``'s buffer (a permutation of
-  the devices; ``sources[d] == d`` means d keeps its buffer and receives nothing).
-- ``Exchange(shape, copies)``: device d's new buffer has ``shape``, zero where no copy writes (padding), and
-  for each :class:`~redist.blocks.Copy` ``c`` in ``copies[d]``: ``new[c.dst_start : c.dst_start + c.size] =
-  (buffer of device c.source)[c.src_start : c.src_start + c.size]`` (boxes, per dim). Point-to-point: it
-  differs per device, and the boxes of one device do not overlap.
+- ``CollectivePermute(sources)``: device d's new buffer is device ``sources[d]``'s buffer, where ``sources`` is
+  a tuple of device ids (a permutation of the devices; ``sources[d] == d`` means d keeps its buffer and
+  receives nothing) or a :class:`CoordinateMap`: the source of d is the device whose rank over ``source_axes``
+  is d's rank over ``axes``, for each of its groups ``(source_axes, axes)``, and whose other coordinates are
+  d's. Lowered permutes are coordinate maps (a few axes, whatever the device count); a table serves
+  permutations without such structure (a program written by hand).
+- ``Exchange(shape, dims)``: device d's new buffer has ``shape``, zero where no copy writes (padding), and is
+  filled by copies of boxes from other buffers. ``dims[i]`` (an :class:`ExchangeDim`) lists the dim's
+  :class:`~redist.blocks.Segment` s: a device whose rank over ``axes`` is ``block`` takes ``[src_start,
+  src_start + size)`` from a device whose rank over ``source_axes`` is ``source_block`` into ``[dst_start,
+  dst_start + size)``. A copy is one segment per dim (for d's blocks), from the device that differs from d
+  only in its coordinates on the source axes of all dims, which are those of its segments' source blocks
+  (:meth:`Exchange.copies`): ``new[c.dst_start : c.dst_start + c.size] = (buffer of device c.source)[c.src_start
+  : c.src_start + c.size]``. Point-to-point: it differs per device, and the boxes of one device do not
+  overlap. The tables have ``O(k_in + k_out)`` segments per dim, whatever the device count.
 
 Instructions name their axes as :class:`~redist.axes.Axis` values, which are the token strings (lowering makes
 them on the plan's mesh; a program built by hand may name them as plain token strings). Backends read them
@@ -46,11 +55,13 @@ through the mesh (``mesh.groups``, ``mesh.group_index``, ``mesh.axis``); the ver
 
 Devices. ``d`` above is a device id, and buffers are per device id (an MPI rank, a shard of
 :func:`redist.execute`). Groups and ranks are those of ``Program.mesh``, whose ``device_ids`` say which device
-is at which position (:class:`redist.Mesh`); ``CollectivePermute`` and ``Exchange`` name devices by id and do
-not depend on it. ``src_mesh`` and ``dst_mesh`` are the device orders the input buffers and the result are
-laid out in (the source's and destination's meshes: the same axes as ``mesh``, and ``mesh`` itself unless the
-plan changes the device order, which it does by a permute or an exchange; every collective of a plan runs on
-one device order, ``mesh``).
+is at which position (:class:`redist.Mesh`). A permute's table names devices by id and does not depend on
+it; a coordinate map and an exchange's segment tables speak of coordinates, those of positions on ``mesh``.
+``src_mesh`` and ``dst_mesh`` are the device orders the input buffers and the result are laid out in (the
+source's and destination's meshes: the same axes as ``mesh``, and ``mesh`` itself unless the plan changes the
+device order, which it does by a permute or an exchange; every collective of a plan runs on one device order,
+``mesh``). Lowered, such a change is a permute's table, or an exchange on ``mesh`` next to a table that
+relabels whole buffers between ``mesh`` and the other order.
 
 The backends (:mod:`redist.backends`) execute these, and :mod:`redist.verify` proves these same instructions
 correct. Lowering is one instruction per plan step, except that an all-to-all step (of one move or several)
@@ -62,14 +73,17 @@ permutation) has no instruction; nothing in the program refers back to sharding 
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
 from redist import steps as S
-from redist.axes import Axis
-from redist.blocks import Copy, exchange_copies, local_box, permute_sources
+from redist.axes import Axis, check_factorization
+from redist.blocks import (Copy, DeviceClasses, Segment, device_coords, device_id, exchange_copies, exchange_segments,
+                           local_box, permute_groups, permute_sources, rank, with_ranks)
 from redist.errors import ShardingError
 from redist.mesh import Mesh
 from redist.types import REDUCTIONS
@@ -127,34 +141,185 @@ class EmbedChunk:
 
 
 @dataclass(frozen=True)
-class CollectivePermute:
-    sources: tuple[int, ...]
+class CoordinateMap:
+    """The source of every device of a permute, by coordinates: for each group ``(source_axes, axes)`` of
+    ``groups``, the source's rank over ``source_axes`` is the device's rank over ``axes``; its coordinates on
+    every other part of the mesh are the device's. It is a permutation when each group's two sides have the
+    same size and the source axes of all groups cover the same factors of the mesh as their axes
+    (:meth:`check`)."""
 
-    def pairs(self) -> tuple[tuple[int, int], ...]:
-        """``(source, destination)`` pairs of the devices that move, as ``lax.ppermute`` takes them."""
-        return tuple((s, d) for d, s in enumerate(self.sources) if s != d)
+    groups: tuple[tuple[tuple[Axis, ...], tuple[Axis, ...]], ...]
+
+    def sources(self, mesh: Mesh, devices):
+        """The source of each of ``devices`` (a device id, or a numpy array of them)."""
+        c = device_coords(mesh, devices)
+        return device_id(mesh, with_ranks(c, [(mesh.axes_of(s), rank(c, mesh.axes_of(a))) for s, a in self.groups]))
+
+    def inverse(self) -> "CoordinateMap":
+        """The map of the inverse permutation: the device that takes each device's buffer."""
+        return CoordinateMap(tuple((a, s) for s, a in self.groups))
+
+    def check(self, mesh: Mesh) -> None:
+        """Raise :class:`ShardingError` unless the map is a permutation of ``mesh``'s devices: axes of the mesh,
+        the two sides of each group of equal size, no factor of a mesh axis on one side twice, both sides
+        covering the same factors of each mesh axis, and all of them factors of one decomposition of it."""
+        sides: list[list[Axis]] = [[], []]
+        if not (isinstance(self.groups, tuple) and all(isinstance(g, tuple) and len(g) == 2 for g in self.groups)):
+            raise ShardingError(f"a permute's groups must be (source_axes, axes) pairs, got {self.groups!r:.80}")
+        for source_axes, axes in self.groups:
+            s, a = mesh.axes_of(source_axes), mesh.axes_of(axes)
+            if mesh.group_size(s) != mesh.group_size(a):
+                raise ShardingError(f"group ({','.join(s)}) <- ({','.join(a)}) of a permute: the sides have "
+                                    f"{mesh.group_size(s)} and {mesh.group_size(a)} coordinates")
+            sides[0] += s
+            sides[1] += a
+        for name in mesh.names:
+            on = [[x for x in side if x.name == name] for side in sides]
+            check_factorization(name, on[0] + on[1])
+            covered = []
+            for side in on:
+                for i, x in enumerate(side):
+                    if any(x.overlaps(y) for y in side[:i]):
+                        raise ShardingError(f"axis {x} is named twice on one side of a permute's groups")
+                covered.append(_merged(sorted((x.pre, x.stop) for x in side)))
+            if covered[0] != covered[1]:
+                raise ShardingError(f"a permute's groups name other factors of mesh axis {name!r} on the source "
+                                    "side than on the other: it is no permutation")
+
+
+def _merged(ranges) -> list[tuple[int, int]]:
+    """Sorted factor ranges ``[lo, hi)`` with adjacent ones joined."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in ranges:
+        if out and out[-1][1] == lo:
+            out[-1] = (out[-1][0], hi)
+        elif lo != hi:
+            out.append((lo, hi))
+    return out
+
+
+@dataclass(frozen=True)
+class CollectivePermute:
+    sources: tuple[int, ...] | CoordinateMap
+
+    def source_of(self, mesh: Mesh, device: int) -> int:
+        """The device whose buffer ``device`` takes."""
+        if isinstance(self.sources, CoordinateMap):
+            return int(self.sources.sources(mesh, device))
+        return self.sources[device]
+
+    def target_of(self, mesh: Mesh, device: int) -> int:
+        """The device that takes ``device``'s buffer."""
+        if isinstance(self.sources, CoordinateMap):
+            return int(self.sources.inverse().sources(mesh, device))
+        return self.sources.index(device)
+
+    def source_table(self, mesh: Mesh) -> tuple[int, ...]:
+        """The source of every device, by device id (a table of the mesh's size: for runtimes that need one)."""
+        if isinstance(self.sources, CoordinateMap):
+            return tuple(self.sources.sources(mesh, np.arange(mesh.size, dtype=np.int64)).tolist())
+        return self.sources
+
+    def moves(self) -> bool:
+        """Whether some device takes another's buffer (a coordinate map moves some device when it has a group:
+        lowering leaves out groups that keep every device in place)."""
+        if isinstance(self.sources, CoordinateMap):
+            return bool(self.sources.groups)
+        return any(s != d for d, s in enumerate(self.sources))
+
+    def __str__(self) -> str:
+        if isinstance(self.sources, CoordinateMap):
+            return "CollectivePermute(" + ", ".join(f"({','.join(s)}) <- ({','.join(a)})"
+                                                    for s, a in self.sources.groups) + ")"
+        text = str(self.sources)
+        return f"CollectivePermute({text if len(text) <= 80 else text[:77] + '...'})"
+
+
+@dataclass(frozen=True)
+class ExchangeDim:
+    """One dim of an :class:`Exchange`: the receiver's block is its rank over ``axes``, a sender's its rank over
+    ``source_axes``, and ``segments`` say which interval of the dim goes where (by receiver block)."""
+
+    source_axes: tuple[Axis, ...]
+    axes: tuple[Axis, ...]
+    segments: tuple[Segment, ...]
+
+    @cached_property
+    def by_block(self) -> dict[int, tuple[Segment, ...]]:
+        """The segments of each receiver block, in table order."""
+        out: dict[int, list[Segment]] = {}
+        for seg in self.segments:
+            out.setdefault(seg.block, []).append(seg)
+        return {b: tuple(segs) for b, segs in out.items()}
+
+
+@dataclass(frozen=True)
+class CopyTable:
+    """The copies of every device, by device id (``copies[d]``): the form of an exchange between two device
+    orders, whose devices have no coordinates in common (a mesh in another order is a table of its devices),
+    and of the local copies of a ``shard_to_partial`` onto an uneven dim (each device's source is itself)."""
+
+    copies: tuple[tuple[Copy, ...], ...]
 
 
 @dataclass(frozen=True)
 class Exchange:
     shape: tuple[int, ...]
-    copies: tuple[tuple[Copy, ...], ...]  # per destination device
+    dims: tuple[ExchangeDim, ...] | CopyTable
 
-    def received(self, device: int) -> int:
-        """Elements ``device`` receives from other devices."""
-        return sum(math.prod(c.size) for c in self.copies[device] if c.source != device)
+    def copies(self, mesh: Mesh, device: int) -> tuple[Copy, ...]:
+        """The copies that fill ``device``'s buffer: one per combination of a segment of each dim (for its
+        blocks), in table order, from the device that differs from it only on the source axes (a
+        :class:`CopyTable`: the device's row)."""
+        if isinstance(self.dims, CopyTable):
+            return self.dims.copies[device]
+        c = device_coords(mesh, device)
+        per_dim = [x.by_block.get(rank(c, mesh.axes_of(x.axes)), ()) for x in self.dims]
+        out = []
+        for segs in itertools.product(*per_dim):
+            source = device_id(mesh, with_ranks(c, [(mesh.axes_of(x.source_axes), seg.source_block)
+                                                    for x, seg in zip(self.dims, segs)]))
+            out.append(Copy(int(source), tuple(s.src_start for s in segs), tuple(s.dst_start for s in segs),
+                            tuple(s.size for s in segs)))
+        return tuple(out)
 
-    def rounds(self, local: bool = False) -> tuple[tuple[int, tuple[tuple[int, int, Copy], ...]], ...]:
+    def copies_from(self, mesh: Mesh, device: int) -> list[tuple[int, Copy]]:
+        """``(receiver, copy)`` for every copy whose source is ``device`` and whose receiver is another device, by
+        receiver, each receiver's in the order of :meth:`copies`. Only the devices that differ from ``device``
+        on the source axes can receive from it; they are found per class of those axes
+        (:class:`~redist.blocks.DeviceClasses`), with no pass over the whole mesh (a :class:`CopyTable` is
+        searched)."""
+        if isinstance(self.dims, CopyTable):
+            return [(d, c) for d, copies in enumerate(self.dims.copies) if d != device for c in copies
+                    if c.source == device]
+        mine = device_coords(mesh, device)
+        classes = DeviceClasses(mesh, [a for x in self.dims for a in x.source_axes])
+        receivers = classes.around(device)
+        if classes.size > 1:
+            c = device_coords(mesh, receivers)
+            keep = np.ones(classes.size, bool)
+            for x in self.dims:  # a receiver's block must have a segment from this device's source block
+                mine_b = rank(mine, mesh.axes_of(x.source_axes))
+                blocks = [seg.block for seg in x.segments if seg.source_block == mine_b]
+                keep &= np.isin(rank(c, mesh.axes_of(x.axes)), blocks)
+            receivers = receivers[keep]
+        out = []
+        for d in sorted(set(np.atleast_1d(receivers).tolist()) - {device}):
+            out += [(d, cp) for cp in self.copies(mesh, d) if cp.source == device]
+        return out
+
+    def rounds(self, mesh: Mesh, local: bool = False) -> tuple[tuple[int, tuple[tuple[int, int, Copy], ...]], ...]:
         """The copies in rounds ``(shift, ((source, destination, copy), …))`` in which every device sends at most
         one copy and receives at most one: a round is a shift ``(destination − source) mod n`` and the
         how-many-th copy of such a pair it is, in the order of (shift, that count). The JAX backend runs each
         round of a nonzero shift as one ``ppermute``, and the cost model charges each its latency. Copies of no
-        elements are left out, and so are copies within a device (shift 0) unless ``local``."""
-        n = len(self.copies)
+        elements are left out, and so are copies within a device (shift 0) unless ``local``. This visits every
+        device of ``mesh`` (a ``ppermute`` takes its pairs device by device)."""
+        n = mesh.size
         rounds: dict[tuple[int, int], list[tuple[int, int, Copy]]] = {}
-        for d, copies in enumerate(self.copies):
+        for d in range(n):
             seen: dict[int, int] = {}
-            for c in copies:
+            for c in self.copies(mesh, d):
                 if (c.source == d and not local) or math.prod(c.size) == 0:
                     continue
                 j = seen.get(c.source, 0)
@@ -163,8 +328,11 @@ class Exchange:
         return tuple((shift, tuple(moves)) for (shift, _), moves in sorted(rounds.items()))
 
     def __str__(self) -> str:
-        moved = sum(1 for d, cs in enumerate(self.copies) for c in cs if c.source != d)
-        return f"Exchange(shape={self.shape}, {moved} transfers between devices)"
+        if isinstance(self.dims, CopyTable):
+            moved = sum(c.source != d for d, cs in enumerate(self.dims.copies) for c in cs)
+            return f"Exchange(shape={self.shape}, {moved} copies between devices)"
+        parts = [f"({','.join(x.source_axes)}) -> ({','.join(x.axes)}): {len(x.segments)} segments" for x in self.dims]
+        return f"Exchange(shape={self.shape}, {'; '.join(parts) or 'rank 0'})"
 
 
 Instruction = (Reshape | Transpose | Slice | AllGather | AllToAll | ReduceScatter | AllReduce | KeepRoot | EmbedChunk
@@ -214,11 +382,16 @@ def _embed_in_place(t_in, t_out) -> Exchange:
         size = tuple(h.stop - h.start for h in have)
         at = tuple(h.start - w.start for h, w in zip(have, want))
         copies.append((Copy(d, (0,) * len(size), at, size),) if all(size) else ())
-    return Exchange(t_out.local_shape, tuple(copies))
+    return Exchange(t_out.local_shape, CopyTable(tuple(copies)))
 
 
-def lower_step(step, t_in) -> tuple[Instruction, ...]:
-    """The instructions that implement one typed step on buffers of type ``t_in``."""
+def lower_step(step, t_in, mesh: Mesh | None = None) -> tuple[Instruction, ...]:
+    """The instructions that implement one typed step on buffers of type ``t_in``, in a program on ``mesh``
+    (default: ``t_in.mesh``; see "Devices" above and :func:`_point_to_point`)."""
+    if isinstance(step, (S.Permute, S.Exchange)):
+        return _point_to_point(step, t_in, step.apply(t_in), mesh or t_in.mesh)
+    if isinstance(step, S.ShardToPartial) and not (t_in.is_even(step.dim) and step.apply(t_in).is_even(step.dim)):
+        return (_embed_in_place(t_in, step.apply(t_in)),)
     if isinstance(step, S.AllToAll):
         return _all_to_all(((step.src_dim, step.dst_dim, t_in.mesh.axes_of(step.axes)),), t_in, step.apply(t_in))
     if isinstance(step, S.MultiAllToAll):
@@ -229,14 +402,22 @@ def lower_step(step, t_in) -> tuple[Instruction, ...]:
     return (_lower_one(step, t_in),)
 
 
-def _lower_one(step, t_in) -> Instruction:
+def _point_to_point(step, t_in, t_out, mesh: Mesh) -> tuple[Instruction, ...]:
+    """A permute or an exchange from ``t_in`` to ``t_out`` in a program on ``mesh``: the compact form (a
+    coordinate map, segment tables), which reads coordinates on the program's mesh, where both types lie on
+    it; else (a change of device order, or a step on the program's other order) a table over the devices:
+    :func:`redist.blocks.permute_sources`, :func:`redist.blocks.exchange_copies`."""
+    on_mesh = t_in.mesh == t_out.mesh == mesh
     if isinstance(step, S.Permute):
-        return CollectivePermute(permute_sources(t_in, step.apply(t_in)))
-    if isinstance(step, S.Exchange):
-        t_out = step.apply(t_in)
-        return Exchange(t_out.local_shape, exchange_copies(t_in, t_out))
-    if isinstance(step, S.ShardToPartial) and not (t_in.is_even(step.dim) and step.apply(t_in).is_even(step.dim)):
-        return _embed_in_place(t_in, step.apply(t_in))
+        return (CollectivePermute(CoordinateMap(permute_groups(t_in, t_out)) if on_mesh
+                                  else permute_sources(t_in, t_out)),)
+    if not on_mesh:
+        return (Exchange(t_out.local_shape, CopyTable(exchange_copies(t_in, t_out))),)
+    dims = tuple(ExchangeDim(x, y, segs) for x, y, segs in zip(t_in.dims, t_out.dims, exchange_segments(t_in, t_out)))
+    return (Exchange(t_out.local_shape, dims),)
+
+
+def _lower_one(step, t_in) -> Instruction:
     axes = t_in.mesh.axes_of(step.axes)
     if isinstance(step, S.AllSlice):
         return Slice(step.dim, axes)
@@ -322,7 +503,7 @@ def lower(steps, types) -> Program:
     mesh = collective_mesh(steps, types)
     instructions, shapes = [], [t0.local_shape]
     for step, t in zip(steps, types):
-        for ins in lower_step(step, t):
+        for ins in lower_step(step, t, mesh):
             if _moves_nothing(ins, shapes[-1], mesh):
                 continue
             instructions.append(ins)
@@ -332,11 +513,55 @@ def lower(steps, types) -> Program:
                    src_mesh=t0.mesh, dst_mesh=types[-1].mesh)
 
 
+def point_to_point_bytes(program: Program) -> np.ndarray:
+    """Per device id, the bytes the program's permutes and exchanges bring it from other devices, all devices
+    at once (numpy): a permute its whole buffer where its source is another device; an exchange the product
+    over dims of the sizes of the segments of its blocks, less the product of those it reads from itself
+    (whose source block is its own rank over the dim's source axes)."""
+    mesh, item = program.mesh, np.dtype(program.dtype).itemsize
+    ids = np.arange(mesh.size, dtype=np.int64)
+    c = device_coords(mesh, ids)
+    total = np.zeros(mesh.size, np.int64)
+    for ins, shape in zip(program.instructions, program.shapes):
+        if isinstance(ins, CollectivePermute):
+            sources = ins.sources.sources(mesh, ids) if isinstance(ins.sources, CoordinateMap) else ins.sources
+            total += np.where(np.asarray(sources) != ids, math.prod(shape) * item, 0)
+        elif isinstance(ins, Exchange) and isinstance(ins.dims, CopyTable):
+            total += np.array([sum(math.prod(c.size) for c in cs if c.source != d) for d, cs in
+                               enumerate(ins.dims.copies)], np.int64) * item
+        elif isinstance(ins, Exchange):
+            every, own = 1, 1
+            for x in ins.dims:
+                source_axes = mesh.axes_of(x.source_axes)
+                k_in = mesh.group_size(source_axes)
+                block = rank(c, mesh.axes_of(x.axes))
+                by_block: dict[int, int] = {}
+                by_pair: dict[int, int] = {}
+                for g in x.segments:
+                    by_block[g.block] = by_block.get(g.block, 0) + g.size
+                    by_pair[g.block * k_in + g.source_block] = by_pair.get(g.block * k_in + g.source_block, 0) + g.size
+                every = every * _sizes_at(by_block, block)
+                own = own * _sizes_at(by_pair, block * k_in + rank(c, source_axes))
+            total += (every - own) * item
+    return total
+
+
+def _sizes_at(sizes: dict[int, int], keys) -> np.ndarray:
+    """``sizes[key]`` (0 where absent) for every entry of ``keys`` (a numpy array or an int)."""
+    keys = np.broadcast_to(np.asarray(keys, dtype=np.int64), np.shape(keys))
+    if not sizes:
+        return np.zeros(keys.shape, np.int64)
+    known = np.array(sorted(sizes), dtype=np.int64)
+    values = np.array([sizes[k] for k in known.tolist()], dtype=np.int64)
+    at = np.minimum(np.searchsorted(known, keys), len(known) - 1)
+    return np.where(known[at] == keys, values[at], 0)
+
+
 def _moves_nothing(ins, shape, mesh) -> bool:
     """Instructions that leave every buffer as it is (steps over size-1 axes, identity permutations) are
     left out of the program."""
     if isinstance(ins, CollectivePermute):
-        return not ins.pairs()
+        return not ins.moves()
     if isinstance(ins, Exchange):
         return False
     if isinstance(ins, Reshape):
@@ -366,11 +591,16 @@ def shape_after(ins: Instruction, shape, mesh: Mesh) -> tuple[int, ...]:
             raise ShardingError(f"{where}: {tuple(ins.perm)} is not a permutation of its dims")
         return tuple(shape[p] for p in ins.perm)
     if isinstance(ins, CollectivePermute):
-        if sorted(ins.sources) != list(range(mesh.size)):
+        if isinstance(ins.sources, CoordinateMap):
+            try:
+                ins.sources.check(mesh)
+            except ShardingError as e:
+                raise ShardingError(f"{where}: {e}") from None
+        elif sorted(ins.sources) != list(range(mesh.size)):
             raise ShardingError(f"{where}: sources are not a permutation of the {mesh.size} devices")
         return shape
     if isinstance(ins, Exchange):
-        _check_copies(ins, shape, mesh.size, where)
+        _check_exchange(ins, shape, mesh, where)
         return tuple(ins.shape)
     if isinstance(ins, (ReduceScatter, AllReduce)) and ins.reduction not in REDUCTIONS:
         raise ShardingError(f"{where}: reduction {ins.reduction!r} is not one of {', '.join(REDUCTIONS)}")
@@ -395,17 +625,56 @@ def shape_after(ins: Instruction, shape, mesh: Mesh) -> tuple[int, ...]:
     return tuple(s)
 
 
+def _check_exchange(ins: Exchange, shape, mesh: Mesh, where: str) -> None:
+    """An exchange's tables: one per dim of the buffer; axes of the mesh, the source axes of all dims not
+    overlapping (so that a copy has one source); every segment's blocks in range, its intervals inside both
+    buffers, and the segments of one receiver block not overlapping (so neither do a device's copies). A
+    :class:`CopyTable`: :func:`_check_copies`."""
+    if isinstance(ins.dims, CopyTable):
+        return _check_copies(ins, shape, mesh.size, where)
+    tables = isinstance(ins.dims, tuple) and all(
+        isinstance(x, ExchangeDim) and isinstance(x.segments, tuple)
+        and all(isinstance(g, tuple) and len(g) == 5 and all(isinstance(v, int) for v in g) for g in x.segments)
+        for x in ins.dims)
+    if not tables:
+        raise ShardingError(f"{where}: its dims must be a tuple of ExchangeDim tables of Segments")
+    if len(ins.dims) != len(shape) or len(ins.shape) != len(shape):
+        raise ShardingError(f"{where}: expected tables for the {len(shape)} dims of the buffer into a buffer of "
+                            f"rank {len(shape)}, got {len(ins.dims)} into shape {tuple(ins.shape)}")
+    sources = [a for x in ins.dims for a in mesh.axes_of(x.source_axes)]
+    for i, a in enumerate(sources):
+        if any(a.overlaps(b) for b in sources[:i]):
+            raise ShardingError(f"{where}: source axis {a} is named twice")
+    for name in {a.name for a in sources}:
+        check_factorization(name, [a for a in sources if a.name == name])
+    for i, (x, cap_in, cap_out) in enumerate(zip(ins.dims, shape, ins.shape)):
+        k_out, k_in = mesh.group_size(x.axes), mesh.group_size(x.source_axes)
+        end: dict[int, list[tuple[int, int]]] = {}
+        for seg in x.segments:
+            fits = (0 <= seg.block < k_out and 0 <= seg.source_block < k_in and seg.size >= 0 and seg.src_start >= 0
+                    and seg.dst_start >= 0 and seg.src_start + seg.size <= cap_in
+                    and seg.dst_start + seg.size <= cap_out)
+            if not fits:
+                raise ShardingError(f"{where}: segment {tuple(seg)} of dim {i} does not fit the buffers")
+            end.setdefault(seg.block, []).append((seg.dst_start, seg.dst_start + seg.size))
+        for b, spans in end.items():
+            spans = sorted(s for s in spans if s[1] > s[0])
+            if any(a[1] > z[0] for a, z in zip(spans, spans[1:])):
+                raise ShardingError(f"{where}: segments of block {b} of dim {i} overlap")
+
+
 def _check_copies(ins: Exchange, shape, n_dev: int, where: str) -> None:
-    """An exchange's copies: a tuple per device, each copy from a device that exists, inside both buffers,
-    and no two copies of a device writing one element (which of them wins would be the backend's choice)."""
-    if len(ins.copies) != n_dev or len(ins.shape) != len(shape):
+    """A copy table: copies for every device, each from a device that exists, inside both buffers, and no
+    two copies of a device writing one element (which of them wins would be the backend's choice)."""
+    table = ins.dims.copies
+    if not isinstance(table, tuple) or len(table) != n_dev or len(ins.shape) != len(shape):
         raise ShardingError(f"{where}: expected copies for {n_dev} devices into a buffer of rank {len(shape)}, "
-                            f"got {len(ins.copies)} into shape {tuple(ins.shape)}")
-    for d, copies in enumerate(ins.copies):
+                            f"got {len(table) if isinstance(table, tuple) else table!r} into shape {tuple(ins.shape)}")
+    for d, copies in enumerate(table):
         for c in copies:
             fits = all(n >= 0 and 0 <= a and a + n <= cap_in and 0 <= b and b + n <= cap_out
                        for a, b, n, cap_in, cap_out in zip(c.src_start, c.dst_start, c.size, shape, ins.shape))
-            if not (0 <= c.source < n_dev and len(c.size) == len(shape) and fits):
+            if not (isinstance(c, Copy) and 0 <= c.source < n_dev and len(c.size) == len(shape) and fits):
                 raise ShardingError(f"{where}: copy {c} of device {d} does not fit the buffers")
         for i, c in enumerate(copies):
             for e in copies[:i]:

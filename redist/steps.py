@@ -14,6 +14,8 @@ of devices in a group (the product of the sizes of the step's axes).
 |                               | others; the group is all their axes (k = product)  |            |                  |
 | permute(to dims)              | any change keeping each dim's block count          | same       | L, on a device   |
 |                               | and the partial axes                               |            | that moves       |
+| exchange(to dims)             | any change keeping the partial axes                | any        | what a device    |
+|                               |                                                    |            | lacks            |
 | reduce_scatter(dim, axes)     | remove ``axes`` from partial, append them to dim   | ÷ k        | (k−1)/k · L_in   |
 | all_reduce(axes)              | remove ``axes`` from partial                       | same       | 2(k−1)/k · L     |
 | replicate_to_partial(axes)    | add unused ``axes`` to partial                     | same       | 0                |
@@ -33,20 +35,27 @@ buffer ``k`` times longer, so the group's buffers are disjoint zero-padded piece
 all-gather without the communication: the buffer grows as in a gather). Onto a dim left whole, the blocks
 may be uneven: each member's block sits where the dim holds it (``5{x} -> 5 partial{x}`` on ``x=4``).
 
+A permute sends whole buffers between devices: device ``d`` receives the buffer of the device that
+:func:`redist.blocks.permute_groups` names by coordinates, which holds exactly the block (and, for a partial
+type, the summand) that ``d`` must hold after. Devices that already hold theirs keep them and receive nothing
+(for swaps of axes of equal sizes; see there). Which device holds which block, and what an exchange copies, is
+device geometry: :mod:`redist.blocks`.
+
+Accounting. Collectives receive the same on every device (the table). A permute or an exchange receives per
+device; ``bytes_received`` is the most any device receives, computed from the block structure without
+enumerating devices, and ``class_bytes`` gives the per-device amounts over classes of devices
+(:class:`redist.blocks.DeviceClasses` of ``class_axes``), for a plan that adds up several such steps.
+
 Reductions. ``reduce_scatter`` and ``all_reduce`` carry a reduction kind (``reduction``: ``"sum"``, ``"max"``,
 ``"min"`` or ``"prod"``, :data:`redist.types.REDUCTIONS`; written ``all_reduce(max, {x})``, and without the
 kind for a sum) and fit only a type whose pending reduction is of that kind: no step converts between kinds.
 
 Device order. ``permute`` and ``exchange`` may also move the array to the same mesh axes with another device
 order (``device_ids``, SPEC 1): each device then gets the block its position on the new mesh holds, from
-the devices that hold it on the old one (:func:`redist.blocks.permute_sources`,
-:func:`redist.blocks.exchange_copies`), and its bytes are counted as for any permute or exchange. No other
-step changes the mesh.
-
-A permute sends whole buffers between devices: device ``d`` receives the buffer of
-``redist.blocks.permute_sources(...)[d]``, which holds exactly the block (and, for a partial type, the summand)
-that ``d`` must hold after. Devices that already hold theirs keep them and receive nothing. Which device holds
-which block, and what an exchange copies, is device geometry: :mod:`redist.blocks`.
+the devices that hold it on the old one: a table of sources (:func:`redist.blocks.permute_sources`) or of
+copies per device (:func:`redist.blocks.exchange_copies`), as :mod:`redist.program` lowers them, and their
+bytes are counted per device from those tables (``O(devices)``, as a mesh in another order is a table of its
+devices). No other step changes the mesh.
 
 Steps hold their axes as given (token strings or :class:`~redist.axes.Axis` values); applying a step reads them
 on the type's mesh (:meth:`redist.Mesh.axis`).
@@ -58,8 +67,11 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
+import numpy as np
+
 from redist.axes import Axis, remove_axes, strip_suffix
-from redist.blocks import exchange_copies, missing_elements, permute_sources
+from redist.blocks import (check_factors, exchange_copies, max_missing_elements, missing_elements_on, permute_groups,
+                           permute_sources, rank)
 from redist.errors import ShardingError
 from redist.types import REDUCTIONS, ShardingType
 
@@ -265,14 +277,30 @@ class Permute:
         if changed is not None:
             raise ShardingError(f"{self} does not fit {t}: it splits dim {changed} into {out.blocks(changed)} blocks, "
                                 f"not {t.blocks(changed)}; a permute moves whole blocks (an exchange regroups them)")
+        check_factors(t, out, str(self))
         return out
 
     def bytes_received(self, t: ShardingType) -> Fraction:
-        return max(self.device_bytes(t))
+        """The whole buffer if some device's block changes (:func:`redist.blocks.permute_groups` names a
+        group; between two device orders, if some device's source in :func:`redist.blocks.permute_sources` is
+        another device), else nothing."""
+        out = self.apply(t)
+        if out.mesh != t.mesh:
+            return Fraction(t.local_bytes if any(s != d for d, s in enumerate(permute_sources(t, out))) else 0)
+        return Fraction(t.local_bytes if permute_groups(t, out) else 0)
 
-    def device_bytes(self, t: ShardingType) -> tuple[Fraction, ...]:
-        """Per device: the whole buffer if it moves, else nothing."""
-        return tuple(Fraction(t.local_bytes if s != d else 0) for d, s in enumerate(permute_sources(t, self.apply(t))))
+    def class_axes(self, t: ShardingType) -> tuple[Axis, ...]:
+        """The axes whose coordinates decide whether a device moves."""
+        return tuple(a for g in permute_groups(t, self.apply(t)) for axes in g for a in axes)
+
+    def class_bytes(self, t: ShardingType, coords: dict) -> np.ndarray:
+        """Per device at ``coords`` (see :mod:`redist.blocks`): the whole buffer if it moves, else nothing. A
+        device moves when, for some group, its rank over the group's axes differs from its rank over the
+        source axes (its source differs from it there)."""
+        moves = False
+        for source_axes, axes in permute_groups(t, self.apply(t)):
+            moves = moves | (rank(coords, source_axes) != rank(coords, axes))
+        return np.where(moves, t.local_bytes, 0)
 
     def __str__(self):
         return "permute(to [" + ", ".join(_axes(d) for d in self.dims) + "]" + _order(self.device_ids) + ")"
@@ -384,8 +412,9 @@ class ShardToPartial:
 @dataclass(frozen=True)
 class Exchange:
     """Point-to-point: every device gets each element of its block under ``dims`` (on the device order
-    ``device_ids``; None: the input's) that it does not keep, from one device that holds it, and keeps what it
-    can (see :func:`redist.blocks.exchange_copies`)."""
+    ``device_ids``; None: the input's) that it lacks, from one device that holds it (same partial coordinates),
+    and keeps what it has (see :func:`redist.blocks.exchange_segments`; between two device orders, see the
+    module docstring)."""
 
     dims: tuple[tuple[str, ...], ...]
     device_ids: tuple[int, ...] | None = None
@@ -397,17 +426,23 @@ class Exchange:
         return _rebuild(self, t, tuple(tuple(d) for d in self.dims), mesh=_target_mesh(self, t))
 
     def bytes_received(self, t: ShardingType) -> Fraction:
-        return max(self.device_bytes(t))
-
-    def device_bytes(self, t: ShardingType) -> tuple[Fraction, ...]:
-        """Per device: the elements of its copies from other devices (padding is not sent). On one device
-        order, and whenever a device keeps its summand role, that is the elements of its new block it does
-        not hold already (:func:`redist.blocks.missing_elements`)."""
+        """The most elements of its new block that a device lacks (padding is not sent)
+        (:func:`redist.blocks.max_missing_elements`); between two device orders, the most elements a device
+        copies from others in :func:`redist.blocks.exchange_copies`."""
         out = self.apply(t)
-        if t.mesh == out.mesh:
-            return tuple(Fraction(missing_elements(t, out, d) * t.itemsize) for d in range(t.mesh.size))
-        return tuple(Fraction(sum(math.prod(c.size) for c in copies if c.source != d) * t.itemsize)
-                     for d, copies in enumerate(exchange_copies(t, out)))
+        if out.mesh != t.mesh:
+            return Fraction(max(sum(math.prod(c.size) for c in copies if c.source != d)
+                                for d, copies in enumerate(exchange_copies(t, out))) * t.itemsize)
+        return Fraction(max_missing_elements(t, out) * t.itemsize)
+
+    def class_axes(self, t: ShardingType) -> tuple[Axis, ...]:
+        """The axes whose coordinates decide what a device receives: those of both layouts' dims."""
+        out = self.apply(t)
+        return tuple(a for d in t.dims + out.dims for a in d)
+
+    def class_bytes(self, t: ShardingType, coords: dict) -> np.ndarray:
+        """Per device at ``coords`` (see :mod:`redist.blocks`): the elements of its new block it lacks."""
+        return missing_elements_on(t, self.apply(t), coords) * t.itemsize
 
     def __str__(self):
         return "exchange(to [" + ", ".join(_axes(d) for d in self.dims) + "]" + _order(self.device_ids) + ")"

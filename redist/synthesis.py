@@ -21,9 +21,10 @@ equally cheap plans). Each move is a small record that makes its typed step (:mo
    dim. A run on one dim is one ``all_gather``; gathers on different dims commute, so a run of them takes
    minor dims first, while the buffer is small.
 5. ``all_reduce`` (:class:`AllReduceMove`): drop every partial atom that the destination does not keep.
-6. ``permute`` (:class:`SwapMove`): swap two atoms (within a dim, across dims with equal sizes, or with a
-   free atom of the same size that the destination places); a run of up to ``_MAX_SWAPS`` swaps is one
-   permute.
+6. ``permute`` (:class:`PermuteMove`): any rearrangement of the atoms that keeps each dim's block count
+   and the partial atoms, in one step that receives one whole buffer. It is not a move of the forward
+   search (enumerating the arrangements, or chains of swaps, is what blew up): a plan has at most one
+   permute, the join of a forward path and a backward suffix (see "Search" below).
 
 Invariant (memory-efficient normal form). Along every plan the local size never rises and then falls
 again: moves 1 and 2 are tried only until a gather has grown the buffer. The local sizes are therefore
@@ -32,19 +33,37 @@ destination places in dims are sliced, and only atoms it does not place are gath
 would have to be gathered again, and can only cost more.
 
 Choice. When source and destination have the same block count in every dim and the same partial axes, the
-plan is one ``permute``, with no search: it receives exactly the lower bound, in one step. Otherwise A*
-over these states, minimising (bytes received, number of steps): a move is charged what its step receives
-(the moves of a run together what their one step receives; a run of swaps, one whole buffer), and a run
-counts as one step. Costs are exact integers in units of ``1 / mesh.size`` bytes (every ``k`` divides the
-mesh size). The heuristic ``max(0, L_dst − L)`` is admissible: buffers grow only through all-gathers,
-which receive exactly what they add. The search ends when it takes a goal state (the destination's dims
-and partial atoms) off the queue, or when the queue is empty (no normal-form plan over these atoms). Sizes
-of axes are arbitrary integers. When the plan over the named atoms does not meet the lower bound or takes
-three steps or more (for a plan without reductions, where the bound is tight enough to tell), or no plan
-exists over them (an axis must be swapped for a part of another of a different size), the search is run
-again with every atom split into prime factors (Shardy's sub-axes) and the better plan is kept. With a
-topology, the objective is modeled time (a run pays its latency once) and the heuristic is the missing
-growth over the fastest link.
+plan is one ``permute``, with no search: it receives exactly the lower bound, in one step. Otherwise the
+search below minimises (bytes received, number of steps): a move is charged what its step receives (the
+moves of a run together what their one step receives), and a run counts as one step. Costs are exact
+integers in units of ``1 / mesh.size`` bytes (every ``k`` divides the mesh size). Sizes of axes are
+arbitrary integers. When splitting the atoms into prime factors (Shardy's sub-axes) gives other atoms, and
+the plan over the named atoms misses the lower bound, takes three steps or more, or does not exist (an axis
+must be swapped for a part of another of a different size), the search is run again over the prime atoms
+and the better plan is kept.
+
+Search (bidirectional, meeting at the permute). Plans in normal form are ``prefix, permute, suffix``, each
+part possibly empty. A forward A* runs the moves 1-5 from the source. A backward Dijkstra runs them read
+backwards from the goal (the ``_untry_…`` generators), lazily: only as far as the forward queue needs. Its
+suffixes are indexed by what a permute keeps (each dim's block count and the partial atoms), so a forward
+state joins the cheapest settled suffix of its key with one permute, whatever arrangement of atoms that
+permute makes. The forward queue holds states, pending joins (priced with the cheapest suffix not yet
+settled) and found joins; the search ends when a goal state or a found join is the cheapest entry, or when
+both queues are empty (no normal-form plan over these atoms). Ties (equal cost and steps) go to the
+permute placed later and moving fewer atoms. Heuristic: what some device lacks of its destination block
+(:meth:`_Space.missing_bytes`, the lower bound of :mod:`redist.bounds` from that state): a device receives
+at least what it lacks, so it is admissible. With a topology, the objective is modeled time (a run pays
+its latency once), and the heuristic and the least cost of a permute are priced over the fastest link.
+Symmetry: atoms of one size (with a topology, one size and link) that the destination places in no dim
+are interchangeable for the backward search, which gathers only the first free one of each class.
+
+Pruning. The searches by bytes look only for plans that receive no more than the fallback below (its cost is
+computed from the atoms, :func:`_fallback_cost`): without reductions its exchange receives exactly the lower
+bound, so a plan that misses the bound would lose to it anyway. The forward search stops once its cheapest
+entry costs more; the backward search drops a state whose suffix, plus what some device lacks of that
+state's blocks at the source (a lower bound on any prefix and permute to it), costs more. Ties keep the
+collectives. On pairs where no plan of collectives meets the bound, the search ends after a few thousand
+states and the exchange is taken, instead of running the budget out.
 
 Reductions. The reduction kind of a pending value (sum, max, min, prod) is the same on both sides
 (:func:`redist.bounds.check_pair`); every ``reduce_scatter`` and ``all_reduce`` of a plan takes the source's,
@@ -56,26 +75,28 @@ destination's order); where that end of the plan is a ``permute`` or an ``exchan
 the blocks to the other order too, at no extra cost. The fewer bytes (with a topology: the faster) of the
 two is returned. Every collective of the plan thus runs on one device order.
 
-Budget and fallback. The searches of one ``synthesize`` call generate at most ``_MAX_STATES`` (200,000)
-states in all, fewer for ranks above 8 (a state is a tuple per dim), and twice that with a topology (its
-own searches by modeled time get a second budget); a search over sub-axes also stops after
-``_MAX_REFINED_EXPANSIONS`` expansions, except when the search over whole axes found no plan by bytes.
-This bounds the searches of a call to about 2 seconds and 250 MB (measured on a shared 2-core machine, up
-to rank 128 on 16 axes). The budget counts states, not seconds, so that every MPI rank, synthesizing on
-its own, gets the same plan. In the benchmark's sample (1,200 pairs up to rank 4, on up to 4 axes) no
-search needs more than about 75,000 states. When no search finds a plan within the budget, or none exists
-in normal form (a cycle of atoms longer than ``_MAX_SWAPS`` swaps, say), ``synthesize`` still returns a
-plan, and never raises for a valid pair: the pending sums that the destination does not keep are reduced
-(reduce-scattered onto dims they divide, else all-reduced), then one ``exchange`` receives exactly what
-each device lacks. It is memory-bounded like every plan and, without a reduction, at the lower bound in
-bytes, but it is point-to-point traffic rather than collectives; with a reduction it can receive more than
-a searched plan would.
+Budget and fallback. The searches of one ``synthesize`` call generate at most ``_MAX_STATES`` (50,000)
+states in all, counted in both directions, fewer for ranks above 8 (a state is a tuple per dim), and twice
+that with a topology (its own searches by modeled time get a second budget); a search over sub-axes also
+stops after ``_MAX_REFINED_EXPANSIONS`` expansions, except when the search over whole axes found no plan by
+bytes and the pair reduces (the fallback then misses the bound). The budget counts states, not seconds, so
+that every MPI rank, synthesizing on its own, gets the same plan. It bounds the searches of a call to about
+1 s of CPU and 250 MB (``bench/search_scale.py``, on meshes of up to 65,536 devices, rank 8 on 16 axes,
+measured on a shared 2-core machine). In the samples (the 1,200 pairs of ``bench/synthesis_speed.py`` and
+the pairs of the tests) no call that finds a plan of collectives generates more than about 13,000 states.
+When no search finds a plan within the budget, or none exists in normal form, ``synthesize``
+still returns a plan, and never raises for a valid pair: the pending sums that the destination does not
+keep are reduced (reduce-scattered onto dims they divide, else all-reduced), then one ``exchange``
+receives exactly what each device lacks. It is memory-bounded like every plan and, without a reduction,
+at the lower bound in bytes, but it is point-to-point traffic rather than collectives; with a reduction it
+can receive more than a searched plan would.
 """
 
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -88,14 +109,11 @@ from redist.mesh import Mesh, prime_factors
 from redist.plan import Plan
 from redist.types import ShardingType
 
-# Several swaps in a row merge into one permute; a permute needs at most rank + 1 swaps in the cases that
-# matter (reorder a dim, bring atoms in from elsewhere). Bounding the chain keeps the search small.
-_MAX_SWAPS = 3
 # The search budget of one synthesize() call (see "Budget and fallback" above): the states its searches may
 # generate in all, twice that with a topology. Generated states, not expanded ones: an expansion of a
 # high-rank state over many atoms generates tens of thousands, and each costs time and memory. A state
 # holds a tuple per dim, so above rank _BUDGET_RANK the budget shrinks in proportion.
-_MAX_STATES = 200_000
+_MAX_STATES = 50_000
 _BUDGET_RANK = 8
 # The search over sub-axes refines a plan that usually exists already; it gives up sooner.
 _MAX_REFINED_EXPANSIONS = 8_000
@@ -189,11 +207,11 @@ def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
         candidates = [_fewest_bytes(core_src, core_dst)]
         states = _state_budget(core_src)
         for refine in (False, True):
-            found, used = _search(core_src, core_dst, refine, topo, states,
-                                  max_expansions=_MAX_REFINED_EXPANSIONS if refine else None)
-            states -= used
-            if found is not None:
-                candidates.append(found)
+            found = _search(core_src, core_dst, refine, topo, states,
+                            max_expansions=_MAX_REFINED_EXPANSIONS if refine else None)
+            states -= found.states
+            if found.plan is not None:
+                candidates.append(found.plan)
         if set(core_src.partial) == set(core_dst.partial):  # the exchange candidate, as in _fewest_bytes
             candidates.append(_fallback(core_src, core_dst))
         core = min(candidates, key=lambda p: (cost.plan_time(p, topo), p.bytes_received, len(p.steps)))
@@ -400,26 +418,51 @@ def _with_unit_axes(src: ShardingType, dst: ShardingType, core: Plan) -> Plan:
 
 @lru_cache(maxsize=1024)
 def _synthesize(src: ShardingType, dst: ShardingType) -> Plan:
-    """The fewest-bytes plan (ties: fewest steps); :func:`_fallback` if the searches give up."""
+    """The fewest-bytes plan (ties: fewest steps, then collectives rather than the fallback's exchange).
+
+    The searches look only for plans that receive no more than :func:`_fallback`'s plan: without reductions
+    its exchange receives exactly the lower bound, so a search stops as soon as no plan at the bound is left
+    (a plan that misses the bound would lose to the exchange anyway)."""
     direct = _single_permute(src, dst)
     if direct is not None:
         return direct
-    budget = _state_budget(src)
-    plan, used = _search(src, dst, refine=False, max_states=budget)
-    reduces = set(src.partial) != set(dst.partial)
-    if plan is not None:
-        if reduces or (plan.bytes_received == lower_bound_bytes(src, dst) and len(plan.steps) < 3):
-            return plan
+    budget, cutoff = _state_budget(src), _fallback_cost(src, dst)
+    whole = _search(src, dst, refine=False, max_states=budget, cutoff=cutoff)
+    if whole.plan is not None and (not _splits(src, dst)
+                                   or whole.cost == _bound(src, dst) and len(whole.plan.steps) < 3):
+        return whole.plan
     # Sub-axes can help (or be needed): search again over prime-sized atoms, keep the better plan. A plan at
     # the bound may still shrink: slice, permute, gather of a whole axis is often slice, permute of a part.
-    # When no plan exists over whole axes, the search over sub-axes is the only way and may expand any number
-    # of states within the budget.
-    finer, _ = _search(src, dst, refine=True, max_states=budget - used,
-                       max_expansions=None if plan is None else _MAX_REFINED_EXPANSIONS)
-    candidates = [p for p in (plan, finer) if p is not None]
-    if not candidates:
+    # When no plan exists over whole axes and the fallback misses the bound (it reduces), the search over
+    # sub-axes is the only way to it and may expand any number of states within the budget.
+    exact = set(src.partial) == set(dst.partial)  # then the fallback receives exactly the lower bound
+    finer = _search(src, dst, refine=True, max_states=budget - whole.states, cutoff=cutoff,
+                    max_expansions=_MAX_REFINED_EXPANSIONS if whole.plan is not None or exact else None)
+    found = [f for f in (whole, finer) if f.plan is not None]
+    if not found:
         return _fallback(src, dst)
-    return min(candidates, key=lambda p: (p.bytes_received, len(p.steps)))
+    return min(found, key=lambda f: (f.cost, len(f.plan.steps))).plan
+
+
+def _splits(src: ShardingType, dst: ShardingType) -> bool:
+    """Whether splitting the atoms into prime factors gives other atoms (a search over them can differ)."""
+    types = (src, dst)
+    return _cut_points(src.mesh, types, refine=True) != _cut_points(src.mesh, types, refine=False)
+
+
+def _bound(src: ShardingType, dst: ShardingType) -> int:
+    """:func:`redist.lower_bound_bytes` of even types, × the mesh size (the search's unit), from the atoms."""
+    space = _Space.of(src, dst, refine=False)
+    return space.missing_bytes(*space.start[:2]) * space.scale
+
+
+def _fallback_cost(src: ShardingType, dst: ShardingType) -> Fraction:
+    """What :func:`_fallback`'s plan receives, × the mesh size (the search's unit), without enumerating devices:
+    its reductions' bytes (the same on every device), then the exchange's, the lower bound from the type after
+    them."""
+    plan = _fallback(src, dst)
+    reductions = sum((step.bytes_received(t) for step, t in zip(plan.steps[:-1], plan.types)), Fraction(0))
+    return reductions * src.mesh.size + _bound(plan.types[-2], dst)
 
 
 def _state_budget(t: ShardingType) -> int:
@@ -474,9 +517,8 @@ def _fallback(src: ShardingType, dst: ShardingType) -> Plan:
 # ---------------------------------------------------------------------------------------------------- the search
 # A state is ``(dims, partial, grown, run)``: the atoms of each dim (major to minor), the bit mask of the
 # partial atoms, whether a gather has grown the buffer, and the run in progress: ``(SliceMove, dim)`` after a
-# slice onto ``dim`` (the same for reduce-scatters and gathers), ``(SwapMove, n)`` after ``n`` swaps in a row,
-# else None. A move that continues the run merges into the run's step. States are plain tuples: a search
-# hashes and compares hundreds of thousands of them.
+# slice onto ``dim`` (the same for reduce-scatters and gathers), else None. A move that continues the run merges
+# into the run's step. States are plain tuples: a search hashes and compares hundreds of thousands of them.
 
 
 def _mask(ids) -> int:
@@ -525,6 +567,37 @@ class _Space(NamedTuple):
         for d in dims:
             k *= self.blocks(d)
         return self.global_bytes // k
+
+    def missing_bytes(self, dims, partial: int) -> int:
+        """The lower bound from a state of ``dims`` and ``partial`` atoms to the goal (what some device lacks)."""
+        return self.lacking(dims, partial, *self.goal)
+
+    def lacking(self, dims, partial: int, to_dims, to_partial: int) -> int:
+        """What some device lacks of its block of ``(to_dims, to_partial)`` when it holds its block of ``(dims,
+        partial)``: a lower bound on the bytes any plan between them receives (:func:`redist.lower_bound_bytes`).
+        In each dim the blocks nest where one stack of atoms is a prefix of the other, and some device's blocks
+        are disjoint where they differ (the device at the start of one atom and the end of the other); a
+        reduction leaves each device lacking its whole block."""
+        full = self.local_bytes(to_dims)
+        if partial & ~to_partial:
+            return full
+        kept = self.global_bytes
+        for s, g in zip(dims, to_dims):
+            p = 0
+            while p < len(s) and p < len(g) and s[p] == g[p]:
+                p += 1
+            if p < len(s) and p < len(g):
+                return full
+            kept //= self.blocks(s if p == len(g) else g)
+        return full - kept
+
+    def back(self, state) -> _Back:
+        """The backward ``state`` with what the untry-steps read."""
+        dims, partial, sliced, first = state
+        used = _mask(a for d in dims for a in d)
+        return _Back(dims, partial, sliced, first, self.local_bytes(dims) * self.scale,
+                     tuple(n // self.blocks(d) for n, d in zip(self.shape, dims)),
+                     ((1 << len(self.sizes)) - 1) & ~used & ~partial)
 
     def node(self, state, local_bytes: int) -> _Node:
         """``state`` (of ``local_bytes``) with what the moves out of it read."""
@@ -728,9 +801,10 @@ def _try_all_reduce(space: _Space, node: _Node):
                2 * (k - 1) * scaled // k, reduced, True)
 
 
-class SwapMove(NamedTuple):
-    """6. ``permute``: a swap of two atoms, after which the dims hold ``dims``. A run of swaps is one permute
-    to the dims after its last swap."""
+class PermuteMove(NamedTuple):
+    """6. ``permute``: send whole buffers so that the dims hold ``dims`` (the same block count in every dim,
+    the same partial atoms). Made by the search only to join a forward path to a backward suffix
+    (:meth:`_Suffixes.join`)."""
 
     dims: tuple[tuple[int, ...], ...]
 
@@ -738,94 +812,360 @@ class SwapMove(NamedTuple):
         return S.Permute(tuple(run.tokens(d) for d in run.dims_after))
 
 
-def _try_swaps(space: _Space, node: _Node):
-    """Each swap of :func:`_swaps`, while the run has fewer than ``_MAX_SWAPS`` swaps."""
-    dims, partial, grown, run, local_bytes, scaled, local, free = node
-    chain = run[1] if run and run[0] is SwapMove else 0
-    if chain == _MAX_SWAPS:
-        return
-    tag, received = (SwapMove, chain + 1), 0 if chain else scaled  # a run pays its whole buffer once
-    for nd in _swaps(dims, space.sizes, free & space.wanted):
-        moved = _mask(a for d, e in zip(dims, nd) for a, b in zip(d, e) if a != b)
-        yield SwapMove, (nd,), (nd, partial, grown, tag), local_bytes, received, moved, not chain
-
-
-def _swaps(dims, sizes, swappable_free):
-    """Dims after one swap of two atom slots, or of a slot with an unused atom of the same size."""
-    slots = [(i, p) for i, d in enumerate(dims) for p in range(len(d))]
-    for x, (i, p) in enumerate(slots):
-        a = dims[i][p]
-        for j, q in slots[x + 1:]:
-            b = dims[j][q]
-            if i != j and sizes[a] != sizes[b]:
-                continue
-            nd = [list(d) for d in dims]
-            nd[i][p], nd[j][q] = b, a
-            yield tuple(tuple(d) for d in nd)
-        c = 0
-        free = swappable_free
-        while free:
-            if free & 1 and sizes[c] == sizes[a]:
-                nd = [list(d) for d in dims]
-                nd[i][p] = c
-                yield tuple(tuple(d) for d in nd)
-            free >>= 1
-            c += 1
-
-
 # The try-steps, in the order of the module header's list (the order breaks ties between equally cheap plans).
-_TRY_STEPS = (_try_slices, _try_reduce_scatters, _try_all_to_alls, _try_gathers, _try_all_reduce, _try_swaps)
+_TRY_STEPS = (_try_slices, _try_reduce_scatters, _try_all_to_alls, _try_gathers, _try_all_reduce)
+
+
+def _run_tag(move) -> tuple | None:
+    """The run a move continues when it follows a move of the same tag (one dim's slices, reduce-scatters or
+    gathers), else None."""
+    return (type(move), move.dim) if type(move) in (SliceMove, ReduceScatterMove, GatherMove) else None
+
+
+# ------------------------------------------------------------------------------------------- the suffixes
+# The backward search runs from the goal over the same moves read backwards: each *untry-step* yields, for
+# every move of its kind INTO a state, the state before it. A backward state is ``(dims, partial, sliced,
+# first)``: the state before a suffix of moves, whether that suffix slices or reduce-scatters (then it must
+# not follow a gather: normal form), and the run tag of its first move (a move before it that continues the
+# run adds no step). Each untry-step yields ``(record, state before, bytes received × scale, mask of the
+# group's atoms, run tag)``; the record is the forward move, as the try-steps make it.
+
+
+class _Back(NamedTuple):
+    """A backward state being expanded, with what the untry-steps read (as :class:`_Node`)."""
+
+    dims: tuple[tuple[int, ...], ...]
+    partial: int
+    sliced: bool
+    first: tuple | None
+    scaled: int
+    local: tuple[int, ...]
+    free: int
+
+
+def _untry_slices(space: _Space, back: _Back, classes):
+    """A slice of the dim's last atom, if the destination places it (before a slice onto dim ``e``: onto dims
+    up to ``e``, the forward order)."""
+    dims, partial, sliced, first, scaled, local, free = back
+    last = first[1] if first and first[0] is SliceMove else len(dims) - 1
+    for i in range(last + 1):
+        d = dims[i]
+        if d and space.wanted >> d[-1] & 1:
+            yield (SliceMove(i, d[-1]), (dims[:i] + (d[:-1],) + dims[i + 1:], partial, True, (SliceMove, i)), 0, 0,
+                   (SliceMove, i))
+
+
+def _untry_reduce_scatters(space: _Space, back: _Back, classes):
+    """A reduce-scatter of the dim's last atom, if it is a partial atom of the source that the destination does
+    not keep."""
+    dims, partial, sliced, first, scaled, local, free = back
+    for i, d in enumerate(dims):
+        if d and space.reducible >> d[-1] & 1:
+            a = d[-1]
+            yield (ReduceScatterMove(i, a), (dims[:i] + (d[:-1],) + dims[i + 1:], partial | 1 << a, True,
+                   (ReduceScatterMove, i)), (space.sizes[a] - 1) * scaled, 1 << a, (ReduceScatterMove, i))
+
+
+def _untry_all_to_alls(space: _Space, back: _Back, classes):
+    """Each suffix of each dim, back to each other dim whose local size its blocks divide; then two such moves
+    at once (from two dims, or two suffixes of one dim)."""
+    dims, partial, sliced, first, scaled, local, free = back
+    singles = []  # (i, j, m, suffix, k): the last m atoms of dim j came from dim i
+    for j, dj in enumerate(dims):
+        for m in range(1, len(dj) + 1):
+            suffix = dj[len(dj) - m:]
+            k = space.blocks(suffix)
+            for i in range(len(dims)):
+                if i != j and local[i] % k == 0:
+                    singles.append((i, j, m, suffix, k))
+                    nd = list(dims)
+                    nd[i], nd[j] = dims[i] + suffix, dj[: len(dj) - m]
+                    yield (AllToAllMove(((i, j, m),)), (tuple(nd), partial, sliced, None), (k - 1) * scaled // k,
+                           _mask(suffix), None)
+    for x, (i1, j1, m1, suffix1, k1) in enumerate(singles):
+        for i2, j2, m2, suffix2, k2 in singles[x + 1:]:
+            if i1 == i2 or {i1, i2} & {j1, j2} or j1 == j2:
+                continue
+            yield _double(space, dims, partial, sliced, scaled, (i1, j1, m1, suffix1), (i2, j2, m2, suffix2), k1 * k2)
+    # Two moves into one dim j: its tail is the first move's atoms, then the second's.
+    for j, dj in enumerate(dims):
+        for m2 in range(1, len(dj)):
+            suffix2 = dj[len(dj) - m2:]
+            k2 = space.blocks(suffix2)
+            for m1 in range(1, len(dj) - m2 + 1):
+                suffix1 = dj[len(dj) - m2 - m1: len(dj) - m2]
+                k1 = space.blocks(suffix1)
+                for i1 in range(len(dims)):
+                    if i1 == j or local[i1] % k1:
+                        continue
+                    for i2 in range(len(dims)):
+                        if i2 not in (i1, j) and local[i2] % k2 == 0:
+                            yield _double(space, dims, partial, sliced, scaled, (i1, j, m1, suffix1),
+                                          (i2, j, m2, suffix2), k1 * k2)
+
+
+def _double(space: _Space, dims, partial, sliced, scaled, move1, move2, k):
+    """The untry of one all-to-all of two moves ``(i, j, m, suffix)``: each suffix back from dim j to dim i."""
+    (i1, j1, m1, suffix1), (i2, j2, m2, suffix2) = move1, move2
+    nd = list(dims)
+    nd[j2] = nd[j2][: len(nd[j2]) - m2]
+    nd[j1] = nd[j1][: len(nd[j1]) - m1]
+    nd[i1] = dims[i1] + suffix1
+    nd[i2] = dims[i2] + suffix2
+    return (AllToAllMove(((i1, j1, m1), (i2, j2, m2))), (tuple(nd), partial, sliced, None), (k - 1) * scaled // k,
+            _mask(suffix1 + suffix2), None)
+
+
+def _untry_gathers(space: _Space, back: _Back, classes):
+    """Before any slice: a gather of an atom that the destination places in no dim, pushed onto a dim whose
+    local size it divides (after a gather from dim ``e``: onto dims from ``e`` on, the forward order). Atoms of
+    one class are interchangeable here, so each class offers its first free atom only."""
+    dims, partial, sliced, first, scaled, local, free = back
+    if sliced:
+        return
+    start = first[1] if first and first[0] is GatherMove else 0
+    for a in _representatives(free & ~space.wanted, classes):
+        k = space.sizes[a]
+        if k == 1:  # an atom of a size-1 axis: gathering it moves nothing, and would hide a run's latency
+            continue
+        for i in range(start, len(dims)):
+            if local[i] % k == 0:
+                yield (GatherMove(i, 1), (dims[:i] + (dims[i] + (a,),) + dims[i + 1:], partial, False, (GatherMove, i)),
+                       (k - 1) * scaled // k, 1 << a, (GatherMove, i))
+
+
+def _untry_all_reduce(space: _Space, back: _Back, classes):
+    """If no partial atom is left to reduce: an all-reduce of each set of free atoms that the source holds
+    partial and the destination does not keep."""
+    dims, partial, sliced, first, scaled, local, free = back
+    if partial & space.reducible:
+        return
+    pool = [a for a in range(len(space.sizes)) if (free & space.reducible) >> a & 1]
+    for r in range(1, 1 << len(pool)):
+        reduced = _mask(a for n, a in enumerate(pool) if r >> n & 1)
+        k = space.blocks(a for n, a in enumerate(pool) if r >> n & 1)
+        yield AllReduceMove(), (dims, partial | reduced, sliced, None), 2 * (k - 1) * scaled // k, reduced, None
+
+
+def _representatives(mask: int, classes) -> list[int]:
+    """The first atom of each class among the atoms of ``mask``."""
+    seen, out = set(), []
+    a = 0
+    while mask:
+        if mask & 1 and classes[a] not in seen:
+            seen.add(classes[a])
+            out.append(a)
+        mask >>= 1
+        a += 1
+    return out
+
+
+_UNTRY_STEPS = (_untry_slices, _untry_reduce_scatters, _untry_all_to_alls, _untry_gathers, _untry_all_reduce)
+
+
+def _key(space: _Space, dims, partial: int) -> tuple:
+    """What a permute keeps: each dim's block count, and the partial atoms."""
+    return tuple(space.blocks(d) for d in dims), partial
+
+
+class _Budget:
+    """The states that the searches of one call may still generate (shared, so that it bounds them all)."""
+
+    def __init__(self, states: int):
+        self.left = states
+
+    def take(self) -> bool:
+        """Count one generated state; False once the budget is spent."""
+        if self.left <= 0:
+            return False
+        self.left -= 1
+        return True
+
+
+class _Suffixes:
+    """The backward search: Dijkstra from the goal over the untry-steps, run lazily (:meth:`reach`) as far as
+    the forward search needs. Its states are settled in (cost, steps) order, so the first settled state of a
+    key is the cheapest suffix from that key; ``table[(key, sliced)]`` keeps the first two (a state's own
+    suffix needs no permute, and the forward search follows it by itself), and ``after[state]`` is
+    ``(state after, move)`` on its suffix (None for the goal)."""
+
+    def __init__(self, space: _Space, price, classes, budget: _Budget, cutoff=None):
+        self.space, self.price, self.classes, self.budget, self.cutoff = space, price, classes, budget, cutoff
+        goal = (*space.goal, False, None)
+        self.best = {goal: (0, 0)}
+        self.after: dict = {goal: None}
+        self.table: dict = {}
+        self.heap = [(0, 0, 0, goal)]
+        self.tie = 0
+
+    @property
+    def radius(self):
+        """``(cost, steps)`` below which every suffix is settled (None once the search is over)."""
+        return self.heap[0][:2] if self.heap else None
+
+    def reach(self, cost, steps) -> None:
+        """Settle every state whose suffix costs at most ``(cost, steps)`` (or stop when the budget is spent).
+        Steps count too: where many suffixes cost the same (nothing, for an empty array), the suffixes of
+        fewer steps are settled first, and only as far as the forward search needs."""
+        space = self.space
+        while self.heap and self.heap[0][:2] <= (cost, steps):
+            cost, steps, _, state = heapq.heappop(self.heap)
+            if self.best[state] != (cost, steps):
+                continue
+            dims, partial, sliced, first = state
+            entries = self.table.setdefault((_key(space, dims, partial), sliced), [])
+            if len(entries) < 2:
+                entries.append((cost, steps, state))
+            back = space.back(state)
+            for untry in _UNTRY_STEPS:
+                for move, before, received, group, tag in untry(space, back, self.classes):
+                    if not self.budget.take():
+                        self.heap.clear()
+                        return
+                    new_step = tag is None or tag != first
+                    nc, ns = cost + self.price(received, group, new_step), steps + new_step
+                    if self.cutoff is not None and nc + self.lacking(before) > self.cutoff:
+                        continue  # every plan through ``before`` costs more than the cutoff
+                    old = self.best.get(before)
+                    if old is None or (nc, ns) < old:
+                        self.best[before] = (nc, ns)
+                        self.after[before] = (state, move)
+                        self.tie += 1
+                        heapq.heappush(self.heap, (nc, ns, self.tie, before))
+
+    def lacking(self, state) -> int:
+        """A lower bound on the cost from the source to the backward ``state`` (bytes × scale)."""
+        space = self.space
+        dims, partial = space.start[:2]
+        return space.lacking(dims, partial, state[0], state[1]) * space.scale
+
+    def join(self, node: _Node):
+        """The cheapest settled suffix that a permute from ``node`` reaches: ``(cost, steps, state)`` or None.
+        A permute keeps the key, and cannot precede a slice once a gather has grown the buffer."""
+        key = _key(self.space, node.dims, node.partial)
+        found = None
+        for sliced in (False,) if node.grown else (False, True):
+            for entry in self.table.get((key, sliced), ()):
+                if entry[2][:2] != (node.dims, node.partial) and (found is None or entry[:2] < found[:2]):
+                    found = entry
+                    break
+        return found
+
+
+# ------------------------------------------------------------------------------------------- the search
+# The forward queue holds three kinds of entries, ordered by (cost + heuristic, steps, −cost): a state; a
+# pending join from a state (its priority: the cost to it, a permute, and the least that an unsettled suffix
+# can cost); and a join found (a state, a permute, a settled suffix: its whole cost).
+_STATE, _PENDING, _JOINED = 0, 1, 2
+
+
+class _Found(NamedTuple):
+    """A search's outcome: its ``plan`` (None if there is none or the search gave up), the plan's ``cost``
+    (bytes received × the mesh size, or with a topology modeled seconds) and the ``states`` it generated."""
+
+    plan: Plan | None
+    cost: int | float | None
+    states: int
 
 
 def _search(src: ShardingType, dst: ShardingType, refine: bool, topo=None, max_states: int = _MAX_STATES,
-            max_expansions: int | None = None) -> tuple[Plan | None, int]:
+            max_expansions: int | None = None, cutoff=None) -> _Found:
     """A* over normal-form plans on the atoms of ``refine``; objective: bytes received, or with ``topo``
-    modeled time. Returns the plan, or None if there is none or the search gives up (after ``max_states``
-    generated states or ``max_expansions`` expanded ones), and the number of states it generated."""
+    modeled time. Gives up after ``max_states`` generated states (in both directions) or ``max_expansions``
+    expanded ones, and, given a ``cutoff`` (in the objective's unit), once every plan left costs more."""
     space = _Space.of(src, dst, refine)
     price, h = _objective(space, topo)
+    budget = _Budget(max_states)
+    suffixes = _Suffixes(space, price, _classes(space, topo), budget, cutoff)
+    permute = _permute_price(space, topo)
     best = {space.start: (0, 0)}  # the cheapest (cost, steps) found to each state
     parent: dict = {space.start: None}  # state -> (state before, move, new step?) on that cheapest path
-    start_bytes = space.local_bytes(space.start[0])
-    heap = [(h(start_bytes), 0, 0, 0, space.start, start_bytes)]
-    tie = expansions = generated = 0
+    heap = [(h(space.start), 0, 0, 0, 0, _STATE, space.start, space.local_bytes(space.start[0]))]
+    tie = expansions = 0
     while heap:
-        _, g, nsteps, _, state, local_bytes = heapq.heappop(heap)
+        f, nsteps, g, _, _, kind, state, extra = heapq.heappop(heap)
+        g = -g
+        if cutoff is not None and f > cutoff:  # f bounds the cost of every plan through the entries left
+            return _Found(None, None, max_states - budget.left)
+        if kind == _JOINED:
+            return _Found(_build(src, dst, space, parent, state, extra, suffixes.after), f, max_states - budget.left)
+        if kind == _PENDING:  # settle the suffixes up to what this join may cost, then take the best
+            node, lowest, base, radius = extra  # base: the steps to the state and the permute
+            suffixes.reach(*radius)  # not f - g - lowest: modeled seconds would not round-trip
+            found = suffixes.join(node)
+            if found is not None:
+                cost, steps, suffix = found
+                moved = _moved(node.dims, suffix[0])
+                total = g + price(node.scaled, moved, True) + cost
+                heapq.heappush(heap, (total, base + steps, -g, moved.bit_count(), tie := tie + 1, _JOINED, state,
+                                      suffix))
+            elif suffixes.radius is not None:
+                cost, steps = radius = suffixes.radius
+                heapq.heappush(heap, (g + lowest + cost, base + steps, -g, 0, tie := tie + 1, _PENDING, state,
+                                      (node, lowest, base, radius)))
+            continue
         if best[state] != (g, nsteps):
             continue  # a cheaper path to it was found after this entry was queued
         if state[:2] == space.goal:
-            return _build(src, dst, space, parent, state), generated
+            return _Found(_build(src, dst, space, parent, state, None, suffixes.after), g, max_states - budget.left)
         expansions += 1
         if max_expansions is not None and expansions > max_expansions:
-            return None, generated
-        node = space.node(state, local_bytes)
+            return _Found(None, None, max_states - budget.left)
+        node = space.node(state, extra)
+        lowest = permute(node.scaled)
+        heapq.heappush(heap, (g + lowest, nsteps + 1, -g, 0, tie := tie + 1, _PENDING, state,
+                              (node, lowest, nsteps + 1, (0, 0))))
         for try_step in _TRY_STEPS:
-            for kind, fields, nstate, nbytes, received, group, new_step in try_step(space, node):
-                if generated == max_states:
-                    return None, generated
-                generated += 1
+            for move, fields, nstate, nbytes, received, group, new_step in try_step(space, node):
+                if not budget.take():
+                    return _Found(None, None, max_states)
                 ng, ns = g + price(received, group, new_step), nsteps + new_step
                 old = best.get(nstate)
                 if old is None or (ng, ns) < old:
                     best[nstate] = (ng, ns)
-                    parent[nstate] = (state, kind(*fields), new_step)
-                    tie += 1
-                    heapq.heappush(heap, (ng + h(nbytes), ng, ns, tie, nstate, nbytes))
-    return None, generated
+                    parent[nstate] = (state, move(*fields), new_step)
+                    heapq.heappush(heap, (ng + h(nstate), ns, -ng, 0, tie := tie + 1, _STATE, nstate, nbytes))
+    return _Found(None, None, max_states - budget.left)
+
+
+def _moved(dims, other) -> int:
+    """The mask of the atoms whose place differs between two arrangements of dims."""
+    here = {(i, p, a) for i, d in enumerate(dims) for p, a in enumerate(d)}
+    there = {(i, p, a) for i, d in enumerate(other) for p, a in enumerate(d)}
+    return _mask(a for _, _, a in here ^ there)
+
+
+def _permute_price(space: _Space, topo):
+    """The least a permute of a buffer of ``scaled`` (bytes × scale) costs: the buffer, or with ``topo`` the
+    cheapest link's latency and the buffer over the fastest link."""
+    if topo is None:
+        return lambda scaled: scaled
+    links = [topo.link(a.name) for a in space.atoms.axes]
+    alpha, beta = min(link.alpha for link in links), max(link.beta for link in links)
+    return lambda scaled: alpha + scaled / space.scale / beta
+
+
+def _classes(space: _Space, topo) -> tuple:
+    """Each atom's symmetry class: atoms of one class play the same role once the destination does not place
+    them (same size, and with ``topo`` the same link)."""
+    if topo is None:
+        return space.sizes
+    return tuple((size, topo.link(a.name)) for size, a in zip(space.sizes, space.atoms.axes))
 
 
 def _objective(space: _Space, topo):
     """``(price, h)``: the cost of a move from its bytes received (× scale), its group's atoms and whether it
-    starts a step; and the heuristic, a lower bound on the cost from a state's dims to the goal. In bytes
-    received, or with ``topo`` in modeled seconds: alpha-beta over the slowest link of the group, a merged
-    move paying no latency, and the missing growth over the fastest link."""
-    scale, dst_local = space.scale, space.local_bytes(space.goal[0])
+    starts a step; and the heuristic, a lower bound on the cost from a state to the goal: what some device
+    lacks (:meth:`_Space.missing_bytes`), in bytes, or with ``topo`` in modeled seconds over the fastest
+    link. With ``topo``, a move costs alpha-beta over the slowest link of its group, and a merged move pays
+    no latency."""
+    scale = space.scale
     if topo is None:
         def price(received, group, new_step):
             return received
 
-        def h(local_bytes):
-            return max(0, dst_local - local_bytes) * scale
+        def h(state):
+            return space.missing_bytes(state[0], state[1]) * scale
         return price, h
     links = [topo.link(a.name) for a in space.atoms.axes]
     fastest = max(link.beta for link in links)
@@ -837,28 +1177,37 @@ def _objective(space: _Space, topo):
         alpha = max(link.alpha for link in members) if new_step else 0.0
         return alpha + received / scale / min(link.beta for link in members)
 
-    def h(local_bytes):
-        return max(0, dst_local - local_bytes) / fastest
+    def h(state):
+        return space.missing_bytes(state[0], state[1]) / fastest
     return price, h
 
 
-def _build(src: ShardingType, dst: ShardingType, space: _Space, parent: dict, state) -> Plan:
-    """The plan of the search path to ``state``: each run of moves (a move that starts no new step joins the
-    run before it) becomes one step, made by its last move from the dims before and after the run."""
+def _build(src: ShardingType, dst: ShardingType, space: _Space, parent: dict, state, suffix, after: dict) -> Plan:
+    """The plan of the search path to ``state``, then (if ``suffix`` is a backward state) a permute to it and
+    its suffix of moves: each run of moves (a move that starts no new step joins the run before it) becomes
+    one step, made by its last move from the dims before and after the run."""
     path = []
     while parent[state] is not None:
         before, move, new_step = parent[state]
         path.append((before[0], move, new_step, state[0]))
         state = before
+    path.reverse()
+    if suffix is not None:
+        path.append((path[-1][3] if path else space.start[0], PermuteMove(suffix[0]), True, suffix[0]))
+        tag = None
+        while after[suffix] is not None:
+            nxt, move = after[suffix]
+            path.append((suffix[0], move, _run_tag(move) is None or _run_tag(move) != tag, nxt[0]))
+            tag, suffix = _run_tag(move), nxt
     runs: list[list] = []  # [dims before the run, dims after it, its last move]
-    for before, move, new_step, after in reversed(path):
+    for before, move, new_step, after_dims in path:
         if new_step:
-            runs.append([before, after, move])
+            runs.append([before, after_dims, move])
         else:
-            runs[-1][1:] = [after, move]
+            runs[-1][1:] = [after_dims, move]
     steps, t = [], src
-    for before, after, move in runs:
-        steps.append(move.step(_Run(t, before, after, dst, space.atoms)))
+    for before, after_dims, move in runs:
+        steps.append(move.step(_Run(t, before, after_dims, dst, space.atoms)))
         t = steps[-1].apply(t)
     plan = Plan.from_steps(src, steps)
     if plan.dst != dst:

@@ -40,14 +40,20 @@ permute's sources, an exchange's copies) name device ids, read through the progr
   ``axes`` is 0.
 - ``EmbedChunk(dim, axes)``: same device; index − r·n_in along ``dim``, and no data unless the index lies in
   chunk r (r·n_in ≤ index < (r+1)·n_in).
-- ``CollectivePermute(sources)``: the device ``sources[d]``, same index: per mesh axis, a table over the
-  device id d of ``sources[d]``'s coordinate on that axis, each a balanced tree of ``If(d < start, …)`` over
-  the runs of devices on which the coordinate is affine in d (:func:`_table`). A permute that swaps mesh
-  axes is affine along the minor axis, so its n entries take about n / (size of the minor axis) leaves per
-  mesh axis rather than an if-then-else chain of n, in time and in memory.
-- ``Exchange(shape, copies)``: a table over the device id and the copies' boxes: the copy of device d whose
-  destination box holds the index gives the source device and index; an index no copy writes is *unwritten*,
-  a zero: no data (the walk records the condition under which the element is data, ``live``).
+- ``CollectivePermute(sources)``: the device ``sources[d]``, same index. A table of device ids is read per
+  mesh axis: a table over the device id d of ``sources[d]``'s coordinate on that axis, each a balanced tree of
+  ``If(d < start, …)`` over the runs of devices on which the coordinate is affine in d (:func:`_table`). A
+  coordinate map (the form lowering makes) is read symbolically: for each group ``(source_axes, axes)`` the
+  source's rank over ``source_axes`` is d's rank over ``axes`` (mixed-radix arithmetic on d's coordinates),
+  its other coordinates are d's: a few terms per group, whatever the device count.
+- ``Exchange(shape, dims)``: per dim, a selector over the slots of d's block (its rank over the dim's
+  ``axes``; slot j: the block's j-th segment, each field a table over the block, :func:`_table`): the one
+  whose destination interval holds the index gives the source index and the source's block over the dim's
+  ``source_axes``; the source device is d with its rank over each dim's source axes set to those blocks. An
+  index no segment of some dim covers is *unwritten* (the walk records that it must not be). The terms grow
+  with the runs of blocks on which the tables are affine (at most the segments, ``O(k_in + k_out)`` per
+  dim; a few for blocks of equal size), not with the devices or their copies. A copy table (an exchange
+  between two device orders, ``CopyTable``): a selector over every device's copies, linear in them.
 - ``Transpose(perm)``: same device; input index ``perm[a]`` is output index ``a``.
 - ``Reshape(shape)``: same device; the index with the same row-major position in the input shape.
 
@@ -93,7 +99,9 @@ exactly once, and zeros elsewhere. Zeros are the identity of a sum only: a progr
 pending values of another reduction kind is refuted before these queries.
 
 ``peak_bytes`` and ``bytes_received`` are recomputed from the instructions and buffer shapes (which are the
-same on every device of an SPMD program; the shapes are themselves re-derived from the instructions).
+same on every device of an SPMD program; the shapes are themselves re-derived from the instructions): the
+collectives receive the same on every device, and what the point-to-point instructions give each device is
+counted with numpy arithmetic on every device's coordinates at once (:func:`program_bytes`), no query.
 
 What is read, and where each field is checked
 ---------------------------------------------
@@ -124,8 +132,10 @@ in any of them is refuted (status ``"refuted"``, with a counterexample in the st
 - ``Program.shapes``: re-derived from the instructions and compared (:func:`_derive_shapes`); the first must
   be the source's local shape, the last the claim's.
 - ``Program.instructions``: every field of every instruction is checked by :func:`_derive_shapes` (dims in
-  range, axes of the mesh that do not overlap, a permutation of the devices, copies that fit their buffers,
-  name devices and do not overlap) and read by the walk.
+  range, axes of the mesh that do not overlap, a permutation of the devices — a table of device ids, or a
+  coordinate map whose groups' two sides have equal sizes and cover the same factors of the mesh —, an
+  exchange's segments that fit their buffers, name blocks that exist and do not overlap, and source axes
+  that do not overlap) and read by the walk.
 - ``ShardingType.reduction`` and the instructions' ``reduction``: every reduction instruction of the program
   must take one kind, the source's where the source is partial, and a partial claim must be of the
   source's kind (:func:`_check_reductions`); the maximum or minimum of complex numbers is refuted. The kind
@@ -134,7 +144,7 @@ in any of them is refuted (status ``"refuted"``, with a counterexample in the st
 Time
 ----
 ``timeout_s`` bounds the wall time of the whole call. A deadline is checked while the constraints are built
-(per instruction, per device of an exchange, per leaf of a permute's table) and Z3 gets only the time that
+(per instruction, per dim of an exchange, per leaf of a permute's table) and Z3 gets only the time that
 is left, with a timer that interrupts it at the deadline (its own ``timeout`` is checked late in some
 phases); running out gives status ``"undecided"`` and a reason saying what was not finished. The plan's own
 work — lowering (``plan.program``) and ``plan.bytes_received``, each computed once per plan and cached —
@@ -271,7 +281,8 @@ def _axes(mesh_sizes, tokens, where: str) -> tuple[_Axis, ...]:
     for x in range(len(out)):
         for y in range(x):
             a, b = out[x], out[y]
-            if a.name == b.name and a.lo < b.hi and b.lo < a.hi:
+            # One factor named twice overlaps itself even where it is of size 1 (as the backends read it).
+            if a.name == b.name and ((a.lo, a.hi) == (b.lo, b.hi) or (a.lo < b.hi and b.lo < a.hi)):
                 raise _Refuted(f"{where}: axes {b.token!r} and {a.token!r} overlap; the group is not defined")
     return out
 
@@ -359,10 +370,15 @@ def _derive_shapes(program, mesh_sizes, deadline: _Deadline) -> list[tuple[int, 
                 raise _Refuted(f"{where}: the buffer has no dim {d!r}")
 
         if isinstance(ins, P.CollectivePermute):
-            if sorted(ins.sources) != list(range(n_dev)):
+            if isinstance(ins.sources, P.CoordinateMap):
+                _check_map(ins.sources, mesh_sizes, where)
+            elif sorted(ins.sources) != list(range(n_dev)):
                 raise _Refuted(f"{where}: sources are not a permutation of the {n_dev} devices")
-        elif isinstance(ins, P.Exchange):
+        elif isinstance(ins, P.Exchange) and isinstance(ins.dims, P.CopyTable):
             _check_copies(ins, tuple(x), n_dev, where, deadline)
+            x = list(ins.shape)
+        elif isinstance(ins, P.Exchange):
+            _check_exchange(ins, tuple(x), mesh_sizes, where, deadline)
             x = list(ins.shape)
         elif isinstance(ins, P.Reshape):
             if math.prod(ins.shape) != math.prod(x) or any(n < 0 for n in ins.shape):
@@ -397,13 +413,22 @@ def _derive_shapes(program, mesh_sizes, deadline: _Deadline) -> list[tuple[int, 
 
 
 def _brief(ins) -> str:
-    """An instruction, shortened for messages (a permute over 65,536 devices prints as a long table)."""
-    text = str(ins)
+    """An instruction, shortened for messages (a permute over 65,536 devices prints as a long table). A
+    malformed instruction (its fields of the wrong kinds: refuted right after) may not print: its repr then."""
+    try:
+        text = str(ins)
+    except Exception:  # noqa: BLE001 - fields of any kind reach here, and only a message is at stake
+        text = object.__repr__(ins)
     return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _is_int(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_tokens(x) -> bool:
+    """A tuple of axis tokens (strings; :func:`_axes` reads them)."""
+    return isinstance(x, tuple) and all(isinstance(a, str) for a in x)
 
 
 def _is_ints(x, n: int | None = None) -> bool:
@@ -415,6 +440,11 @@ def _malformed(ins, rank: int) -> str | None:
     """What is wrong with the kinds of an instruction's fields (None: nothing), before any is used; ``rank``
     is the rank of the buffer it reads."""
     if isinstance(ins, P.CollectivePermute):
+        if isinstance(ins.sources, P.CoordinateMap):
+            groups = ins.sources.groups
+            ok = isinstance(groups, tuple) and all(
+                isinstance(g, tuple) and len(g) == 2 and all(_is_tokens(side) for side in g) for g in groups)
+            return None if ok else f"groups {groups!r:.80} are not pairs of axis lists"
         return None if _is_ints(ins.sources) else f"sources {ins.sources!r:.80} are not device ids"
     if isinstance(ins, (P.Reshape, P.Exchange)) and not _is_ints(ins.shape):
         return f"shape {ins.shape!r} is not a tuple of sizes"
@@ -423,13 +453,23 @@ def _malformed(ins, rank: int) -> str | None:
     if isinstance(ins, P.Exchange):
         if len(ins.shape) != rank:
             return f"shape {ins.shape} has another rank than the buffer it reads ({rank})"
-        if not isinstance(ins.copies, tuple) or not all(isinstance(cs, tuple) for cs in ins.copies):
-            return "copies are not a tuple of copies per device"
-        for d, copies in enumerate(ins.copies):
-            for c in copies:
-                if not (_is_int(getattr(c, "source", None))
-                        and all(_is_ints(getattr(c, f, None), rank) for f in ("src_start", "dst_start", "size"))):
-                    return f"copy {c!r} of device {d} is not a copy between boxes of rank {rank}"
+        if isinstance(ins.dims, P.CopyTable):
+            table = ins.dims.copies
+            if not isinstance(table, tuple) or not all(isinstance(cs, tuple) for cs in table):
+                return "its copy table is not a tuple of copies per device"
+            for d, copies in enumerate(table):
+                for c in copies:
+                    if not (_is_int(getattr(c, "source", None))
+                            and all(_is_ints(getattr(c, f, None), rank) for f in ("src_start", "dst_start", "size"))):
+                        return f"copy {c!r} of device {d} is not a copy between boxes of rank {rank}"
+            return None
+        if not isinstance(ins.dims, tuple) or len(ins.dims) != rank:
+            return f"it has no table for each of the {rank} dims"
+        for i, x in enumerate(ins.dims):
+            if not (_is_tokens(getattr(x, "source_axes", None)) and _is_tokens(getattr(x, "axes", None))
+                    and isinstance(getattr(x, "segments", None), tuple)
+                    and all(_is_ints(tuple(seg) if isinstance(seg, tuple) else seg, 5) for seg in x.segments)):
+                return f"the table of dim {i} ({x!r:.80}) is not axes and segments of five integers"
         return None
     if isinstance(ins, (P.Slice, P.AllGather, P.ReduceScatter, P.EmbedChunk)) and not _is_int(ins.dim):
         return f"dim {ins.dim!r} is not a dim"
@@ -441,11 +481,59 @@ def _malformed(ins, rank: int) -> str | None:
     return None
 
 
+def _check_map(cmap, mesh_sizes, where: str) -> None:
+    """A coordinate map must be a permutation: each group's two sides of equal size; on each side no factor of
+    a mesh axis named twice; the cut points of every mesh axis a chain of factors (so that every (sub-)axis
+    coordinate is a digit of it); and the two sides covering the same factors of each mesh axis (the digits a
+    source takes are those the map reads)."""
+    sides: list[list[_Axis]] = [[], []]
+    for source_tokens, tokens in cmap.groups:
+        s, a = _axes(mesh_sizes, source_tokens, where), _axes(mesh_sizes, tokens, where)
+        if _ksize(s) != _ksize(a):
+            raise _Refuted(f"{where}: group {source_tokens} <- {tokens} reads {_ksize(a)} coordinates into "
+                           f"{_ksize(s)}")
+        sides[0] += s
+        sides[1] += a
+    for side in sides:
+        _axes(mesh_sizes, tuple(ax.token for ax in side), f"{where}: one side of its groups")
+    _check_chain(sides[0] + sides[1], where)
+    for name in mesh_sizes:
+        covered = [_merged(sorted((ax.lo, ax.hi) for ax in side if ax.name == name and ax.hi > ax.lo))
+                   for side in sides]
+        if covered[0] != covered[1]:
+            raise _Refuted(f"{where}: its groups set other factors of mesh axis {name!r} than they read: it is no "
+                           "permutation")
+
+
+def _merged(ranges) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for lo, hi in ranges:
+        if out and out[-1][1] == lo:
+            out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _check_chain(axes, where: str) -> None:
+    """The factor boundaries that ``axes`` use on each mesh axis must each divide the next."""
+    by_name: dict[str, set[int]] = {}
+    for ax in axes:
+        by_name.setdefault(ax.name, {1, ax.full}).update((ax.lo, ax.hi))
+    for name, cuts in by_name.items():
+        pts = sorted(cuts)
+        if any(b % a for a, b in zip(pts, pts[1:])):
+            raise _Refuted(f"{where}: its axes cut mesh axis {name!r} at {pts}, which are not factors of one "
+                           "decomposition")
+
+
 def _check_copies(ins, shape_in, n_dev: int, where: str, deadline: _Deadline) -> None:
-    """An exchange's copies must name devices, fit both buffers, and not overlap on one device."""
-    if len(ins.copies) != n_dev:
-        raise _Refuted(f"{where}: copies for {len(ins.copies)} devices, the mesh has {n_dev}")
-    for d, copies in enumerate(ins.copies):
+    """A copy table (an exchange between two device orders) must name devices, fit both buffers, and not
+    overlap on one device."""
+    table = ins.dims.copies
+    if len(table) != n_dev:
+        raise _Refuted(f"{where}: copies for {len(table)} devices, the mesh has {n_dev}")
+    for d, copies in enumerate(table):
         deadline.check(f"checking the copies of {where}")
         for c in copies:
             if not 0 <= c.source < n_dev:
@@ -460,24 +548,54 @@ def _check_copies(ins, shape_in, n_dev: int, where: str, deadline: _Deadline) ->
                     raise _Refuted(f"{where}: copies {copies[b]} and {copies[a]} of device {d} overlap")
 
 
-def program_bytes(program, mesh_sizes=None) -> list[Fraction]:
-    """Bytes each device receives over the program, per device id, from the instructions and shapes alone:
+def _check_exchange(ins, shape_in, mesh_sizes, where: str, deadline: _Deadline) -> None:
+    """An exchange's tables: one per dim; the source axes of all dims not overlapping and factors of one
+    decomposition (a copy has one source); every segment naming blocks that exist and inside both buffers; the
+    segments of one block of a dim not overlapping (so that no two copies of a device do)."""
+    if len(ins.dims) != len(shape_in):
+        raise _Refuted(f"{where}: tables for {len(ins.dims)} dims, the buffer has {len(shape_in)}")
+    source_axes = _axes(mesh_sizes, tuple(a for x in ins.dims for a in x.source_axes), f"{where}: source axes")
+    _check_chain(source_axes, where)
+    for i, (x, cap_in, cap_out) in enumerate(zip(ins.dims, shape_in, ins.shape)):
+        deadline.check(f"checking the segments of {where}")
+        k_out = _ksize(_axes(mesh_sizes, x.axes, where))
+        k_in = _ksize(_axes(mesh_sizes, x.source_axes, where))
+        spans: dict[int, list[tuple[int, int]]] = {}
+        for seg in x.segments:
+            block, source_block, src_start, dst_start, size = seg
+            if not (0 <= block < k_out and 0 <= source_block < k_in and size >= 0 and src_start >= 0
+                    and dst_start >= 0 and src_start + size <= cap_in and dst_start + size <= cap_out):
+                raise _Refuted(f"{where}: segment {tuple(seg)} of dim {i} does not fit buffers {shape_in} -> "
+                               f"{ins.shape} with {k_in} -> {k_out} blocks")
+            if size:
+                spans.setdefault(block, []).append((dst_start, dst_start + size))
+        for block, ss in spans.items():
+            ss.sort()
+            for a, b in zip(ss, ss[1:]):
+                if b[0] < a[1]:
+                    raise _Refuted(f"{where}: segments {a} and {b} of block {block} of dim {i} overlap")
+
+
+def program_bytes(program, mesh_sizes=None) -> Fraction:
+    """The most bytes any device receives over the program, from the instructions and shapes alone:
     Reshape, Transpose, Slice, KeepRoot and EmbedChunk 0; AllGather (k−1)/k·L_out; AllToAll (k−1)/k·L;
-    ReduceScatter (k−1)·L_out (= (k−1)/k·L_in, the input padded to k chunks); AllReduce 2(k−1)/k·L;
-    CollectivePermute L on a device whose source is another device; Exchange the elements a device copies
-    from other devices."""
-    mesh_sizes = mesh_sizes or dict(program.mesh.axes)
-    n_dev = math.prod(mesh_sizes.values())
+    ReduceScatter (k−1)·L_out (= (k−1)/k·L_in, the input padded to k chunks); AllReduce 2(k−1)/k·L (the same
+    on every device); CollectivePermute L on a device whose source is another device; Exchange the elements a device copies from other devices (per device: :func:`_p2p_bytes`)."""
+    uniform, per_device = _received(program, mesh_sizes or dict(program.mesh.axes))
+    return uniform + (int(per_device.max()) if per_device.size else 0)
+
+
+def _received(program, mesh_sizes) -> tuple[Fraction, np.ndarray]:
+    """What every device receives from the collectives (one number), and per position of the program's mesh
+    what its device receives from the point-to-point instructions (a numpy array over all positions)."""
     item = np.dtype(program.dtype).itemsize
-    totals = [Fraction(0)] * n_dev
+    uniform, per_device = Fraction(0), np.zeros(math.prod(mesh_sizes.values()), np.int64)
+    ids = np.asarray(_device_order(program.mesh), dtype=np.int64)
     for t, ins in enumerate(program.instructions):
         L_in = math.prod(program.shapes[t]) * item
         L_out = math.prod(program.shapes[t + 1]) * item
-        if isinstance(ins, P.CollectivePermute):
-            totals = [b + (L_in if s != d else 0) for d, (b, s) in enumerate(zip(totals, ins.sources))]
-            continue
-        if isinstance(ins, P.Exchange):
-            totals = [b + ins.received(d) * item for d, b in enumerate(totals)]
+        if isinstance(ins, (P.CollectivePermute, P.Exchange)):
+            per_device = per_device + _p2p_bytes(ins, mesh_sizes, L_in, item, ids)
             continue
         if isinstance(ins, (P.Reshape, P.Transpose)):
             continue
@@ -494,8 +612,81 @@ def program_bytes(program, mesh_sizes=None) -> list[Fraction]:
             add = Fraction(2 * (k - 1), k) * L_in
         else:
             raise _Refuted(f"instruction {t}: unknown instruction {type(ins).__name__}")
-        totals = [b + add for b in totals]
-    return totals
+        uniform += add
+    return uniform, per_device
+
+
+def _p2p_bytes(ins, mesh_sizes, L_in: int, item: int, ids: np.ndarray) -> np.ndarray:
+    """Per position (``ids``: the device at each), the bytes a permute or an exchange brings its device from
+    other devices (numpy, every device at once). A permute: its whole buffer where its source is another
+    device (a table names device ids; a coordinate map positions). An exchange: a device's copies are
+    the products of one segment per dim for its blocks, from itself exactly when every segment's source block
+    is its own rank over the dim's source axes; so it receives ``Π_i total_i − Π_i own_i`` elements, the sums
+    of its segments' sizes per dim, all of them and its own ones."""
+    n = math.prod(mesh_sizes.values())
+    positions = np.arange(n, dtype=np.int64)
+    c = _coords(mesh_sizes, positions)
+    if isinstance(ins, P.CollectivePermute):
+        if isinstance(ins.sources, P.CoordinateMap):
+            return np.where(_np_id(_np_map(c, ins.sources, mesh_sizes), mesh_sizes) != positions, L_in, 0)
+        return np.where(np.asarray(ins.sources, dtype=np.int64)[ids] != ids, L_in, 0)
+    if isinstance(ins.dims, P.CopyTable):  # by device id, read at each position
+        table = ins.dims.copies
+        return np.array([sum(math.prod(cp.size) for cp in table[d] if cp.source != d) for d in ids.tolist()],
+                        np.int64) * item
+    total, own = np.ones(n, np.int64), np.ones(n, np.int64)
+    for x in ins.dims:
+        axes = _axes(mesh_sizes, x.axes, "exchange")
+        source_axes = _axes(mesh_sizes, x.source_axes, "exchange")
+        k_in = _ksize(source_axes)
+        by_block = np.zeros(_ksize(axes), np.int64)
+        by_pair: dict[int, int] = {}  # block · k_in + source block -> elements
+        for b, sb, _, _, size in x.segments:
+            by_block[b] += size
+            by_pair[b * k_in + sb] = by_pair.get(b * k_in + sb, 0) + size
+        block = _np_rank(c, axes, n)
+        total = total * by_block[block]
+        if not by_pair:
+            own[:] = 0
+            continue
+        keys = np.array(sorted(by_pair), dtype=np.int64)
+        vals = np.array([by_pair[key] for key in keys.tolist()], dtype=np.int64)
+        want = block * k_in + _np_rank(c, source_axes, n)
+        at = np.minimum(np.searchsorted(keys, want), len(keys) - 1)
+        own = own * np.where(keys[at] == want, vals[at], 0)
+    return (total - own) * item
+
+
+def _np_sub(c: dict, ax: _Axis) -> np.ndarray:
+    return (c[ax.name] // ax.stride) % ax.size
+
+
+def _np_rank(c: dict, axes, n: int) -> np.ndarray:
+    """Every device's rank over ``axes`` (numpy; ``n`` devices)."""
+    r = np.zeros(n, np.int64)
+    for ax in axes:
+        r = r * ax.size + _np_sub(c, ax)
+    return r
+
+
+def _np_map(c: dict, cmap, mesh_sizes) -> dict:
+    """The coordinates of each device's source under a coordinate map (numpy arrays, by mesh axis)."""
+    n = math.prod(mesh_sizes.values())
+    groups = [(_axes(mesh_sizes, s, "permute"), _axes(mesh_sizes, a, "permute")) for s, a in cmap.groups]
+    ranks = [_np_rank(c, a, n) for _, a in groups]
+    out = dict(c)
+    for (s, _), r in zip(groups, ranks):
+        for ax in reversed(s):
+            out[ax.name] = out[ax.name] + (r % ax.size - _np_sub(out, ax)) * ax.stride
+            r = r // ax.size
+    return out
+
+
+def _np_id(c: dict, mesh_sizes) -> np.ndarray:
+    d = 0
+    for name, size in mesh_sizes.items():
+        d = d * size + c[name]
+    return d
 
 
 # ----------------------------------------------------------------------------- the backward walk
@@ -551,17 +742,11 @@ class _Walk:
             n_in, n_out = prog.shapes[t], prog.shapes[t + 1]
             idx = list(idx)
             if isinstance(ins, P.CollectivePermute):
-                if not ins.pairs():
-                    continue
-                # One table per mesh axis, of the source's coordinate on it: no division in the terms. The
-                # table is over positions: the device at position p is ids[p], its source sources[ids[p]].
-                did, doing = self.position(c), f"encoding the source table of instruction {t}"
-                sources = [_coords(self.mesh_sizes, self.pos[ins.sources[d]]) for d in self.ids]
-                c = self._named_coords(t, {name: _table(did, [s[name] for s in sources], self.deadline, doing)
-                                           for name in self.names})
+                c = self._permute(t, ins, c)
                 continue
             if isinstance(ins, P.Exchange):
-                c, idx = self._exchange(t, ins, c, idx)
+                read = self._copy_table if isinstance(ins.dims, P.CopyTable) else self._exchange
+                c, idx = read(t, ins, c, idx)
                 continue
             if isinstance(ins, P.Transpose):
                 # result dim a is input dim perm[a]
@@ -620,22 +805,97 @@ class _Walk:
             c, idx = self._named_coords(t, c), self._named(t, idx)
         return c, idx
 
+    def _permute(self, t: int, ins, c: dict) -> dict:
+        """The coordinates of the source of the device at ``c``. A table: one table per mesh axis, of the
+        source's coordinate on it, over the position (no division in the terms; the device at position p is
+        ``ids[p]``, its source ``sources[ids[p]]``). A coordinate map: its ranks read from ``c``, then set on the
+        source axes (groups do not overlap: checked); positions, so no device order enters."""
+        if isinstance(ins.sources, P.CoordinateMap):
+            groups = [(_axes(self.mesh_sizes, s, f"instruction {t}"), _axes(self.mesh_sizes, a, f"instruction {t}"))
+                      for s, a in ins.sources.groups]
+            if not groups:
+                return c
+            ranks = [_rank(c, a) for _, a in groups]
+            out = dict(c)
+            for (s, _), r in zip(groups, ranks):
+                out = _with_rank(out, s, r)
+            return self._named_coords(t, out)
+        if all(s == d for d, s in enumerate(ins.sources)):
+            return c
+        did, doing = self.position(c), f"encoding the source table of instruction {t}"
+        sources = [_coords(self.mesh_sizes, self.pos[ins.sources[d]]) for d in self.ids]
+        return self._named_coords(t, {name: _table(did, [s[name] for s in sources], self.deadline, doing)
+                                      for name in self.names})
+
     def _exchange(self, t: int, ins, c: dict, idx: list):
-        """Read an exchange backward: the copy whose destination box (on this device) holds the index.
+        """Read an exchange backward, dim by dim: the segment for the device's block whose destination interval
+        holds the index.
+
+        Per dim, the segments of each receiver block are numbered in table order: slot ``j`` is a block's j-th
+        segment (an empty one where the block has fewer), and each field of a slot is a table over the block
+        (:func:`_table`: a tree over the runs of blocks on which it is affine, so blocks of equal size cost a
+        few leaves, whatever their count). A selector ``k`` names the slot whose destination interval holds the
+        index (``k == s``, the number of slots: none does, the element is unwritten): ``k == j → (index in the
+        slot's interval) ∧ (source block and source index)``, and ``k == s → no slot holds it``; the segments of
+        one block do not overlap (checked), so ``k`` is a function of the device and index. The source device
+        is the device with its rank over each dim's source axes set to the selected source blocks. The terms
+        grow with the runs of the tables (at most the segments), not with the devices or their copies."""
+        doing = f"encoding the segments of instruction {t} (exchange) for the {self.tag!r} walk"
+        i2, settings = [], []
+        for i, x in enumerate(ins.dims):
+            self.deadline.check(doing)
+            axes = _axes(self.mesh_sizes, x.axes, f"instruction {t}")
+            source_axes = _axes(self.mesh_sizes, x.source_axes, f"instruction {t}")
+            by_block: list[list] = [[] for _ in range(_ksize(axes))]
+            for seg in x.segments:
+                by_block[seg.block].append(seg)
+            slots = max(map(len, by_block))
+            k = self.fresh(f"seg{t}_{i}", 0, slots + 1)
+            block = z3.Int(f"{self.tag}_b{t}_{i}")
+            self.defs.append(block == _rank(c, axes))
+            source_block = z3.Int(f"{self.tag}_sb{t}_{i}")
+            index = z3.Int(f"{self.tag}_i{t}_{i}")
+
+            def slot(j: int, field):
+                """Per block, ``field`` of its j-th segment (0 where it has none), as a table over the block."""
+                return _table(block, [field(segs[j]) if j < len(segs) else 0 for segs in by_block], self.deadline,
+                              doing)
+
+            covers = []
+            for j in range(slots):
+                start = slot(j, lambda g: g.dst_start)
+                inside = z3.And(idx[i] >= start, idx[i] < start + slot(j, lambda g: g.size))
+                covers.append(inside)
+                self.defs.append(z3.Implies(k == j, z3.And(
+                    inside, source_block == slot(j, lambda g: g.source_block),
+                    index == idx[i] + slot(j, lambda g: g.src_start - g.dst_start))))
+            self.defs.append(z3.Implies(k == slots, z3.Not(z3.Or(covers)) if covers else z3.BoolVal(True)))
+            self.live.append(k < slots)
+            i2.append(index)
+            settings.append((source_axes, source_block))
+        out = dict(c)
+        for source_axes, source_block in settings:
+            out = _with_rank(out, source_axes, source_block)
+        return self._named_coords(t, out), i2
+
+    def _copy_table(self, t: int, ins, c: dict, idx: list):
+        """Read a copy table (an exchange between two device orders) backward: the copy whose destination box
+        (on this device) holds the index.
 
         A selector ``k`` names that copy (``k == J``, the number of copies: none holds it, the element is
         unwritten). Each copy is one implication, ``k == j → (device and index in its box) ∧ (source device
         and index)``, and ``k == J → no box holds it``; the boxes of one device do not overlap, so ``k`` is a
-        function of the device and index. This keeps the encoding linear in the number of copies (an
-        if-then-else chain over thousands of copies is much slower to solve)."""
+        function of the device and index: linear in the number of copies (such a table is per device, as a
+        mesh in another order is)."""
         did = self.position(c)
         doing = f"encoding the copies of instruction {t} (exchange) for the {self.tag!r} walk"
-        n_copies = sum(len(copies) for copies in ins.copies)
+        table = ins.dims.copies
+        n_copies = sum(len(copies) for copies in table)
         k = self.fresh(f"copy{t}", 0, n_copies + 1)
         c2 = {name: z3.Int(f"{self.tag}_x{t}_{name}") for name in self.names}
         i2 = [z3.Int(f"{self.tag}_i{t}_{d}") for d in range(len(idx))]
         covers, j = [], 0
-        for d, copies in enumerate(ins.copies):
+        for d, copies in enumerate(table):
             if d % 256 == 0:
                 self.deadline.check(doing)
             if not copies:
@@ -1029,8 +1289,8 @@ def _check_costs(program, shapes, mesh_sizes, costs, details: dict) -> None:
     instruction's shape at every boundary), against the plan's ``costs`` when given."""
     itemsize = np.dtype(program.dtype).itemsize
     peak = max(math.prod(s) * itemsize for s in shapes)
-    per_dev = program_bytes(program, mesh_sizes)
-    received = max(per_dev, default=Fraction(0))
+    uniform, per_dev = _received(program, mesh_sizes)
+    received = uniform + (int(per_dev.max()) if per_dev.size else 0)
     details.update(peak_bytes=peak, bytes_received=received)
     if costs is None:
         return
@@ -1040,7 +1300,7 @@ def _check_costs(program, shapes, mesh_sizes, costs, details: dict) -> None:
     if peak != claimed_peak:
         raise _Refuted(f"peak_bytes={claimed_peak} but the largest buffer is {peak} bytes")
     if abs(Fraction(claimed_recv) - received) > Fraction(1, 10**6) * max(1, received):
-        dev = max(range(len(per_dev)), key=lambda d: per_dev[d])
+        dev = int(per_dev.argmax()) if per_dev.size else 0
         raise _Refuted(f"bytes_received={claimed_recv} but the instructions make device {dev} receive "
                        f"{float(received):g} bytes")
 

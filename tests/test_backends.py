@@ -164,8 +164,8 @@ def _ill_formed():
         ("count", P.Program(good.mesh, good.dtype, good.instructions, good.shapes[:1])),
         ("permutation", P.Program(good.mesh, good.dtype, (P.CollectivePermute((0, 0, 1, 2, 3, 4, 5, 6)),),
                                   ((4, 16), (4, 16)))),
-        ("overlap", P.Program(good.mesh, good.dtype, (P.Exchange((4, 16), ((
-            Copy(0, (0, 0), (0, 0), (2, 16)), Copy(0, (2, 0), (1, 0), (2, 16))),) + ((),) * 7),), ((4, 16), (4, 16)))),
+        ("overlap", P.Program(good.mesh, good.dtype, (P.Exchange((4, 16), P.CopyTable(((
+            Copy(0, (0, 0), (0, 0), (2, 16)), Copy(0, (2, 0), (1, 0), (2, 16))),) + ((),) * 7)),), ((4, 16), (4, 16)))),
     ]
 
 

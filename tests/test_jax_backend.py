@@ -369,19 +369,16 @@ def test_uneven_pairs_agree_with_numpy_backend(data, dtype, seed):
 
 
 def test_exchange_programs_by_hand():
-    """Exchange instructions that synthesis does not produce: a scalar one (device 3 receives nothing and
-    gets zero), and one with two copies between one pair, a copy of no elements, a local copy and unwritten
+    """Exchange instructions that synthesis does not produce: a scalar one (every device copies its own
+    element), and one with two copies between one pair, a copy of no elements, a local copy and unwritten
     positions; run under jax.jit (run_on_buffers) and compared with the numpy backend."""
-    C = redist.blocks.Copy
+    G = redist.blocks.Segment
     m4 = redist.Mesh.parse("x=4")
-    scalar = P.Exchange((), (
-        (C(2, (), (), ()),), (C(1, (), (), ()),), (C(0, (), (), ()),), ()))
+    scalar = P.Exchange((), ())
     m2 = redist.Mesh.parse("x=2")
-    boxes = P.Exchange((5, 4), (
-        (C(1, (0, 0), (0, 0), (2, 3)), C(1, (2, 0), (3, 1), (2, 3)), C(0, (3, 2), (2, 3), (1, 1)),
-         C(1, (0, 0), (4, 0), (0, 3))),
-        (C(0, (1, 1), (4, 3), (1, 1)), C(1, (0, 0), (0, 0), (4, 1))),
-    ))
+    rows = P.ExchangeDim(("x",), ("x",), (G(0, 1, 0, 0, 2), G(0, 1, 2, 3, 2), G(0, 0, 3, 2, 1),
+                                          G(1, 0, 1, 4, 0), G(1, 1, 0, 0, 4)))
+    boxes = P.Exchange((5, 4), (rows, P.ExchangeDim((), (), (G(0, 0, 0, 0, 3),))))
     rng = np.random.default_rng(5)
     for mesh, ins, shape0 in [(m4, scalar, ()), (m2, boxes, (4, 3))]:
         program = P.Program(mesh, np.dtype(np.float32), (ins,), (shape0, ins.shape))
@@ -391,7 +388,8 @@ def test_exchange_programs_by_hand():
             got = rj.run_on_buffers(program, shards, jmesh(mesh.shape, mesh.names))
         for w, g in zip(want, got):
             np.testing.assert_array_equal(g, w)
-        assert (want[-1] == 0).any()  # positions no copy writes are zero
+    assert (want[0][:, 3] == 0).all() and (want[0][:, :3] != 0).all()  # positions no copy writes are zero
+    np.testing.assert_array_equal(want[0][:, :3], np.concatenate([shards[1][:2], shards[0][3:], shards[1][2:]]))
 
 
 def test_exchange_runs_as_collective_permutes():

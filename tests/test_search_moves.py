@@ -9,7 +9,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from redist import Mesh, ShardingType, synthesis
-from redist.synthesis import AllReduceMove, GatherMove, ReduceScatterMove, SliceMove, SwapMove
+from redist.synthesis import AllReduceMove, GatherMove, ReduceScatterMove, SliceMove
 from tests.strategies import meshes, type_pairs
 
 
@@ -28,17 +28,12 @@ def _check_run(space, src, dst, start, move, state, local_bytes, charged):
     assert tuple(space.atoms.expand(d) for d in t.dims) == state[0], (move, step)
     assert synthesis._mask(space.atoms.expand(t.partial)) == state[1], (move, step)
     assert t.local_bytes == local_bytes, (move, step)
-    if isinstance(move, SwapMove):  # a run of swaps is charged a whole buffer; swaps may undo each other
-        assert charged >= step.bytes_received(src) * space.scale, (move, step)
-    else:
-        assert charged == step.bytes_received(src) * space.scale, (move, step)
+    assert charged == step.bytes_received(src) * space.scale, (move, step)
 
 
 def _joins(move, move2) -> bool:
-    """The module header's runs: slices, reduce-scatters or gathers on one dim, and swaps in a row."""
-    if type(move2) is not type(move):
-        return False
-    return isinstance(move, SwapMove) or (hasattr(move, "dim") and move2.dim == move.dim)
+    """The module header's runs: slices, reduce-scatters or gathers on one dim."""
+    return type(move2) is type(move) and hasattr(move, "dim") and move2.dim == move.dim
 
 
 # Meshes of three or four axes: dims hold several axes, so runs of moves on one dim occur.
@@ -57,7 +52,7 @@ _M = Mesh({"x": 2, "y": 4, "z": 2})
 @example(_pair(_M, "f32[16{x,y}, 16{z}]", "f32[16, 16]"), False)  # gathers of two axes, from two dims
 @example(_pair(_M, "f32[16, 16]", "f32[16{x,y}, 16{z}]"), True)  # runs of slices
 @example(_pair(_M, "f32[16, 16] partial{x,y,z}", "f32[16{z,x}, 16{y}]"), True)  # runs of reduce-scatters
-@example(_pair(_M, "f32[16{x,z}, 16{y}]", "f32[16{z,x}, 16]"), False)  # swaps; an all-to-all of two moves
+@example(_pair(_M, "f32[16{x,z}, 16{y}]", "f32[16{z,x}, 16]"), False)  # an all-to-all of two moves
 @settings(max_examples=80, deadline=None)
 def test_each_move_and_each_merged_run_makes_the_step_the_search_accounts_for(pair, refine):
     src, dst = (synthesis._without_unit_axes(t, pair[1].partial) for t in pair)
@@ -97,3 +92,40 @@ def test_moves_place_only_what_the_destination_wants(pair):
         elif isinstance(move, AllReduceMove):
             assert state[1] == start[1] & ~space.reducible
 
+
+
+def _type_of(space, t, dims, partial):
+    """``t`` with the search's ``dims`` and ``partial`` atoms."""
+    atoms = space.atoms
+    return t.replace(dims=tuple(atoms.compress(d) for d in dims),
+                     partial=atoms.compress(a for a in range(len(space.sizes)) if partial >> a & 1))
+
+
+@given(_pairs_on_several_axes, st.booleans())
+@example(_pair(_M, "f32[16{x,y}, 16{z}]", "f32[16, 16]"), False)  # gathers, read backwards
+@example(_pair(_M, "f32[16, 16] partial{x,y,z}", "f32[16{z,x}, 16{y}]"), True)  # reduce-scatters
+@example(_pair(_M, "f32[16{x,z}, 16{y}]", "f32[16{z}, 16{x,y}]"), False)  # all-to-alls
+@settings(max_examples=80, deadline=None)
+def test_each_untry_step_is_a_forward_move_the_search_accounts_for(pair, refine):
+    """The backward search's moves, from the goal and from each state before it: the record's step, applied
+    to the type of the state before, gives the type of the state after, receives what the backward search
+    charges, and keeps the normal form (a suffix that slices or reduce-scatters has no gather before it)."""
+    src, dst = (synthesis._without_unit_axes(t, pair[1].partial) for t in pair)
+    space = synthesis._Space.of(src, dst, refine)
+    classes = synthesis._classes(space, None)
+    goal = (*space.goal, False, None)
+    frontier = [goal]
+    for depth in range(2):
+        nxt = []
+        for state in frontier:
+            after = _type_of(space, src, state[0], state[1])
+            for untry in synthesis._UNTRY_STEPS:
+                for move, before, received, _, tag in untry(space, space.back(state), classes):
+                    t = _type_of(space, src, before[0], before[1])
+                    step = move.step(synthesis._Run(t, before[0], state[0], dst, space.atoms))
+                    assert step.apply(t) == after, (move, step)
+                    assert received == step.bytes_received(t) * space.scale, (move, step)
+                    if isinstance(move, GatherMove):
+                        assert not before[2], (move, step)
+                    nxt.append(before)
+        frontier = nxt[:20]

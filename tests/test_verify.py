@@ -150,7 +150,7 @@ def test_mutants_are_killed():
     ins = list(plan.program.instructions)
     a2a = next(i for i, x in enumerate(ins) if isinstance(x, P.AllToAll))
     perm = next(i for i, x in enumerate(ins) if isinstance(x, P.CollectivePermute))
-    sources = list(ins[perm].sources)
+    sources = list(ins[perm].source_table(mesh))
     a, b = next((a, b) for a in range(8) for b in range(a + 1, 8) if sources[a] != a or sources[b] != b)
     sources[a], sources[b] = sources[b], sources[a]
     mutants = {
@@ -221,49 +221,54 @@ def test_uneven_plans_are_proved_and_padding_is_never_data():
         v = verify(plan)
         assert v.ok, (a, b, v.reason)
     # f32[3{x}]: device x=0 holds [0, 2); device x=1 holds [2, 3) and one padding element. An exchange that
-    # keeps everything but fills device 0's index 1 from device 2's padding reads padding as data.
-    from redist.blocks import Copy
+    # keeps everything but fills index 1 of the devices at x=0 from index 1 of those at x=1 (padding) reads
+    # padding as data.
+    from redist.blocks import Segment
 
     src = T("f32[3{x}]", mesh)
-    keep = [(Copy(d, (0,), (0,), (2,)),) for d in range(mesh.size)]
-    keep[0] = (Copy(0, (0,), (0,), (1,)), Copy(2, (1,), (1,), (1,)))
-    prog = P.Program(mesh, src.np_dtype, (P.Exchange((2,), tuple(keep)),), ((2,), (2,)))
+
+    def exchange(*segments):
+        return P.Program(mesh, src.np_dtype, (P.Exchange((2,), (P.ExchangeDim(("x",), ("x",), segments),)),),
+                         ((2,), (2,)))
+
+    prog = exchange(Segment(0, 0, 0, 0, 1), Segment(0, 1, 1, 1, 1), Segment(1, 1, 0, 0, 2))
     v = verify_program(prog, src, src)
     assert not v.ok and "padding" in v.reason, v.reason
-    assert v.counterexample["device"] == 0 and v.counterexample["index"] == (1,)
+    assert v.counterexample["coords"]["x"] == 0 and v.counterexample["index"] == (1,)
     assert oracle(prog, src, src)[0] is False
-    # Copying padding into padding is fine: nobody reads it.
-    keep[0] = (Copy(0, (0,), (0,), (2,)),)
-    keep[2] = (Copy(2, (0,), (0,), (1,)), Copy(3, (1,), (1,), (1,)))
-    prog = P.Program(mesh, src.np_dtype, (P.Exchange((2,), tuple(keep)),), ((2,), (2,)))
+    # Copying data into padding is fine: nobody reads it.
+    prog = exchange(Segment(0, 0, 0, 0, 2), Segment(1, 1, 0, 0, 1), Segment(1, 0, 1, 1, 1))
     assert verify_program(prog, src, src).ok and oracle(prog, src, src)[0]
 
 
 def test_exchange_mutants_are_refuted():
+    """Mutants of an exchange's tables: a segment dropped (unwritten), read from another source block (a
+    wrong class of senders), one more (overlapping), too long (off the buffer)."""
     mesh = Mesh({"x": 2, "y": 2})
     src, dst = T("f32[5{x}, 3]", mesh), T("f32[5{y}, 3{x}]", mesh)
     plan = synthesize(src, dst)
     (ex,) = plan.program.instructions
     assert isinstance(ex, P.Exchange)
-    d = next(d for d, cs in enumerate(ex.copies) if any(c.source != d for c in cs))
-    c = next(c for c in ex.copies[d] if c.source != d)
+    dim = next(i for i, x in enumerate(ex.dims) if len(x.segments) > 1)
+    segs = ex.dims[dim].segments
+    seg = next(g for g in segs if g.size)
 
-    def with_copies(new):
-        copies = list(ex.copies)
-        copies[d] = tuple(new)
-        return _mut(plan, [dataclasses.replace(ex, copies=tuple(copies))])
+    def with_segments(new):
+        dims = list(ex.dims)
+        dims[dim] = dataclasses.replace(dims[dim], segments=tuple(new))
+        return _mut(plan, [dataclasses.replace(ex, dims=tuple(dims))])
 
-    dropped = with_copies([x for x in ex.copies[d] if x != c])
+    dropped = with_segments([g for g in segs if g != seg])
     v = verify_program(dropped, src, dst)
-    assert not v.ok and "never written" in v.reason and v.counterexample["device"] == d
-    other = next(s for s in range(mesh.size) if s not in (c.source, d))
-    wrong_source = with_copies([dataclasses.replace(x, source=other) if x == c else x for x in ex.copies[d]])
+    assert not v.ok and "never written" in v.reason
+    k_in = mesh.group_size(ex.dims[dim].source_axes)
+    wrong_source = with_segments([g._replace(source_block=(g.source_block + 1) % k_in) if g == seg else g
+                                  for g in segs])
     assert not verify_program(wrong_source, src, dst).ok
     assert oracle(wrong_source, src, dst)[0] is False
-    overlapping = with_copies(list(ex.copies[d]) + [c])
+    overlapping = with_segments(list(segs) + [seg])
     assert "overlap" in verify_program(overlapping, src, dst).reason
-    too_big = with_copies([dataclasses.replace(x, size=(x.size[0] + 9,) + x.size[1:]) if x == c else x
-                           for x in ex.copies[d]])
+    too_big = with_segments([g._replace(size=g.size + 9) if g == seg else g for g in segs])
     assert "does not fit" in verify_program(too_big, src, dst).reason
 
 
@@ -514,16 +519,18 @@ def test_claim_mutants_are_refuted_with_counterexamples_and_are_wrong():
 def test_every_dropped_exchange_copy_is_refuted_with_a_counterexample():
     """Regression (issue 15.3): with one copy of an exchange dropped, the counterexample's source device was
     looked up at coordinates the model left free, and verify raised IndexError instead of refuting (e.g.
-    device 2's first copy here)."""
+    device 2's first copy here). Exchanges are segment tables now: each segment dropped in turn."""
     mesh = Mesh({"x": 2, "y": 4})
     plan = synthesize(T("f32[7{x}, 5{y}]", mesh), T("f32[7{y}, 5{x}]", mesh))
     prog = plan.program
     t = next(i for i, ins in enumerate(prog.instructions) if isinstance(ins, P.Exchange))
     ex = prog.instructions[t]
-    for d, copies in enumerate(ex.copies):
-        for j in range(len(copies)):
-            dropped = ex.copies[:d] + (copies[:j] + copies[j + 1:],) + ex.copies[d + 1:]
-            mutant = dataclasses.replace(ex, copies=dropped)
-            instructions = prog.instructions[:t] + (mutant,) + prog.instructions[t + 1:]
+    for i, dim in enumerate(ex.dims):
+        for j, seg in enumerate(dim.segments):
+            dims = ex.dims[:i] + (dataclasses.replace(dim, segments=dim.segments[:j] + dim.segments[j + 1:]),) \
+                + ex.dims[i + 1:]
+            instructions = prog.instructions[:t] + (dataclasses.replace(ex, dims=dims),) + prog.instructions[t + 1:]
             v = verify_program(dataclasses.replace(prog, instructions=instructions), plan.src, plan.dst)
-            assert v.status == "refuted" and v.counterexample["device"] == d, (d, j, v.reason)
+            # Only the devices whose block in dim i the segment served lack its elements.
+            assert v.status == "refuted" and mesh.group_index(v.counterexample["device"], dim.axes) == seg.block, \
+                (i, j, v.reason)

@@ -275,10 +275,11 @@ class JaxBackend(interpreter.Backend):
         mesh order, which is the position, read from the device id through the mesh. Devices that keep their
         buffer are listed as ``(p, p)`` pairs, so the permutation is whole and no device is left with
         ppermute's zeros."""
-        if not ins.pairs():
+        if not ins.moves():
             return x
         at = self.mesh.position
-        return lax.ppermute(x, self.axes(self.mesh.names), perm=[(at(s), at(d)) for d, s in enumerate(ins.sources)])
+        sources = ins.source_table(self.mesh)
+        return lax.ppermute(x, self.axes(self.mesh.names), perm=[(at(s), at(d)) for d, s in enumerate(sources)])
 
     def exchange(self, ins: P.Exchange, x):
         return _exchange(ins, x, self.axes(self.mesh.names), self.mesh)
@@ -342,12 +343,13 @@ class _Round:
 
 
 @lru_cache(maxsize=256)
-def _exchange_rounds(ins: P.Exchange, n: int) -> tuple[_Round, ...]:
+def _exchange_rounds(ins: P.Exchange, mesh: Mesh) -> tuple[_Round, ...]:
     """The tables of the rounds of :meth:`redist.program.Exchange.rounds` (copies within a device included, as
     rounds of shift 0), in which each device sends at most once and receives at most once."""
+    n = mesh.size
     rank = len(ins.shape)
     out = []
-    for shift, moves in ins.rounds(local=True):
+    for shift, moves in ins.rounds(mesh, local=True):
         src_start = np.zeros((n, rank), np.int32)
         dst_start = np.zeros((n, rank + 1), np.int32)
         size = np.zeros((n, rank + 1), np.int32)
@@ -372,7 +374,7 @@ def _exchange(ins: P.Exchange, x, all_axes, mesh: Mesh):
     me = lax.axis_index(all_axes)
     # A leading unit dim: see _Round. zeros_like keeps x's dtype (jnp.zeros would narrow f64 without x64).
     out = jnp.zeros_like(x, shape=(1,) + tuple(ins.shape))
-    for rnd in _exchange_rounds(ins, n):
+    for rnd in _exchange_rounds(ins, mesh):
         start = jnp.asarray(rnd.src_start[order])[me]
         slab = x
         for dim, m in enumerate(rnd.slab):

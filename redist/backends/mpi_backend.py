@@ -505,34 +505,39 @@ class MpiBackend(interpreter.Backend):
         return _Buffer(out, not scratch, scratch)
 
     def collective_permute(self, ins: P.CollectivePermute, buf):
-        """One ``Sendrecv``: receive from ``sources[rank]``, send to the rank whose source is this one."""
-        me = self.ch.rank
-        source = ins.sources[me]
+        """One ``Sendrecv``: receive from this rank's source, send to the rank whose source is this one (each
+        computed for this rank alone)."""
+        me, mesh = self.ch.rank, self.ch.mesh
+        source = ins.source_of(mesh, me)
         if source == me:
             return buf
         x = buf.take()
         out, scratch = self._array(ins, "result", x.shape, x.dtype)
-        self._complete(self.ch.comm.Isendrecv([_raw(x), MPI.BYTE], ins.sources.index(me), _TAG,
+        self._complete(self.ch.comm.Isendrecv([_raw(x), MPI.BYTE], ins.target_of(mesh, me), _TAG,
                                               [_raw(out), MPI.BYTE], source, _TAG))
         return _Buffer(out, not scratch, scratch)
 
     def exchange(self, ins: P.Exchange, buf):
         """One ``Alltoallv`` over the private communicator, then copies within the rank.
 
-        The data for rank ``d`` is the boxes of ``ins.copies[d]`` whose source is this rank, one after the
-        other in copy order; the receiver takes its own ``ins.copies[rank]`` from each source in the same order,
-        so both sides agree on the layout without further messages. Where each rank's boxes form one
-        contiguous run of the buffer, in that order (whole rows of a C-contiguous buffer: rows split unevenly,
-        say), the data goes straight from the input or straight into the output; otherwise it is packed into
-        a send buffer (the scratch buffer where this is the program's only instruction) or received into a
-        receive buffer and copied into place. Copies from the rank itself are done directly. Positions no copy
-        writes are zero. Besides the input, at most the send and receive buffers are alive together, then the
-        receive buffer and the output (the send buffer is dropped before the output exists, an owned input
-        right after the local copies)."""
+        The data for rank ``d`` is the boxes of ``d``'s copies whose source is this rank, one after the other in
+        ``d``'s copy order; the receiver takes its own copies from each source in the same order, so both sides
+        agree on the layout without further messages. Each rank computes only its own copies and the copies it
+        sends (:meth:`~redist.program.Exchange.copies_from`), never the whole table. Where each rank's boxes
+        form one contiguous run of the buffer, in that order (whole rows of a C-contiguous buffer: rows split
+        unevenly, say), the data goes straight from the input or straight into the output; otherwise it is
+        packed into a send buffer (the scratch buffer where this is the program's only instruction) or
+        received into a receive buffer and copied into place. Copies from the rank itself are done directly.
+        Positions no copy writes are zero. Besides the input, at most the send and receive buffers are alive
+        together, then the receive buffer and the output (the send buffer is dropped before the output
+        exists, an owned input right after the local copies)."""
         x = buf.take()
-        me, n = self.ch.rank, self.ch.mesh.size
-        outgoing = [[c for c in ins.copies[d] if c.source == me] if d != me else [] for d in range(n)]
-        incoming = [[c for c in ins.copies[me] if c.source == s] if s != me else [] for s in range(n)]
+        me, mesh = self.ch.rank, self.ch.mesh
+        mine = ins.copies(mesh, me)
+        outgoing = [[] for _ in range(mesh.size)]
+        for d, c in ins.copies_from(mesh, me):
+            outgoing[d].append(c)
+        incoming = [[c for c in mine if c.source == s] if s != me else [] for s in range(mesh.size)]
         send_counts = [sum(math.prod(c.size) for c in cs) for cs in outgoing]
         recv_counts = [sum(math.prod(c.size) for c in cs) for cs in incoming]
         send_at = [_run_offset(cs, x.shape, "src_start") for cs in outgoing]
@@ -556,7 +561,7 @@ class MpiBackend(interpreter.Backend):
             [_raw(send), ([k * size for k in send_counts], [a * size for a in send_at]), MPI.BYTE],
             [_raw(recv), ([k * size for k in recv_counts], [a * size for a in recv_at]), MPI.BYTE]))
         del send
-        for c in ins.copies[me]:
+        for c in mine:
             if c.source == me:
                 out[c.dst_box] = x[c.src_box]
         del x

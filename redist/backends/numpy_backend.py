@@ -99,13 +99,13 @@ class NumpyBackend(interpreter.Backend):
         return out
 
     def collective_permute(self, ins: P.CollectivePermute, bufs):
-        return [bufs[s].copy() if s != d else bufs[d] for d, s in enumerate(ins.sources)]
+        return [bufs[s].copy() if s != d else bufs[d] for d, s in enumerate(ins.source_table(self.mesh))]
 
     def exchange(self, ins: P.Exchange, bufs):
         out = []
-        for copies in ins.copies:
+        for d in range(self.mesh.size):
             new = np.zeros(ins.shape, bufs[0].dtype)
-            for c in copies:
+            for c in ins.copies(self.mesh, d):
                 new[c.dst_box] = bufs[c.source][c.src_box]
             out.append(new)
         return out
