@@ -130,14 +130,17 @@ def _owned(x: np.ndarray, local) -> bool:
 class Channel:
     """A private duplicate of a communicator and the sub-communicators split from it, one per (mesh, axes)
     group. A channel made for a program (``program`` given) splits every group the program uses at once,
-    collectively, so that running the program calls no blocking collective besides its data movement;
-    the default channel (no program) splits them on first use."""
+    collectively, so that running the program calls no blocking collective besides its data movement, and
+    remembers this rank's layout of its exchanges; the default channel (no program) splits groups on first
+    use and remembers nothing."""
 
     def __init__(self, comm, mesh: Mesh | None = None, program: P.Program | None = None):
         self.comm = comm.Dup()
         self.rank = self.comm.Get_rank()
         self.mesh = mesh
+        self.program = program
         self.groups: dict = {}
+        self.layouts: dict = {}
         for ins in () if program is None else program.instructions:
             if isinstance(ins, (P.AllGather, P.AllToAll, P.ReduceScatter, P.AllReduce)):
                 self.group(ins.axes)
@@ -149,6 +152,15 @@ class Channel:
             color = next(group[0] for group in self.mesh.groups(tuple(axes)) if self.rank in group)
             self.groups[key] = self.comm.Split(color, self.mesh.group_index(self.rank, axes))
         return self.groups[key], self.groups[key].Get_size()
+
+    def layout(self, ins, compute):
+        """``compute()``, this rank's layout of the exchange ``ins``; remembered where the channel is made for
+        a program (``ins`` is one of its instructions, alive as long as the channel)."""
+        if self.program is None:
+            return compute()
+        if id(ins) not in self.layouts:
+            self.layouts[id(ins)] = compute()
+        return self.layouts[id(ins)]
 
     def free(self) -> None:
         for sub in self.groups.values():
@@ -532,15 +544,9 @@ class MpiBackend(interpreter.Backend):
         together, then the receive buffer and the output (the send buffer is dropped before the output
         exists, an owned input right after the local copies)."""
         x = buf.take()
-        me, mesh = self.ch.rank, self.ch.mesh
-        mine = ins.copies(mesh, me)
-        outgoing = [[] for _ in range(mesh.size)]
-        for d, c in ins.copies_from(mesh, me):
-            outgoing[d].append(c)
-        incoming = [[c for c in mine if c.source == s] if s != me else [] for s in range(mesh.size)]
-        send_counts = [sum(math.prod(c.size) for c in cs) for cs in outgoing]
-        recv_counts = [sum(math.prod(c.size) for c in cs) for cs in incoming]
-        send_at = [_run_offset(cs, x.shape, "src_start") for cs in outgoing]
+        me = self.ch.rank
+        mine, outgoing, incoming, send_counts, recv_counts, send_at, recv_at = self.ch.layout(
+            ins, lambda: _exchange_layout(ins, self.ch.mesh, me, x.shape))
         if None in send_at:
             send, _ = self._array(ins, "temp", (sum(send_counts),), x.dtype)
             send_at = _offsets(send_counts)
@@ -551,7 +557,6 @@ class MpiBackend(interpreter.Backend):
         else:
             send = x
         out = np.zeros(ins.shape, dtype=x.dtype)
-        recv_at = [_run_offset(cs, out.shape, "dst_start") for cs in incoming]
         if None in recv_at:
             recv, recv_at = np.empty(sum(recv_counts), x.dtype), _offsets(recv_counts)
         else:
@@ -571,6 +576,21 @@ class MpiBackend(interpreter.Backend):
                     out[c.dst_box] = recv[at: at + math.prod(c.size)].reshape(c.size)
                     at += math.prod(c.size)
         return _Buffer(out, True)
+
+
+def _exchange_layout(ins: P.Exchange, mesh: Mesh, me: int, shape) -> tuple:
+    """What rank ``me`` sends and receives in ``ins`` from its buffer of ``shape``: its own copies; the copies
+    it sends and receives, by rank; their element counts; and where each rank's run starts in the input and
+    in the output (:func:`_run_offset`; None where the boxes are no contiguous run)."""
+    mine = ins.copies(mesh, me)
+    outgoing = [[] for _ in range(mesh.size)]
+    for d, c in ins.copies_from(mesh, me):
+        outgoing[d].append(c)
+    incoming = [[c for c in mine if c.source == s] if s != me else [] for s in range(mesh.size)]
+    return (mine, outgoing, incoming, [sum(math.prod(c.size) for c in cs) for cs in outgoing],
+            [sum(math.prod(c.size) for c in cs) for cs in incoming],
+            [_run_offset(cs, shape, "src_start") for cs in outgoing],
+            [_run_offset(cs, ins.shape, "dst_start") for cs in incoming])
 
 
 def _run_offset(copies, shape, start: str) -> int | None:
