@@ -1,6 +1,6 @@
 """redist.mpi.reshard against hand-written mpi4py, XLA's collectives replayed, and gather-then-slice.
 
-    python bench/mpi.py [--ranks 2 4 8] [--mib 16 64 256] [--mib-8 16 64 128] [--repeats 7] [--quick]
+    python bench/mpi.py [--ranks 2 4 8] [--mib 16 64 256] [--mib-8 16 64 128] [--repeats 7] [--quick] [--replot]
 
 For each rank count ``n`` the script launches ``mpiexec -n n python bench/mpi_worker.py CASES OUT`` (the
 virtual environment's MPICH) and streams its progress; rank 0 of the job writes the rows, and this driver
@@ -193,7 +193,7 @@ def plot(rows: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
 
     ranks = sorted({r["ranks"] for r in rows})
-    fig, axes = plt.subplots(1, len(ranks), figsize=(5 * len(ranks), 4.5), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(ranks), figsize=(5 * len(ranks), 4.5), squeeze=False)
     for ax, n in zip(axes[0], ranks):
         mine = [r for r in rows if r["ranks"] == n]
         labels = [f"{r['name']} {r['mib']}" for r in mine]
@@ -221,7 +221,12 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--quick", action="store_true", help="1 MiB, -n 2 and 4, 3 rounds (a smoke run)")
     ap.add_argument("--out", default=os.path.join(RESULTS, "mpi.json"))
+    ap.add_argument("--replot", action="store_true", help="only draw the PNG from the saved JSON (--out)")
     args = ap.parse_args(argv)
+    if args.replot:
+        with open(args.out) as f:
+            plot(json.load(f)["cases"], os.path.splitext(args.out)[0] + ".png")
+        return
     if args.quick:
         args.ranks, args.mib, args.mib_8, args.repeats = [2, 4], [1], [1], 3
     sizes = {n: (args.mib_8 if n == 8 else args.mib) for n in args.ranks}

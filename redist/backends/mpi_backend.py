@@ -153,14 +153,15 @@ class Channel:
             self.groups[key] = self.comm.Split(color, self.mesh.group_index(self.rank, axes))
         return self.groups[key], self.groups[key].Get_size()
 
-    def layout(self, ins, compute):
-        """``compute()``, this rank's layout of the exchange ``ins``; remembered where the channel is made for
-        a program (``ins`` is one of its instructions, alive as long as the channel)."""
+    def layout(self, ins, shape, compute):
+        """``compute()``, this rank's layout of the exchange ``ins`` from a buffer of ``shape``; remembered where
+        the channel is made for a program (``ins`` is one of its instructions, alive as long as the channel)."""
         if self.program is None:
             return compute()
-        if id(ins) not in self.layouts:
-            self.layouts[id(ins)] = compute()
-        return self.layouts[id(ins)]
+        key = (id(ins), tuple(shape))
+        if key not in self.layouts:
+            self.layouts[key] = compute()
+        return self.layouts[key]
 
     def free(self) -> None:
         for sub in self.groups.values():
@@ -546,7 +547,7 @@ class MpiBackend(interpreter.Backend):
         x = buf.take()
         me = self.ch.rank
         mine, outgoing, incoming, send_counts, recv_counts, send_at, recv_at = self.ch.layout(
-            ins, lambda: _exchange_layout(ins, self.ch.mesh, me, x.shape))
+            ins, x.shape, lambda: _exchange_layout(ins, self.ch.mesh, me, x.shape))
         if None in send_at:
             send, _ = self._array(ins, "temp", (sum(send_counts),), x.dtype)
             send_at = _offsets(send_counts)
