@@ -14,8 +14,10 @@ Contenders, per case (rank r is device r):
   sub-communicator per replica-group set, ranked in group order) and the same permute pairs: all-gather →
   ``Allgather``, all-to-all → ``Alltoall``, reduce-scatter → ``Reduce_scatter_block``, all-reduce →
   ``Allreduce``, collective-permute → ``Isend``/``Irecv`` per pair (self pairs copy locally), dynamic-slice →
-  a local copy of the result's size. Only communication and those copies are replayed (XLA's other local
-  fusions, e.g. the transposes around an all-to-all, are not), so the replay is slightly favoured.
+  a local copy of the result's size, and ``copy`` (the local fusions, copies and transposes of XLA's entry
+  computation, e.g. the packing and unpacking around an all-to-all; listed by ``bench/mpi.py``, not by
+  ``bench/redistribution.py``) → a contiguous copy of the result's size. A contiguous copy is cheaper than
+  a transposing one, so the replay is slightly favoured.
 - baseline: non-partial sources, gather-then-slice (``Allgather`` of every rank's shard, assemble the global
   array, copy out this rank's destination block); partial sources, ``Allreduce`` over the partial axes'
   groups, then copy out the destination block.
@@ -62,10 +64,17 @@ def subcomm(groups: tuple[tuple[int, ...], ...]):
 
 # ---------------------------------------------------------------------------------------------- XLA replay
 class Replay:
-    """XLA's collectives as prepared mpi4py calls with preallocated buffers of the HLO's sizes."""
+    """XLA's collectives as prepared mpi4py calls with preallocated buffers of the HLO's sizes. With
+    ``fresh_result`` the last operation writes into a buffer allocated on each call, as XLA's CPU runtime
+    returns a new buffer per execution (its temporaries stay preallocated here, which favours the replay)."""
 
-    def __init__(self, collectives: list[dict]):
+    def __init__(self, collectives: list[dict], fresh_result: bool = False):
         self.ops = []
+        self.fresh_result = fresh_result and bool(collectives)
+        # Local copies share one pair of buffers: only their time is replayed, not XLA's memory.
+        largest = max((sum(math.prod(s) for s in c["result_shapes"]) for c in collectives if c["kind"] == "copy"),
+                      default=0)
+        copy_from, copy_to = np.ones(largest, np.float32), np.empty(largest, np.float32)
         for c in collectives:
             nbytes = sum(math.prod(s) for s in c["result_shapes"]) * 4  # f32 cases
             n = nbytes // 4
@@ -76,6 +85,9 @@ class Replay:
                 continue
             if kind == "dynamic_slice":
                 self.ops.append((kind, None, np.ones(4 * n, np.float32), np.empty(n, np.float32)))
+                continue
+            if kind == "copy":
+                self.ops.append((kind, None, copy_from[:n], copy_to[:n]))
                 continue
             groups = tuple(tuple(g) for g in c["groups"])
             sub = subcomm(groups)
@@ -89,7 +101,10 @@ class Replay:
             self.ops.append((kind, sub, send, recv))
 
     def __call__(self):
-        for kind, how, send, recv in self.ops:
+        last = len(self.ops) - 1
+        for i, (kind, how, send, recv) in enumerate(self.ops):
+            if i == last and self.fresh_result:
+                recv = np.empty_like(recv)
             if kind == "all_gather":
                 how.Allgather(send, recv)
             elif kind == "all_to_all":
@@ -98,7 +113,7 @@ class Replay:
                 how.Reduce_scatter_block(send, recv, op=MPI.SUM)
             elif kind == "all_reduce":
                 how.Allreduce(send, recv, op=MPI.SUM)
-            elif kind == "dynamic_slice":
+            elif kind in ("dynamic_slice", "copy"):
                 np.copyto(recv, send[: recv.size])
             elif kind == "collective_permute":
                 reqs = []

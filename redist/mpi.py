@@ -12,21 +12,39 @@ Contracts:
   ``src`` and ``dst``. Rank ``r`` is device id ``r``: under ``src`` it holds the block of its position on
   ``src.mesh``, and it gets the block of its position on ``dst.mesh`` (the device orders, ``device_ids``,
   of :class:`redist.Mesh`; the two may differ, and then the plan moves blocks between the orders).
-- Before any data moves, the ranks agree on their arguments with one small ``Allgather``; a wrong
-  ``comm.size``, arguments that differ between ranks, or a local buffer whose shape does not fit ``src`` or
-  whose data does not convert to its dtype without loss (:mod:`redist.buffers`) on any rank make *every*
-  rank raise :class:`redist.ShardingError` (and nothing else happens).
+- The ranks agree on their arguments, so that a wrong ``comm.size``, arguments that differ between ranks, or
+  a local buffer whose shape does not fit ``src`` or whose data does not convert to its dtype without loss
+  (:mod:`redist.buffers`) on any rank make *every* rank raise :class:`redist.ShardingError` (none hangs, and
+  the caller's buffer is untouched). The first call of an argument combination (``src``, ``dst``) on a
+  communicator, or any call with ``check=True``, runs the full agreement: one small ``Allgather`` of a
+  digest of the arguments and of each rank's buffer check, before any data moves; then the plan is made and
+  given a *channel* of its own (a duplicate communicator with the sub-communicators of its groups, split
+  there and then). Every call starts a 32-byte verdict, a nonblocking ``Allreduce`` (``MAX``) of (digest,
+  negated digest, "this rank needs the full agreement", "this rank's buffer is wrong"). A rank with an
+  agreed combination and a good buffer does not wait for it: it runs the plan on the combination's channel
+  at once, its collectives nonblocking, and waits for the verdict only once its first collective is under
+  way (both progress together), before waiting for the data. Ranks that run different plans run them on
+  different channels, where no collective can be confused with another, and every rank waits for the
+  verdict, which always completes; a verdict against the call makes every rank drop what it
+  was doing (the requests left behind, and their buffers, are kept alive, never reused) and forget every
+  agreement, and then all run the full agreement, which raises naming the ranks (or, where some rank only
+  asked for it, agrees and runs the plan). The agreed combinations are cached on ``comm`` (at most 64, each
+  with its channel, oldest first out). The verdict costs no extra synchronisation on the way of the data:
+  it completes while the first collective moves.
 - The result is always a new array; the caller's buffer is never returned, aliased or written to. Extra
-  memory per rank stays within ``2 · max(src.local_bytes, dst.local_bytes)``; communicators are cached on
-  ``comm`` (:func:`clear_cache` frees them). How data travels: :mod:`redist.backends.mpi_backend`.
+  memory per rank stays within ``2 · max(src.local_bytes, dst.local_bytes)``, counting the one scratch buffer
+  a rank keeps between calls (its size: :func:`held_bytes`; it only grows, so after a larger reshard it
+  stays at that one's size until :func:`clear_cache`). Communicators, agreements (with their plans)
+  and the scratch buffer are cached on ``comm``; :func:`clear_cache` frees them. How data travels:
+  :mod:`redist.backends.mpi_backend`.
 - A failure on one rank in the middle of a plan (an exception, not an agreement error) leaves the other
   ranks blocked in a collective: wrap SPMD code in :func:`abort_on_error` so that such a rank aborts the job.
 - Reductions (sum, max, min, prod) use MPI's reduction order, so floating-point results can differ from the
   numpy backend in the last bits; integer-valued data and integer dtypes agree exactly.
 
-:func:`reshard` agrees on the arguments, plans (:func:`redist.synthesize`) and runs the plan's program with
-the MPI interpreter, :mod:`redist.backends.mpi_backend`, whose :func:`run_program` and :func:`clear_cache`
-this module re-exports.
+:func:`reshard` agrees on the arguments, plans (:func:`redist.synthesize`, once per agreed combination) and
+runs the plan's program with the MPI interpreter, :mod:`redist.backends.mpi_backend`, whose
+:func:`run_program`, :func:`clear_cache` and :func:`held_bytes` this module re-exports.
 """
 
 from __future__ import annotations
@@ -40,54 +58,85 @@ from typing import NoReturn
 
 import numpy as np
 
-from redist.backends.mpi_backend import clear_cache, communicator, run, run_program
+from redist.backends.mpi_backend import (MPI, Disagreement, Verdict, clear_cache, communicator, context, held_bytes,
+                                         run, run_program)
 from redist.buffers import describe, local_buffer
 from redist.errors import ShardingError
 from redist.synthesis import synthesize
 from redist.types import ShardingType
 
-__all__ = ["reshard", "run_program", "abort_on_error", "clear_cache"]
+__all__ = ["reshard", "run_program", "abort_on_error", "clear_cache", "held_bytes"]
 
 
 # ---------------------------------------------------------------------------------------------- entry point
-def reshard(local, src: ShardingType, dst: ShardingType, comm=None) -> np.ndarray:
+def reshard(local, src: ShardingType, dst: ShardingType, comm=None, *, check: bool = False) -> np.ndarray:
     """This rank's shard of type ``dst``, given its shard ``local`` of type ``src``.
 
     Collective over ``comm`` (default ``MPI.COMM_WORLD``); rank ``r`` is device ``r`` and ``comm.size`` must
     equal ``src.mesh.size``. The result is always a new C-contiguous array, never ``local`` or a view of it
     (not even for an empty plan, ``src == dst``, or a rank whose buffer stays put). ``local`` is converted to
     ``src``'s dtype only without loss (:mod:`redist.buffers`, as :func:`redist.execute` takes shards).
+    ``check=True`` runs the full argument agreement even for a combination the ranks agreed on before.
     Raises :class:`ShardingError` if ``comm`` is no MPI intracommunicator (on the ranks that passed it), and on
-    every rank, before moving any data, if the ranks' arguments disagree, if ``comm.size`` is wrong, if some
-    rank's ``local`` does not have ``src.local_shape`` or does not convert to ``src``'s dtype, or if no plan
-    exists from ``src`` to ``dst``.
+    every rank if the ranks' arguments disagree, if ``comm.size`` is wrong, if some rank's ``local`` does not
+    have ``src.local_shape`` or does not convert to ``src``'s dtype, or if no plan exists from ``src`` to
+    ``dst`` (before any data moves where the combination is new to some rank; else as soon as the verdict
+    arrives, with nothing returned and ``local`` untouched).
     """
     comm = communicator(comm)
-    x = _agree(comm, local, src, dst)
-    plan = synthesize(src, dst)  # deterministic: every rank gets the same plan or the same error
-    return run(plan.program, x, local, comm)
+    ctx = context(comm)
+    typed = isinstance(src, ShardingType) and isinstance(dst, ShardingType)
+    key = (src, dst) if typed else None
+    known = ctx.agreed.get(key) if typed and not check else None
+    digest = known[0] if known else _digest(src, dst, typed)
+    x, problem = _local(local, src) if typed else (None, "src is no ShardingType")
+    verdict, votes = _verdict(ctx, digest, not known, bool(problem))
+    if known and not problem:
+        try:  # run on while the verdict travels: a verdict against the call raises on every rank
+            return run(known[2], x, local, comm, known[1], verdict)
+        except Disagreement:
+            ctx.drop(key)
+    else:
+        verdict.request.Wait()
+    if votes[0] != -votes[1] or votes[3]:
+        ctx.reset()  # the same on every rank: whatever ran, ran on the wrong assumptions
+    _agree_fully(ctx.comm, src, dst, typed, digest, problem)
+    _, channel, program = ctx.open(key, digest, synthesize(src, dst).program)
+    return run(program, x, local, comm, channel)
 
 
 # ---------------------------------------------------------------------------------------------- agreement
-def _agree(comm, local, src, dst) -> np.ndarray:
-    """One ``Allgather`` of (digest of the arguments, local-buffer check) per rank; raise on every rank.
-    Returns ``local`` as a C-contiguous array of ``src``'s dtype (the caller's own where it already is one)."""
-    rank, size = comm.Get_rank(), comm.Get_size()
-    typed = isinstance(src, ShardingType) and isinstance(dst, ShardingType)
+def _verdict(ctx, digest: int, unknown: bool, bad_local: bool) -> tuple[Verdict, np.ndarray]:
+    """Start the verdict: a nonblocking ``MAX`` reduction, over the agreement communicator, of the votes
+    (digest, negated digest, whether this rank needs the full agreement, whether its buffer is wrong). It
+    stands for the call when every rank had the same digest, an agreed combination and a good buffer."""
+    votes = np.array([digest, -digest, unknown, bad_local], dtype=np.int64)
+    request = ctx.comm.Iallreduce(MPI.IN_PLACE, votes, op=MPI.MAX)
+    return Verdict(request, lambda: votes[0] == -votes[1] and not votes[2] and not votes[3]), votes
+
+
+def _digest(src, dst, typed: bool) -> int:
+    """A 63-bit digest of the arguments that is the same on every rank (Python's ``hash`` is not); never
+    negative, so that its negation is exact in the verdict."""
     # Untyped arguments are compared by type only: their reprs may hold addresses that differ between ranks.
     text = f"{src.mesh}|{src}|{dst.mesh}|{dst}" if typed else f"{type(src).__qualname__}|{type(dst).__qualname__}"
-    digest = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
-    x, problem = None, "src is no ShardingType"
-    if typed:
-        try:
-            x = local_buffer(local, src.local_shape, src.np_dtype, "it")
-            problem = ""
-        except ShardingError as e:
-            problem = str(e)
-    mine = np.array([digest, int(not problem)], dtype=np.int64)
-    every = np.empty((size, 2), dtype=np.int64)
-    comm.Allgather(mine, every)
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
 
+
+def _local(local, src: ShardingType) -> tuple[np.ndarray | None, str]:
+    """``(buffer, "")`` for a ``local`` that fits ``src``, else ``(None, what is wrong with it)``."""
+    try:
+        return local_buffer(local, src.local_shape, src.np_dtype, "it"), ""
+    except ShardingError as e:
+        return None, str(e)
+
+
+def _agree_fully(comm, src, dst, typed: bool, digest: int, problem: str) -> None:
+    """One ``Allgather`` of (digest, local-buffer check) per rank; raise on every rank if any disagrees or
+    fails, naming the ranks."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    every = np.empty((size, 2), dtype=np.int64)
+    comm.Allgather(np.array([digest, int(not problem)], dtype=np.int64), every)
     if len(set(every[:, 0].tolist())) > 1:
         groups: dict[int, list[int]] = {}
         for r, h in enumerate(every[:, 0].tolist()):
@@ -107,7 +156,6 @@ def _agree(comm, local, src, dst) -> np.ndarray:
         raise ShardingError(
             f"redist.mpi.reshard: the local buffer on rank(s) {bad} does not match src {src} "
             f"(expected shape {src.local_shape}, dtype {src.np_dtype.name}){here}")
-    return x
 
 
 # ---------------------------------------------------------------------------------------------- failures

@@ -8,12 +8,28 @@ and :func:`run_program`, here and re-exported there):
 - Data travels in numpy buffers through the buffer (uppercase) methods of mpi4py, never pickled, always
   as contiguous bytes: chunks are packed along a leading dim with numpy before a collective and merged
   into place after it (MPICH's derived datatypes for strided chunks measured 2-3x slower here); an
-  all-to-all comes lowered to that form (:class:`redist.program.AllToAll`). At most two buffers of the
-  larger local size are alive at once: extra memory per rank stays within
-  ``2 · max(src.local_bytes, dst.local_bytes)`` (the input buffer is never written to).
-- Collectives run on a private duplicate of ``comm`` and on sub-communicators split from it, one per
-  (mesh, axes) group; both are created once per communicator and cached on it (an MPI attribute), so
-  repeated reshards reuse them. :func:`clear_cache` frees them.
+  all-to-all comes lowered to that form (:class:`redist.program.AllToAll`) and runs out of place, straight
+  from the packed (or the caller's) buffer into the next one (MPICH's in-place ``Alltoall`` measured 1.4-3.7x
+  slower at 16-64 MiB per rank, -n 2 and 4).
+- Memory: at most two buffers of at most ``max(src.local_bytes, dst.local_bytes)`` are alive at once besides
+  the caller's input (never written to). One of them may be the rank's *scratch* buffer, kept between calls
+  so that a packing copy does not pay for fresh pages on every call (a copy into a fresh buffer of 64-256
+  MiB measured 1.8-2.6x slower here than into a reused one): in a program of one data-moving instruction
+  (besides reshapes) that instruction's temporary lives there (the gathered rows of an ``AllGather`` along
+  an inner dim, the packed chunks of a ``ReduceScatter``), in a program of two the first one's result (the
+  packed chunks of a slab transpose, the received rows of a pencil transpose) when the second needs no
+  temporary. The
+  scratch buffer only grows (to the largest such buffer so far: after a larger reshard it stays larger than
+  a smaller one needs) and is never returned: the result is always a fresh array. :func:`held_bytes` tells
+  its size, :func:`clear_cache` frees it.
+- Collectives run on a :class:`Channel`: a private duplicate of ``comm`` and sub-communicators split from
+  it, one per (mesh, axes) group. :func:`run_program` uses the communicator's default channel;
+  :func:`redist.mpi.reshard` gives each agreed argument combination a channel of its own, its groups split
+  when it is made. They are cached on ``comm`` (an MPI attribute), so repeated calls reuse them;
+  :func:`clear_cache` frees them. Every collective is nonblocking; when the call's verdict is in flight
+  (:func:`redist.mpi.reshard`), the first one is posted, then the verdict waited for (both progress
+  together), then the data. A verdict against the call raises :class:`Disagreement`, leaving the unfinished
+  request, and the buffers it holds, alive.
 - Reductions (``ReduceScatter``, ``AllReduce``) use MPI's reduction order, so floating-point results can
   differ from the numpy backend in the last bits; integer-valued data and integer dtypes agree exactly. Sums
   and products run as MPI's ``SUM`` and ``PROD`` (complex dtypes included), maxima and minima of integers as
@@ -45,7 +61,8 @@ try:
 except ModuleNotFoundError as e:
     raise missing_extra(e, "redist.mpi", "mpi") from e
 
-__all__ = ["run_program", "run", "communicator", "clear_cache", "MpiBackend"]
+__all__ = ["run_program", "run", "communicator", "context", "clear_cache", "held_bytes", "Channel", "Verdict",
+           "Disagreement", "MpiBackend"]
 
 _TAG = 0x5EED  # point-to-point tag for CollectivePermute, on the private duplicate communicator
 
@@ -77,14 +94,25 @@ def communicator(comm):
     return comm
 
 
-def run(program: P.Program, x: np.ndarray, local, comm) -> np.ndarray:
+def run(program: P.Program, x: np.ndarray, local, comm, channel: "Channel | None" = None,
+        verdict: "Verdict | None" = None) -> np.ndarray:
     """Run the checked ``program`` on ``x``, this rank's checked C-contiguous buffer made from the caller's
     ``local`` (:func:`redist.buffers.local_buffer`), collectively over ``comm``; returns a new array.
 
+    The collectives run on ``channel`` (made for this program by :meth:`_Context.open`), else on the
+    communicator's default channel. With a ``verdict`` in flight, the first collective is posted, then the
+    verdict waited for, then the data; a verdict that goes against the call raises :class:`Disagreement`
+    (module docstring).
     ``x`` is overwritten or dropped as soon as it is no longer needed when it is an array of its own, and
-    never written to when it is (a view of) the caller's memory; the result is copied if it still is."""
-    ctx = _context(comm, program.mesh)
-    buf = interpreter.run(program, MpiBackend(ctx), _Buffer(x, _owned(x, local)))
+    never written to when it is (a view of) the caller's memory; the result is copied if it still is, or if
+    it is the scratch buffer (a rank on which the second instruction moved nothing)."""
+    ctx = context(comm)
+    if channel is None:
+        channel = ctx.default
+        channel.mesh = program.mesh
+    backend = MpiBackend(ctx, channel, _scratch_use(program), verdict)
+    buf = interpreter.run(program, backend, _Buffer(x, _owned(x, local)))
+    backend.settle([])
     return buf.take() if buf.owned else buf.take().copy()
 
 
@@ -99,14 +127,23 @@ def _owned(x: np.ndarray, local) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- communicators
-class _Context:
-    """A private duplicate of the user's communicator and its cached sub-communicators."""
+class Channel:
+    """A private duplicate of a communicator and the sub-communicators split from it, one per (mesh, axes)
+    group. A channel made for a program (``program`` given) splits every group the program uses at once,
+    collectively, so that running the program calls no blocking collective besides its data movement, and
+    remembers this rank's layout of its exchanges; the default channel (no program) splits groups on first
+    use and remembers nothing."""
 
-    def __init__(self, comm):
+    def __init__(self, comm, mesh: Mesh | None = None, program: P.Program | None = None):
         self.comm = comm.Dup()
         self.rank = self.comm.Get_rank()
+        self.mesh = mesh
+        self.program = program
         self.groups: dict = {}
-        self.mesh: Mesh | None = None
+        self.layouts: dict = {}
+        for ins in () if program is None else program.instructions:
+            if isinstance(ins, (P.AllGather, P.AllToAll, P.ReduceScatter, P.AllReduce)):
+                self.group(ins.axes)
 
     def group(self, axes) -> tuple:
         """``(sub-communicator, k)`` for this rank's group over ``axes``; created collectively, once."""
@@ -116,45 +153,164 @@ class _Context:
             self.groups[key] = self.comm.Split(color, self.mesh.group_index(self.rank, axes))
         return self.groups[key], self.groups[key].Get_size()
 
+    def layout(self, ins, shape, compute):
+        """``compute()``, this rank's layout of the exchange ``ins`` from a buffer of ``shape``; remembered where
+        the channel is made for a program (``ins`` is one of its instructions, alive as long as the channel)."""
+        if self.program is None:
+            return compute()
+        key = (id(ins), tuple(shape))
+        if key not in self.layouts:
+            self.layouts[key] = compute()
+        return self.layouts[key]
+
+    def free(self) -> None:
+        for sub in self.groups.values():
+            sub.Free()
+        self.comm.Free()
+
+
+class Verdict:
+    """A nonblocking reduction in flight (``request``) whose result decides whether the call may stand:
+    ``ok()`` reads it once it has arrived."""
+
+    def __init__(self, request, ok):
+        self.request, self.ok = request, ok
+
+
+class Disagreement(Exception):
+    """Raised on every rank when a verdict goes against a call that ran on ahead of it (internal: the entry
+    point catches it, resets the context and agrees in full)."""
+
+
+class _Context:
+    """What a rank keeps per user communicator: a private duplicate of it (for agreement traffic and for
+    making channels), the default channel, one channel per agreed argument combination with its program
+    (:func:`redist.mpi.reshard`'s business: a bounded map, oldest first out), the scratch buffer, and what
+    a disagreement left behind (requests that will never complete, with the buffers and channels they
+    hold, kept alive so that MPI never writes into freed memory)."""
+
+    AGREED_MAX = 64  # each channel holds a duplicate and its groups: MPI has a few thousand contexts
+
+    def __init__(self, comm):
+        self.comm = comm.Dup()
+        self.default = Channel(self.comm)
+        self.agreed: dict = {}
+        self.scratch: np.ndarray | None = None
+        self.abandoned: list = []
+
+    def scratch_array(self, shape, dtype) -> np.ndarray:
+        """The scratch buffer's first bytes as a C-contiguous array of ``shape`` and ``dtype`` (grown first,
+        the old one freed before the new one exists, when it is too small)."""
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        if self.scratch is None or self.scratch.size < nbytes:
+            self.scratch = None
+            self.scratch = np.empty(nbytes, np.uint8)
+        return self.scratch[:nbytes].view(dtype).reshape(shape)
+
+    def open(self, key, digest: int, program: P.Program) -> tuple:
+        """Record an agreed combination: ``(digest, channel, program)`` with a new channel for ``program``
+        (collective: every rank opens it together, after the full agreement), dropping the oldest beyond
+        :attr:`AGREED_MAX`. A channel it replaces (``check=True``) is set aside, not freed."""
+        self._set_aside(self.agreed.pop(key, None))
+        self.agreed[key] = (digest, Channel(self.comm, program.mesh, program), program)
+        while len(self.agreed) > self.AGREED_MAX:
+            self.agreed.pop(next(iter(self.agreed)))[1].free()
+        return self.agreed[key]
+
+    def drop(self, key) -> None:
+        """After a verdict against a call that ran on ahead: set aside the combination's channel and the
+        scratch buffer, which requests that will never complete may still target; never used again."""
+        self._set_aside(self.agreed.pop(key, None), self.scratch)
+        self.scratch = None
+
+    def reset(self) -> None:
+        """After a disagreement (the same on every rank): forget every agreement, setting their channels
+        aside as :meth:`drop` does."""
+        self._set_aside(*self.agreed.values())
+        self.agreed = {}
+
+    def _set_aside(self, *things) -> None:
+        self.abandoned += [t for t in things if t is not None]
+
 
 _KEYVAL = None
 
 
-def _context(comm, mesh: Mesh) -> _Context:
+def context(comm) -> _Context:
+    """The :class:`_Context` cached on the intracommunicator ``comm`` (an MPI attribute); made on first use,
+    collectively (``comm.Dup``): every rank reaches it on its first call over ``comm``."""
     global _KEYVAL
     if _KEYVAL is None:
         _KEYVAL = MPI.Comm.Create_keyval()
     ctx = comm.Get_attr(_KEYVAL)
     if ctx is None:
-        ctx = _Context(comm)  # collective (Dup): every rank reaches it on its first reshard over comm
+        ctx = _Context(comm)
         comm.Set_attr(_KEYVAL, ctx)
-    ctx.mesh = mesh
     return ctx
 
 
 def clear_cache(comm=None) -> None:
-    """Free the communicators cached on ``comm`` (collective over ``comm``)."""
+    """Free the communicators, the scratch buffer and the agreements cached on ``comm`` (collective over
+    ``comm``)."""
     comm = MPI.COMM_WORLD if comm is None else comm
     if _KEYVAL is None or comm.Get_attr(_KEYVAL) is None:
         return
     ctx = comm.Get_attr(_KEYVAL)
     comm.Delete_attr(_KEYVAL)
-    for sub in ctx.groups.values():
-        sub.Free()
+    for _, channel, _ in ctx.agreed.values():
+        channel.free()
+    ctx.default.free()
     ctx.comm.Free()
+    ctx.agreed, ctx.scratch = {}, None
+
+
+def held_bytes(comm=None) -> int:
+    """Bytes of data this rank keeps between calls over ``comm``: the scratch buffer (0 when none)."""
+    comm = MPI.COMM_WORLD if comm is None else comm
+    ctx = None if _KEYVAL is None else comm.Get_attr(_KEYVAL)
+    return 0 if ctx is None or ctx.scratch is None else ctx.scratch.nbytes
 
 
 # ---------------------------------------------------------------------------------------------- buffers
 class _Buffer:
-    """The current buffer; ``owned`` when it is ours to overwrite or drop (not the caller's input)."""
+    """The current buffer; ``owned`` when it is ours to overwrite, drop or return (not the caller's input),
+    ``scratch`` when it lives in the scratch buffer (ours to overwrite, never to return)."""
 
-    def __init__(self, x: np.ndarray, owned: bool):
-        self.x, self.owned = x, owned
+    def __init__(self, x: np.ndarray, owned: bool, scratch: bool = False):
+        self.x, self.owned, self.scratch = x, owned, scratch
+
+    @property
+    def writable(self) -> bool:
+        return self.owned or self.scratch
 
     def take(self) -> np.ndarray:
         """Hand over the array and drop this reference, so an owned buffer dies as soon as its user is done."""
         x, self.x = self.x, None
         return x
+
+
+def _scratch_use(program: P.Program):
+    """``(instruction, role)``: which instruction may use the scratch buffer in ``program``, and for what
+    (``"temp"``: its temporary, ``"result"``: its result), or None (module docstring, memory)."""
+    moving = [t for t, ins in enumerate(program.instructions) if not isinstance(ins, P.Reshape)]
+    if len(moving) == 1:
+        return program.instructions[moving[0]], "temp"
+    if len(moving) == 2 and not _needs_temp(program, moving[1]):
+        return program.instructions[moving[0]], "result"
+    return None
+
+
+def _needs_temp(program: P.Program, t: int) -> bool:
+    """Whether instruction ``t`` of ``program`` allocates a temporary besides its result."""
+    ins, shape = program.instructions[t], program.shapes[t]
+    if isinstance(ins, P.Exchange):
+        return True
+    if isinstance(ins, P.AllGather):
+        return math.prod(shape[: ins.dim]) > 1
+    if isinstance(ins, P.ReduceScatter):
+        k = program.mesh.group_size(ins.axes)
+        return math.prod(shape[: ins.dim]) > 1 or shape[ins.dim] % k != 0
+    return False
 
 
 def _raw(a: np.ndarray) -> np.ndarray:
@@ -199,79 +355,124 @@ def _reduce_spec(a: np.ndarray, element):
 # ---------------------------------------------------------------------------------------------- instructions
 class MpiBackend(interpreter.Backend):
     """The state is this rank's :class:`_Buffer`; each method takes its array (so that an owned input dies
-    as soon as it is used) and returns the next buffer. Every buffer is C-contiguous."""
+    as soon as it is used) and returns the next buffer. Every buffer is C-contiguous. Collectives run on
+    ``channel``, nonblocking, completed by :meth:`_complete` (which first settles the ``verdict``, if one is
+    in flight). ``scratch_use`` is :func:`_scratch_use` of the program: the scratch buffer is handed out
+    once per run, to that instruction for that role."""
 
-    def __init__(self, ctx: _Context):
-        self.ctx = ctx
+    def __init__(self, ctx: _Context, channel: Channel, scratch_use=None, verdict: Verdict | None = None):
+        self.ctx, self.ch = ctx, channel
+        self.scratch_use = scratch_use
+        self.verdict = verdict
+
+    def _complete(self, request) -> None:
+        """Wait for ``request``, a collective already posted; while a verdict is in flight, wait for the verdict
+        first (:meth:`settle`), the data progressing meanwhile. (One request at a time: on an oversubscribed
+        host MPICH waits for one request as fast as a blocking collective, for any of several 3-4x slower.)"""
+        if self.verdict is not None:
+            self.settle([request])
+        request.Wait()
+
+    def settle(self, pending: list) -> None:
+        """Wait for the verdict, if one is in flight; raise :class:`Disagreement` if it goes against the call,
+        leaving the ``pending`` requests (which may never complete, and the buffers they hold) to the
+        context."""
+        verdict, self.verdict = self.verdict, None
+        if verdict is None:
+            return
+        verdict.request.Wait()
+        if not verdict.ok():
+            self.ctx.abandoned += [r for r in pending if r]
+            raise Disagreement
+
+    def _array(self, ins, role: str, shape, dtype) -> tuple[np.ndarray, bool]:
+        """An uninitialised C-contiguous array for ``ins``'s ``role`` (``"result"`` or ``"temp"``), and whether
+        it is the scratch buffer (where ``ins`` may use it for that role) rather than a fresh array."""
+        if self.scratch_use is not None and self.scratch_use[0] is ins and self.scratch_use[1] == role:
+            self.scratch_use = None
+            return self.ctx.scratch_array(shape, dtype), True
+        return np.empty(shape, dtype), False
 
     def reshape(self, ins: P.Reshape, buf):
         """A view with the new shape (the buffer is C-contiguous)."""
-        owned = buf.owned
-        return _Buffer(buf.take().reshape(ins.shape), owned)
+        return _Buffer(buf.take().reshape(ins.shape), buf.owned, buf.scratch)
 
     def transpose(self, ins: P.Transpose, buf):
         """A C-contiguous copy of the transposed buffer; an owned input is dropped once the copy exists. Where
-        the transpose only moves dims of size 1 numpy makes no copy, and the view is owned as its input was."""
-        owned, x = buf.owned, buf.take()
-        y = np.ascontiguousarray(np.transpose(x, ins.perm))
-        return _Buffer(y, owned or not np.may_share_memory(x, y))
+        the transpose only moves dims of size 1 the view is the result, held as its input was."""
+        x = buf.take()
+        view = np.transpose(x, ins.perm)
+        if view.flags.c_contiguous:
+            return _Buffer(view, buf.owned, buf.scratch)
+        y, scratch = self._array(ins, "result", view.shape, x.dtype)
+        np.copyto(y, view)
+        return _Buffer(y, not scratch, scratch)
 
     def slice(self, ins: P.Slice, buf):
-        """Keep chunk ``r`` of ``k`` along ``dim`` (local; a copy, so the result is contiguous and owned)."""
+        """Keep chunk ``r`` of ``k`` along ``dim`` (local; a copy, so the result is contiguous and ours)."""
         x = buf.take()
-        k, r = self.ctx.mesh.group_size(ins.axes), self.ctx.mesh.group_index(self.ctx.rank, ins.axes)
+        k, r = self.ch.mesh.group_size(ins.axes), self.ch.mesh.group_index(self.ch.rank, ins.axes)
         n = x.shape[ins.dim] // k
-        index = [slice(None)] * x.ndim
-        index[ins.dim] = slice(r * n, (r + 1) * n)
-        return _Buffer(x[tuple(index)].copy(), True)
+        chunk = x[(slice(None),) * ins.dim + (slice(r * n, (r + 1) * n),)]
+        y, scratch = self._array(ins, "result", chunk.shape, x.dtype)
+        np.copyto(y, chunk)
+        return _Buffer(y, not scratch, scratch)
 
     def all_gather(self, ins: P.AllGather, buf):
-        """``Allgather`` into a buffer with a leading member dim (rank ``j``'s buffer is row ``j``), then the
-        member dim becomes the major part of ``dim`` (a view for dim 0, else one copy)."""
+        """``Allgather``: rank ``j``'s buffer becomes chunk ``j`` along ``dim``. Where the dims before ``dim``
+        hold one element the chunks are contiguous and arrive in the result itself; else they arrive as rows
+        of a temporary with a leading member dim, which one copy interleaves into the result."""
         x = buf.take()
-        sub, k = self.ctx.group(ins.axes)
-        got = np.empty((k,) + x.shape, dtype=x.dtype)
-        sub.Allgather([_raw(x), MPI.BYTE], [_raw(got), MPI.BYTE])
+        sub, k = self.ch.group(ins.axes)
+        shape = x.shape[: ins.dim] + (k * x.shape[ins.dim],) + x.shape[ins.dim + 1:]
+        if math.prod(x.shape[: ins.dim]) == 1:
+            out, scratch = self._array(ins, "result", shape, x.dtype)
+            self._complete(sub.Iallgather([_raw(x), MPI.BYTE], [_raw(out), MPI.BYTE]))
+            return _Buffer(out, not scratch, scratch)
+        got, _ = self._array(ins, "temp", (k,) + x.shape, x.dtype)
+        self._complete(sub.Iallgather([_raw(x), MPI.BYTE], [_raw(got), MPI.BYTE]))
         del x
-        shape = list(got.shape[1:])
-        shape[ins.dim] *= k
-        return _Buffer(np.ascontiguousarray(np.moveaxis(got, 0, ins.dim)).reshape(shape), True)
+        out, scratch = self._array(ins, "result", shape, got.dtype)
+        np.copyto(out.reshape(got.shape[1: ins.dim + 1] + (k,) + got.shape[ins.dim + 1:]),
+                  np.moveaxis(got, 0, ins.dim))
+        return _Buffer(out, not scratch, scratch)
 
     def all_to_all(self, ins: P.AllToAll, buf):
-        """In-place ``Alltoall`` of the leading dim's rows: row ``j`` goes to rank ``j``, and row ``j`` of the
-        result comes from rank ``j``. Every rank exchanges in place (MPI needs ``IN_PLACE`` on all ranks or
-        none), on a copy where the buffer is the caller's."""
-        owned, x = buf.owned, buf.take()
-        if not owned:
-            x = x.copy()
-        sub, _ = self.ctx.group(ins.axes)
-        sub.Alltoall(MPI.IN_PLACE, [_raw(x), MPI.BYTE])
-        return _Buffer(x, True)
+        """``Alltoall`` of the leading dim's rows, out of place: row ``j`` goes to rank ``j``, and row ``j`` of
+        the result comes from rank ``j``."""
+        x = buf.take()
+        sub, _ = self.ch.group(ins.axes)
+        out, scratch = self._array(ins, "result", x.shape, x.dtype)
+        self._complete(sub.Ialltoall([_raw(x), MPI.BYTE], [_raw(out), MPI.BYTE]))
+        return _Buffer(out, not scratch, scratch)
 
     def reduce_scatter(self, ins: P.ReduceScatter, buf):
         """``Reduce_scatter_block`` (by the instruction's reduction) after bringing the ``k`` chunks along
-        ``dim`` to the front (a copy unless ``dim`` is outermost; an owned input is dropped as soon as the copy
-        exists). Where ``k`` does not divide the dim: :meth:`_reduce_scatter_counts`."""
-        if buf.x.shape[ins.dim] % self.ctx.mesh.group_size(ins.axes):
+        ``dim`` to the front (a copy into a temporary unless the dims before ``dim`` hold one element; an
+        owned input is dropped as soon as the copy exists). Where ``k`` does not divide the dim:
+        :meth:`_reduce_scatter_counts`."""
+        if buf.x.shape[ins.dim] % self.ch.mesh.group_size(ins.axes):
             return self._reduce_scatter_counts(ins, buf)
         x = buf.take()
-        sub, k = self.ctx.group(ins.axes)
-        out_shape = list(x.shape)
-        out_shape[ins.dim] //= k
+        sub, k = self.ch.group(ins.axes)
+        out_shape = x.shape[: ins.dim] + (x.shape[ins.dim] // k,) + x.shape[ins.dim + 1:]
         pre = math.prod(x.shape[: ins.dim])
-        send = x if pre == 1 else np.ascontiguousarray(x.reshape(pre, k, -1).swapaxes(0, 1))
+        send = x
+        if pre > 1:
+            send, _ = self._array(ins, "temp", (k, pre, x.size // (pre * k)), x.dtype)
+            np.copyto(send, x.reshape(pre, k, -1).swapaxes(0, 1))
         del x
-        out = np.empty(out_shape, dtype=send.dtype)
+        out, scratch = self._array(ins, "result", out_shape, send.dtype)
         element, op = _reduce_op(send.dtype, ins.reduction)
-        sub.Reduce_scatter_block(_reduce_spec(send, element), _reduce_spec(out, element), op)
-        return _Buffer(out, True)
+        self._complete(sub.Ireduce_scatter_block(_reduce_spec(send, element), _reduce_spec(out, element), op))
+        return _Buffer(out, not scratch, scratch)
 
     def _reduce_scatter_counts(self, ins: P.ReduceScatter, buf):
         """``Reduce_scatter`` with counts, for chunks by the padding rule (``L = ceil(n/k)`` rows of the dim
         from ``min(n, r·L)``, fewer at the end): the dim is brought to the front so that each chunk is
         contiguous, no padding is sent, and the rows a rank receives go to the start of its zero result."""
         x = buf.take()
-        sub, k = self.ctx.group(ins.axes)
+        sub, k = self.ch.group(ins.axes)
         n = x.shape[ins.dim]
         size = -(-n // k)
         rest = x.size // n if n else 0
@@ -280,7 +481,7 @@ class MpiBackend(interpreter.Backend):
         del x
         mine = np.empty((counts[sub.Get_rank()] // rest if rest else 0,) + send.shape[1:], dtype=send.dtype)
         element, op = _reduce_op(send.dtype, ins.reduction)
-        sub.Reduce_scatter(_reduce_spec(send, element), _reduce_spec(mine, element), counts, op)
+        self._complete(sub.Ireduce_scatter(_reduce_spec(send, element), _reduce_spec(mine, element), counts, op))
         del send
         out = np.zeros((size,) + mine.shape[1:], dtype=mine.dtype)
         out[: len(mine)] = mine
@@ -288,7 +489,7 @@ class MpiBackend(interpreter.Backend):
 
     def keep_root(self, ins: P.KeepRoot, buf):
         """Local: rank 0 of the group keeps the buffer, the others make a zero buffer of its shape."""
-        if self.ctx.mesh.group_index(self.ctx.rank, ins.axes) == 0:
+        if self.ch.mesh.group_index(self.ch.rank, ins.axes) == 0:
             return buf
         x = buf.take()
         return _Buffer(np.zeros_like(x), True)
@@ -296,7 +497,7 @@ class MpiBackend(interpreter.Backend):
     def embed_chunk(self, ins: P.EmbedChunk, buf):
         """Local: a zero buffer ``k`` times longer along ``dim``, with this buffer as chunk ``r`` (its rank)."""
         x = buf.take()
-        k, r = self.ctx.mesh.group_size(ins.axes), self.ctx.mesh.group_index(self.ctx.rank, ins.axes)
+        k, r = self.ch.mesh.group_size(ins.axes), self.ch.mesh.group_index(self.ch.rank, ins.axes)
         n = x.shape[ins.dim]
         shape = list(x.shape)
         shape[ins.dim] *= k
@@ -306,71 +507,110 @@ class MpiBackend(interpreter.Backend):
 
     def all_reduce(self, ins: P.AllReduce, buf):
         """``Allreduce`` (by the instruction's reduction), in place when the buffer is ours."""
-        owned, x = buf.owned, buf.take()
-        sub, _ = self.ctx.group(ins.axes)
+        x = buf.take()
+        sub, _ = self.ch.group(ins.axes)
         element, op = _reduce_op(x.dtype, ins.reduction)
-        if owned:
-            sub.Allreduce(MPI.IN_PLACE, _reduce_spec(x, element), op)
-            return _Buffer(x, True)
-        out = np.empty_like(x)
-        sub.Allreduce(_reduce_spec(x, element), _reduce_spec(out, element), op)
-        return _Buffer(out, True)
+        if buf.writable:
+            self._complete(sub.Iallreduce(MPI.IN_PLACE, _reduce_spec(x, element), op))
+            return _Buffer(x, buf.owned, buf.scratch)
+        out, scratch = self._array(ins, "result", x.shape, x.dtype)
+        self._complete(sub.Iallreduce(_reduce_spec(x, element), _reduce_spec(out, element), op))
+        return _Buffer(out, not scratch, scratch)
 
     def collective_permute(self, ins: P.CollectivePermute, buf):
         """One ``Sendrecv``: receive from this rank's source, send to the rank whose source is this one (each
         computed for this rank alone)."""
-        me, mesh = self.ctx.rank, self.ctx.mesh
+        me, mesh = self.ch.rank, self.ch.mesh
         source = ins.source_of(mesh, me)
         if source == me:
             return buf
         x = buf.take()
-        out = np.empty_like(x)
-        self.ctx.comm.Sendrecv([_raw(x), MPI.BYTE], ins.target_of(mesh, me), _TAG, [_raw(out), MPI.BYTE], source,
-                               _TAG)
-        return _Buffer(out, True)
+        out, scratch = self._array(ins, "result", x.shape, x.dtype)
+        self._complete(self.ch.comm.Isendrecv([_raw(x), MPI.BYTE], ins.target_of(mesh, me), _TAG,
+                                              [_raw(out), MPI.BYTE], source, _TAG))
+        return _Buffer(out, not scratch, scratch)
 
     def exchange(self, ins: P.Exchange, buf):
-        """One ``Alltoallv`` of contiguous bytes over the private communicator, then copies within the rank.
+        """One ``Alltoallv`` over the private communicator, then copies within the rank.
 
-        The data for rank ``d`` is the boxes of ``d``'s copies whose source is this rank, packed one after the
-        other in ``d``'s copy order; the receiver unpacks its own copies from each source in the same order,
-        so both sides agree on the layout without further messages. Each rank computes only its own copies
-        and the copies it sends (:meth:`~redist.program.Exchange.copies_from`), never the whole table. Copies
-        from the rank itself are done directly. Positions no copy writes are zero. Besides the input, the send
-        and receive buffers are alive together, then the receive buffer and the output (the send buffer is
-        freed before the output exists, an owned input right after the local copies)."""
+        The data for rank ``d`` is the boxes of ``d``'s copies whose source is this rank, one after the other in
+        ``d``'s copy order; the receiver takes its own copies from each source in the same order, so both sides
+        agree on the layout without further messages. Each rank computes only its own copies and the copies it
+        sends (:meth:`~redist.program.Exchange.copies_from`), never the whole table. Where each rank's boxes
+        form one contiguous run of the buffer, in that order (whole rows of a C-contiguous buffer: rows split
+        unevenly, say), the data goes straight from the input or straight into the output; otherwise it is
+        packed into a send buffer (the scratch buffer where this is the program's only instruction) or
+        received into a receive buffer and copied into place. Copies from the rank itself are done directly.
+        Positions no copy writes are zero. Besides the input, at most the send and receive buffers are alive
+        together, then the receive buffer and the output (the send buffer is dropped before the output
+        exists, an owned input right after the local copies)."""
         x = buf.take()
-        me, mesh = self.ctx.rank, self.ctx.mesh
-        itemsize = x.dtype.itemsize
-        mine = ins.copies(mesh, me)
-        outgoing = ins.copies_from(mesh, me)
-        incoming = [c for c in mine if c.source != me]
-        send_counts, recv_counts = [0] * mesh.size, [0] * mesh.size
-        for d, c in outgoing:
-            send_counts[d] += math.prod(c.size) * itemsize
-        for c in incoming:
-            recv_counts[c.source] += math.prod(c.size) * itemsize
-        send = np.empty(sum(send_counts), np.uint8)
-        at = 0
-        for _, c in outgoing:
-            nbytes = math.prod(c.size) * itemsize
-            send[at: at + nbytes].view(x.dtype).reshape(c.size)[...] = x[c.src_box]
-            at += nbytes
-        recv = np.empty(sum(recv_counts), np.uint8)
-        self.ctx.comm.Alltoallv([send, (send_counts, _offsets(send_counts)), MPI.BYTE],
-                                [recv, (recv_counts, _offsets(recv_counts)), MPI.BYTE])
-        del send
+        me = self.ch.rank
+        mine, outgoing, incoming, send_counts, recv_counts, send_at, recv_at = self.ch.layout(
+            ins, x.shape, lambda: _exchange_layout(ins, self.ch.mesh, me, x.shape))
+        if None in send_at:
+            send, _ = self._array(ins, "temp", (sum(send_counts),), x.dtype)
+            send_at = _offsets(send_counts)
+            for cs, at in zip(outgoing, send_at):
+                for c in cs:
+                    send[at: at + math.prod(c.size)].reshape(c.size)[...] = x[c.src_box]
+                    at += math.prod(c.size)
+        else:
+            send = x
         out = np.zeros(ins.shape, dtype=x.dtype)
+        if None in recv_at:
+            recv, recv_at = np.empty(sum(recv_counts), x.dtype), _offsets(recv_counts)
+        else:
+            recv = out
+        size = x.dtype.itemsize
+        self._complete(self.ch.comm.Ialltoallv(
+            [_raw(send), ([k * size for k in send_counts], [a * size for a in send_at]), MPI.BYTE],
+            [_raw(recv), ([k * size for k in recv_counts], [a * size for a in recv_at]), MPI.BYTE]))
+        del send
         for c in mine:
             if c.source == me:
                 out[c.dst_box] = x[c.src_box]
         del x
-        at = _offsets(recv_counts)
-        for c in incoming:
-            nbytes = math.prod(c.size) * itemsize
-            out[c.dst_box] = recv[at[c.source]: at[c.source] + nbytes].view(out.dtype).reshape(c.size)
-            at[c.source] += nbytes
+        if recv is not out:
+            for cs, at in zip(incoming, recv_at):
+                for c in cs:
+                    out[c.dst_box] = recv[at: at + math.prod(c.size)].reshape(c.size)
+                    at += math.prod(c.size)
         return _Buffer(out, True)
+
+
+def _exchange_layout(ins: P.Exchange, mesh: Mesh, me: int, shape) -> tuple:
+    """What rank ``me`` sends and receives in ``ins`` from its buffer of ``shape``: its own copies; the copies
+    it sends and receives, by rank; their element counts; and where each rank's run starts in the input and
+    in the output (:func:`_run_offset`; None where the boxes are no contiguous run)."""
+    mine = ins.copies(mesh, me)
+    outgoing = [[] for _ in range(mesh.size)]
+    for d, c in ins.copies_from(mesh, me):
+        outgoing[d].append(c)
+    incoming = [[c for c in mine if c.source == s] if s != me else [] for s in range(mesh.size)]
+    return (mine, outgoing, incoming, [sum(math.prod(c.size) for c in cs) for cs in outgoing],
+            [sum(math.prod(c.size) for c in cs) for cs in incoming],
+            [_run_offset(cs, shape, "src_start") for cs in outgoing],
+            [_run_offset(cs, ins.shape, "dst_start") for cs in incoming])
+
+
+def _run_offset(copies, shape, start: str) -> int | None:
+    """The flat index at which the boxes of ``copies`` (from their ``start`` field, ``"src_start"`` or
+    ``"dst_start"``, and their ``size``) lie one after the other, in order, as one contiguous run of a
+    C-contiguous array of ``shape``; None where they do not (0 for no elements)."""
+    first = at = None
+    for c in copies:
+        if math.prod(c.size) == 0:
+            continue
+        outer = next((d for d, size in enumerate(c.size) if size != 1), len(shape))
+        if tuple(c.size[outer + 1:]) != tuple(shape[outer + 1:]):
+            return None  # not whole rows of the dims after the outermost one it spans
+        offset = int(np.ravel_multi_index(getattr(c, start), shape))
+        if at is not None and offset != at:
+            return None
+        first = offset if first is None else first
+        at = offset + math.prod(c.size)
+    return 0 if first is None else first
 
 
 def _offsets(counts) -> list[int]:
