@@ -23,7 +23,9 @@ token itself and re-derives name, pre-size and size independently. The meaning o
 The proof follows each element of the result backward. For a symbolic device (mesh coordinates are Z3
 integers in range) and a symbolic local index, each instruction, read in reverse, says which device and
 which local index of the buffer before it the element came from. Devices are followed by their coordinates
-on the program's mesh (``Program.mesh``, whose groups the collectives use); the claim's device order
+on the program's mesh (``Program.mesh``, whose groups the collectives use), each written as digits over the
+cut points of its mesh axis that the program and the types use (:class:`_Digits`: every (sub-)axis
+coordinate and rank is then a linear term, no division by a constant); the claim's device order
 (``Program.dst_mesh``) and the source's (``Program.src_mesh``) are translated to and from it by tables over
 the position, as for a permute (none where the device orders agree). Instructions that name devices (a
 permute's sources, an exchange's copies) name device ids, read through the program mesh's ``device_ids``.
@@ -331,10 +333,6 @@ class _Digits:
         """Coordinates of a symbolic device: fresh digits, ``new(base, lo, hi)`` making each (in range)."""
         return {n: tuple(new(f"{n}{k}", 0, r) for k, r in enumerate(self.radix[n])) for n in self.mesh_sizes}
 
-    def constant(self, coords: dict[str, int]) -> dict:
-        return {n: tuple(z3.IntVal(coords[n] // w % r) for r, w in zip(self.radix[n], self.weight[n]))
-                for n in self.mesh_sizes}
-
     def value(self, c: dict, name: str):
         """The coordinate on mesh axis ``name``."""
         return _horner(c[name], self.radix[name])
@@ -364,9 +362,9 @@ class _Digits:
         """Which partial group over ``partial`` a device is in: its digits with those of ``partial`` zeroed."""
         out = {n: list(ds) for n, ds in c.items()}
         for ax in partial:
-            span = self._span(ax)
             if ax.size == 1:
                 continue
+            span = self._span(ax)
             if span is None:
                 out[ax.name] = [self.value(out, ax.name) - self.sub(out, ax) * ax.stride]
             else:
@@ -384,12 +382,13 @@ class _Digits:
         if not axes:
             return c
         spans = [self._span(ax) for ax in axes]
-        out = {n: list(ds) for n, ds in c.items()}
         if any(s is None for s in spans):  # an axis with sub-axes of two decompositions: remainders
+            out = c
             for ax in reversed(axes):
                 out = self._with_sub(w, out, ax, j % ax.size)
                 j = j / ax.size
-            return {n: tuple(ds) for n, ds in out.items()}
+            return out
+        out = {n: list(ds) for n, ds in c.items()}
         digits, radices = [], []
         for ax, span in zip(axes, spans):
             for k in span:
@@ -403,13 +402,11 @@ class _Digits:
         return {n: tuple(ds) for n, ds in out.items()}
 
     def _with_sub(self, w, c: dict, ax: _Axis, value) -> dict:
-        """``c`` (lists of digits) with its coordinate on ``ax`` set to ``value`` (in range)."""
-        span = self._span(ax)
-        if span is not None:
-            return {n: list(ds) for n, ds in self.with_rank(w, c, (ax,), value, bounded=True).items()}
-        whole = self.value(c, ax.name) + (value - self.sub(c, ax)) * ax.stride
+        """``c`` with its coordinate on ``ax`` set to ``value`` (in range)."""
+        if self._span(ax) is not None:
+            return self.with_rank(w, c, (ax,), value, bounded=True)
         out = dict(c)
-        out[ax.name] = list(self.from_value(w, ax.name, whole))
+        out[ax.name] = self.from_value(w, ax.name, self.value(c, ax.name) + (value - self.sub(c, ax)) * ax.stride)
         return out
 
     def from_value(self, w, name: str, value) -> tuple:
@@ -802,8 +799,8 @@ class _Walk:
     def __init__(self, program, digits: _Digits, tag: str, deadline: _Deadline):
         self.program = program
         self.digits = digits
-        self.mesh_sizes = mesh_sizes = digits.mesh_sizes
-        self.names = list(mesh_sizes)
+        self.mesh_sizes = digits.mesh_sizes
+        self.names = list(self.mesh_sizes)
         self.ids = _device_order(program.mesh)  # the device at each position of the program's mesh
         self.pos = _positions(self.ids)  # the position of each device id
         self.tag = tag
@@ -1044,7 +1041,7 @@ class _Walk:
         for name in self.names:
             digits = []
             for k, e in enumerate(c[name]):
-                if not (z3.is_const(e)):
+                if not z3.is_const(e):
                     v = z3.Int(f"{self.tag}_c{t}_{name}{k}")
                     self.defs.append(v == e)
                     e = v
