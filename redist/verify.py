@@ -985,7 +985,8 @@ class _Walk:
             settings.append((source_axes, source_block))
         out = dict(c)
         for source_axes, source_block in settings:
-            out = self.digits.with_rank(self, out, source_axes, source_block, bounded=False)
+            # bounded: a segment names a source block that exists (checked); where none is taken, any will do
+            out = self.digits.with_rank(self, out, source_axes, source_block, bounded=True)
         return self._named_coords(t, out), i2
 
     def _copy_table(self, t: int, ins, c: dict, idx: list):
