@@ -331,7 +331,7 @@ class _Digits:
 
     def fresh(self, new) -> dict:
         """Coordinates of a symbolic device: fresh digits, ``new(base, lo, hi)`` making each (in range)."""
-        return {n: tuple(new(f"{n}{k}", 0, r) for k, r in enumerate(self.radix[n])) for n in self.mesh_sizes}
+        return {n: tuple(new(f"{n}_{k}", 0, r) for k, r in enumerate(self.radix[n])) for n in self.mesh_sizes}
 
     def value(self, c: dict, name: str):
         """The coordinate on mesh axis ``name``."""
@@ -374,7 +374,7 @@ class _Digits:
 
     def with_rank(self, w, c: dict, axes, j, bounded: bool) -> dict:
         """``c`` with its rank over ``axes`` set to ``j`` (the group member of rank ``j``), fresh digits of walk
-        ``w`` tied to ``j`` by one equation. ``bounded``: ``j`` lies in ``[0, |axes|)`` by construction;
+        ``w`` tied to ``j`` by one equation. ``bounded``: ``j`` lies in ``[0, group size)`` by construction;
         otherwise it is taken modulo the group size (as a remainder would), by a free quotient, so that the
         equation has a solution whatever ``j`` is (on paths where the element is no data, an index and so
         ``j`` may lie anywhere)."""
@@ -392,7 +392,7 @@ class _Digits:
         digits, radices = [], []
         for ax, span in zip(axes, spans):
             for k in span:
-                out[ax.name][k] = w.fresh(f"{ax.name}{k}", 0, self.radix[ax.name][k])
+                out[ax.name][k] = w.fresh(f"{ax.name}_{k}", 0, self.radix[ax.name][k])
                 digits.append(out[ax.name][k])
                 radices.append(self.radix[ax.name][k])
         number = _horner(digits, radices)
@@ -414,7 +414,7 @@ class _Digits:
         else fresh digits of walk ``w`` tied to it."""
         if len(self.radix[name]) == 1:
             return (value,)
-        digits = tuple(w.fresh(f"{name}{k}", 0, r) for k, r in enumerate(self.radix[name]))
+        digits = tuple(w.fresh(f"{name}_{k}", 0, r) for k, r in enumerate(self.radix[name]))
         w.defs.append(value == _horner(digits, self.radix[name]))
         return digits
 
@@ -1043,7 +1043,7 @@ class _Walk:
             digits = []
             for k, e in enumerate(c[name]):
                 if not z3.is_const(e):
-                    v = z3.Int(f"{self.tag}_c{t}_{name}{k}")
+                    v = z3.Int(f"{self.tag}_c{t}_{name}_{k}")
                     self.defs.append(v == e)
                     e = v
                 digits.append(e)
