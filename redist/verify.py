@@ -23,7 +23,9 @@ token itself and re-derives name, pre-size and size independently. The meaning o
 The proof follows each element of the result backward. For a symbolic device (mesh coordinates are Z3
 integers in range) and a symbolic local index, each instruction, read in reverse, says which device and
 which local index of the buffer before it the element came from. Devices are followed by their coordinates
-on the program's mesh (``Program.mesh``, whose groups the collectives use); the claim's device order
+on the program's mesh (``Program.mesh``, whose groups the collectives use), each written as digits over the
+cut points of its mesh axis that the program and the types use (:class:`_Digits`: every (sub-)axis
+coordinate and rank is then a linear term, no division by a constant); the claim's device order
 (``Program.dst_mesh``) and the source's (``Program.src_mesh``) are translated to and from it by tables over
 the position, as for a permute (none where the device orders agree). Instructions that name devices (a
 permute's sources, an exchange's copies) name device ids, read through the program mesh's ``device_ids``.
@@ -287,39 +289,6 @@ def _axes(mesh_sizes, tokens, where: str) -> tuple[_Axis, ...]:
     return out
 
 
-def _sub(c: dict, ax: _Axis):
-    """A device's coordinate on (sub-)axis ``ax``: (c[name] // stride) % size."""
-    v = c[ax.name]
-    if ax.stride != 1:
-        v = v / ax.stride
-    if ax.lo != 1:  # pre > 1: the quotient can exceed size
-        v = v % ax.size
-    return v
-
-
-def _with_sub(c: dict, ax: _Axis, value) -> dict:
-    """``c`` with its coordinate on ``ax`` replaced by ``value``."""
-    out = dict(c)
-    out[ax.name] = c[ax.name] + (value - _sub(c, ax)) * ax.stride
-    return out
-
-
-def _rank(c: dict, axes: tuple[_Axis, ...]):
-    r = z3.IntVal(0)
-    for ax in axes:
-        r = r * ax.size + _sub(c, ax)
-    return z3.simplify(r) if not axes else r
-
-
-def _with_rank(c: dict, axes: tuple[_Axis, ...], j) -> dict:
-    """The member of ``c``'s group over ``axes`` whose rank (row-major over ``axes``) is ``j``."""
-    out = dict(c)
-    for ax in reversed(axes):
-        out = _with_sub(out, ax, j % ax.size if ax.size != 1 else z3.IntVal(0))
-        j = j / ax.size
-    return out
-
-
 def _all(conds) -> z3.BoolRef:
     return z3.And(conds) if conds else z3.BoolVal(True)
 
@@ -328,12 +297,145 @@ def _ksize(axes) -> int:
     return math.prod(a.size for a in axes)
 
 
+# ----------------------------------------------------------------------------- coordinates as digits
+class _Digits:
+    """How the walk writes a device's coordinates: per mesh axis, as digits over the cut points of that axis
+    that the program and the two types use.
+
+    The (sub-)axes named anywhere cut a mesh axis of size S at factor boundaries ``1 = p0 < p1 < … < pm = S``
+    (a sub-axis ``name:(pre)size`` at ``pre`` and ``pre·size``). Where they form a chain (each divides the
+    next: the sub-axes of one decomposition), the coordinate is a mixed-radix number of m digits, digit k in
+    ``[0, p(k+1)/pk)`` of weight ``S/p(k+1)``, and the coordinate on a (sub-)axis between cut points ``lo``
+    and ``hi``, ``(c // (S/hi)) % (hi/lo)``, is the mixed-radix number of the digits between them: a linear
+    term, no division or remainder by a constant (which Z3 decides badly: a permute over many sub-axes of a
+    256-sized axis went undecided after 120 s). Setting a rank writes fresh digits tied to it by one linear
+    equation. Where the cut points are no chain (sub-axes of two decompositions of one axis, of 2 and of 3
+    on an axis of 12), the axis is one digit and its sub-axes are read by division and remainder, as the
+    meaning states them.
+
+    Coordinates are a dict from each mesh axis name to the tuple of its digit terms, major first."""
+
+    def __init__(self, mesh_sizes: dict[str, int], axes):
+        self.mesh_sizes = mesh_sizes
+        points = {name: {1, size} for name, size in mesh_sizes.items()}
+        for ax in axes:
+            if ax.size != 1:  # a sub-axis of size 1 is coordinate 0, whatever its place
+                points[ax.name].update((ax.lo, ax.hi))
+        self.cuts: dict[str, tuple[int, ...]] = {}
+        for name, pts in points.items():
+            pts = sorted(pts)
+            chain = all(b % a == 0 for a, b in zip(pts, pts[1:]))
+            self.cuts[name] = tuple(pts) if chain else (1, mesh_sizes[name])
+        self.radix = {n: tuple(b // a for a, b in zip(p, p[1:])) for n, p in self.cuts.items()}
+        self.weight = {n: tuple(mesh_sizes[n] // b for b in p[1:]) for n, p in self.cuts.items()}
+
+    def fresh(self, new) -> dict:
+        """Coordinates of a symbolic device: fresh digits, ``new(base, lo, hi)`` making each (in range)."""
+        return {n: tuple(new(f"{n}_{k}", 0, r) for k, r in enumerate(self.radix[n])) for n in self.mesh_sizes}
+
+    def value(self, c: dict, name: str):
+        """The coordinate on mesh axis ``name``."""
+        return _horner(c[name], self.radix[name])
+
+    def _span(self, ax: _Axis) -> range | None:
+        """The digits of ``ax`` (None: it does not lie on cut points)."""
+        p = self.cuts[ax.name]
+        return range(p.index(ax.lo), p.index(ax.hi)) if ax.lo in p and ax.hi in p else None
+
+    def sub(self, c: dict, ax: _Axis):
+        """The coordinate on (sub-)axis ``ax``: (c[name] // stride) % size."""
+        if ax.size == 1:
+            return z3.IntVal(0)
+        span = self._span(ax)
+        if span is not None:
+            return _horner([c[ax.name][k] for k in span], [self.radix[ax.name][k] for k in span])
+        v = self.value(c, ax.name)
+        if ax.stride != 1:
+            v = v / ax.stride
+        return v % ax.size if ax.lo != 1 else v  # pre > 1: the quotient can exceed size
+
+    def rank(self, c: dict, axes):
+        """The rank over ``axes`` (row-major, the last varying fastest)."""
+        return _horner([self.sub(c, ax) for ax in axes], [ax.size for ax in axes])
+
+    def key(self, c: dict, partial) -> list:
+        """Which partial group over ``partial`` a device is in: its digits with those of ``partial`` zeroed."""
+        out = {n: list(ds) for n, ds in c.items()}
+        for ax in partial:
+            if ax.size == 1:
+                continue
+            span = self._span(ax)
+            if span is None:
+                out[ax.name] = [self.value(out, ax.name) - self.sub(out, ax) * ax.stride]
+            else:
+                for k in span:
+                    out[ax.name][k] = z3.IntVal(0)
+        return [d for n in self.mesh_sizes for d in out[n]]
+
+    def with_rank(self, w, c: dict, axes, j, bounded: bool) -> dict:
+        """``c`` with its rank over ``axes`` set to ``j`` (the group member of rank ``j``), fresh digits of walk
+        ``w`` tied to ``j`` by one equation. ``bounded``: ``j`` lies in ``[0, group size)`` by construction;
+        otherwise it is taken modulo the group size (as a remainder would), by a free quotient, so that the
+        equation has a solution whatever ``j`` is (on paths where the element is no data, an index and so
+        ``j`` may lie anywhere)."""
+        axes = [ax for ax in axes if ax.size != 1]
+        if not axes:
+            return c
+        spans = [self._span(ax) for ax in axes]
+        if any(s is None for s in spans):  # an axis with sub-axes of two decompositions: remainders
+            out = c
+            for ax in reversed(axes):
+                out = self._with_sub(w, out, ax, j % ax.size)
+                j = j / ax.size
+            return out
+        out = {n: list(ds) for n, ds in c.items()}
+        digits, radices = [], []
+        for ax, span in zip(axes, spans):
+            for k in span:
+                out[ax.name][k] = w.fresh(f"{ax.name}_{k}", 0, self.radix[ax.name][k])
+                digits.append(out[ax.name][k])
+                radices.append(self.radix[ax.name][k])
+        number = _horner(digits, radices)
+        if not bounded and digits:
+            number = number + w.var("q") * math.prod(radices)
+        w.defs.append(j == number)
+        return {n: tuple(ds) for n, ds in out.items()}
+
+    def _with_sub(self, w, c: dict, ax: _Axis, value) -> dict:
+        """``c`` with its coordinate on ``ax`` set to ``value`` (in range)."""
+        if self._span(ax) is not None:
+            return self.with_rank(w, c, (ax,), value, bounded=True)
+        out = dict(c)
+        out[ax.name] = self.from_value(w, ax.name, self.value(c, ax.name) + (value - self.sub(c, ax)) * ax.stride)
+        return out
+
+    def from_value(self, w, name: str, value) -> tuple:
+        """The digits of ``value`` (in ``[0, size)``) on mesh axis ``name``: itself where the axis is one digit,
+        else fresh digits of walk ``w`` tied to it."""
+        if len(self.radix[name]) == 1:
+            return (value,)
+        digits = tuple(w.fresh(f"{name}_{k}", 0, r) for k, r in enumerate(self.radix[name]))
+        w.defs.append(value == _horner(digits, self.radix[name]))
+        return digits
+
+
+def _horner(digits, radices):
+    """The mixed-radix number of ``digits`` (major first) with ``radices``."""
+    if not digits:
+        return z3.IntVal(0)
+    r = digits[0]
+    for d, n in zip(digits[1:], radices[1:]):
+        r = r * n + d
+    return r
+
+
 # ----------------------------------------------------------------------------- the meaning of a type
-def _type_meaning(mesh_sizes, t, c: dict, idx):
+def _type_meaning(mesh_sizes, t, digits: _Digits | None = None, c: dict | None = None, idx=None):
     """SPEC section 2, stated in Z3: the global index that local index ``idx`` is on a device with
-    coordinates ``c`` under type ``t``, whether it is data (not padding), and the device's summand
-    coordinates (its coordinates on the partial axes). Returns ``(global index exprs, local shape, summand
-    exprs, partial axes, data condition)``."""
+    coordinates ``c`` (written by ``digits``) under type ``t``, whether it is data (not padding), and the
+    device's summand coordinates (its coordinates on the partial axes). Returns ``(global index exprs, local
+    shape, summand exprs, partial axes, data condition)``; without ``idx`` only the local shape and partial axes
+    (the rest empty)."""
     g, local, data = [], [], []
     for d, (n, tokens) in enumerate(zip(t.shape, t.dims)):
         axes = _axes(mesh_sizes, tokens, f"dim {d} of {t}")
@@ -341,13 +443,14 @@ def _type_meaning(mesh_sizes, t, c: dict, idx):
         L = -(-n // k)
         local.append(L)
         if idx is not None:
-            g.append(_rank(c, axes) * L + idx[d])
+            g.append(digits.rank(c, axes) * L + idx[d])
             if n % k:
                 data.append(g[-1] < n)
     partial = _axes(mesh_sizes, tuple(t.partial), f"partial of {t}")
     used = [a for d, toks in enumerate(t.dims) for a in _axes(mesh_sizes, toks, f"dim {d} of {t}")]
     _axes(mesh_sizes, tuple(a.token for a in used) + tuple(a.token for a in partial), f"{t}")
-    return g, tuple(local), [_sub(c, a) for a in partial], partial, _all(data)
+    summands = [] if idx is None else [digits.sub(c, a) for a in partial]
+    return g, tuple(local), summands, partial, _all(data)
 
 
 # ----------------------------------------------------------------------------- shapes and bytes
@@ -693,10 +796,11 @@ def _np_id(c: dict, mesh_sizes) -> np.ndarray:
 class _Walk:
     """One backward walk of a symbolic element through the program."""
 
-    def __init__(self, program, mesh_sizes, tag: str, deadline: _Deadline):
+    def __init__(self, program, digits: _Digits, tag: str, deadline: _Deadline):
         self.program = program
-        self.mesh_sizes = mesh_sizes
-        self.names = list(mesh_sizes)
+        self.digits = digits
+        self.mesh_sizes = digits.mesh_sizes
+        self.names = list(self.mesh_sizes)
         self.ids = _device_order(program.mesh)  # the device at each position of the program's mesh
         self.pos = _positions(self.ids)  # the position of each device id
         self.tag = tag
@@ -713,12 +817,20 @@ class _Walk:
         self.ranges.append(z3.And(v >= lo, v < hi))
         return v
 
+    def var(self, base: str):
+        """A fresh variable of any value (a quotient)."""
+        self.n += 1
+        return z3.Int(f"{self.tag}_{base}_{self.n}")
+
     def position(self, c):
         """The row-major position of coordinates ``c``."""
-        d = z3.IntVal(0)
-        for name in self.names:
-            d = d * self.mesh_sizes[name] + c[name]
-        return d
+        return _horner([self.digits.value(c, name) for name in self.names],
+                       [self.mesh_sizes[name] for name in self.names])
+
+    def from_values(self, t, values: dict) -> dict:
+        """Named coordinates whose value on each mesh axis is ``values[name]`` (in range)."""
+        return self._named_coords(t, {name: self.digits.from_value(self, name, values[name])
+                                      for name in self.names})
 
     def reorder(self, c: dict, from_ids, to_ids, what: str) -> dict:
         """The coordinates, on the device order ``to_ids``, of the device at coordinates ``c`` on the device
@@ -731,7 +843,7 @@ class _Walk:
         key = self.position(c)
         out = {name: _table(key, [x[name] for x in targets], self.deadline, doing) for name in self.names}
         self.n += 1
-        return self._named_coords(f"o{self.n}", out)
+        return self.from_values(f"o{self.n}", out)
 
     def run(self, c: dict, idx: list):
         """Walk from the result back to the source; returns (source device coords, source index)."""
@@ -771,33 +883,31 @@ class _Walk:
                 idx = self._named(t, before)
                 continue
             axes = _axes(self.mesh_sizes, ins.axes, f"instruction {t}")
+            D = self.digits
             if isinstance(ins, P.Slice):
-                idx[ins.dim] = idx[ins.dim] + _rank(c, axes) * n_out[ins.dim]
+                idx[ins.dim] = idx[ins.dim] + D.rank(c, axes) * n_out[ins.dim]
             elif isinstance(ins, P.AllGather):
                 m = n_in[ins.dim]
                 j = idx[ins.dim] / m
                 idx[ins.dim] = idx[ins.dim] % m
-                c = _with_rank(c, axes, j)
+                c = D.with_rank(self, c, axes, j, bounded=False)
             elif isinstance(ins, P.AllToAll):
                 j = idx[0]
-                idx[0] = _rank(c, axes)
-                c = _with_rank(c, axes, j)
+                idx[0] = D.rank(c, axes)
+                c = D.with_rank(self, c, axes, j, bounded=False)
             elif isinstance(ins, P.KeepRoot):
-                self.live.append(_rank(c, axes) == 0)
+                self.live.append(D.rank(c, axes) == 0)
             elif isinstance(ins, P.EmbedChunk):
-                start = _rank(c, axes) * n_in[ins.dim]
+                start = D.rank(c, axes) * n_in[ins.dim]
                 self.live.append(z3.And(idx[ins.dim] >= start, idx[ins.dim] < start + n_in[ins.dim]))
                 idx[ins.dim] = idx[ins.dim] - start
             elif isinstance(ins, (P.ReduceScatter, P.AllReduce)):
                 if isinstance(ins, P.ReduceScatter):
-                    idx[ins.dim] = idx[ins.dim] + _rank(c, axes) * n_out[ins.dim]
+                    idx[ins.dim] = idx[ins.dim] + D.rank(c, axes) * n_out[ins.dim]
                     if n_in[ins.dim] % _ksize(axes):  # the padding rule: past the input, a zero
                         self.live.append(idx[ins.dim] < n_in[ins.dim])
-                members = []
-                for ax in axes:
-                    v = self.fresh(f"sum{t}", 0, ax.size)
-                    members.append(v)
-                    c = _with_sub(c, ax, v)
+                members = [self.fresh(f"sum{t}", 0, ax.size) for ax in axes]
+                c = D.with_rank(self, c, axes, _horner(members, [ax.size for ax in axes]), bounded=True)
                 self.sum_vars.append((t, members, axes))
             else:
                 raise _Refuted(f"instruction {t}: unknown instruction {type(ins).__name__}")
@@ -815,17 +925,17 @@ class _Walk:
                       for s, a in ins.sources.groups]
             if not groups:
                 return c
-            ranks = [_rank(c, a) for _, a in groups]
+            ranks = [self.digits.rank(c, a) for _, a in groups]
             out = dict(c)
             for (s, _), r in zip(groups, ranks):
-                out = _with_rank(out, s, r)
+                out = self.digits.with_rank(self, out, s, r, bounded=True)
             return self._named_coords(t, out)
         if all(s == d for d, s in enumerate(ins.sources)):
             return c
         did, doing = self.position(c), f"encoding the source table of instruction {t}"
         sources = [_coords(self.mesh_sizes, self.pos[ins.sources[d]]) for d in self.ids]
-        return self._named_coords(t, {name: _table(did, [s[name] for s in sources], self.deadline, doing)
-                                      for name in self.names})
+        return self.from_values(t, {name: _table(did, [s[name] for s in sources], self.deadline, doing)
+                                    for name in self.names})
 
     def _exchange(self, t: int, ins, c: dict, idx: list):
         """Read an exchange backward, dim by dim: the segment for the device's block whose destination interval
@@ -852,7 +962,7 @@ class _Walk:
             slots = max(map(len, by_block))
             k = self.fresh(f"seg{t}_{i}", 0, slots + 1)
             block = z3.Int(f"{self.tag}_b{t}_{i}")
-            self.defs.append(block == _rank(c, axes))
+            self.defs.append(block == self.digits.rank(c, axes))
             source_block = z3.Int(f"{self.tag}_sb{t}_{i}")
             index = z3.Int(f"{self.tag}_i{t}_{i}")
 
@@ -875,7 +985,8 @@ class _Walk:
             settings.append((source_axes, source_block))
         out = dict(c)
         for source_axes, source_block in settings:
-            out = _with_rank(out, source_axes, source_block)
+            # bounded: a segment names a source block that exists (checked); where none is taken, any will do
+            out = self.digits.with_rank(self, out, source_axes, source_block, bounded=True)
         return self._named_coords(t, out), i2
 
     def _copy_table(self, t: int, ins, c: dict, idx: list):
@@ -892,7 +1003,7 @@ class _Walk:
         table = ins.dims.copies
         n_copies = sum(len(copies) for copies in table)
         k = self.fresh(f"copy{t}", 0, n_copies + 1)
-        c2 = {name: z3.Int(f"{self.tag}_x{t}_{name}") for name in self.names}
+        c2 = self.digits.fresh(lambda base, lo, hi: self.fresh(f"x{t}_{base}", lo, hi))
         i2 = [z3.Int(f"{self.tag}_i{t}_{d}") for d in range(len(idx))]
         covers, j = [], 0
         for d, copies in enumerate(table):
@@ -906,7 +1017,7 @@ class _Walk:
                 covers.append(inside)
                 source = _coords(self.mesh_sizes, self.pos[cp.source])
                 self.defs.append(z3.Implies(k == j, z3.And(
-                    [inside] + [c2[name] == source[name] for name in self.names]
+                    [inside] + [self.digits.value(c2, name) == source[name] for name in self.names]
                     + [a == (i if lo_in == lo_out else i + (lo_in - lo_out))
                        for a, i, lo_in, lo_out in zip(i2, idx, cp.src_start, cp.dst_start)])))
                 j += 1
@@ -924,13 +1035,19 @@ class _Walk:
             out.append(v)
         return out
 
-    def _named_coords(self, t: int, c: dict) -> dict:
-        """Fresh names for the device coordinates before instruction ``t``."""
+    def _named_coords(self, t, c: dict) -> dict:
+        """Fresh names for the digits of the device coordinates before instruction ``t`` that are terms (a
+        digit that is a variable or a number stays as it is)."""
         out = {}
         for name in self.names:
-            v = z3.Int(f"{self.tag}_c{t}_{name}")
-            self.defs.append(v == c[name])
-            out[name] = v
+            digits = []
+            for k, e in enumerate(c[name]):
+                if not z3.is_const(e):
+                    v = z3.Int(f"{self.tag}_c{t}_{name}_{k}")
+                    self.defs.append(v == e)
+                    e = v
+                digits.append(e)
+            out[name] = tuple(digits)
         return out
 
 
@@ -1024,6 +1141,11 @@ def _reshape_groups(shape_in, shape_out) -> list[tuple[list[int], list[int]]]:
 
 def _model_int(model, e) -> int:
     return model.eval(e, model_completion=True).as_long()
+
+
+def _model_coords(model, digits: _Digits, c: dict) -> dict[str, int]:
+    """The coordinates ``c`` take in ``model``, by mesh axis."""
+    return {n: _model_int(model, digits.value(c, n)) for n in digits.mesh_sizes}
 
 
 def _solve(constraints, deadline: _Deadline, query: str):
@@ -1155,9 +1277,8 @@ def _run(program, src, dst, costs, deadline: _Deadline) -> Verdict:
 def _verify(program, src, dst, costs, deadline: _Deadline, details: dict) -> None:
     mesh_sizes = dict(program.mesh.axes)
     _check_fields(program, src, dst)
-    zero = {n: z3.IntVal(0) for n in mesh_sizes}
-    _, src_local, _, src_partial, _ = _type_meaning(mesh_sizes, src, zero, None)
-    _, dst_local, _, dst_partial, _ = _type_meaning(mesh_sizes, dst, zero, None)
+    _, src_local, _, src_partial, _ = _type_meaning(mesh_sizes, src)
+    _, dst_local, _, dst_partial, _ = _type_meaning(mesh_sizes, dst)
     if tuple(program.shapes[0]) != src_local:
         raise _Refuted(f"the program starts from local shape {tuple(program.shapes[0])}, but {src} is {src_local}",
                        _field_cx(mesh_sizes, "local_shape", tuple(program.shapes[0]), src_local))
@@ -1176,12 +1297,29 @@ def _verify(program, src, dst, costs, deadline: _Deadline, details: dict) -> Non
         raise _Refuted(f"the program or the claim {dst} creates pending values (zeros where a summand lacks "
                        f"data), but zeros are the identity of a sum only, and its values are a pending {created}",
                        _field_cx(mesh_sizes, "reduction", created, "sum"))
-    _value_query(program, mesh_sizes, src, dst, dst_local, deadline, details, zeros)
+    digits = _Digits(mesh_sizes, _named_axes(program, mesh_sizes, src, dst))
+    _value_query(program, digits, src, dst, dst_local, deadline, details, zeros)
     if zeros:
-        _creation_queries(program, mesh_sizes, src, dst, dst_local, deadline, details)
+        _creation_queries(program, digits, src, dst, dst_local, deadline, details)
         return
     idempotent = kind in _IDEMPOTENT or np.dtype(program.dtype) == np.dtype(np.bool_)
-    _sum_query(program, mesh_sizes, src, dst, dst_local, deadline, details, idempotent)
+    _sum_query(program, digits, src, dst, dst_local, deadline, details, idempotent)
+
+
+def _named_axes(program, mesh_sizes, src, dst) -> list[_Axis]:
+    """Every (sub-)axis the program's instructions and the two types name (checked by then): they set the
+    cut points of :class:`_Digits`."""
+    tokens = [a for t in (src, dst) for a in (*itertools.chain(*t.dims), *t.partial)]
+    for ins in program.instructions:
+        if isinstance(ins, P.CollectivePermute):
+            if isinstance(ins.sources, P.CoordinateMap):
+                tokens += [a for group in ins.sources.groups for side in group for a in side]
+        elif isinstance(ins, P.Exchange):
+            if not isinstance(ins.dims, P.CopyTable):
+                tokens += [a for x in ins.dims for a in (*x.axes, *x.source_axes)]
+        elif not isinstance(ins, (P.Reshape, P.Transpose)):
+            tokens += list(ins.axes)
+    return [_axis(mesh_sizes, a) for a in tokens]
 
 
 def _creates(mesh_sizes, src, dst) -> bool:
@@ -1306,18 +1444,18 @@ def _check_costs(program, shapes, mesh_sizes, costs, details: dict) -> None:
 
 
 # ----------------------------------------------------------------------------- the two queries
-def _value_query(program, mesh_sizes, src, dst, dst_local, deadline: _Deadline, details: dict,
+def _value_query(program, digits: _Digits, src, dst, dst_local, deadline: _Deadline, details: dict,
                  zeros: bool = False) -> None:
     """Query 1 of the module header (1' with ``zeros``: a contributor may be a zero): every data position of
     the result holds the claimed element."""
-    names = list(mesh_sizes)
-    src_partial = _type_meaning(mesh_sizes, src, {n: z3.IntVal(0) for n in names}, None)[3]
-    w = _Walk(program, mesh_sizes, "a", deadline)
-    c = {n: w.fresh(f"dev_{n}", 0, s) for n, s in mesh_sizes.items()}  # on the claim's device order
+    mesh_sizes = digits.mesh_sizes
+    src_partial = _type_meaning(mesh_sizes, src)[3]
+    w = _Walk(program, digits, "a", deadline)
+    c = digits.fresh(lambda base, lo, hi: w.fresh(f"dev_{base}", lo, hi))  # on the claim's device order
     idx = [w.fresh(f"idx{d}", 0, L) for d, L in enumerate(dst_local)]
-    want, _, _, _, is_data = _type_meaning(mesh_sizes, dst, c, idx)
+    want, _, _, _, is_data = _type_meaning(mesh_sizes, dst, digits, c, idx)
     c0, i0 = _walk_between_orders(w, program, c, idx)
-    got, _, summand, _, from_data = _type_meaning(mesh_sizes, src, c0, i0)
+    got, _, summand, _, from_data = _type_meaning(mesh_sizes, src, digits, c0, i0)
     live = _all(w.live)
     wrong = [z3.Not(from_data)] + [a != b for a, b in zip(got, want)]
     bad = z3.And(live, z3.Or(wrong)) if zeros else z3.Or([z3.Not(live)] + wrong)
@@ -1354,14 +1492,13 @@ def _walk_between_orders(w: _Walk, program, c: dict, idx: list):
     return w.reorder(c0, ids, _device_order(program.src_mesh), "source"), i0
 
 
-def _sum_query(program, mesh_sizes, src, dst, dst_local, deadline: _Deadline, details: dict,
+def _sum_query(program, digits: _Digits, src, dst, dst_local, deadline: _Deadline, details: dict,
                idempotent: bool) -> None:
     """Query 2 of the module header: each group reduction takes every summand of one source group exactly
     once, or (``idempotent``) at least once."""
-    names = list(mesh_sizes)
-    zero = {n: z3.IntVal(0) for n in names}
-    src_partial = _type_meaning(mesh_sizes, src, zero, None)[3]
-    dst_partial = _type_meaning(mesh_sizes, dst, zero, None)[3]
+    mesh_sizes = digits.mesh_sizes
+    src_partial = _type_meaning(mesh_sizes, src)[3]
+    dst_partial = _type_meaning(mesh_sizes, dst)[3]
     n_members = math.prod(_ksize(_axes(mesh_sizes, ins.axes, f"instruction {t}"))
                           for t, ins in enumerate(program.instructions)
                           if isinstance(ins, (P.ReduceScatter, P.AllReduce)))
@@ -1378,8 +1515,8 @@ def _sum_query(program, mesh_sizes, src, dst, dst_local, deadline: _Deadline, de
         return  # one summand: every contributor holds the value (query 1), and each is taken once or, if
         # idempotent, any number of times
     details["queries"] = 2
-    base_c, base_idx, base_ranges = _base_position(mesh_sizes, dst, dst_local)
-    walks = [_contributor(program, mesh_sizes, tag, base_c, base_idx, src, src_partial, dst_partial, deadline)
+    base_c, base_idx, base_ranges = _base_position(digits, dst, dst_local)
+    walks = [_contributor(program, digits, tag, base_c, base_idx, src, src_partial, dst_partial, deadline)
              for tag in ("p", "q")]
     (w1, m1, s1, cs1, g1), (w2, m2, s2, cs2, g2) = walks
     differ = z3.Or([a != b for a, b in zip(m1, m2)])
@@ -1392,46 +1529,47 @@ def _sum_query(program, mesh_sizes, src, dst, dst_local, deadline: _Deadline, de
         if res == z3.unsat:
             return
         if not idempotent:
-            _refute_pair(s.model(), mesh_sizes, program, base_c, base_idx, (cs1, cs2), (s1, s2), src_partial)
-    _coverage_query(program, mesh_sizes, src, src_partial, dst_partial, base_c, base_idx, base_ranges, w1,
+            _refute_pair(s.model(), digits, program, base_c, base_idx, (cs1, cs2), (s1, s2), src_partial)
+    _coverage_query(program, digits, src, src_partial, dst_partial, base_c, base_idx, base_ranges, w1,
                     deadline, details)
 
 
-def _base_position(mesh_sizes, dst, dst_local) -> tuple[dict, list, list]:
+def _base_position(digits: _Digits, dst, dst_local) -> tuple[dict, list, list]:
     """A symbolic data position of the result: device coordinates (on the claim's device order), local index,
     and the constraints that put them in range at a data position of ``dst``."""
-    c = {n: z3.Int(f"base_{n}") for n in mesh_sizes}
-    idx = [z3.Int(f"base_i{d}") for d in range(len(dst_local))]
-    ranges = [z3.And(c[n] >= 0, c[n] < size) for n, size in mesh_sizes.items()]
-    ranges += [z3.And(v >= 0, v < L) for v, L in zip(idx, dst_local)]
-    ranges.append(_type_meaning(mesh_sizes, dst, c, idx)[4])  # data positions only
+    ranges: list = []
+
+    def new(base, lo, hi):
+        v = z3.Int(f"base_{base}")
+        ranges.append(z3.And(v >= lo, v < hi))
+        return v
+
+    c = digits.fresh(new)
+    idx = [new(f"i{d}", 0, L) for d, L in enumerate(dst_local)]
+    ranges.append(_type_meaning(digits.mesh_sizes, dst, digits, c, idx)[4])  # data positions only
     return c, idx, ranges
 
 
-def _contributor(program, mesh_sizes, tag, base_c, base_idx, src, src_partial, dst_partial, deadline):
+def _contributor(program, digits: _Digits, tag, base_c, base_idx, src, src_partial, dst_partial, deadline):
     """One symbolic contributor to the group reduction at the base device and index: a walk from the member
     of the base's destination group given by fresh Q-coordinates. Returns ``(walk, member variables
     (Q-coordinates, then each reduction's), source summand coordinates, source device coordinates, source
     group key)``."""
-    wk = _Walk(program, mesh_sizes, tag, deadline)
-    cc = dict(base_c)
-    qs = []
-    for ax in dst_partial:
-        v = wk.fresh("grp", 0, ax.size)
-        qs.append(v)
-        cc = _with_sub(cc, ax, v)
+    wk = _Walk(program, digits, tag, deadline)
+    qs = [wk.fresh("grp", 0, ax.size) for ax in dst_partial]
+    cc = digits.with_rank(wk, base_c, dst_partial, _horner(qs, [ax.size for ax in dst_partial]), bounded=True)
     cs, ii = _walk_between_orders(wk, program, cc, list(base_idx))
-    _, _, summ, _, _ = _type_meaning(mesh_sizes, src, cs, ii)
+    _, _, summ, _, _ = _type_meaning(digits.mesh_sizes, src, digits, cs, ii)
     members = qs + [v for _, vs, _ in wk.sum_vars for v in vs]
-    return wk, members, summ, cs, _group_key(cs, src_partial)
+    return wk, members, summ, cs, digits.key(cs, src_partial)
 
 
-def _refute_pair(mdl, mesh_sizes, program, base_c, base_idx, cs, ss, src_partial) -> None:
+def _refute_pair(mdl, digits: _Digits, program, base_c, base_idx, cs, ss, src_partial) -> None:
     """Refute with the model of query 2: two contributors that take one summand, or two source groups."""
-    names = list(mesh_sizes)
-    dev = {n: _model_int(mdl, base_c[n]) for n in names}
+    mesh_sizes = digits.mesh_sizes
+    dev = _model_coords(mdl, digits, base_c)
     index = tuple(_model_int(mdl, v) for v in base_idx)
-    src_dev = [{n: _model_int(mdl, cc[n]) for n in names} for cc in cs]
+    src_dev = [_model_coords(mdl, digits, cc) for cc in cs]
     summ = [{a.token: _model_int(mdl, e) for a, e in zip(src_partial, x)} for x in ss]
     from_devs = [_device_at(program.src_mesh, d, mesh_sizes) for d in src_dev]
     cx = {"device": _device_at(program.dst_mesh, dev, mesh_sizes), "coords": dev, "index": index,
@@ -1445,7 +1583,7 @@ def _refute_pair(mdl, mesh_sizes, program, base_c, base_idx, cs, ss, src_partial
     raise _Refuted(f"the group sum at device {cx['device']} {dev}, local index {index} {why}", cx)
 
 
-def _coverage_query(program, mesh_sizes, src, src_partial, dst_partial, base_c, base_idx, base_ranges,
+def _coverage_query(program, digits: _Digits, src, src_partial, dst_partial, base_c, base_idx, base_ranges,
                     template: _Walk, deadline: _Deadline, details: dict) -> None:
     """Query 3 of the module header (idempotent reductions): one walk per concrete choice of the members
     (Q-coordinates, then each reduction's members, as in ``template``); the contributor of all-zero members
@@ -1459,7 +1597,7 @@ def _coverage_query(program, mesh_sizes, src, src_partial, dst_partial, base_c, 
     witness, covered = None, []
     for j, choice in enumerate(choices):
         deadline.check(f"encoding contributor {j} of {len(choices)} for the coverage query")
-        wk, members, summ, _, group = _contributor(program, mesh_sizes, f"m{j}", base_c, base_idx, src,
+        wk, members, summ, _, group = _contributor(program, digits, f"m{j}", base_c, base_idx, src,
                                                    src_partial, dst_partial, deadline)
         constraints += wk.ranges + wk.defs + wk.live + [v == x for v, x in zip(members, choice)]
         if witness is None:
@@ -1469,8 +1607,8 @@ def _coverage_query(program, mesh_sizes, src, src_partial, dst_partial, base_c, 
     if res == z3.unsat:
         return
     mdl = s.model()
-    names = list(mesh_sizes)
-    dev = {n: _model_int(mdl, base_c[n]) for n in names}
+    mesh_sizes = digits.mesh_sizes
+    dev = _model_coords(mdl, digits, base_c)
     index = tuple(_model_int(mdl, v) for v in base_idx)
     summand = {a.token: _model_int(mdl, v) for a, v in zip(src_partial, missing)}
     cx = {"device": _device_at(program.dst_mesh, dev, mesh_sizes), "coords": dev, "index": index,
@@ -1484,17 +1622,16 @@ def _coverage_query(program, mesh_sizes, src, src_partial, dst_partial, base_c, 
 _MAX_CONTRIBUTORS = 1024
 
 
-def _creation_queries(program, mesh_sizes, src, dst, dst_local, deadline: _Deadline, details: dict) -> None:
+def _creation_queries(program, digits: _Digits, src, dst, dst_local, deadline: _Deadline, details: dict) -> None:
     """Queries 2' and 3' of the module header (after 1', :func:`_value_query` with ``zeros``): no two data
     contributors to one group sum hold one source summand or come from two source partial groups, and every
     summand of the group reaches it."""
-    zero = {n: z3.IntVal(0) for n in mesh_sizes}
-    src_partial = _type_meaning(mesh_sizes, src, zero, None)[3]
-    dst_partial = _type_meaning(mesh_sizes, dst, zero, None)[3]
-    base = _base_position(mesh_sizes, dst, dst_local)
+    src_partial = _type_meaning(digits.mesh_sizes, src)[3]
+    dst_partial = _type_meaning(digits.mesh_sizes, dst)[3]
+    base = _base_position(digits, dst, dst_local)
     base_c, base_idx, base_ranges = base
     (w1, m1, s1, cs1, g1), (w2, m2, s2, cs2, g2) = (
-        _contributor(program, mesh_sizes, tag, base_c, base_idx, src, src_partial, dst_partial, deadline)
+        _contributor(program, digits, tag, base_c, base_idx, src, src_partial, dst_partial, deadline)
         for tag in ("p", "q"))
     if m1:  # more than one contributor per group sum: compare two of them
         details["queries"] = 2
@@ -1504,11 +1641,11 @@ def _creation_queries(program, mesh_sizes, src, dst, dst_local, deadline: _Deadl
         s, res = _solve(base_ranges + w1.ranges + w1.defs + w1.live + w2.ranges + w2.defs + w2.live
                         + [differ, z3.Or(same, other_group)], deadline, "summation query")
         if res == z3.sat:
-            _refute_pair(s.model(), mesh_sizes, program, base_c, base_idx, (cs1, cs2), (s1, s2), src_partial)
-    _onto_query(program, mesh_sizes, src, src_partial, dst_partial, base, w1, deadline, details)
+            _refute_pair(s.model(), digits, program, base_c, base_idx, (cs1, cs2), (s1, s2), src_partial)
+    _onto_query(program, digits, src, src_partial, dst_partial, base, w1, deadline, details)
 
 
-def _onto_query(program, mesh_sizes, src, src_partial, dst_partial, base, template: _Walk, deadline: _Deadline,
+def _onto_query(program, digits: _Digits, src, src_partial, dst_partial, base, template: _Walk, deadline: _Deadline,
                 details: dict) -> None:
     """Query 3' of the module header: every summand of the source reaches each group sum of the result.
 
@@ -1527,7 +1664,7 @@ def _onto_query(program, mesh_sizes, src, src_partial, dst_partial, base, templa
     constraints = list(base_ranges) + [z3.And(v >= 0, v < a.size) for v, a in zip(sigma, src_partial)]
     for j, choice in enumerate(itertools.product(*(range(k) for k in sizes))):
         deadline.check(f"encoding contributor {j} of {count} for the onto query")
-        wk, members, summ, _, _ = _contributor(program, mesh_sizes, f"o{j}", base_c, base_idx, src, src_partial,
+        wk, members, summ, _, _ = _contributor(program, digits, f"o{j}", base_c, base_idx, src, src_partial,
                                                dst_partial, deadline)
         constraints += wk.ranges + wk.defs + [v == x for v, x in zip(members, choice)]
         constraints.append(z3.Not(z3.And([_all(wk.live)] + [a == b for a, b in zip(summ, sigma)])))
@@ -1536,7 +1673,8 @@ def _onto_query(program, mesh_sizes, src, src_partial, dst_partial, base, templa
     if res == z3.unsat:
         return
     mdl = s.model()
-    dev = {n: _model_int(mdl, base_c[n]) for n in mesh_sizes}
+    mesh_sizes = digits.mesh_sizes
+    dev = _model_coords(mdl, digits, base_c)
     index = tuple(_model_int(mdl, v) for v in base_idx)
     missing = {a.token: _model_int(mdl, v) for a, v in zip(src_partial, sigma)}
     cx = {"device": _device_at(program.dst_mesh, dev, mesh_sizes), "coords": dev, "index": index,
@@ -1545,16 +1683,6 @@ def _onto_query(program, mesh_sizes, src, src_partial, dst_partial, base, templa
     what = f"source summand {missing}" if missing else "the source element"
     raise _Refuted(f"the group sum at device {cx['device']} {dev}, local index {index} lacks {what}: none of its "
                    f"{count} contributor(s) holds it", cx)
-
-
-def _group_key(c: dict, partial: tuple[_Axis, ...]) -> list:
-    """Which partial group a device is in: its coordinates with those on the partial axes zeroed. The
-    source's summands are only constrained to sum right within a group (SPEC 4: any summands whose group
-    sums are right), so a group sum must take all its summands from one group."""
-    key = dict(c)
-    for ax in partial:
-        key[ax.name] = key[ax.name] - _sub(c, ax) * ax.stride
-    return list(key.values())
 
 
 def _device_at(mesh, coords: dict, mesh_sizes: dict) -> int | None:
@@ -1572,9 +1700,8 @@ def _cex(mdl, w, program, c, idx, want, c0, i0, got, summand, src_partial) -> di
     """The value query's counterexample: the device (id, and coordinates on the claim's device order), the
     local index, what it holds (global index, source device id and local index, summand, members) and
     what the claim expects there."""
-    names = w.names
-    coords = {n: _model_int(mdl, c[n]) for n in names}
-    src_coords = {n: _model_int(mdl, c0[n]) for n in names}
+    coords = _model_coords(mdl, w.digits, c)
+    src_coords = _model_coords(mdl, w.digits, c0)
     sums = {f"instruction {t}": [_model_int(mdl, v) for v in vs] for t, vs, _ in w.sum_vars}
     out = {
         "device": _device_at(program.dst_mesh, coords, w.mesh_sizes),
