@@ -76,8 +76,11 @@ the blocks to the other order too, at no extra cost. The fewer bytes (with a top
 two is returned. Every collective of the plan thus runs on one device order.
 
 Budget and fallback. The searches of one ``synthesize`` call generate at most ``_MAX_STATES`` (50,000)
-states in all, counted in both directions, fewer for ranks above 8 (a state is a tuple per dim), and twice
-that with a topology (its own searches by modeled time get a second budget); a search over sub-axes also
+states in all, counted in both directions, fewer for ranks above 8 (a state is a tuple per dim), at most
+``_MAX_EXACT_STATES`` (15,000) where no pending sum is reduced (the fallback's exchange then receives the
+lower bound, and a search can only tie with it), and twice that with a topology: its own searches by modeled
+time get a second budget, and stop once every plan left costs more, in their modeled time, than the faster
+of the fewest-bytes plan and the exchange by :func:`redist.cost.plan_time`. A search over sub-axes also
 stops after ``_MAX_REFINED_EXPANSIONS`` expansions, except when the search over whole axes found no plan by
 bytes and the pair reduces (the fallback then misses the bound). The budget counts states, not seconds, so
 that every MPI rank, synthesizing on its own, gets the same plan. It bounds the searches of a call to about
