@@ -29,8 +29,10 @@ cannot be lowered (a ``ShardingError``) is never chosen. The reward of a state i
 The search, in three phases:
 
 1. *Goals* (:func:`_templates`): data parallelism over every subset of the axes, alone and with one ZeRO
-   action, are evaluated first (PartIR's goal-directed composite search: the strategies experts compose)
-   and become children of the tree's root (macro moves the tree refines one group at a time).
+   action, are evaluated first (PartIR's goal-directed composite search: the strategies experts compose);
+   then their Megatron-style refinements (:func:`_refinements`): the start and the most promising goals,
+   each with one pair of weight decisions on an axis it leaves free. All become children of the tree's root
+   (macro moves the tree refines one group at a time).
 2. *Tree* (until ``MCTS_SHARE`` of the time budget and of ``max_evals``): UCT over the sets (a node per set,
    shared between the orders that reach it: transpositions), with each node's value the best reward found
    below it (the problem is deterministic: the best leaf matters, not the mean), normalised among siblings;
@@ -518,6 +520,11 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
     progress = _Progress(tactic, t_start)
     templates = _templates(actions, groups)
     seeded = _seed(ev, tree, found, templates, tree_limits, progress)
+    pairs = weight_pairs(actions, groups)
+    goals = sorted((k for k in dict.fromkeys(ev.key(t) for t in templates) if ev.evals.get(k) is not None),
+                   key=lambda k: (ev.promise(ev.evals[k]), ev.rank_of(k)))
+    refinements = _refinements(ev, [()] + goals[:LOCAL_STARTS], pairs)
+    refined = _seed(ev, tree, found, list(refinements), tree_limits, progress, refinements)
     since_improved = iterations = 0
     while True:
         stopped = _stop_reason(ev, tree, tree_limits, since_improved, patience)
@@ -537,11 +544,9 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
     # local improvement from the best set found, then from the most promising goals whether they fit or not
     # (moves that save memory may make them fit), then from the next best sets
     best_sets = _ranked(ev, list(ev.evals))[:LOCAL_STARTS]
-    goals = sorted((k for k in dict.fromkeys(ev.key(t) for t in templates)
-                    if ev.evals.get(k) is not None and k not in best_sets),
-                   key=lambda k: (ev.promise(ev.evals[k]), ev.rank_of(k)))[:LOCAL_STARTS]
-    local = _improve(ev, actions, found, max_depth, (deadline, tactic.max_evals), progress,
-                     weight_pairs(actions, groups), best_sets[:1] + goals + best_sets[1:])
+    goals = [k for k in goals if k not in best_sets][:LOCAL_STARTS]
+    local = _improve(ev, actions, found, max_depth, (deadline, tactic.max_evals), progress, pairs,
+                     best_sets[:1] + goals + best_sets[1:])
     progress.close()
     seconds, cpu_s = time.perf_counter() - t_start, time.process_time() - cpu_start
     best_key, best = found.key, found.best
@@ -550,7 +555,7 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
              "scoring_ms": 1e3 * ev.sim_s / max(ev.n_sim, 1), "cache_hits": ev.n_hits,
              "same_state_hits": ev.n_fp_hits, "op_choice_hits": ev.estimator.memo.hits,
              "op_choice_misses": ev.estimator.memo.misses, "iterations": iterations, "nodes": len(tree.nodes),
-             "seconds": seconds, "templates": seeded, "stopped": stopped, "local": local, "best_reward": best.reward,
+             "seconds": seconds, "templates": seeded, "refinements": refined, "stopped": stopped, "local": local, "best_reward": best.reward,
              "history": found.history, "max_depth": max_depth, "patience": patience}
     if not best.feasible:
         raise PartitionError(
@@ -671,17 +676,35 @@ def _templates(actions: list, groups: DimGroups) -> list[tuple]:
     return out
 
 
-def _seed(ev: Evaluator, tree: _Tree, found: _Found, templates: list, limits, progress) -> int:
-    """Evaluate the ``templates`` (within the tree's ``limits``) and make each a child of the root (a macro
-    move: the tree then refines the promising ones, one group at a time); each action's all-moves-as-first
-    value learns from them. Returns how many were evaluated."""
+def _refinements(ev: Evaluator, starts: list, pairs: list) -> dict:
+    """Megatron-style refinements of the goals ``starts`` (evaluated sets, most promising first): each plus one
+    pair of ``pairs`` (two weight decisions on one axis, :func:`weight_pairs`) on an axis it leaves free, as
+    Megatron splits the MLP's hidden dim and the attention heads on the model axis beside batch parallelism
+    (``BP+MP``, ``BP+MP+Z2``). ``{refinement: its start}``, in order of the starts, then of the pairs; sets
+    already evaluated left out."""
+    out: dict = {}
+    for start in starts:
+        used = {a.axis for a in start}
+        for b, c in pairs:
+            if b.axis not in used:
+                key = ev.key(start + (b, c))
+                if key not in ev.evals:
+                    out.setdefault(key, start)
+    return out
+
+
+def _seed(ev: Evaluator, tree: _Tree, found: _Found, templates: list, limits, progress,
+          near: dict | None = None) -> int:
+    """Evaluate the ``templates`` (within the tree's ``limits``; each scored from the set ``near`` gives it, if
+    any) and make each a child of the root (a macro move: the tree then refines the promising ones, one group
+    at a time); each action's all-moves-as-first value learns from them. Returns how many were evaluated."""
     n = 0
     root = tree.nodes[()]
     for key in templates:
         if _stop_reason(ev, tree, limits, 0, 1) is not None:
             break
         key = ev.key(key)
-        e = ev.evaluate(key)
+        e = ev.evaluate(key, (near or {}).get(key))
         if e is None:
             continue
         n += 1
