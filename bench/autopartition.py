@@ -23,6 +23,7 @@ search <= 60 s. Search times and evaluations per second are wall-clock on the ma
 loaded it was.
 
     python bench/autopartition.py [--time-budget 60] [--models mlp,transformer,gnn,flax_lm] [--meshes 2x4,4x2,2x2x2]
+                                  [--out bench/results/autopartition.json]
 """
 
 from __future__ import annotations
@@ -228,6 +229,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--models", default="mlp,transformer,gnn,flax_lm")
     ap.add_argument("--meshes", default=",".join(MESHES))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=RESULTS, help="the results' JSON file (a .txt table beside it)")
     ap.add_argument("--accuracy-rounds", type=int, default=6,
                     help="timing rounds for the simulator's accuracy on the flax LM (0: skip)")
     args = ap.parse_args(argv)
@@ -267,12 +269,12 @@ def main(argv=None) -> dict:
                  f"{summary['load_average_at_end']:.1f} at the end, on {os.cpu_count()} cores")
     text = "\n".join(lines)
     print(text)
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(RESULTS, "w") as f:
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
         json.dump({"summary": summary, "rows": rows}, f, indent=1, default=str)
-    with open(RESULTS.replace(".json", ".txt"), "w") as f:
+    with open(args.out.replace(".json", ".txt"), "w") as f:
         f.write(text + "\n")
-    print(f"wrote {os.path.relpath(RESULTS)}")
+    print(f"wrote {os.path.relpath(args.out)}")
     return summary
 
 

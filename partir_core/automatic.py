@@ -29,9 +29,11 @@ cannot be lowered (a ``ShardingError``) is never chosen. The reward of a state i
 The search, in three phases:
 
 1. *Goals* (:func:`_templates`): data parallelism over every subset of the axes, alone and with one ZeRO
-   action, are evaluated first (PartIR's goal-directed composite search: the strategies experts compose);
-   then their Megatron-style refinements (:func:`_refinements`): the start and the most promising goals,
-   each with one pair of weight decisions on an axis it leaves free. All become children of the tree's root
+   action, are evaluated first (PartIR's goal-directed composite search: the strategies experts compose;
+   data parallelism alone first, then with ZeRO in order of the promise of its data parallelism);
+   then their Megatron-style refinements (:func:`_refinements`): the most promising goals and the start,
+   most promising first (:meth:`Evaluator.promise`), each with one pair of weight decisions on an axis it
+   leaves free. All become children of the tree's root
    (macro moves the tree refines one group at a time).
 2. *Tree* (until ``MCTS_SHARE`` of the time budget and of ``max_evals``): UCT over the sets (a node per set,
    shared between the orders that reach it: transpositions), with each node's value the best reward found
@@ -519,11 +521,16 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
     found = _Found((), root_eval, t_start)
     progress = _Progress(tactic, t_start)
     templates = _templates(actions, groups)
-    seeded = _seed(ev, tree, found, templates, tree_limits, progress)
+    # data parallelism alone first, then with ZeRO, the most promising data parallelism first
+    dp = {ev.key(t): ev.key(tuple(a for a in t if a.decision < len(groups.macro))) for t in templates}
+    seeded = _seed(ev, tree, found, [k for k in dp if dp[k] == k], tree_limits, progress)
+    with_zero = sorted((k for k in dp if dp[k] != k), key=lambda k: (_promise(ev, dp[k]), ev.rank_of(k)))
+    seeded += _seed(ev, tree, found, with_zero, tree_limits, progress, {k: dp[k] for k in with_zero})
     pairs = weight_pairs(actions, groups)
     goals = sorted((k for k in dict.fromkeys(ev.key(t) for t in templates) if ev.evals.get(k) is not None),
                    key=lambda k: (ev.promise(ev.evals[k]), ev.rank_of(k)))
-    refinements = _refinements(ev, [()] + goals[:LOCAL_STARTS], pairs)
+    starts = sorted([()] + goals[:LOCAL_STARTS], key=lambda k: (ev.promise(ev.evals[k]), ev.rank_of(k)))
+    refinements = _refinements(ev, starts, pairs, weight_actions(actions, groups))
     refined = _seed(ev, tree, found, list(refinements), tree_limits, progress, refinements)
     since_improved = iterations = 0
     while True:
@@ -604,12 +611,21 @@ def _neighbours(key: tuple, actions: list, max_depth: int, pairs: list = ()):
                 yield key + (b, c)
 
 
-def weight_pairs(actions: list, groups: DimGroups) -> list[tuple]:
-    """Pairs of actions on one axis over two decisions that reach parameters and no data input."""
+def weight_actions(actions: list, groups: DimGroups) -> list[Action]:
+    """The actions over decisions that reach parameters and no data input (weight dims), in canonical order."""
     weights = {m.id for m in groups.macro if m.kind == "param" and not any(
         input_kind(p) == "data" for g in m.groups for p, _ in g.inputs)}
-    ws = [a for a in actions if a.decision in weights]
-    return [(a, b) for a, b in itertools.combinations(ws, 2) if a.axis == b.axis]
+    return [a for a in actions if a.decision in weights]
+
+
+def weight_pairs(actions: list, groups: DimGroups) -> list[tuple]:
+    """Pairs of :func:`weight_actions` on one axis over two decisions with no input in common (one axis splits
+    one dim of an input: of two decisions that meet in a weight, as ``w1``'s input and hidden dims do, the
+    second would be no move there; Megatron's pairs, the MLP's hidden dim and the attention heads, meet in
+    none)."""
+    inputs = {m.id: {p for g in m.groups for p, _ in g.inputs} for m in groups.macro}
+    return [(a, b) for a, b in itertools.combinations(weight_actions(actions, groups), 2)
+            if a.axis == b.axis and not inputs[a.decision] & inputs[b.decision]]
 
 
 def _improve(ev: Evaluator, actions: list, found: _Found, max_depth: int, limits, progress, pairs: list,
@@ -676,20 +692,32 @@ def _templates(actions: list, groups: DimGroups) -> list[tuple]:
     return out
 
 
-def _refinements(ev: Evaluator, starts: list, pairs: list) -> dict:
-    """Megatron-style refinements of the goals ``starts`` (evaluated sets, most promising first): each plus one
-    pair of ``pairs`` (two weight decisions on one axis, :func:`weight_pairs`) on an axis it leaves free, as
+def _promise(ev: Evaluator, key: tuple) -> float:
+    """:meth:`Evaluator.promise` of set ``key``; infinite if it was not evaluated or is no move."""
+    e = ev.evals.get(key)
+    return math.inf if e is None else ev.promise(e)
+
+
+def _refinements(ev: Evaluator, starts: list, pairs: list, weights: list) -> dict:
+    """Megatron-style refinements of the goals ``starts`` (evaluated sets, most promising first), on the axes
+    each leaves free: one pair of ``pairs`` on one axis (two weight decisions, :func:`weight_pairs`), as
     Megatron splits the MLP's hidden dim and the attention heads on the model axis beside batch parallelism
-    (``BP+MP``, ``BP+MP+Z2``). ``{refinement: its start}``, in order of the starts, then of the pairs; sets
-    already evaluated left out."""
+    (``BP+MP``, ``BP+MP+Z2``); and one decision of the ``weights`` (:func:`weight_actions`) on two or more of
+    them at once, as Megatron is composed over two axes (``MP+MP@z``). ``{refinement: its start}``, in order
+    of the starts, then pairs before decisions; sets already evaluated left out."""
     out: dict = {}
     for start in starts:
         used = {a.axis for a in start}
-        for b, c in pairs:
-            if b.axis not in used:
-                key = ev.key(start + (b, c))
-                if key not in ev.evals:
-                    out.setdefault(key, start)
+        free = list(dict.fromkeys(a.axis for a in weights if a.axis not in used))
+        adds = [(b, c) for b, c in pairs if b.axis in free]
+        for r in range(2, len(free) + 1):
+            for axes in itertools.combinations(free, r):
+                adds += [tuple(a for a in weights if a.decision == d and a.axis in axes)
+                         for d in dict.fromkeys(a.decision for a in weights)]
+        for add in adds:
+            key = ev.key(start + add)
+            if len(add) > 1 and key not in ev.evals:
+                out.setdefault(key, start)
     return out
 
 

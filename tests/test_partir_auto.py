@@ -14,7 +14,7 @@ from partir_core import schedules  # noqa: E402
 from partir_core import models  # noqa: E402
 from partir_core.analysis import analyze_groups  # noqa: E402
 from partir_core.automatic import (Evaluator, _Tree, _better, _neighbours, _priors, _refinements,  # noqa: E402
-                                   _stop_reason, _templates, build_actions, weight_pairs)
+                                   _stop_reason, _templates, build_actions, weight_actions, weight_pairs)
 
 if len(jax.devices()) < 8:
     pytest.skip("needs 8 JAX devices (tests/conftest.py sets XLA_FLAGS)", allow_module_level=True)
@@ -246,9 +246,10 @@ def test_composite_zero_actions_and_templates():
 
 
 def test_megatron_refinements_of_the_goals_are_the_experts_compositions():
-    """The refinements of a goal add one pair of weight decisions on an axis the goal leaves free; on the
-    transformer, batch parallelism refined by the MLP's hidden dim and the attention heads on the model axis
-    is exactly the BP+MP preset (same simulated step time and peak), scored from its goal."""
+    """The refinements of a goal add, on the axes it leaves free, one pair of weight decisions on one axis
+    (never two that meet in a weight) or one weight decision on several axes; on the transformer, batch
+    parallelism refined by the MLP's hidden dim and the attention heads on the model axis is exactly the
+    BP+MP preset (same simulated step time and peak), scored from its goal."""
     m, ins, _ = model_and_inputs("transformer")
     low = pc.jit(m.step, MESH, []).lower(*ins)
     g = low.graph
@@ -265,12 +266,16 @@ def test_megatron_refinements_of_the_goals_are_the_experts_compositions():
     bp = ev.key((action("tokens", 0, "batch"),))
     ev.evaluate(())
     ev.evaluate(bp)
-    refinements = _refinements(ev, [(), bp], weight_pairs(actions, groups))
+    pairs = weight_pairs(actions, groups)
+    refinements = _refinements(ev, [(), bp], pairs, weight_actions(actions, groups))
     assert all(a.axis == "model" for k, start in refinements.items() if start == bp for a in k if a not in bp)
     assert {start for start in refinements.values()} == {(), bp}
     assert bp not in refinements and () not in refinements  # evaluated sets are left out
-    megatron = ev.key(bp + (action("params/layers/0/w1", 1, "model"), action("params/layers/0/wk", 1, "model")))
+    hidden, heads = (action("params/layers/0/w1", 1, "model"), action("params/layers/0/wk", 1, "model"))
+    megatron = ev.key(bp + (hidden, heads))
     assert refinements[megatron] == bp
+    assert refinements[ev.key((action("params/layers/0/w1", 1, "batch"), hidden))] == ()  # hidden on both axes
+    assert (action("params/layers/0/w1", 0, "model"), hidden) not in pairs  # they meet in w1
     e = ev.evaluate(megatron, bp)
     sim = pc.jit(m.step, MESH, schedules.schedule("BP+MP", m, ins, mesh=MESH)).lower(*ins).simulate()
     assert (e.step_time_s, e.peak_bytes) == (sim.step_time_s, sim.peak_bytes)
