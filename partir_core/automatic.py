@@ -31,9 +31,10 @@ The search, in three phases:
 1. *Goals* (:func:`_templates`): data parallelism over every subset of the axes, alone and with one ZeRO
    action, are evaluated first (PartIR's goal-directed composite search: the strategies experts compose;
    data parallelism alone first, then with ZeRO in order of the promise of its data parallelism);
-   then their Megatron-style refinements (:func:`_refinements`): the most promising goals and the start,
-   most promising first (:meth:`Evaluator.promise`), each with one pair of weight decisions on an axis it
-   leaves free. All become children of the tree's root
+   then their Megatron-style refinements (:func:`_refinements`) of the most promising goals, the fastest
+   goal (over the budget or not: weight splits save memory) and the start, in turn, most promising first
+   (:meth:`Evaluator.promise`): each with one pair of weight decisions on an axis it leaves free, or one
+   weight decision on several. All become children of the tree's root
    (macro moves the tree refines one group at a time).
 2. *Tree* (until ``MCTS_SHARE`` of the time budget and of ``max_evals``): UCT over the sets (a node per set,
    shared between the orders that reach it: transpositions), with each node's value the best reward found
@@ -529,7 +530,8 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
     pairs = weight_pairs(actions, groups)
     goals = sorted((k for k in dict.fromkeys(ev.key(t) for t in templates) if ev.evals.get(k) is not None),
                    key=lambda k: (ev.promise(ev.evals[k]), ev.rank_of(k)))
-    starts = sorted([()] + goals[:LOCAL_STARTS], key=lambda k: (ev.promise(ev.evals[k]), ev.rank_of(k)))
+    fastest = min(goals, key=lambda k: (ev.evals[k].step_time_s, ev.rank_of(k)), default=())  # fitting or not
+    starts = sorted({(), fastest, *goals[:LOCAL_STARTS]}, key=lambda k: (ev.promise(ev.evals[k]), ev.rank_of(k)))
     refinements = _refinements(ev, starts, pairs, weight_actions(actions, groups))
     refined = _seed(ev, tree, found, list(refinements), tree_limits, progress, refinements)
     since_improved = iterations = 0
@@ -562,7 +564,8 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
              "scoring_ms": 1e3 * ev.sim_s / max(ev.n_sim, 1), "cache_hits": ev.n_hits,
              "same_state_hits": ev.n_fp_hits, "op_choice_hits": ev.estimator.memo.hits,
              "op_choice_misses": ev.estimator.memo.misses, "iterations": iterations, "nodes": len(tree.nodes),
-             "seconds": seconds, "templates": seeded, "refinements": refined, "stopped": stopped, "local": local, "best_reward": best.reward,
+             "seconds": seconds, "templates": seeded, "refinements": refined, "stopped": stopped, "local": local,
+             "best_reward": best.reward,
              "history": found.history, "max_depth": max_depth, "patience": patience}
     if not best.feasible:
         raise PartitionError(
@@ -703,9 +706,10 @@ def _refinements(ev: Evaluator, starts: list, pairs: list, weights: list) -> dic
     each leaves free: one pair of ``pairs`` on one axis (two weight decisions, :func:`weight_pairs`), as
     Megatron splits the MLP's hidden dim and the attention heads on the model axis beside batch parallelism
     (``BP+MP``, ``BP+MP+Z2``); and one decision of the ``weights`` (:func:`weight_actions`) on two or more of
-    them at once, as Megatron is composed over two axes (``MP+MP@z``). ``{refinement: its start}``, in order
-    of the starts, then pairs before decisions; sets already evaluated left out."""
-    out: dict = {}
+    them at once, as Megatron is composed over two axes (``MP+MP@z``). ``{refinement: its start}``, taken in
+    turn from each start (so that a search stopped early has tried the first few of every start), each
+    start's pairs before its decisions; sets already evaluated left out."""
+    per_start = []
     for start in starts:
         used = {a.axis for a in start}
         free = list(dict.fromkeys(a.axis for a in weights if a.axis not in used))
@@ -714,10 +718,11 @@ def _refinements(ev: Evaluator, starts: list, pairs: list, weights: list) -> dic
             for axes in itertools.combinations(free, r):
                 adds += [tuple(a for a in weights if a.decision == d and a.axis in axes)
                          for d in dict.fromkeys(a.decision for a in weights)]
-        for add in adds:
-            key = ev.key(start + add)
-            if len(add) > 1 and key not in ev.evals:
-                out.setdefault(key, start)
+        per_start.append([(ev.key(start + add), start) for add in adds if len(add) > 1])
+    out: dict = {}
+    for key, start in (x for turn in itertools.zip_longest(*per_start) for x in turn if x is not None):
+        if key not in ev.evals:
+            out.setdefault(key, start)
     return out
 
 
