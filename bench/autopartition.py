@@ -23,6 +23,7 @@ search <= 60 s. Search times and evaluations per second are wall-clock on the ma
 loaded it was.
 
     python bench/autopartition.py [--time-budget 60] [--models mlp,transformer,gnn,flax_lm] [--meshes 2x4,4x2,2x2x2]
+                                  [--out bench/results/autopartition.json]
 """
 
 from __future__ import annotations
@@ -148,6 +149,7 @@ def run_auto(m, ins, want, mesh, budget, args):
             "search_s": st["seconds"], "evaluations": st["evaluations"], "evals_per_s": st["evals_per_s"],
             "evals_per_cpu_s": st["evals_per_cpu_s"],
             "scoring_ms": st["scoring_ms"], "stopped": st["stopped"], "local": st["local"],
+            "templates": st["templates"], "refinements": st["refinements"], "load_average": os.getloadavg()[0],
             "megatron": megatron(low, m), "correct": equal(pf(*ins), want), "action_space": res.action_space}
 
 
@@ -227,6 +229,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--models", default="mlp,transformer,gnn,flax_lm")
     ap.add_argument("--meshes", default=",".join(MESHES))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=RESULTS, help="the results' JSON file (a .txt table beside it)")
     ap.add_argument("--accuracy-rounds", type=int, default=6,
                     help="timing rounds for the simulator's accuracy on the flax LM (0: skip)")
     args = ap.parse_args(argv)
@@ -266,12 +269,12 @@ def main(argv=None) -> dict:
                  f"{summary['load_average_at_end']:.1f} at the end, on {os.cpu_count()} cores")
     text = "\n".join(lines)
     print(text)
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(RESULTS, "w") as f:
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
         json.dump({"summary": summary, "rows": rows}, f, indent=1, default=str)
-    with open(RESULTS.replace(".json", ".txt"), "w") as f:
+    with open(args.out.replace(".json", ".txt"), "w") as f:
         f.write(text + "\n")
-    print(f"wrote {os.path.relpath(RESULTS)}")
+    print(f"wrote {os.path.relpath(args.out)}")
     return summary
 
 

@@ -29,8 +29,13 @@ cannot be lowered (a ``ShardingError``) is never chosen. The reward of a state i
 The search, in three phases:
 
 1. *Goals* (:func:`_templates`): data parallelism over every subset of the axes, alone and with one ZeRO
-   action, are evaluated first (PartIR's goal-directed composite search: the strategies experts compose)
-   and become children of the tree's root (macro moves the tree refines one group at a time).
+   action, are evaluated first (PartIR's goal-directed composite search: the strategies experts compose;
+   data parallelism alone first, then with ZeRO in order of the promise of its data parallelism);
+   then their Megatron-style refinements (:func:`_refinements`) of the most promising goals, the fastest
+   goal (over the budget or not: weight splits save memory) and the start, in turn, most promising first
+   (:meth:`Evaluator.promise`): each with one pair of weight decisions on an axis it leaves free, or one
+   weight decision on several. All become children of the tree's root
+   (macro moves the tree refines one group at a time).
 2. *Tree* (until ``MCTS_SHARE`` of the time budget and of ``max_evals``): UCT over the sets (a node per set,
    shared between the orders that reach it: transpositions), with each node's value the best reward found
    below it (the problem is deterministic: the best leaf matters, not the mean), normalised among siblings;
@@ -517,7 +522,18 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
     found = _Found((), root_eval, t_start)
     progress = _Progress(tactic, t_start)
     templates = _templates(actions, groups)
-    seeded = _seed(ev, tree, found, templates, tree_limits, progress)
+    # data parallelism alone first, then with ZeRO, the most promising data parallelism first
+    dp = {ev.key(t): ev.key(tuple(a for a in t if a.decision < len(groups.macro))) for t in templates}
+    seeded = _seed(ev, tree, found, [k for k in dp if dp[k] == k], tree_limits, progress)
+    with_zero = sorted((k for k in dp if dp[k] != k), key=lambda k: (_promise(ev, dp[k]), ev.rank_of(k)))
+    seeded += _seed(ev, tree, found, with_zero, tree_limits, progress, {k: dp[k] for k in with_zero})
+    pairs = weight_pairs(actions, groups)
+    goals = sorted((k for k in dict.fromkeys(ev.key(t) for t in templates) if ev.evals.get(k) is not None),
+                   key=lambda k: (ev.promise(ev.evals[k]), ev.rank_of(k)))
+    fastest = min(goals, key=lambda k: (ev.evals[k].step_time_s, ev.rank_of(k)), default=())  # fitting or not
+    starts = sorted({(), fastest, *goals[:LOCAL_STARTS]}, key=lambda k: (ev.promise(ev.evals[k]), ev.rank_of(k)))
+    refinements = _refinements(ev, starts, pairs, weight_actions(actions, groups))
+    refined = _seed(ev, tree, found, list(refinements), tree_limits, progress, refinements)
     since_improved = iterations = 0
     while True:
         stopped = _stop_reason(ev, tree, tree_limits, since_improved, patience)
@@ -537,11 +553,9 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
     # local improvement from the best set found, then from the most promising goals whether they fit or not
     # (moves that save memory may make them fit), then from the next best sets
     best_sets = _ranked(ev, list(ev.evals))[:LOCAL_STARTS]
-    goals = sorted((k for k in dict.fromkeys(ev.key(t) for t in templates)
-                    if ev.evals.get(k) is not None and k not in best_sets),
-                   key=lambda k: (ev.promise(ev.evals[k]), ev.rank_of(k)))[:LOCAL_STARTS]
-    local = _improve(ev, actions, found, max_depth, (deadline, tactic.max_evals), progress,
-                     weight_pairs(actions, groups), best_sets[:1] + goals + best_sets[1:])
+    goals = [k for k in goals if k not in best_sets][:LOCAL_STARTS]
+    local = _improve(ev, actions, found, max_depth, (deadline, tactic.max_evals), progress, pairs,
+                     best_sets[:1] + goals + best_sets[1:])
     progress.close()
     seconds, cpu_s = time.perf_counter() - t_start, time.process_time() - cpu_start
     best_key, best = found.key, found.best
@@ -550,7 +564,8 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
              "scoring_ms": 1e3 * ev.sim_s / max(ev.n_sim, 1), "cache_hits": ev.n_hits,
              "same_state_hits": ev.n_fp_hits, "op_choice_hits": ev.estimator.memo.hits,
              "op_choice_misses": ev.estimator.memo.misses, "iterations": iterations, "nodes": len(tree.nodes),
-             "seconds": seconds, "templates": seeded, "stopped": stopped, "local": local, "best_reward": best.reward,
+             "seconds": seconds, "templates": seeded, "refinements": refined, "stopped": stopped, "local": local,
+             "best_reward": best.reward,
              "history": found.history, "max_depth": max_depth, "patience": patience}
     if not best.feasible:
         raise PartitionError(
@@ -599,12 +614,21 @@ def _neighbours(key: tuple, actions: list, max_depth: int, pairs: list = ()):
                 yield key + (b, c)
 
 
-def weight_pairs(actions: list, groups: DimGroups) -> list[tuple]:
-    """Pairs of actions on one axis over two decisions that reach parameters and no data input."""
+def weight_actions(actions: list, groups: DimGroups) -> list[Action]:
+    """The actions over decisions that reach parameters and no data input (weight dims), in canonical order."""
     weights = {m.id for m in groups.macro if m.kind == "param" and not any(
         input_kind(p) == "data" for g in m.groups for p, _ in g.inputs)}
-    ws = [a for a in actions if a.decision in weights]
-    return [(a, b) for a, b in itertools.combinations(ws, 2) if a.axis == b.axis]
+    return [a for a in actions if a.decision in weights]
+
+
+def weight_pairs(actions: list, groups: DimGroups) -> list[tuple]:
+    """Pairs of :func:`weight_actions` on one axis over two decisions with no input in common (one axis splits
+    one dim of an input: of two decisions that meet in a weight, as ``w1``'s input and hidden dims do, the
+    second would be no move there; Megatron's pairs, the MLP's hidden dim and the attention heads, meet in
+    none)."""
+    inputs = {m.id: {p for g in m.groups for p, _ in g.inputs} for m in groups.macro}
+    return [(a, b) for a, b in itertools.combinations(weight_actions(actions, groups), 2)
+            if a.axis == b.axis and not inputs[a.decision] & inputs[b.decision]]
 
 
 def _improve(ev: Evaluator, actions: list, found: _Found, max_depth: int, limits, progress, pairs: list,
@@ -671,17 +695,49 @@ def _templates(actions: list, groups: DimGroups) -> list[tuple]:
     return out
 
 
-def _seed(ev: Evaluator, tree: _Tree, found: _Found, templates: list, limits, progress) -> int:
-    """Evaluate the ``templates`` (within the tree's ``limits``) and make each a child of the root (a macro
-    move: the tree then refines the promising ones, one group at a time); each action's all-moves-as-first
-    value learns from them. Returns how many were evaluated."""
+def _promise(ev: Evaluator, key: tuple) -> float:
+    """:meth:`Evaluator.promise` of set ``key``; infinite if it was not evaluated or is no move."""
+    e = ev.evals.get(key)
+    return math.inf if e is None else ev.promise(e)
+
+
+def _refinements(ev: Evaluator, starts: list, pairs: list, weights: list) -> dict:
+    """Megatron-style refinements of the goals ``starts`` (evaluated sets, most promising first), on the axes
+    each leaves free: one pair of ``pairs`` on one axis (two weight decisions, :func:`weight_pairs`), as
+    Megatron splits the MLP's hidden dim and the attention heads on the model axis beside batch parallelism
+    (``BP+MP``, ``BP+MP+Z2``); and one decision of the ``weights`` (:func:`weight_actions`) on two or more of
+    them at once, as Megatron is composed over two axes (``MP+MP@z``). ``{refinement: its start}``, taken in
+    turn from each start (so that a search stopped early has tried the first few of every start), each
+    start's pairs before its decisions; sets already evaluated left out."""
+    per_start = []
+    for start in starts:
+        used = {a.axis for a in start}
+        free = list(dict.fromkeys(a.axis for a in weights if a.axis not in used))
+        adds = [(b, c) for b, c in pairs if b.axis in free]
+        for r in range(2, len(free) + 1):
+            for axes in itertools.combinations(free, r):
+                adds += [tuple(a for a in weights if a.decision == d and a.axis in axes)
+                         for d in dict.fromkeys(a.decision for a in weights)]
+        per_start.append([(ev.key(start + add), start) for add in adds if len(add) > 1])
+    out: dict = {}
+    for key, start in (x for turn in itertools.zip_longest(*per_start) for x in turn if x is not None):
+        if key not in ev.evals:
+            out.setdefault(key, start)
+    return out
+
+
+def _seed(ev: Evaluator, tree: _Tree, found: _Found, templates: list, limits, progress,
+          near: dict | None = None) -> int:
+    """Evaluate the ``templates`` (within the tree's ``limits``; each scored from the set ``near`` gives it, if
+    any) and make each a child of the root (a macro move: the tree then refines the promising ones, one group
+    at a time); each action's all-moves-as-first value learns from them. Returns how many were evaluated."""
     n = 0
     root = tree.nodes[()]
     for key in templates:
         if _stop_reason(ev, tree, limits, 0, 1) is not None:
             break
         key = ev.key(key)
-        e = ev.evaluate(key)
+        e = ev.evaluate(key, (near or {}).get(key))
         if e is None:
             continue
         n += 1

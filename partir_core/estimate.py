@@ -148,33 +148,44 @@ class _Chooser:
         that and the targets of its results. Provenance enters by its order among the op's values only:
         :func:`~partir_core.propagation.resolve` and :func:`~partir_core.factors.drop_clashes` compare
         provenances and nothing else, and what a choice keeps of them (``OpSharding.use``'s second elements)
-        is read by no one (lowering reads ``use``'s factors only)."""
-        g, state, memo = self.graph, self.state, self.memo
+        is read by no one (lowering reads ``use``'s factors only). The choice is looked up first (one probe
+        where it was made before, as it mostly was); the candidates only when it was not."""
+        g, memo = self.graph, self.memo
         eqn = g.eqns[i]
         if isinstance(eqn.prim, Boundary):  # fixed, not chosen, and cheap: not remembered
-            return choose_op(g, self.s.rules, i, state, types, self.mesh, True, targets)
-        if i not in self.state_keys:  # the same in every pass
-            slots = self.s.slots[i]
-            provs = sorted({p for v in slots for p in state.prov[v] if p is not None})
-            rank = {p: r for r, p in enumerate(provs)}
-            self.state_keys[i] = tuple((tuple(state.dims[v]), tuple(None if p is None else rank[p]
-                                                                    for p in state.prov[v])) for v in slots)
-        key = (i, tuple(memo.ref(types[v]) for v in eqn.invars), self.state_keys[i])
-        cands = memo.get(key)
-        if cands is None:
-            cands = _Candidates(*op_candidates(g, self.s.rules, i, state, types, self.mesh))
-            memo.put(key, cands)
-        if self.s.rules[i] is None:
-            return cands.proposal
+            return choose_op(g, self.s.rules, i, self.state, types, self.mesh, True, targets)
+        sk = self.state_keys.get(i)
+        if sk is None:  # the same in every pass
+            sk = self.state_keys[i] = memo.intern(self._state_key(i))
+        ref = memo.ref
+        key = (i, sk, *[ref(types[v]) for v in eqn.invars])
         if isinstance(targets, dict):
-            wanted = tuple(tuple(memo.ref(t) for t in targets.get(v, ())) for v in eqn.outvars)
+            wanted = tuple(tuple(ref(t) for t in targets.get(v, ())) for v in eqn.outvars)
         else:
             wanted = targets
         op = memo.get((key, wanted))
-        if op is None:
-            op = cheapest(g, eqn, cands.proposal, cands.alternatives, types, state, self.mesh, targets)
-            memo.put((key, wanted), op)
+        if op is not None:
+            memo.hits += 1
+            return op
+        memo.misses += 1
+        cands = memo.get(key)
+        if cands is None:
+            cands = _Candidates(*op_candidates(g, self.s.rules, i, self.state, types, self.mesh))
+            memo.put(key, cands)
+        if self.s.rules[i] is None:
+            op = cands.proposal
+        else:
+            op = cheapest(g, eqn, cands.proposal, cands.alternatives, types, self.state, self.mesh, targets)
+        memo.put((key, wanted), op)
         return op
+
+    def _state_key(self, i: int) -> tuple:
+        """What op ``i``'s candidates read of the state: its values' dims, and their provenances by order."""
+        state, slots = self.state, self.s.slots[i]
+        provs = sorted({p for v in slots for p in state.prov[v] if p is not None})
+        rank = {p: r for r, p in enumerate(provs)}
+        return tuple((tuple(state.dims[v]), tuple(None if p is None else rank[p] for p in state.prov[v]))
+                     for v in slots)
 
     def run(self, targets, base: _Pass | None, dirty_values: set) -> _Pass:
         """The pass pricing results against ``targets``; from ``base`` (a pass of the same kind of targets on a
@@ -200,7 +211,7 @@ class _Chooser:
         for v in g.invars:
             if v in dirty_values:
                 t = value_type(g, v, mesh, tuple(state.dims[v]))
-                if t != types[v]:
+                if t is not types[v] and t != types[v]:
                     types[v] = t
                     retyped.add(v)
                     dirty_ops.update(i for i, _ in self.s.readers.get(v, ()))
@@ -215,10 +226,12 @@ class _Chooser:
             eqn = g.eqns[i]
             op = self.choose_op(i, types, targets)
             old, ops[i] = ops[i], op
+            if op is old:
+                continue
             if op.in_types != old.in_types:
                 redemanded.update(v for v, a, b in zip(eqn.invars, op.in_types, old.in_types) if a != b)
             for v, t in zip(eqn.outvars, op.out_types):
-                if t != types[v]:
+                if t is not types[v] and t != types[v]:
                     types[v] = t
                     retyped.add(v)
                     for j, _ in self.s.readers.get(v, ()):
@@ -237,13 +250,18 @@ class _Chooser:
         else:
             values, op_ids = change
             demands, received, finished = dict(base.demands), dict(base.received), dict(base.finished)
+        moved = self.memo.reshard_bytes
         for v in values:
-            want = {ops[i].in_types[k] for i, k in self.s.readers.get(v, ())}
+            want = [ops[i].in_types[k] for i, k in self.s.readers.get(v, ())]
             if v in self.s.outputs:
-                want.add(output_type(g, _Types(types), self.state, v, self.mesh))
+                want.append(output_type(g, _Types(types), self.state, v, self.mesh))
             if want:
-                demands[v] = list(want) if len(want) == 1 else sorted(want, key=str)
-                received[v] = self.s.trips.get(v, 1) * sum(reshard_bytes(types[v], t) for t in demands[v])
+                if all(t is want[0] for t in want):  # one reader, or readers of one (shared) type
+                    demands[v] = want[:1]
+                else:
+                    want = set(want)
+                    demands[v] = list(want) if len(want) == 1 else sorted(want, key=str)
+                received[v] = self.s.trips.get(v, 1) * sum(moved(types[v], t) for t in demands[v])
             else:
                 demands.pop(v, None)
                 received.pop(v, None)
@@ -269,17 +287,21 @@ class _Candidates:
 
 
 class _OpMemo:
-    """Per-op candidates (:class:`_Candidates`) and choices by their keys (see :meth:`_Chooser.choose_op`),
-    the ``size`` last used kept. Keys name sharding types by identity (:meth:`ref`: hashing a type hashes
-    all its fields, and the partitioner's types are shared objects, :func:`partir_core.keys.sharding_type`);
-    every type so named is kept alive, so that no other object takes its id. An equal type that is another
-    object only misses."""
+    """Per-op candidates (:class:`_Candidates`) and choices by their keys (see :meth:`_Chooser.choose_op`), and
+    the bytes of reshards by their two types, for at most ``size`` keys (all forgotten when full: one probe
+    per lookup, no bookkeeping of recency). Keys name sharding types by identity (:meth:`ref`: hashing a
+    type hashes all its fields, and the partitioner's types are shared objects,
+    :func:`partir_core.keys.sharding_type`); every type so named is kept alive, so that no other object
+    takes its id. An equal type that is another object only misses. States' keys of ops
+    (:meth:`_Chooser._state_key`) are named by small numbers (:meth:`intern`), so a key hashes fast."""
 
     def __init__(self, size: int = 1 << 17):
-        self.entries: OrderedDict = OrderedDict()
+        self.entries: dict = {}
         self.size = size
         self.hits = self.misses = 0
         self.alive: dict = {}
+        self.interned: dict = {}
+        self.moves: dict = {}
 
     def ref(self, t) -> int:
         i = id(t)
@@ -287,19 +309,26 @@ class _OpMemo:
             self.alive[i] = t
         return i
 
-    def get(self, key):
-        op = self.entries.get(key)
-        if op is None:
-            self.misses += 1
-        else:
-            self.hits += 1
-            self.entries.move_to_end(key)
-        return op
+    def intern(self, key: tuple) -> int:
+        return self.interned.setdefault(key, len(self.interned))
 
-    def put(self, key, op) -> None:
-        self.entries[key] = op
-        if len(self.entries) > self.size:
-            self.entries.popitem(last=False)
+    def get(self, key):
+        return self.entries.get(key)
+
+    def put(self, key, value) -> None:
+        if len(self.entries) >= self.size:
+            self.entries.clear()
+        self.entries[key] = value
+
+    def reshard_bytes(self, src, dst) -> float:
+        """:func:`partir_core.reshard.reshard_bytes`, by the types' identities."""
+        key = (self.ref(src), self.ref(dst))
+        b = self.moves.get(key)
+        if b is None:
+            if len(self.moves) >= self.size:
+                self.moves.clear()
+            b = self.moves[key] = reshard_bytes(src, dst)
+        return b
 
 
 class _Types:

@@ -13,8 +13,8 @@ import partir_core as pc  # noqa: E402
 from partir_core import schedules  # noqa: E402
 from partir_core import models  # noqa: E402
 from partir_core.analysis import analyze_groups  # noqa: E402
-from partir_core.automatic import (Evaluator, _Tree, _better, _neighbours, _priors, _stop_reason,  # noqa: E402
-                                   _templates, build_actions, weight_pairs)
+from partir_core.automatic import (Evaluator, _Tree, _better, _neighbours, _priors, _refinements,  # noqa: E402
+                                   _stop_reason, _templates, build_actions, weight_actions, weight_pairs)
 
 if len(jax.devices()) < 8:
     pytest.skip("needs 8 JAX devices (tests/conftest.py sets XLA_FLAGS)", allow_module_level=True)
@@ -197,9 +197,9 @@ def test_budget_error_names_the_smallest_peak_and_the_buffers_that_dominate_it()
 
 def test_stats_report_the_evaluation_rate():
     m, ins, _ = model_and_inputs("transformer")
-    st = pc.jit(m.step, MESH, [auto(max_evals=20)]).lower(*ins).automatic.stats
-    assert st["evaluations"] == 20 and st["evals_per_s"] > 0 and st["evals_per_cpu_s"] > 0
-    assert st["scoring_ms"] > 0 and st["op_choice_hits"] > 0 and st["templates"] > 0
+    st = pc.jit(m.step, MESH, [auto(max_evals=40)]).lower(*ins).automatic.stats
+    assert st["evaluations"] == 40 and st["evals_per_s"] > 0 and st["evals_per_cpu_s"] > 0
+    assert st["scoring_ms"] > 0 and st["op_choice_hits"] > 0 and st["templates"] > 0 and st["refinements"] > 0
 
 
 def test_result_is_a_local_optimum_over_single_group_moves():
@@ -243,6 +243,42 @@ def test_composite_zero_actions_and_templates():
     # each of the 4 ZeRO actions alone; data parallel over each of the 3 non-empty subsets of the 2 axes, alone
     # and with each ZeRO action
     assert len(templates) == 4 + 3 * 5
+
+
+def test_megatron_refinements_of_the_goals_are_the_experts_compositions():
+    """The refinements of a goal add, on the axes it leaves free, one pair of weight decisions on one axis
+    (never two that meet in a weight) or one weight decision on several axes; on the transformer, batch
+    parallelism refined by the MLP's hidden dim and the attention heads on the model axis is exactly the
+    BP+MP preset (same simulated step time and peak), scored from its goal."""
+    m, ins, _ = model_and_inputs("transformer")
+    low = pc.jit(m.step, MESH, []).lower(*ins)
+    g = low.graph
+    groups = analyze_groups(g, low.rules)
+    actions = build_actions(groups, g, MESH, ["batch", "model"])
+    v = dict(zip(g.in_paths, g.invars))
+
+    def action(path, d, axis):
+        group = groups.find(v[path], d).id
+        decision = next(mg.id for mg in groups.macro if any(x.id == group for x in mg.groups))
+        return next(a for a in actions if a.decision == decision and a.axis == axis)
+
+    ev = Evaluator(g, low.rules, MESH, low.states[0].copy(), 1, actions, None, None)
+    bp = ev.key((action("tokens", 0, "batch"),))
+    ev.evaluate(())
+    ev.evaluate(bp)
+    pairs = weight_pairs(actions, groups)
+    refinements = _refinements(ev, [(), bp], pairs, weight_actions(actions, groups))
+    assert all(a.axis == "model" for k, start in refinements.items() if start == bp for a in k if a not in bp)
+    assert {start for start in refinements.values()} == {(), bp}
+    assert bp not in refinements and () not in refinements  # evaluated sets are left out
+    hidden, heads = (action("params/layers/0/w1", 1, "model"), action("params/layers/0/wk", 1, "model"))
+    megatron = ev.key(bp + (hidden, heads))
+    assert refinements[megatron] == bp
+    assert refinements[ev.key((action("params/layers/0/w1", 1, "batch"), hidden))] == ()  # hidden on both axes
+    assert (action("params/layers/0/w1", 0, "model"), hidden) not in pairs  # they meet in w1
+    e = ev.evaluate(megatron, bp)
+    sim = pc.jit(m.step, MESH, schedules.schedule("BP+MP", m, ins, mesh=MESH)).lower(*ins).simulate()
+    assert (e.step_time_s, e.peak_bytes) == (sim.step_time_s, sim.peak_bytes)
 
 
 def test_at_half_the_bp_peak_the_result_beats_the_zero_presets():
