@@ -563,9 +563,9 @@ def exchange_copies(t_in: ShardingType, t_out: ShardingType) -> tuple[tuple[Copy
 
 
 
-def check_factors(t_in: ShardingType, t_out: ShardingType, what: str) -> None:
-    """Raise :class:`ShardingError` unless the sub-axes that ``t_in`` and ``t_out`` use of each mesh axis are
-    factors of one decomposition of it (as between a plan's source and destination); ``what`` names the step."""
+def check_factors(t_in: ShardingType, t_out: ShardingType, where: str) -> None:
+    """Raise :class:`ShardingError` (``"{where}: ..."``) unless the sub-axes that ``t_in`` and ``t_out`` use of
+    each mesh axis are factors of one decomposition of it (as between a plan's source and destination)."""
     by_axis: dict[str, list[Axis]] = {}
     for t in (t_in, t_out):
         for a in [a for d in t.dims for a in d] + list(t.partial):
@@ -574,4 +574,4 @@ def check_factors(t_in: ShardingType, t_out: ShardingType, what: str) -> None:
         try:
             check_factorization(name, axes)
         except ShardingError as e:
-            raise ShardingError(f"{what} does not fit {t_in}: {e}") from None
+            raise ShardingError(f"{where}: {e}") from None

@@ -6,8 +6,9 @@ import math
 
 import numpy as np
 
-from redist.axes import check_factorization, difference, remove_axes
-from redist.blocks import DeviceClasses, box_overlaps_on, box_size, device_id, local_box, max_missing_elements, rank
+from redist.axes import difference, remove_axes
+from redist.blocks import (DeviceClasses, box_overlaps_on, box_size, check_factors, device_id, local_box,
+                           max_missing_elements, rank)
 from redist.errors import ShardingError, shown
 from redist.types import ShardingType
 
@@ -112,15 +113,7 @@ def check_pair(src: ShardingType, dst: ShardingType) -> None:
         raise ShardingError(f"source shape {list(src.shape)} differs from destination shape {list(dst.shape)}")
     if src.dtype != dst.dtype:
         raise ShardingError(f"source dtype {src.dtype} differs from destination dtype {dst.dtype}")
-    by_axis = {}
-    for t in (src, dst):
-        for a in [a for d in t.dims for a in d] + list(t.partial):
-            by_axis.setdefault(a.name, []).append(a)
-    for name, axes in by_axis.items():
-        try:
-            check_factorization(name, axes)
-        except ShardingError as e:
-            raise ShardingError(f"source {src} and destination {dst}: {e}") from None
+    check_factors(src, dst, f"source {src} and destination {dst}")
     if src.partial and dst.partial and src.reduction != dst.reduction:
         raise ShardingError(f"source {src} is a pending {src.reduction} but destination {dst} a pending "
                             f"{dst.reduction}: a redistribution cannot convert between reduction kinds")

@@ -277,7 +277,7 @@ class Permute:
         if changed is not None:
             raise ShardingError(f"{self} does not fit {t}: it splits dim {changed} into {out.blocks(changed)} blocks, "
                                 f"not {t.blocks(changed)}; a permute moves whole blocks (an exchange regroups them)")
-        check_factors(t, out, str(self))
+        check_factors(t, out, f"{self} does not fit {t}")
         return out
 
     def bytes_received(self, t: ShardingType) -> Fraction:
