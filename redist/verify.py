@@ -998,19 +998,22 @@ class _Walk:
 
     def table(self, key, values: Sequence[int], doing: str):
         """``values[key]`` for a symbolic ``key`` in ``range(len(values))``, as :func:`_table`, but over the
-        pieces of :func:`_periodic_pieces`: a piece of whole periods on which the value is affine in the
-        period's number and in the key's offset within it is one leaf, with the period's number a quotient
-        (defined for every key, as the walk's definitions are). A table of ``b // 19`` or ``2·(b % 19)`` over
-        65,536 blocks is a few leaves, not thousands of runs."""
+        pieces of :func:`_periodic_pieces`: a piece of whole periods, whose values repeat shifted by the same
+        amount from one period to the next, is one leaf: that shift times the period's number ``q`` (a
+        quotient, defined for every key, as the walk's definitions are) plus the table of one period (its
+        runs, :func:`_table`) at the offset within it. A table of ``b // 19``, ``2·(b % 19)`` or ``2·b % 145``
+        over 65,536 blocks is a few leaves, not thousands of runs."""
         pieces = _periodic_pieces(values, self.deadline, doing)
 
         def leaf(piece):
-            lo, period, periods, per_period, slope, offset = piece
-            if periods == 1:  # affine in the key
-                return _affine(key, slope, offset - slope * lo)
+            lo, period, periods, per_period = piece
+            if periods == 1:  # one run, affine in the key
+                slope = values[lo + 1] - values[lo] if period > 1 else 0
+                return _affine(key, slope, values[lo] - slope * lo)
             q = self.var("period")
             self.defs.append(z3.And(period * q <= key - lo, key - lo < period * q + period))
-            return (per_period - slope * period) * q + _affine(key, slope, offset - slope * lo)
+            within = _table(key - lo - period * q, values[lo:lo + period], self.deadline, doing)
+            return per_period * q + within if per_period else within
 
         def tree(a: int, b: int):
             if b - a == 1:
@@ -1191,34 +1194,47 @@ def _segment_runs(segments, n_blocks: int, deadline: _Deadline, doing: str):
 # replaces many leaves (measured: quotients on pieces of 2-4 periods made an exchange of 4,096 blocks of 18 from
 # 64 of 1,094 take 18-30 s instead of 0.7 s).
 _MIN_PERIODS = 8
+# A period spans at most this many runs (the source blocks of uneven blocks: 2·b % 145 has 3 per period).
+_PERIOD_RUNS = 4
 
 
 def _periodic_pieces(values: Sequence[int], deadline: _Deadline, doing: str) -> list[tuple]:
     """The table ``values`` over the keys ``range(len(values))`` as consecutive pieces ``(lo, period, periods,
-    per_period, slope, offset)``: for a key ``lo + p·period + r`` (``0 ≤ p < periods``, ``0 ≤ r < period``)
-    the value is ``offset + p·per_period + r·slope``. Greedy from each key: the maximal run on which the
-    value is affine in the key is a period when it repeats, shifted by ``per_period``, ``_MIN_PERIODS``
-    times or more; else it is a piece of its own (one period, ``per_period = 0``)."""
-    pieces, lo, n = [], 0, len(values)
-    while lo < n:
-        deadline.check(doing)
+    per_period)``: for a key ``lo + p·period + r`` (``0 ≤ p < periods``, ``0 ≤ r < period``) the value is
+    ``values[lo + r] + p·per_period``. Greedy from each key ``lo``: a period is the span of the first one to
+    ``_PERIOD_RUNS`` maximal runs from ``lo`` on which the value is affine in the key, the one that repeats
+    over the most keys, shifted, ``_MIN_PERIODS`` times or more; where none does, the first run is a piece
+    of its own (one period)."""
+    n = len(values)
+
+    def run_end(lo: int) -> int:
         slope = values[lo + 1] - values[lo] if lo + 1 < n else 0
         end = lo + 1
         while end < n and values[end] - values[end - 1] == slope:
             end += 1
-        period, base = end - lo, values[lo]
-        per_period = values[end] - base if end < n else 0
-        periods = 1
-        if end < n and period > 1:
-            def repeats(p):
-                at = lo + p * period
-                return at + period <= n and all(values[at + r] == base + p * per_period + r * slope
-                                                for r in range(period))
-            while repeats(periods):
-                periods += 1
-        if periods < _MIN_PERIODS:
-            periods, per_period = 1, 0
-        pieces.append((lo, period, periods, per_period, slope, base))
+        return end
+
+    def periods_of(lo: int, period: int) -> int:
+        shift, p = values[lo + period] - values[lo], 1
+        while lo + (p + 1) * period <= n and all(values[lo + p * period + r] == values[lo + r] + p * shift
+                                                 for r in range(period)):
+            p += 1
+        return p
+
+    pieces, lo = [], 0
+    while lo < n:
+        deadline.check(doing)
+        ends = [run_end(lo)]
+        while len(ends) < _PERIOD_RUNS and ends[-1] < n:
+            ends.append(run_end(ends[-1]))
+        best = (1, ends[0] - lo)  # (periods, period)
+        for end in ends:
+            if end < n:
+                periods = periods_of(lo, end - lo)
+                if periods >= _MIN_PERIODS and periods * (end - lo) > best[0] * best[1]:
+                    best = (periods, end - lo)
+        periods, period = best
+        pieces.append((lo, period, periods, values[lo + period] - values[lo] if periods > 1 else 0))
         lo += period * periods
     return pieces
 

@@ -215,15 +215,19 @@ def test_one_wrong_segment_inside_a_run_is_refuted_there():
 
 @st.composite
 def tables(draw):
-    """Values over keys 0..n-1: pieces that repeat an affine run (a period) with a shift per period, runs of
-    their own and arbitrary values, one after the other."""
+    """Values over keys 0..n-1: pieces that repeat a period (an affine run, or arbitrary values) with a shift
+    per period, runs of their own and arbitrary values, one after the other."""
     values = []
     for _ in range(draw(st.integers(1, 4))):
-        kind = draw(st.sampled_from(["periodic", "run", "noise"]))
+        kind = draw(st.sampled_from(["periodic", "periodic", "run", "noise"]))
         if kind == "periodic":
-            period, periods = draw(st.integers(1, 4)), draw(st.integers(1, 12))
-            base, slope, shift = (draw(st.integers(-20, 20)) for _ in range(3))
-            values += [base + p * shift + r * slope for p in range(periods) for r in range(period)]
+            if draw(st.booleans()):
+                base, slope = draw(st.integers(-20, 20)), draw(st.integers(-3, 3))
+                period = [base + r * slope for r in range(draw(st.integers(1, 4)))]
+            else:
+                period = draw(st.lists(st.integers(-20, 20), min_size=1, max_size=6))
+            shift = draw(st.integers(-20, 20))
+            values += [v + p * shift for p in range(draw(st.integers(1, 12))) for v in period]
         elif kind == "run":
             base, slope = draw(st.integers(-20, 20)), draw(st.integers(-3, 3))
             values += [base + r * slope for r in range(draw(st.integers(1, 10)))]
