@@ -49,12 +49,14 @@ permute's sources, an exchange's copies) name device ids, read through the progr
   source's rank over ``source_axes`` is d's rank over ``axes`` (mixed-radix arithmetic on d's coordinates),
   its other coordinates are d's: a few terms per group, whatever the device count.
 - ``Exchange(shape, dims)``: per dim, a selector over the slots of d's block (its rank over the dim's
-  ``axes``; slot j: the block's j-th segment, each field a table over the block, :func:`_table`): the one
-  whose destination interval holds the index gives the source index and the source's block over the dim's
-  ``source_axes``; the source device is d with its rank over each dim's source axes set to those blocks. An
-  index no segment of some dim covers is *unwritten* (the walk records that it must not be). The terms grow
-  with the runs of blocks on which the tables are affine (at most the segments, ``O(k_in + k_out)`` per
-  dim; a few for blocks of equal size), not with the devices or their copies. A copy table (an exchange
+  ``axes``; slot r: the block's r-th run of segments that tile an interval with one size and affine source
+  blocks and starts, :func:`_segment_runs`; each field a table over the block, :meth:`_Walk.table`): the
+  one whose interval holds the index gives, through one bounded quotient (the segment within the run), the
+  source index and the source's block over the dim's ``source_axes``; the source device is d with its rank
+  over each dim's source axes set to those blocks. An index no segment of some dim covers is *unwritten*
+  (the walk records that it must not be). The terms grow with the runs and with the pieces of their tables
+  (runs of blocks on which a field is affine, or periods that repeat shifted: a few for blocks of equal
+  size, even uneven ones), not with the segments, the devices or their copies. A copy table (an exchange
   between two device orders, ``CopyTable``): a selector over every device's copies, linear in them.
 - ``Transpose(perm)``: same device; input index ``perm[a]`` is output index ``a``.
 - ``Reshape(shape)``: same device; the index with the same row-major position in the input shape.

@@ -12,7 +12,9 @@ from redist import program as P
 from redist.mesh import Mesh
 from redist.synthesis import synthesize
 from redist.types import ShardingType
-from redist.verify import _Axis, _Deadline, _Digits, _named_axes, _Walk, verify, verify_program
+from redist.blocks import Segment
+from redist.verify import (_COUNT, _SIZE, _Axis, _Deadline, _Digits, _named_axes, _segment_runs, _Walk, verify,
+                             verify_program)
 
 BIG = Mesh({"x": 256, "y": 256})
 
@@ -250,3 +252,41 @@ def test_a_table_over_periodic_pieces_is_the_table(values, data):
     assert s.model().eval(term, model_completion=True).as_long() == values[k]
     s.add(term != values[k])
     assert s.check() == z3.unsat
+
+
+@st.composite
+def block_segments(draw):
+    """Segments of a few receiver blocks, not overlapping within a block: runs that tile an interval with
+    affine sources (of one size, or of a size per block) and single segments, in any order."""
+    out = []
+    sizes = draw(st.sampled_from(["one", "per block"]))
+    for block in range(draw(st.integers(1, 4))):
+        at = 0
+        for _ in range(draw(st.integers(0, 3))):
+            at += draw(st.integers(0, 3))
+            size = 2 if sizes == "one" else block + 1
+            m = draw(st.integers(1, 5))
+            source, d_source, src, d_src = (draw(st.integers(0, 3)) for _ in range(4))
+            out += [Segment(block, source + q * d_source, src + q * d_src, at + q * size, size) for q in range(m)]
+            at += m * size
+    return draw(st.permutations(out)), 4
+
+
+@settings(max_examples=100, deadline=None)
+@given(block_segments())
+def test_the_runs_of_segments_are_the_segments(case):
+    """Each block's runs, expanded segment by segment, are its segments; where a slot is uniform, every run
+    in it has that size, and the slopes of every run of two or more segments are the slot's."""
+    segments, n_blocks = case
+    by_block, uniform = _segment_runs(segments, n_blocks, _Deadline(None, 0.0), "a test")
+    for block, runs in enumerate(by_block):
+        expanded = []
+        for r, (dst, size, count, source, shift) in enumerate(runs):
+            _, d_source, d_src = uniform[r] if uniform[r] is not None else (size, 0, 0)
+            assert uniform[r] is not None or count == 1
+            assert size == (uniform[r][0] if uniform[r] is not None else size)
+            expanded += [Segment(block, source + q * d_source, dst + shift + q * d_src, dst + q * size, size)
+                         for q in range(count)]
+        assert sorted(expanded) == sorted(g for g in segments if g.block == block and g.size)
+    assert len(uniform) == max(map(len, by_block), default=0)
+    assert all(runs[r][_COUNT] >= 1 and runs[r][_SIZE] > 0 for runs in by_block for r in range(len(runs)))
