@@ -974,7 +974,7 @@ class _Walk:
 
             covers = []
             for r in range(slots):
-                start, count = slot(r, _DST), slot(r, _COUNT)
+                start = slot(r, _DST)
                 if uniform[r] is None:  # one segment per run: q = 0
                     size = slot(r, _SIZE)
                     inside = z3.And(idx[i] >= start, idx[i] < start + size)
@@ -983,7 +983,7 @@ class _Walk:
                     size, d_source, d_src = uniform[r]
                     q = self.var(f"q{t}_{i}_{r}")  # the segment within the run: a quotient, defined for every index
                     self.defs.append(z3.And(size * q <= idx[i] - start, idx[i] - start < size * q + size))
-                    inside = z3.And(q >= 0, q < count)
+                    inside = z3.And(q >= 0, q < slot(r, _COUNT))
                     src = slot(r, _SOURCE) + d_source * q
                     offset = slot(r, _SHIFT) + (d_src - size) * q
                 covers.append(inside)
