@@ -28,7 +28,7 @@ from typing import Mapping
 
 import numpy as np
 
-from redist.axes import Axis, read_token
+from redist.axes import Axis, check_factorization, read_token
 from redist.errors import ShardingError, shown
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -274,7 +274,7 @@ class Mesh:
 
         A group holds the devices whose coordinates agree outside ``names``; groups come in the order of
         their lowest device id. Raises :class:`ShardingError` if two of ``names`` overlap (name a common factor
-        of a mesh axis): they define no groups.
+        of a mesh axis) or split one mesh axis in incompatible ways: they define no groups.
         """
         axes = self.axes_of(names)
         for i, a in enumerate(axes):
@@ -282,6 +282,8 @@ class Mesh:
                 if a.overlaps(b):
                     raise ShardingError(f"axes {a!r} and {b!r} overlap: {{{','.join(axes)}}} define no groups of "
                                         f"devices on mesh {self}")
+        for name in {a.name for a in axes}:
+            check_factorization(name, [a for a in axes if a.name == name])
         by_key: dict[tuple[int, ...], dict[int, int]] = {}
         for d in range(self.size):  # device ids in order, so that groups come in the order of their lowest id
             c = self.coords(d)

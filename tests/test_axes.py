@@ -202,3 +202,10 @@ def _units(a: Axis) -> list[int]:
     """The factor positions of its mesh axis that ``a`` covers: ``pre`` to ``stop`` in unit steps of the
     factorization (positions are the cumulative products; an axis of size 1 covers position 1)."""
     return [a.pre] if a.pre == a.stop else list(range(a.pre, a.stop))
+
+
+def test_groups_over_sub_axes_of_two_decompositions_are_refused():
+    """``x:(1)2`` and ``x:(3)2`` of an axis of 6 do not overlap, but are no factors of one decomposition: they
+    define no groups (a KeyError from inside ``Mesh.groups`` before)."""
+    with pytest.raises(ShardingError, match="incompatible ways"):
+        Mesh.parse("x=6").groups(("x:(1)2", "x:(3)2"))
