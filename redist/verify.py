@@ -1703,15 +1703,19 @@ def _contributor(program, digits: _Digits, tag, base_c, base_idx, src, src_parti
     return wk, members, summ, cs, digits.key(cs, src_partial)
 
 
+def _model_position(mdl, digits: _Digits, program, base_c, base_idx) -> dict:
+    """Where a group-sum query's model puts its destination element: ``device`` (an id on the destination's
+    device order), ``coords`` and local ``index``: the head of its counterexample."""
+    dev = _model_coords(mdl, digits, base_c)
+    return {"device": _device_at(program.dst_mesh, dev, digits.mesh_sizes), "coords": dev,
+            "index": tuple(_model_int(mdl, v) for v in base_idx)}
+
+
 def _refute_pair(mdl, digits: _Digits, program, base_c, base_idx, cs, ss, src_partial) -> None:
     """Refute with the model of query 2: two contributors that take one summand, or two source groups."""
-    mesh_sizes = digits.mesh_sizes
-    dev = _model_coords(mdl, digits, base_c)
-    index = tuple(_model_int(mdl, v) for v in base_idx)
-    src_dev = [_model_coords(mdl, digits, cc) for cc in cs]
     summ = [{a.token: _model_int(mdl, e) for a, e in zip(src_partial, x)} for x in ss]
-    from_devs = [_device_at(program.src_mesh, d, mesh_sizes) for d in src_dev]
-    cx = {"device": _device_at(program.dst_mesh, dev, mesh_sizes), "coords": dev, "index": index,
+    from_devs = [_device_at(program.src_mesh, _model_coords(mdl, digits, cc), digits.mesh_sizes) for cc in cs]
+    cx = {**_model_position(mdl, digits, program, base_c, base_idx),
           "holds": {"summands": summ, "added_from_devices": from_devs},
           "expected": {"summands": "each summand of one source partial group, exactly once"}}
     if summ[0] == summ[1]:
@@ -1719,7 +1723,7 @@ def _refute_pair(mdl, digits: _Digits, program, base_c, base_idx, cs, ss, src_pa
     else:
         why = (f"mixes summands of different source partial groups (devices {from_devs} are in different "
                f"groups over {{{','.join(a.token for a in src_partial)}}})")
-    raise _Refuted(f"the group sum at device {cx['device']} {dev}, local index {index} {why}", cx)
+    raise _Refuted(f"the group sum at device {cx['device']} {cx['coords']}, local index {cx['index']} {why}", cx)
 
 
 def _coverage_query(program, digits: _Digits, src, src_partial, dst_partial, base_c, base_idx, base_ranges,
@@ -1746,15 +1750,11 @@ def _coverage_query(program, digits: _Digits, src, src_partial, dst_partial, bas
     if res == z3.unsat:
         return
     mdl = s.model()
-    mesh_sizes = digits.mesh_sizes
-    dev = _model_coords(mdl, digits, base_c)
-    index = tuple(_model_int(mdl, v) for v in base_idx)
     summand = {a.token: _model_int(mdl, v) for a, v in zip(src_partial, missing)}
-    cx = {"device": _device_at(program.dst_mesh, dev, mesh_sizes), "coords": dev, "index": index,
-          "holds": {"missing_summand": summand},
+    cx = {**_model_position(mdl, digits, program, base_c, base_idx), "holds": {"missing_summand": summand},
           "expected": {"summands": "every summand of one source partial group, at least once"}}
-    raise _Refuted(f"the group reduction at device {cx['device']} {dev}, local index {index} never takes source "
-                   f"summand {summand} of the group of its first contributor", cx)
+    raise _Refuted(f"the group reduction at device {cx['device']} {cx['coords']}, local index {cx['index']} never "
+                   f"takes source summand {summand} of the group of its first contributor", cx)
 
 
 # The onto query walks once per contributor to a group sum; beyond this many it answers undecided.
@@ -1812,16 +1812,13 @@ def _onto_query(program, digits: _Digits, src, src_partial, dst_partial, base, t
     if res == z3.unsat:
         return
     mdl = s.model()
-    mesh_sizes = digits.mesh_sizes
-    dev = _model_coords(mdl, digits, base_c)
-    index = tuple(_model_int(mdl, v) for v in base_idx)
     missing = {a.token: _model_int(mdl, v) for a, v in zip(src_partial, sigma)}
-    cx = {"device": _device_at(program.dst_mesh, dev, mesh_sizes), "coords": dev, "index": index,
+    cx = {**_model_position(mdl, digits, program, base_c, base_idx),
           "holds": {"missing_summand": missing, "contributors": count},
           "expected": {"summands": "each summand of one source partial group, exactly once"}}
     what = f"source summand {missing}" if missing else "the source element"
-    raise _Refuted(f"the group sum at device {cx['device']} {dev}, local index {index} lacks {what}: none of its "
-                   f"{count} contributor(s) holds it", cx)
+    raise _Refuted(f"the group sum at device {cx['device']} {cx['coords']}, local index {cx['index']} lacks {what}: "
+                   f"none of its {count} contributor(s) holds it", cx)
 
 
 def _device_at(mesh, coords: dict, mesh_sizes: dict) -> int | None:
