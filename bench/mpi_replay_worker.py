@@ -128,7 +128,14 @@ class Replay:
 
 
 # ---------------------------------------------------------------------------------------------- baselines
+def valid(box) -> tuple[slice, ...]:
+    """The part of a (padded) local buffer that ``box`` fills."""
+    return tuple(slice(0, s.stop - s.start) for s in box)
+
+
 def gather_then_slice(src: redist.ShardingType, dst: redist.ShardingType):
+    """``Allgather`` of every shard, the global array assembled, this rank's destination block copied out (its
+    padding, where the dims are uneven, zero)."""
     blocks = np.empty((SIZE,) + src.local_shape, src.np_dtype)
     full = np.empty(src.shape, src.np_dtype)
     boxes = [src.local_box(d) for d in range(SIZE)]
@@ -136,9 +143,11 @@ def gather_then_slice(src: redist.ShardingType, dst: redist.ShardingType):
 
     def run(local):
         COMM.Allgather(np.ascontiguousarray(local), blocks)
-        for d in range(SIZE):
-            full[boxes[d]] = blocks[d]
-        return np.ascontiguousarray(full[mine])
+        for d, box in enumerate(boxes):
+            full[box] = blocks[d][valid(box)]
+        out = np.zeros(dst.local_shape, dst.np_dtype)
+        out[valid(mine)] = full[mine]
+        return out
     return run
 
 

@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 import redist
 import redist.mpi
-from bench.mpi_replay_worker import Replay, allreduce_then_slice
+from bench.mpi_replay_worker import Replay, allreduce_then_slice, gather_then_slice, valid
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
@@ -33,11 +33,6 @@ def values(shape, box) -> np.ndarray:
     for n, s in zip(shape, box):
         idx = (idx[..., None] * n + np.arange(s.start, s.stop)) % MODULUS
     return idx.astype(np.float32)
-
-
-def valid(box) -> tuple[slice, ...]:
-    """The part of a (padded) local buffer that ``box`` fills."""
-    return tuple(slice(0, s.stop - s.start) for s in box)
 
 
 def local_input(src: redist.ShardingType) -> np.ndarray:
@@ -126,23 +121,6 @@ def uneven(src: redist.ShardingType, dst: redist.ShardingType):
         if recv is not out:
             out[:, :width] = recv
             out[:, width:] = 0
-        return out
-    return run
-
-
-def gather_then_slice(src: redist.ShardingType, dst: redist.ShardingType):
-    """``Allgather`` of every shard, the global array assembled, this rank's destination block copied out."""
-    blocks = np.empty((SIZE,) + src.local_shape, np.float32)
-    full = np.empty(src.shape, np.float32)
-    boxes = [src.local_box(d) for d in range(SIZE)]
-    mine = dst.local_box(RANK)
-
-    def run(local):
-        COMM.Allgather(local, blocks)
-        for d, box in enumerate(boxes):
-            full[box] = blocks[d][valid(box)]
-        out = np.zeros(dst.local_shape, np.float32)
-        out[valid(mine)] = full[mine]
         return out
     return run
 
