@@ -74,7 +74,7 @@ from redist.plan import Plan
 
 __all__ = [
     "Link", "Topology", "PRESETS", "topology", "as_topology", "preset_names", "collective_time", "step_time",
-    "step_axes", "exchange_time", "plan_time", "records_time", "cpu_host_link", "Profile", "load_profile",
+    "step_axes", "exchange_time", "exchange_time_lower_bound", "plan_time", "plan_time_lower_bound", "fastest", "cheap_to_price", "records_time", "cpu_host_link", "Profile", "load_profile",
     "use_profile", "profile", "PROFILE_RESOURCE",
 ]
 
@@ -347,6 +347,66 @@ def exchange_time(step: S.Exchange, t_in, topo: Topology) -> float:
     (ins,) = P.lower_step(step, t_in)
     return sum(collective_time(axes, math.prod(slab) * t_in.itemsize, topo)
                for slab, axes in ins.round_stats(t_in.mesh))
+
+
+# An exchange whose devices receive more copies than this in all is priced exactly only where its lower bound
+# says it may be the fastest candidate (see :func:`cheap_to_price`): listing its rounds is linear in its copies.
+_CHEAP_COPIES = 1 << 18
+
+
+def _most_copies(step: S.Exchange, t_in) -> int:
+    """The most copies from other devices that one of a few devices (the first, middle and last) receives in an
+    exchange: at most one arrives per round, so the exchange runs at least that many rounds."""
+    mesh = t_in.mesh
+    (ins,) = P.lower_step(step, t_in)
+    return max(ins.remote_copies(mesh, d) for d in {0, mesh.size // 2, mesh.size - 1})
+
+
+def exchange_time_lower_bound(step: S.Exchange, t_in, topo: Topology) -> float:
+    """A lower bound on :func:`exchange_time` that does not list the exchange's rounds: at least
+    :func:`_most_copies` rounds, each paying at least the smallest latency, whose slabs add up to at least what
+    the device that receives most receives, over the fastest link."""
+    nbytes = step.bytes_received(t_in)
+    if nbytes == 0:
+        return 0.0
+    links = [topo.link(n) for n in t_in.mesh.names]
+    return (_most_copies(step, t_in) * min(l.alpha for l in links) + float(nbytes) / max(l.beta for l in links))
+
+
+def cheap_to_price(plan) -> bool:
+    """Whether :func:`plan_time` of ``plan`` is cheap: its exchanges (if any) have few copies in all (about
+    :data:`_CHEAP_COPIES`; every other step is priced from its type)."""
+    return all(not isinstance(s, S.Exchange) or s.apply(t).mesh != t.mesh
+               or _most_copies(s, t) * t.mesh.size <= _CHEAP_COPIES for s, t in zip(plan.steps, plan.types))
+
+
+def plan_time_lower_bound(plan, topo: Topology) -> float:
+    """A lower bound on :func:`plan_time`: each exchange by :func:`exchange_time_lower_bound`, the other steps
+    exactly (they are priced from their types alone)."""
+    return sum(exchange_time_lower_bound(s, t, topo) if isinstance(s, S.Exchange) and s.apply(t).mesh == t.mesh
+               else step_time(s, t, topo) for s, t in zip(plan.steps, plan.types))
+
+
+def fastest(plans, topo: Topology, times: dict | None = None) -> tuple[Plan, float]:
+    """The fastest of ``plans`` by :func:`plan_time` and its time; ties: fewer bytes, then fewer steps, then the
+    first. Branch and bound: plans are priced exactly in order of :func:`plan_time_lower_bound`, and the search
+    stops at the first whose bound exceeds the best time found, so an exchange of thousands of rounds that a
+    collective plan beats is never listed round by round. ``times`` (keyed by ``id(plan)``) keeps the exact
+    times across calls."""
+    times = {} if times is None else times
+    bounds = [times.get(id(p)) for p in plans]
+    bounds = [plan_time_lower_bound(p, topo) if b is None else b for p, b in zip(plans, bounds)]
+    best = None
+    for i in sorted(range(len(plans)), key=bounds.__getitem__):
+        p = plans[i]
+        if best is not None and bounds[i] > best[0][0]:
+            break
+        if id(p) not in times:
+            times[id(p)] = plan_time(p, topo)
+        key = (times[id(p)], p.bytes_received, len(p.steps), i)
+        if best is None or key < best[0]:
+            best = (key, p)
+    return best[1], best[0][0]
 
 
 def plan_time(plan, topo: Topology | str) -> float:

@@ -235,6 +235,19 @@ class CollectivePermute:
         return f"CollectivePermute({text if len(text) <= 80 else text[:77] + '...'})"
 
 
+
+def _occurrence(receiver: np.ndarray, source: np.ndarray) -> np.ndarray:
+    """For moves listed in order, how many earlier moves have the same receiver and source: the j of the
+    j-th copy a receiver gets from one source (:meth:`Exchange.rounds`' second round key)."""
+    order = np.lexsort((np.arange(receiver.size), source, receiver))
+    r, s = receiver[order], source[order]
+    first = np.ones(order.size, bool)
+    first[1:] = (r[1:] != r[:-1]) | (s[1:] != s[:-1])
+    position = np.arange(order.size)
+    out = np.empty(order.size, np.int64)
+    out[order] = position - np.maximum.accumulate(np.where(first, position, 0))
+    return out
+
 @dataclass(frozen=True)
 class ExchangeDim:
     """One dim of an :class:`Exchange`: the receiver's block is its rank over ``axes``, a sender's its rank over
@@ -282,6 +295,21 @@ class Exchange:
             out.append(Copy(int(source), tuple(s.src_start for s in segs), tuple(s.dst_start for s in segs),
                             tuple(s.size for s in segs)))
         return tuple(out)
+
+    def remote_copies(self, mesh: Mesh, device: int) -> int:
+        """How many copies of elements :meth:`copies` gives ``device`` from other devices, counted per dim
+        without listing them: the source axes of the dims are distinct, so a copy comes from the device itself
+        exactly when each of its segments comes from the device's own source block."""
+        if isinstance(self.dims, CopyTable):
+            return sum(1 for c in self.dims.copies[device] if c.source != device and math.prod(c.size))
+        c = device_coords(mesh, device)
+        every = own = 1
+        for x in self.dims:
+            segs = [s for s in x.by_block.get(rank(c, mesh.axes_of(x.axes)), ()) if s.size]
+            mine = rank(c, mesh.axes_of(x.source_axes))
+            every *= len(segs)
+            own *= sum(1 for s in segs if s.source_block == mine)
+        return every - own
 
     def copies_from(self, mesh: Mesh, device: int) -> list[tuple[int, Copy]]:
         """``(receiver, copy)`` for every copy whose source is ``device`` and whose receiver is another device, by
@@ -366,18 +394,15 @@ class Exchange:
             sources.append(source)
             sizes.append(np.stack(size_k))
             valid.append(live & (source != ids))
-        keys, slabs, differs = [], [], []  # per move between devices: its round, its sizes, where it varies
-        for t, (source, size, live) in enumerate(zip(sources, sizes, valid)):
-            j = sum((valid[u] & (sources[u] == source)).astype(np.int64) for u in range(t)) if t else 0
-            keys.append((((ids - source) % n) * len(sources) + j)[live])  # round key order: (shift, j)
-            slabs.append(size[:, live])
-            src_c = device_coords(mesh, source[live])
-            differs.append(np.stack([src_c[name] != c[name][live] for name in mesh.names]))
-        rounds, at = np.unique(np.concatenate(keys), return_inverse=True)
+        slot, dest = np.nonzero(np.stack(valid))  # the moves between devices, by copy slot then receiver
+        source = np.stack(sources)[slot, dest]
+        rounds, at = np.unique((((dest - source) % n) * len(sources) + _occurrence(dest, source)),
+                               return_inverse=True)  # round key order: (shift, j)
         slab = np.zeros((len(tables), rounds.size), np.int64)
-        np.maximum.at(slab, (slice(None), at), np.concatenate(slabs, axis=1))
+        np.maximum.at(slab, (slice(None), at), np.stack(sizes)[slot, :, dest].T)
+        src_c, dst_c = device_coords(mesh, source), device_coords(mesh, dest)
         varying = np.zeros((len(mesh.names), rounds.size), bool)
-        np.logical_or.at(varying, (slice(None), at), np.concatenate(differs, axis=1))
+        np.logical_or.at(varying, (slice(None), at), np.stack([src_c[m] != dst_c[m] for m in mesh.names]))
         return tuple((tuple(int(v) for v in slab[:, r]), tuple(m for m, on in zip(mesh.names, varying[:, r]) if on))
                      for r in range(rounds.size))
 

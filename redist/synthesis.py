@@ -80,7 +80,11 @@ states in all, counted in both directions, fewer for ranks above 8 (a state is a
 ``_MAX_EXACT_STATES`` (15,000) where no pending sum is reduced (the fallback's exchange then receives the
 lower bound, and a search can only tie with it), and twice that with a topology: its own searches by modeled
 time get a second budget, and stop once every plan left costs more, in their modeled time, than the faster
-of the fewest-bytes plan and the exchange by :func:`redist.cost.plan_time`. A search over sub-axes also
+of the fewest-bytes plan and the exchange by :func:`redist.cost.plan_time` (of those of them that are cheap
+to price, :func:`redist.cost.cheap_to_price`: an exchange in which every device receives from thousands of
+others runs thousands of rounds, and listing them would take longer than the search); the candidates are
+then compared by :func:`redist.cost.fastest`, which prices exactly only those whose lower bound may win. A
+search over sub-axes also
 stops after ``_MAX_REFINED_EXPANSIONS`` expansions, except when the search over whole axes found no plan by
 bytes and the pair reduces (the fallback then misses the bound). The budget counts states, not seconds, so
 that every MPI rank, synthesizing on its own, gets the same plan. It bounds the searches of a call to about
@@ -184,8 +188,8 @@ def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
     bytes (then has the fewest steps) that the search finds within its budget. With ``topology`` (a
     :class:`redist.cost.Topology` or a preset name of :mod:`redist.cost`, laid over the source's mesh) the
     candidates (the fewest-bytes plans and the plans found by searching on modeled time, over whole axes
-    and over sub-axes) are priced with :func:`redist.cost.plan_time` and the fastest is returned (ties:
-    fewer bytes, then fewer steps).
+    and over sub-axes) are compared by :func:`redist.cost.plan_time` and the fastest is returned (ties:
+    fewer bytes, then fewer steps; :func:`redist.cost.fastest`).
 
     The types may lie on two device orders of the same mesh axes ("Device orders" in the module header). A
     destination partial over axes the source is not (creating pending sums) gets the plan of
@@ -212,16 +216,20 @@ def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
     else:
         fewest = _fewest_bytes(core_src, core_dst)
         exchange = [_fallback(core_src, core_dst)] if set(core_src.partial) == set(core_dst.partial) else []
-        timed = {id(p): cost.plan_time(p, topo) for p in [fewest, *exchange]}
+        exchange = [p for p in exchange if p.steps != fewest.steps]
+        times: dict = {}  # the searches stop where they cannot beat a candidate priced cheaply (no cutoff if none)
+        cheap = [p for p in [fewest, *exchange] if cost.cheap_to_price(p)]
+        cutoff = cost.fastest(cheap, topo, times)[1] if cheap else None
         searched, states = [], _state_budget(core_src)
         for refine in (False, True):  # searches by modeled time, stopped where they cannot beat a candidate
-            found = _search(core_src, core_dst, refine, topo, states, cutoff=min(timed.values()),
+            found = _search(core_src, core_dst, refine, topo, states, cutoff=cutoff,
                             max_expansions=_MAX_REFINED_EXPANSIONS if refine else None)
             states -= found.states
             if found.plan is not None:
                 searched.append(found.plan)
-                timed[id(found.plan)] = cost.plan_time(found.plan, topo)
-        core = min([fewest, *searched, *exchange], key=lambda p: (timed[id(p)], p.bytes_received, len(p.steps)))
+                t = times.setdefault(id(found.plan), cost.plan_time(found.plan, topo))
+                cutoff = t if cutoff is None else min(cutoff, t)
+        core, _ = cost.fastest([fewest, *searched, *exchange], topo, times)
     return _with_unit_axes(src, dst, core)
 
 
@@ -324,8 +332,7 @@ def _cheapest(candidates, topology, mesh: Mesh) -> Plan:
     if topology is None:
         return min(candidates, key=lambda p: (p.bytes_received, len(p.steps)))
 
-    topo = cost.as_topology(topology, mesh)
-    return min(candidates, key=lambda p: (cost.plan_time(p, topo), p.bytes_received, len(p.steps)))
+    return cost.fastest(candidates, cost.as_topology(topology, mesh))[0]
 
 
 def _synthesize_uneven(src: ShardingType, dst: ShardingType, topology) -> Plan:

@@ -179,3 +179,37 @@ def test_exchange_round_stats_are_those_of_its_rounds(pair):
     want = tuple((tuple(max(c.size[i] for _, _, c in moves) for i in range(src.rank)),
                   m.varying_axes((s, d) for s, d, _ in moves)) for _, moves in ins.rounds(m))
     assert ins.round_stats(m) == want
+
+
+@given(type_pairs(max_rank=3, sub_axes=0.3, uneven=True))
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_an_exchange_is_priced_no_lower_than_its_lower_bound(pair):
+    """Exchange.remote_copies counts, per dim, the copies a device gets from others (what listing them gives),
+    and cost.exchange_time_lower_bound, built on it, never exceeds the time of the rounds it runs."""
+    src, dst = pair
+    src = src.replace(partial=dst.partial)
+    step = S.Exchange(dst.dims)
+    (ins,) = P.lower_step(step, src)
+    m = src.mesh
+    for d in range(m.size):
+        want = sum(1 for c in ins.copies(m, d) if c.source != d and math.prod(c.size))
+        assert ins.remote_copies(m, d) == want
+    for preset in ("2x8-nodes", "tpu-v4"):
+        topo = cost.topology(preset, m)
+        assert cost.exchange_time_lower_bound(step, src, topo) <= cost.exchange_time(step, src, topo) * (1 + 1e-12)
+
+
+@given(type_pairs(max_rank=3, sub_axes=0.3))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_the_fastest_candidate_is_the_one_with_the_least_time(pair):
+    """cost.fastest prices only the candidates whose lower bound may beat the best, and returns what pricing
+    all of them would: the least (time, bytes, steps), the first of equals."""
+    src, dst = pair
+    if src.partial != dst.partial:
+        return
+    topo = cost.topology("2x8-nodes", src.mesh)
+    candidates = [synthesize(src, dst), Plan.from_steps(src, [S.Exchange(dst.dims)]), synthesize(src, dst, topo)]
+    want = min(range(3), key=lambda i: (cost.plan_time(candidates[i], topo), candidates[i].bytes_received,
+                                        len(candidates[i].steps), i))
+    got, seconds = cost.fastest(candidates, topo)
+    assert got is candidates[want] and seconds == cost.plan_time(got, topo)

@@ -133,3 +133,24 @@ def test_gathers_of_size_one_axes_do_not_hide_a_latency():
     collectives = redist.Plan.from_steps(src, (S.AllGather(1, ("a0",)), S.AllToAll(0, 1, ("a1",)), S.Permute(dst.dims)))
     assert collectives.dst == dst
     assert cost.plan_time(synthesize(src, dst, topology=topo), topo) <= cost.plan_time(collectives, topo)
+
+
+@pytest.mark.parametrize("a, b", [
+    ("f32[4096{y,x}]", "f32[4096]"),  # 154 s: the exchange candidate (4,095 rounds) was listed to be priced
+    ("f32[4096{y,x}, 2, 1, 16]", "f32[4096, 2{y:(1)2}, 1, 16{y:(16)2,y:(2)8}]"),  # 313 s: the plan without a
+])                                                                                # topology is that exchange
+def test_exchanges_of_thousands_of_rounds_are_not_listed_to_be_priced(monkeypatch, a, b):
+    """With a topology on 64x64, an exchange in which every device receives from thousands of others is priced
+    round by round only where its lower bound says it may be the fastest (cost.fastest); the collectives'
+    plans beat it here, so it never is, and the plan returned is at least as fast as its lower bound."""
+    mesh = Mesh({"x": 64, "y": 64})
+    src, dst = ShardingType.parse(a, mesh), ShardingType.parse(b, mesh)
+    listed = []
+    exchange_time = cost.exchange_time
+    monkeypatch.setattr(cost, "exchange_time", lambda step, t, topo: listed.append(step) or exchange_time(step, t, topo))
+    topo = cost.topology("tpu-v4", mesh)
+    plan = synthesize(src, dst, topology=topo)
+    assert plan.dst == dst and plan.peak_bytes <= max(src.local_bytes, dst.local_bytes)
+    assert not listed
+    exchange = S.Exchange(dst.dims)
+    assert cost.plan_time(plan, topo) <= cost.exchange_time_lower_bound(exchange, src, topo)
