@@ -6,7 +6,8 @@ Method. Groups of pairs, each group in a fresh Python process (so that its peak 
   :data:`MESHES` (8, 64, 105 = 3x5x7, 216 = 6x6x6, 512, 4,096, 8,192 and 65,536 devices, 8 to 16 axes of
   size 2 among them), ranks 1 to the mesh's ``max_rank`` (4, or 8 on the meshes of axes of size 2), sources
   partial over some axes (30%), sub-axes (30% of the splittable axes) and uneven dims (30% of the pairs);
-- named groups: each pair of :data:`NAMED` (the pairs issue 14 names) alone.
+- named groups: each pair of :data:`NAMED` (the pairs issue 14 names) alone, and each of
+  :data:`HARD_TO_VERIFY` (the plans the verifier found slowest, rarely drawn at random) alone.
 
 For each pair, every ``functools`` cache of ``redist`` is cleared, then each of these is timed with
 ``time.perf_counter``: ``synthesize``; ``lower_bound_bytes``; ``bytes_received`` of a fresh
@@ -99,6 +100,18 @@ NAMED = {  # label: (mesh, src, dst)
     "x=4,y=8,z=8 {x,y}->{y,z}": ("x=4,y=8,z=8", "f32[64{x,y}]", "f32[64{y,z}]"),
 }
 
+# Plans that random groups rarely draw and that were the verifier's slowest found (each proved in more than
+# 30 s by an earlier verifier): exchanges with thousands of segments per block, and a group sum before one.
+HARD_TO_VERIFY = {  # label: (mesh, src, dst)
+    "verify: 2,048 segments per block": ("x=256,y=256", "f32[65536{y,x}, 128]",
+                                         "f32[65536{y:(2)32}, 128{x:(16)8,x:(4)4,x:(2)2,x:(1)2}]"),
+    "verify: uneven, sub-axes": ("x=256,y=256", "f32[76756{x:(4)32,x:(2)2,y:(4)32}, 2, 3{x:(128)2,y:(128)2}]",
+                                 "f32[76756{y,x}, 2, 3]"),
+    "verify: sum, then exchange": ("x=256,y=256",
+                                   "f32[74160{y:(1)4,y:(8)2,x:(16)16,x:(1)2,y:(4)2}] partial{x:(2)8}",
+                                   "f32[74160{x:(4)4,y:(2)2,y:(32)2,y:(1)2,x:(16)16,x:(1)2,y:(64)4,x:(2)2,y:(4)8}]"),
+}
+
 QUICK = ["2x2x2", "3x5x7", "4x4x4", "transpose 256x256"]
 
 
@@ -129,8 +142,8 @@ def _pairs(label: str, n: int, seed: int):
     import redist
     from redist.testing import SeededDraw, draw_pair
 
-    if label in NAMED:
-        mesh_text, a, b = NAMED[label]
+    if label in NAMED or label in HARD_TO_VERIFY:
+        mesh_text, a, b = {**NAMED, **HARD_TO_VERIFY}[label]
         mesh = redist.Mesh.parse(mesh_text)
         return [(redist.ShardingType.parse(a, mesh), redist.ShardingType.parse(b, mesh))]
     mesh_text, max_rank = MESHES[label]
@@ -193,7 +206,7 @@ def run_group(label: str, n: int, seed: int, pair_timeout_s: float, progress: bo
         if plan is not None:
             v = redist.verify(plan, timeout_s=VERIFY_TIMEOUT_S)
             row.update(verify_s=v.seconds, verify=v.status)
-    return {"label": label, "named": label in NAMED, "devices": pairs[0][0].mesh.size, "mesh": str(pairs[0][0].mesh),
+    return {"label": label, "named": label in NAMED or label in HARD_TO_VERIFY, "devices": pairs[0][0].mesh.size, "mesh": str(pairs[0][0].mesh),
             "rows": rows, "rss_mb": rss, "rss_verify_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
@@ -259,7 +272,7 @@ def targets(summaries: list[dict]) -> list[tuple[str, str, bool]]:
         out.append(("bytes/bound at 4,096+ devices no worse than on 8 (pairs without sums to reduce: max)",
                     f"{large:.2f} at scale, {small:.2f} on 8 devices", large <= small))
     for s in summaries:
-        if s["named"]:
+        if s["label"] in NAMED:
             limit = 2.0 if s["label"] == "rank 8 on 16 axes" else 1.0
             got = s["plan_and_lower_max_s"]
             out.append((f"{s['label']}: synthesis + lowering <= {limit:g} s",
@@ -320,7 +333,7 @@ def main(argv=None) -> int:
     else:
         from tqdm import tqdm
 
-        labels = list(MESHES) + list(NAMED)
+        labels = list(MESHES) + list(NAMED) + list(HARD_TO_VERIFY)
         groups = [_in_subprocess(label, args.pairs, args.seed, args.pair_timeout)
                   for label in tqdm(labels, desc="groups")]
     summaries = [summarize(g) for g in groups]

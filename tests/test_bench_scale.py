@@ -23,7 +23,7 @@ def test_quick_run_writes_figures_and_meets_the_targets_it_checks(tmp_path, caps
 
 
 def test_named_pairs_parse_and_random_groups_draw_pairs_of_rank_1_or_more():
-    for label in scale.NAMED:
+    for label in [*scale.NAMED, *scale.HARD_TO_VERIFY]:
         ((src, dst),) = scale._pairs(label, 1, 0)
         assert src.shape == dst.shape and src.mesh == dst.mesh
     for label in ("2^16", "3x5x7"):
