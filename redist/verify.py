@@ -52,7 +52,8 @@ permute's sources, an exchange's copies) name device ids, read through the progr
   ``axes``; slot r: the block's r-th run of segments that tile an interval with one size and affine source
   blocks and starts, :func:`_segment_runs`; each field a table over the block, :meth:`_Walk.table`): the
   one whose interval holds the index gives, through one bounded quotient (the segment within the run), the
-  source index and the source's block over the dim's ``source_axes``; the source device is d with its rank
+  source index and the source's block over the dim's ``source_axes`` (a block without an r-th run has count
+  0 there, and its other fields, never read, repeat a neighbour's, so that they break no run or period); the source device is d with its rank
   over each dim's source axes set to those blocks. An index no segment of some dim covers is *unwritten*
   (the walk records that it must not be). The terms grow with the runs and with the pieces of their tables
   (runs of blocks on which a field is affine, or periods that repeat shifted: a few for blocks of equal
@@ -84,6 +85,13 @@ source element (summand), or no data, a zero. Queries (``unsat`` = proved):
    group that no contributor (each concrete choice of members, one walk each) takes. ``unsat`` proves the
    group is covered. (A program that covers some other group but not the witness's is refuted; every
    reduction of a synthesized plan covers all groups alike.)
+
+   Where the claim has no partial group of more than one device, every contributor starts at the one base
+   element, and the instructions after the program's last reduction move it as one value whatever the
+   members are: that part is walked once and shared (:class:`_Base`), and each contributor walks only from
+   the last reduction back. The queries then hold one copy of an exchange or permute that follows the
+   reductions, not one per contributor for Z3 to prove equal (an all-reduce before an exchange of 37,336
+   segments on 65,536 devices: the summation query was undecided after 240 s, and takes 0.02 s).
 
 *Creating* pending sums (SPEC 3: the destination may be partial over axes the source is not; the program
 then holds zeros where a summand lacks data: ``KeepRoot``, ``EmbedChunk``, an exchange or a padded chunk
