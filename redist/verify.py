@@ -1741,8 +1741,8 @@ def _base_position(program, digits: _Digits, dst, dst_local, deadline: _Deadline
     ranges.append(meaning[4])  # data positions only
     if _ksize(meaning[3]) > 1:
         return _Base(c, idx, ranges, None)
-    below = 1 + max((t for t, ins in enumerate(program.instructions) if isinstance(ins, (P.ReduceScatter, P.AllReduce))),
-                    default=-1)
+    reductions = [t for t, ins in enumerate(program.instructions) if isinstance(ins, (P.ReduceScatter, P.AllReduce))]
+    below = reductions[-1] + 1 if reductions else 0
     w = _Walk(program, digits, "tail", deadline)
     c_fork = w.reorder(c, _device_order(program.dst_mesh), w.ids, "claim")
     c_fork, idx_fork = w.run(c_fork, idx, stop=below)
