@@ -536,7 +536,7 @@ def _brief(ins) -> str:
 
 
 def _is_int(x) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+    return type(x) is int or (isinstance(x, numbers.Integral) and not isinstance(x, bool))  # int: the fast path
 
 
 def _is_tokens(x) -> bool:
