@@ -64,9 +64,9 @@ CASES = ("slab", "pencil", "gather", "gather_inner", "pending_sum", "uneven")
 
 
 # ---------------------------------------------------------------------------------------------- cases
-def case_types(name: str, n: int, mib: int) -> tuple[str, str, str]:
+def case_types(name: str, n: int, mib: float) -> tuple[str, str, str]:
     """``(mesh, src, dst)`` texts of case ``name`` on ``n`` ranks with ``mib`` MiB local buffers (f32)."""
-    e = mib * 2**20 // 4
+    e = int(mib * 2**20) // 4
     m = 4096
     if name == "slab":
         return f"x={n}", f"f32[{e // m * n}{{x}}, {m}]", f"f32[{e // m * n}, {m}{{x}}]"

@@ -39,8 +39,10 @@ Contracts:
   :mod:`redist.backends.mpi_backend`.
 - A failure on one rank in the middle of a plan (an exception, not an agreement error) leaves the other
   ranks blocked in a collective: wrap SPMD code in :func:`abort_on_error` so that such a rank aborts the job.
-- Reductions (sum, max, min, prod) use MPI's reduction order, so floating-point results can differ from the
-  numpy backend in the last bits; integer-valued data and integer dtypes agree exactly.
+- Reductions (sum, max, min, prod) of a pending sum scattered evenly over its group are computed by numpy in
+  group order, as the numpy backend computes them; the others (an all-reduce, an uneven scatter) use MPI's
+  reduction order, so floating-point results can differ from the numpy backend in the last bits;
+  integer-valued data and integer dtypes agree exactly.
 
 :func:`reshard` agrees on the arguments, plans (:func:`redist.synthesize`, once per agreed combination) and
 runs the plan's program with the MPI interpreter, :mod:`redist.backends.mpi_backend`, whose

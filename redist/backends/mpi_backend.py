@@ -11,12 +11,12 @@ and :func:`run_program`, here and re-exported there):
   all-to-all comes lowered to that form (:class:`redist.program.AllToAll`) and runs out of place, straight
   from the packed (or the caller's) buffer into the next one (MPICH's in-place ``Alltoall`` measured 1.4-3.7x
   slower at 16-64 MiB per rank, -n 2 and 4).
-- Memory: at most two buffers of at most ``max(src.local_bytes, dst.local_bytes)`` are alive at once besides
-  the caller's input (never written to). One of them may be the rank's *scratch* buffer, kept between calls
+- Memory: buffers of at most ``2 · max(src.local_bytes, dst.local_bytes)`` bytes in all are alive at once
+  besides the caller's input (never written to). One of them may be the rank's *scratch* buffer, kept between calls
   so that a packing copy does not pay for fresh pages on every call (a copy into a fresh buffer of 64-256
   MiB measured 1.8-2.6x slower here than into a reused one): in a program of one data-moving instruction
   (besides reshapes) that instruction's temporary lives there (the gathered rows of an ``AllGather`` along
-  an inner dim, the packed chunks of a ``ReduceScatter``), in a program of two the first one's result (the
+  an inner dim, the received chunks of a ``ReduceScatter``), in a program of two the first one's result (the
   packed chunks of a slab transpose, the received rows of a pencil transpose) when the second needs no
   temporary. The
   scratch buffer only grows (to the largest such buffer so far: after a larger reshard it stays larger than
@@ -30,7 +30,9 @@ and :func:`run_program`, here and re-exported there):
   (:func:`redist.mpi.reshard`), the first one is posted, then the verdict waited for (both progress
   together), then the data. A verdict against the call raises :class:`Disagreement`, leaving the unfinished
   request, and the buffers it holds, alive.
-- Reductions (``ReduceScatter``, ``AllReduce``) use MPI's reduction order, so floating-point results can
+- A ``ReduceScatter`` whose group size divides its dim moves the chunks with ``Alltoallv`` and reduces them
+  with numpy, in group order: its results are the numpy backend's, bit for bit. The other reductions (an
+  ``AllReduce``, an uneven ``ReduceScatter``) use MPI's reduction order, so floating-point results can
   differ from the numpy backend in the last bits; integer-valued data and integer dtypes agree exactly. Sums
   and products run as MPI's ``SUM`` and ``PROD`` (complex dtypes included), maxima and minima of integers as
   ``MAX`` and ``MIN``; of ``bool``, sum and max as ``LOR``, min and prod as ``LAND``. Maxima and minima of
@@ -307,10 +309,7 @@ def _needs_temp(program: P.Program, t: int) -> bool:
         return True
     if isinstance(ins, P.AllGather):
         return math.prod(shape[: ins.dim]) > 1
-    if isinstance(ins, P.ReduceScatter):
-        k = program.mesh.group_size(ins.axes)
-        return math.prod(shape[: ins.dim]) > 1 or shape[ins.dim] % k != 0
-    return False
+    return isinstance(ins, P.ReduceScatter)  # the received chunks
 
 
 def _raw(a: np.ndarray) -> np.ndarray:
@@ -345,6 +344,19 @@ def _reduce_op(dtype: np.dtype, reduction: str):
         element = MPI.BYTE.Create_contiguous(dtype.itemsize).Commit()
         _USER_OPS[key] = (element, MPI.Op.Create(apply, commute=True))
     return _USER_OPS[key]
+
+
+def _reduce_rows(rows, reduction: str, out: np.ndarray) -> None:
+    """``out`` = the reduction of the equal-shaped ``rows``, in their order, in their dtype (as numpy's backend
+    reduces: one elementwise ufunc pass per further row)."""
+    op = REDUCERS[reduction]
+    with np.errstate(invalid="ignore"):  # ml_dtypes warns on NaN in a max or min, which propagates it, as wanted
+        if len(rows) == 1:
+            np.copyto(out, rows[0])
+        else:
+            op(rows[0], rows[1], out=out)
+        for row in rows[2:]:
+            op(out, row, out=out)
 
 
 def _reduce_spec(a: np.ndarray, element):
@@ -447,24 +459,35 @@ class MpiBackend(interpreter.Backend):
         return _Buffer(out, not scratch, scratch)
 
     def reduce_scatter(self, ins: P.ReduceScatter, buf):
-        """``Reduce_scatter_block`` (by the instruction's reduction) after bringing the ``k`` chunks along
-        ``dim`` to the front (a copy into a temporary unless the dims before ``dim`` hold one element; an
-        owned input is dropped as soon as the copy exists). Where ``k`` does not divide the dim:
+        """Group member ``j`` gets chunk ``j`` along ``dim`` of every member's buffer in one ``Alltoallv`` (no
+        message to itself) and reduces the ``k`` chunks it then holds with numpy, in group order, straight into
+        its result: the reduction numpy's backend computes, bit for bit. (MPICH's ``Reduce_scatter_block``
+        measured 1.1-3x slower here, 16-64 MiB per rank at -n 2 and 4: it reduces through a temporary it
+        allocates per call, where the received chunks land in the scratch buffer.) The chunks go from the input
+        itself where the dims before ``dim`` hold one element, else from a copy that brings them to the front (an
+        owned input is dropped as soon as it exists). Where ``k`` does not divide the dim:
         :meth:`_reduce_scatter_counts`."""
         if buf.x.shape[ins.dim] % self.ch.mesh.group_size(ins.axes):
             return self._reduce_scatter_counts(ins, buf)
         x = buf.take()
         sub, k = self.ch.group(ins.axes)
+        me = sub.Get_rank()
         out_shape = x.shape[: ins.dim] + (x.shape[ins.dim] // k,) + x.shape[ins.dim + 1:]
-        pre = math.prod(x.shape[: ins.dim])
-        send = x
+        pre, chunk = math.prod(x.shape[: ins.dim]), x.size // k
+        send = x.reshape(k, chunk)
         if pre > 1:
-            send, _ = self._array(ins, "temp", (k, pre, x.size // (pre * k)), x.dtype)
-            np.copyto(send, x.reshape(pre, k, -1).swapaxes(0, 1))
+            send, _ = self._array(ins, "temp", (k, chunk), x.dtype)
+            np.copyto(send.reshape(k, pre, -1), x.reshape(pre, k, -1).swapaxes(0, 1))
         del x
+        got, _ = self._array(ins, "temp", (k - 1, chunk), send.dtype)
+        nbytes = chunk * send.dtype.itemsize
+        counts = [0 if j == me else nbytes for j in range(k)]
+        recv_at = [(j - (j > me)) * nbytes for j in range(k)]
+        self._complete(sub.Ialltoallv([_raw(send), (counts, [j * nbytes for j in range(k)]), MPI.BYTE],
+                                      [_raw(got), (counts, recv_at), MPI.BYTE]))
+        rows = [send[me] if j == me else got[j - (j > me)] for j in range(k)]
         out, scratch = self._array(ins, "result", out_shape, send.dtype)
-        element, op = _reduce_op(send.dtype, ins.reduction)
-        self._complete(sub.Ireduce_scatter_block(_reduce_spec(send, element), _reduce_spec(out, element), op))
+        _reduce_rows(rows, ins.reduction, out.reshape(-1))
         return _Buffer(out, not scratch, scratch)
 
     def _reduce_scatter_counts(self, ins: P.ReduceScatter, buf):
