@@ -40,11 +40,11 @@ every contender and ``--repeats`` rounds (times ``64 // S`` below 64 MiB), the c
 order; each call is ``Barrier``, time, call, and the round's time of a contender is the maximum over ranks.
 Reported: the minimum over rounds (and the median), and per contender the median over rounds of its time
 divided by ``hand``'s in the same round (``paired``: the two ran moments apart under the same load, so this
-ratio is steadier than the ratio of minima on a shared machine, where one quiet round decides a minimum). ``redist``, ``program``, ``hand`` and ``gather_slice``
-results are checked exactly against the destination block of the global array (entries are the flat index
-mod 65521, exact in f32; a partial source's summands are the array on the ranks at partial coordinate 0 and
-zeros elsewhere); the replay moves placeholder data and is not checked. The load average is recorded before
-and after each job.
+ratio is steadier than the ratio of minima on a shared machine, where one quiet round decides a minimum).
+``redist``, ``program``, ``hand`` and ``gather_slice`` results are checked exactly against the destination
+block of the global array (entries are the flat index mod 65521, exact in f32; a partial source's summands
+are the array on the ranks at partial coordinate 0 and zeros elsewhere); the replay moves placeholder data and
+is not checked. The load average is recorded before and after each job.
 """
 
 from __future__ import annotations
@@ -185,7 +185,8 @@ def print_table(rows: list[dict]) -> None:
         cell = lambda k: f"{t[k] * 1e3:9.2f}" if k in t else f"{'-':>9}"  # noqa: E731
         rx = f"{t['redist'] / t['xla']:7.2f}" if "xla" in t else f"{'-':>7}"
         print(f"{r['ranks']:>2} {r['mib']:>4} {r['name']:<13}{t['redist'] * 1e3:10.2f}{cell('program')}{cell('hand')}"
-              f"{cell('xla')}{cell('gather_slice')}{t['redist'] / t['hand']:8.2f}{r['paired_over_hand']['redist']:7.2f}{rx}"
+              f"{cell('xla')}{cell('gather_slice')}{t['redist'] / t['hand']:8.2f}"
+              f"{r['paired_over_hand']['redist']:7.2f}{rx}"
               f"{r['first_call_extra_s'] * 1e3:8.1f}  {r['load_before'][0]:.1f}")
 
 

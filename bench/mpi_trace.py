@@ -12,6 +12,9 @@ rotating order (A/B alternation), each call as ``Barrier``; time; call; time is 
   before the blocking collective (these isolate what redist's way of posting costs);
 - ``redist``: ``redist.mpi.reshard`` (agreed combination: the verdict travels while the plan runs);
 - ``program``: ``redist.mpi.run_program`` (no agreement);
+- ``collectives``: ``reshard`` with the transport of commit 7f5d3ea (before issue 16's third round): MPI's
+  ``Iallgather``, ``Ialltoall`` and ``Ireduce_scatter_block`` where redist now posts point-to-point transfers
+  and reduces with numpy (:class:`CollectiveBackend`), for a before/after comparison in one run;
 - ``phases``: the steps of ``reshard`` one after the other, each timed on this rank (plan lookup, input
   validation, verdict start, then per instruction of the program its buffer allocation and packing, its
   collective (post to completion) and its unpacking, then the result's hand-over), summed over rounds.
@@ -25,6 +28,7 @@ median of each phase (max over ranks). Not part of
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -70,7 +74,9 @@ class Posting:
             return first
 
         def post(*args, **kwargs):
-            verdict = self.votes_comm.Iallreduce(MPI.IN_PLACE, self.votes, op=MPI.MAX) if self.mode == "verdict" else None
+            verdict = None
+            if self.mode == "verdict":
+                verdict = self.votes_comm.Iallreduce(MPI.IN_PLACE, self.votes, op=MPI.MAX)
             request = getattr(self.comm, self.NONBLOCKING[name])(*args, **kwargs)
             if verdict is not None:
                 verdict.Wait()
@@ -120,6 +126,68 @@ class TimedBackend(B.MpiBackend):
         return timed
 
 
+class CollectiveBackend(B.MpiBackend):
+    """The MPI backend with the data movement of commit 7f5d3ea for ``AllGather``, ``AllToAll`` and an even
+    ``ReduceScatter``: one nonblocking MPI collective each."""
+
+    def _collective(self, request) -> None:
+        if self.verdict is not None:
+            self.settle([request])
+        request.Wait()
+
+    def all_gather(self, ins, buf):
+        x = buf.take()
+        sub, k = self.ch.group(ins.axes)
+        shape = x.shape[: ins.dim] + (k * x.shape[ins.dim],) + x.shape[ins.dim + 1:]
+        if math.prod(x.shape[: ins.dim]) == 1:
+            out, scratch = self._array(ins, "result", shape, x.dtype)
+            self._collective(sub.Iallgather([B._raw(x), MPI.BYTE], [B._raw(out), MPI.BYTE]))
+            return B._Buffer(out, not scratch, scratch)
+        got, _ = self._array(ins, "temp", (k,) + x.shape, x.dtype)
+        self._collective(sub.Iallgather([B._raw(x), MPI.BYTE], [B._raw(got), MPI.BYTE]))
+        del x
+        out, scratch = self._array(ins, "result", shape, got.dtype)
+        np.copyto(out.reshape(got.shape[1: ins.dim + 1] + (k,) + got.shape[ins.dim + 1:]),
+                  np.moveaxis(got, 0, ins.dim))
+        return B._Buffer(out, not scratch, scratch)
+
+    def all_to_all(self, ins, buf):
+        x = buf.take()
+        sub, _ = self.ch.group(ins.axes)
+        out, scratch = self._array(ins, "result", x.shape, x.dtype)
+        self._collective(sub.Ialltoall([B._raw(x), MPI.BYTE], [B._raw(out), MPI.BYTE]))
+        return B._Buffer(out, not scratch, scratch)
+
+    def reduce_scatter(self, ins, buf):
+        if buf.x.shape[ins.dim] % self.ch.mesh.group_size(ins.axes):
+            return self._reduce_scatter_counts(ins, buf)
+        x = buf.take()
+        sub, k = self.ch.group(ins.axes)
+        out_shape = x.shape[: ins.dim] + (x.shape[ins.dim] // k,) + x.shape[ins.dim + 1:]
+        pre = math.prod(x.shape[: ins.dim])
+        send = x
+        if pre > 1:
+            send, _ = self._array(ins, "temp", (k, pre, x.size // (pre * k)), x.dtype)
+            np.copyto(send, x.reshape(pre, k, -1).swapaxes(0, 1))
+        del x
+        out, scratch = self._array(ins, "result", out_shape, send.dtype)
+        element, op = B._reduce_op(send.dtype, ins.reduction)
+        self._collective(sub.Ireduce_scatter_block(B._reduce_spec(send, element), B._reduce_spec(out, element), op))
+        return B._Buffer(out, not scratch, scratch)
+
+
+def with_collectives(local, src, dst) -> np.ndarray:
+    """``reshard`` on an agreed combination as :func:`redist.mpi.reshard` runs it, on :class:`CollectiveBackend`."""
+    ctx = B.context(COMM)
+    digest, channel, program = ctx.agreed[(src, dst)]
+    x, problem = M._local(local, src)
+    verdict, _ = M._verdict(ctx, digest, False, bool(problem))
+    backend = CollectiveBackend(ctx, channel, B._scratch_use(program), verdict)
+    buf = interpreter.run(program, backend, B._Buffer(x, B._owned(x, local)))
+    backend.settle([])
+    return buf.take() if buf.owned else buf.take().copy()
+
+
 def phased(local, src, dst, phases: dict) -> np.ndarray:
     """``reshard`` on an agreed combination, step by step (the same calls as :func:`redist.mpi.reshard`)."""
     t = time.perf_counter()
@@ -159,6 +227,7 @@ def trace(name: str, mib: int, repeats: int, contenders) -> None:
            "hand_first": with_mode("first", hand),
            "redist": lambda: redist.mpi.reshard(local, src, dst),
            "program": lambda: redist.mpi.run_program(plan.program, local),
+           "collectives": lambda: with_collectives(local, src, dst),
            "phases": lambda: phased(local, src, dst, phases)}
     fns = {k: f for k, f in fns.items() if k == "hand" or k in contenders}
     expect = fns["hand"]()
@@ -178,12 +247,13 @@ def trace(name: str, mib: int, repeats: int, contenders) -> None:
                     per_phase.setdefault(p, []).append(COMM.allreduce(v, op=MPI.MAX))
     if RANK == 0:
         hand = min(times["hand"])
-        print(f"\n{name} {mib} MiB -n {COMM.Get_size()}  steps {[type(i).__name__ for i in plan.program.instructions]}"
-              f"  load {os.getloadavg()[0]:.1f}")
+        steps = [type(i).__name__ for i in plan.program.instructions]
+        print(f"\n{name} {mib} MiB -n {COMM.Get_size()}  steps {steps}  load {os.getloadavg()[0]:.1f}")
         for k, v in times.items():
             paired = quartiles([t / h for t, h in zip(v, times["hand"])])
-            print(f"  {k:<12} min {min(v) * 1e3:8.2f} ms ({min(v) / hand:5.2f}x)  median {statistics.median(v) * 1e3:8.2f}"
-                  f" ms  per-round ratio to hand: median {paired[1]:5.2f} (quartiles {paired[0]:5.2f} {paired[2]:5.2f})")
+            print(f"  {k:<12} min {min(v) * 1e3:8.2f} ms ({min(v) / hand:5.2f}x)  median "
+                  f"{statistics.median(v) * 1e3:8.2f} ms  per-round ratio to hand: median {paired[1]:5.2f} "
+                  f"(quartiles {paired[0]:5.2f} {paired[2]:5.2f})")
         for p, v in per_phase.items():
             print(f"    {p:<28} median {statistics.median(v) * 1e3:8.3f} ms  min {min(v) * 1e3:8.3f} ms")
         sys.stdout.flush()
@@ -195,7 +265,7 @@ def main() -> None:
     ap.add_argument("--mib", type=float, nargs="+", default=[16, 64])
     ap.add_argument("--repeats", type=int, default=40)
     ap.add_argument("--contenders", nargs="+", default=["hand_nb", "hand_verdict", "hand_first", "redist", "program",
-                                                         "phases"])
+                                                         "collectives", "phases"])
     args = ap.parse_args()
     with redist.mpi.abort_on_error():
         for mib in args.mib:
