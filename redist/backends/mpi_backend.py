@@ -17,15 +17,14 @@ and :func:`run_program`, here and re-exported there):
   (``Alltoallv`` for an ``Exchange``, ``Allreduce``, ``Reduce_scatter``) or one ``Sendrecv`` (a permute).
 - Memory: buffers of at most ``2 · max(src.local_bytes, dst.local_bytes)`` bytes in all are alive at once
   besides the caller's input (never written to). One of them may be the rank's *scratch* buffer, kept
-  between calls so that a packing copy does not pay for fresh pages on every call (a copy into a fresh buffer of 64-256
-  MiB measured 1.8-2.6x slower here than into a reused one): in a program of one data-moving instruction
-  (besides reshapes) that instruction's temporary lives there (the gathered rows of an ``AllGather`` along
-  an inner dim, the received chunks of a ``ReduceScatter``), in a program of two the first one's result (the
-  packed chunks of a slab transpose, the received rows of a pencil transpose) when the second needs no
-  temporary. The
-  scratch buffer only grows (to the largest such buffer so far: after a larger reshard it stays larger than
-  a smaller one needs) and is never returned: the result is always a fresh array. :func:`held_bytes` tells
-  its size, :func:`clear_cache` frees it.
+  between calls so that a packing copy does not pay for fresh pages on every call (a copy into a fresh
+  buffer of 64-256 MiB measured 1.8-2.6x slower here than into a reused one): in a program of one
+  data-moving instruction (besides reshapes) that instruction's temporary lives there (the gathered rows of
+  an ``AllGather`` along an inner dim, the received chunks of a ``ReduceScatter``), in a program of two the
+  first one's result (the packed chunks of a slab transpose, the received rows of a pencil transpose) when
+  the second needs no temporary. The scratch buffer only grows (to the largest such buffer so far: after a
+  larger reshard it stays larger than a smaller one needs) and is never returned: the result is always a
+  fresh array. :func:`held_bytes` tells its size, :func:`clear_cache` frees it.
 - Transfers run on a :class:`Channel`: a private duplicate of ``comm`` and sub-communicators split from
   it, one per (mesh, axes) group. :func:`run_program` uses the communicator's default channel;
   :func:`redist.mpi.reshard` gives each agreed argument combination a channel of its own, its groups split
@@ -472,13 +471,13 @@ class MpiBackend(interpreter.Backend):
 
     def reduce_scatter(self, ins: P.ReduceScatter, buf):
         """Group member ``j`` gets chunk ``j`` along ``dim`` of every other member's buffer (:func:`_post_rows`)
-        and reduces the ``k`` chunks it then holds with numpy, in group order, straight into
-        its result: the reduction numpy's backend computes, bit for bit. (MPICH's ``Reduce_scatter_block``
-        measured 1.1-3x slower here, 16-64 MiB per rank at -n 2 and 4: it reduces through a temporary it
-        allocates per call, where the received chunks land in the scratch buffer.) The chunks go from the input
-        itself where the dims before ``dim`` hold one element, else from a copy that brings them to the front (an
-        owned input is dropped as soon as it exists). Where ``k`` does not divide the dim:
-        :meth:`_reduce_scatter_counts`."""
+        and reduces the ``k`` chunks it then holds with numpy, in group order, straight into its result: the
+        reduction numpy's backend computes, bit for bit. (MPICH's ``Reduce_scatter_block`` measured 1.1-4x
+        slower here, 16-256 MiB per rank at -n 2 and 4: it reduces through a temporary it allocates per call,
+        where the received chunks land in the scratch buffer.) The chunks go from the input itself where the
+        dims before ``dim`` hold one element, else from a copy that brings them to the front (an owned input is
+        dropped as soon as the copy exists). Where ``k`` does not divide the dim: :meth:`_reduce_scatter_counts`.
+        """
         if buf.x.shape[ins.dim] % self.ch.mesh.group_size(ins.axes):
             return self._reduce_scatter_counts(ins, buf)
         x = buf.take()
@@ -612,8 +611,8 @@ class MpiBackend(interpreter.Backend):
 
 def _post_rows(sub, me: int, k: int, send, recv) -> list:
     """Post the transfers of a personalised exchange among the ``k`` members of ``sub`` (this rank is member
-    ``me``): a receive into ``recv(j)`` from, and a send of ``send(j)`` to, every other member ``j`` (C-contiguous
-    arrays), all at once, the members after ``me`` first; returns the requests. (MPICH's ``Ialltoall`` and
+    ``me``): a receive into ``recv(j)`` from, and a send of ``send(j)`` to, every other member ``j``
+    (C-contiguous arrays), all at once, the members after ``me`` first; returns the requests. (MPICH's ``Ialltoall`` and
     ``Iallgather`` pass the data in k - 1 dependent steps, each waiting for a peer to be scheduled: measured
     here, interleaved, at 16-64 MiB per rank, they took 1.2-1.8x as long as this at -n 4 and 2.8x at -n 8, and
     the same at -n 2. MPICH's own scattered all-to-all posts up to 32 transfers at once.) A caller does its
