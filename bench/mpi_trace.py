@@ -6,23 +6,23 @@ For each case of ``bench/mpi.py`` (``case_types``) and size, every rank runs the
 rotating order (A/B alternation), each call as ``Barrier``; time; call; time is the maximum over ranks:
 
 - ``hand``: the hand-written program of ``bench/mpi_worker.py``;
-- ``hand_nb``: the same with its collective nonblocking (``Iallgather`` ... then ``Wait``), as redist posts
-  them; ``hand_verdict``: that, after starting a 32-byte ``Iallreduce`` on another communicator and waiting
-  for it before the data, as redist's verdict does ``hand_first``: the verdict waited for
-  before the blocking collective (these isolate what redist's way of posting costs);
+- ``hand_nb``: the same with its collective nonblocking (``Iallgather`` ... then ``Wait``);
+  ``hand_verdict``: that, after starting a 32-byte ``Iallreduce`` on another communicator, waited for
+  before the data, as redist's verdict is; ``hand_first``: the verdict completed before the blocking
+  collective is called (these isolate what redist's way of posting costs);
 - ``redist``: ``redist.mpi.reshard`` (agreed combination: the verdict travels while the plan runs);
 - ``program``: ``redist.mpi.run_program`` (no agreement);
 - ``collectives``: ``reshard`` with the transport of commit 7f5d3ea (before issue 16's third round): MPI's
   ``Iallgather``, ``Ialltoall`` and ``Ireduce_scatter_block`` where redist now posts point-to-point transfers
   and reduces with numpy (:class:`CollectiveBackend`), for a before/after comparison in one run;
 - ``phases``: the steps of ``reshard`` one after the other, each timed on this rank (plan lookup, input
-  validation, verdict start, then per instruction of the program its buffer allocation and packing, its
-  collective (post to completion) and its unpacking, then the result's hand-over), summed over rounds.
+  validation, verdict start, then per instruction of the program the wait for its transfers and the rest of
+  it (allocation, packing, posting, unpacking), then the result's hand-over).
 
 Rank 0 prints per contender the min and median time, and the median and quartiles of its per-round ratio to
 ``hand`` (a paired comparison: the two ran within moments of each other, under the same load), and the
-median of each phase (max over ranks). Not part of
-``./dev bench``: a diagnostic for issue 16, run at the lowest load available (``uptime`` is printed).
+median of each phase (max over ranks). Not part of ``./dev bench``: a diagnostic for issue 16, to run at the
+lowest load available (the load average is printed with each case).
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ RANK = COMM.Get_rank()
 
 class Posting:
     """``COMM`` for the hand-written programs, whose data collectives run blocking (``mode`` "block"),
-    nonblocking ("nb"), or nonblocking after a verdict was started, waited for before the data ("verdict")."""
+    nonblocking ("nb"), nonblocking after a verdict was started, waited for before the data ("verdict"), or
+    blocking after a verdict completed ("first")."""
 
     NONBLOCKING = {"Allgather": "Iallgather", "Alltoall": "Ialltoall", "Alltoallv": "Ialltoallv",
                    "Reduce_scatter_block": "Ireduce_scatter_block"}
@@ -99,17 +100,18 @@ def with_mode(mode: str, fn):
 
 
 class TimedBackend(B.MpiBackend):
-    """The MPI backend with each instruction's collective (``_complete``) and the rest of its method timed."""
+    """The MPI backend with the wait for each instruction's transfers (``_complete``) and the rest of its method
+    timed."""
 
     def __init__(self, *args, phases: dict, **kwargs):
         super().__init__(*args, **kwargs)
         self.phases = phases
         self.step = None
 
-    def _complete(self, request) -> None:
+    def _complete(self, *requests) -> None:
         t0 = time.perf_counter()
-        super()._complete(request)
-        self.phases[f"{self.step} collective"] = time.perf_counter() - t0
+        super()._complete(*requests)
+        self.phases[f"{self.step} transfers"] = time.perf_counter() - t0
 
     def __getattribute__(self, name):
         method = super().__getattribute__(name)
@@ -121,7 +123,7 @@ class TimedBackend(B.MpiBackend):
             t0 = time.perf_counter()
             out = method(ins, buf)
             total = time.perf_counter() - t0
-            self.phases[f"{name} local"] = total - self.phases.get(f"{name} collective", 0.0)
+            self.phases[f"{name} local"] = total - self.phases.get(f"{name} transfers", 0.0)
             return out
         return timed
 
