@@ -168,9 +168,11 @@ def run_case(case: dict, repeats: int) -> dict:
         fns["xla"] = Replay(case["xla"], fresh_result=True)
     times = timed(fns, repeats * max(1, 64 // case["mib"]))  # small cases: more rounds, as cheap as 7 large
     best = {name: min(t) for name, t in times.items()}
+    paired = {name: statistics.median(a / b for a, b in zip(t, times["hand"])) for name, t in times.items()}
     return {**{k: case[k] for k in ("name", "ranks", "mib", "mesh", "src", "dst")},
             "steps": [type(i).__name__ for i in plan.program.instructions], "correct": correct,
             "min_s": best, "median_s": {name: statistics.median(t) for name, t in times.items()},
+            "paired_over_hand": paired,
             "first_call_s": first, "first_call_extra_s": first - best["redist"]}
 
 

@@ -22,15 +22,15 @@ Contracts:
   there and then). Every call starts a 32-byte verdict, a nonblocking ``Allreduce`` (``MAX``) of (digest,
   negated digest, "this rank needs the full agreement", "this rank's buffer is wrong"). A rank with an
   agreed combination and a good buffer does not wait for it: it runs the plan on the combination's channel
-  at once, its collectives nonblocking, and waits for the verdict only once its first collective is under
+  at once, its transfers nonblocking, and waits for the verdict only once its first transfers are under
   way (both progress together), before waiting for the data. Ranks that run different plans run them on
-  different channels, where no collective can be confused with another, and every rank waits for the
+  different channels, where no transfer can be confused with another, and every rank waits for the
   verdict, which always completes; a verdict against the call makes every rank drop what it
   was doing (the requests left behind, and their buffers, are kept alive, never reused) and forget every
   agreement, and then all run the full agreement, which raises naming the ranks (or, where some rank only
   asked for it, agrees and runs the plan). The agreed combinations are cached on ``comm`` (at most 64, each
   with its channel, oldest first out). The verdict costs no extra synchronisation on the way of the data:
-  it completes while the first collective moves.
+  it completes while the first transfers move.
 - The result is always a new array; the caller's buffer is never returned, aliased or written to. Extra
   memory per rank stays within ``2 · max(src.local_bytes, dst.local_bytes)``, counting the one scratch buffer
   a rank keeps between calls (its size: :func:`held_bytes`; it only grows, so after a larger reshard it
@@ -39,8 +39,10 @@ Contracts:
   :mod:`redist.backends.mpi_backend`.
 - A failure on one rank in the middle of a plan (an exception, not an agreement error) leaves the other
   ranks blocked in a collective: wrap SPMD code in :func:`abort_on_error` so that such a rank aborts the job.
-- Reductions (sum, max, min, prod) use MPI's reduction order, so floating-point results can differ from the
-  numpy backend in the last bits; integer-valued data and integer dtypes agree exactly.
+- Reductions (sum, max, min, prod) of a pending sum scattered evenly over its group are computed by numpy in
+  group order, as the numpy backend computes them; the others (an all-reduce, an uneven scatter) use MPI's
+  reduction order, so floating-point results can differ from the numpy backend in the last bits;
+  integer-valued data and integer dtypes agree exactly.
 
 :func:`reshard` agrees on the arguments, plans (:func:`redist.synthesize`, once per agreed combination) and
 runs the plan's program with the MPI interpreter, :mod:`redist.backends.mpi_backend`, whose

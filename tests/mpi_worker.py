@@ -12,6 +12,9 @@ tests/mpi_launch.py); each mode prints one summary line.
     agreement          the full argument agreement runs once per combination (when asked, and after a
                        disagreement), and mismatches between agreed combinations still raise on every rank:
                        ``agreement full=F expected=X errors=E all_raised=A correct=C of N``
+    exact_sums         pending sums of random fractional values scattered evenly, every reduction kind and float
+                       or complex dtype, must equal the numpy backend's bit for bit:
+                       ``exact sums cases=C equal=E``
     fresh              results are new arrays, lossless inputs are accepted:
                        ``fresh plans=P fresh=F lossless inputs=L accepted=A``
     memory             tracemalloc peak per reshard: ``memory cases=C within=W worst_ratio=R ...``
@@ -376,6 +379,37 @@ def mode_agreement() -> None:
         f"all_raised={raised} correct={int(correct)} of {len(results)}")
 
 
+def mode_exact_sums() -> None:
+    """Evenly scattered pending sums (a lone ``ReduceScatter``, along the leading dim or an inner one) of
+    random fractional values, NaN among them for max and min: the result must be the numpy backend's exactly
+    (both reduce in group order), not merely close."""
+    mesh = make_mesh((SIZE,))
+    rng = np.random.default_rng(5)
+    cases = equal = 0
+    for dtype in ("f32", "f64", "f16", "bf16", "c64"):
+        for reduction in REDUCTIONS:
+            if dtype == "c64" and reduction in ("max", "min"):
+                continue
+            for a, b in ((f"{dtype}[{8 * SIZE}, 24]", f"{dtype}[{8 * SIZE}{{x}}, 24]"),
+                         (f"{dtype}[3, {4 * SIZE}, 5]", f"{dtype}[3, {4 * SIZE}{{x}}, 5]")):
+                src = redist.ShardingType.parse(f"{a} partial({reduction}){{x}}", mesh)
+                dst = redist.ShardingType.parse(b, mesh)
+                plan = redist.synthesize(src, dst)
+                assert [type(i) for i in plan.program.instructions if not isinstance(i, P.Reshape)] == \
+                    [P.ReduceScatter], plan.program
+                values = rng.uniform(0.5, 1.5, (SIZE,) + src.local_shape)
+                if dtype == "c64":
+                    values = values + 1j * rng.uniform(0.5, 1.5, values.shape)
+                if reduction in ("max", "min"):
+                    values[rng.random(values.shape) < 0.05] = np.nan
+                shards = list(values.astype(src.np_dtype))
+                expected = redist.execute(plan, shards)[RANK]
+                out = redist.mpi.reshard(shards[RANK], src, dst, COMM)
+                cases += 1
+                equal += all_true(out.dtype == expected.dtype and np.array_equal(out, expected, equal_nan=True))
+    say(f"exact sums cases={cases} equal={equal}")
+
+
 def mode_fresh() -> None:
     """Results are new arrays: never ``local`` nor its memory, not on a rank whose buffer stays put (identity,
     permute-only, pad/unpad plans), not from ``run_program`` after a transpose that numpy makes as a view;
@@ -543,6 +577,8 @@ if __name__ == "__main__":
             mode_memory()
         elif mode == "fail":
             mode_fail()
+        elif mode == "exact_sums":
+            mode_exact_sums()
         elif mode == "fresh":
             mode_fresh()
         elif mode == "after_block":

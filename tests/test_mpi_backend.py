@@ -103,6 +103,15 @@ def test_agreement_runs_once_per_combination_and_mismatches_still_raise_everywhe
     assert "the local buffer on rank(s) [1] does not match" in proc.stdout
 
 
+@pytest.mark.parametrize("n", [3, 4])
+def test_even_pending_sums_equal_the_numpy_backend_bit_for_bit(n):
+    """A pending sum scattered evenly is reduced by numpy in group order, as the numpy backend reduces it:
+    fractional values (NaN among them for max and min) of every float and complex dtype agree exactly."""
+    proc, _ = mpirun(n, "exact_sums", timeout=120)
+    got = summary(proc, r"exact sums cases=(?P<cases>\d+) equal=(?P<equal>\d+)")
+    assert int(got["cases"]) == 36 and got["equal"] == got["cases"], proc.stdout
+
+
 def test_results_are_new_arrays_and_lossless_inputs_are_accepted():
     proc, _ = mpirun(4, "fresh", timeout=120)
     got = summary(proc, r"fresh plans=(?P<plans>\d+) fresh=(?P<fresh>\d+) lossless inputs=(?P<inputs>\d+) "

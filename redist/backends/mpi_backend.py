@@ -1,4 +1,4 @@
-"""The MPI interpreter: one rank's buffer, instructions as mpi4py collectives (one rank per device).
+"""The MPI interpreter: one rank's buffer, instructions as mpi4py transfers (one rank per device).
 
 Contracts (the entry points are :func:`redist.mpi.reshard`, which plans and agrees on the arguments first,
 and :func:`run_program`, here and re-exported there):
@@ -6,31 +6,36 @@ and :func:`run_program`, here and re-exported there):
 - Rank ``r`` of the communicator is device ``r`` of the program's mesh.
 - The result is always a new array; the caller's buffer is never returned, aliased or written to.
 - Data travels in numpy buffers through the buffer (uppercase) methods of mpi4py, never pickled, always
-  as contiguous bytes: chunks are packed along a leading dim with numpy before a collective and merged
+  as contiguous bytes: chunks are packed along a leading dim with numpy before a transfer and merged
   into place after it (MPICH's derived datatypes for strided chunks measured 2-3x slower here); an
   all-to-all comes lowered to that form (:class:`redist.program.AllToAll`) and runs out of place, straight
   from the packed (or the caller's) buffer into the next one (MPICH's in-place ``Alltoall`` measured 1.4-3.7x
   slower at 16-64 MiB per rank, -n 2 and 4).
-- Memory: at most two buffers of at most ``max(src.local_bytes, dst.local_bytes)`` are alive at once besides
-  the caller's input (never written to). One of them may be the rank's *scratch* buffer, kept between calls
-  so that a packing copy does not pay for fresh pages on every call (a copy into a fresh buffer of 64-256
-  MiB measured 1.8-2.6x slower here than into a reused one): in a program of one data-moving instruction
-  (besides reshapes) that instruction's temporary lives there (the gathered rows of an ``AllGather`` along
-  an inner dim, the packed chunks of a ``ReduceScatter``), in a program of two the first one's result (the
-  packed chunks of a slab transpose, the received rows of a pencil transpose) when the second needs no
-  temporary. The
-  scratch buffer only grows (to the largest such buffer so far: after a larger reshard it stays larger than
-  a smaller one needs) and is never returned: the result is always a fresh array. :func:`held_bytes` tells
-  its size, :func:`clear_cache` frees it.
-- Collectives run on a :class:`Channel`: a private duplicate of ``comm`` and sub-communicators split from
+- The personalised exchanges within a group (``AllGather``, ``AllToAll``, an even ``ReduceScatter``) run as
+  point-to-point transfers between the members, all posted at once (:func:`_post_rows`: faster here than
+  MPICH's step-by-step collective algorithms whenever ranks share cores); the others as MPI collectives
+  (``Alltoallv`` for an ``Exchange``, ``Allreduce``, ``Reduce_scatter``) or one ``Sendrecv`` (a permute).
+- Memory: buffers of at most ``2 · max(src.local_bytes, dst.local_bytes)`` bytes in all are alive at once
+  besides the caller's input (never written to). One of them may be the rank's *scratch* buffer, kept
+  between calls so that a packing copy does not pay for fresh pages on every call (a copy into a fresh
+  buffer of 64-256 MiB measured 1.8-2.6x slower here than into a reused one): in a program of one
+  data-moving instruction (besides reshapes) that instruction's temporary lives there (the gathered rows of
+  an ``AllGather`` along an inner dim, the received chunks of a ``ReduceScatter``), in a program of two the
+  first one's result (the packed chunks of a slab transpose, the received rows of a pencil transpose) when
+  the second needs no temporary. The scratch buffer only grows (to the largest such buffer so far: after a
+  larger reshard it stays larger than a smaller one needs) and is never returned: the result is always a
+  fresh array. :func:`held_bytes` tells its size, :func:`clear_cache` frees it.
+- Transfers run on a :class:`Channel`: a private duplicate of ``comm`` and sub-communicators split from
   it, one per (mesh, axes) group. :func:`run_program` uses the communicator's default channel;
   :func:`redist.mpi.reshard` gives each agreed argument combination a channel of its own, its groups split
   when it is made. They are cached on ``comm`` (an MPI attribute), so repeated calls reuse them;
-  :func:`clear_cache` frees them. Every collective is nonblocking; when the call's verdict is in flight
-  (:func:`redist.mpi.reshard`), the first one is posted, then the verdict waited for (both progress
-  together), then the data. A verdict against the call raises :class:`Disagreement`, leaving the unfinished
-  request, and the buffers it holds, alive.
-- Reductions (``ReduceScatter``, ``AllReduce``) use MPI's reduction order, so floating-point results can
+  :func:`clear_cache` frees them. Every transfer is nonblocking; when the call's verdict is in flight
+  (:func:`redist.mpi.reshard`), the first instruction's transfers are posted, then the verdict waited for
+  (all progress together), then the data. A verdict against the call raises :class:`Disagreement`, leaving
+  the unfinished requests, and the buffers they hold, alive.
+- A ``ReduceScatter`` whose group size divides its dim moves the chunks as above and reduces them with
+  numpy, in group order: its results are the numpy backend's, bit for bit. The other reductions (an
+  ``AllReduce``, an uneven ``ReduceScatter``) use MPI's reduction order, so floating-point results can
   differ from the numpy backend in the last bits; integer-valued data and integer dtypes agree exactly. Sums
   and products run as MPI's ``SUM`` and ``PROD`` (complex dtypes included), maxima and minima of integers as
   ``MAX`` and ``MIN``; of ``bool``, sum and max as ``LOR``, min and prod as ``LAND``. Maxima and minima of
@@ -99,10 +104,10 @@ def run(program: P.Program, x: np.ndarray, local, comm, channel: "Channel | None
     """Run the checked ``program`` on ``x``, this rank's checked C-contiguous buffer made from the caller's
     ``local`` (:func:`redist.buffers.local_buffer`), collectively over ``comm``; returns a new array.
 
-    The collectives run on ``channel`` (made for this program by :meth:`_Context.open`), else on the
-    communicator's default channel. With a ``verdict`` in flight, the first collective is posted, then the
-    verdict waited for, then the data; a verdict that goes against the call raises :class:`Disagreement`
-    (module docstring).
+    The transfers run on ``channel`` (made for this program by :meth:`_Context.open`), else on the
+    communicator's default channel. With a ``verdict`` in flight, the first instruction's transfers are
+    posted, then the verdict waited for, then the data; a verdict that goes against the call raises
+    :class:`Disagreement` (module docstring).
     ``x`` is overwritten or dropped as soon as it is no longer needed when it is an array of its own, and
     never written to when it is (a view of) the caller's memory; the result is copied if it still is, or if
     it is the scratch buffer (a rank on which the second instruction moved nothing)."""
@@ -307,10 +312,7 @@ def _needs_temp(program: P.Program, t: int) -> bool:
         return True
     if isinstance(ins, P.AllGather):
         return math.prod(shape[: ins.dim]) > 1
-    if isinstance(ins, P.ReduceScatter):
-        k = program.mesh.group_size(ins.axes)
-        return math.prod(shape[: ins.dim]) > 1 or shape[ins.dim] % k != 0
-    return False
+    return isinstance(ins, P.ReduceScatter)  # the received chunks
 
 
 def _raw(a: np.ndarray) -> np.ndarray:
@@ -347,6 +349,19 @@ def _reduce_op(dtype: np.dtype, reduction: str):
     return _USER_OPS[key]
 
 
+def _reduce_rows(rows, reduction: str, out: np.ndarray) -> None:
+    """``out`` = the reduction of the equal-shaped ``rows``, in their order, in their dtype (as numpy's backend
+    reduces: one elementwise ufunc pass per further row)."""
+    op = REDUCERS[reduction]
+    with np.errstate(invalid="ignore"):  # ml_dtypes warns on NaN in a max or min, which propagates it, as wanted
+        if len(rows) == 1:
+            np.copyto(out, rows[0])
+        else:
+            op(rows[0], rows[1], out=out)
+        for row in rows[2:]:
+            op(out, row, out=out)
+
+
 def _reduce_spec(a: np.ndarray, element):
     """``a``'s memory as elements of ``element`` (the count follows from the byte length)."""
     return [_raw(a), element]
@@ -365,13 +380,14 @@ class MpiBackend(interpreter.Backend):
         self.scratch_use = scratch_use
         self.verdict = verdict
 
-    def _complete(self, request) -> None:
-        """Wait for ``request``, a collective already posted; while a verdict is in flight, wait for the verdict
-        first (:meth:`settle`), the data progressing meanwhile. (One request at a time: on an oversubscribed
-        host MPICH waits for one request as fast as a blocking collective, for any of several 3-4x slower.)"""
+    def _complete(self, *requests) -> None:
+        """Wait for ``requests``, the transfers of one instruction, already posted; while a verdict is in flight,
+        wait for the verdict first (:meth:`settle`), the data progressing meanwhile. (All of them together: on
+        an oversubscribed host MPICH waits for *all* of several requests as fast as for one, for *any* of them
+        3-4x slower.)"""
         if self.verdict is not None:
-            self.settle([request])
-        request.Wait()
+            self.settle(list(requests))
+        MPI.Request.Waitall(list(requests))
 
     def settle(self, pending: list) -> None:
         """Wait for the verdict, if one is in flight; raise :class:`Disagreement` if it goes against the call,
@@ -419,52 +435,66 @@ class MpiBackend(interpreter.Backend):
         return _Buffer(y, not scratch, scratch)
 
     def all_gather(self, ins: P.AllGather, buf):
-        """``Allgather``: rank ``j``'s buffer becomes chunk ``j`` along ``dim``. Where the dims before ``dim``
-        hold one element the chunks are contiguous and arrive in the result itself; else they arrive as rows
-        of a temporary with a leading member dim, which one copy interleaves into the result."""
+        """An all-gather (:func:`_post_rows`): member ``j``'s buffer becomes chunk ``j`` along ``dim``. Where the
+        dims before ``dim`` hold one element the chunks are contiguous and arrive in the result itself; else
+        the other members' arrive as rows of a temporary with a leading member dim, which one copy per member
+        interleaves into the result (this rank's own chunk straight from its buffer)."""
         x = buf.take()
         sub, k = self.ch.group(ins.axes)
+        me = sub.Get_rank()
         shape = x.shape[: ins.dim] + (k * x.shape[ins.dim],) + x.shape[ins.dim + 1:]
-        if math.prod(x.shape[: ins.dim]) == 1:
+        pre = math.prod(x.shape[: ins.dim])
+        if pre == 1:
             out, scratch = self._array(ins, "result", shape, x.dtype)
-            self._complete(sub.Iallgather([_raw(x), MPI.BYTE], [_raw(out), MPI.BYTE]))
+            rows = out.reshape((k,) + x.shape)
+            self._complete(*_post_rows(sub, me, k, lambda j: x, lambda j: rows[j]))
+            np.copyto(rows[me], x)
             return _Buffer(out, not scratch, scratch)
-        got, _ = self._array(ins, "temp", (k,) + x.shape, x.dtype)
-        self._complete(sub.Iallgather([_raw(x), MPI.BYTE], [_raw(got), MPI.BYTE]))
-        del x
-        out, scratch = self._array(ins, "result", shape, got.dtype)
-        np.copyto(out.reshape(got.shape[1: ins.dim + 1] + (k,) + got.shape[ins.dim + 1:]),
-                  np.moveaxis(got, 0, ins.dim))
+        got, _ = self._array(ins, "temp", (k - 1,) + x.shape, x.dtype)
+        self._complete(*_post_rows(sub, me, k, lambda j: x, lambda j: got[j - (j > me)]))
+        out, scratch = self._array(ins, "result", shape, x.dtype)
+        members = out.reshape(pre, k, -1)
+        for j in range(k):
+            np.copyto(members[:, j], (x if j == me else got[j - (j > me)]).reshape(pre, -1))
         return _Buffer(out, not scratch, scratch)
 
     def all_to_all(self, ins: P.AllToAll, buf):
-        """``Alltoall`` of the leading dim's rows, out of place: row ``j`` goes to rank ``j``, and row ``j`` of
-        the result comes from rank ``j``."""
+        """An all-to-all of the leading dim's rows (:func:`_post_rows`), out of place: row ``j`` goes to member
+        ``j``, and row ``j`` of the result comes from member ``j`` (its own row copied once the others are in)."""
         x = buf.take()
-        sub, _ = self.ch.group(ins.axes)
+        sub, k = self.ch.group(ins.axes)
+        me = sub.Get_rank()
         out, scratch = self._array(ins, "result", x.shape, x.dtype)
-        self._complete(sub.Ialltoall([_raw(x), MPI.BYTE], [_raw(out), MPI.BYTE]))
+        self._complete(*_post_rows(sub, me, k, lambda j: x[j], lambda j: out[j]))
+        np.copyto(out[me], x[me])
         return _Buffer(out, not scratch, scratch)
 
     def reduce_scatter(self, ins: P.ReduceScatter, buf):
-        """``Reduce_scatter_block`` (by the instruction's reduction) after bringing the ``k`` chunks along
-        ``dim`` to the front (a copy into a temporary unless the dims before ``dim`` hold one element; an
-        owned input is dropped as soon as the copy exists). Where ``k`` does not divide the dim:
-        :meth:`_reduce_scatter_counts`."""
+        """Group member ``j`` gets chunk ``j`` along ``dim`` of every other member's buffer (:func:`_post_rows`)
+        and reduces the ``k`` chunks it then holds with numpy, in group order, straight into its result: the
+        reduction numpy's backend computes, bit for bit. (MPICH's ``Reduce_scatter_block`` measured 1.1-4x
+        slower here, 16-256 MiB per rank at -n 2 and 4: it reduces through a temporary it allocates per call,
+        where the received chunks land in the scratch buffer.) The chunks go from the input itself where the
+        dims before ``dim`` hold one element, else from a copy that brings them to the front (an owned input is
+        dropped as soon as the copy exists). Where ``k`` does not divide the dim: :meth:`_reduce_scatter_counts`.
+        """
         if buf.x.shape[ins.dim] % self.ch.mesh.group_size(ins.axes):
             return self._reduce_scatter_counts(ins, buf)
         x = buf.take()
         sub, k = self.ch.group(ins.axes)
+        me = sub.Get_rank()
         out_shape = x.shape[: ins.dim] + (x.shape[ins.dim] // k,) + x.shape[ins.dim + 1:]
-        pre = math.prod(x.shape[: ins.dim])
-        send = x
+        pre, chunk = math.prod(x.shape[: ins.dim]), x.size // k
+        send = x.reshape(k, chunk)
         if pre > 1:
-            send, _ = self._array(ins, "temp", (k, pre, x.size // (pre * k)), x.dtype)
-            np.copyto(send, x.reshape(pre, k, -1).swapaxes(0, 1))
+            send, _ = self._array(ins, "temp", (k, chunk), x.dtype)
+            np.copyto(send.reshape(k, pre, -1), x.reshape(pre, k, -1).swapaxes(0, 1))
         del x
+        got, _ = self._array(ins, "temp", (k - 1, chunk), send.dtype)
+        self._complete(*_post_rows(sub, me, k, lambda j: send[j], lambda j: got[j - (j > me)]))
+        rows = [send[me] if j == me else got[j - (j > me)] for j in range(k)]
         out, scratch = self._array(ins, "result", out_shape, send.dtype)
-        element, op = _reduce_op(send.dtype, ins.reduction)
-        self._complete(sub.Ireduce_scatter_block(_reduce_spec(send, element), _reduce_spec(out, element), op))
+        _reduce_rows(rows, ins.reduction, out.reshape(-1))
         return _Buffer(out, not scratch, scratch)
 
     def _reduce_scatter_counts(self, ins: P.ReduceScatter, buf):
@@ -577,6 +607,20 @@ class MpiBackend(interpreter.Backend):
                     out[c.dst_box] = recv[at: at + math.prod(c.size)].reshape(c.size)
                     at += math.prod(c.size)
         return _Buffer(out, True)
+
+
+def _post_rows(sub, me: int, k: int, send, recv) -> list:
+    """Post the transfers of a personalised exchange among the ``k`` members of ``sub`` (this rank is member
+    ``me``): a receive into ``recv(j)`` from, and a send of ``send(j)`` to, every other member ``j``
+    (C-contiguous arrays), all at once, the members after ``me`` first; returns the requests. (MPICH's ``Ialltoall`` and
+    ``Iallgather`` pass the data in k - 1 dependent steps, each waiting for a peer to be scheduled: measured
+    here, interleaved, at 16-64 MiB per rank, they took 1.2-1.8x as long as this at -n 4 and 2.8x at -n 8, and
+    the same at -n 2. MPICH's own scattered all-to-all posts up to 32 transfers at once.) A caller does its
+    local copies after the transfers complete, not between posting and waiting: a rank busy copying answers
+    no handshake, and measured at -n 2 that cost up to 15% at 16 MiB."""
+    order = [(me + s) % k for s in range(1, k)]
+    return ([sub.Irecv([_raw(recv(j)), MPI.BYTE], j, _TAG) for j in order]
+            + [sub.Isend([_raw(send(j)), MPI.BYTE], j, _TAG) for j in order])
 
 
 def _exchange_layout(ins: P.Exchange, mesh: Mesh, me: int, shape) -> tuple:
