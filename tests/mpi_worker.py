@@ -1,6 +1,7 @@
 """Worker for tests/test_mpi_backend.py and proofs/differential.py, run under ``mpiexec -n N`` (launched by
 tests/mpi_launch.py); each mode prints one summary line.
 
+    windowed MODE ...  MODE with one shift per window of the personalised exchanges (mpi_backend.WINDOW = 1)
     cases SEED COUNT [UNEVEN [CREATE]]
                        classic and COUNT random (seeded) reshards on the meshes of size N, then UNEVEN
                        (default 0) random pairs with padding plus named uneven cases (uneven reduce-scatters
@@ -564,6 +565,10 @@ def mode_fail() -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "windowed":  # the same mode, with one shift per window of a personalised exchange
+        from redist.backends import mpi_backend
+        mpi_backend.WINDOW = 1
+        del sys.argv[1]
     mode = sys.argv[1]
     with redist.mpi.abort_on_error(COMM):
         if mode == "cases":

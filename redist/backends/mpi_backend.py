@@ -12,9 +12,10 @@ and :func:`run_program`, here and re-exported there):
   from the packed (or the caller's) buffer into the next one (MPICH's in-place ``Alltoall`` measured 1.4-3.7x
   slower at 16-64 MiB per rank, -n 2 and 4).
 - The personalised exchanges within a group (``AllGather``, ``AllToAll``, an even ``ReduceScatter``) run as
-  point-to-point transfers between the members, all posted at once (:func:`_post_rows`: faster here than
-  MPICH's step-by-step collective algorithms whenever ranks share cores); the others as MPI collectives
-  (``Alltoallv`` for an ``Exchange``, ``Allreduce``, ``Reduce_scatter``) or one ``Sendrecv`` (a permute).
+  point-to-point transfers between the members, posted at once, :data:`WINDOW` peers at a time at most
+  (:meth:`MpiBackend._exchange_rows`: faster here than MPICH's step-by-step collective algorithms whenever
+  ranks share cores); the others as MPI collectives (``Alltoallv`` for an ``Exchange``, ``Allreduce``,
+  ``Reduce_scatter``) or one ``Sendrecv`` (a permute).
 - Memory: buffers of at most ``2 · max(src.local_bytes, dst.local_bytes)`` bytes in all are alive at once
   besides the caller's input (never written to). One of them may be the rank's *scratch* buffer, kept
   between calls so that a packing copy does not pay for fresh pages on every call (a copy into a fresh
@@ -69,7 +70,11 @@ except ModuleNotFoundError as e:
 __all__ = ["run_program", "run", "communicator", "context", "clear_cache", "held_bytes", "Channel", "Verdict",
            "Disagreement", "MpiBackend"]
 
-_TAG = 0x5EED  # point-to-point tag for CollectivePermute, on the private duplicate communicator
+_TAG = 0x5EED  # point-to-point tag of every transfer, on the channel's private communicators
+# The most shifts of a personalised exchange in flight at once (:meth:`MpiBackend._exchange_rows`): a rank of a
+# group of thousands then has at most 2 x 32 transfers posted, not thousands (32 is also MPICH's throttle for
+# its scattered all-to-all, MPIR_CVAR_ALLTOALL_THROTTLE).
+WINDOW = 32
 
 
 # ---------------------------------------------------------------------------------------------- entry points
@@ -389,6 +394,14 @@ class MpiBackend(interpreter.Backend):
             self.settle(list(requests))
         MPI.Request.Waitall(list(requests))
 
+    def _exchange_rows(self, sub, k: int, send, recv) -> None:
+        """A personalised exchange among the ``k`` members of ``sub`` (:func:`_post_rows`): ``send(j)`` to, and
+        ``recv(j)`` from, every other member ``j``, in windows of at most :data:`WINDOW` shifts, each completed
+        (:meth:`_complete`) before the next is posted."""
+        me = sub.Get_rank()
+        for lo in range(1, k, WINDOW):
+            self._complete(*_post_rows(sub, me, k, range(lo, min(lo + WINDOW, k)), send, recv))
+
     def settle(self, pending: list) -> None:
         """Wait for the verdict, if one is in flight; raise :class:`Disagreement` if it goes against the call,
         leaving the ``pending`` requests (which may never complete, and the buffers they hold) to the
@@ -447,11 +460,11 @@ class MpiBackend(interpreter.Backend):
         if pre == 1:
             out, scratch = self._array(ins, "result", shape, x.dtype)
             rows = out.reshape((k,) + x.shape)
-            self._complete(*_post_rows(sub, me, k, lambda j: x, lambda j: rows[j]))
+            self._exchange_rows(sub, k, lambda j: x, lambda j: rows[j])
             np.copyto(rows[me], x)
             return _Buffer(out, not scratch, scratch)
         got, _ = self._array(ins, "temp", (k - 1,) + x.shape, x.dtype)
-        self._complete(*_post_rows(sub, me, k, lambda j: x, lambda j: got[j - (j > me)]))
+        self._exchange_rows(sub, k, lambda j: x, lambda j: got[j - (j > me)])
         out, scratch = self._array(ins, "result", shape, x.dtype)
         members = out.reshape(pre, k, -1)
         for j in range(k):
@@ -465,7 +478,7 @@ class MpiBackend(interpreter.Backend):
         sub, k = self.ch.group(ins.axes)
         me = sub.Get_rank()
         out, scratch = self._array(ins, "result", x.shape, x.dtype)
-        self._complete(*_post_rows(sub, me, k, lambda j: x[j], lambda j: out[j]))
+        self._exchange_rows(sub, k, lambda j: x[j], lambda j: out[j])
         np.copyto(out[me], x[me])
         return _Buffer(out, not scratch, scratch)
 
@@ -491,7 +504,7 @@ class MpiBackend(interpreter.Backend):
             np.copyto(send.reshape(k, pre, -1), x.reshape(pre, k, -1).swapaxes(0, 1))
         del x
         got, _ = self._array(ins, "temp", (k - 1, chunk), send.dtype)
-        self._complete(*_post_rows(sub, me, k, lambda j: send[j], lambda j: got[j - (j > me)]))
+        self._exchange_rows(sub, k, lambda j: send[j], lambda j: got[j - (j > me)])
         rows = [send[me] if j == me else got[j - (j > me)] for j in range(k)]
         out, scratch = self._array(ins, "result", out_shape, send.dtype)
         _reduce_rows(rows, ins.reduction, out.reshape(-1))
@@ -609,18 +622,18 @@ class MpiBackend(interpreter.Backend):
         return _Buffer(out, True)
 
 
-def _post_rows(sub, me: int, k: int, send, recv) -> list:
+def _post_rows(sub, me: int, k: int, shifts, send, recv) -> list:
     """Post the transfers of a personalised exchange among the ``k`` members of ``sub`` (this rank is member
-    ``me``): a receive into ``recv(j)`` from, and a send of ``send(j)`` to, every other member ``j``
-    (C-contiguous arrays), all at once, the members after ``me`` first; returns the requests. (MPICH's ``Ialltoall`` and
-    ``Iallgather`` pass the data in k - 1 dependent steps, each waiting for a peer to be scheduled: measured
-    here, interleaved, at 16-64 MiB per rank, they took 1.2-1.8x as long as this at -n 4 and 2.8x at -n 8, and
-    the same at -n 2. MPICH's own scattered all-to-all posts up to 32 transfers at once.) A caller does its
-    local copies after the transfers complete, not between posting and waiting: a rank busy copying answers
-    no handshake, and measured at -n 2 that cost up to 15% at 16 MiB."""
-    order = [(me + s) % k for s in range(1, k)]
-    return ([sub.Irecv([_raw(recv(j)), MPI.BYTE], j, _TAG) for j in order]
-            + [sub.Isend([_raw(send(j)), MPI.BYTE], j, _TAG) for j in order])
+    ``me``) at the given ``shifts``: for each shift ``s``, a receive into ``recv(j)`` from member ``j = me − s``
+    and a send of ``send(j)`` to member ``j = me + s`` (mod ``k``; C-contiguous arrays), all at once; returns
+    the requests. Every member posting the same shifts makes each send meet its receive among them. (MPICH's
+    ``Ialltoall`` and ``Iallgather`` pass the data in k - 1 dependent steps, each waiting for a peer to be
+    scheduled: measured here, interleaved, at 16-64 MiB per rank, they took 1.2-1.8x as long as this at -n 4
+    and 2.8x at -n 8, and the same at -n 2.) A caller does its local copies after the transfers complete, not
+    between posting and waiting: a rank busy copying answers no handshake, and measured at -n 2 that cost up
+    to 15% at 16 MiB."""
+    return ([sub.Irecv([_raw(recv((me - s) % k)), MPI.BYTE], (me - s) % k, _TAG) for s in shifts]
+            + [sub.Isend([_raw(send((me + s) % k)), MPI.BYTE], (me + s) % k, _TAG) for s in shifts])
 
 
 def _exchange_layout(ins: P.Exchange, mesh: Mesh, me: int, shape) -> tuple:
