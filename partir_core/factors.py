@@ -6,13 +6,48 @@ minor). A *use* maps each factor to the mesh axes it is split over, ``use[f] = (
 concatenated (:func:`compose`), and a dim's axes are shared out among its factors by :func:`decompose`.
 Blocks stay contiguous only if every factor before the last split one is split fully; a dim of several
 factors must also be split evenly (uneven blocks of a compound dim do not follow its factors).
+
+Axes may be sub-axes of a mesh axis (``model:(2)2``, redist's :class:`~redist.axes.Axis`). Two axes then
+*overlap* when they name a common factor of one mesh axis (:func:`overlap`: a whole axis overlaps each of its
+sub-axes), which is what "one mesh axis per op" and "one mesh axis per value" forbid; and two axis lists are
+compared by the factor pieces they cover (:func:`refines`), so a dim over ``(model:(1)2, model:(2)2)`` is one
+over ``(model,)`` and refines one over ``(model:(1)2,)``. On whole axes both are plain equality.
 """
 
 from __future__ import annotations
 
+from redist.axes import split_common
+
 from partir_core.registry import Rule
 
-Axes = tuple  # tuple[str, ...]
+Axes = tuple  # tuple[str, ...]: mesh axes and sub-axis tokens, major → minor
+
+
+def overlap(mesh, a: str, b: str) -> bool:
+    """Whether axes (or sub-axes) ``a`` and ``b`` of ``mesh`` name a common factor of one mesh axis."""
+    return a == b or mesh.axis(a).overlaps(mesh.axis(b))
+
+
+def clash(mesh, axes, others) -> bool:
+    """Whether some axis of ``axes`` overlaps some axis of ``others``."""
+    return any(overlap(mesh, a, b) for a in axes for b in others)
+
+
+def refines(mesh, axes: Axes, prefix: Axes) -> bool:
+    """Whether a dim split over ``axes`` refines one split over ``prefix``: ``prefix``'s factors are the major
+    factors of ``axes`` (compared by the pieces they cover, see the module docstring)."""
+    if tuple(axes[: len(prefix)]) == tuple(prefix):
+        return True
+    if all(mesh.axis(a).is_whole for a in (*axes, *prefix)):
+        return False
+    long, short = split_common([mesh.axes_of(axes), mesh.axes_of(prefix)])
+    return long[: len(short)] == short
+
+
+def same_axes(mesh, a: Axes, b: Axes) -> bool:
+    """Whether dims split over ``a`` and over ``b`` have the same blocks (``(model:(1)2, model:(2)2)`` and
+    ``(model,)`` do)."""
+    return tuple(a) == tuple(b) or (refines(mesh, a, b) and refines(mesh, b, a))
 
 
 def group(mesh, axes) -> int:
@@ -70,15 +105,15 @@ def dim_axes(mesh, rule: Rule, use: dict, fs) -> Axes:
     return compose(mesh, [use.get(f, ((), 0))[0] for f in fs], fs, rule.sizes) or ()
 
 
-def drop_clashes(use: dict) -> dict:
-    """One mesh axis per op: a factor whose axes clash with an earlier-decided factor keeps the longest
-    prefix that does not clash (rather than nothing)."""
+def drop_clashes(mesh, use: dict) -> dict:
+    """One mesh axis per op: a factor whose axes clash with (overlap) an earlier-decided factor's keeps the
+    longest prefix that does not clash (rather than nothing)."""
     out, taken = {}, set()
     for f in sorted(use, key=lambda f: use[f][1]):
         axes, prov = use[f]
         keep = []
         for a in axes:
-            if a in taken:
+            if a in taken or clash(mesh, (a,), taken):
                 break
             keep.append(a)
         if keep:
