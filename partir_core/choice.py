@@ -130,7 +130,7 @@ def op_candidates(graph: Graph, rules: list, i: int, state: State, types: dict, 
         return OpSharding(None, {}, [replicated(graph, v, mesh) for v in eqn.invars],
                           [replicated(graph, v, mesh) for v in eqn.outvars], [], ()), tuple
     use, _, _ = resolve(graph, rule, eqn, state, mesh, i)
-    use = fit_use(mesh, rule, drop_clashes(mesh, use))
+    use = fit_use(mesh, rule, drop_clashes(use))
     proposal = _op_sharding(graph, rule, eqn, use, types, mesh)
     # all that the alternatives read of ``types`` and ``state``, as they are now
     operands = {v: types[v] for v in eqn.invars}

@@ -105,15 +105,15 @@ def dim_axes(mesh, rule: Rule, use: dict, fs) -> Axes:
     return compose(mesh, [use.get(f, ((), 0))[0] for f in fs], fs, rule.sizes) or ()
 
 
-def drop_clashes(mesh, use: dict) -> dict:
-    """One mesh axis per op: a factor whose axes clash with (overlap) an earlier-decided factor's keeps the
-    longest prefix that does not clash (rather than nothing)."""
+def drop_clashes(use: dict) -> dict:
+    """One mesh axis per op: a factor whose axes clash with an earlier-decided factor keeps the longest
+    prefix that does not clash (rather than nothing)."""
     out, taken = {}, set()
     for f in sorted(use, key=lambda f: use[f][1]):
         axes, prov = use[f]
         keep = []
         for a in axes:
-            if a in taken or clash(mesh, (a,), taken):
+            if a in taken:
                 break
             keep.append(a)
         if keep:

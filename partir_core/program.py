@@ -12,7 +12,7 @@ named by value ids, or ``("r", n)`` for resharded copies:
   ``lax.while_loop`` / ``lax.switch`` on local shards, each body a list of these instructions of its own.
 
 :meth:`LocalProgram.run` interprets it inside one ``jax.shard_map`` over the whole mesh, refined where its
-plans use sub-axes (:func:`partir_core.reshard.refine`), with the inputs' and outputs' partition specs; inputs
+plans or types use sub-axes (:func:`partir_core.reshard.refine`), with the inputs' and outputs' partition specs; inputs
 with uneven dims are padded to their padded shape before, outputs cut back after.
 
 Arrays of random keys: buffers hold key arrays, ops see key shapes, and reshards and the ``shard_map`` boundary
