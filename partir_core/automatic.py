@@ -181,20 +181,20 @@ def compress(pairs, in_paths) -> tuple:
 
 
 def search_axes(tactic: AutomaticPartition, mesh) -> list[str]:
-    """The axes the search shards on: the tactic's ``axes`` as given (mesh axes or sub-axes), or by default every
-    mesh axis, then the two halves of each of size >= 4 (``model:(1)2`` and ``model:(2)2`` on ``model=4``;
-    ``model:(1)2`` and ``model:(2)4`` on ``model=8``: the axis split at its smallest prime factor), so that
-    the search can compose, say, data parallelism on one half of an axis with Megatron on the other. A half
-    and its whole axis overlap: where both reach one value or one op, the earlier action keeps it (see
-    :mod:`partir_core.propagation`), so a set holding both is a set holding the earlier one."""
-    if tactic.axes:
-        return [str(mesh.axis(a)) for a in tactic.axes]
+    """The axes the search shards on: the tactic's ``axes`` (mesh axes or sub-axes; none given: every mesh
+    axis), and with ``tactic.sub_axes`` also the two halves of each whole axis among them of size >= 4
+    (``model:(1)2`` and ``model:(2)2`` on ``model=4``; ``model:(1)2`` and ``model:(2)4`` on ``model=8``: the
+    axis split at its smallest prime factor), so that the search can compose, say, data parallelism on one half
+    of an axis with Megatron on the other. A half and its whole axis overlap: where both reach one value or
+    one op, the earlier action keeps it (:mod:`partir_core.propagation`), so a set holding both is a set
+    holding the earlier one."""
+    axes = [str(mesh.axis(a)) for a in tactic.axes] or list(mesh.names)
     halves = []
-    for name, size in mesh.axes:
-        if size >= 4 and prime_factors(size)[0] < size:
-            p = prime_factors(size)[0]
-            halves += [f"{name}:(1){p}", f"{name}:({p}){size // p}"]
-    return list(mesh.names) + halves
+    for a in map(mesh.axis, axes if tactic.sub_axes else ()):
+        p = prime_factors(a.size)[0]
+        if a.is_whole and a.size >= 4 and p < a.size:
+            halves += [f"{a.name}:(1){p}", f"{a.name}:({p}){a.size // p}"]
+    return list(dict.fromkeys(axes + halves))
 
 
 def build_actions(groups: DimGroups, graph, mesh, axes) -> list[Action]:

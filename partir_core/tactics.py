@@ -140,8 +140,10 @@ class AutomaticPartition:
     Monte Carlo tree search over "shard dimension group g on axis a" (:mod:`partir_core.automatic`),
     starting from the tactics before it, which it leaves intact (propagation never overrides them).
 
-    ``axes``: the mesh axes or sub-axes it may use (empty: every mesh axis, and the two halves of each of
-    size >= 4, :func:`partir_core.automatic.search_axes`). ``memory_budget_bytes``: per-device simulated peak
+    ``axes``: the mesh axes or sub-axes it may use (empty: every mesh axis). ``sub_axes``: also the two
+    halves of each of those axes of size >= 4 (``model:(1)2``, ``model:(2)2``;
+    :func:`partir_core.automatic.search_axes`): off by default, as more axes spread a small budget of
+    evaluations thinner. ``memory_budget_bytes``: per-device simulated peak
     (None: no limit). ``time_budget_s``: wall-clock limit of the search. ``seed``: tie-breaking; the search
     is deterministic for a seed when it stops by ``max_evals``, ``patience`` or exhaustion rather than by
     time. ``hardware``: the simulator profile (None: the default). ``progress``: a progress bar on stderr
@@ -160,6 +162,7 @@ class AutomaticPartition:
     max_depth: int | None = None
     exploration: float = 0.7
     progress: bool | None = None
+    sub_axes: bool = False
 
     def __post_init__(self):
         self.check_arguments()
@@ -187,6 +190,8 @@ class AutomaticPartition:
             fail("exploration", "a finite number >= 0")
         if self.progress is not None and not isinstance(self.progress, bool):
             fail("progress", "True, False or None")
+        if not isinstance(self.sub_axes, bool):
+            fail("sub_axes", "True or False")
         try:
             hardware_profile(self.hardware)
         except ShardingError as e:
@@ -202,7 +207,9 @@ class AutomaticPartition:
 
     def __str__(self):
         budget = f", memory_budget_bytes={self.memory_budget_bytes}" if self.memory_budget_bytes else ""
-        return f"AutomaticPartition(axes={self.axes!r}{budget}, time_budget_s={self.time_budget_s}, seed={self.seed})"
+        halves = ", sub_axes=True" if self.sub_axes else ""
+        return (f"AutomaticPartition(axes={self.axes!r}{budget}{halves}, time_budget_s={self.time_budget_s}, "
+                f"seed={self.seed})")
 
 
 def mesh_axis(tactic: str, token: str, mesh) -> Axis:

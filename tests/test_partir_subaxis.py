@@ -100,8 +100,11 @@ def test_mlp_data_parallel_on_half_an_axis_and_megatron_on_the_other():
     assert_same(jax.jit(pf)(*ins), want)
 
 
-def test_transformer_with_sub_axis_megatron_runs_equal():
-    m, ins, want = model_and_inputs("transformer")
+@pytest.mark.parametrize("model", ["transformer", "scanned_transformer"])
+def test_transformer_with_sub_axis_megatron_runs_equal(model):
+    """The layers (unrolled, or scanned over stacked weights: the split inside the loop body) run Megatron on
+    model's minor half beside data parallelism on the rest."""
+    m, ins, want = model_and_inputs(model)
     pf = pc.jit(m.step, MESH, sub_bp_mp(m, ins))
     low = pf.lower(*ins)
     assert not low.unsupported and not low.fallbacks
@@ -243,11 +246,17 @@ def test_bad_sub_axis_tokens_raise_before_anything_runs(axis, message):
 
 
 # ------------------------------------------------------------------------------ the automatic search
-def test_the_search_adds_the_halves_of_large_axes_by_default():
-    assert search_axes(AP(), MESH) == ["batch", "model", "model:(1)2", "model:(2)2"]
-    assert search_axes(AP(), MESH8) == ["model", "model:(1)2", "model:(2)4"]
-    assert search_axes(AP(), redist.Mesh({"x": 6, "y": 5, "z": 2})) == ["x", "y", "z", "x:(1)2", "x:(2)3"]
+def test_the_search_adds_the_halves_of_large_axes_when_asked():
+    assert search_axes(AP(), MESH) == ["batch", "model"]
     assert search_axes(AP(axes=["batch", "model:(1)4"]), MESH) == ["batch", "model"]  # as given, canonical
+    halves = AP(sub_axes=True)
+    assert search_axes(halves, MESH) == ["batch", "model", "model:(1)2", "model:(2)2"]
+    assert search_axes(halves, MESH8) == ["model", "model:(1)2", "model:(2)4"]
+    assert search_axes(halves, redist.Mesh({"x": 6, "y": 5, "z": 2})) == ["x", "y", "z", "x:(1)2", "x:(2)3"]
+    assert search_axes(AP(axes=["model:(2)2", "batch"], sub_axes=True), MESH) == ["model:(2)2", "batch"]
+    assert "sub_axes=True" in str(halves)
+    with pytest.raises(pc.PartitionError, match="AutomaticPartition: sub_axes must be True or False, got 'yes'"):
+        AP(sub_axes="yes")
 
 
 def test_a_search_composed_after_sub_axis_tactics_returns_a_sub_axis_result_that_runs_equal():
@@ -267,3 +276,25 @@ def test_a_search_composed_after_sub_axis_tactics_returns_a_sub_axis_result_that
     assert_same(pf(*ins), want)
     pasted = pc.jit(m.step, MESH, manual + res.tactics).lower(*ins)
     assert flat_types(pasted.in_types) == flat_types(low.in_types)
+
+
+def test_a_search_over_the_halves_returns_a_sub_axis_result_that_runs_equal():
+    """With ``sub_axes=True`` the search's actions include model's halves; on the MLP at half batch
+    parallelism's peak it splits the hidden dim on one (the search is deterministic for a budget of
+    evaluations). The result runs equal to the unpartitioned step, as its pasted tactics do."""
+    m, ins, want = model_and_inputs("mlp")
+    bp = pc.jit(m.step, MESH, schedules.schedule("BP", m, ins, mesh=MESH)).lower(*ins).simulate()
+    budget = bp.peak_bytes // 2
+    pf = pc.jit(m.step, MESH, [AP(sub_axes=True, memory_budget_bytes=budget, max_evals=120, time_budget_s=600,
+                                  progress=False)])
+    low = pf.lower(*ins)
+    res = low.automatic
+    assert res.action_space["axes"] == 4  # batch, model and model's halves
+    assert any(t_.axis in ("model:(1)2", "model:(2)2") for t_ in res.tactics)
+    sim = low.simulate()
+    assert res.peak_bytes == sim.peak_bytes <= budget and res.step_time_s == pytest.approx(sim.step_time_s)
+    assert_same(pf(*ins), want)
+    pasted = pc.jit(m.step, MESH, res.tactics)
+    assert flat_types(pasted.lower(*ins).in_types) == flat_types(low.in_types)
+    assert_same(pasted(*ins), want)
+
