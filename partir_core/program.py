@@ -12,8 +12,8 @@ named by value ids, or ``("r", n)`` for resharded copies:
   ``lax.while_loop`` / ``lax.switch`` on local shards, each body a list of these instructions of its own.
 
 :meth:`LocalProgram.run` interprets it inside one ``jax.shard_map`` over the whole mesh, refined where its
-plans or types use sub-axes (:func:`partir_core.reshard.refine`), with the inputs' and outputs' partition specs; inputs
-with uneven dims are padded to their padded shape before, outputs cut back after.
+plans or types use sub-axes (:func:`partir_core.reshard.refine`), with the inputs' and outputs' partition specs;
+inputs with uneven dims are padded to their padded shape before, outputs cut back after.
 
 Arrays of random keys: buffers hold key arrays, ops see key shapes, and reshards and the ``shard_map`` boundary
 move key data (:mod:`partir_core.keys`).
@@ -281,7 +281,8 @@ class LocalProgram:
             whole = all(a.is_whole for axes in t.dims for a in axes)
             spec = t.partition_spec() if whole else names.spec(t)
             spec = [e if t.is_even(d) else None for d, e in enumerate(spec)]
-            out.append(NamedSharding(jax_mesh if whole else refined, PartitionSpec(*spec[: len(self.graph.shape(v))])))
+            spec = PartitionSpec(*spec[: len(self.graph.shape(v))])
+            out.append(NamedSharding(jax_mesh if whole else refined, spec))
         return tuple(out)
 
 

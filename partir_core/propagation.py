@@ -7,13 +7,13 @@ carry it (:func:`resolve`), then written to every dim carrying it that is still 
 prefix of the factor's (a refinement). It never overrides a decision.
 
 A *conflict* is two incompatible demands at one op: two dims of one factor with different axes (neither a
-prefix of the other), or one mesh axis demanded by two factors of one op. Axes may be sub-axes
-(``model:(2)2``): a prefix is then one by the factors it covers, and a sub-axis demands its mesh axis as far as
-it overlaps another axis (:mod:`partir_core.factors`), so one op may split two factors on the two halves of an
-axis, but not one on the axis and one on a half. The earliest decision (lowest
+prefix of the other), or one mesh axis demanded by two factors of one op. The earliest decision (lowest
 provenance) is what the op will use when lowered, but propagation stops there for that factor, and the
-conflict is recorded (:class:`Conflict`). Values that a tactic pinned (``ManualPartition({path: None})``)
-are never changed by propagation.
+conflict is recorded (:class:`Conflict`). Axes may be sub-axes (``model:(2)2``): a prefix is then one by the
+factors it covers, and two axes clash where they overlap (:mod:`partir_core.factors`), so one op may split two
+factors on the two halves of an axis, but not one on the axis and one on a half; nor is an axis written to a
+dim of a value whose other dims hold an axis it overlaps. Values that a tactic pinned
+(``ManualPartition({path: None})``) are never changed by propagation.
 """
 
 from __future__ import annotations
