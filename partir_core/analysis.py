@@ -135,7 +135,7 @@ class DimGroups:
         - ``groups_axes``: every actionable group (reached through an input dim), on every axis;
         - ``decisions_axes``: after layer grouping (what the search explores);
         - ``legal``: of those, the ones whose input dim is at least the axis size (evenly split or not)."""
-        sizes = dict(mesh.axes)
+        sizes = {a: mesh.axis_size(a) for a in axes}
         n = len(axes)
         legal = sum(1 for m in self.macro for a in axes if m.size >= sizes[a] > 1)
         return {"values_dims_axes": self.n_dims * n, "input_dims_axes": self.n_input_dims * n,

@@ -77,6 +77,7 @@ from dataclasses import dataclass, field
 import jax
 
 from redist.errors import ShardingError
+from redist.mesh import prime_factors
 
 from partir_core.analysis import DimGroups, analyze_groups, input_kind
 from partir_core.choice import analyze
@@ -179,12 +180,29 @@ def compress(pairs, in_paths) -> tuple:
     return tuple(out)
 
 
+def search_axes(tactic: AutomaticPartition, mesh) -> list[str]:
+    """The axes the search shards on: the tactic's ``axes`` (mesh axes or sub-axes; none given: every mesh
+    axis), and with ``tactic.sub_axes`` also the two halves of each whole axis among them of size >= 4
+    (``model:(1)2`` and ``model:(2)2`` on ``model=4``; ``model:(1)2`` and ``model:(2)4`` on ``model=8``: the
+    axis split at its smallest prime factor), so that the search can compose, say, data parallelism on one half
+    of an axis with Megatron on the other. A half and its whole axis overlap: where both reach one value or
+    one op, the earlier action keeps it (:mod:`partir_core.propagation`), so a set holding both is a set
+    holding the earlier one."""
+    axes = [str(mesh.axis(a)) for a in tactic.axes] or list(mesh.names)
+    halves = []
+    for a in map(mesh.axis, axes if tactic.sub_axes else ()):
+        p = prime_factors(a.size)[0]
+        if a.is_whole and a.size >= 4 and p < a.size:
+            halves += [f"{a.name}:(1){p}", f"{a.name}:({p}){a.size // p}"]
+    return list(dict.fromkeys(axes + halves))
+
+
 def build_actions(groups: DimGroups, graph, mesh, axes) -> list[Action]:
     """The legal actions in canonical order (see the module docstring): every decision on every axis of size
     > 1 that is no larger than each of its input dims (a dim need not divide by the axis: a vocabulary of
     50 on 4 devices, a batch of 5 on 2 are split by the padding rule, as experts split them), then the
     composite actions (:func:`zero_actions`)."""
-    sizes = dict(mesh.axes)
+    sizes = {a: mesh.axis_size(a) for a in axes}
 
     def data_first(m):
         has_data = any(input_kind(p) == "data" for g in m.groups for p, _ in g.inputs)
@@ -206,7 +224,7 @@ def zero_actions(first_id: int, graph, mesh, axes) -> list[Action]:
     parameter and optimizer-state input split on its largest dim that divides by the axis) and *ZeRO-2*
     (decision ``first_id + 1``: the optimizer state split so, the parameters pinned as they are). They come
     last in canonical order, as ZeRO is composed last by hand (``BP+MP+Z2``)."""
-    sizes = dict(mesh.axes)
+    sizes = {a: mesh.axis_size(a) for a in axes}
     leaves = [(p, graph.shape(v)) for p, v in zip(graph.in_paths, graph.invars) if input_kind(p) != "data"]
     out = []
     for a in axes:
@@ -503,7 +521,7 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
     iteration that evaluated a new set. Raises :class:`PartitionError` if no state found fits the budget,
     naming the smallest peak found and the tensors that dominate it."""
     t_start, cpu_start = time.perf_counter(), time.process_time()
-    axes = list(tactic.axes) or list(mesh.names)
+    axes = search_axes(tactic, mesh)
     groups = analyze_groups(graph, rules)
     actions = build_actions(groups, graph, mesh, axes)
     space = groups.action_space(mesh, axes)

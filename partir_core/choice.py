@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from redist.types import ShardingType
 
 from partir_core import keys
-from partir_core.factors import decompose, dim_axes, drop_clashes, fit_use
+from partir_core.factors import clash, decompose, dim_axes, drop_clashes, fit_use
 from partir_core.ir import Boundary, Graph, is_enter
 from partir_core.propagation import State, resolve
 from partir_core.registry import Rule
@@ -275,11 +275,11 @@ def _op_sharding(graph, rule, eqn, use, types, mesh) -> OpSharding:
     partials = [types[v].partial for v in eqn.invars]
     keep = [()] * len(partials)
     if rule.linear == "all" and partials and partials[0] and all(p == partials[0] for p in partials) \
-            and not set(partials[0]) & used:
+            and not clash(mesh, partials[0], used):
         keep = list(partials)
     elif rule.linear == "one" and sum(bool(p) for p in partials) == 1:
         j = next(k for k, p in enumerate(partials) if p)
-        if not set(partials[j]) & used:
+        if not clash(mesh, partials[j], used):
             keep[j] = partials[j]
     passed = next((p for p in keep if p), ())
     ins = [value_type(graph, v, mesh, tuple(dim_axes(mesh, rule, use, fs) for fs in dims), keep[k])
@@ -341,7 +341,7 @@ def _alternatives(graph, rule, eqn, state, types, mesh, base, limit: int = 96):
     out, seen = [], set()
     for combo in itertools.product(*choices):
         axes = [a for c in combo if c for a in c]
-        if len(axes) != len(set(axes)):
+        if any(clash(mesh, axes[:j], (a,)) for j, a in enumerate(axes)):
             continue
         use = {f: (c, 0) for f, c in zip(factors, combo) if c}
         use = fit_use(mesh, rule, use)

@@ -6,13 +6,48 @@ minor). A *use* maps each factor to the mesh axes it is split over, ``use[f] = (
 concatenated (:func:`compose`), and a dim's axes are shared out among its factors by :func:`decompose`.
 Blocks stay contiguous only if every factor before the last split one is split fully; a dim of several
 factors must also be split evenly (uneven blocks of a compound dim do not follow its factors).
+
+Axes may be sub-axes of a mesh axis (``model:(2)2``, redist's :class:`~redist.axes.Axis`). Two axes then
+*overlap* when they name a common factor of one mesh axis (:func:`overlap`: a whole axis overlaps each of its
+sub-axes), which is what "one mesh axis per op" and "one mesh axis per value" forbid; and two axis lists are
+compared by the factor pieces they cover (:func:`refines`), so a dim over ``(model:(1)2, model:(2)2)`` is one
+over ``(model,)`` and refines one over ``(model:(1)2,)``. On whole axes both are plain equality.
 """
 
 from __future__ import annotations
 
+from redist.axes import split_common
+
 from partir_core.registry import Rule
 
-Axes = tuple  # tuple[str, ...]
+Axes = tuple  # tuple[str, ...]: mesh axes and sub-axis tokens, major → minor
+
+
+def overlap(mesh, a: str, b: str) -> bool:
+    """Whether axes (or sub-axes) ``a`` and ``b`` of ``mesh`` name a common factor of one mesh axis."""
+    return a == b or mesh.axis(a).overlaps(mesh.axis(b))
+
+
+def clash(mesh, axes, others) -> bool:
+    """Whether some axis of ``axes`` overlaps some axis of ``others``."""
+    return any(overlap(mesh, a, b) for a in axes for b in others)
+
+
+def refines(mesh, axes: Axes, prefix: Axes) -> bool:
+    """Whether a dim split over ``axes`` refines one split over ``prefix``: ``prefix``'s factors are the major
+    factors of ``axes`` (compared by the pieces they cover, see the module docstring)."""
+    if tuple(axes[: len(prefix)]) == tuple(prefix):
+        return True
+    if all(mesh.axis(a).is_whole for a in (*axes, *prefix)):
+        return False
+    long, short = split_common([mesh.axes_of(axes), mesh.axes_of(prefix)])
+    return long[: len(short)] == short
+
+
+def same_axes(mesh, a: Axes, b: Axes) -> bool:
+    """Whether dims split over ``a`` and over ``b`` have the same blocks (``(model:(1)2, model:(2)2)`` and
+    ``(model,)`` do)."""
+    return tuple(a) == tuple(b) or (refines(mesh, a, b) and refines(mesh, b, a))
 
 
 def group(mesh, axes) -> int:

@@ -12,8 +12,8 @@ named by value ids, or ``("r", n)`` for resharded copies:
   ``lax.while_loop`` / ``lax.switch`` on local shards, each body a list of these instructions of its own.
 
 :meth:`LocalProgram.run` interprets it inside one ``jax.shard_map`` over the whole mesh, refined where its
-plans use sub-axes (:func:`partir_core.reshard.refine`), with the inputs' and outputs' partition specs; inputs
-with uneven dims are padded to their padded shape before, outputs cut back after.
+plans or types use sub-axes (:func:`partir_core.reshard.refine`), with the inputs' and outputs' partition specs;
+inputs with uneven dims are padded to their padded shape before, outputs cut back after.
 
 Arrays of random keys: buffers hold key arrays, ops see key shapes, and reshards and the ``shard_map`` boundary
 move key data (:mod:`partir_core.keys`).
@@ -151,9 +151,14 @@ class LocalProgram:
 
     @property
     def axis_tokens(self) -> tuple[str, ...]:
-        """The sub-axis tokens (and axes) that the program's plans name, in a fixed order."""
-        return tuple(sorted({tok for ins in walk(self.instructions) if isinstance(ins, Reshard)
-                             for tok in ins.move.plan.program.axis_tokens()}))
+        """The axes and sub-axis tokens that the program names, in a fixed order: those of its plans, and
+        those of its values' types (a tactic's sub-axes: specs, block offsets and pending sums name them)."""
+        tokens = {tok for ins in walk(self.instructions) if isinstance(ins, Reshard)
+                  for tok in ins.move.plan.program.axis_tokens()}
+        types = [*self.in_types, *self.out_types, *self.analysis.types.values()]
+        types += [t for op in self.analysis.ops for t in (*op.in_types, *op.out_types)]
+        tokens.update(a for t in types for axes in (*t.dims, t.partial) for a in axes)
+        return tuple(sorted(tokens))
 
     def jax_mesh(self) -> jax.sharding.Mesh:
         """The mesh on the first ``mesh.size`` JAX devices. Raises :class:`redist.ShardingError` if JAX has
@@ -245,7 +250,8 @@ class LocalProgram:
         with uneven dims are padded (with zeros) to their ``padded_shape`` first, whose blocks are exactly
         the padded local buffers, and outputs are cut back to their shape. Key arrays cross the boundary as
         their key data (their types' arrays). On a refined mesh, the outputs are laid out on the mesh itself
-        (:meth:`_out_shardings`: the same devices and blocks, so no data moves)."""
+        where their types name whole axes only, and on the refined mesh where they name a sub-axis
+        (:meth:`_out_shardings`: the same devices and blocks either way, so no data moves)."""
         if not hasattr(self, "_exe"):
             mesh, names = self._refined
             mapped = jax.shard_map(self.body, mesh=mesh, in_specs=tuple(names.spec(t) for t in self.in_types),
@@ -265,13 +271,18 @@ class LocalProgram:
         return self._exe
 
     def _out_shardings(self) -> tuple[NamedSharding, ...]:
-        """The outputs' layouts on :meth:`jax_mesh`: their types' specs over the value's own dims (a key
-        array's, without its key-data dims), an uneven dim whole (as XLA lays out the cut output)."""
+        """The outputs' layouts: their types' specs over the value's own dims (a key array's, without its
+        key-data dims), an uneven dim whole (as XLA lays out the cut output); on :meth:`jax_mesh` where the type
+        names whole axes only, else on the refined mesh (a sub-axis has no name on the mesh itself)."""
         jax_mesh = self.jax_mesh()
+        refined, names = self._refined
         out = []
         for v, t in zip(self.graph.outvars, self.out_types):
-            spec = [e if t.is_even(d) else None for d, e in enumerate(t.partition_spec())]
-            out.append(NamedSharding(jax_mesh, PartitionSpec(*spec[: len(self.graph.shape(v))])))
+            whole = all(a.is_whole for axes in t.dims for a in axes)
+            spec = t.partition_spec() if whole else names.spec(t)
+            spec = [e if t.is_even(d) else None for d, e in enumerate(spec)]
+            spec = PartitionSpec(*spec[: len(self.graph.shape(v))])
+            out.append(NamedSharding(jax_mesh if whole else refined, spec))
         return tuple(out)
 
 

@@ -9,15 +9,18 @@ prefix of the factor's (a refinement). It never overrides a decision.
 A *conflict* is two incompatible demands at one op: two dims of one factor with different axes (neither a
 prefix of the other), or one mesh axis demanded by two factors of one op. The earliest decision (lowest
 provenance) is what the op will use when lowered, but propagation stops there for that factor, and the
-conflict is recorded (:class:`Conflict`). Values that a tactic pinned (``ManualPartition({path: None})``)
-are never changed by propagation.
+conflict is recorded (:class:`Conflict`). Axes may be sub-axes (``model:(2)2``): a prefix is then one by the
+factors it covers, and two axes clash where they overlap (:mod:`partir_core.factors`), so one op may split two
+factors on the two halves of an axis, but not one on the axis and one on a half; nor is an axis written to a
+dim of a value whose other dims hold an axis it overlaps. Values that a tactic pinned
+(``ManualPartition({path: None})``) are never changed by propagation.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from partir_core.factors import Axes, compose, decompose, group
+from partir_core.factors import Axes, clash, compose, decompose, group, overlap, refines, same_axes
 from partir_core.ir import Graph
 from partir_core.registry import Rule
 
@@ -94,9 +97,9 @@ def resolve(graph: Graph, rule: Rule, eqn, state: State, mesh, eqn_index: int = 
         cs = cands.get(f)
         if not cs or not rule.shardable(f):
             continue
-        longest = max((c[2] for c in cs), key=len)
+        longest = max((c[2] for c in cs), key=lambda a: (group(mesh, a), len(a)))
         prov = min(pv(c[3]) for c in cs)
-        if all(longest[: len(c[2])] == c[2] for c in cs):
+        if all(refines(mesh, longest, c[2]) for c in cs):
             use[f] = spread[f] = (longest, prov)
         else:
             win = min(cs, key=lambda c: pv(c[3]))
@@ -108,13 +111,15 @@ def resolve(graph: Graph, rule: Rule, eqn, state: State, mesh, eqn_index: int = 
     taken: dict[str, list[str]] = {}
     for f in sorted(use, key=lambda f: use[f][1]):
         axes, _ = use[f]
-        clash = [(a, g) for a in axes for g in taken.get(a, ()) if rule.exclusive(f, g)]
-        if clash:
-            a, other = clash[0]
+        clashes = [(a, b, g) for a in axes for b, gs in taken.items() if overlap(mesh, a, b) for g in gs
+                   if rule.exclusive(f, g)]
+        if clashes:
+            a, b, other = clashes[0]
+            why = "" if a == b else f" overlaps {b!r}, which"
             conflicts.append(Conflict(tactic, eqn_index, eqn.name, f,
                                       tuple((c[0], c[1], c[2], c[3]) for c in cands.get(f, [])),
                                       use[other][0],
-                                      f"mesh axis {a!r} already splits factor {other} of this op"))
+                                      f"mesh axis {a!r}{why} already splits factor {other} of this op"))
             del use[f]
             spread.pop(f, None)
             continue
@@ -146,10 +151,10 @@ def visit(graph: Graph, rule, i: int, state: State, mesh, tactic: int, seen: set
         per = [spread.get(f, ((), 0))[0] for f in fs]
         target = compose(mesh, per, fs, rule.sizes)
         cur = state.dims[v][d]
-        if not target or target == cur or target[: len(cur)] != cur:
+        if not target or same_axes(mesh, target, cur) or not refines(mesh, target, cur):
             continue
         others = {a for j, ax in enumerate(state.dims[v]) if j != d for a in ax}
-        if others & set(target) or (len(fs) > 1 and graph.shape(v)[d] % group(mesh, target)):
+        if clash(mesh, others, target) or (len(fs) > 1 and graph.shape(v)[d] % group(mesh, target)):
             continue
         state.dims[v][d] = target
         if state.prov[v][d] is None:

@@ -14,10 +14,10 @@ way), and redist's JAX interpreter runs it (:func:`run`), so partir_core runs no
 Sub-axes. JAX collectives need real mesh axis names, so a plan over sub-axes runs on a *refined* mesh: the same
 devices in the same order, every axis split at the boundaries its tokens use (as :mod:`redist.jax` runs such
 plans). A partitioned program runs in one ``jax.shard_map``; it runs over the mesh refined at every cut point
-that any of its plans uses (:func:`refine`), and wherever partir_core names mesh axes (specs, ``axis_index``,
-``pmax``) it names their refined pieces (:class:`AxisNames`). A group over a whole axis is the group over all
-its pieces, ranked row-major, so nothing else changes; a program whose plans name no sub-axis runs on the
-mesh itself.
+that any of its plans or of its values' types uses (a tactic may name a sub-axis: :mod:`partir_core.tactics`;
+:func:`refine`), and wherever partir_core names mesh axes (specs, ``axis_index``, ``pmax``) it names their
+refined pieces (:class:`AxisNames`). A group over a whole axis is the group over all its pieces, ranked
+row-major, so nothing else changes; a program that names no sub-axis runs on the mesh itself.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ import numpy as np
 from redist.errors import shown
 
 from partir_core.ir import input_paths
-from partir_core.tactics import ManualPartition, PartitionError
+from partir_core.tactics import ManualPartition, PartitionError, mesh_axis
 
 COLUMN = {"wq": 1, "wk": 1, "wv": 1, "w1": 1, "b1": 0}
 ROW = {"wo": 0, "w2": 0}
@@ -55,11 +55,8 @@ def _stacked(model, path) -> int:
 
 
 def _axis_size(mesh, axis, default=2):
-    if mesh is None:
-        return default
-    if axis not in mesh.names:
-        raise PartitionError(f"unknown mesh axis {shown(axis)}; the mesh has axes {', '.join(mesh.names)}")
-    return dict(mesh.axes)[axis]
+    """The size of mesh axis or sub-axis ``axis`` (``default`` without a mesh)."""
+    return default if mesh is None else mesh_axis("schedule", axis, mesh).size
 
 
 def BP(model, inputs, batch_axis="batch", model_axis="model", mesh=None):

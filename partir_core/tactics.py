@@ -6,12 +6,27 @@ A dim already split by an earlier tactic is split further (``axis`` appended at 
 *pins* the matched inputs: propagation will never change their sharding (they stay as they are, usually
 replicated), which is how ZeRO-2 keeps parameters whole while sharding the optimizer state.
 
+Sub-axes. ``axis`` may name a sub-axis in redist's (Shardy's) token syntax, ``"model:(2)2"``: factor 2 of
+mesh axis ``model`` after the factor 2 (on ``model=4``, the minor half; ``"model:(1)2"`` is the major one).
+A sub-axis is a mesh axis like any other for the tactics after it and for propagation, with one rule: axes
+that *overlap* (name a common factor of one mesh axis: an axis and its sub-axes, ``model:(1)4`` and
+``model:(2)2`` on ``model=8``) split one value, or one op, at most once, as one axis does; sub-axes that do
+not overlap may split two dims of one value, or two factors of one op, or one dim in either order
+(``8{batch,model:(1)2}``, with ``model:(2)2`` on another dim). So a batch split on ``batch`` and
+``model:(1)2`` beside an MLP split on ``model:(2)2`` runs Megatron on half of the model axis and data
+parallelism on the rest. Types name the sub-axes (``f32[8{batch,model:(1)2}, 16]``), and where one dim holds
+adjacent halves they merge (``model:(1)2, model:(2)2`` is ``model``). The reshards between such types are
+redist's plans, and the program runs on the mesh refined at the sub-axes' boundaries (the same devices in the
+same order; :mod:`partir_core.reshard`).
+
 Errors (:class:`PartitionError`, a ``ShardingError``/``ValueError``) are raised before anything runs: arguments of
 the wrong kind when a tactic is made (dims not a dict, a time budget that is not a positive number), an unknown
 axis when the schedule meets the mesh (:func:`check_schedule`), a path matching no input or a dim out of range
-by :meth:`validate`. A dim need not divide by the axis size: it is then split by XLA's padding rule (ceil-sized
-blocks, padded local buffers; SPEC 2), and ops that reduce over it count its data only. ``AutomaticPartition``
-searches for the tactics (see :mod:`partir_core.automatic`).
+by :meth:`validate`; an axis is named in the user's terms (the token, its mesh axis and that axis's size, for a
+malformed token, an unknown axis or a sub-axis that does not divide its axis). A dim need not divide by the
+axis size: it is then split by XLA's padding rule (ceil-sized blocks, padded local buffers; SPEC 2), and ops
+that reduce over it count its data only. ``AutomaticPartition`` searches for the tactics (see
+:mod:`partir_core.automatic`).
 """
 
 from __future__ import annotations
@@ -21,8 +36,10 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
+from redist.axes import Axis, read_token
 from redist.errors import ShardingError, shown
 
+from partir_core.factors import overlap
 from partir_core.ir import Graph
 from partir_core.propagation import Conflict, State
 from partir_core.simulator import hardware_profile
@@ -55,12 +72,11 @@ class ManualPartition:
                 raise PartitionError(f"ManualPartition: the dim of path {path!r} must be an int (or None to pin "
                                      f"the input), got {type(dim).__name__} {shown(dim)}")
         if not isinstance(self.axis, str):
-            raise PartitionError(f"ManualPartition: axis must be a mesh axis name, got {shown(self.axis)}")
+            raise PartitionError(f"ManualPartition: axis must be a mesh axis name, got {shown(self.axis)} (a "
+                                 "sub-axis is written NAME:(PRE)SIZE, like 'model:(2)2')")
 
     def check_mesh(self, mesh) -> None:
-        if self.axis not in mesh.names:
-            raise PartitionError(f"ManualPartition: unknown mesh axis {self.axis!r}; the mesh has axes "
-                                 f"{', '.join(mesh.names)}")
+        mesh_axis("ManualPartition", self.axis, mesh)
 
     def matches(self, graph: Graph) -> list[tuple[str, int, int | None]]:
         """``(path, value, dim)`` for every input each path pattern names (dims normalised)."""
@@ -87,22 +103,30 @@ class ManualPartition:
         self.matches(graph)
 
     def apply(self, graph: Graph, state: State, mesh, index: int) -> None:
-        """Record this tactic's decisions in ``state`` (propagation is the caller's)."""
+        """Record this tactic's decisions in ``state`` (propagation is the caller's). A dim already split on
+        the axis is left as it is; an input that is pinned, or that another axis overlapping this one already
+        splits (on any dim), is left as it is and the conflict recorded."""
+        axis = mesh_axis("ManualPartition", self.axis, mesh)
         for p, v, d in self.matches(graph):
             if d is None:
                 state.pinned.add(v)
                 continue
             cur = state.dims[v][d]
-            if self.axis in cur:
+            if axis in cur:
                 continue
-            used = [a for ax in state.dims[v] for a in ax]
-            if v in state.pinned or self.axis in used:
-                why = ("the input is pinned" if v in state.pinned
-                       else f"axis {self.axis!r} already splits another dim")
+            used = [(j, a) for j, ax in enumerate(state.dims[v]) for a in ax if overlap(mesh, a, axis)]
+            if v in state.pinned or used:
+                if v in state.pinned:
+                    why = "the input is pinned"
+                else:
+                    j, a = used[0]
+                    where = "this dim" if j == d else f"dim {j}"
+                    why = (f"axis {axis!r} already splits {where}" if a == axis
+                           else f"axis {axis!r} overlaps axis {a!r}, which already splits {where}")
                 state.conflicts.append(Conflict(index, -1, "input " + p, f"dim {d}",
-                                                ((v, d, (self.axis,), index),), tuple(cur), why))
+                                                ((v, d, (axis,), index),), tuple(cur), why))
                 continue
-            state.dims[v][d] = tuple(cur) + (self.axis,)
+            state.dims[v][d] = tuple(cur) + (axis,)
             if state.prov[v][d] is None:
                 state.prov[v][d] = index
 
@@ -116,7 +140,10 @@ class AutomaticPartition:
     Monte Carlo tree search over "shard dimension group g on axis a" (:mod:`partir_core.automatic`),
     starting from the tactics before it, which it leaves intact (propagation never overrides them).
 
-    ``axes``: the mesh axes it may use (empty: all). ``memory_budget_bytes``: per-device simulated peak
+    ``axes``: the mesh axes or sub-axes it may use (empty: every mesh axis). ``sub_axes``: also the two
+    halves of each of those axes of size >= 4 (``model:(1)2``, ``model:(2)2``;
+    :func:`partir_core.automatic.search_axes`): off by default, as more axes spread a small budget of
+    evaluations thinner. ``memory_budget_bytes``: per-device simulated peak
     (None: no limit). ``time_budget_s``: wall-clock limit of the search. ``seed``: tie-breaking; the search
     is deterministic for a seed when it stops by ``max_evals``, ``patience`` or exhaustion rather than by
     time. ``hardware``: the simulator profile (None: the default). ``progress``: a progress bar on stderr
@@ -135,6 +162,7 @@ class AutomaticPartition:
     max_depth: int | None = None
     exploration: float = 0.7
     progress: bool | None = None
+    sub_axes: bool = False
 
     def __post_init__(self):
         self.check_arguments()
@@ -162,6 +190,8 @@ class AutomaticPartition:
             fail("exploration", "a finite number >= 0")
         if self.progress is not None and not isinstance(self.progress, bool):
             fail("progress", "True, False or None")
+        if not isinstance(self.sub_axes, bool):
+            fail("sub_axes", "True or False")
         try:
             hardware_profile(self.hardware)
         except ShardingError as e:
@@ -169,9 +199,7 @@ class AutomaticPartition:
 
     def check_mesh(self, mesh) -> None:
         for a in self.axes:
-            if a not in mesh.names:
-                raise PartitionError(f"AutomaticPartition: unknown mesh axis {a!r}; the mesh has axes "
-                                     f"{', '.join(mesh.names)}")
+            mesh_axis("AutomaticPartition", a, mesh)
 
     def validate(self, graph: Graph, mesh) -> None:
         self.check_arguments()
@@ -179,7 +207,31 @@ class AutomaticPartition:
 
     def __str__(self):
         budget = f", memory_budget_bytes={self.memory_budget_bytes}" if self.memory_budget_bytes else ""
-        return f"AutomaticPartition(axes={self.axes!r}{budget}, time_budget_s={self.time_budget_s}, seed={self.seed})"
+        halves = ", sub_axes=True" if self.sub_axes else ""
+        return (f"AutomaticPartition(axes={self.axes!r}{budget}{halves}, time_budget_s={self.time_budget_s}, "
+                f"seed={self.seed})")
+
+
+def mesh_axis(tactic: str, token: str, mesh) -> Axis:
+    """The axis of ``mesh`` that ``token`` names: a mesh axis, or a sub-axis ``NAME:(PRE)SIZE`` of one. Raises
+    :class:`PartitionError` naming the ``tactic`` and the token: for a sub-axis that does not fit, also its mesh
+    axis and that axis's size; for an unknown axis, the mesh's axes; for text that is no axis, the syntax."""
+    parts = read_token(token) if isinstance(token, str) else None
+    if parts is None:
+        raise PartitionError(f"{tactic}: cannot read axis {shown(token)}; expected a mesh axis name "
+                             f"({', '.join(mesh.names)}) or a sub-axis NAME:(PRE)SIZE with PRE and SIZE in digits "
+                             "0-9, like 'model:(2)2'")
+    name, pre, size = parts
+    if name not in mesh.names:
+        which = "mesh axis" if pre is None else f"mesh axis {name!r} in sub-axis"
+        raise PartitionError(f"{tactic}: unknown {which} {shown(token) if pre is not None else repr(name)}; the "
+                             f"mesh has axes {', '.join(mesh.names)}")
+    try:
+        return mesh.axis(token)
+    except ShardingError:
+        full = mesh.axis_size(name)
+        raise PartitionError(f"{tactic}: sub-axis {token!r} does not fit mesh axis {name!r} of size {full}: a "
+                             f"sub-axis {name}:(PRE)SIZE needs SIZE >= 2 and PRE·SIZE dividing {full}") from None
 
 
 def _finite(x) -> bool:
