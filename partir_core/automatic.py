@@ -128,7 +128,9 @@ class AutoResult:
     in place of the ``AutomaticPartition``); ``code``: the same as Python source; ``text``: the program after
     them; ``action_space``: sizes before and after grouping; ``groups``: the analysis; ``stats``: search
     statistics (evaluations, ``evals_per_s`` over the search's wall time and ``evals_per_cpu_s`` over its
-    process time, ``scoring_ms`` per evaluation, cache hits, templates, iterations, the local pass, seconds,
+    process time, ``scoring_ms`` per evaluation, cache hits, per-op choices remembered for the op
+    (``op_choice_hits``), shared with another op of its signature (``op_choice_shared``) or made
+    (``op_choice_misses``), templates, iterations, the local pass, seconds,
     why it stopped, best over time)."""
 
     tactics: list
@@ -563,7 +565,8 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
              "evals_per_cpu_s": ev.n_sim / cpu_s if cpu_s > 0 else 0.0,
              "scoring_ms": 1e3 * ev.sim_s / max(ev.n_sim, 1), "cache_hits": ev.n_hits,
              "same_state_hits": ev.n_fp_hits, "op_choice_hits": ev.estimator.memo.hits,
-             "op_choice_misses": ev.estimator.memo.misses, "iterations": iterations, "nodes": len(tree.nodes),
+             "op_choice_shared": ev.estimator.memo.shared, "op_choice_misses": ev.estimator.memo.misses,
+             "iterations": iterations, "nodes": len(tree.nodes),
              "seconds": seconds, "templates": seeded, "refinements": refined, "stopped": stopped, "local": local,
              "best_reward": best.reward,
              "history": found.history, "max_depth": max_depth, "patience": patience}

@@ -200,6 +200,7 @@ def test_stats_report_the_evaluation_rate():
     st = pc.jit(m.step, MESH, [auto(max_evals=40)]).lower(*ins).automatic.stats
     assert st["evaluations"] == 40 and st["evals_per_s"] > 0 and st["evals_per_cpu_s"] > 0
     assert st["scoring_ms"] > 0 and st["op_choice_hits"] > 0 and st["templates"] > 0 and st["refinements"] > 0
+    assert st["op_choice_shared"] > 0  # the layers' ops share their choices
 
 
 def test_result_is_a_local_optimum_over_single_group_moves():
