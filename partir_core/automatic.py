@@ -29,13 +29,14 @@ cannot be lowered (a ``ShardingError``) is never chosen. The reward of a state i
 The search, in three phases:
 
 1. *Goals* (:func:`_templates`): data parallelism over every subset of the axes, alone and with one ZeRO
-   action, are evaluated first (PartIR's goal-directed composite search: the strategies experts compose;
-   data parallelism alone first, then with ZeRO in order of the promise of its data parallelism);
-   then their Megatron-style refinements (:func:`_refinements`) of the most promising goals, the fastest
-   goal (over the budget or not: weight splits save memory) and the start, in turn, most promising first
-   (:meth:`Evaluator.promise`): each with one pair of weight decisions on an axis it leaves free, or one
-   weight decision on several. All become children of the tree's root
-   (macro moves the tree refines one group at a time).
+   action (PartIR's goal-directed composite search: the strategies experts compose), and their
+   Megatron-style refinements (:func:`_refine`): each of the most promising goals, the fastest goal (over
+   the budget or not: weight splits save memory) and the start, in turn, most promising first
+   (:meth:`Evaluator.promise`), with one pair of weight decisions on an axis it leaves free, or one weight
+   decision on several. In this order: data parallelism alone, its refinements, data parallelism with ZeRO
+   (the most promising data parallelism first), the refinements of the most promising goals then, so that
+   a search stopped early (three axes give many ZeRO templates) has tried Megatron-style splits. All become
+   children of the tree's root (macro moves the tree refines one group at a time).
 2. *Tree* (until ``MCTS_SHARE`` of the time budget and of ``max_evals``): UCT over the sets (a node per set,
    shared between the orders that reach it: transpositions), with each node's value the best reward found
    below it (the problem is deterministic: the best leaf matters, not the mean), normalised among siblings;
@@ -524,18 +525,18 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
     found = _Found((), root_eval, t_start)
     progress = _Progress(tactic, t_start)
     templates = _templates(actions, groups)
-    # data parallelism alone first, then with ZeRO, the most promising data parallelism first
+    pairs, weights = weight_pairs(actions, groups), weight_actions(actions, groups)
+    # data parallelism alone and its refinements first, then with ZeRO (the most promising data parallelism
+    # first) and the refinements of the most promising goals so far: a search stopped early has tried
+    # Megatron-style splits even where ZeRO gives many templates (three axes)
     dp = {ev.key(t): ev.key(tuple(a for a in t if a.decision < len(groups.macro))) for t in templates}
-    seeded = _seed(ev, tree, found, [k for k in dp if dp[k] == k], tree_limits, progress)
+    plain = [k for k in dp if dp[k] == k]
+    seeded = _seed(ev, tree, found, plain, tree_limits, progress)
+    refined = _refine(ev, tree, found, _by_promise(ev, plain), pairs, weights, tree_limits, progress)
     with_zero = sorted((k for k in dp if dp[k] != k), key=lambda k: (_promise(ev, dp[k]), ev.rank_of(k)))
     seeded += _seed(ev, tree, found, with_zero, tree_limits, progress, {k: dp[k] for k in with_zero})
-    pairs = weight_pairs(actions, groups)
-    goals = sorted((k for k in dict.fromkeys(ev.key(t) for t in templates) if ev.evals.get(k) is not None),
-                   key=lambda k: (ev.promise(ev.evals[k]), ev.rank_of(k)))
-    fastest = min(goals, key=lambda k: (ev.evals[k].step_time_s, ev.rank_of(k)), default=())  # fitting or not
-    starts = sorted({(), fastest, *goals[:LOCAL_STARTS]}, key=lambda k: (ev.promise(ev.evals[k]), ev.rank_of(k)))
-    refinements = _refinements(ev, starts, pairs, weight_actions(actions, groups))
-    refined = _seed(ev, tree, found, list(refinements), tree_limits, progress, refinements)
+    goals = _by_promise(ev, dict.fromkeys(ev.key(t) for t in templates))
+    refined += _refine(ev, tree, found, goals, pairs, weights, tree_limits, progress)
     since_improved = iterations = 0
     while True:
         stopped = _stop_reason(ev, tree, tree_limits, since_improved, patience)
@@ -702,6 +703,23 @@ def _promise(ev: Evaluator, key: tuple) -> float:
     """:meth:`Evaluator.promise` of set ``key``; infinite if it was not evaluated or is no move."""
     e = ev.evals.get(key)
     return math.inf if e is None else ev.promise(e)
+
+
+def _by_promise(ev: Evaluator, keys) -> list:
+    """The evaluated sets among ``keys``, the most promising first (:meth:`Evaluator.promise`)."""
+    return sorted((k for k in keys if ev.evals.get(k) is not None),
+                  key=lambda k: (ev.promise(ev.evals[k]), ev.rank_of(k)))
+
+
+def _refine(ev: Evaluator, tree: _Tree, found: _Found, goals: list, pairs: list, weights: list, limits,
+            progress) -> int:
+    """Evaluate the :func:`_refinements` of the most promising of ``goals`` (evaluated sets, most promising
+    first), of the fastest of them (fitting or not: weight splits save memory) and of the start, as children of
+    the root (:func:`_seed`). Returns how many were evaluated."""
+    fastest = min(goals, key=lambda k: (ev.evals[k].step_time_s, ev.rank_of(k)), default=())
+    starts = sorted({(), fastest, *goals[:LOCAL_STARTS]}, key=lambda k: (ev.promise(ev.evals[k]), ev.rank_of(k)))
+    refinements = _refinements(ev, starts, pairs, weights)
+    return _seed(ev, tree, found, list(refinements), limits, progress, refinements)
 
 
 def _refinements(ev: Evaluator, starts: list, pairs: list, weights: list) -> dict:
