@@ -33,9 +33,10 @@ The search, in three phases:
    Megatron-style refinements (:func:`_refine`): each of the most promising goals, the fastest goal (over
    the budget or not: weight splits save memory) and the start, in turn, most promising first
    (:meth:`Evaluator.promise`), with one pair of weight decisions on an axis it leaves free, or one weight
-   decision on several. In this order: data parallelism alone, its refinements, data parallelism with ZeRO
-   (the most promising data parallelism first), the refinements of the most promising goals then, so that
-   a search stopped early (three axes give many ZeRO templates) has tried Megatron-style splits. All become
+   decision on several. In this order: data parallelism alone, the refinements of the start and of the most
+   promising data parallelism, data parallelism with ZeRO (the most promising data parallelism first), the
+   refinements of the most promising goals, so that a search stopped early has tried Megatron-style splits
+   (three axes give many ZeRO templates) and ZeRO (goals have many refinements). All become
    children of the tree's root (macro moves the tree refines one group at a time).
 2. *Tree* (until ``MCTS_SHARE`` of the time budget and of ``max_evals``): UCT over the sets (a node per set,
    shared between the orders that reach it: transpositions), with each node's value the best reward found
@@ -526,13 +527,14 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
     progress = _Progress(tactic, t_start)
     templates = _templates(actions, groups)
     pairs, weights = weight_pairs(actions, groups), weight_actions(actions, groups)
-    # data parallelism alone and its refinements first, then with ZeRO (the most promising data parallelism
-    # first) and the refinements of the most promising goals so far: a search stopped early has tried
-    # Megatron-style splits even where ZeRO gives many templates (three axes)
+    # data parallelism alone, the refinements of the start and of the most promising data parallelism, then
+    # data parallelism with ZeRO (the most promising data parallelism first) and the refinements of the most
+    # promising goals: a search stopped early has tried Megatron-style splits even where ZeRO gives many
+    # templates (three axes), and ZeRO even where the goals have many refinements
     dp = {ev.key(t): ev.key(tuple(a for a in t if a.decision < len(groups.macro))) for t in templates}
     plain = [k for k in dp if dp[k] == k]
     seeded = _seed(ev, tree, found, plain, tree_limits, progress)
-    refined = _refine(ev, tree, found, _by_promise(ev, plain), pairs, weights, tree_limits, progress)
+    refined = _refine(ev, tree, found, _by_promise(ev, plain)[:1], pairs, weights, tree_limits, progress)
     with_zero = sorted((k for k in dp if dp[k] != k), key=lambda k: (_promise(ev, dp[k]), ev.rank_of(k)))
     seeded += _seed(ev, tree, found, with_zero, tree_limits, progress, {k: dp[k] for k in with_zero})
     goals = _by_promise(ev, dict.fromkeys(ev.key(t) for t in templates))
