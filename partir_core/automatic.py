@@ -30,13 +30,14 @@ The search, in three phases:
 
 1. *Goals* (:func:`_templates`): data parallelism over every subset of the axes, alone and with one ZeRO
    action (PartIR's goal-directed composite search: the strategies experts compose), and their
-   Megatron-style refinements (:func:`_refine`): each of the most promising goals, the fastest goal (over
+   Megatron-style refinements (:func:`_goal_refinements`): the most promising goals, the fastest goal (over
    the budget or not: weight splits save memory) and the start, in turn, most promising first
-   (:meth:`Evaluator.promise`), with one pair of weight decisions on an axis it leaves free, or one weight
-   decision on several. In this order: data parallelism alone, the refinements of the start and of the most
-   promising data parallelism, data parallelism with ZeRO (the most promising data parallelism first), the
-   refinements of the most promising goals, so that a search stopped early has tried Megatron-style splits
-   (three axes give many ZeRO templates) and ZeRO (goals have many refinements). All become
+   (:meth:`Evaluator.promise`), each with one pair of weight decisions on an axis it leaves free, or one
+   weight decision on several. In this order: data parallelism alone; then in turn one with ZeRO (the most
+   promising data parallelism first) and one refinement of the start or of the most promising data
+   parallelism, as many of those as of these; then the refinements of the most promising goals. So a search
+   stopped early has tried both ZeRO and Megatron-style splits (three axes give many ZeRO templates, goals
+   many refinements) and refined the goals with ZeRO. All become
    children of the tree's root (macro moves the tree refines one group at a time).
 2. *Tree* (until ``MCTS_SHARE`` of the time budget and of ``max_evals``): UCT over the sets (a node per set,
    shared between the orders that reach it: transpositions), with each node's value the best reward found
@@ -527,18 +528,23 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
     progress = _Progress(tactic, t_start)
     templates = _templates(actions, groups)
     pairs, weights = weight_pairs(actions, groups), weight_actions(actions, groups)
-    # data parallelism alone, the refinements of the start and of the most promising data parallelism, then
-    # data parallelism with ZeRO (the most promising data parallelism first) and the refinements of the most
-    # promising goals: a search stopped early has tried Megatron-style splits even where ZeRO gives many
-    # templates (three axes), and ZeRO even where the goals have many refinements
+    # data parallelism alone; then, in turn, data parallelism with ZeRO (the most promising data parallelism
+    # first) and as many refinements of the start and of the most promising data parallelism; then the
+    # refinements of the most promising goals (the start's left over among them): a search stopped early has
+    # tried both ZeRO and Megatron-style splits
     dp = {ev.key(t): ev.key(tuple(a for a in t if a.decision < len(groups.macro))) for t in templates}
     plain = [k for k in dp if dp[k] == k]
     seeded = _seed(ev, tree, found, plain, tree_limits, progress)
-    refined = _refine(ev, tree, found, _by_promise(ev, plain)[:1], pairs, weights, tree_limits, progress)
     with_zero = sorted((k for k in dp if dp[k] != k), key=lambda k: (_promise(ev, dp[k]), ev.rank_of(k)))
-    seeded += _seed(ev, tree, found, with_zero, tree_limits, progress, {k: dp[k] for k in with_zero})
+    first = dict(itertools.islice(_goal_refinements(ev, _by_promise(ev, plain)[:1], pairs, weights).items(),
+                                  len(with_zero)))
+    turns = [k for turn in itertools.zip_longest(with_zero, first) for k in turn if k is not None]
+    n = _seed(ev, tree, found, turns, tree_limits, progress, {**{k: dp[k] for k in with_zero}, **first})
+    refined = sum(ev.evals.get(k) is not None for k in first)
+    seeded += n - refined
     goals = _by_promise(ev, dict.fromkeys(ev.key(t) for t in templates))
-    refined += _refine(ev, tree, found, goals, pairs, weights, tree_limits, progress)
+    then = _goal_refinements(ev, goals, pairs, weights)
+    refined += _seed(ev, tree, found, list(then), tree_limits, progress, then)
     since_improved = iterations = 0
     while True:
         stopped = _stop_reason(ev, tree, tree_limits, since_improved, patience)
@@ -713,15 +719,12 @@ def _by_promise(ev: Evaluator, keys) -> list:
                   key=lambda k: (ev.promise(ev.evals[k]), ev.rank_of(k)))
 
 
-def _refine(ev: Evaluator, tree: _Tree, found: _Found, goals: list, pairs: list, weights: list, limits,
-            progress) -> int:
-    """Evaluate the :func:`_refinements` of the most promising of ``goals`` (evaluated sets, most promising
-    first), of the fastest of them (fitting or not: weight splits save memory) and of the start, as children of
-    the root (:func:`_seed`). Returns how many were evaluated."""
+def _goal_refinements(ev: Evaluator, goals: list, pairs: list, weights: list) -> dict:
+    """The :func:`_refinements` of the most promising of ``goals`` (evaluated sets, most promising first), of
+    the fastest of them (fitting or not: weight splits save memory) and of the start."""
     fastest = min(goals, key=lambda k: (ev.evals[k].step_time_s, ev.rank_of(k)), default=())
     starts = sorted({(), fastest, *goals[:LOCAL_STARTS]}, key=lambda k: (ev.promise(ev.evals[k]), ev.rank_of(k)))
-    refinements = _refinements(ev, starts, pairs, weights)
-    return _seed(ev, tree, found, list(refinements), limits, progress, refinements)
+    return _refinements(ev, starts, pairs, weights)
 
 
 def _refinements(ev: Evaluator, starts: list, pairs: list, weights: list) -> dict:
