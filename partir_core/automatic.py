@@ -34,7 +34,7 @@ The search, in three phases:
    the budget or not: weight splits save memory) and the start, in turn, most promising first
    (:meth:`Evaluator.promise`), each with one pair of weight decisions on an axis it leaves free, or one
    weight decision on several. In this order: data parallelism alone; then in turn one with ZeRO (the most
-   promising data parallelism first) and one refinement of the start or of the most promising data
+   promising data parallelism first) and one refinement of the start, the fastest or the most promising data
    parallelism, as many of those as of these; then the refinements of the most promising goals. So a search
    stopped early has tried both ZeRO and Megatron-style splits (three axes give many ZeRO templates, goals
    many refinements) and refined the goals with ZeRO. All become
@@ -529,14 +529,14 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
     templates = _templates(actions, groups)
     pairs, weights = weight_pairs(actions, groups), weight_actions(actions, groups)
     # data parallelism alone; then, in turn, data parallelism with ZeRO (the most promising data parallelism
-    # first) and as many refinements of the start and of the most promising data parallelism; then the
+    # first) and as many refinements of the start, the fastest and the most promising data parallelism; then the
     # refinements of the most promising goals (the start's left over among them): a search stopped early has
     # tried both ZeRO and Megatron-style splits
     dp = {ev.key(t): ev.key(tuple(a for a in t if a.decision < len(groups.macro))) for t in templates}
     plain = [k for k in dp if dp[k] == k]
     seeded = _seed(ev, tree, found, plain, tree_limits, progress)
     with_zero = sorted((k for k in dp if dp[k] != k), key=lambda k: (_promise(ev, dp[k]), ev.rank_of(k)))
-    first = dict(itertools.islice(_goal_refinements(ev, _by_promise(ev, plain)[:1], pairs, weights).items(),
+    first = dict(itertools.islice(_goal_refinements(ev, _by_promise(ev, plain), pairs, weights, 1).items(),
                                   len(with_zero)))
     turns = [k for turn in itertools.zip_longest(with_zero, first) for k in turn if k is not None]
     n = _seed(ev, tree, found, turns, tree_limits, progress, {**{k: dp[k] for k in with_zero}, **first})
@@ -719,11 +719,11 @@ def _by_promise(ev: Evaluator, keys) -> list:
                   key=lambda k: (ev.promise(ev.evals[k]), ev.rank_of(k)))
 
 
-def _goal_refinements(ev: Evaluator, goals: list, pairs: list, weights: list) -> dict:
-    """The :func:`_refinements` of the most promising of ``goals`` (evaluated sets, most promising first), of
-    the fastest of them (fitting or not: weight splits save memory) and of the start."""
+def _goal_refinements(ev: Evaluator, goals: list, pairs: list, weights: list, top: int = LOCAL_STARTS) -> dict:
+    """The :func:`_refinements` of the ``top`` most promising of ``goals`` (evaluated sets, most promising
+    first), of the fastest of them (fitting or not: weight splits save memory) and of the start."""
     fastest = min(goals, key=lambda k: (ev.evals[k].step_time_s, ev.rank_of(k)), default=())
-    starts = sorted({(), fastest, *goals[:LOCAL_STARTS]}, key=lambda k: (ev.promise(ev.evals[k]), ev.rank_of(k)))
+    starts = sorted({(), fastest, *goals[:top]}, key=lambda k: (ev.promise(ev.evals[k]), ev.rank_of(k)))
     return _refinements(ev, starts, pairs, weights)
 
 
