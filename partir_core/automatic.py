@@ -29,13 +29,16 @@ cannot be lowered (a ``ShardingError``) is never chosen. The reward of a state i
 The search, in three phases:
 
 1. *Goals* (:func:`_templates`): data parallelism over every subset of the axes, alone and with one ZeRO
-   action, are evaluated first (PartIR's goal-directed composite search: the strategies experts compose;
-   data parallelism alone first, then with ZeRO in order of the promise of its data parallelism);
-   then their Megatron-style refinements (:func:`_refinements`) of the most promising goals, the fastest
-   goal (over the budget or not: weight splits save memory) and the start, in turn, most promising first
-   (:meth:`Evaluator.promise`): each with one pair of weight decisions on an axis it leaves free, or one
-   weight decision on several. All become children of the tree's root
-   (macro moves the tree refines one group at a time).
+   action (PartIR's goal-directed composite search: the strategies experts compose), and their
+   Megatron-style refinements (:func:`_goal_refinements`): the most promising goals, the fastest goal (over
+   the budget or not: weight splits save memory) and the start, in turn, most promising first
+   (:meth:`Evaluator.promise`), each with one pair of weight decisions on an axis it leaves free, or one
+   weight decision on several. In this order: data parallelism alone; then in turn one with ZeRO (the most
+   promising data parallelism first) and one refinement of the start, the fastest or the most promising data
+   parallelism, as many of those as of these; then the refinements of the most promising goals. So a search
+   stopped early has tried both ZeRO and Megatron-style splits (three axes give many ZeRO templates, goals
+   many refinements) and refined the goals with ZeRO. All become
+   children of the tree's root (macro moves the tree refines one group at a time).
 2. *Tree* (until ``MCTS_SHARE`` of the time budget and of ``max_evals``): UCT over the sets (a node per set,
    shared between the orders that reach it: transpositions), with each node's value the best reward found
    below it (the problem is deterministic: the best leaf matters, not the mean), normalised among siblings;
@@ -129,7 +132,9 @@ class AutoResult:
     in place of the ``AutomaticPartition``); ``code``: the same as Python source; ``text``: the program after
     them; ``action_space``: sizes before and after grouping; ``groups``: the analysis; ``stats``: search
     statistics (evaluations, ``evals_per_s`` over the search's wall time and ``evals_per_cpu_s`` over its
-    process time, ``scoring_ms`` per evaluation, cache hits, templates, iterations, the local pass, seconds,
+    process time, ``scoring_ms`` per evaluation, cache hits, per-op choices remembered for the op
+    (``op_choice_hits``), shared with another op of its signature (``op_choice_shared``) or made
+    (``op_choice_misses``), templates, iterations, the local pass, seconds,
     why it stopped, best over time)."""
 
     tactics: list
@@ -540,18 +545,24 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
     found = _Found((), root_eval, t_start)
     progress = _Progress(tactic, t_start)
     templates = _templates(actions, groups)
-    # data parallelism alone first, then with ZeRO, the most promising data parallelism first
+    pairs, weights = weight_pairs(actions, groups), weight_actions(actions, groups)
+    # data parallelism alone; then, in turn, data parallelism with ZeRO (the most promising data parallelism
+    # first) and as many refinements of the start, the fastest and the most promising data parallelism; then the
+    # refinements of the most promising goals (the start's left over among them): a search stopped early has
+    # tried both ZeRO and Megatron-style splits
     dp = {ev.key(t): ev.key(tuple(a for a in t if a.decision < len(groups.macro))) for t in templates}
-    seeded = _seed(ev, tree, found, [k for k in dp if dp[k] == k], tree_limits, progress)
+    plain = [k for k in dp if dp[k] == k]
+    seeded = _seed(ev, tree, found, plain, tree_limits, progress)
     with_zero = sorted((k for k in dp if dp[k] != k), key=lambda k: (_promise(ev, dp[k]), ev.rank_of(k)))
-    seeded += _seed(ev, tree, found, with_zero, tree_limits, progress, {k: dp[k] for k in with_zero})
-    pairs = weight_pairs(actions, groups)
-    goals = sorted((k for k in dict.fromkeys(ev.key(t) for t in templates) if ev.evals.get(k) is not None),
-                   key=lambda k: (ev.promise(ev.evals[k]), ev.rank_of(k)))
-    fastest = min(goals, key=lambda k: (ev.evals[k].step_time_s, ev.rank_of(k)), default=())  # fitting or not
-    starts = sorted({(), fastest, *goals[:LOCAL_STARTS]}, key=lambda k: (ev.promise(ev.evals[k]), ev.rank_of(k)))
-    refinements = _refinements(ev, starts, pairs, weight_actions(actions, groups))
-    refined = _seed(ev, tree, found, list(refinements), tree_limits, progress, refinements)
+    first = dict(itertools.islice(_goal_refinements(ev, _by_promise(ev, plain), pairs, weights, 1).items(),
+                                  len(with_zero)))
+    turns = [k for turn in itertools.zip_longest(with_zero, first) for k in turn if k is not None]
+    n = _seed(ev, tree, found, turns, tree_limits, progress, {**{k: dp[k] for k in with_zero}, **first})
+    refined = sum(ev.evals.get(k) is not None for k in first)
+    seeded += n - refined
+    goals = _by_promise(ev, dict.fromkeys(ev.key(t) for t in templates))
+    then = _goal_refinements(ev, goals, pairs, weights)
+    refined += _seed(ev, tree, found, list(then), tree_limits, progress, then)
     since_improved = iterations = 0
     while True:
         stopped = _stop_reason(ev, tree, tree_limits, since_improved, patience)
@@ -581,7 +592,8 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
              "evals_per_cpu_s": ev.n_sim / cpu_s if cpu_s > 0 else 0.0,
              "scoring_ms": 1e3 * ev.sim_s / max(ev.n_sim, 1), "cache_hits": ev.n_hits,
              "same_state_hits": ev.n_fp_hits, "op_choice_hits": ev.estimator.memo.hits,
-             "op_choice_misses": ev.estimator.memo.misses, "iterations": iterations, "nodes": len(tree.nodes),
+             "op_choice_shared": ev.estimator.memo.shared, "op_choice_misses": ev.estimator.memo.misses,
+             "iterations": iterations, "nodes": len(tree.nodes),
              "seconds": seconds, "templates": seeded, "refinements": refined, "stopped": stopped, "local": local,
              "best_reward": best.reward,
              "history": found.history, "max_depth": max_depth, "patience": patience}
@@ -717,6 +729,20 @@ def _promise(ev: Evaluator, key: tuple) -> float:
     """:meth:`Evaluator.promise` of set ``key``; infinite if it was not evaluated or is no move."""
     e = ev.evals.get(key)
     return math.inf if e is None else ev.promise(e)
+
+
+def _by_promise(ev: Evaluator, keys) -> list:
+    """The evaluated sets among ``keys``, the most promising first (:meth:`Evaluator.promise`)."""
+    return sorted((k for k in keys if ev.evals.get(k) is not None),
+                  key=lambda k: (ev.promise(ev.evals[k]), ev.rank_of(k)))
+
+
+def _goal_refinements(ev: Evaluator, goals: list, pairs: list, weights: list, top: int = LOCAL_STARTS) -> dict:
+    """The :func:`_refinements` of the ``top`` most promising of ``goals`` (evaluated sets, most promising
+    first), of the fastest of them (fitting or not: weight splits save memory) and of the start."""
+    fastest = min(goals, key=lambda k: (ev.evals[k].step_time_s, ev.rank_of(k)), default=())
+    starts = sorted({(), fastest, *goals[:top]}, key=lambda k: (ev.promise(ev.evals[k]), ev.rank_of(k)))
+    return _refinements(ev, starts, pairs, weights)
 
 
 def _refinements(ev: Evaluator, starts: list, pairs: list, weights: list) -> dict:

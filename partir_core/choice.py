@@ -143,14 +143,16 @@ def op_candidates(graph: Graph, rules: list, i: int, state: State, types: dict, 
     return proposal, alternatives
 
 
-def cheapest(graph: Graph, eqn, proposal: OpSharding, alternatives, types, state, mesh, targets) -> OpSharding:
+def cheapest(graph: Graph, eqn, proposal: OpSharding, alternatives, types, state, mesh, targets,
+             price=reshard_bytes) -> OpSharding:
     """The proposal, unless it needs communication and one of ``alternatives()`` (tried in order) moves
     fewer bytes (:func:`_op_cost` against ``targets``): then the first of the cheapest. Ties keep the
-    proposal."""
-    op, cost = proposal, _op_cost(graph, eqn, proposal, types, state, mesh, targets)
+    proposal. ``price``: :func:`~partir_core.reshard.reshard_bytes`, or a function that gives what it gives
+    (a cache of it)."""
+    op, cost = proposal, _op_cost(graph, eqn, proposal, types, state, mesh, targets, price)
     if cost > 0:
         for cand in alternatives():
-            c = _op_cost(graph, eqn, cand, types, state, mesh, targets)
+            c = _op_cost(graph, eqn, cand, types, state, mesh, targets, price)
             if c < cost:
                 op, cost = cand, c
                 if c == 0:
@@ -295,17 +297,18 @@ def state_type(graph, state, v, mesh) -> ShardingType:
     return value_type(graph, v, mesh, tuple(state.dims[v]))
 
 
-def _op_cost(graph, eqn, op: OpSharding, types, state, mesh, targets=None) -> float:
+def _op_cost(graph, eqn, op: OpSharding, types, state, mesh, targets=None, price=reshard_bytes) -> float:
     """Bytes received running ``eqn`` as ``op``: its operands resharded from ``types``, its results to what
-    ``targets`` wants (see :func:`_analyze_once`), its reductions finished."""
-    cost = sum(reshard_bytes(types[v], t) for v, t in zip(eqn.invars, op.in_types))
+    ``targets`` wants (see :func:`_analyze_once`), its reductions finished; each reshard priced by ``price``
+    (see :func:`cheapest`)."""
+    cost = sum(price(types[v], t) for v, t in zip(eqn.invars, op.in_types))
     for v, t in zip(eqn.outvars, op.out_types):
         if targets is FOLLOW:
             continue
         if targets is not None and v in targets:
-            cost += sum(reshard_bytes(t, want) for want in targets[v])
+            cost += sum(price(t, want) for want in targets[v])
         elif v in state.dims:
-            cost += reshard_bytes(t, state_type(graph, state, v, mesh))
+            cost += price(t, state_type(graph, state, v, mesh))
     for _, axes in op.finish:
         cost += finish_bytes(axes, op.out_types)
     return cost

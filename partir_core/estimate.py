@@ -19,9 +19,13 @@ random action sets):
    its operands or the targets of one of its results differ from the base's (:func:`choose_op` reads
    nothing else); its result's type, if it changed, makes its readers dirty in turn. The received bytes of
    a pass (which pass wins) are kept per value and updated for the values whose type or demands changed.
-   Choices are remembered across candidates (:class:`_OpMemo`); an op's candidates, which do not depend on
-   the targets, are shared by the passes that price them against different targets
-   (:func:`~partir_core.choice.op_candidates`, :func:`~partir_core.choice.cheapest`).
+   Choices are remembered across candidates (:class:`_OpMemo`) and shared between ops of one signature
+   (:func:`signature`: the layers of a transformer, the optimizer's updates of weights of one shape): an op
+   chosen under the same dims, provenance order, operand types and targets as another of its signature is
+   chosen alike. An op's candidates, which do not depend on the targets, are shared by the passes that price
+   them against different targets (:func:`~partir_core.choice.op_candidates`,
+   :func:`~partir_core.choice.cheapest`); reshards are priced by their types' identities
+   (:meth:`_OpMemo.reshard_bytes`).
 3. Lowering and simulation: the winning choice is lowered and simulated as ``pf.lower(...).simulate()``
    does (:func:`partir_core.lowering.lower`, :func:`partir_core.simulator.simulate`); nothing runs on JAX.
 
@@ -36,6 +40,7 @@ trips times its body.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -54,7 +59,8 @@ class Structure:
     (``touching``: propagation and choice read its state there), its readers (``readers``: ``(eqn, operand
     position)``: their demands price it) and its ``producer``; how often per call its readers read it
     (``trips``: inside a loop body, the loop's trips; 1 elsewhere) and how often each op runs its reductions
-    (``op_trips``); the outputs; the ops run replicated."""
+    (``op_trips``); the outputs; the ops run replicated; and each op's ``signature`` (:func:`signature`: ops of
+    one signature are chosen alike, so their choices are shared)."""
 
     def __init__(self, graph: Graph, rules: list):
         self.graph, self.rules = graph, rules
@@ -75,6 +81,24 @@ class Structure:
         self.trips = {v: max([1] + [self.op_trips[i] for i, _ in rs]) for v, rs in self.readers.items()}
         self.unsupported = [(i, e.name, "no factor rule: kept replicated")
                             for i, (e, r) in enumerate(zip(graph.eqns, rules)) if r is None]
+        names: dict = {}
+        self.signature = [names.setdefault(signature(graph, e, r), len(names)) for e, r in zip(graph.eqns, rules)]
+
+
+def signature(graph: Graph, eqn, rule) -> tuple:
+    """What :func:`~partir_core.choice.choose_op` reads of an op besides the state and types of its values:
+    its primitive, its factor rule (all but ``local``, which only running the op reads), its operands' and
+    results' shapes and dtypes, which of them are constants, and which name one value twice. Two ops of one
+    signature whose values have the same dims, provenance order and operand types are chosen alike, up to
+    their rule object (the transformer's layers, the optimizer's updates of weights of one shape)."""
+    values = list(eqn.invars) + list(eqn.outvars)
+    first = {v: k for k, v in reversed(list(enumerate(values)))}
+    avals = tuple((graph.shape(v), str(graph.dtype(v)), v in graph.consts, first[v]) for v in values)
+    if rule is None:
+        return (eqn.name, None, avals)
+    return (eqn.name, avals, repr(rule.operands), repr(rule.results), tuple(sorted(rule.sizes.items())),
+            tuple(sorted(rule.reduce.items())), tuple(sorted(rule.blocked)), rule.linear, rule.independent,
+            tuple(sorted(rule.proposed)))
 
 
 # --------------------------------------------------------------------------------------- propagation
@@ -142,14 +166,16 @@ class _Chooser:
         self.state_keys: dict = {}  # op -> what its candidates read of the state (see choose_op)
 
     def choose_op(self, i: int, types: dict, targets):
-        """:func:`~partir_core.choice.choose_op`, remembered in two levels (:class:`_OpMemo`): the op's
-        candidates by everything they depend on (the op, its operands' types, its values' dims and the order
-        of their provenances), shared by the passes that price against different targets; and the choice by
-        that and the targets of its results. Provenance enters by its order among the op's values only:
+        """:func:`~partir_core.choice.choose_op`, remembered (:class:`_OpMemo`) by everything it depends on: the
+        op's signature (:func:`signature`), its values' dims and the order of their provenances, its operands'
+        types and the targets of its results. Provenance enters by its order among the op's values only:
         :func:`~partir_core.propagation.resolve` and :func:`~partir_core.factors.drop_clashes` compare
         provenances and nothing else, and what a choice keeps of them (``OpSharding.use``'s second elements)
-        is read by no one (lowering reads ``use``'s factors only). The choice is looked up first (one probe
-        where it was made before, as it mostly was); the candidates only when it was not."""
+        is read by no one (lowering reads ``use``'s factors only). Three levels, each looked up only when the
+        one before misses: this op's choice (one probe where it was made before, as it mostly was); the choice
+        made for any op of its signature, given this op's rule; the candidates of that key
+        (:func:`~partir_core.choice.op_candidates`, which do not depend on the targets), shared by the passes
+        that price them against different targets."""
         g, memo = self.graph, self.memo
         eqn = g.eqns[i]
         if isinstance(eqn.prim, Boundary):  # fixed, not chosen, and cheap: not remembered
@@ -158,24 +184,40 @@ class _Chooser:
         if sk is None:  # the same in every pass
             sk = self.state_keys[i] = memo.intern(self._state_key(i))
         ref = memo.ref
-        key = (i, sk, *[ref(types[v]) for v in eqn.invars])
+        operands = tuple(ref(types[v]) for v in eqn.invars)
         if isinstance(targets, dict):
             wanted = tuple(tuple(ref(t) for t in targets.get(v, ())) for v in eqn.outvars)
         else:
             wanted = targets
-        op = memo.get((key, wanted))
+        key = (i, sk, operands, wanted)
+        op = memo.get(key)
         if op is not None:
             memo.hits += 1
+            return op
+        op = self._shared_choice(i, (self.s.signature[i], sk, operands), wanted, types, targets)
+        rule = self.s.rules[i]
+        if op.rule is not rule:  # chosen for another op of this signature: the same choice, this op's rule
+            op = dataclasses.replace(op, rule=rule)
+        memo.put(key, op)
+        return op
+
+    def _shared_choice(self, i: int, key: tuple, wanted, types: dict, targets):
+        """Op ``i``'s choice as made for any op of its signature with the same key (see :meth:`choose_op`)."""
+        memo, eqn = self.memo, self.graph.eqns[i]
+        op = memo.get((key, wanted))
+        if op is not None:
+            memo.shared += 1
             return op
         memo.misses += 1
         cands = memo.get(key)
         if cands is None:
-            cands = _Candidates(*op_candidates(g, self.s.rules, i, self.state, types, self.mesh))
+            cands = _Candidates(*op_candidates(self.graph, self.s.rules, i, self.state, types, self.mesh))
             memo.put(key, cands)
         if self.s.rules[i] is None:
             op = cands.proposal
         else:
-            op = cheapest(g, eqn, cands.proposal, cands.alternatives, types, self.state, self.mesh, targets)
+            op = cheapest(self.graph, eqn, cands.proposal, cands.alternatives, types, self.state, self.mesh,
+                          targets, memo.reshard_bytes)
         memo.put((key, wanted), op)
         return op
 
@@ -298,7 +340,7 @@ class _OpMemo:
     def __init__(self, size: int = 1 << 17):
         self.entries: dict = {}
         self.size = size
-        self.hits = self.misses = 0
+        self.hits = self.shared = self.misses = 0
         self.alive: dict = {}
         self.interned: dict = {}
         self.moves: dict = {}

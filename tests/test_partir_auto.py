@@ -200,6 +200,7 @@ def test_stats_report_the_evaluation_rate():
     st = pc.jit(m.step, MESH, [auto(max_evals=40)]).lower(*ins).automatic.stats
     assert st["evaluations"] == 40 and st["evals_per_s"] > 0 and st["evals_per_cpu_s"] > 0
     assert st["scoring_ms"] > 0 and st["op_choice_hits"] > 0 and st["templates"] > 0 and st["refinements"] > 0
+    assert st["op_choice_shared"] > 0  # the layers' ops share their choices
 
 
 def test_result_is_a_local_optimum_over_single_group_moves():
@@ -334,3 +335,33 @@ def test_a_scanned_model_is_searched_and_scored_as_lowered():
                for p in ("BP", "MP", "BP+MP")]
     assert res.step_time_s <= min(presets)
     assert_same(pf(*ins), want)
+
+
+def test_megatron_over_two_axes_is_tried_before_the_zero_templates_on_three_axes():
+    """On (2,2,2) the ZeRO templates are many (data parallelism over 7 subsets of the axes, each with one of 6
+    ZeRO actions); a search of a few dozen evaluations must still try the Megatron-style refinements of data
+    parallelism. On the gnn at half of BP's peak, the fastest preset that fits is Megatron over model and z
+    (MP+MP@z); 40 evaluations reach it."""
+    m, ins, _ = model_and_inputs("gnn")
+    budget = bp_budget("gnn", MESH3, 0.5)
+    experts = schedules.schedule("MP", m, ins, mesh=MESH3) + schedules.schedule("MP", m, ins, model_axis="z",
+                                                                             mesh=MESH3)
+    want = pc.jit(m.step, MESH3, experts).lower(*ins).simulate()
+    assert want.peak_bytes <= budget
+    res = pc.jit(m.step, MESH3, [auto(memory_budget_bytes=budget, max_evals=40, time_budget_s=600)]).lower(
+        *ins).automatic
+    assert res.peak_bytes <= budget and res.step_time_s <= want.step_time_s
+
+
+def test_the_fastest_data_parallelism_is_refined_before_the_zero_templates():
+    """On the transformer at 0.8x BP's peak on (2,2,2), the fastest fitting preset is BP+MP: batch parallelism
+    (the fastest data parallelism, not the most promising under the budget) refined by Megatron's pair on
+    the model axis. Its refinements are taken in turn with the ZeRO templates (many on three axes), so 65
+    evaluations reach it."""
+    m, ins, _ = model_and_inputs("transformer")
+    budget = bp_budget("transformer", MESH3, 0.8)
+    want = pc.jit(m.step, MESH3, schedules.schedule("BP+MP", m, ins, mesh=MESH3)).lower(*ins).simulate()
+    assert want.peak_bytes <= budget
+    res = pc.jit(m.step, MESH3, [auto(memory_budget_bytes=budget, max_evals=65, time_budget_s=600)]).lower(
+        *ins).automatic
+    assert res.peak_bytes <= budget and res.step_time_s <= want.step_time_s

@@ -13,7 +13,7 @@ from partir_core import schedules  # noqa: E402
 from partir_core.analysis import analyze_groups  # noqa: E402
 from partir_core.automatic import build_actions  # noqa: E402
 from partir_core.choice import analyze  # noqa: E402
-from partir_core.estimate import Estimator, propagate_changes  # noqa: E402
+from partir_core.estimate import Estimator, Structure, propagate_changes  # noqa: E402
 from partir_core.lowering import lower  # noqa: E402
 from partir_core.propagation import State, propagate  # noqa: E402
 from partir_core.simulator import simulate  # noqa: E402
@@ -138,3 +138,30 @@ def test_random_action_chains_propagate_and_score_exactly(name):
             key, state, scored = key + (action,), fast, scored + 1
     assert scored >= 10
     assert est.memo.hits > 0  # the passes share op candidates
+
+
+def test_ops_of_one_layer_shape_share_a_signature_and_their_choices():
+    """The transformer's two layers run the same ops on values of the same shapes: each op of layer 1's MLP has
+    the signature of its layer-0 counterpart (and an op of another shape does not), and scoring a state made
+    by batch parallelism from scratch reuses choices made for another op of one signature, with the figures of
+    the lowered program."""
+    mesh = MESHES["2x4"]
+    m, ins = model("transformer")
+    start = pc.jit(m.step, mesh, []).lower(*ins)
+    graph, rules = start.graph, start.rules
+    structure = Structure(graph, rules)
+    w1 = [graph.invars[graph.in_paths.index(f"params/layers/{k}/w1")] for k in (0, 1)]
+    readers = [[i for i, _ in structure.readers[v]] for v in w1]
+    assert len(readers[0]) == len(readers[1]) > 0
+    assert [structure.signature[i] for i in readers[0]] == [structure.signature[i] for i in readers[1]]
+    w2 = graph.invars[graph.in_paths.index("params/layers/0/w2")]  # (4d, d), w1 is (d, 4d)
+    assert {structure.signature[i] for i, _ in structure.readers[w2]}.isdisjoint(
+        structure.signature[i] for i in readers[0])
+    state = schedule_state(graph, rules, mesh, schedules.schedule("BP", m, ins, mesh=mesh))
+    est = Estimator(graph, rules, mesh)
+    got = est.score("BP", state)
+    want = pc.jit(m.step, mesh, schedules.schedule("BP", m, ins, mesh=mesh)).lower(*ins).simulate()
+    assert (got.step_time_s, got.peak_bytes, got.comm_bytes) == (want.step_time_s, want.peak_bytes, want.comm_bytes)
+    assert est.memo.shared > 0
+    ops = est.analysis("BP again", state, "BP").ops
+    assert all(op.rule is rules[i] for i, op in enumerate(ops))  # a shared choice carries its own op's rule
