@@ -338,17 +338,24 @@ def _same_outside(a: int, b: int, tokens) -> bool:
 WRONG_GROUP = ("x:(2)4", "y:(16)2")
 
 
-def test_an_all_reduce_over_a_wrong_group_at_scale_is_refuted_with_a_true_counterexample():
-    """The two contributors the counterexample names are in the all-reduce group of the device the exchange
-    copies the element from (the program's own copies), and they take one summand twice or summands of two
-    source partial groups (the mesh's own group arithmetic)."""
-    src, plan = _pending_plan()
+def _refuted_over_the_wrong_group(src, plan):
+    """The counterexample that refutes ``plan``'s program with its all-reduce over :data:`WRONG_GROUP`, and the
+    copy of the exchange that brings the element it names to its device."""
     wrong = _with_group(plan, WRONG_GROUP)
     verdict = verify_program(wrong, src, plan.dst, timeout_s=60)
     assert verdict.status == "refuted", verdict.reason
     cx = verdict.counterexample
     copy = next(cp for cp in wrong.instructions[1].copies(BIG, cx["device"])
                 if all(lo <= i < lo + n for i, lo, n in zip(cx["index"], cp.dst_start, cp.size)))
+    return cx, copy
+
+
+def test_an_all_reduce_over_a_wrong_group_at_scale_is_refuted_with_a_true_counterexample():
+    """The two contributors the counterexample names are in the all-reduce group of the device the exchange
+    copies the element from (the program's own copies), and they take one summand twice or summands of two
+    source partial groups (the mesh's own group arithmetic)."""
+    src, plan = _pending_plan()
+    cx, copy = _refuted_over_the_wrong_group(src, plan)
     a, b = cx["holds"]["added_from_devices"]
     assert a != b and _same_outside(a, copy.source, WRONG_GROUP) and _same_outside(b, copy.source, WRONG_GROUP)
     summands = [{"x:(2)8": BIG.group_index(d, ("x:(2)8",))} for d in (a, b)]
@@ -362,12 +369,7 @@ def test_a_maximum_over_a_wrong_group_at_scale_misses_a_summand():
     none of the 8 members of the device's group holds within the first member's source group."""
     src, plan = _pending_plan("max")
     assert verify(plan, timeout_s=60).status == "proved"
-    wrong = _with_group(plan, WRONG_GROUP)
-    verdict = verify_program(wrong, src, plan.dst, timeout_s=60)
-    assert verdict.status == "refuted", verdict.reason
-    cx = verdict.counterexample
-    copy = next(cp for cp in wrong.instructions[1].copies(BIG, cx["device"])
-                if all(lo <= i < lo + n for i, lo, n in zip(cx["index"], cp.dst_start, cp.size)))
+    cx, copy = _refuted_over_the_wrong_group(src, plan)
     group = [d for d in BIG.groups(WRONG_GROUP) if copy.source in d][0]
     first = group[0]
     taken = {BIG.group_index(d, ("x:(2)8",)) for d in group if _same_outside(d, first, ("x:(2)8",))}
