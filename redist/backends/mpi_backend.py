@@ -466,9 +466,10 @@ class MpiBackend(interpreter.Backend):
         got, _ = self._array(ins, "temp", (k - 1,) + x.shape, x.dtype)
         self._exchange_rows(sub, k, lambda j: x, lambda j: got[j - (j > me)])
         out, scratch = self._array(ins, "result", shape, x.dtype)
-        members = out.reshape(pre, k, -1)
-        for j in range(k):
-            np.copyto(members[:, j], (x if j == me else got[j - (j > me)]).reshape(pre, -1))
+        members, rows = out.reshape(pre, k, -1), got.reshape(k - 1, pre, -1)
+        np.copyto(members[:, :me], rows[:me].swapaxes(0, 1))  # the members before this rank, in one pass
+        np.copyto(members[:, me], x.reshape(pre, -1))
+        np.copyto(members[:, me + 1:], rows[me:].swapaxes(0, 1))
         return _Buffer(out, not scratch, scratch)
 
     def all_to_all(self, ins: P.AllToAll, buf):
