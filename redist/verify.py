@@ -53,12 +53,13 @@ permute's sources, an exchange's copies) name device ids, read through the progr
   blocks and starts, :func:`_segment_runs`; each field a table over the block, :meth:`_Walk.table`): the
   one whose interval holds the index gives, through one bounded quotient (the segment within the run), the
   source index and the source's block over the dim's ``source_axes`` (a block without an r-th run has count
-  0 there, and its other fields, never read, repeat a neighbour's, so that they break no run or period); the source device is d with its rank
-  over each dim's source axes set to those blocks. An index no segment of some dim covers is *unwritten*
-  (the walk records that it must not be). The terms grow with the runs and with the pieces of their tables
-  (runs of blocks on which a field is affine, or periods that repeat shifted: a few for blocks of equal
-  size, even uneven ones), not with the segments, the devices or their copies. A copy table (an exchange
-  between two device orders, ``CopyTable``): a selector over every device's copies, linear in them.
+  0 there, and its other fields, never read, repeat a neighbour's, so that they break no run or period); the
+  source device is d with its rank over each dim's source axes set to those blocks. An index no segment of
+  some dim covers is *unwritten* (the walk records that it must not be). The terms grow with the runs and
+  with the pieces of their tables (runs of blocks on which a field is affine, or periods that repeat shifted:
+  a few for blocks of equal size, even uneven ones), not with the segments, the devices or their copies. A
+  copy table (an exchange between two device orders, ``CopyTable``): a selector over every device's copies,
+  linear in them.
 - ``Transpose(perm)``: same device; input index ``perm[a]`` is output index ``a``.
 - ``Reshape(shape)``: same device; the index with the same row-major position in the input shape.
 
@@ -1689,19 +1690,30 @@ def _sum_query(program, digits: _Digits, src, dst, dst_local, deadline: _Deadlin
     details["queries"] = 2
     base = _base_position(program, digits, dst, dst_local, deadline)
     walks = [_contributor(program, digits, tag, base, src, src_partial, dst_partial, deadline) for tag in ("p", "q")]
+    bijection = n_members * n_q == n_summands
+    if (bijection or not idempotent) and _pair_query(program, digits, base, walks, src_partial, deadline,
+                                                     refute=not idempotent):
+        return
+    _coverage_query(program, digits, src, src_partial, dst_partial, base, walks[0][0], deadline, details)
+
+
+def _pair_query(program, digits: _Digits, base: _Base, walks, src_partial, deadline: _Deadline,
+                refute: bool) -> bool:
+    """The summation query (2 and 2' of the module header) on two contributors ``walks`` to the group reduction
+    at ``base`` (:func:`_contributor`): can two different members take one source summand, or summands of two
+    source partial groups? True where they cannot; where they can, refutes with them (:func:`_refute_pair`) if
+    ``refute``, else returns False."""
     (w1, m1, s1, cs1, g1), (w2, m2, s2, cs2, g2) = walks
     differ = z3.Or([a != b for a, b in zip(m1, m2)])
     same = z3.And([a == b for a, b in zip(s1, s2)])
     other_group = z3.Or([a != b for a, b in zip(g1, g2)])
-    bijection = n_members * n_q == n_summands
-    if bijection or not idempotent:
-        s, res = _solve(base.constraints + w1.ranges + w1.defs + w1.live + w2.ranges + w2.defs + w2.live
-                        + [differ, z3.Or(same, other_group)], deadline, "summation query")
-        if res == z3.unsat:
-            return
-        if not idempotent:
-            _refute_pair(s.model(), digits, program, base, (cs1, cs2), (s1, s2), src_partial)
-    _coverage_query(program, digits, src, src_partial, dst_partial, base, w1, deadline, details)
+    s, res = _solve(base.constraints + w1.ranges + w1.defs + w1.live + w2.ranges + w2.defs + w2.live
+                    + [differ, z3.Or(same, other_group)], deadline, "summation query")
+    if res == z3.unsat:
+        return True
+    if refute:
+        _refute_pair(s.model(), digits, program, base, (cs1, cs2), (s1, s2), src_partial)
+    return False
 
 
 @dataclass(frozen=True)
@@ -1835,18 +1847,11 @@ def _creation_queries(program, digits: _Digits, src, dst, dst_local, deadline: _
     src_partial = _type_meaning(digits.mesh_sizes, src)[3]
     dst_partial = _type_meaning(digits.mesh_sizes, dst)[3]
     base = _base_position(program, digits, dst, dst_local, deadline)
-    (w1, m1, s1, cs1, g1), (w2, m2, s2, cs2, g2) = (
-        _contributor(program, digits, tag, base, src, src_partial, dst_partial, deadline) for tag in ("p", "q"))
-    if m1:  # more than one contributor per group sum: compare two of them
+    walks = [_contributor(program, digits, tag, base, src, src_partial, dst_partial, deadline) for tag in ("p", "q")]
+    if walks[0][1]:  # more than one contributor per group sum: compare two of them
         details["queries"] = 2
-        differ = z3.Or([a != b for a, b in zip(m1, m2)])
-        same = z3.And([a == b for a, b in zip(s1, s2)])
-        other_group = z3.Or([a != b for a, b in zip(g1, g2)])
-        s, res = _solve(base.constraints + w1.ranges + w1.defs + w1.live + w2.ranges + w2.defs + w2.live
-                        + [differ, z3.Or(same, other_group)], deadline, "summation query")
-        if res == z3.sat:
-            _refute_pair(s.model(), digits, program, base, (cs1, cs2), (s1, s2), src_partial)
-    _onto_query(program, digits, src, src_partial, dst_partial, base, w1, deadline, details)
+        _pair_query(program, digits, base, walks, src_partial, deadline, refute=True)
+    _onto_query(program, digits, src, src_partial, dst_partial, base, walks[0][0], deadline, details)
 
 
 def _onto_query(program, digits: _Digits, src, src_partial, dst_partial, base: _Base, template: _Walk,
