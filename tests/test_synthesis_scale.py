@@ -145,9 +145,12 @@ def test_exchanges_of_thousands_of_rounds_are_not_listed_to_be_priced(monkeypatc
     plans beat it here, so it never is, and the plan returned is at least as fast as its lower bound."""
     mesh = Mesh({"x": 64, "y": 64})
     src, dst = ShardingType.parse(a, mesh), ShardingType.parse(b, mesh)
-    listed = []
-    exchange_time = cost.exchange_time
-    monkeypatch.setattr(cost, "exchange_time", lambda step, t, topo: listed.append(step) or exchange_time(step, t, topo))
+    listed, exchange_time = [], cost.exchange_time
+
+    def listing(step, t, topo):
+        listed.append(step)
+        return exchange_time(step, t, topo)
+    monkeypatch.setattr(cost, "exchange_time", listing)
     topo = cost.topology("tpu-v4", mesh)
     plan = synthesize(src, dst, topology=topo)
     assert plan.dst == dst and plan.peak_bytes <= max(src.local_bytes, dst.local_bytes)

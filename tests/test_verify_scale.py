@@ -38,16 +38,22 @@ def test_plans_over_many_sub_axes_of_65536_devices_are_proved(src_text, dst_text
     assert verdict.status == "proved", verdict.reason
 
 
-def test_a_false_claim_over_many_sub_axes_is_refuted_with_a_true_counterexample():
-    """The same plan against a claim that swaps the sub-axes of two dims (same local shape, other blocks): the
-    counterexample's two global indices are the source's and the claim's own block arithmetic."""
-    src = ShardingType.parse(MANY_SUB_AXES[0][0], BIG)
-    plan = synthesize(src, ShardingType.parse(MANY_SUB_AXES[0][1], BIG))
-    claim = ShardingType.parse("f32[64{x:(64)2}, 12{x:(8)4}, 8{x:(2)2}]", BIG)
+def _refuted_claim(pair, claim_text):
+    """``(src, claim, plan, counterexample)``: the plan of ``pair`` (source and destination texts on
+    :data:`BIG`) refuted against ``claim_text``, a type of the destination's local shape."""
+    src = ShardingType.parse(pair[0], BIG)
+    plan = synthesize(src, ShardingType.parse(pair[1], BIG))
+    claim = ShardingType.parse(claim_text, BIG)
     assert claim.local_shape == plan.dst.local_shape
     verdict = verify(plan, claim, timeout_s=60)
     assert verdict.status == "refuted", verdict.reason
-    cx = verdict.counterexample
+    return src, claim, plan, verdict.counterexample
+
+
+def test_a_false_claim_over_many_sub_axes_is_refuted_with_a_true_counterexample():
+    """The same plan against a claim that swaps the sub-axes of two dims (same local shape, other blocks): the
+    counterexample's two global indices are the source's and the claim's own block arithmetic."""
+    src, claim, _, cx = _refuted_claim(MANY_SUB_AXES[0], "f32[64{x:(64)2}, 12{x:(8)4}, 8{x:(2)2}]")
     expected = tuple(box.start + i for box, i in zip(claim.local_box(cx["device"]), cx["index"]))
     holds = tuple(box.start + i for box, i in zip(src.local_box(cx["holds"]["from_device"]),
                                                   cx["holds"]["from_local_index"]))
@@ -181,13 +187,7 @@ def _holds(program, device: int, index) -> tuple[int, tuple]:
 def test_a_false_claim_on_an_exchange_of_many_segments_is_refuted_with_a_true_counterexample():
     """The first plan against a claim with the sub-axes of dim 1 in the other order (same local shape): the
     counterexample's holding is what the exchange's copies put there, and the claim wants another element."""
-    src = ShardingType.parse(MANY_SEGMENTS[0][0], BIG)
-    plan = synthesize(src, ShardingType.parse(MANY_SEGMENTS[0][1], BIG))
-    claim = ShardingType.parse("f32[65536{y:(2)32}, 128{x:(1)2,x:(2)2,x:(4)4,x:(16)8}]", BIG)
-    assert claim.local_shape == plan.dst.local_shape
-    verdict = verify(plan, claim, timeout_s=60)
-    assert verdict.status == "refuted", verdict.reason
-    cx = verdict.counterexample
+    src, claim, plan, cx = _refuted_claim(MANY_SEGMENTS[0], "f32[65536{y:(2)32}, 128{x:(1)2,x:(2)2,x:(4)4,x:(16)8}]")
     source, index = _holds(plan.program, cx["device"], tuple(cx["index"]))
     assert (source, index) == (cx["holds"]["from_device"], tuple(cx["holds"]["from_local_index"]))
     holds = tuple(box.start + i for box, i in zip(src.local_box(source), index))
