@@ -235,7 +235,6 @@ class CollectivePermute:
         return f"CollectivePermute({text if len(text) <= 80 else text[:77] + '...'})"
 
 
-
 def _occurrence(receiver: np.ndarray, source: np.ndarray) -> np.ndarray:
     """For moves listed in order, how many earlier moves have the same receiver and source: the j of the
     j-th copy a receiver gets from one source (:meth:`Exchange.rounds`' second round key)."""
@@ -247,6 +246,7 @@ def _occurrence(receiver: np.ndarray, source: np.ndarray) -> np.ndarray:
     out = np.empty(order.size, np.int64)
     out[order] = position - np.maximum.accumulate(np.where(first, position, 0))
     return out
+
 
 @dataclass(frozen=True)
 class ExchangeDim:
