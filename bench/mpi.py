@@ -1,6 +1,7 @@
 """redist.mpi.reshard against hand-written mpi4py, XLA's collectives replayed, and gather-then-slice.
 
-    python bench/mpi.py [--ranks 2 4 8] [--mib 16 64 256] [--mib-8 16 64 128] [--repeats 7] [--quick] [--replot]
+    python bench/mpi.py [--ranks 2 4 8] [--mib 16 64 256] [--mib-8 16 64 128] [--repeats 7] [--jobs 3] [--quick]
+                        [--replot]
 
 For each rank count ``n`` the script launches ``mpiexec -n n python bench/mpi_worker.py CASES OUT`` (the
 virtual environment's MPICH) and streams its progress; rank 0 of the job writes the rows, and this driver
@@ -36,11 +37,15 @@ Contenders, each returning a new array as ``reshard`` does (rank r is device r):
 
 Method: per case, the first call of ``redist`` is timed alone after :func:`redist.mpi.clear_cache` (full
 agreement, synthesis, the channel and its sub-communicators, the scratch buffer); then two warm-up calls of
-every contender and ``--repeats`` rounds (times ``64 // S`` below 64 MiB), the contenders in a rotating
-order; each call is ``Barrier``, time, call, and the round's time of a contender is the maximum over ranks.
-Reported: the minimum over rounds (and the median), and per contender the median over rounds of its time
-divided by ``hand``'s in the same round (``paired``: the two ran moments apart under the same load, so this
-ratio is steadier than the ratio of minima on a shared machine, where one quiet round decides a minimum).
+every contender and ``--repeats`` rounds (times ``64 // S`` below 64 MiB), the contenders in a random order
+per round (the same on every rank; a rotation made each contender always follow the same one and pay for what
+it left behind); each call is ``Barrier``, time, call, and the round's time of a contender is the maximum
+over ranks. All of this runs in ``--jobs`` separate ``mpiexec`` jobs per rank count, whose rounds are pooled:
+on 2 shared cores a millisecond cell's ratio moves by up to 30% from one job to the next (where the ranks land,
+the state of the allocator), more than within a job. Reported: the minimum over all rounds (and the median),
+per contender the median over rounds of its time divided by ``hand``'s in the same round (``paired``: the two
+ran moments apart under the same load, so this ratio is steadier than the ratio of minima on a shared machine,
+where one quiet round decides a minimum), and the lowest and highest of the jobs' own ratios of minima.
 ``redist``, ``program``, ``hand`` and ``gather_slice`` results are checked exactly against the destination
 block of the global array (entries are the flat index mod 65521, exact in f32; a partial source's summands
 are the array on the ranks at partial coordinate 0 and zeros elsewhere); the replay moves placeholder data and
@@ -53,6 +58,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -135,27 +141,50 @@ def build_cases(ranks: list[int], sizes: dict[int, list[int]]) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------- driver
-def run_jobs(cases: list[dict], ranks: list[int], repeats: int, timeout: int) -> list[dict]:
+def run_jobs(cases: list[dict], ranks: list[int], repeats: int, jobs: int, timeout: int) -> list[dict]:
+    """Run the cases of each rank count in ``jobs`` separate ``mpiexec`` jobs (the rank counts in turn, job
+    ``j`` ordering its rounds with seed ``j``), and merge each case's runs (:func:`merged`)."""
     mpiexec = os.path.join(sys.prefix, "bin", "mpiexec")
     env = dict(os.environ, PYTHONPATH=ROOT)
-    rows = []
+    runs: dict[int, list[list[dict]]] = {n: [] for n in ranks}
     with tempfile.TemporaryDirectory() as tmp:
-        for n in ranks:
-            cin, cout = os.path.join(tmp, f"cases{n}.json"), os.path.join(tmp, f"out{n}.json")
-            with open(cin, "w") as f:
-                json.dump([c for c in cases if c["ranks"] == n], f)
-            cmd = [mpiexec, "-n", str(n), sys.executable, os.path.join(ROOT, "bench", "mpi_worker.py"), cin, cout,
-                   "--repeats", str(repeats)]
-            load = os.getloadavg()
-            proc = subprocess.run(cmd, cwd=ROOT, env=env, timeout=timeout, stdout=sys.stdout, stderr=sys.stderr)
-            if proc.returncode != 0:
-                raise SystemExit(f"mpiexec -n {n} failed (exit {proc.returncode})")
-            with open(cout) as f:
-                got = json.load(f)
-            for row in got:
-                row["load_before"], row["load_after"] = load, os.getloadavg()
-            rows += got
-    return rows
+        for job in range(jobs):
+            for n in ranks:
+                cin, cout = os.path.join(tmp, f"cases{n}.json"), os.path.join(tmp, f"out{n}.json")
+                with open(cin, "w") as f:
+                    json.dump([c for c in cases if c["ranks"] == n], f)
+                cmd = [mpiexec, "-n", str(n), sys.executable, os.path.join(ROOT, "bench", "mpi_worker.py"), cin,
+                       cout, "--repeats", str(repeats), "--seed", str(job)]
+                print(f"[mpi -n {n}] job {job + 1}/{jobs}", flush=True)
+                load = os.getloadavg()
+                proc = subprocess.run(cmd, cwd=ROOT, env=env, timeout=timeout, stdout=sys.stdout, stderr=sys.stderr)
+                if proc.returncode != 0:
+                    raise SystemExit(f"mpiexec -n {n} failed (exit {proc.returncode})")
+                with open(cout) as f:
+                    got = json.load(f)
+                for row in got:
+                    row["load_before"], row["load_after"] = load, os.getloadavg()
+                runs[n].append(got)
+    return [merged(list(same)) for n in ranks for same in zip(*runs[n])]
+
+
+def merged(runs: list[dict]) -> dict:
+    """One case's row from its runs in separate jobs: every round of every job pooled (``min_s``, ``median_s``,
+    ``paired_over_hand``: the median over rounds of a contender's time over ``hand``'s in the same round), and
+    the spread between jobs (``redist_over_hand_per_job``: each job's ratio of minima); the first call's extra
+    cost is the median over jobs of its time less the pooled minimum."""
+    first = runs[0]
+    times = {k: [t for r in runs for t in r["times_s"][k]] for k in first["times_s"]}
+    best = {k: min(ts) for k, ts in times.items()}
+    first_call = statistics.median(r["first_call_s"] for r in runs)
+    return {**{k: first[k] for k in ("name", "ranks", "mib", "mesh", "src", "dst", "steps")},
+            "correct": {k: all(r["correct"][k] for r in runs) for k in first["correct"]}, "jobs": len(runs),
+            "min_s": best, "median_s": {k: statistics.median(ts) for k, ts in times.items()},
+            "paired_over_hand": {k: statistics.median(a / b for a, b in zip(ts, times["hand"]))
+                                 for k, ts in times.items()},
+            "redist_over_hand_per_job": [min(r["times_s"]["redist"]) / min(r["times_s"]["hand"]) for r in runs],
+            "first_call_s": first_call, "first_call_extra_s": first_call - best["redist"],
+            "load_before": first["load_before"], "load_after": runs[-1]["load_after"], "times_s": times}
 
 
 def geomean(xs) -> float:
@@ -179,14 +208,15 @@ def summarize(rows: list[dict]) -> dict:
 
 def print_table(rows: list[dict]) -> None:
     print(f"\n{'n':>2} {'MiB':>4} {'case':<13}{'redist ms':>10}{'program':>9}{'hand':>9}{'xla':>9}{'g+s':>9}"
-          f"{'r/hand':>8}{'paired':>7}{'r/xla':>7}{'1st+ms':>8}  load")
+          f"{'r/hand':>8}{'paired':>7}{'per job':>11}{'r/xla':>7}{'1st+ms':>8}  load")
     for r in rows:
         t = r["min_s"]
         cell = lambda k: f"{t[k] * 1e3:9.2f}" if k in t else f"{'-':>9}"  # noqa: E731
         rx = f"{t['redist'] / t['xla']:7.2f}" if "xla" in t else f"{'-':>7}"
         print(f"{r['ranks']:>2} {r['mib']:>4} {r['name']:<13}{t['redist'] * 1e3:10.2f}{cell('program')}{cell('hand')}"
               f"{cell('xla')}{cell('gather_slice')}{t['redist'] / t['hand']:8.2f}"
-              f"{r['paired_over_hand']['redist']:7.2f}{rx}"
+              f"{r['paired_over_hand']['redist']:7.2f}"
+              f"{min(r['redist_over_hand_per_job']):6.2f}-{max(r['redist_over_hand_per_job']):.2f}{rx}"
               f"{r['first_call_extra_s'] * 1e3:8.1f}  {r['load_before'][0]:.1f}")
 
 
@@ -223,6 +253,7 @@ def main(argv=None) -> None:
     ap.add_argument("--mib-8", type=int, nargs="+", default=[16, 64, 128],
                     help="sizes at -n 8 (8 ranks of 256 MiB with every contender's buffers do not fit in 24 GiB)")
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--jobs", type=int, default=3, help="separate mpiexec jobs per rank count, their rounds pooled")
     ap.add_argument("--quick", action="store_true", help="1 MiB, -n 2 and 4, 3 rounds (a smoke run)")
     ap.add_argument("--out", default=os.path.join(RESULTS, "mpi.json"))
     ap.add_argument("--replot", action="store_true", help="only draw the PNG from the saved JSON (--out)")
@@ -232,11 +263,11 @@ def main(argv=None) -> None:
             plot(json.load(f)["cases"], os.path.splitext(args.out)[0] + ".png")
         return
     if args.quick:
-        args.ranks, args.mib, args.mib_8, args.repeats = [2, 4], [1], [1], 3
+        args.ranks, args.mib, args.mib_8, args.repeats, args.jobs = [2, 4], [1], [1], 3, 1
     sizes = {n: (args.mib_8 if n == 8 else args.mib) for n in args.ranks}
     t0 = time.time()
     cases = build_cases(args.ranks, sizes)
-    rows = run_jobs(cases, args.ranks, args.repeats, timeout=3600)
+    rows = run_jobs(cases, args.ranks, args.repeats, args.jobs, timeout=3600)
     print_table(rows)
     summary = summarize(rows)
     for key, s in summary.items():
@@ -244,7 +275,7 @@ def main(argv=None) -> None:
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"command": " ".join(sys.argv), "seconds": time.time() - t0, "cores": os.cpu_count(),
-                   "repeats": args.repeats, "summary": summary, "cases": rows}, f, indent=1)
+                   "repeats": args.repeats, "jobs": args.jobs, "summary": summary, "cases": rows}, f, indent=1)
     plot(rows, os.path.splitext(args.out)[0] + ".png")
 
 

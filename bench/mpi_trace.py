@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import random
 import statistics
 import sys
 import time
@@ -237,9 +238,10 @@ def trace(name: str, mib: int, repeats: int, contenders) -> None:
         assert np.array_equal(f(), expect)
     times = {k: [] for k in fns}
     per_phase: dict = {}
-    names = list(fns)
-    for r in range(repeats):
-        for k in names[r % len(names):] + names[: r % len(names)]:
+    names, order = list(fns), random.Random(0)
+    for _ in range(repeats):
+        order.shuffle(names)  # the same on every rank; random, so no contender always follows the same one
+        for k in names:
             COMM.Barrier()
             t0 = time.perf_counter()
             fns[k]()
