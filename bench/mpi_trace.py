@@ -185,7 +185,7 @@ def with_collectives(local, src, dst) -> np.ndarray:
     digest, channel, program = ctx.agreed[(src, dst)]
     x, problem = M._local(local, src)
     verdict, _ = M._verdict(ctx, digest, False, bool(problem))
-    backend = CollectiveBackend(ctx, channel, B._scratch_use(program), verdict)
+    backend = CollectiveBackend(ctx, channel, program, verdict)
     buf = interpreter.run(program, backend, B._Buffer(x, B._owned(x, local)))
     backend.settle([])
     return buf.take() if buf.owned else buf.take().copy()
@@ -202,7 +202,7 @@ def phased(local, src, dst, phases: dict) -> np.ndarray:
     t, phases["validate"] = time.perf_counter(), time.perf_counter() - t
     verdict, _ = M._verdict(ctx, digest, False, bool(problem))
     t, phases["verdict start"] = time.perf_counter(), time.perf_counter() - t
-    backend = TimedBackend(ctx, channel, B._scratch_use(program), verdict, phases=phases)
+    backend = TimedBackend(ctx, channel, program, verdict, phases=phases)
     buf = interpreter.run(program, backend, B._Buffer(x, B._owned(x, local)))
     backend.settle([])
     t = time.perf_counter()

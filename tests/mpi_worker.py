@@ -205,11 +205,12 @@ def run_case(src, dst, rng, failures: list, label: str) -> tuple[bool, bool]:
     plan = redist.synthesize(src, dst)
     for ins in plan.program.instructions:
         KINDS[type(ins).__name__] = KINDS.get(type(ins).__name__, 0) + 1
-    moving = [ins for ins in plan.program.instructions if not isinstance(ins, P.Reshape)]
-    unpacked = len(moving) > 1 and isinstance(moving[0], P.AllToAll) and isinstance(moving[1], P.Transpose)
+    moving = [type(ins) for ins in plan.program.instructions if not isinstance(ins, P.Reshape)]
+    unpacked = moving[:2] == [P.AllToAll, P.Transpose]
+    packed = moving[:2] == [P.Transpose, P.AllToAll]
     for feature in ([f"partial({src.reduction})"] * bool(src.partial) + ["device order"] * (src.mesh != dst.mesh)
                     + ["reordered mesh"] * (not src.mesh.is_row_major) + [src.dtype] * (src.dtype in ("c64", "c128"))
-                    + ["own row unpacked from the input"] * unpacked):
+                    + ["own row unpacked from the input"] * unpacked + ["own row packed from the input"] * packed):
         FEATURES[feature] = FEATURES.get(feature, 0) + 1
     value, shards = poisoned_source(src, rng)
     expected = redist.execute(plan, shards)

@@ -66,7 +66,7 @@ def test_random_and_classic_reshards_match_numpy_backend(n):
         assert f"{kind}=" in kinds, f"no {kind} ran: {kinds}"
     features = re.search(r"features run: (.*)", proc.stdout).group(1)
     for feature in ("partial(sum)", "partial(max)", "partial(min)", "partial(prod)", "device order", "reordered mesh",
-                    "c64", "c128", "own row unpacked from the input"):
+                    "c64", "c128", "own row packed from the input", "own row unpacked from the input"):
         assert f"{feature}=" in features, f"no case with {feature} ran: {features}"
 
 

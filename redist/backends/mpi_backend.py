@@ -123,7 +123,7 @@ def run(program: P.Program, x: np.ndarray, local, comm, channel: "Channel | None
     if channel is None:
         channel = ctx.default
         channel.mesh = program.mesh
-    backend = MpiBackend(ctx, channel, _scratch_use(program), verdict)
+    backend = MpiBackend(ctx, channel, program, verdict)
     buf = interpreter.run(program, backend, _Buffer(x, _owned(x, local)))
     backend.settle([])
     return buf.take() if buf.owned else buf.take().copy()
@@ -288,8 +288,9 @@ def held_bytes(comm=None) -> int:
 class _Buffer:
     """The current buffer; ``owned`` when it is ours to overwrite, drop or return (not the caller's input),
     ``scratch`` when it lives in the scratch buffer (ours to overwrite, never to return). ``row``, when set,
-    is ``(j, a)``: row ``j`` of the leading dim is the caller's array ``a``, not yet copied in (an all-to-all
-    leaves this rank's own row where the caller holds it, for a transpose to read it from there)."""
+    is ``(j, a)``: row ``j`` of the leading dim is the array ``a`` (a view of the caller's memory), not yet copied
+    in: an all-to-all's own row, left where the caller holds it for a transpose to read it from there (or for
+    the all-to-all to copy once, when a transpose packs its rows)."""
 
     def __init__(self, x: np.ndarray, owned: bool, scratch: bool = False, row: tuple | None = None):
         self.x, self.owned, self.scratch, self.row = x, owned, scratch, row
@@ -321,6 +322,14 @@ def _scratch_use(program: P.Program):
     if len(moving) == 2 and not _needs_temp(program, moving[1]):
         return program.instructions[moving[0]], "result"
     return None
+
+
+def _packings(program: P.Program) -> dict:
+    """``{id(transpose): axes}`` for every ``Transpose`` that ``program`` runs right before an ``AllToAll`` over
+    ``axes``: it packs that all-to-all's rows, and the row this rank keeps need not be packed
+    (:meth:`MpiBackend.transpose`)."""
+    ins = program.instructions
+    return {id(a): b.axes for a, b in zip(ins, ins[1:]) if isinstance(a, P.Transpose) and isinstance(b, P.AllToAll)}
 
 
 def _needs_temp(program: P.Program, t: int) -> bool:
@@ -390,12 +399,13 @@ class MpiBackend(interpreter.Backend):
     """The state is this rank's :class:`_Buffer`; each method takes its array (so that an owned input dies
     as soon as it is used) and returns the next buffer. Every buffer is C-contiguous. Collectives run on
     ``channel``, nonblocking, completed by :meth:`_complete` (which first settles the ``verdict``, if one is
-    in flight). ``scratch_use`` is :func:`_scratch_use` of the program: the scratch buffer is handed out
-    once per run, to that instruction for that role."""
+    in flight). The scratch buffer is handed out once per run of ``program``, to the instruction and for the
+    role :func:`_scratch_use` names; the transposes that pack an all-to-all are :func:`_packings`."""
 
-    def __init__(self, ctx: _Context, channel: Channel, scratch_use=None, verdict: Verdict | None = None):
+    def __init__(self, ctx: _Context, channel: Channel, program: P.Program, verdict: Verdict | None = None):
         self.ctx, self.ch = ctx, channel
-        self.scratch_use = scratch_use
+        self.scratch_use = _scratch_use(program)
+        self.packings = _packings(program)
         self.verdict = verdict
 
     def _complete(self, *requests) -> None:
@@ -441,9 +451,12 @@ class MpiBackend(interpreter.Backend):
 
     def transpose(self, ins: P.Transpose, buf):
         """A C-contiguous copy of the transposed buffer; an owned input is dropped once the copy exists. Where
-        the transpose only moves dims of size 1 the view is the result, held as its input was. A deferred row
-        (:class:`_Buffer`) is copied from where it is straight to its place in the result: the rows before it,
-        it, and the rows after it, in three copies."""
+        the transpose only moves dims of size 1 the view is the result, held as its input was. Deferred rows
+        (:class:`_Buffer`), each saving ``1/k`` of the copy: an input's deferred row is copied from where it is
+        straight to its place in the result (the rows before it, it, and the rows after it, in three copies);
+        packing an all-to-all's rows from the caller's buffer (:func:`_packings`), the row this rank keeps is
+        left where the caller holds it, deferred in the result, for the all-to-all to copy once."""
+        caller = not buf.writable
         x, row = buf.take_parts()
         view = np.transpose(x, ins.perm)
         if view.flags.c_contiguous:
@@ -451,14 +464,20 @@ class MpiBackend(interpreter.Backend):
                 np.copyto(x[row[0]], row[1])
             return _Buffer(view, buf.owned, buf.scratch)
         y, scratch = self._array(ins, "result", view.shape, x.dtype)
-        if row is None:
-            np.copyto(y, view)
-        else:
+        packing = self.packings.get(id(ins))
+        if row is not None:
             j, a = row
             at = (slice(None),) * ins.perm.index(0)  # where the leading dim goes
             np.copyto(y[at + (slice(0, j),)], view[at + (slice(0, j),)])
             np.copyto(y[at + (j,)], np.transpose(a[None], ins.perm)[at + (0,)])
             np.copyto(y[at + (slice(j + 1, None),)], view[at + (slice(j + 1, None),)])
+        elif packing is not None and caller:
+            me = self.ch.mesh.group_index(self.ch.rank, packing)
+            np.copyto(y[:me], view[:me])
+            np.copyto(y[me + 1:], view[me + 1:])
+            return _Buffer(y, not scratch, scratch, row=(me, view[me]))
+        else:
+            np.copyto(y, view)
         return _Buffer(y, not scratch, scratch)
 
     def slice(self, ins: P.Slice, buf):
@@ -498,18 +517,23 @@ class MpiBackend(interpreter.Backend):
 
     def all_to_all(self, ins: P.AllToAll, buf):
         """An all-to-all of the leading dim's rows (:func:`_post_rows`), out of place: row ``j`` goes to member
-        ``j``, and row ``j`` of the result comes from member ``j``. Its own row is copied once the others are
-        in; or, where the input is the caller's memory (alive anyway), not at all: the result defers it
-        (:class:`_Buffer`), so that a transpose after it (a pencil transpose's unpacking) reads it from the
-        input, one copy of ``1/k`` of the data fewer."""
+        ``j``, and row ``j`` of the result comes from member ``j``. This rank's own row is copied once the
+        others are in; or, where it is in the caller's memory (alive anyway: the input is the caller's
+        buffer, or a packing left the row there), not yet: the result defers it (:class:`_Buffer`), so that a
+        transpose after it (a pencil transpose's unpacking) reads it from there, one copy of ``1/k`` of the
+        data fewer; anything else copies it in when it takes the buffer."""
         caller = not buf.writable
-        x = buf.take()
+        x, row = buf.take_parts()
         sub, k = self.ch.group(ins.axes)
         me = sub.Get_rank()
+        if row is not None and row[0] != me:  # deferred for another group: in place first
+            np.copyto(x[row[0]], row[1])
+            row = None
+        own = row[1] if row is not None else x[me] if caller else None
         out, scratch = self._array(ins, "result", x.shape, x.dtype)
         self._exchange_rows(sub, k, lambda j: x[j], lambda j: out[j])
-        if caller:
-            return _Buffer(out, not scratch, scratch, row=(me, x[me]))
+        if own is not None:
+            return _Buffer(out, not scratch, scratch, row=(me, own))
         np.copyto(out[me], x[me])
         return _Buffer(out, not scratch, scratch)
 
