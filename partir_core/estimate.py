@@ -133,8 +133,11 @@ def propagate_changes(structure: Structure, state: State, mesh, tactic: int, cha
 
 
 def state_diff(a: State, b: State) -> set:
-    """The values whose dims or provenance differ between two states of one program."""
-    return {v for v, dims in b.dims.items() if a.dims[v] != dims or a.prov[v] != b.prov[v]}
+    """The values whose dims or provenance differ between two states of one program (those two states share,
+    as the search's frozen states do, are the same)."""
+    ad, ap, bp = a.dims, a.prov, b.prov
+    return {v for v, dims in b.dims.items()
+            if (ad[v] is not dims or ap[v] is not bp[v]) and (ad[v] != dims or ap[v] != bp[v])}
 
 
 # ------------------------------------------------------------------------------------------ analysis
@@ -430,6 +433,7 @@ class Estimator:
         self.graph, self.rules, self.mesh, self.hardware = graph, rules, mesh, hardware
         self.bases: OrderedDict = OrderedDict()  # key -> (state, passes)
         self.memo = _OpMemo()
+        self.lowering: dict = {}  # lower's memo of per-op parts
         self.max_bases = max_bases
         self.first = None
 
@@ -457,4 +461,5 @@ class Estimator:
     def score(self, key, state: State, base_key=None) -> Simulation:
         """The simulation of ``state`` as lowered (see :meth:`analysis`). Raises :class:`redist.ShardingError`
         if the state cannot be lowered."""
-        return simulate(lower(self.graph, self.analysis(key, state, base_key), self.mesh), self.hardware)
+        program = lower(self.graph, self.analysis(key, state, base_key), self.mesh, memo=self.lowering)
+        return simulate(program, self.hardware)
