@@ -186,17 +186,21 @@ class _Chooser:
         sk = self.state_keys.get(i)
         if sk is None:  # the same in every pass
             sk = self.state_keys[i] = memo.intern(self._state_key(i))
-        ref = memo.ref
-        operands = tuple(ref(types[v]) for v in eqn.invars)
+        in_types = [types[v] for v in eqn.invars]
+        operands = tuple(map(id, in_types))
         if isinstance(targets, dict):
-            wanted = tuple(tuple(ref(t) for t in targets.get(v, ())) for v in eqn.outvars)
+            wanted = tuple([tuple(map(id, targets.get(v, ()))) for v in eqn.outvars])
         else:
             wanted = targets
         key = (i, sk, operands, wanted)
-        op = memo.get(key)
+        op = memo.entries.get(key)
         if op is not None:
             memo.hits += 1
             return op
+        memo.keep(in_types)
+        if isinstance(targets, dict):
+            for v in eqn.outvars:
+                memo.keep(targets.get(v, ()))
         op = self._shared_choice(i, (self.s.signature[i], sk, operands), wanted, types, targets)
         rule = self.s.rules[i]
         if op.rule is not rule:  # chosen for another op of this signature: the same choice, this op's rule
@@ -232,9 +236,9 @@ class _Chooser:
         return tuple((tuple(state.dims[v]), tuple(None if p is None else rank[p] for p in state.prov[v]))
                      for v in slots)
 
-    def run(self, targets, base: _Pass | None, dirty_values: set) -> _Pass:
+    def run(self, targets, base: _Pass | None, dirty_values: set, dirty_ops: set) -> _Pass:
         """The pass pricing results against ``targets``; from ``base`` (a pass of the same kind of targets on a
-        state that differs from this one in ``dirty_values``) when given."""
+        state that differs from this one in ``dirty_values``, which ``dirty_ops`` touch) when given."""
         g, state, mesh = self.graph, self.state, self.mesh
         if base is None:
             types = {v: value_type(g, v, mesh, tuple(state.dims[v])) for v in g.invars}
@@ -247,7 +251,7 @@ class _Chooser:
                 types.update(zip(eqn.outvars, op.out_types))
             return self._priced(targets, ops, types, None, None)
         ops, types = list(base.ops), dict(base.types)
-        dirty_ops = {i for v in dirty_values for i in self.s.touching.get(v, ())}
+        dirty_ops = set(dirty_ops)
         if isinstance(targets, dict):
             changed = {v for v in targets.keys() | base.targets.keys()
                        if targets.get(v) is not base.targets.get(v) and targets.get(v) != base.targets.get(v)}
@@ -262,7 +266,7 @@ class _Chooser:
                     dirty_ops.update(i for i, _ in self.s.readers.get(v, ()))
         heap = list(dirty_ops)
         heapq.heapify(heap)
-        done = set()
+        done, rechosen = set(), []
         while heap:
             i = heapq.heappop(heap)
             if i in done:
@@ -273,6 +277,7 @@ class _Chooser:
             old, ops[i] = ops[i], op
             if op is old:
                 continue
+            rechosen.append(i)
             if op.in_types != old.in_types:
                 redemanded.update(v for v, a, b in zip(eqn.invars, op.in_types, old.in_types) if a != b)
             for v, t in zip(eqn.outvars, op.out_types):
@@ -282,11 +287,12 @@ class _Chooser:
                     for j, _ in self.s.readers.get(v, ()):
                         heapq.heappush(heap, j)
         redemanded |= retyped | (dirty_values & self.s.outputs)
-        return self._priced(targets, ops, types, base, (redemanded, done))
+        return self._priced(targets, ops, types, base, (redemanded, rechosen))
 
     def _priced(self, targets, ops, types, base: _Pass | None, change) -> _Pass:
         """The pass with its demands and received bytes: all of them, or those of ``base`` updated for the
-        values and ops that ``change`` (``(values, ops)``) names."""
+        values and ops that ``change`` (``(values, ops)``) names. A value's demands equal to the base's are the
+        base's very list (the next pass, priced against them, then finds them unchanged by identity)."""
         g = self.graph
         if base is None:
             values = [v for v in self.s.readers.keys() | self.s.outputs]
@@ -302,11 +308,13 @@ class _Chooser:
                 want.append(output_type(g, _Types(types), self.state, v, self.mesh))
             if want:
                 if all(t is want[0] for t in want):  # one reader, or readers of one (shared) type
-                    demands[v] = want[:1]
+                    want = want[:1]
                 else:
                     want = set(want)
-                    demands[v] = list(want) if len(want) == 1 else sorted(want, key=str)
-                received[v] = self.s.trips.get(v, 1) * sum(moved(types[v], t) for t in demands[v])
+                    want = list(want) if len(want) == 1 else sorted(want, key=str)
+                was = demands.get(v)
+                demands[v] = was if was is not None and was == want else want
+                received[v] = self.s.trips.get(v, 1) * sum(moved(types[v], t) for t in want)
             else:
                 demands.pop(v, None)
                 received.pop(v, None)
@@ -334,7 +342,7 @@ class _Candidates:
 class _OpMemo:
     """Per-op candidates (:class:`_Candidates`) and choices by their keys (see :meth:`_Chooser.choose_op`), and
     the bytes of reshards by their two types, for at most ``size`` keys (all forgotten when full: one probe
-    per lookup, no bookkeeping of recency). Keys name sharding types by identity (:meth:`ref`: hashing a
+    per lookup, no bookkeeping of recency). Keys name sharding types by identity (:meth:`keep`: hashing a
     type hashes all its fields, and the partitioner's types are shared objects,
     :func:`partir_core.keys.sharding_type`); every type so named is kept alive, so that no other object
     takes its id. An equal type that is another object only misses. States' keys of ops
@@ -348,11 +356,11 @@ class _OpMemo:
         self.interned: dict = {}
         self.moves: dict = {}
 
-    def ref(self, t) -> int:
-        i = id(t)
-        if i not in self.alive:
-            self.alive[i] = t
-        return i
+    def keep(self, types) -> None:
+        """Keep ``types`` alive: keys name them by their ids (a key is probed with the ids of the types at hand,
+        which are alive: an id found in a key is the object that key was made for)."""
+        for t in types:
+            self.alive[id(t)] = t
 
     def intern(self, key: tuple) -> int:
         return self.interned.setdefault(key, len(self.interned))
@@ -367,11 +375,12 @@ class _OpMemo:
 
     def reshard_bytes(self, src, dst) -> float:
         """:func:`partir_core.reshard.reshard_bytes`, by the types' identities."""
-        key = (self.ref(src), self.ref(dst))
+        key = (id(src), id(dst))
         b = self.moves.get(key)
         if b is None:
             if len(self.moves) >= self.size:
                 self.moves.clear()
+            self.keep((src, dst))
             b = self.moves[key] = reshard_bytes(src, dst)
         return b
 
@@ -397,12 +406,14 @@ def choose(structure: Structure, state: State, mesh, base: dict | None, dirty_va
     ``dirty_values``) where it has the same position."""
     ch = _Chooser(structure, state, mesh, memo)
     made: dict = {}
+    dirty_ops = {i for v in dirty_values for i in structure.touching.get(v, ())}
 
     def run(pos, targets):
         b = None
         if base is not None:  # the same position, else (a chain the base ended early) the pass before it
             b = base.get(pos) or (base.get(pos[0] + str(int(pos[1]) - 1)) if pos[1] > "1" else None)
-        made[pos] = ch.run(targets, b, dirty_values) if b is not None else ch.run(targets, None, set())
+        made[pos] = ch.run(targets, b, dirty_values, dirty_ops) if b is not None else ch.run(targets, None, set(),
+                                                                                               set())
         return made[pos]
 
     first = run("P0", None)

@@ -27,6 +27,9 @@ from partir_core.propagation import State
 from partir_core.registry import flops
 
 
+MEMO_SIZE = 1 << 16  # entries of a lowering memo (see lower), all forgotten when full
+
+
 class _Lowering:
     """The state of one lowering: the program's buffers' bytes, the fallbacks and carry reshards found, and the
     per-op parts of its instructions remembered across lowerings of one graph (``memo``, see :func:`lower`)."""
@@ -86,7 +89,7 @@ class _Lowering:
         """``(flops, masks, finishes)`` of equation ``i`` run as ``op``: its FLOPs per device, its
         :func:`_masks`, and ``(kind, axes, bytes)`` of each reduction it finishes; remembered in ``memo`` by the
         identity of ``op`` (an :class:`OpSharding` is never changed once made), which the entry keeps alive."""
-        hit = self.memo.get(i)
+        hit = self.memo.get((i, id(op)))
         if hit is not None and hit[0] is op:
             return hit[1]
         g, eqn = self.graph, self.graph.eqns[i]
@@ -94,7 +97,9 @@ class _Lowering:
                   eqn.params)
         finishes = [(kind, tuple(axes), reshard.finish_bytes(axes, op.out_types)) for kind, axes in op.finish]
         parts = (f, _masks(op), finishes)
-        self.memo[i] = (op, parts)
+        if len(self.memo) >= MEMO_SIZE:
+            self.memo.clear()
+        self.memo[(i, id(op))] = (op, parts)
         return parts
 
     def region(self, r: int, out: list, made: dict, trips: int) -> ControlFlow:

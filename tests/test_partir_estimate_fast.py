@@ -88,7 +88,7 @@ def test_lowering_with_a_memo_gives_the_same_programs():
                 if isinstance(x, (Compute, Finish)):
                     assert x == y
             assert simulate(got) == simulate(fresh)
-        assert all(memo[i] is entries[i] for i in memo)  # the second lowering made nothing
+        assert all(memo[k] is entries[k] for k in memo)  # the second lowering made nothing
 
 
 def test_the_search_pauses_the_cyclic_collector_and_restores_it():
