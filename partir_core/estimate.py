@@ -279,7 +279,8 @@ class _Chooser:
                 continue
             rechosen.append(i)
             if op.in_types != old.in_types:
-                redemanded.update(v for v, a, b in zip(eqn.invars, op.in_types, old.in_types) if a != b)
+                redemanded.update(v for v, a, b in zip(eqn.invars, op.in_types, old.in_types)
+                                  if a is not b and a != b)
             for v, t in zip(eqn.outvars, op.out_types):
                 if t is not types[v] and t != types[v]:
                     types[v] = t
