@@ -59,8 +59,9 @@ class Structure:
     (``touching``: propagation and choice read its state there), its readers (``readers``: ``(eqn, operand
     position)``: their demands price it) and its ``producer``; how often per call its readers read it
     (``trips``: inside a loop body, the loop's trips; 1 elsewhere) and how often each op runs its reductions
-    (``op_trips``); the outputs; the ops run replicated; and each op's ``signature`` (:func:`signature`: ops of
-    one signature are chosen alike, so their choices are shared)."""
+    (``op_trips``); the outputs; the ops run replicated; the regions' enters and exits (``boundary``); and each
+    op's ``signature`` (:func:`signature`: ops of one signature are chosen alike, so their choices are
+    shared)."""
 
     def __init__(self, graph: Graph, rules: list):
         self.graph, self.rules = graph, rules
@@ -78,6 +79,7 @@ class Structure:
         self.producer = {v: i for i, eqn in enumerate(graph.eqns) for v in eqn.outvars}
         self.outputs = {v for v in graph.outvars if v not in graph.consts}
         self.op_trips = [graph.read_trips(i) for i in range(len(graph.eqns))]
+        self.boundary = [isinstance(e.prim, Boundary) for e in graph.eqns]
         self.trips = {v: max([1] + [self.op_trips[i] for i, _ in rs]) for v, rs in self.readers.items()}
         self.unsupported = [(i, e.name, "no factor rule: kept replicated")
                             for i, (e, r) in enumerate(zip(graph.eqns, rules)) if r is None]
@@ -181,7 +183,7 @@ class _Chooser:
         that price them against different targets."""
         g, memo = self.graph, self.memo
         eqn = g.eqns[i]
-        if isinstance(eqn.prim, Boundary):  # fixed, not chosen, and cheap: not remembered
+        if self.s.boundary[i]:  # fixed, not chosen, and cheap: not remembered
             return choose_op(g, self.s.rules, i, self.state, types, self.mesh, True, targets)
         sk = self.state_keys.get(i)
         if sk is None:  # the same in every pass
@@ -267,26 +269,29 @@ class _Chooser:
         heap = list(dirty_ops)
         heapq.heapify(heap)
         done, rechosen = set(), []
+        eqns, readers, choose_op, pop, push = g.eqns, self.s.readers, self.choose_op, heapq.heappop, heapq.heappush
         while heap:
-            i = heapq.heappop(heap)
+            i = pop(heap)
             if i in done:
                 continue
             done.add(i)
-            eqn = g.eqns[i]
-            op = self.choose_op(i, types, targets)
-            old, ops[i] = ops[i], op
+            op = choose_op(i, types, targets)
+            old = ops[i]
             if op is old:
                 continue
+            ops[i] = op
             rechosen.append(i)
-            if op.in_types != old.in_types:
-                redemanded.update(v for v, a, b in zip(eqn.invars, op.in_types, old.in_types)
-                                  if a is not b and a != b)
+            eqn = eqns[i]
+            # an operand's demand that changed, or may have (an equal type, another object: its demands are
+            # worked out again, to what they were)
+            redemanded.update(v for v, a, b in zip(eqn.invars, op.in_types, old.in_types) if a is not b)
             for v, t in zip(eqn.outvars, op.out_types):
-                if t is not types[v] and t != types[v]:
+                was = types[v]
+                if t is not was and t != was:
                     types[v] = t
                     retyped.add(v)
-                    for j, _ in self.s.readers.get(v, ()):
-                        heapq.heappush(heap, j)
+                    for j, _ in readers.get(v, ()):
+                        push(heap, j)
         redemanded |= retyped | (dirty_values & self.s.outputs)
         return self._priced(targets, ops, types, base, (redemanded, rechosen))
 
@@ -302,25 +307,29 @@ class _Chooser:
         else:
             values, op_ids = change
             demands, received, finished = dict(base.demands), dict(base.received), dict(base.finished)
-        moved = self.memo.reshard_bytes
+        moved, readers, outputs, trips = self.memo.reshard_bytes, self.s.readers, self.s.outputs, self.s.trips
         for v in values:
-            want = [ops[i].in_types[k] for i, k in self.s.readers.get(v, ())]
-            if v in self.s.outputs:
+            want = [ops[i].in_types[k] for i, k in readers.get(v, ())]
+            if v in outputs:
                 want.append(output_type(g, _Types(types), self.state, v, self.mesh))
             if want:
-                if all(t is want[0] for t in want):  # one reader, or readers of one (shared) type
-                    want = want[:1]
-                else:
-                    want = set(want)
-                    want = list(want) if len(want) == 1 else sorted(want, key=str)
+                if len(want) > 1:
+                    first = want[0]
+                    if all(t is first for t in want):  # readers of one (shared) type
+                        want = want[:1]
+                    else:
+                        want = set(want)
+                        want = list(want) if len(want) == 1 else sorted(want, key=str)
                 was = demands.get(v)
                 demands[v] = was if was is not None and was == want else want
-                received[v] = self.s.trips.get(v, 1) * sum(moved(types[v], t) for t in want)
+                src = types[v]
+                received[v] = trips.get(v, 1) * sum([moved(src, t) for t in want])
             else:
                 demands.pop(v, None)
                 received.pop(v, None)
         for i in op_ids:
-            finished[i] = self.s.op_trips[i] * sum(finish_bytes(axes, ops[i].out_types) for _, axes in ops[i].finish)
+            op = ops[i]
+            finished[i] = self.s.op_trips[i] * sum([finish_bytes(axes, op.out_types) for _, axes in op.finish])
         return _Pass(targets, ops, types, demands, received, finished,
                      sum(received.values()) + sum(finished.values()))
 
