@@ -14,10 +14,11 @@ random action sets):
    would resolve as it did there, write nothing and record no new conflict: skipping it changes nothing.
 2. Per-op choice (:class:`_Pass`): :func:`~partir_core.choice.analyze` runs up to six passes of per-op
    choices (:func:`~partir_core.choice.choose_op`), each priced against targets (the state's types, none,
-   or the types the readers asked for in the pass before). Each pass is redone from the base's pass of the
-   same position: an op is chosen again only if the state of one of its values, the produced type of one of
-   its operands or the targets of one of its results differ from the base's (:func:`choose_op` reads
-   nothing else); its result's type, if it changed, makes its readers dirty in turn. The received bytes of
+   or the types the readers asked for in the pass before). Each starting pass and first refinement is redone
+   from the base's pass of the same position, each later refinement from the pass before it on the same
+   state: an op is chosen again only if the state of one of its values, the produced type of one of its
+   operands or the targets of one of its results differ from that pass's (:func:`choose_op` reads nothing
+   else); its result's type, if it changed, makes its readers dirty in turn. The received bytes of
    a pass (which pass wins) are kept per value and updated for the values whose type or demands changed.
    Choices are remembered across candidates (:class:`_OpMemo`) and shared between ops of one signature
    (:func:`signature`: the layers of a transformer, the optimizer's updates of weights of one shape): an op
@@ -411,19 +412,18 @@ _STARTS = (("P", None), ("F", FOLLOW))
 
 def choose(structure: Structure, state: State, mesh, base: dict | None, dirty_values: set, memo: _OpMemo,
            passes: int = 3) -> tuple[Analysis, dict]:
-    """:func:`partir_core.choice.analyze` of ``state`` (the same passes, the same winner), and its passes by
-    position for later calls; from ``base`` (the passes of a state that differs from this one in
-    ``dirty_values``) where it has the same position."""
+    """:func:`partir_core.choice.analyze` of ``state`` (the same passes, the same winner), and its starting
+    passes and first refinements by position for later calls; those from ``base`` (the same passes of a state
+    that differs from this one in ``dirty_values``), the later refinements each from the pass before it."""
     ch = _Chooser(structure, state, mesh, memo)
     made: dict = {}
     dirty_ops = {i for v in dirty_values for i in structure.touching.get(v, ())}
 
     def run(pos, targets):
-        b = None
-        if base is not None:  # the same position, else (a chain the base ended early) the pass before it
-            b = base.get(pos) or (base.get(pos[0] + str(int(pos[1]) - 1)) if pos[1] > "1" else None)
-        made[pos] = ch.run(targets, b, dirty_values, dirty_ops) if b is not None else ch.run(targets, None, set(),
-                                                                                               set())
+        if base is None:
+            made[pos] = ch.run(targets, None, set(), set())
+        else:
+            made[pos] = ch.run(targets, base[pos], dirty_values, dirty_ops)
         return made[pos]
 
     first = run("P0", None)
@@ -433,7 +433,9 @@ def choose(structure: Structure, state: State, mesh, base: dict | None, dirty_va
         if cur.cost < best.cost:
             best = cur
         for j in range(1, passes):
-            nxt = run(f"{name}{j}", cur.demands)
+            # every chain makes its first refinement, so the base has it; a later one is made from the one
+            # before it on this state, which it differs from in the ops whose targets changed only
+            nxt = run(f"{name}{j}", cur.demands) if j == 1 else ch.run(cur.demands, cur, set(), set())
             if nxt.cost < best.cost:
                 best = nxt
             if nxt.types == cur.types:
