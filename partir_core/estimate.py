@@ -14,11 +14,13 @@ random action sets):
    would resolve as it did there, write nothing and record no new conflict: skipping it changes nothing.
 2. Per-op choice (:class:`_Pass`): :func:`~partir_core.choice.analyze` runs up to six passes of per-op
    choices (:func:`~partir_core.choice.choose_op`), each priced against targets (the state's types, none,
-   or the types the readers asked for in the pass before). Each starting pass and first refinement is redone
-   from the base's pass of the same position, each later refinement from the pass before it on the same
-   state: an op is chosen again only if the state of one of its values, the produced type of one of its
-   operands or the targets of one of its results differ from that pass's (:func:`choose_op` reads nothing
-   else); its result's type, if it changed, makes its readers dirty in turn. The received bytes of
+   or the types the readers asked for in the pass before). Each starting pass is redone from the base's pass
+   of the same kind of targets; each refinement from a pass of the same state: the first from the
+   state-priced start (which prices every result as targets that are just the state's type do: most of them
+   are), the others from the refinement before (the first for F1). An op is chosen again only if the state of
+   one of its values, the produced type of one of its operands or the pricing of one of its results differ
+   from that pass's (:func:`choose_op` reads nothing else); its result's type, if it changed, makes its
+   readers dirty in turn. The received bytes of
    a pass (which pass wins) are kept per value and updated for the values whose type or demands changed.
    Choices are remembered across candidates (:class:`_OpMemo`) and shared between ops of one signature
    (:func:`signature`: the layers of a transformer, the optimizer's updates of weights of one shape): an op
@@ -46,7 +48,8 @@ import heapq
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from partir_core.choice import FOLLOW, Analysis, cheapest, choose_op, op_candidates, output_type, value_type
+from partir_core.choice import (FOLLOW, Analysis, cheapest, choose_op, op_candidates, output_type, state_type,
+                                 value_type)
 from partir_core.ir import Boundary, Graph
 from partir_core.lowering import lower
 from partir_core.propagation import State, visit
@@ -81,6 +84,7 @@ class Structure:
         self.outputs = {v for v in graph.outvars if v not in graph.consts}
         self.op_trips = [graph.read_trips(i) for i in range(len(graph.eqns))]
         self.boundary = [isinstance(e.prim, Boundary) for e in graph.eqns]
+        self.boundaries = {i for i, b in enumerate(self.boundary) if b}
         self.trips = {v: max([1] + [self.op_trips[i] for i, _ in rs]) for v, rs in self.readers.items()}
         self.unsupported = [(i, e.name, "no factor rule: kept replicated")
                             for i, (e, r) in enumerate(zip(graph.eqns, rules)) if r is None]
@@ -240,8 +244,9 @@ class _Chooser:
                      for v in slots)
 
     def run(self, targets, base: _Pass | None, dirty_values: set, dirty_ops: set) -> _Pass:
-        """The pass pricing results against ``targets``; from ``base`` (a pass of the same kind of targets on a
-        state that differs from this one in ``dirty_values``, which ``dirty_ops`` touch) when given."""
+        """The pass pricing results against ``targets``; from ``base`` when given: a pass of the same kind of
+        targets, or of state-priced results (None) for ``targets`` a dict, on a state that differs from this one
+        in ``dirty_values``, which ``dirty_ops`` touch."""
         g, state, mesh = self.graph, self.state, self.mesh
         if base is None:
             types = {v: value_type(g, v, mesh, tuple(state.dims[v])) for v in g.invars}
@@ -255,7 +260,12 @@ class _Chooser:
             return self._priced(targets, ops, types, None, None)
         ops, types = list(base.ops), dict(base.types)
         dirty_ops = set(dirty_ops)
-        if isinstance(targets, dict):
+        if isinstance(targets, dict) and base.targets is None:
+            # choose_op prices a result that targets omit against its state type, as base priced them all; a
+            # region's enter and exit follow their operands' layouts under targets, not under None
+            changed = self._unlike_state(targets)
+            dirty_ops |= {self.s.producer[v] for v in changed if v in self.s.producer} | self.s.boundaries
+        elif isinstance(targets, dict):
             changed = {v for v in targets.keys() | base.targets.keys()
                        if targets.get(v) is not base.targets.get(v) and targets.get(v) != base.targets.get(v)}
             dirty_ops |= {self.s.producer[v] for v in changed if v in self.s.producer}
@@ -295,6 +305,17 @@ class _Chooser:
                         push(heap, j)
         redemanded |= retyped | (dirty_values & self.s.outputs)
         return self._priced(targets, ops, types, base, (redemanded, rechosen))
+
+    def _unlike_state(self, targets: dict) -> set:
+        """The values whose ``targets`` are not just their state type (:func:`~partir_core.choice.state_type`):
+        those whose pricing differs from the state-priced pass's."""
+        g, state, mesh = self.graph, self.state, self.mesh
+        out = set()
+        for v, ts in targets.items():
+            st = state_type(g, state, v, mesh) if len(ts) == 1 else None
+            if st is None or ts[0] is not st and ts[0] != st:
+                out.add(v)
+        return out
 
     def _priced(self, targets, ops, types, base: _Pass | None, change) -> _Pass:
         """The pass with its demands and received bytes: all of them, or those of ``base`` updated for the
@@ -413,8 +434,8 @@ _STARTS = (("P", None), ("F", FOLLOW))
 def choose(structure: Structure, state: State, mesh, base: dict | None, dirty_values: set, memo: _OpMemo,
            passes: int = 3) -> tuple[Analysis, dict]:
     """:func:`partir_core.choice.analyze` of ``state`` (the same passes, the same winner), and its starting
-    passes and first refinements by position for later calls; those from ``base`` (the same passes of a state
-    that differs from this one in ``dirty_values``), the later refinements each from the pass before it."""
+    passes (``{"P0": ..., "F0": ...}``) for later calls, made from ``base`` (the starting passes of a state that
+    differs from this one in ``dirty_values``) when given; the refinements from passes of this state."""
     ch = _Chooser(structure, state, mesh, memo)
     made: dict = {}
     dirty_ops = {i for v in dirty_values for i in structure.touching.get(v, ())}
@@ -427,15 +448,17 @@ def choose(structure: Structure, state: State, mesh, base: dict | None, dirty_va
         return made[pos]
 
     first = run("P0", None)
-    best = first
+    best, refined = first, None
     for name, targets in _STARTS:
         cur = first if name == "P" else run("F0", targets)
         if cur.cost < best.cost:
             best = cur
         for j in range(1, passes):
-            # every chain makes its first refinement, so the base has it; a later one is made from the one
-            # before it on this state, which it differs from in the ops whose targets changed only
-            nxt = run(f"{name}{j}", cur.demands) if j == 1 else ch.run(cur.demands, cur, set(), set())
+            # a refinement is made on this state: the first from P0 (which priced every result against its state
+            # type, as most demands are), the others from the refinement before (P1 for F1): only the ops whose
+            # targets changed, and those their new types reach, are chosen again
+            nxt = ch.run(cur.demands, cur if j > 1 else refined or first, set(), set())
+            refined = refined or nxt
             if nxt.cost < best.cost:
                 best = nxt
             if nxt.types == cur.types:
