@@ -52,7 +52,7 @@ from partir_core.choice import (FOLLOW, Analysis, cheapest, choose_op, op_candid
                                  value_type)
 from partir_core.ir import Boundary, Graph
 from partir_core.lowering import lower
-from partir_core.propagation import State, visit
+from partir_core.propagation import State, op_slots, visit
 from partir_core.reshard import finish_bytes, reshard_bytes
 from partir_core.simulator import Simulation, simulate
 
@@ -63,8 +63,8 @@ class Structure:
     (``touching``: propagation and choice read its state there), its readers (``readers``: ``(eqn, operand
     position)``: their demands price it) and its ``producer``; how often per call its readers read it
     (``trips``: inside a loop body, the loop's trips; 1 elsewhere) and how often each op runs its reductions
-    (``op_trips``); the outputs; the ops run replicated; the regions' enters and exits (``boundary``); and each
-    op's ``signature`` (:func:`signature`: ops of one signature are chosen alike, so their choices are
+    (``op_trips``); the outputs; the ops run replicated; the regions' enters and exits (``boundary``); each
+    op's dims by factor (``op_slots``, which propagation visits); and each op's ``signature`` (:func:`signature`: ops of one signature are chosen alike, so their choices are
     shared)."""
 
     def __init__(self, graph: Graph, rules: list):
@@ -86,6 +86,8 @@ class Structure:
         self.boundary = [isinstance(e.prim, Boundary) for e in graph.eqns]
         self.boundaries = {i for i, b in enumerate(self.boundary) if b}
         self.trips = {v: max([1] + [self.op_trips[i] for i, _ in rs]) for v, rs in self.readers.items()}
+        # each op's (value, dim, factors), which propagation visits
+        self.op_slots = [None if r is None else op_slots(r, e) for e, r in zip(graph.eqns, rules)]
         self.unsupported = [(i, e.name, "no factor rule: kept replicated")
                             for i, (e, r) in enumerate(zip(graph.eqns, rules)) if r is None]
         names: dict = {}
@@ -128,7 +130,7 @@ def propagate_changes(structure: Structure, state: State, mesh, tactic: int, cha
             i = heapq.heappop(heap)
             i = i if forward else -i
             queued.discard(i)
-            for v in visit(graph, rules[i], i, state, mesh, tactic, seen):
+            for v in visit(graph, rules[i], i, state, mesh, tactic, seen, structure.op_slots[i]):
                 touched.add(v)
                 for j in structure.touching.get(v, ()):
                     if (j > i if forward else j < i) and j not in queued:

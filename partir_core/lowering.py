@@ -76,7 +76,9 @@ class _Lowering:
                 i = g.regions[r].exit + 1
                 continue
             where = f"eqn {i} ({eqn.name})"
-            reads = [self.move(v, self.types[v], t, where, out, made, trips) for v, t in zip(eqn.invars, op.in_types)]
+            types = self.types
+            reads = [v if types[v] is t else self.move(v, types[v], t, where, out, made, trips)
+                     for v, t in zip(eqn.invars, op.in_types)]
             f, masks, finishes = self.compute_parts(i, op)
             out.append(Compute(i, reads, list(eqn.outvars), masks, f))
             for kind, axes, b in finishes:

@@ -63,11 +63,10 @@ class State:
                      set(self.pinned), list(self.conflicts))
 
 
-def _slots(rule: Rule, eqn):
+def op_slots(rule: Rule, eqn) -> list:
     """``(value, dim, factors)`` for every dim of every operand and result."""
-    for v, dims in list(zip(eqn.invars, rule.operands)) + list(zip(eqn.outvars, rule.results)):
-        for d, fs in enumerate(dims):
-            yield v, d, fs
+    return [(v, d, fs) for v, dims in list(zip(eqn.invars, rule.operands)) + list(zip(eqn.outvars, rule.results))
+            for d, fs in enumerate(dims)]
 
 
 def resolve(graph: Graph, rule: Rule, eqn, state: State, mesh, eqn_index: int = -1, tactic: int = -1,
@@ -76,9 +75,9 @@ def resolve(graph: Graph, rule: Rule, eqn, state: State, mesh, eqn_index: int = 
 
     ``use[f] = (axes, provenance)`` is what lowering uses (the earliest decision wins a conflict);
     ``spread`` is the subset that propagation may write (conflicted factors excluded). ``slots``: the op's
-    :func:`_slots`, when the caller has them."""
+    :func:`op_slots`, when the caller has them."""
     cands: dict[str, list] = {}
-    for v, d, fs in _slots(rule, eqn) if slots is None else slots:
+    for v, d, fs in op_slots(rule, eqn) if slots is None else slots:
         if v in graph.consts or not fs:
             continue
         axes = state.dims[v][d]
@@ -133,14 +132,17 @@ def resolve(graph: Graph, rule: Rule, eqn, state: State, mesh, eqn_index: int = 
     return use, spread, conflicts
 
 
-def visit(graph: Graph, rule, i: int, state: State, mesh, tactic: int, seen: set) -> list:
+def visit(graph: Graph, rule, i: int, state: State, mesh, tactic: int, seen: set,
+          slots: list | None = None) -> list:
     """One op's step of :func:`propagate`: resolve op ``i``'s factors (``rule``, None for an op without one),
     record its new conflicts (``seen`` holds the (op, factor) pairs already recorded) and extend the dims of
-    its values with the axes its factors spread, in place. Returns the values whose dims it changed."""
+    its values with the axes its factors spread, in place. Returns the values whose dims it changed.
+    ``slots``: the op's :func:`op_slots`, when the caller keeps them."""
     if rule is None:
         return []
     eqn = graph.eqns[i]
-    slots = list(_slots(rule, eqn))
+    if slots is None:
+        slots = op_slots(rule, eqn)
     _, spread, conflicts = resolve(graph, rule, eqn, state, mesh, i, tactic, slots)
     for c in conflicts:
         if (i, c.factor) not in seen:
