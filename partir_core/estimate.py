@@ -20,8 +20,8 @@ random action sets):
    are), the others from the refinement before (the first for F1). An op is chosen again only if the state of
    one of its values, the produced type of one of its operands or the pricing of one of its results differ
    from that pass's (:func:`choose_op` reads nothing else); its result's type, if it changed, makes its
-   readers dirty in turn. The received bytes of
-   a pass (which pass wins) are kept per value and updated for the values whose type or demands changed.
+   readers dirty in turn. The received bytes of a pass (which pass wins) are kept per value and updated for
+   the values whose type or demands changed.
    Choices are remembered across candidates (:class:`_OpMemo`) and shared between ops of one signature
    (:func:`signature`: the layers of a transformer, the optimizer's updates of weights of one shape): an op
    chosen under the same dims, provenance order, operand types and targets as another of its signature is
@@ -64,8 +64,8 @@ class Structure:
     position)``: their demands price it) and its ``producer``; how often per call its readers read it
     (``trips``: inside a loop body, the loop's trips; 1 elsewhere) and how often each op runs its reductions
     (``op_trips``); the outputs; the ops run replicated; the regions' enters and exits (``boundary``); each
-    op's dims by factor (``op_slots``, which propagation visits); and each op's ``signature`` (:func:`signature`: ops of one signature are chosen alike, so their choices are
-    shared)."""
+    op's dims by factor (``op_slots``, which propagation visits); and each op's ``signature``
+    (:func:`signature`: ops of one signature are chosen alike, so their choices are shared)."""
 
     def __init__(self, graph: Graph, rules: list):
         self.graph, self.rules = graph, rules
@@ -202,7 +202,7 @@ class _Chooser:
         else:
             wanted = targets
         key = (i, sk, operands, wanted)
-        op = memo.entries.get(key)
+        op = memo.get(key)
         if op is not None:
             memo.hits += 1
             return op
