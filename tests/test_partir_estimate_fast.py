@@ -13,9 +13,10 @@ from tests.test_partir_estimate import MESHES, PRESETS, preset, random_sets, sch
 import partir_core as pc  # noqa: E402
 from partir_core.automatic import STEP, Evaluator, build_actions, search  # noqa: E402
 from partir_core.analysis import analyze_groups  # noqa: E402
-from partir_core.choice import analyze  # noqa: E402
+from partir_core.choice import FOLLOW, _analyze_once, _demands, analyze  # noqa: E402
 from partir_core.lowering import lower  # noqa: E402
 from partir_core.program import Compute, Finish, walk  # noqa: E402
+from partir_core.estimate import Estimator, Structure, _Chooser, _OpMemo  # noqa: E402
 from partir_core.simulator import simulate  # noqa: E402
 
 if len(jax.devices()) < 8:
@@ -116,3 +117,37 @@ def test_the_search_pauses_the_cyclic_collector_and_restores_it():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("mesh_name", list(MESHES))
+@pytest.mark.parametrize("name", ["scanned_mlp", "scanned_transformer"])
+def test_refinements_made_from_the_state_priced_start_equal_the_plain_passes(name, mesh_name):
+    """The first refinement is made from the state-priced start of the same state, F1 from it: on states of
+    random action sets of the scanned models (where a region's enter and exit run differently under targets
+    than under the state's types), each pass's choices and types are those of the plain pass, and scoring
+    from scratch and from the previous state gives the simulation of the lowered program."""
+    mesh = MESHES[mesh_name]
+    m, ins, _ = model_and_inputs(name)
+    low = pc.jit(m.step, mesh, []).lower(*ins)
+    graph, rules = low.graph, low.rules
+    est, memo, previous, scored = Estimator(graph, rules, mesh), _OpMemo(), None, 0
+    for j, chain in enumerate(random_sets(graph, rules, mesh, seed=5, n=12, depth=3)):
+        state = schedule_state(graph, rules, mesh, [a.tactic for a in chain])
+        ch = _Chooser(Structure(graph, rules), state, mesh, memo)
+        p0, f0 = ch.run(None, None, set(), set()), ch.run(FOLLOW, None, set(), set())
+        p1 = ch.run(p0.demands, p0, set(), set())
+        f1 = ch.run(f0.demands, p1, set(), set())
+        plain_p0, plain_f0 = (_analyze_once(graph, rules, state, mesh, True, t) for t in (None, FOLLOW))
+        for fast, start in ((p1, plain_p0), (f1, plain_f0)):
+            plain = _analyze_once(graph, rules, state, mesh, True, _demands(graph, start, state, mesh))
+            assert fast.types == plain.types
+            assert [(o.in_types, o.out_types) for o in fast.ops] == [(o.in_types, o.out_types) for o in plain.ops]
+        try:
+            want = simulate(lower(graph, analyze(graph, rules, state, mesh), mesh))
+        except redist.ShardingError:
+            continue
+        for got in (Estimator(graph, rules, mesh).score(j, state), est.score(j, state, previous)):
+            assert (got.step_time_s, got.peak_bytes, got.comm_bytes) == \
+                (want.step_time_s, want.peak_bytes, want.comm_bytes)
+        previous, scored = j, scored + 1
+    assert scored >= 6
