@@ -90,9 +90,10 @@ class _Lowering:
     def compute_parts(self, i: int, op: OpSharding) -> tuple:
         """``(flops, masks, finishes)`` of equation ``i`` run as ``op``: its FLOPs per device, its
         :func:`_masks`, and ``(kind, axes, bytes)`` of each reduction it finishes; remembered in ``memo`` by the
-        identity of ``op`` (an :class:`OpSharding` is never changed once made), which the entry keeps alive."""
+        identity of ``op`` (an :class:`OpSharding` is never changed once made). The entry keeps ``op`` alive, so
+        no other object takes its id while the entry is there."""
         hit = self.memo.get((i, id(op)))
-        if hit is not None and hit[0] is op:
+        if hit is not None:
             return hit[1]
         g, eqn = self.graph, self.graph.eqns[i]
         f = flops(eqn.name, local_shapes(g, eqn.invars, op.in_types), local_shapes(g, eqn.outvars, op.out_types),
