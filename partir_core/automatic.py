@@ -67,8 +67,10 @@ dominate it (:func:`_peak_report`).
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import functools
+import gc
 import itertools
 import math
 import random
@@ -253,12 +255,16 @@ def zero_actions(first_id: int, graph, mesh, axes) -> list[Action]:
 class Evaluator:
     """States and simulations of action sets, cached (see the module docstring). A state is made from its
     canonical prefix's by one action and :func:`~partir_core.estimate.propagate_changes`, and scored by an
-    :class:`~partir_core.estimate.Estimator` from that prefix's scoring."""
+    :class:`~partir_core.estimate.Estimator` from that prefix's scoring. The states it keeps are frozen
+    (:func:`_frozen`): read-only, each sharing with its prefix's the dims and provenance of the values the
+    action did not change, so that hundreds of them hold few objects of their own (Python's cyclic collector
+    walks every container alive, and took a third of the search's time when each state held two lists per
+    value)."""
 
     def __init__(self, graph, rules, mesh, base: State, index: int, actions: list, hardware, budget,
                  max_states: int = 512):
         self.graph, self.rules, self.mesh = graph, rules, mesh
-        self.base, self.index, self.actions = base, index, actions
+        self.base, self.index, self.actions = _frozen(base, base, base.dims), index, actions
         self.rank = {a: i for i, a in enumerate(actions)}
         self.budget = budget
         self.estimator = Estimator(graph, rules, mesh, hardware)
@@ -311,16 +317,17 @@ class Evaluator:
             del s.conflicts[n_conf:]
             self.noop.add(key)
             return None
-        propagate_changes(self.estimator.structure, s, self.mesh, k, changed)
+        s = _frozen(s, parent, propagate_changes(self.estimator.structure, s, self.mesh, k, changed))
         self.states[key] = s
         if len(self.states) > self.max_states:
             self.states.popitem(last=False)
         return s
 
     def fingerprint(self, s: State) -> tuple:
+        """What scoring reads of a frozen state: every value's dims, their provenances by order, the pins."""
         provs = sorted({p for v in self.values for p in s.prov[v] if p is not None})
         rank = {p: i for i, p in enumerate(provs)}
-        return (tuple(tuple(s.dims[v]) for v in self.values),
+        return (tuple(s.dims[v] for v in self.values),
                 tuple(tuple(None if p is None else rank[p] for p in s.prov[v]) for v in self.values),
                 frozenset(s.pinned))
 
@@ -375,6 +382,16 @@ class Evaluator:
         if self.budget is not None and peak > self.budget:
             return 0.45 * self.budget / peak
         return 0.5 + 0.5 * self.t0 / (self.t0 + t)
+
+
+def _frozen(state: State, parent: State, changed) -> State:
+    """``state`` (made from ``parent`` by changing the dims or provenance of the values ``changed``) with every
+    value's dims and provenance as tuples, those of the values not ``changed`` the very tuples ``parent`` holds
+    (``parent`` is frozen, or is ``state`` itself). Read-only: :meth:`State.copy` gives a state to change."""
+    dims, prov = dict(parent.dims), dict(parent.prov)
+    for v in changed:
+        dims[v], prov[v] = tuple(state.dims[v]), tuple(state.prov[v])
+    return State(dims, prov, state.pinned, state.conflicts)
 
 
 # ---------------------------------------------------------------------------------------- MCTS
@@ -524,7 +541,30 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
     schedule); returns the :class:`AutoResult`, whose ``state`` is the propagated state after the chosen
     tactics. Does not modify ``state``. ``log(iterations, evaluations, best)`` is called after each
     iteration that evaluated a new set. Raises :class:`PartitionError` if no state found fits the budget,
-    naming the smallest peak found and the tensors that dominate it."""
+    naming the smallest peak found and the tensors that dominate it.
+
+    Python's cyclic garbage collector is paused while it runs (:func:`_collector_paused`): a search makes no
+    reference cycles (a whole search on the reference transformer leaves none to collect), and the collector's
+    full passes over every object alive took a third of its time."""
+    with _collector_paused():
+        return _search(graph, rules, state, mesh, index, tactic, log)
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """Python's cyclic garbage collector off inside, and as it was before after (the objects that reference
+    counting frees are freed as ever)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartition, log) -> AutoResult:
+    """:func:`search`, with the collector as it is."""
     t_start, cpu_start = time.perf_counter(), time.process_time()
     axes = search_axes(tactic, mesh)
     groups = analyze_groups(graph, rules)
@@ -604,7 +644,7 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
             f"budget, add mesh axes to axes={axes}, or give more time_budget_s")
     return AutoResult([a.tactic for a in best_key], list(best_key), best.step_time_s, best.peak_bytes,
                       tactic.memory_budget_bytes, space, groups, stats, root_eval.step_time_s, root_eval.peak_bytes,
-                      state=ev.state(best_key))
+                      state=ev.state(best_key).copy())
 
 
 class _Found:

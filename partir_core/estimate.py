@@ -14,11 +14,14 @@ random action sets):
    would resolve as it did there, write nothing and record no new conflict: skipping it changes nothing.
 2. Per-op choice (:class:`_Pass`): :func:`~partir_core.choice.analyze` runs up to six passes of per-op
    choices (:func:`~partir_core.choice.choose_op`), each priced against targets (the state's types, none,
-   or the types the readers asked for in the pass before). Each pass is redone from the base's pass of the
-   same position: an op is chosen again only if the state of one of its values, the produced type of one of
-   its operands or the targets of one of its results differ from the base's (:func:`choose_op` reads
-   nothing else); its result's type, if it changed, makes its readers dirty in turn. The received bytes of
-   a pass (which pass wins) are kept per value and updated for the values whose type or demands changed.
+   or the types the readers asked for in the pass before). Each starting pass is redone from the base's pass
+   of the same kind of targets; each refinement from a pass of the same state: the first from the
+   state-priced start (which prices every result as targets that are just the state's type do: most of them
+   are), the others from the refinement before (the first for F1). An op is chosen again only if the state of
+   one of its values, the produced type of one of its operands or the pricing of one of its results differ
+   from that pass's (:func:`choose_op` reads nothing else); its result's type, if it changed, makes its
+   readers dirty in turn. The received bytes of a pass (which pass wins) are kept per value and updated for
+   the values whose type or demands changed.
    Choices are remembered across candidates (:class:`_OpMemo`) and shared between ops of one signature
    (:func:`signature`: the layers of a transformer, the optimizer's updates of weights of one shape): an op
    chosen under the same dims, provenance order, operand types and targets as another of its signature is
@@ -45,10 +48,11 @@ import heapq
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from partir_core.choice import FOLLOW, Analysis, cheapest, choose_op, op_candidates, output_type, value_type
+from partir_core.choice import (FOLLOW, Analysis, cheapest, choose_op, op_candidates, output_type, state_type,
+                                 value_type)
 from partir_core.ir import Boundary, Graph
 from partir_core.lowering import lower
-from partir_core.propagation import State, visit
+from partir_core.propagation import State, op_slots, visit
 from partir_core.reshard import finish_bytes, reshard_bytes
 from partir_core.simulator import Simulation, simulate
 
@@ -59,8 +63,9 @@ class Structure:
     (``touching``: propagation and choice read its state there), its readers (``readers``: ``(eqn, operand
     position)``: their demands price it) and its ``producer``; how often per call its readers read it
     (``trips``: inside a loop body, the loop's trips; 1 elsewhere) and how often each op runs its reductions
-    (``op_trips``); the outputs; the ops run replicated; and each op's ``signature`` (:func:`signature`: ops of
-    one signature are chosen alike, so their choices are shared)."""
+    (``op_trips``); the outputs; the ops run replicated; the regions' enters and exits (``boundary``); each
+    op's dims by factor (``op_slots``, which propagation visits); and each op's ``signature``
+    (:func:`signature`: ops of one signature are chosen alike, so their choices are shared)."""
 
     def __init__(self, graph: Graph, rules: list):
         self.graph, self.rules = graph, rules
@@ -78,7 +83,11 @@ class Structure:
         self.producer = {v: i for i, eqn in enumerate(graph.eqns) for v in eqn.outvars}
         self.outputs = {v for v in graph.outvars if v not in graph.consts}
         self.op_trips = [graph.read_trips(i) for i in range(len(graph.eqns))]
+        self.boundary = [isinstance(e.prim, Boundary) for e in graph.eqns]
+        self.boundaries = {i for i, b in enumerate(self.boundary) if b}
         self.trips = {v: max([1] + [self.op_trips[i] for i, _ in rs]) for v, rs in self.readers.items()}
+        # each op's (value, dim, factors), which propagation visits
+        self.op_slots = [None if r is None else op_slots(r, e) for e, r in zip(graph.eqns, rules)]
         self.unsupported = [(i, e.name, "no factor rule: kept replicated")
                             for i, (e, r) in enumerate(zip(graph.eqns, rules)) if r is None]
         names: dict = {}
@@ -121,7 +130,7 @@ def propagate_changes(structure: Structure, state: State, mesh, tactic: int, cha
             i = heapq.heappop(heap)
             i = i if forward else -i
             queued.discard(i)
-            for v in visit(graph, rules[i], i, state, mesh, tactic, seen):
+            for v in visit(graph, rules[i], i, state, mesh, tactic, seen, structure.op_slots[i]):
                 touched.add(v)
                 for j in structure.touching.get(v, ()):
                     if (j > i if forward else j < i) and j not in queued:
@@ -133,8 +142,11 @@ def propagate_changes(structure: Structure, state: State, mesh, tactic: int, cha
 
 
 def state_diff(a: State, b: State) -> set:
-    """The values whose dims or provenance differ between two states of one program."""
-    return {v for v, dims in b.dims.items() if a.dims[v] != dims or a.prov[v] != b.prov[v]}
+    """The values whose dims or provenance differ between two states of one program (those two states share,
+    as the search's frozen states do, are the same)."""
+    ad, ap, bp = a.dims, a.prov, b.prov
+    return {v for v, dims in b.dims.items()
+            if (ad[v] is not dims or ap[v] is not bp[v]) and (ad[v] != dims or ap[v] != bp[v])}
 
 
 # ------------------------------------------------------------------------------------------ analysis
@@ -178,15 +190,15 @@ class _Chooser:
         that price them against different targets."""
         g, memo = self.graph, self.memo
         eqn = g.eqns[i]
-        if isinstance(eqn.prim, Boundary):  # fixed, not chosen, and cheap: not remembered
+        if self.s.boundary[i]:  # fixed, not chosen, and cheap: not remembered
             return choose_op(g, self.s.rules, i, self.state, types, self.mesh, True, targets)
         sk = self.state_keys.get(i)
         if sk is None:  # the same in every pass
             sk = self.state_keys[i] = memo.intern(self._state_key(i))
-        ref = memo.ref
-        operands = tuple(ref(types[v]) for v in eqn.invars)
+        in_types = [types[v] for v in eqn.invars]
+        operands = tuple(map(id, in_types))
         if isinstance(targets, dict):
-            wanted = tuple(tuple(ref(t) for t in targets.get(v, ())) for v in eqn.outvars)
+            wanted = tuple([tuple(map(id, targets.get(v, ()))) for v in eqn.outvars])
         else:
             wanted = targets
         key = (i, sk, operands, wanted)
@@ -194,6 +206,10 @@ class _Chooser:
         if op is not None:
             memo.hits += 1
             return op
+        memo.keep(in_types)
+        if isinstance(targets, dict):
+            for v in eqn.outvars:
+                memo.keep(targets.get(v, ()))
         op = self._shared_choice(i, (self.s.signature[i], sk, operands), wanted, types, targets)
         rule = self.s.rules[i]
         if op.rule is not rule:  # chosen for another op of this signature: the same choice, this op's rule
@@ -229,9 +245,10 @@ class _Chooser:
         return tuple((tuple(state.dims[v]), tuple(None if p is None else rank[p] for p in state.prov[v]))
                      for v in slots)
 
-    def run(self, targets, base: _Pass | None, dirty_values: set) -> _Pass:
-        """The pass pricing results against ``targets``; from ``base`` (a pass of the same kind of targets on a
-        state that differs from this one in ``dirty_values``) when given."""
+    def run(self, targets, base: _Pass | None, dirty_values: set, dirty_ops: set) -> _Pass:
+        """The pass pricing results against ``targets``; from ``base`` when given: a pass of the same kind of
+        targets, or of state-priced results (None) for ``targets`` a dict, on a state that differs from this one
+        in ``dirty_values``, which ``dirty_ops`` touch."""
         g, state, mesh = self.graph, self.state, self.mesh
         if base is None:
             types = {v: value_type(g, v, mesh, tuple(state.dims[v])) for v in g.invars}
@@ -244,8 +261,13 @@ class _Chooser:
                 types.update(zip(eqn.outvars, op.out_types))
             return self._priced(targets, ops, types, None, None)
         ops, types = list(base.ops), dict(base.types)
-        dirty_ops = {i for v in dirty_values for i in self.s.touching.get(v, ())}
-        if isinstance(targets, dict):
+        dirty_ops = set(dirty_ops)
+        if isinstance(targets, dict) and base.targets is None:
+            # choose_op prices a result that targets omit against its state type, as base priced them all; a
+            # region's enter and exit follow their operands' layouts under targets, not under None
+            changed = self._unlike_state(targets)
+            dirty_ops |= {self.s.producer[v] for v in changed if v in self.s.producer} | self.s.boundaries
+        elif isinstance(targets, dict):
             changed = {v for v in targets.keys() | base.targets.keys()
                        if targets.get(v) is not base.targets.get(v) and targets.get(v) != base.targets.get(v)}
             dirty_ops |= {self.s.producer[v] for v in changed if v in self.s.producer}
@@ -259,31 +281,48 @@ class _Chooser:
                     dirty_ops.update(i for i, _ in self.s.readers.get(v, ()))
         heap = list(dirty_ops)
         heapq.heapify(heap)
-        done = set()
+        done, rechosen = set(), []
+        eqns, readers, choose_op, pop, push = g.eqns, self.s.readers, self.choose_op, heapq.heappop, heapq.heappush
         while heap:
-            i = heapq.heappop(heap)
+            i = pop(heap)
             if i in done:
                 continue
             done.add(i)
-            eqn = g.eqns[i]
-            op = self.choose_op(i, types, targets)
-            old, ops[i] = ops[i], op
+            op = choose_op(i, types, targets)
+            old = ops[i]
             if op is old:
                 continue
-            if op.in_types != old.in_types:
-                redemanded.update(v for v, a, b in zip(eqn.invars, op.in_types, old.in_types) if a != b)
+            ops[i] = op
+            rechosen.append(i)
+            eqn = eqns[i]
+            # an operand's demand that changed, or may have (an equal type, another object: its demands are
+            # worked out again, to what they were)
+            redemanded.update(v for v, a, b in zip(eqn.invars, op.in_types, old.in_types) if a is not b)
             for v, t in zip(eqn.outvars, op.out_types):
-                if t is not types[v] and t != types[v]:
+                was = types[v]
+                if t is not was and t != was:
                     types[v] = t
                     retyped.add(v)
-                    for j, _ in self.s.readers.get(v, ()):
-                        heapq.heappush(heap, j)
+                    for j, _ in readers.get(v, ()):
+                        push(heap, j)
         redemanded |= retyped | (dirty_values & self.s.outputs)
-        return self._priced(targets, ops, types, base, (redemanded, done))
+        return self._priced(targets, ops, types, base, (redemanded, rechosen))
+
+    def _unlike_state(self, targets: dict) -> set:
+        """The values whose ``targets`` are not just their state type (:func:`~partir_core.choice.state_type`):
+        those whose pricing differs from the state-priced pass's."""
+        g, state, mesh = self.graph, self.state, self.mesh
+        out = set()
+        for v, ts in targets.items():
+            st = state_type(g, state, v, mesh) if len(ts) == 1 else None
+            if st is None or ts[0] is not st and ts[0] != st:
+                out.add(v)
+        return out
 
     def _priced(self, targets, ops, types, base: _Pass | None, change) -> _Pass:
         """The pass with its demands and received bytes: all of them, or those of ``base`` updated for the
-        values and ops that ``change`` (``(values, ops)``) names."""
+        values and ops that ``change`` (``(values, ops)``) names. A value's demands equal to the base's are the
+        base's very list (the next pass, priced against them, then finds them unchanged by identity)."""
         g = self.graph
         if base is None:
             values = [v for v in self.s.readers.keys() | self.s.outputs]
@@ -292,23 +331,29 @@ class _Chooser:
         else:
             values, op_ids = change
             demands, received, finished = dict(base.demands), dict(base.received), dict(base.finished)
-        moved = self.memo.reshard_bytes
+        moved, readers, outputs, trips = self.memo.reshard_bytes, self.s.readers, self.s.outputs, self.s.trips
         for v in values:
-            want = [ops[i].in_types[k] for i, k in self.s.readers.get(v, ())]
-            if v in self.s.outputs:
+            want = [ops[i].in_types[k] for i, k in readers.get(v, ())]
+            if v in outputs:
                 want.append(output_type(g, _Types(types), self.state, v, self.mesh))
             if want:
-                if all(t is want[0] for t in want):  # one reader, or readers of one (shared) type
-                    demands[v] = want[:1]
-                else:
-                    want = set(want)
-                    demands[v] = list(want) if len(want) == 1 else sorted(want, key=str)
-                received[v] = self.s.trips.get(v, 1) * sum(moved(types[v], t) for t in demands[v])
+                if len(want) > 1:
+                    first = want[0]
+                    if all(t is first for t in want):  # readers of one (shared) type
+                        want = want[:1]
+                    else:
+                        want = set(want)
+                        want = list(want) if len(want) == 1 else sorted(want, key=str)
+                was = demands.get(v)
+                demands[v] = was if was is not None and was == want else want
+                src = types[v]
+                received[v] = trips.get(v, 1) * sum([moved(src, t) for t in want])
             else:
                 demands.pop(v, None)
                 received.pop(v, None)
         for i in op_ids:
-            finished[i] = self.s.op_trips[i] * sum(finish_bytes(axes, ops[i].out_types) for _, axes in ops[i].finish)
+            op = ops[i]
+            finished[i] = self.s.op_trips[i] * sum([finish_bytes(axes, op.out_types) for _, axes in op.finish])
         return _Pass(targets, ops, types, demands, received, finished,
                      sum(received.values()) + sum(finished.values()))
 
@@ -331,7 +376,7 @@ class _Candidates:
 class _OpMemo:
     """Per-op candidates (:class:`_Candidates`) and choices by their keys (see :meth:`_Chooser.choose_op`), and
     the bytes of reshards by their two types, for at most ``size`` keys (all forgotten when full: one probe
-    per lookup, no bookkeeping of recency). Keys name sharding types by identity (:meth:`ref`: hashing a
+    per lookup, no bookkeeping of recency). Keys name sharding types by identity (:meth:`keep`: hashing a
     type hashes all its fields, and the partitioner's types are shared objects,
     :func:`partir_core.keys.sharding_type`); every type so named is kept alive, so that no other object
     takes its id. An equal type that is another object only misses. States' keys of ops
@@ -345,11 +390,11 @@ class _OpMemo:
         self.interned: dict = {}
         self.moves: dict = {}
 
-    def ref(self, t) -> int:
-        i = id(t)
-        if i not in self.alive:
-            self.alive[i] = t
-        return i
+    def keep(self, types) -> None:
+        """Keep ``types`` alive: keys name them by their ids (a key is probed with the ids of the types at hand,
+        which are alive: an id found in a key is the object that key was made for)."""
+        for t in types:
+            self.alive[id(t)] = t
 
     def intern(self, key: tuple) -> int:
         return self.interned.setdefault(key, len(self.interned))
@@ -364,11 +409,12 @@ class _OpMemo:
 
     def reshard_bytes(self, src, dst) -> float:
         """:func:`partir_core.reshard.reshard_bytes`, by the types' identities."""
-        key = (self.ref(src), self.ref(dst))
+        key = (id(src), id(dst))
         b = self.moves.get(key)
         if b is None:
             if len(self.moves) >= self.size:
                 self.moves.clear()
+            self.keep((src, dst))
             b = self.moves[key] = reshard_bytes(src, dst)
         return b
 
@@ -389,27 +435,32 @@ _STARTS = (("P", None), ("F", FOLLOW))
 
 def choose(structure: Structure, state: State, mesh, base: dict | None, dirty_values: set, memo: _OpMemo,
            passes: int = 3) -> tuple[Analysis, dict]:
-    """:func:`partir_core.choice.analyze` of ``state`` (the same passes, the same winner), and its passes by
-    position for later calls; from ``base`` (the passes of a state that differs from this one in
-    ``dirty_values``) where it has the same position."""
+    """:func:`partir_core.choice.analyze` of ``state`` (the same passes, the same winner), and its starting
+    passes (``{"P0": ..., "F0": ...}``) for later calls, made from ``base`` (the starting passes of a state that
+    differs from this one in ``dirty_values``) when given; the refinements from passes of this state."""
     ch = _Chooser(structure, state, mesh, memo)
     made: dict = {}
+    dirty_ops = {i for v in dirty_values for i in structure.touching.get(v, ())}
 
     def run(pos, targets):
-        b = None
-        if base is not None:  # the same position, else (a chain the base ended early) the pass before it
-            b = base.get(pos) or (base.get(pos[0] + str(int(pos[1]) - 1)) if pos[1] > "1" else None)
-        made[pos] = ch.run(targets, b, dirty_values) if b is not None else ch.run(targets, None, set())
+        if base is None:
+            made[pos] = ch.run(targets, None, set(), set())
+        else:
+            made[pos] = ch.run(targets, base[pos], dirty_values, dirty_ops)
         return made[pos]
 
     first = run("P0", None)
-    best = first
+    best, refined = first, None
     for name, targets in _STARTS:
         cur = first if name == "P" else run("F0", targets)
         if cur.cost < best.cost:
             best = cur
         for j in range(1, passes):
-            nxt = run(f"{name}{j}", cur.demands)
+            # a refinement is made on this state: the first from P0 (which priced every result against its state
+            # type, as most demands are), the others from the refinement before (P1 for F1): only the ops whose
+            # targets changed, and those their new types reach, are chosen again
+            nxt = ch.run(cur.demands, cur if j > 1 else refined or first, set(), set())
+            refined = refined or nxt
             if nxt.cost < best.cost:
                 best = nxt
             if nxt.types == cur.types:
@@ -430,6 +481,7 @@ class Estimator:
         self.graph, self.rules, self.mesh, self.hardware = graph, rules, mesh, hardware
         self.bases: OrderedDict = OrderedDict()  # key -> (state, passes)
         self.memo = _OpMemo()
+        self.lowering: dict = {}  # lower's memo of per-op parts
         self.max_bases = max_bases
         self.first = None
 
@@ -457,4 +509,5 @@ class Estimator:
     def score(self, key, state: State, base_key=None) -> Simulation:
         """The simulation of ``state`` as lowered (see :meth:`analysis`). Raises :class:`redist.ShardingError`
         if the state cannot be lowered."""
-        return simulate(lower(self.graph, self.analysis(key, state, base_key), self.mesh), self.hardware)
+        program = lower(self.graph, self.analysis(key, state, base_key), self.mesh, memo=self.lowering)
+        return simulate(program, self.hardware)

@@ -27,10 +27,14 @@ from partir_core.propagation import State
 from partir_core.registry import flops
 
 
-class _Lowering:
-    """The state of one lowering: the program's buffers' bytes, the fallbacks and carry reshards found."""
+MEMO_SIZE = 1 << 16  # entries of a lowering memo (see lower), all forgotten when full
 
-    def __init__(self, graph: Graph, analysis: Analysis):
+
+class _Lowering:
+    """The state of one lowering: the program's buffers' bytes, the fallbacks and carry reshards found, and the
+    per-op parts of its instructions remembered across lowerings of one graph (``memo``, see :func:`lower`)."""
+
+    def __init__(self, graph: Graph, analysis: Analysis, memo: dict):
         self.graph = graph
         self.analysis = analysis
         self.types = analysis.types
@@ -38,11 +42,12 @@ class _Lowering:
         self.fallbacks: list = []
         self.carry_reshards: list = []
         self.n = 0  # reshard buffers made so far
+        self.memo = memo
 
     def move(self, buf, src, dst, where, out: list, made: dict, trips: int):
         """The buffer holding ``buf`` (of type ``src``) as ``dst``: a :class:`Reshard` appended to ``out``, made
         once per block (``made``) and reused by later readers in it."""
-        if src == dst:
+        if src is dst or src == dst:
             return buf
         if (buf, dst) not in made:
             m = reshard.move(src, dst)
@@ -71,16 +76,34 @@ class _Lowering:
                 i = g.regions[r].exit + 1
                 continue
             where = f"eqn {i} ({eqn.name})"
-            reads = [self.move(v, self.types[v], t, where, out, made, trips) for v, t in zip(eqn.invars, op.in_types)]
-            f = flops(eqn.name, local_shapes(g, eqn.invars, op.in_types), local_shapes(g, eqn.outvars, op.out_types),
-                      eqn.params)
-            out.append(Compute(i, reads, list(eqn.outvars), _masks(op), f))
-            for kind, axes in op.finish:
-                b = reshard.finish_bytes(axes, op.out_types)
-                out.append(Finish(eqn.outvars[0], kind, tuple(axes),
-                                  [reshard.Collective("all_reduce_" + kind, tuple(axes), b, where, trips)]))
+            types = self.types
+            reads = [v if types[v] is t else self.move(v, types[v], t, where, out, made, trips)
+                     for v, t in zip(eqn.invars, op.in_types)]
+            f, masks, finishes = self.compute_parts(i, op)
+            out.append(Compute(i, reads, list(eqn.outvars), masks, f))
+            for kind, axes, b in finishes:
+                out.append(Finish(eqn.outvars[0], kind, axes,
+                                  [reshard.Collective("all_reduce_" + kind, axes, b, where, trips)]))
             i += 1
         return out
+
+    def compute_parts(self, i: int, op: OpSharding) -> tuple:
+        """``(flops, masks, finishes)`` of equation ``i`` run as ``op``: its FLOPs per device, its
+        :func:`_masks`, and ``(kind, axes, bytes)`` of each reduction it finishes; remembered in ``memo`` by the
+        identity of ``op`` (an :class:`OpSharding` is never changed once made). The entry keeps ``op`` alive, so
+        no other object takes its id while the entry is there."""
+        hit = self.memo.get((i, id(op)))
+        if hit is not None:
+            return hit[1]
+        g, eqn = self.graph, self.graph.eqns[i]
+        f = flops(eqn.name, local_shapes(g, eqn.invars, op.in_types), local_shapes(g, eqn.outvars, op.out_types),
+                  eqn.params)
+        finishes = [(kind, tuple(axes), reshard.finish_bytes(axes, op.out_types)) for kind, axes in op.finish]
+        parts = (f, _masks(op), finishes)
+        if len(self.memo) >= MEMO_SIZE:
+            self.memo.clear()
+        self.memo[(i, id(op))] = (op, parts)
+        return parts
 
     def region(self, r: int, out: list, made: dict, trips: int) -> ControlFlow:
         """The :class:`ControlFlow` of region ``r``; its operands' moves are appended to ``out``."""
@@ -108,13 +131,17 @@ class _Lowering:
         return ControlFlow(r, reg.kind, operands, bodies, results, list(exit_.outvars), reg.trip_count)
 
 
-def lower(graph: Graph, analysis: Analysis, mesh, state: State | None = None) -> LocalProgram:
+def lower(graph: Graph, analysis: Analysis, mesh, state: State | None = None,
+          memo: dict | None = None) -> LocalProgram:
     """The local program of ``analysis``. A reshard of one buffer to one type is made once per block (the
     program, or a body) and its result reused by every later reader there. Outputs are given the type
-    propagation gives them (``state``; without it, their producer's type with pending sums reduced). Raises
-    :class:`redist.ShardingError` if a value must reach a type no redistribution can give it."""
+    propagation gives them (``state``; without it, their producer's type with pending sums reduced). ``memo``:
+    a dict that a caller lowering many analyses of ``graph`` keeps between calls (the automatic search's
+    candidates share most of their ops' choices): each op's FLOPs, masks and finishes are remembered there by
+    the identity of its choice. Raises :class:`redist.ShardingError` if a value must reach a type no
+    redistribution can give it."""
     state = analysis.state if state is None else state
-    low = _Lowering(graph, analysis)
+    low = _Lowering(graph, analysis, {} if memo is None else memo)
     made: dict = {}  # the program's moves, reused for the outputs
     instructions = low.block(range(len(graph.eqns)), 1, made)
     out_types, out_bufs = [], []

@@ -63,20 +63,21 @@ class State:
                      set(self.pinned), list(self.conflicts))
 
 
-def _slots(rule: Rule, eqn):
+def op_slots(rule: Rule, eqn) -> list:
     """``(value, dim, factors)`` for every dim of every operand and result."""
-    for v, dims in list(zip(eqn.invars, rule.operands)) + list(zip(eqn.outvars, rule.results)):
-        for d, fs in enumerate(dims):
-            yield v, d, fs
+    return [(v, d, fs) for v, dims in list(zip(eqn.invars, rule.operands)) + list(zip(eqn.outvars, rule.results))
+            for d, fs in enumerate(dims)]
 
 
-def resolve(graph: Graph, rule: Rule, eqn, state: State, mesh, eqn_index: int = -1, tactic: int = -1):
+def resolve(graph: Graph, rule: Rule, eqn, state: State, mesh, eqn_index: int = -1, tactic: int = -1,
+            slots: list | None = None):
     """Factor axes at one op: ``(use, spread, conflicts)``.
 
     ``use[f] = (axes, provenance)`` is what lowering uses (the earliest decision wins a conflict);
-    ``spread`` is the subset that propagation may write (conflicted factors excluded)."""
+    ``spread`` is the subset that propagation may write (conflicted factors excluded). ``slots``: the op's
+    :func:`op_slots`, when the caller has them."""
     cands: dict[str, list] = {}
-    for v, d, fs in _slots(rule, eqn):
+    for v, d, fs in op_slots(rule, eqn) if slots is None else slots:
         if v in graph.consts or not fs:
             continue
         axes = state.dims[v][d]
@@ -96,6 +97,9 @@ def resolve(graph: Graph, rule: Rule, eqn, state: State, mesh, eqn_index: int = 
     for f in rule.factors():
         cs = cands.get(f)
         if not cs or not rule.shardable(f):
+            continue
+        if len(cs) == 1:  # one dim carries it: its axes, which refine themselves
+            use[f] = spread[f] = (cs[0][2], pv(cs[0][3]))
             continue
         longest = max((c[2] for c in cs), key=lambda a: (group(mesh, a), len(a)))
         prov = min(pv(c[3]) for c in cs)
@@ -128,14 +132,18 @@ def resolve(graph: Graph, rule: Rule, eqn, state: State, mesh, eqn_index: int = 
     return use, spread, conflicts
 
 
-def visit(graph: Graph, rule, i: int, state: State, mesh, tactic: int, seen: set) -> list:
+def visit(graph: Graph, rule, i: int, state: State, mesh, tactic: int, seen: set,
+          slots: list | None = None) -> list:
     """One op's step of :func:`propagate`: resolve op ``i``'s factors (``rule``, None for an op without one),
     record its new conflicts (``seen`` holds the (op, factor) pairs already recorded) and extend the dims of
-    its values with the axes its factors spread, in place. Returns the values whose dims it changed."""
+    its values with the axes its factors spread, in place. Returns the values whose dims it changed.
+    ``slots``: the op's :func:`op_slots`, when the caller keeps them."""
     if rule is None:
         return []
     eqn = graph.eqns[i]
-    _, spread, conflicts = resolve(graph, rule, eqn, state, mesh, i, tactic)
+    if slots is None:
+        slots = op_slots(rule, eqn)
+    _, spread, conflicts = resolve(graph, rule, eqn, state, mesh, i, tactic, slots)
     for c in conflicts:
         if (i, c.factor) not in seen:
             seen.add((i, c.factor))
@@ -143,13 +151,17 @@ def visit(graph: Graph, rule, i: int, state: State, mesh, tactic: int, seen: set
     if not spread:
         return []
     wrote = []
-    for v, d, fs in _slots(rule, eqn):
+    for v, d, fs in slots:
         if v in graph.consts or v in state.pinned or not fs:
             continue
-        if not any(f in spread for f in fs):
+        if len(fs) == 1:  # a dim of one factor takes its axes (what compose gives for one factor)
+            if fs[0] not in spread:
+                continue
+            target = tuple(spread[fs[0]][0])
+        elif not any(f in spread for f in fs):
             continue
-        per = [spread.get(f, ((), 0))[0] for f in fs]
-        target = compose(mesh, per, fs, rule.sizes)
+        else:
+            target = compose(mesh, [spread.get(f, ((), 0))[0] for f in fs], fs, rule.sizes)
         cur = state.dims[v][d]
         if not target or same_axes(mesh, target, cur) or not refines(mesh, target, cur):
             continue

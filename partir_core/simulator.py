@@ -50,6 +50,7 @@ passed instead.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Callable
@@ -201,21 +202,24 @@ def materialized(program) -> set:
     flow, every body's parameters and results, and what its own kernels materialize."""
     g = program.graph
     base = set(g.invars) | set(program.out_bufs)
-    return _materialized(program, program.instructions, base) - set(g.consts)
+    names = [e.name for e in g.eqns]
+    return _materialized(program, names, program.instructions, base) - set(g.consts)
 
 
-def _materialized(program, steps: list, out: set) -> set:
+def _materialized(program, names: list, steps: list, out: set) -> set:
     """The materialized buffers of one block ``steps`` whose parameters and results are ``out`` (a copy is
-    extended); a region's bodies are blocks of their own."""
+    extended); a region's bodies are blocks of their own. ``names``: the primitive of every equation."""
     g = program.graph
     readers: dict = {}  # buffer -> [(instruction index, op name)]
     out = set(out)
     for t, ins in enumerate(steps):
         if isinstance(ins, Compute):
+            name = names[ins.eqn_index]
             for b in ins.reads:
-                readers.setdefault(b, []).append((t, g.eqns[ins.eqn_index].name))
+                readers.setdefault(b, []).append((t, name))
         elif isinstance(ins, Reshard):
             readers.setdefault(ins.src_buf, []).append((t, "<reshard>"))
+            out.add(ins.dst_buf)
         elif isinstance(ins, Finish):
             readers.setdefault(ins.buf, []).append((t, "<collective>"))
         elif isinstance(ins, ControlFlow):
@@ -225,26 +229,29 @@ def _materialized(program, steps: list, out: set) -> set:
             reg = g.regions[ins.region]
             params = set(g.eqns[reg.enter].outvars)
             for body, results in zip(ins.bodies, ins.results):
-                out |= _materialized(program, body, params | set(results))
-    out |= {i.dst_buf for i in steps if isinstance(i, Reshard)}
+                out |= _materialized(program, names, body, params | set(results))
 
     def library(t):  # the kernel of instruction t is a library reduction
         ins = steps[t]
         if not isinstance(ins, Compute):
             return False
-        name = g.eqns[ins.eqn_index].name
-        return _library_reduction(name, program.buf_bytes.get(ins.reads[0], 0), g.dtype(ins.writes[0]))
+        return _library_reduction(names[ins.eqn_index], program.buf_bytes.get(ins.reads[0], 0), g.dtype(ins.writes[0]))
 
     # kernels[b]: the instructions whose kernels read b, directly or through the fused values that read it;
-    # decided consumers first
+    # decided consumers first. Only a value that may be fused needs its own (its producers' decisions read
+    # the kernels of the fused values their readers write).
     kernels: dict = {}
     for t in reversed(range(len(steps))):
         ins = steps[t]
         if not isinstance(ins, Compute):
             continue
-        name = g.eqns[ins.eqn_index].name
+        name = names[ins.eqn_index]
+        fusible = name in FUSIBLE
         for b in ins.writes:
-            rs = readers.get(b, [])
+            rs = readers.get(b)
+            if not (fusible and rs and all(r in TAKES_FUSED for _, r in rs)):
+                out.add(b)
+                continue
             ks = set()
             for tr, _ in rs:
                 ws = steps[tr].writes if isinstance(steps[tr], Compute) else []
@@ -253,8 +260,7 @@ def _materialized(program, steps: list, out: set) -> set:
                 else:
                     ks.update(*(kernels[w] for w in ws))
             kernels[b] = ks
-            fused = name in FUSIBLE and rs and all(r in TAKES_FUSED for _, r in rs)
-            if not fused or len(ks) > 1 and (name in EXPENSIVE or any(library(k) for k in ks)):
+            if len(ks) > 1 and (name in EXPENSIVE or any(library(k) for k in ks)):
                 out.add(b)
     return out
 
@@ -376,26 +382,30 @@ class _Walker:
         """The cost of ``steps`` whose parameters (inputs, or a body's) are ``params``, and whose results
         ``outs`` (the program's outputs, given allocations of their own; a body's results are temporaries
         live to its end)."""
-        g, hw, size = self.program.graph, self.hw, self.size
+        g, hw, size, mat = self.program.graph, self.hw, self.size, self.mat
         compute_t = flops = comm_bytes = kernels = 0.0
         eff_reads: list = []
         scratch: dict = {}  # instruction -> bytes it holds while it runs, beside its operands and results
         for t, ins in enumerate(steps):
-            reads = list(dict.fromkeys(r for b in _reads(ins) for r in self.srcs(b)))
-            eff_reads.append(reads)
             if isinstance(ins, Compute):
-                writes = [b for b in ins.writes if b in self.mat]
+                reads = list(dict.fromkeys([r for b in ins.reads for r in self.srcs(b)]))
+                eff_reads.append(reads)
+                writes = []
                 for b in ins.writes:
-                    if b not in self.mat:
+                    if b in mat:
+                        writes.append(b)
+                    else:
                         self.sources[b] = tuple(reads)
-                moved = sum(size.get(b, 0) for b in reads) + sum(size.get(b, 0) for b in writes)
+                moved = sum([size.get(b, 0) for b in reads]) + sum([size.get(b, 0) for b in writes])
                 compute_t += max(ins.flops / hw.peak_flops, moved / hw.hbm_bw)
                 flops += ins.flops
                 kernels += bool(writes)
                 factor = SCRATCH.get(g.eqns[ins.eqn_index].name)
                 if factor:
                     scratch[t] = factor * sum(size.get(b, 0) for b in ins.writes)
-            elif isinstance(ins, Reshard):
+                continue
+            eff_reads.append(list(dict.fromkeys([r for b in _reads(ins) for r in self.srcs(b)])))
+            if isinstance(ins, Reshard):
                 kernels += len(ins.move.plan.steps)
                 compute_t += 2 * ins.dst.local_bytes / hw.hbm_bw
             elif isinstance(ins, ControlFlow):
@@ -461,15 +471,23 @@ def _heap_peak(temps: dict, outs: dict, size: dict) -> int:
     already placed there) are never live at the same time as it; the others are live in the temporary block,
     whose size is the peak of their live bytes. ``temps`` and ``outs`` map a buffer to its live range
     ``(first step, last step)``, both inclusive."""
-    allocs = [(size.get(b, 0), [rng]) for b, rng in sorted(outs.items(), key=lambda kv: -size.get(kv[0], 0))]
+    # per output allocation: its capacity, and the starts and ends of the live ranges placed there (the
+    # output's own first), sorted; they are disjoint, so sorted by start they are sorted by end
+    allocs = [(size.get(b, 0), [s], [e]) for b, (s, e) in sorted(outs.items(), key=lambda kv: -size.get(kv[0], 0))]
     rest = []
     for b, (s, e) in sorted(temps.items(), key=lambda kv: (-size.get(kv[0], 0), kv[1])):
-        for cap, ranges in allocs:
-            if cap >= size.get(b, 0) and all(e < s2 or e2 < s for s2, e2 in ranges):
-                ranges.append((s, e))
+        n = size.get(b, 0)
+        for cap, starts, ends in allocs:
+            if cap < n:  # allocations come largest first: none after this one fits either
+                rest.append((s, e, n))
+                break
+            j = bisect.bisect_right(starts, e)  # the ranges before j start by e; the last of them ends last
+            if j == 0 or ends[j - 1] < s:
+                starts.insert(j, s)
+                ends.insert(j, e)
                 break
         else:
-            rest.append((s, e, size.get(b, 0)))
+            rest.append((s, e, n))
     events = sorted([(s, n) for s, _, n in rest] + [(e + 1, -n) for _, e, n in rest], key=lambda x: (x[0], x[1]))
     live = peak = 0
     for _, n in events:

@@ -1,0 +1,153 @@
+"""The plumbing that makes the search's evaluations cheap changes no figure: frozen states, the lowering memo, the
+collector paused during a search."""
+
+import gc
+
+import pytest
+
+jax = pytest.importorskip("jax")
+
+import redist  # noqa: E402
+from tests.partir_helpers import model_and_inputs  # noqa: E402
+from tests.test_partir_estimate import MESHES, PRESETS, preset, random_sets, schedule_state  # noqa: E402
+import partir_core as pc  # noqa: E402
+from partir_core.automatic import STEP, Evaluator, build_actions, search  # noqa: E402
+from partir_core.analysis import analyze_groups  # noqa: E402
+from partir_core.choice import FOLLOW, _analyze_once, _demands, analyze  # noqa: E402
+from partir_core.lowering import lower  # noqa: E402
+from partir_core.program import Compute, Finish, walk  # noqa: E402
+from partir_core.estimate import Estimator, Structure, _Chooser, _OpMemo  # noqa: E402
+from partir_core.simulator import simulate  # noqa: E402
+
+if len(jax.devices()) < 8:
+    pytest.skip("needs 8 JAX devices (tests/conftest.py sets XLA_FLAGS)", allow_module_level=True)
+
+MESH = MESHES["2x4"]
+
+
+def start(name):
+    m, ins, _ = model_and_inputs(name)
+    return m, ins, pc.jit(m.step, MESH, []).lower(*ins)
+
+
+@pytest.mark.parametrize("name", ["transformer", "scanned_transformer"])
+def test_evaluator_states_are_frozen_and_equal_full_propagation(name):
+    """Every state the evaluator keeps equals the state the same tactics give when applied and propagated in
+    full (dims, provenance, pins, conflicts); it is read-only (tuples), and holds the very dims of its prefix's
+    state for every value the last action did not change."""
+    m, ins, low = start(name)
+    graph, rules = low.graph, low.rules
+    actions = build_actions(analyze_groups(graph, rules), graph, MESH, list(MESH.names))
+    ev = Evaluator(graph, rules, MESH, low.states[0].copy(), 1, actions, None, None)
+    checked = shared = 0
+    for chain in random_sets(graph, rules, MESH, seed=3, n=6, depth=3):
+        key = ev.key(dict.fromkeys(chain))
+        for j in range(1, len(key) + 1):
+            state = ev.state(key[:j])
+            if state is None:
+                break
+            full = schedule_state(graph, rules, MESH, [])
+            for k, a in enumerate(key[:j]):
+                a.tactic.apply(graph, full, MESH, 1 + STEP * k)
+                pc.propagation.propagate(graph, rules, full, MESH, 1 + STEP * k)
+            assert state.dims == {v: tuple(d) for v, d in full.dims.items()}
+            assert state.prov == {v: tuple(p) for v, p in full.prov.items()}
+            assert state.pinned == full.pinned and [str(c) for c in state.conflicts] == [str(c) for c in full.conflicts]
+            assert all(type(d) is tuple for d in state.dims.values())
+            parent = ev.state(key[:j - 1])
+            same = [v for v in state.dims if state.dims[v] == parent.dims[v] and state.prov[v] == parent.prov[v]]
+            assert all(state.dims[v] is parent.dims[v] for v in same)
+            checked, shared = checked + 1, shared + len(same)
+    assert checked >= 8 and shared > 0
+
+
+def test_the_result_state_takes_the_tactics_after_the_search():
+    """The state an AutomaticPartition hands on is one the tactics after it may change (the evaluator's own
+    states are read-only)."""
+    m, ins, _ = model_and_inputs("mlp")
+    auto = pc.AutomaticPartition(axes=["batch"], max_evals=10, progress=False)
+    pf = pc.jit(m.step, MESH, [auto, pc.ManualPartition({"params/w1": 1}, axis="model")])
+    low = pf.lower(*ins)
+    assert low.input_type("params/w1").dims[1] == ("model",)
+
+
+def test_lowering_with_a_memo_gives_the_same_programs():
+    """Lowering the presets' analyses one after another through one memo (each op's entry made for another
+    choice before) gives, for each, the instructions and the simulation that lowering it afresh gives; lowering
+    an analysis again reads every entry it made."""
+    m, ins, low = start("transformer")
+    graph, rules = low.graph, low.rules
+    memo = {}
+    for name in PRESETS["2x4"][:6]:
+        analysis = analyze(graph, rules, schedule_state(graph, rules, MESH, preset(name, m, ins, MESH)), MESH)
+        fresh = lower(graph, analysis, MESH)
+        for _ in range(2):
+            entries = dict(memo)
+            got = lower(graph, analysis, MESH, memo=memo)
+            for x, y in zip(walk(fresh.instructions), walk(got.instructions), strict=True):
+                assert type(x) is type(y)
+                if isinstance(x, (Compute, Finish)):
+                    assert x == y
+            assert simulate(got) == simulate(fresh)
+        assert all(memo[k] is entries[k] for k in memo)  # the second lowering made nothing
+
+
+def test_the_search_pauses_the_cyclic_collector_and_restores_it():
+    """While a search runs, Python's cyclic collector is off; after it, as it was before: on or off, after a
+    result or an error."""
+    m, ins, low = start("mlp")
+    seen = []
+
+    def log(*_):
+        seen.append(gc.isenabled())
+
+    def run(**kw):
+        return search(low.graph, low.rules, low.states[0], MESH, 1,
+                      pc.AutomaticPartition(max_evals=60, progress=False, **kw), log)
+
+    assert gc.isenabled()
+    run()
+    assert seen and not any(seen) and gc.isenabled()
+    with pytest.raises(pc.PartitionError):
+        run(memory_budget_bytes=100)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        run()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("mesh_name", list(MESHES))
+@pytest.mark.parametrize("name", ["scanned_mlp", "scanned_transformer"])
+def test_refinements_made_from_the_state_priced_start_equal_the_plain_passes(name, mesh_name):
+    """The first refinement is made from the state-priced start of the same state, F1 from it: on states of
+    random action sets of the scanned models (where a region's enter and exit run differently under targets
+    than under the state's types), each pass's choices and types are those of the plain pass, and scoring
+    from scratch and from the previous state gives the simulation of the lowered program."""
+    mesh = MESHES[mesh_name]
+    m, ins, _ = model_and_inputs(name)
+    low = pc.jit(m.step, mesh, []).lower(*ins)
+    graph, rules = low.graph, low.rules
+    est, memo, previous, scored = Estimator(graph, rules, mesh), _OpMemo(), None, 0
+    for j, chain in enumerate(random_sets(graph, rules, mesh, seed=5, n=12, depth=3)):
+        state = schedule_state(graph, rules, mesh, [a.tactic for a in chain])
+        ch = _Chooser(Structure(graph, rules), state, mesh, memo)
+        p0, f0 = ch.run(None, None, set(), set()), ch.run(FOLLOW, None, set(), set())
+        p1 = ch.run(p0.demands, p0, set(), set())
+        f1 = ch.run(f0.demands, p1, set(), set())
+        plain_p0, plain_f0 = (_analyze_once(graph, rules, state, mesh, True, t) for t in (None, FOLLOW))
+        for fast, start in ((p1, plain_p0), (f1, plain_f0)):
+            plain = _analyze_once(graph, rules, state, mesh, True, _demands(graph, start, state, mesh))
+            assert fast.types == plain.types
+            assert [(o.in_types, o.out_types) for o in fast.ops] == [(o.in_types, o.out_types) for o in plain.ops]
+        try:
+            want = simulate(lower(graph, analyze(graph, rules, state, mesh), mesh))
+        except redist.ShardingError:
+            continue
+        for got in (Estimator(graph, rules, mesh).score(j, state), est.score(j, state, previous)):
+            assert (got.step_time_s, got.peak_bytes, got.comm_bytes) == \
+                (want.step_time_s, want.peak_bytes, want.comm_bytes)
+        previous, scored = j, scored + 1
+    assert scored >= 6
