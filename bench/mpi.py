@@ -148,11 +148,12 @@ def run_jobs(cases: list[dict], ranks: list[int], repeats: int, jobs: int, timeo
     env = dict(os.environ, PYTHONPATH=ROOT)
     runs: dict[int, list[list[dict]]] = {n: [] for n in ranks}
     with tempfile.TemporaryDirectory() as tmp:
+        for n in ranks:
+            with open(os.path.join(tmp, f"cases{n}.json"), "w") as f:
+                json.dump([c for c in cases if c["ranks"] == n], f)
         for job in range(jobs):
             for n in ranks:
                 cin, cout = os.path.join(tmp, f"cases{n}.json"), os.path.join(tmp, f"out{n}.json")
-                with open(cin, "w") as f:
-                    json.dump([c for c in cases if c["ranks"] == n], f)
                 cmd = [mpiexec, "-n", str(n), sys.executable, os.path.join(ROOT, "bench", "mpi_worker.py"), cin,
                        cout, "--repeats", str(repeats), "--seed", str(job)]
                 print(f"[mpi -n {n}] job {job + 1}/{jobs}", flush=True)

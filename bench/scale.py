@@ -207,7 +207,8 @@ def run_group(label: str, n: int, seed: int, pair_timeout_s: float, progress: bo
             v = redist.verify(plan, timeout_s=VERIFY_TIMEOUT_S)
             row.update(verify_s=v.seconds, verify=v.status)
     return {"label": label, "named": label in NAMED or label in HARD_TO_VERIFY, "devices": pairs[0][0].mesh.size,
-            "mesh": str(pairs[0][0].mesh), "rows": rows, "rss_mb": rss, "rss_verify_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "mesh": str(pairs[0][0].mesh), "rows": rows, "rss_mb": rss,
+            "rss_verify_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 PHASES = ("synthesize_s", "lower_bound_s", "bytes_received_s", "lowering_s", "verify_s")

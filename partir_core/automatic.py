@@ -781,8 +781,7 @@ def _goal_refinements(ev: Evaluator, goals: list, pairs: list, weights: list, to
     """The :func:`_refinements` of the ``top`` most promising of ``goals`` (evaluated sets, most promising
     first), of the fastest of them (fitting or not: weight splits save memory) and of the start."""
     fastest = min(goals, key=lambda k: (ev.evals[k].step_time_s, ev.rank_of(k)), default=())
-    starts = sorted({(), fastest, *goals[:top]}, key=lambda k: (ev.promise(ev.evals[k]), ev.rank_of(k)))
-    return _refinements(ev, starts, pairs, weights)
+    return _refinements(ev, _by_promise(ev, {(), fastest, *goals[:top]}), pairs, weights)
 
 
 def _refinements(ev: Evaluator, starts: list, pairs: list, weights: list) -> dict:
