@@ -205,12 +205,19 @@ def run_case(src, dst, rng, failures: list, label: str) -> tuple[bool, bool]:
     plan = redist.synthesize(src, dst)
     for ins in plan.program.instructions:
         KINDS[type(ins).__name__] = KINDS.get(type(ins).__name__, 0) + 1
-    moving = [type(ins) for ins in plan.program.instructions if not isinstance(ins, P.Reshape)]
-    unpacked = moving[:2] == [P.AllToAll, P.Transpose]
-    packed = moving[:2] == [P.Transpose, P.AllToAll]
+    program = plan.program
+    moving = [ins for ins in program.instructions if not isinstance(ins, P.Reshape)]
+    placed = mpi_backend._unpackings(program)
+    unpacked = [type(ins) for ins in moving[:2]] == [P.AllToAll, P.Transpose] and id(moving[0]) not in placed
+    packed = [type(ins) for ins in moving[:2]] == [P.Transpose, P.AllToAll]
+    gathered = any(isinstance(ins, P.AllGather)
+                   and mpi_backend._gathers_strided(shape, ins.dim, np.dtype(program.dtype).itemsize)
+                   for ins, shape in zip(program.instructions, program.shapes))
     for feature in ([f"partial({src.reduction})"] * bool(src.partial) + ["device order"] * (src.mesh != dst.mesh)
                     + ["reordered mesh"] * (not src.mesh.is_row_major) + [src.dtype] * (src.dtype in ("c64", "c128"))
-                    + ["own row unpacked from the input"] * unpacked + ["own row packed from the input"] * packed):
+                    + ["own row unpacked from the input"] * unpacked + ["own row packed from the input"] * packed
+                    + ["all-to-all rows received in place"] * bool(placed)
+                    + ["all-gather chunks received in place"] * gathered):
         FEATURES[feature] = FEATURES.get(feature, 0) + 1
     value, shards = poisoned_source(src, rng)
     expected = redist.execute(plan, shards)
@@ -569,10 +576,11 @@ def mode_fail() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "windowed":  # the same mode, with one shift per window of a personalised exchange
-        from redist.backends import mpi_backend
-        mpi_backend.WINDOW = 1
-        del sys.argv[1]
+    while sys.argv[1] in ("windowed", "strided"):  # the same mode, with one setting changed:
+        if sys.argv.pop(1) == "windowed":  # one shift per window of a personalised exchange
+            mpi_backend.WINDOW = 1
+        else:  # every strided place of a receive (all-gather chunks, unpacked rows) receives directly
+            mpi_backend.STRIDED_RUN_MIN = 1
     mode = sys.argv[1]
     with redist.mpi.abort_on_error(COMM):
         if mode == "cases":
