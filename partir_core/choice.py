@@ -152,7 +152,7 @@ def cheapest(graph: Graph, eqn, proposal: OpSharding, alternatives, types, state
     op, cost = proposal, _op_cost(graph, eqn, proposal, types, state, mesh, targets, price)
     if cost > 0:
         for cand in alternatives():
-            c = _op_cost(graph, eqn, cand, types, state, mesh, targets, price)
+            c = _op_cost(graph, eqn, cand, types, state, mesh, targets, price, bound=cost)
             if c < cost:
                 op, cost = cand, c
                 if c == 0:
@@ -297,18 +297,33 @@ def state_type(graph, state, v, mesh) -> ShardingType:
     return value_type(graph, v, mesh, tuple(state.dims[v]))
 
 
-def _op_cost(graph, eqn, op: OpSharding, types, state, mesh, targets=None, price=reshard_bytes) -> float:
+def _op_cost(graph, eqn, op: OpSharding, types, state, mesh, targets=None, price=reshard_bytes,
+             bound: float = float("inf")) -> float:
     """Bytes received running ``eqn`` as ``op``: its operands resharded from ``types``, its results to what
     ``targets`` wants (see :func:`_analyze_once`), its reductions finished; each reshard priced by ``price``
-    (see :func:`cheapest`)."""
-    cost = sum(price(types[v], t) for v, t in zip(eqn.invars, op.in_types))
+    (see :func:`cheapest`). Once a partial sum reaches ``bound``, that partial sum (at least ``bound``, at most
+    the cost: the terms are not negative, and rounded addition is monotonic) is returned without pricing the
+    rest, so a candidate that cannot beat ``bound`` costs no new reshard plans. Below ``bound``, the cost is
+    summed in the same order and grouping as always, so it is the same float."""
+    cost = 0
+    for v, t in zip(eqn.invars, op.in_types):
+        cost += price(types[v], t)
+        if cost >= bound:
+            return cost
     for v, t in zip(eqn.outvars, op.out_types):
         if targets is FOLLOW:
-            continue
+            break
         if targets is not None and v in targets:
-            cost += sum(price(t, want) for want in targets[v])
+            wanted = 0
+            for want in targets[v]:
+                wanted += price(t, want)
+                if cost + wanted >= bound:
+                    return cost + wanted
+            cost += wanted
         elif v in state.dims:
             cost += price(t, state_type(graph, state, v, mesh))
+            if cost >= bound:
+                return cost
     for _, axes in op.finish:
         cost += finish_bytes(axes, op.out_types)
     return cost
