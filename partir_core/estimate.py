@@ -311,11 +311,23 @@ class _Chooser:
     def _unlike_state(self, targets: dict) -> set:
         """The values whose ``targets`` are not just their state type (:func:`~partir_core.choice.state_type`):
         those whose pricing differs from the state-priced pass's."""
-        g, state, mesh = self.graph, self.state, self.mesh
+        g, dims, mesh, known = self.graph, self.state.dims, self.mesh, self.memo.state_types
         out = set()
         for v, ts in targets.items():
-            st = state_type(g, state, v, mesh) if len(ts) == 1 else None
-            if st is None or ts[0] is not st and ts[0] != st:
+            if len(ts) != 1:
+                out.add(v)
+                continue
+            # the state type of v, remembered by the identity of its dims where they are a tuple (a frozen
+            # state shares the tuples of the values its action left alone with its parent's)
+            d = dims[v]
+            hit = known.get(v)
+            if hit is not None and hit[0] is d:
+                st = hit[1]
+            else:
+                st = state_type(g, self.state, v, mesh)
+                if type(d) is tuple:
+                    known[v] = (d, st)
+            if ts[0] is not st and ts[0] != st:
                 out.add(v)
         return out
 
@@ -389,6 +401,7 @@ class _OpMemo:
         self.alive: dict = {}
         self.interned: dict = {}
         self.moves: dict = {}
+        self.state_types: dict = {}  # value -> (its dims, its state type) as last asked for
 
     def keep(self, types) -> None:
         """Keep ``types`` alive: keys name them by their ids (a key is probed with the ids of the types at hand,
