@@ -11,7 +11,9 @@ random action sets):
 1. Propagation (:func:`propagate_changes`): the same sweeps as :func:`~partir_core.propagation.propagate`
    (forward, backward, ... to a fixed point), but an op is visited only when one of its operands or results
    changed since it was last visited. The base is at a fixed point, so an op none of whose values changed
-   would resolve as it did there, write nothing and record no new conflict: skipping it changes nothing.
+   would resolve as it did there, write nothing and record no new conflict: skipping it changes nothing. Nor
+   is an op visited again for what it wrote itself: a visit right after its own changes nothing
+   (:func:`~partir_core.propagation.visit`), so only the other ops touching a written value are.
 2. Per-op choice (:class:`_Pass`): :func:`~partir_core.choice.analyze` runs up to six passes of per-op
    choices (:func:`~partir_core.choice.choose_op`), each priced against targets (the state's types, none,
    or the types the readers asked for in the pass before). Each starting pass is redone from the base's pass
@@ -114,7 +116,8 @@ def signature(graph: Graph, eqn, rule) -> tuple:
 def propagate_changes(structure: Structure, state: State, mesh, tactic: int, changed, max_rounds: int = 100) -> set:
     """Propagate ``state`` to a fixed point in place, as :func:`~partir_core.propagation.propagate` does, when
     it was at a fixed point before the values ``changed`` were changed (by a tactic's ``apply``). Returns the
-    values whose dims or provenance propagation changed (``changed`` included)."""
+    values whose dims or provenance propagation changed (``changed`` included). A value an op writes queues the
+    other ops that touch it, later in this sweep or in the next; not the op itself (see the module docstring)."""
     graph, rules = structure.graph, structure.rules
     seen = {(c.eqn, c.factor) for c in state.conflicts}
     touched = set(changed)
@@ -136,7 +139,7 @@ def propagate_changes(structure: Structure, state: State, mesh, tactic: int, cha
                     if (j > i if forward else j < i) and j not in queued:
                         queued.add(j)
                         heapq.heappush(heap, j if forward else -j)
-                    elif (j <= i if forward else j >= i):
+                    elif (j < i if forward else j > i):
                         pending.add(j)
     return touched
 
