@@ -210,25 +210,27 @@ def _materialized(program, names: list, steps: list, out: set) -> set:
     """The materialized buffers of one block ``steps`` whose parameters and results are ``out`` (a copy is
     extended); a region's bodies are blocks of their own. ``names``: the primitive of every equation."""
     g = program.graph
-    readers: dict = {}  # buffer -> [(instruction index, op name)]
+    readers: dict = {}  # buffer -> the indices of the instructions that read it
+    unfused: set = set()  # buffers read by an instruction that cannot take them fused (not TAKES_FUSED)
     out = set(out)
     for t, ins in enumerate(steps):
         if type(ins) is Compute:
-            read = (t, names[ins.eqn_index])
+            if names[ins.eqn_index] not in TAKES_FUSED:
+                unfused.update(ins.reads)
             for b in ins.reads:
                 rs = readers.get(b)
                 if rs is None:
-                    readers[b] = [read]
+                    readers[b] = [t]
                 else:
-                    rs.append(read)
-        elif isinstance(ins, Reshard):
-            readers.setdefault(ins.src_buf, []).append((t, "<reshard>"))
+                    rs.append(t)
+            continue
+        reads = _reads(ins)
+        unfused.update(reads)  # a reshard, a collective or control flow reads a buffer of its own
+        for b in reads:
+            readers.setdefault(b, []).append(t)
+        if isinstance(ins, Reshard):
             out.add(ins.dst_buf)
-        elif isinstance(ins, Finish):
-            readers.setdefault(ins.buf, []).append((t, "<collective>"))
         elif isinstance(ins, ControlFlow):
-            for b in ins.operands:
-                readers.setdefault(b, []).append((t, "<control flow>"))
             out.update(ins.writes)
             reg = g.regions[ins.region]
             params = set(g.eqns[reg.enter].outvars)
@@ -253,11 +255,11 @@ def _materialized(program, names: list, steps: list, out: set) -> set:
         fusible = name in FUSIBLE
         for b in ins.writes:
             rs = readers.get(b)
-            if not (fusible and rs and all(r in TAKES_FUSED for _, r in rs)):
+            if not (fusible and rs) or b in unfused:
                 out.add(b)
                 continue
             ks = set()
-            for tr, _ in rs:
+            for tr in rs:
                 ws = steps[tr].writes if isinstance(steps[tr], Compute) else []
                 if not ws or any(w in out for w in ws):
                     ks.add(tr)
@@ -299,7 +301,15 @@ def _combined(steps: list) -> list:
     groups: list = []
     open_group: dict = {}  # (kind, axes) -> (index into groups, bitmask of its members)
     n = 0
+    get = deps.get
     for ins in steps:
+        if type(ins) is Compute:  # the common case, inline: its results depend on what its operands do
+            mask = 0
+            for b in ins.reads:
+                mask |= get(b, 0)
+            for b in ins.writes:
+                deps[b] = mask
+            continue
         if isinstance(ins, ControlFlow):
             for body in ins.bodies:
                 groups += _combined(body)
@@ -461,9 +471,9 @@ class _Walker:
         end = len(steps)
         first: dict = {}
         for t, ins in enumerate(steps):
-            for b in _writes(ins):
-                if b in mat and b not in params:
-                    first.setdefault(b, t)
+            for b in (ins.writes if type(ins) is Compute else _writes(ins)):
+                if b in mat and b not in params and b not in first:
+                    first[b] = t
         # an elementwise kernel writes its result in place of an operand of the same size it reads last
         for t, ins in enumerate(steps):
             if type(ins) is Compute and names[ins.eqn_index] in FUSIBLE:
