@@ -237,11 +237,15 @@ def _materialized(program, names: list, steps: list, out: set) -> set:
             for body, results in zip(ins.bodies, ins.results):
                 out |= _materialized(program, names, body, params | set(results))
 
-    def library(t):  # the kernel of instruction t is a library reduction
-        ins = steps[t]
-        if not isinstance(ins, Compute):
-            return False
-        return _library_reduction(names[ins.eqn_index], program.buf_bytes.get(ins.reads[0], 0), g.dtype(ins.writes[0]))
+    libraries: dict = {}  # instruction -> whether its kernel is a library reduction, once asked
+
+    def library(t):
+        found = libraries.get(t)
+        if found is None:
+            ins = steps[t]
+            found = libraries[t] = isinstance(ins, Compute) and _library_reduction(
+                names[ins.eqn_index], program.buf_bytes.get(ins.reads[0], 0), g.dtype(ins.writes[0]))
+        return found
 
     # kernels[b]: the instructions whose kernels read b, directly or through the fused values that read it;
     # decided consumers first. Only a value that may be fused needs its own (its producers' decisions read
