@@ -271,8 +271,9 @@ class _Chooser:
             changed = self._unlike_state(targets)
             dirty_ops |= {self.s.producer[v] for v in changed if v in self.s.producer} | self.s.boundaries
         elif isinstance(targets, dict):
-            changed = {v for v in targets.keys() | base.targets.keys()
-                       if targets.get(v) is not base.targets.get(v) and targets.get(v) != base.targets.get(v)}
+            was = base.targets
+            changed = {v for v, ts in targets.items() if ts is not was.get(v) and ts != was.get(v)}
+            changed.update(was.keys() - targets.keys())
             dirty_ops |= {self.s.producer[v] for v in changed if v in self.s.producer}
         retyped, redemanded = set(), set()
         for v in g.invars:
@@ -300,7 +301,9 @@ class _Chooser:
             eqn = eqns[i]
             # an operand's demand that changed, or may have (an equal type, another object: its demands are
             # worked out again, to what they were)
-            redemanded.update(v for v, a, b in zip(eqn.invars, op.in_types, old.in_types) if a is not b)
+            for v, a, b in zip(eqn.invars, op.in_types, old.in_types):
+                if a is not b:
+                    redemanded.add(v)
             for v, t in zip(eqn.outvars, op.out_types):
                 was = types[v]
                 if t is not was and t != was:
