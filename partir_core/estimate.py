@@ -30,7 +30,9 @@ random action sets):
    chosen alike. An op's candidates, which do not depend on the targets, are shared by the passes that price
    them against different targets (:func:`~partir_core.choice.op_candidates`,
    :func:`~partir_core.choice.cheapest`); reshards are priced by their types' identities
-   (:meth:`_OpMemo.reshard_bytes`).
+   (:meth:`_OpMemo.reshard_bytes`), and a candidate that cannot beat the best one so far is dropped before
+   its reshards not priced yet are planned (:func:`~partir_core.choice._op_cost`: redist's lower bound of
+   their bytes, :func:`~partir_core.reshard.reshard_floor`); planning them is a third of choosing.
 3. Lowering and simulation: the winning choice is lowered and simulated as ``pf.lower(...).simulate()``
    does (:func:`partir_core.lowering.lower`, :func:`partir_core.simulator.simulate`); nothing runs on JAX.
 
@@ -236,7 +238,7 @@ class _Chooser:
             op = cands.proposal
         else:
             op = cheapest(self.graph, eqn, cands.proposal, cands.alternatives, types, self.state, self.mesh,
-                          targets, memo.reshard_bytes)
+                          targets, memo.reshard_bytes, memo.known_bytes)
         memo.put((key, wanted), op)
         return op
 
@@ -436,6 +438,13 @@ class _OpMemo:
             self.keep((src, dst))
             b = self.moves[key] = reshard_bytes(src, dst)
         return b
+
+
+    def known_bytes(self, src, dst) -> float | None:
+        """:meth:`reshard_bytes` where it is remembered (or ``src`` is ``dst``), else None."""
+        if src is dst:
+            return 0.0
+        return self.moves.get((id(src), id(dst)))
 
 
 class _Types:

@@ -149,8 +149,8 @@ def lower(graph: Graph, analysis: Analysis, mesh, state: State | None = None,
     propagation gives them (``state``; without it, their producer's type with pending sums reduced). ``memo``:
     a dict that a caller lowering many analyses of ``graph`` keeps between calls (the automatic search's
     candidates share most of their ops' choices): each op's FLOPs, masks and finishes are remembered there by
-    the identity of its choice, and each value type's local bytes by the type's. Raises :class:`redist.ShardingError` if a value must reach a type no
-    redistribution can give it."""
+    the identity of its choice, and each value type's local bytes by the type's. Raises
+    :class:`redist.ShardingError` if a value must reach a type no redistribution can give it."""
     state = analysis.state if state is None else state
     low = _Lowering(graph, analysis, {} if memo is None else memo)
     made: dict = {}  # the program's moves, reused for the outputs

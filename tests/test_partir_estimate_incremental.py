@@ -9,11 +9,12 @@ jax = pytest.importorskip("jax")
 import redist  # noqa: E402
 from tests.test_partir_estimate import MESHES, model, random_sets  # noqa: E402
 import partir_core as pc  # noqa: E402
-from partir_core.choice import FOLLOW, _demands, _op_cost, analyze, op_candidates  # noqa: E402
+from partir_core.choice import FOLLOW, _demands, _op_cost, _op_terms, analyze, op_candidates  # noqa: E402
 from partir_core.estimate import Estimator, propagate_changes  # noqa: E402
 from partir_core.ir import Boundary  # noqa: E402
 from partir_core.lowering import lower  # noqa: E402
 from partir_core.propagation import propagate, visit  # noqa: E402
+from partir_core.reshard import reshard_bytes, reshard_floor  # noqa: E402
 from partir_core.simulator import simulate  # noqa: E402
 
 if len(jax.devices()) < 8:
@@ -92,10 +93,16 @@ def test_incremental_propagation_equals_full_propagation(name, mesh_name):
 @pytest.mark.parametrize("name", ["transformer", "scanned_transformer"])
 def test_a_cost_bounded_by_the_best_so_far_is_exact_below_it_and_at_least_it_above(name):
     """_op_cost with a ``bound`` (the best candidate's cost so far) gives the very cost of a candidate cheaper
-    than the bound, and a value at least the bound (at most the cost) for the others; so ``cheapest`` picks
-    the candidate the plain comparison picks. Checked on every candidate of every op, against the state's
-    types, FOLLOW and the demands of a pass, on random states."""
+    than the bound, and a value at least the bound for the others, with or without reshards at hand (``known``:
+    the lower bounds of the others tried first); so ``cheapest`` picks the candidate the plain comparison
+    picks. Checked on every candidate of every op, against the state's types, FOLLOW and the demands of a
+    pass, on random states; the reshards at hand are every other one priced."""
     graph, rules, mesh, start, sets = chains(name, "2x4", n=3, depth=2)
+    at_hand: dict = {}
+
+    def known(src, dst):
+        return at_hand.get((src, dst))
+
     below = above = 0
     for chain in sets:
         state = start.copy()
@@ -111,16 +118,60 @@ def test_a_cost_bounded_by_the_best_so_far_is_exact_below_it_and_at_least_it_abo
                 proposal, alternatives = op_candidates(graph, rules, i, state, types, mesh)
                 cands = [proposal, *alternatives()]
                 costs = [_op_cost(graph, eqn, c, types, state, mesh, targets) for c in cands]
+                for n, (src, dst) in enumerate(p for c in cands for p in _pairs(graph, eqn, c, types, state,
+                                                                                  mesh, targets)):
+                    if n % 2:
+                        at_hand[(src, dst)] = reshard_bytes(src, dst)
                 for bound in sorted(set(costs))[:3]:
                     for c, cost in zip(cands, costs):
-                        got = _op_cost(graph, eqn, c, types, state, mesh, targets, bound=bound)
-                        if cost < bound:
-                            assert got == cost
-                            below += 1
-                        else:
-                            assert bound <= got <= cost
-                            above += 1
+                        for given in (None, known):
+                            got = _op_cost(graph, eqn, c, types, state, mesh, targets, bound=bound, known=given)
+                            if cost < bound:
+                                assert got == cost
+                                below += 1
+                            else:
+                                assert got >= bound
+                                above += 1
     assert below > 100 and above > 100
+
+
+def _pairs(graph, eqn, op, types, state, mesh, targets):
+    return [p for pairs in _op_terms(graph, eqn, op, types, state, mesh, targets) for p in pairs]
+
+
+@pytest.mark.parametrize("mesh_name", list(MESHES))
+@pytest.mark.parametrize("name", ["transformer", "scanned_transformer"])
+def test_the_floor_of_a_reshard_is_at_most_its_bytes(name, mesh_name):
+    """reshard_floor, which lets a candidate be dropped before its reshards are planned, never exceeds the
+    bytes of the reshard lowering makes (the synthesizer's plan, or the fallback), on every pair the
+    candidates of random states price (equal, impossible and uneven pairs included)."""
+    graph, rules, mesh, start, sets = chains(name, mesh_name, n=3, depth=2)
+    pairs = set()
+    for chain in sets:
+        state = start.copy()
+        for j, action in enumerate(chain):
+            action.tactic.apply(graph, state, mesh, 1 + j / 1000)
+            propagate(graph, rules, state, mesh, 1 + j / 1000)
+        first = analyze(graph, rules, state, mesh, passes=1)
+        for i, eqn in enumerate(graph.eqns):
+            if rules[i] is None or isinstance(eqn.prim, Boundary):
+                continue
+            proposal, alternatives = op_candidates(graph, rules, i, state, first.types, mesh)
+            for c in [proposal, *alternatives()][:8]:
+                pairs.update(_pairs(graph, eqn, c, first.types, state, mesh, None))
+    # pairs the models may lack: uneven (padded) blocks, pending sums reduced, pending sums created (impossible)
+    T = redist.ShardingType
+    pairs |= {(T(mesh, (5, 10), "float32", (("model",), ()), ()), T(mesh, (5, 10), "float32", ((), ("model",)), ())),
+              (T(mesh, (5, 10), "float32", ((), ()), ("model",)), T(mesh, (5, 10), "float32", (("model",), ()), ())),
+              (T(mesh, (8, 8), "float32", ((), ()), ()), T(mesh, (8, 8), "float32", ((), ()), ("model",)))}
+    kinds = {"equal": 0, "impossible": 0, "uneven": 0, "other": 0}
+    for src, dst in pairs:
+        floor, moved = reshard_floor(src, dst), reshard_bytes(src, dst)
+        assert floor <= moved
+        kind = ("equal" if src == dst else "impossible" if moved == float("inf")
+                else "uneven" if not (src.is_even() and dst.is_even()) else "other")
+        kinds[kind] += 1
+    assert kinds["equal"] and kinds["other"] > 50 and kinds["impossible"] and kinds["uneven"]
 
 
 @pytest.mark.parametrize("name", ["transformer", "scanned_transformer"])
