@@ -326,15 +326,18 @@ class _Chooser:
                 out.add(v)
                 continue
             # the state type of v, remembered by the identity of its dims where they are a tuple (a frozen
-            # state shares the tuples of the values its action left alone with its parent's)
+            # state shares the tuples of the values its action left alone with its parent's); the entry keeps
+            # the tuple alive, so no other object takes its id
             d = dims[v]
-            hit = known.get(v)
-            if hit is not None and hit[0] is d:
+            hit = known.get((v, id(d)))
+            if hit is not None:
                 st = hit[1]
             else:
                 st = state_type(g, self.state, v, mesh)
                 if type(d) is tuple:
-                    known[v] = (d, st)
+                    if len(known) >= self.memo.size:
+                        known.clear()
+                    known[(v, id(d))] = (d, st)
             if ts[0] is not st and ts[0] != st:
                 out.add(v)
         return out
@@ -409,7 +412,7 @@ class _OpMemo:
         self.alive: dict = {}
         self.interned: dict = {}
         self.moves: dict = {}
-        self.state_types: dict = {}  # value -> (its dims, its state type) as last asked for
+        self.state_types: dict = {}  # (value, id of its dims tuple) -> (that tuple, its state type)
 
     def keep(self, types) -> None:
         """Keep ``types`` alive: keys name them by their ids (a key is probed with the ids of the types at hand,
