@@ -442,7 +442,6 @@ class _OpMemo:
             b = self.moves[key] = reshard_bytes(src, dst)
         return b
 
-
     def known_bytes(self, src, dst) -> float | None:
         """:meth:`reshard_bytes` where it is remembered (or ``src`` is ``dst``), else None."""
         if src is dst:

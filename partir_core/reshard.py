@@ -115,9 +115,9 @@ def reshard_bytes(src: ShardingType, dst: ShardingType) -> float:
 @functools.lru_cache(maxsize=1 << 15)
 def reshard_floor(src: ShardingType, dst: ShardingType) -> float:
     """A lower bound of :func:`reshard_bytes` that plans nothing: 0 between equal types, infinite where
-    :func:`reshard_bytes` is, else :func:`redist.lower_bound_bytes` (what some device lacks: no plan, the
-    synthesizer's or the fallback, receives less; ``python -m proofs`` checks it of every plan). Cached per
-    pair."""
+    :func:`reshard_bytes` is, else :func:`redist.lower_bound_bytes` (what some device lacks, which no plan
+    receives less than, the synthesizer's or the fallback; ``python -m proofs`` checks the synthesizer's plans
+    against it on every pair it runs). Cached per pair."""
     if src == dst:
         return 0.0
     if not _possible(src, dst):
