@@ -345,9 +345,9 @@ def _floor(pairs, known) -> float:
     return total
 
 
-# Sums of a few dozen non-negative floats in two orders differ by less than a relative 1e-14, so terms whose sum
-# exceeds ``bound * _ROUNDING`` in one order reach ``bound`` in any other (_op_cost); bounds below _PRUNE_BELOW
-# keep that product finite.
+# Rounded sums of n non-negative floats are within a relative (n - 1) * 2**-53 of the exact sum, so for ops of
+# fewer than a thousand terms, terms whose sum exceeds ``bound * _ROUNDING`` in one order reach ``bound`` in any
+# other (_op_cost); bounds below _PRUNE_BELOW keep that product finite.
 _ROUNDING = 1 + 1e-12
 _PRUNE_BELOW = 1e300
 
