@@ -309,7 +309,7 @@ def _op_cost(graph, eqn, op: OpSharding, types, state, mesh, targets=None, price
     partial sum in the fixed order reaches it (the terms are not negative, and rounded addition is
     monotonic), or, with ``known``, before the first reshard not at hand is planned, when the partial sum,
     the rest at hand and the lower bounds of the others (:func:`~partir_core.reshard.reshard_floor`) add up
-    to more than ``bound`` by more than any rounding."""
+    to more than ``bound`` by more than any rounding of the two sums."""
     groups = _op_terms(graph, eqn, op, types, state, mesh, targets)
     finishes = [finish_bytes(axes, op.out_types) for _, axes in op.finish]
     floored = known is None or bound >= _PRUNE_BELOW  # no lower bound to try
@@ -323,7 +323,8 @@ def _op_cost(graph, eqn, op: OpSharding, types, state, mesh, targets=None, price
                     floored = True
                     rest = [*pairs[k:], *(pair for later in groups[g + 1:] for pair in later)]
                     floor = cost + part + _floor(rest, known) + sum(finishes)
-                    if floor > bound * _ROUNDING:
+                    terms = sum(map(len, groups)) + len(finishes)
+                    if floor > bound * (1 + terms * _ROUNDING):
                         return floor
                 b = price(src, dst)
             part += b
@@ -345,10 +346,10 @@ def _floor(pairs, known) -> float:
     return total
 
 
-# Rounded sums of n non-negative floats are within a relative (n - 1) * 2**-53 of the exact sum, so for ops of
-# fewer than a thousand terms, terms whose sum exceeds ``bound * _ROUNDING`` in one order reach ``bound`` in any
-# other (_op_cost); bounds below _PRUNE_BELOW keep that product finite.
-_ROUNDING = 1 + 1e-12
+# A rounded sum of n non-negative floats is within a relative (n - 1) * 2**-53 of the exact sum, so n terms whose
+# sum in one order exceeds ``bound * (1 + n * _ROUNDING)`` reach ``bound`` in any other (_op_cost, with room to
+# spare); bounds below _PRUNE_BELOW keep that product finite.
+_ROUNDING = 2.0 ** -50
 _PRUNE_BELOW = 1e300
 
 
