@@ -25,7 +25,7 @@ from partir_core.factors import clash, decompose, dim_axes, drop_clashes, fit_us
 from partir_core.ir import Boundary, Graph, is_enter
 from partir_core.propagation import State, resolve
 from partir_core.registry import Rule
-from partir_core.reshard import finish_bytes, reshard_bytes
+from partir_core.reshard import finish_bytes, reshard_bytes, reshard_floor
 
 
 @dataclass
@@ -144,15 +144,17 @@ def op_candidates(graph: Graph, rules: list, i: int, state: State, types: dict, 
 
 
 def cheapest(graph: Graph, eqn, proposal: OpSharding, alternatives, types, state, mesh, targets,
-             price=reshard_bytes) -> OpSharding:
+             price=reshard_bytes, known=None) -> OpSharding:
     """The proposal, unless it needs communication and one of ``alternatives()`` (tried in order) moves
     fewer bytes (:func:`_op_cost` against ``targets``): then the first of the cheapest. Ties keep the
     proposal. ``price``: :func:`~partir_core.reshard.reshard_bytes`, or a function that gives what it gives
-    (a cache of it)."""
+    (a cache of it); ``known``: None, or a function giving ``price(src, dst)`` where that is at hand (planned
+    before), else None: an alternative is then first bounded from below without planning a reshard
+    (:func:`_op_cost`)."""
     op, cost = proposal, _op_cost(graph, eqn, proposal, types, state, mesh, targets, price)
     if cost > 0:
         for cand in alternatives():
-            c = _op_cost(graph, eqn, cand, types, state, mesh, targets, price)
+            c = _op_cost(graph, eqn, cand, types, state, mesh, targets, price, bound=cost, known=known)
             if c < cost:
                 op, cost = cand, c
                 if c == 0:
@@ -297,21 +299,72 @@ def state_type(graph, state, v, mesh) -> ShardingType:
     return value_type(graph, v, mesh, tuple(state.dims[v]))
 
 
-def _op_cost(graph, eqn, op: OpSharding, types, state, mesh, targets=None, price=reshard_bytes) -> float:
+def _op_cost(graph, eqn, op: OpSharding, types, state, mesh, targets=None, price=reshard_bytes,
+             bound: float = float("inf"), known=None) -> float:
     """Bytes received running ``eqn`` as ``op``: its operands resharded from ``types``, its results to what
     ``targets`` wants (see :func:`_analyze_once`), its reductions finished; each reshard priced by ``price``
-    (see :func:`cheapest`)."""
-    cost = sum(price(types[v], t) for v, t in zip(eqn.invars, op.in_types))
-    for v, t in zip(eqn.outvars, op.out_types):
-        if targets is FOLLOW:
-            continue
-        if targets is not None and v in targets:
-            cost += sum(price(t, want) for want in targets[v])
-        elif v in state.dims:
-            cost += price(t, state_type(graph, state, v, mesh))
-    for _, axes in op.finish:
-        cost += finish_bytes(axes, op.out_types)
+    (see :func:`cheapest`). Below ``bound``, that cost exactly (summed in one fixed order and grouping).
+    Otherwise, once the cost is known to reach ``bound``, a value at least ``bound`` is returned without
+    pricing the rest, so a candidate that cannot beat ``bound`` plans as few new reshards as may be: when a
+    partial sum in the fixed order reaches it (the terms are not negative, and rounded addition is
+    monotonic), or, with ``known``, before the first reshard not at hand is planned, when the partial sum,
+    the rest at hand and the lower bounds of the others (:func:`~partir_core.reshard.reshard_floor`) add up
+    to more than ``bound`` by more than any rounding of the two sums."""
+    groups = _op_terms(graph, eqn, op, types, state, mesh, targets)
+    finishes = [finish_bytes(axes, op.out_types) for _, axes in op.finish]
+    floored = known is None or bound >= _PRUNE_BELOW  # no lower bound to try
+    cost = 0
+    for g, pairs in enumerate(groups):
+        part = 0
+        for k, (src, dst) in enumerate(pairs):
+            b = None if known is None else known(src, dst)
+            if b is None:
+                if not floored:
+                    floored = True
+                    rest = [*pairs[k:], *(pair for later in groups[g + 1:] for pair in later)]
+                    floor = cost + part + _floor(rest, known) + sum(finishes)
+                    terms = sum(map(len, groups)) + len(finishes)
+                    if floor > bound * (1 + terms * _ROUNDING):
+                        return floor
+                b = price(src, dst)
+            part += b
+            if cost + part >= bound:
+                return cost + part
+        cost += part
+    for b in finishes:
+        cost += b
     return cost
+
+
+def _floor(pairs, known) -> float:
+    """A lower bound of the bytes of the reshards ``pairs``: those ``known`` gives, the others'
+    :func:`~partir_core.reshard.reshard_floor`."""
+    total = 0.0
+    for src, dst in pairs:
+        b = known(src, dst)
+        total += reshard_floor(src, dst) if b is None else b
+    return total
+
+
+# A rounded sum of n non-negative floats is within a relative (n - 1) * 2**-53 of the exact sum, so n terms whose
+# sum in one order exceeds ``bound * (1 + n * _ROUNDING)`` reach ``bound`` in any other (_op_cost, with room to
+# spare); bounds below _PRUNE_BELOW keep that product finite.
+_ROUNDING = 2.0 ** -50
+_PRUNE_BELOW = 1e300
+
+
+def _op_terms(graph, eqn, op: OpSharding, types, state, mesh, targets) -> list:
+    """The reshards :func:`_op_cost` prices, as groups of ``(src, dst)`` pairs in order: one group per operand,
+    one per result priced (the types ``targets`` wants of it: their bytes are summed, then added)."""
+    groups = [((types[v], t),) for v, t in zip(eqn.invars, op.in_types)]
+    if targets is FOLLOW:
+        return groups
+    for v, t in zip(eqn.outvars, op.out_types):
+        if targets is not None and v in targets:
+            groups.append(tuple((t, want) for want in targets[v]))
+        elif v in state.dims:
+            groups.append(((t, state_type(graph, state, v, mesh)),))
+    return groups
 
 
 def _alternatives(graph, rule, eqn, state, types, mesh, base, limit: int = 96):

@@ -11,7 +11,9 @@ random action sets):
 1. Propagation (:func:`propagate_changes`): the same sweeps as :func:`~partir_core.propagation.propagate`
    (forward, backward, ... to a fixed point), but an op is visited only when one of its operands or results
    changed since it was last visited. The base is at a fixed point, so an op none of whose values changed
-   would resolve as it did there, write nothing and record no new conflict: skipping it changes nothing.
+   would resolve as it did there, write nothing and record no new conflict: skipping it changes nothing. Nor
+   is an op visited again for what it wrote itself: a visit right after its own changes nothing
+   (:func:`~partir_core.propagation.visit`), so only the other ops touching a written value are.
 2. Per-op choice (:class:`_Pass`): :func:`~partir_core.choice.analyze` runs up to six passes of per-op
    choices (:func:`~partir_core.choice.choose_op`), each priced against targets (the state's types, none,
    or the types the readers asked for in the pass before). Each starting pass is redone from the base's pass
@@ -28,7 +30,9 @@ random action sets):
    chosen alike. An op's candidates, which do not depend on the targets, are shared by the passes that price
    them against different targets (:func:`~partir_core.choice.op_candidates`,
    :func:`~partir_core.choice.cheapest`); reshards are priced by their types' identities
-   (:meth:`_OpMemo.reshard_bytes`).
+   (:meth:`_OpMemo.reshard_bytes`), and a candidate that cannot beat the best one so far is dropped before
+   its reshards not priced yet are planned (:func:`~partir_core.choice._op_cost`: redist's lower bound of
+   their bytes, :func:`~partir_core.reshard.reshard_floor`); planning them is a third of choosing.
 3. Lowering and simulation: the winning choice is lowered and simulated as ``pf.lower(...).simulate()``
    does (:func:`partir_core.lowering.lower`, :func:`partir_core.simulator.simulate`); nothing runs on JAX.
 
@@ -114,7 +118,8 @@ def signature(graph: Graph, eqn, rule) -> tuple:
 def propagate_changes(structure: Structure, state: State, mesh, tactic: int, changed, max_rounds: int = 100) -> set:
     """Propagate ``state`` to a fixed point in place, as :func:`~partir_core.propagation.propagate` does, when
     it was at a fixed point before the values ``changed`` were changed (by a tactic's ``apply``). Returns the
-    values whose dims or provenance propagation changed (``changed`` included)."""
+    values whose dims or provenance propagation changed (``changed`` included). A value an op writes queues the
+    other ops that touch it, later in this sweep or in the next; not the op itself (see the module docstring)."""
     graph, rules = structure.graph, structure.rules
     seen = {(c.eqn, c.factor) for c in state.conflicts}
     touched = set(changed)
@@ -136,7 +141,7 @@ def propagate_changes(structure: Structure, state: State, mesh, tactic: int, cha
                     if (j > i if forward else j < i) and j not in queued:
                         queued.add(j)
                         heapq.heappush(heap, j if forward else -j)
-                    elif (j <= i if forward else j >= i):
+                    elif (j < i if forward else j > i):
                         pending.add(j)
     return touched
 
@@ -233,7 +238,7 @@ class _Chooser:
             op = cands.proposal
         else:
             op = cheapest(self.graph, eqn, cands.proposal, cands.alternatives, types, self.state, self.mesh,
-                          targets, memo.reshard_bytes)
+                          targets, memo.reshard_bytes, memo.known_bytes)
         memo.put((key, wanted), op)
         return op
 
@@ -268,8 +273,9 @@ class _Chooser:
             changed = self._unlike_state(targets)
             dirty_ops |= {self.s.producer[v] for v in changed if v in self.s.producer} | self.s.boundaries
         elif isinstance(targets, dict):
-            changed = {v for v in targets.keys() | base.targets.keys()
-                       if targets.get(v) is not base.targets.get(v) and targets.get(v) != base.targets.get(v)}
+            was = base.targets
+            changed = {v for v, ts in targets.items() if ts is not was.get(v) and ts != was.get(v)}
+            changed.update(was.keys() - targets.keys())
             dirty_ops |= {self.s.producer[v] for v in changed if v in self.s.producer}
         retyped, redemanded = set(), set()
         for v in g.invars:
@@ -297,7 +303,9 @@ class _Chooser:
             eqn = eqns[i]
             # an operand's demand that changed, or may have (an equal type, another object: its demands are
             # worked out again, to what they were)
-            redemanded.update(v for v, a, b in zip(eqn.invars, op.in_types, old.in_types) if a is not b)
+            for v, a, b in zip(eqn.invars, op.in_types, old.in_types):
+                if a is not b:
+                    redemanded.add(v)
             for v, t in zip(eqn.outvars, op.out_types):
                 was = types[v]
                 if t is not was and t != was:
@@ -311,11 +319,26 @@ class _Chooser:
     def _unlike_state(self, targets: dict) -> set:
         """The values whose ``targets`` are not just their state type (:func:`~partir_core.choice.state_type`):
         those whose pricing differs from the state-priced pass's."""
-        g, state, mesh = self.graph, self.state, self.mesh
+        g, dims, mesh, known = self.graph, self.state.dims, self.mesh, self.memo.state_types
         out = set()
         for v, ts in targets.items():
-            st = state_type(g, state, v, mesh) if len(ts) == 1 else None
-            if st is None or ts[0] is not st and ts[0] != st:
+            if len(ts) != 1:
+                out.add(v)
+                continue
+            # the state type of v, remembered by the identity of its dims where they are a tuple (a frozen
+            # state shares the tuples of the values its action left alone with its parent's); the entry keeps
+            # the tuple alive, so no other object takes its id
+            d = dims[v]
+            hit = known.get((v, id(d)))
+            if hit is not None:
+                st = hit[1]
+            else:
+                st = state_type(g, self.state, v, mesh)
+                if type(d) is tuple:
+                    if len(known) >= self.memo.size:
+                        known.clear()
+                    known[(v, id(d))] = (d, st)
+            if ts[0] is not st and ts[0] != st:
                 out.add(v)
         return out
 
@@ -389,6 +412,7 @@ class _OpMemo:
         self.alive: dict = {}
         self.interned: dict = {}
         self.moves: dict = {}
+        self.state_types: dict = {}  # (value, id of its dims tuple) -> (that tuple, its state type)
 
     def keep(self, types) -> None:
         """Keep ``types`` alive: keys name them by their ids (a key is probed with the ids of the types at hand,
@@ -417,6 +441,12 @@ class _OpMemo:
             self.keep((src, dst))
             b = self.moves[key] = reshard_bytes(src, dst)
         return b
+
+    def known_bytes(self, src, dst) -> float | None:
+        """:meth:`reshard_bytes` where it is remembered (or ``src`` is ``dst``), else None."""
+        if src is dst:
+            return 0.0
+        return self.moves.get((id(src), id(dst)))
 
 
 class _Types:

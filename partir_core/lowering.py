@@ -38,11 +38,22 @@ class _Lowering:
         self.graph = graph
         self.analysis = analysis
         self.types = analysis.types
-        self.buf_bytes = {v: t.local_bytes for v, t in analysis.types.items()}
+        self.memo = memo
+        self.buf_bytes = {v: self.local_bytes(t) for v, t in analysis.types.items()}
         self.fallbacks: list = []
         self.carry_reshards: list = []
         self.n = 0  # reshard buffers made so far
-        self.memo = memo
+
+    def local_bytes(self, t) -> int:
+        """``t.local_bytes``, remembered in ``memo`` by the identity of ``t`` (the entry keeps ``t`` alive)."""
+        hit = self.memo.get(("bytes", id(t)))
+        if hit is not None:
+            return hit[1]
+        n = t.local_bytes
+        if len(self.memo) >= MEMO_SIZE:
+            self.memo.clear()
+        self.memo[("bytes", id(t))] = (t, n)
+        return n
 
     def move(self, buf, src, dst, where, out: list, made: dict, trips: int):
         """The buffer holding ``buf`` (of type ``src``) as ``dst``: a :class:`Reshard` appended to ``out``, made
@@ -64,7 +75,7 @@ class _Lowering:
         """The instructions of equations ``eqns`` (a body, or the whole program), each region as one
         :class:`ControlFlow`; ``trips``: how often the block runs per call; ``made``: the block's moves,
         ``(buffer, type) -> the buffer holding it`` (filled in; a body's are its own)."""
-        g, ops = self.graph, self.analysis.ops
+        g, ops, types = self.graph, self.analysis.ops, self.types
         out: list = []
         made = {} if made is None else made
         i = eqns.start
@@ -75,15 +86,15 @@ class _Lowering:
                 out.append(self.region(r, out, made, trips))
                 i = g.regions[r].exit + 1
                 continue
-            where = f"eqn {i} ({eqn.name})"
-            types = self.types
-            reads = [v if types[v] is t else self.move(v, types[v], t, where, out, made, trips)
-                     for v, t in zip(eqn.invars, op.in_types)]
+            reads = list(eqn.invars)
+            for k, (v, t) in enumerate(zip(reads, op.in_types)):
+                if types[v] is not t:
+                    reads[k] = self.move(v, types[v], t, f"eqn {i} ({eqn.name})", out, made, trips)
             f, masks, finishes = self.compute_parts(i, op)
             out.append(Compute(i, reads, list(eqn.outvars), masks, f))
             for kind, axes, b in finishes:
                 out.append(Finish(eqn.outvars[0], kind, axes,
-                                  [reshard.Collective("all_reduce_" + kind, axes, b, where, trips)]))
+                                  [reshard.Collective("all_reduce_" + kind, axes, b, f"eqn {i} ({eqn.name})", trips)]))
             i += 1
         return out
 
@@ -138,8 +149,8 @@ def lower(graph: Graph, analysis: Analysis, mesh, state: State | None = None,
     propagation gives them (``state``; without it, their producer's type with pending sums reduced). ``memo``:
     a dict that a caller lowering many analyses of ``graph`` keeps between calls (the automatic search's
     candidates share most of their ops' choices): each op's FLOPs, masks and finishes are remembered there by
-    the identity of its choice. Raises :class:`redist.ShardingError` if a value must reach a type no
-    redistribution can give it."""
+    the identity of its choice, and each value type's local bytes by the type's. Raises
+    :class:`redist.ShardingError` if a value must reach a type no redistribution can give it."""
     state = analysis.state if state is None else state
     low = _Lowering(graph, analysis, {} if memo is None else memo)
     made: dict = {}  # the program's moves, reused for the outputs

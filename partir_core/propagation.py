@@ -137,7 +137,10 @@ def visit(graph: Graph, rule, i: int, state: State, mesh, tactic: int, seen: set
     """One op's step of :func:`propagate`: resolve op ``i``'s factors (``rule``, None for an op without one),
     record its new conflicts (``seen`` holds the (op, factor) pairs already recorded) and extend the dims of
     its values with the axes its factors spread, in place. Returns the values whose dims it changed.
-    ``slots``: the op's :func:`op_slots`, when the caller keeps them."""
+    ``slots``: the op's :func:`op_slots`, when the caller keeps them. A second visit right after this one
+    changes nothing (what it wrote is what it resolved; resolving again reads it back), which
+    :func:`partir_core.estimate.propagate_changes` relies on and ``tests/test_partir_estimate_incremental.py``
+    checks on every visit of full propagation from random states."""
     if rule is None:
         return []
     eqn = graph.eqns[i]

@@ -6,10 +6,10 @@ output brought to its type) is a :class:`redist.Plan` obtained here (:func:`move
 when the synthesizer gives no plan does the bridge build the one XLA's partitioner falls back to (reduce the
 pending sums, all-gather to replicated, slice locally: :attr:`Move.fallback` says why; the program lists these
 in ``LocalProgram.fallbacks``). Either way redist's own step accounting prices it (:attr:`Move.collectives`,
-:func:`reshard_bytes`; :func:`finish_bytes` prices the all-reduce that finishes a max/min reduction the same
-way), and redist's JAX interpreter runs it (:func:`run`), so partir_core runs no collective of its own but the
-``pmax``/``pmin`` of those finishes. Moves are cached per (source, destination) pair in a bounded LRU
-(:func:`move`; ``move.cache_clear()``).
+:func:`reshard_bytes`, bounded from below without planning by :func:`reshard_floor`; :func:`finish_bytes`
+prices the all-reduce that finishes a max/min reduction the same way), and redist's JAX interpreter runs it
+(:func:`run`), so partir_core runs no collective of its own but the ``pmax``/``pmin`` of those finishes. Moves
+are cached per (source, destination) pair in a bounded LRU (:func:`move`; ``move.cache_clear()``).
 
 Sub-axes. JAX collectives need real mesh axis names, so a plan over sub-axes runs on a *refined* mesh: the same
 devices in the same order, every axis split at the boundaries its tokens use (as :mod:`redist.jax` runs such
@@ -32,7 +32,7 @@ from jax.sharding import PartitionSpec
 import redist
 from redist import steps as S
 from redist.axes import difference
-from redist.bounds import check_pair
+from redist.bounds import check_pair, lower_bound_bytes
 from redist.jax import refine_mesh, run_program
 from redist.types import ShardingType
 
@@ -110,6 +110,19 @@ def reshard_bytes(src: ShardingType, dst: ShardingType) -> float:
     if not _possible(src, dst):
         return float("inf")
     return move(src, dst).bytes
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def reshard_floor(src: ShardingType, dst: ShardingType) -> float:
+    """A lower bound of :func:`reshard_bytes` that plans nothing: 0 between equal types, infinite where
+    :func:`reshard_bytes` is, else :func:`redist.lower_bound_bytes` (what some device lacks, which no plan
+    receives less than, the synthesizer's or the fallback; ``python -m proofs`` checks the synthesizer's plans
+    against it on every pair it runs). Cached per pair."""
+    if src == dst:
+        return 0.0
+    if not _possible(src, dst):
+        return float("inf")
+    return float(lower_bound_bytes(src, dst))
 
 
 @functools.lru_cache(maxsize=1 << 15)

@@ -210,32 +210,42 @@ def _materialized(program, names: list, steps: list, out: set) -> set:
     """The materialized buffers of one block ``steps`` whose parameters and results are ``out`` (a copy is
     extended); a region's bodies are blocks of their own. ``names``: the primitive of every equation."""
     g = program.graph
-    readers: dict = {}  # buffer -> [(instruction index, op name)]
+    readers: dict = {}  # buffer -> the indices of the instructions that read it
+    unfused: set = set()  # buffers read by an instruction that cannot take them fused (not TAKES_FUSED)
     out = set(out)
     for t, ins in enumerate(steps):
-        if isinstance(ins, Compute):
-            name = names[ins.eqn_index]
+        if type(ins) is Compute:
+            if names[ins.eqn_index] not in TAKES_FUSED:
+                unfused.update(ins.reads)
             for b in ins.reads:
-                readers.setdefault(b, []).append((t, name))
-        elif isinstance(ins, Reshard):
-            readers.setdefault(ins.src_buf, []).append((t, "<reshard>"))
+                rs = readers.get(b)
+                if rs is None:
+                    readers[b] = [t]
+                else:
+                    rs.append(t)
+            continue
+        reads = _reads(ins)
+        unfused.update(reads)  # a reshard, a collective or control flow reads a buffer of its own
+        for b in reads:
+            readers.setdefault(b, []).append(t)
+        if isinstance(ins, Reshard):
             out.add(ins.dst_buf)
-        elif isinstance(ins, Finish):
-            readers.setdefault(ins.buf, []).append((t, "<collective>"))
         elif isinstance(ins, ControlFlow):
-            for b in ins.operands:
-                readers.setdefault(b, []).append((t, "<control flow>"))
             out.update(ins.writes)
             reg = g.regions[ins.region]
             params = set(g.eqns[reg.enter].outvars)
             for body, results in zip(ins.bodies, ins.results):
                 out |= _materialized(program, names, body, params | set(results))
 
-    def library(t):  # the kernel of instruction t is a library reduction
-        ins = steps[t]
-        if not isinstance(ins, Compute):
-            return False
-        return _library_reduction(names[ins.eqn_index], program.buf_bytes.get(ins.reads[0], 0), g.dtype(ins.writes[0]))
+    libraries: dict = {}  # instruction -> whether its kernel is a library reduction, once asked
+
+    def library(t):
+        found = libraries.get(t)
+        if found is None:
+            ins = steps[t]
+            found = libraries[t] = isinstance(ins, Compute) and _library_reduction(
+                names[ins.eqn_index], program.buf_bytes.get(ins.reads[0], 0), g.dtype(ins.writes[0]))
+        return found
 
     # kernels[b]: the instructions whose kernels read b, directly or through the fused values that read it;
     # decided consumers first. Only a value that may be fused needs its own (its producers' decisions read
@@ -243,17 +253,17 @@ def _materialized(program, names: list, steps: list, out: set) -> set:
     kernels: dict = {}
     for t in reversed(range(len(steps))):
         ins = steps[t]
-        if not isinstance(ins, Compute):
+        if type(ins) is not Compute:
             continue
         name = names[ins.eqn_index]
         fusible = name in FUSIBLE
         for b in ins.writes:
             rs = readers.get(b)
-            if not (fusible and rs and all(r in TAKES_FUSED for _, r in rs)):
+            if not (fusible and rs) or b in unfused:
                 out.add(b)
                 continue
             ks = set()
-            for tr, _ in rs:
+            for tr in rs:
                 ws = steps[tr].writes if isinstance(steps[tr], Compute) else []
                 if not ws or any(w in out for w in ws):
                     ks.add(tr)
@@ -295,7 +305,15 @@ def _combined(steps: list) -> list:
     groups: list = []
     open_group: dict = {}  # (kind, axes) -> (index into groups, bitmask of its members)
     n = 0
+    get = deps.get
     for ins in steps:
+        if type(ins) is Compute:  # the common case, inline: its results depend on what its operands do
+            mask = 0
+            for b in ins.reads:
+                mask |= get(b, 0)
+            for b in ins.writes:
+                deps[b] = mask
+            continue
         if isinstance(ins, ControlFlow):
             for body in ins.bodies:
                 groups += _combined(body)
@@ -367,6 +385,7 @@ class _Walker:
         self.program = program
         self.hw = hw
         self.size = dict(program.buf_bytes)
+        self.names = [e.name for e in program.graph.eqns]
         self.mat = materialized(program)
         self.consts = set(program.graph.consts)
         self.sources: dict = {}  # a fused value -> the materialized buffers its readers read instead
@@ -382,32 +401,43 @@ class _Walker:
         """The cost of ``steps`` whose parameters (inputs, or a body's) are ``params``, and whose results
         ``outs`` (the program's outputs, given allocations of their own; a body's results are temporaries
         live to its end)."""
-        g, hw, size, mat = self.program.graph, self.hw, self.size, self.mat
+        hw, size, mat, consts, sources = self.hw, self.size, self.mat, self.consts, self.sources
+        names, srcs, get = self.names, self.srcs, size.get
+        peak_flops, hbm_bw = hw.peak_flops, hw.hbm_bw
         compute_t = flops = comm_bytes = kernels = 0.0
         eff_reads: list = []
         scratch: dict = {}  # instruction -> bytes it holds while it runs, beside its operands and results
         for t, ins in enumerate(steps):
-            if isinstance(ins, Compute):
-                reads = list(dict.fromkeys([r for b in ins.reads for r in self.srcs(b)]))
+            if type(ins) is Compute:
+                # srcs of each read, inlined: the hot loop of a simulation
+                reads = []
+                for b in ins.reads:
+                    if b in consts:
+                        continue
+                    if b in mat or b not in sources:
+                        reads.append(b)
+                    else:
+                        reads.extend(sources[b])
+                reads = list(dict.fromkeys(reads))
                 eff_reads.append(reads)
                 writes = []
                 for b in ins.writes:
                     if b in mat:
                         writes.append(b)
                     else:
-                        self.sources[b] = tuple(reads)
-                moved = sum([size.get(b, 0) for b in reads]) + sum([size.get(b, 0) for b in writes])
-                compute_t += max(ins.flops / hw.peak_flops, moved / hw.hbm_bw)
+                        sources[b] = tuple(reads)
+                moved = sum([get(b, 0) for b in reads]) + sum([get(b, 0) for b in writes])
+                compute_t += max(ins.flops / peak_flops, moved / hbm_bw)
                 flops += ins.flops
                 kernels += bool(writes)
-                factor = SCRATCH.get(g.eqns[ins.eqn_index].name)
+                factor = SCRATCH.get(names[ins.eqn_index])
                 if factor:
-                    scratch[t] = factor * sum(size.get(b, 0) for b in ins.writes)
+                    scratch[t] = factor * sum(get(b, 0) for b in ins.writes)
                 continue
-            eff_reads.append(list(dict.fromkeys([r for b in _reads(ins) for r in self.srcs(b)])))
+            eff_reads.append(list(dict.fromkeys([r for b in _reads(ins) for r in srcs(b)])))
             if isinstance(ins, Reshard):
                 kernels += len(ins.move.plan.steps)
-                compute_t += 2 * ins.dst.local_bytes / hw.hbm_bw
+                compute_t += 2 * ins.dst.local_bytes / hbm_bw
             elif isinstance(ins, ControlFlow):
                 body = self.region(ins)
                 compute_t += body.compute_s
@@ -436,7 +466,7 @@ class _Walker:
 
     def heap(self, steps, eff_reads, params: set, outs: list, scratch: dict) -> int:
         """Peak bytes of the temporaries of one block (see the module docstring)."""
-        g, size = self.program.graph, self.size
+        size, mat, names = self.size, self.mat, self.names
         out_set = set(outs)
         last: dict = {}
         for t, reads in enumerate(eff_reads):
@@ -445,13 +475,13 @@ class _Walker:
         end = len(steps)
         first: dict = {}
         for t, ins in enumerate(steps):
-            for b in _writes(ins):
-                if b in self.mat and b not in params:
-                    first.setdefault(b, t)
+            for b in (ins.writes if type(ins) is Compute else _writes(ins)):
+                if b in mat and b not in params and b not in first:
+                    first[b] = t
         # an elementwise kernel writes its result in place of an operand of the same size it reads last
         for t, ins in enumerate(steps):
-            if isinstance(ins, Compute) and g.eqns[ins.eqn_index].name in FUSIBLE:
-                sizes = {size.get(b, 0) for b in ins.writes if b in self.mat}
+            if type(ins) is Compute and names[ins.eqn_index] in FUSIBLE:
+                sizes = {size.get(b, 0) for b in ins.writes if b in mat}
                 for b in eff_reads[t]:
                     if last.get(b) == t and b in first and b not in out_set and size.get(b, 0) in sizes:
                         last[b] = t - 1

@@ -88,6 +88,7 @@ def test_lowering_with_a_memo_gives_the_same_programs():
                 assert type(x) is type(y)
                 if isinstance(x, (Compute, Finish)):
                     assert x == y
+            assert got.buf_bytes == fresh.buf_bytes
             assert simulate(got) == simulate(fresh)
         assert all(memo[k] is entries[k] for k in memo)  # the second lowering made nothing
 
