@@ -7,9 +7,10 @@ and :func:`run_program`, here and re-exported there):
 - The result is always a new array; the caller's buffer is never returned, aliased or written to.
 - Data travels in numpy buffers through the buffer (uppercase) methods of mpi4py, never pickled. What a rank
   sends is contiguous bytes: chunks are packed along a leading dim with numpy before a transfer (a send
-  described by an MPI derived datatype measured 1.1-2.4x slower here); an all-to-all comes lowered to that form
-  (:class:`redist.program.AllToAll`) and runs out of place, straight from the packed (or the caller's) buffer
-  into the next one (MPICH's in-place ``Alltoall`` measured 1.4-3.7x slower at 16-64 MiB per rank, -n 2 and 4).
+  described by an MPI derived datatype measured up to 3.9x slower here, :data:`STRIDED_RUN_MIN`); an
+  all-to-all comes lowered to that form (:class:`redist.program.AllToAll`) and runs out of place, straight
+  from the packed (or the caller's) buffer into the next one (MPICH's in-place ``Alltoall`` measured 1.4-3.7x
+  slower at 16-64 MiB per rank, -n 2 and 4).
   What a rank receives lands in its final place where that place's contiguous runs are at least
   :data:`STRIDED_RUN_MIN` bytes, described by a derived datatype (:func:`_place`): an all-gather's chunks in
   each row of the result, and the rows of an all-to-all that a transpose unpacks (a pencil transpose) in the
@@ -89,9 +90,10 @@ WINDOW = 32
 # A receive whose place in its destination is strided (an all-gather's chunk in each row of the result, a pencil
 # transpose's received row in the unpacked result) lands there directly, described by an MPI derived datatype,
 # where the place's contiguous runs hold at least this many bytes; shorter runs arrive packed and numpy moves them.
-# Measured here (bench/mpi_datatypes.py, 16 MiB per rank, -n 4), the direct receive against packing: 0.8-0.9x the
-# time at 2-16 KiB runs, even at 512 bytes, 1.5-2x at 32-128 bytes. Sends stay packed: a send described by a
-# datatype (a slab transpose's rows, 4 KiB runs) measured 1.1x (-n 2) to 2.4x (-n 4) the packed send at 64 MiB.
+# Measured here (bench/mpi_datatypes.py, 16 MiB per rank, -n 2 and 4, three runs, bench/results/mpi_datatypes_n*):
+# the direct receive took 0.64-0.92x the packed receive's time at runs of 1-16 KiB, 0.84-1.64x at 512 bytes and
+# 1.4-3x at 32-128 bytes. Sends stay packed: a send described by a datatype (a slab transpose's rows, 1-4 KiB
+# runs) took 0.97-3.9x the packed send's time, and 2.4x at 64 MiB per rank.
 STRIDED_RUN_MIN = 1024
 
 
