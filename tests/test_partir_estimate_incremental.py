@@ -32,6 +32,16 @@ def chains(name, mesh_name, n=5, depth=3):
     return graph, rules, mesh, start.states[0], random_sets(graph, rules, mesh, seed=11, n=n, depth=depth)
 
 
+def analyzed_states(graph, rules, mesh, start, sets):
+    """``(state, its one-pass analysis)`` after each chain of actions of ``sets``, applied and propagated."""
+    for chain in sets:
+        state = start.copy()
+        for j, action in enumerate(chain):
+            action.tactic.apply(graph, state, mesh, 1 + j / 1000)
+            propagate(graph, rules, state, mesh, 1 + j / 1000)
+        yield state, analyze(graph, rules, state, mesh, passes=1)
+
+
 def snapshot(state):
     return ({v: tuple(d) for v, d in state.dims.items()}, {v: tuple(p) for v, p in state.prov.items()},
             len(state.conflicts))
@@ -104,12 +114,7 @@ def test_a_cost_bounded_by_the_best_so_far_is_exact_below_it_and_at_least_it_abo
         return at_hand.get((src, dst))
 
     below = above = 0
-    for chain in sets:
-        state = start.copy()
-        for j, action in enumerate(chain):
-            action.tactic.apply(graph, state, mesh, 1 + j / 1000)
-            propagate(graph, rules, state, mesh, 1 + j / 1000)
-        first = analyze(graph, rules, state, mesh, passes=1)
+    for state, first in analyzed_states(graph, rules, mesh, start, sets):
         for targets in (None, FOLLOW, _demands(graph, first, state, mesh)):
             types = first.types
             for i, eqn in enumerate(graph.eqns):
@@ -147,12 +152,7 @@ def test_the_floor_of_a_reshard_is_at_most_its_bytes(name, mesh_name):
     candidates of random states price (equal, impossible and uneven pairs included)."""
     graph, rules, mesh, start, sets = chains(name, mesh_name, n=3, depth=2)
     pairs = set()
-    for chain in sets:
-        state = start.copy()
-        for j, action in enumerate(chain):
-            action.tactic.apply(graph, state, mesh, 1 + j / 1000)
-            propagate(graph, rules, state, mesh, 1 + j / 1000)
-        first = analyze(graph, rules, state, mesh, passes=1)
+    for state, first in analyzed_states(graph, rules, mesh, start, sets):
         for i, eqn in enumerate(graph.eqns):
             if rules[i] is None or isinstance(eqn.prim, Boundary):
                 continue
