@@ -210,8 +210,8 @@ def run_case(src, dst, rng, failures: list, label: str) -> tuple[bool, bool]:
     placed = mpi_backend._unpackings(program)
     unpacked = [type(ins) for ins in moving[:2]] == [P.AllToAll, P.Transpose] and id(moving[0]) not in placed
     packed = [type(ins) for ins in moving[:2]] == [P.Transpose, P.AllToAll]
-    gathered = any(isinstance(ins, P.AllGather)
-                   and mpi_backend._gathers_strided(shape, ins.dim, np.dtype(program.dtype).itemsize)
+    gathered = any(isinstance(ins, P.AllGather) and math.prod(shape[: ins.dim]) > 1
+                   and mpi_backend._gathers_in_place(shape, ins.dim, np.dtype(program.dtype).itemsize)
                    for ins, shape in zip(program.instructions, program.shapes))
     for feature in ([f"partial({src.reduction})"] * bool(src.partial) + ["device order"] * (src.mesh != dst.mesh)
                     + ["reordered mesh"] * (not src.mesh.is_row_major) + [src.dtype] * (src.dtype in ("c64", "c128"))

@@ -367,11 +367,12 @@ def _unpackings(program: P.Program) -> dict:
     return fused
 
 
-def _gathers_strided(shape, dim: int, itemsize: int) -> bool:
-    """Whether an all-gather along ``dim`` of buffers of ``shape`` receives each member's chunk straight into
-    its strided place in the result (:meth:`MpiBackend.all_gather`)."""
-    return (math.prod(shape[:dim]) > 1 and math.prod(shape) > 0
-            and math.prod(shape[dim:]) * itemsize >= STRIDED_RUN_MIN)
+def _gathers_in_place(shape, dim: int, itemsize: int) -> bool:
+    """Whether an all-gather along ``dim`` of buffers of ``shape`` receives each member's chunk straight into its
+    place in the result (:meth:`MpiBackend.all_gather`): where the dims before ``dim`` hold one element (the
+    places are contiguous), or where each row of a chunk is a run of at least :data:`STRIDED_RUN_MIN` bytes."""
+    return (math.prod(shape[:dim]) == 1
+            or math.prod(shape) > 0 and math.prod(shape[dim:]) * itemsize >= STRIDED_RUN_MIN)
 
 
 def _needs_temp(program: P.Program, t: int) -> bool:
@@ -380,8 +381,7 @@ def _needs_temp(program: P.Program, t: int) -> bool:
     if isinstance(ins, P.Exchange):
         return True
     if isinstance(ins, P.AllGather):  # the gathered chunks, unless they arrive in place
-        itemsize = np.dtype(program.dtype).itemsize
-        return math.prod(shape[: ins.dim]) > 1 and not _gathers_strided(shape, ins.dim, itemsize)
+        return not _gathers_in_place(shape, ins.dim, np.dtype(program.dtype).itemsize)
     return isinstance(ins, P.ReduceScatter)  # the received chunks
 
 
@@ -416,7 +416,9 @@ _DATATYPES_MAX = 256
 def _place(base: np.ndarray, view: np.ndarray) -> list:
     """The mpi4py buffer of ``view``, a (strided) view into the C-contiguous ``base``: ``base``'s bytes from the
     view's first element, one element of a derived datatype (nested byte vectors, remembered by the view's
-    shape and strides) that picks out the view's runs."""
+    shape and strides) that picks out the view's runs; a C-contiguous view's bytes as they are."""
+    if view.flags.c_contiguous:
+        return _message(view)
     key = (view.shape, view.strides)
     datatype = _DATATYPES.pop(key, None)
     if datatype is None:
@@ -581,34 +583,27 @@ class MpiBackend(interpreter.Backend):
 
     def all_gather(self, ins: P.AllGather, buf):
         """An all-gather (:func:`_post_rows`): member ``j``'s buffer becomes chunk ``j`` along ``dim``. Where the
-        dims before ``dim`` hold one element the chunks are contiguous and arrive in the result itself; where
-        each row of a chunk is a long enough run (:func:`_gathers_strided`) they arrive in the result too, each
-        in its strided place (:func:`_place`); else the other members' arrive as rows of a temporary with a
-        leading member dim, which one copy per member interleaves into the result. This rank's own chunk is
-        copied from its buffer."""
+        chunks' places in the result can take them (:func:`_gathers_in_place`: contiguous places, or strided
+        ones of long enough runs) they arrive there (:func:`_place`); else the other members' arrive as rows of
+        a temporary with a leading member dim, which one copy per member interleaves into the result. This
+        rank's own chunk is copied from its buffer."""
         x = buf.take()
         sub, k = self.ch.group(ins.axes)
         me = sub.Get_rank()
         shape = x.shape[: ins.dim] + (k * x.shape[ins.dim],) + x.shape[ins.dim + 1:]
-        pre = math.prod(x.shape[: ins.dim])
-        if pre == 1:
+        pre, chunk = math.prod(x.shape[: ins.dim]), math.prod(x.shape[ins.dim:])
+        if _gathers_in_place(x.shape, ins.dim, x.dtype.itemsize):
             out, scratch = self._array(ins, "result", shape, x.dtype)
-            rows = out.reshape((k,) + x.shape)
-            self._exchange_rows(sub, k, lambda j: x, lambda j: rows[j])
-            np.copyto(rows[me], x)
-            return _Buffer(out, not scratch, scratch)
-        if _gathers_strided(x.shape, ins.dim, x.dtype.itemsize):
-            out, scratch = self._array(ins, "result", shape, x.dtype)
-            members = out.reshape(pre, k, -1)
+            members = out.reshape(pre, k, chunk)
             self._exchange_rows(sub, k, lambda j: x, lambda j: _place(out, members[:, j]))
-            np.copyto(members[:, me], x.reshape(pre, -1))
+            np.copyto(members[:, me], x.reshape(pre, chunk))
             return _Buffer(out, not scratch, scratch)
         got, _ = self._array(ins, "temp", (k - 1,) + x.shape, x.dtype)
         self._exchange_rows(sub, k, lambda j: x, lambda j: got[j - (j > me)])
         out, scratch = self._array(ins, "result", shape, x.dtype)
-        members, rows = out.reshape(pre, k, -1), got.reshape(k - 1, pre, -1)
+        members, rows = out.reshape(pre, k, chunk), got.reshape(k - 1, pre, chunk)
         np.copyto(members[:, :me], rows[:me].swapaxes(0, 1))  # the members before this rank, in one pass
-        np.copyto(members[:, me], x.reshape(pre, -1))
+        np.copyto(members[:, me], x.reshape(pre, chunk))
         np.copyto(members[:, me + 1:], rows[me:].swapaxes(0, 1))
         return _Buffer(out, not scratch, scratch)
 
