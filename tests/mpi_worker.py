@@ -213,11 +213,15 @@ def run_case(src, dst, rng, failures: list, label: str) -> tuple[bool, bool]:
     gathered = any(isinstance(ins, P.AllGather) and math.prod(shape[: ins.dim]) > 1
                    and mpi_backend._gathers_in_place(shape, ins.dim, np.dtype(program.dtype).itemsize)
                    for ins, shape in zip(program.instructions, program.shapes))
+    ringed = mpi_backend.context(COMM).ranks_per_core <= mpi_backend.RING_RANKS_PER_CORE and any(
+        isinstance(ins, P.AllGather) and math.prod(shape[: ins.dim]) == 1 and math.prod(shape) > 0
+        and mpi_backend.RING_MAX_BYTES > math.prod(shape) * src.mesh.group_size(ins.axes) * src.itemsize
+        for ins, shape in zip(program.instructions, program.shapes))
     for feature in ([f"partial({src.reduction})"] * bool(src.partial) + ["device order"] * (src.mesh != dst.mesh)
                     + ["reordered mesh"] * (not src.mesh.is_row_major) + [src.dtype] * (src.dtype in ("c64", "c128"))
                     + ["own row unpacked from the input"] * unpacked + ["own row packed from the input"] * packed
                     + ["all-to-all rows received in place"] * bool(placed)
-                    + ["all-gather chunks received in place"] * gathered):
+                    + ["all-gather chunks received in place"] * gathered + ["all-gather around a ring"] * ringed):
         FEATURES[feature] = FEATURES.get(feature, 0) + 1
     value, shards = poisoned_source(src, rng)
     expected = redist.execute(plan, shards)
@@ -576,11 +580,14 @@ def mode_fail() -> None:
 
 
 if __name__ == "__main__":
-    while sys.argv[1] in ("windowed", "strided"):  # the same mode, with one setting changed:
-        if sys.argv.pop(1) == "windowed":  # one shift per window of a personalised exchange
-            mpi_backend.WINDOW = 1
-        else:  # every strided place of a receive (all-gather chunks, unpacked rows) receives directly
+    while sys.argv[1] in ("windowed", "strided", "ring"):  # the same mode, with one setting changed:
+        setting = sys.argv.pop(1)
+        if setting == "windowed":  # one shift per window of a personalised exchange, all-gathers included
+            mpi_backend.WINDOW, mpi_backend.RING_RANKS_PER_CORE = 1, 0
+        elif setting == "strided":  # every strided place of a receive (all-gather chunks, unpacked rows) directly
             mpi_backend.STRIDED_RUN_MIN = 1
+        else:  # every all-gather into contiguous places around a ring, however many ranks share a core
+            mpi_backend.RING_RANKS_PER_CORE = math.inf
     mode = sys.argv[1]
     with redist.mpi.abort_on_error(COMM):
         if mode == "cases":

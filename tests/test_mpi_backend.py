@@ -127,6 +127,18 @@ def test_personalised_exchanges_in_windows_of_one_shift():
     assert int(got["cases"]) == 36 and got["equal"] == got["cases"], proc.stdout
 
 
+def test_all_gathers_around_a_ring():
+    """An all-gather into contiguous places passes the chunks around a ring where a core runs few ranks
+    (mpi_backend.RING_RANKS_PER_CORE, RING_MAX_BYTES); forced on 6 ranks (groups of 2, 3 and 6), every case
+    still matches the numpy backend."""
+    proc, _ = mpirun(6, "ring", "cases", "47", "150", "30", "20")
+    got = summary(proc, r"ranks=(?P<ranks>\d+) cases=(?P<cases>\d+) passed=(?P<passed>\d+)")
+    assert int(got["cases"]) >= 150 and got["passed"] == got["cases"], proc.stdout[-6000:]
+    features = re.search(r"features run: (.*)", proc.stdout).group(1)
+    count = int(re.search(r"all-gather around a ring=(\d+)", features).group(1))
+    assert count >= 10, features
+
+
 def test_receives_straight_into_strided_places():
     """An all-gather along an inner dim receives each member's chunk straight into its strided place in the
     result, and an all-to-all whose rows a transpose unpacks receives them straight into the transpose's result,

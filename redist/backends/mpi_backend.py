@@ -25,8 +25,11 @@ and :func:`run_program`, here and re-exported there):
 - The personalised exchanges within a group (``AllGather``, ``AllToAll``, an even ``ReduceScatter``) run as
   point-to-point transfers between the members, posted at once, :data:`WINDOW` peers at a time at most
   (:meth:`MpiBackend._exchange_rows`: faster here than MPICH's step-by-step collective algorithms whenever
-  ranks share cores); the others as MPI collectives (``Alltoallv`` for an ``Exchange``, ``Allreduce``,
-  ``Reduce_scatter``) or one ``Sendrecv`` (a permute).
+  ranks share cores), except an all-gather into contiguous places in a result smaller than
+  :data:`RING_MAX_BYTES` on a node of at most :data:`RING_RANKS_PER_CORE` ranks per core, which passes the
+  chunks around a ring as MPICH's ``Allgather`` does (:meth:`MpiBackend._ring`); the others as MPI
+  collectives (``Alltoallv`` for an ``Exchange``, ``Allreduce``, ``Reduce_scatter``) or one ``Sendrecv`` (a
+  permute).
 - Memory: buffers of at most ``2 · max(src.local_bytes, dst.local_bytes)`` bytes in all are alive at once
   besides the caller's input (never written to). One of them may be the rank's *scratch* buffer, kept
   between calls so that a packing copy does not pay for fresh pages on every call (a copy into a fresh
@@ -62,6 +65,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections import OrderedDict
 
 import numpy as np
@@ -95,6 +99,18 @@ WINDOW = 32
 # 1.4-3x at 32-128 bytes. Sends stay packed: a send described by a datatype (a slab transpose's rows, 1-4 KiB
 # runs) took 0.97-3.9x the packed send's time, and 2.4x at 64 MiB per rank.
 STRIDED_RUN_MIN = 1024
+# An all-gather whose chunks' places in the result are contiguous passes them around a ring (k - 1 steps, each
+# sending the chunk received last to the next member, as MPICH's ``Allgather`` does for large messages) where the
+# node runs at most RING_RANKS_PER_CORE ranks per core and the result is smaller than RING_MAX_BYTES; elsewhere
+# it posts every transfer at once (:func:`_post_rows`). glibc maps an allocation of 32 MiB or more afresh from the
+# system, so such a result's pages are new on every call, and receiving every chunk at once overlaps their
+# faults; a smaller result reuses mapped pages. Measured here (2 cores, 16-64 MiB per rank, medians of paired
+# rounds against ``Allgather``): with the result's pages mapped, the ring took 1.00-1.02x the ``Allgather``'s time
+# at -n 2 and 4 and posting at once 1.03-1.23x; with fresh pages, the ring 1.00-1.01x and posting at once
+# 0.69-0.87x; at -n 8 (4 ranks per core), where each step of the ring waits for a neighbour to be scheduled, the
+# ring 1.01x and posting at once 0.86-0.90x with mapped pages, 0.50-0.64x with fresh ones.
+RING_RANKS_PER_CORE = 2
+RING_MAX_BYTES = 32 * 2**20
 
 
 # ---------------------------------------------------------------------------------------------- entry points
@@ -223,6 +239,10 @@ class _Context:
 
     def __init__(self, comm):
         self.comm = comm.Dup()
+        node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        # on this rank's node (the cores the system has, whatever a rank's binding: RING_RANKS_PER_CORE)
+        self.ranks_per_core = node.Get_size() / (os.cpu_count() or 1)
+        node.Free()
         self.default = Channel(self.comm)
         self.agreed: dict = {}
         self.scratch: np.ndarray | None = None
@@ -508,6 +528,16 @@ class MpiBackend(interpreter.Backend):
             self.settle(list(requests))
         MPI.Request.Waitall(list(requests))
 
+    def _ring(self, sub, k: int, chunk) -> None:
+        """An all-gather around a ring of the ``k`` members of ``sub`` (:data:`RING_RANKS_PER_CORE`): this rank's
+        own ``chunk(me)`` already in place, step ``s`` sends ``chunk(me - s)`` to the next member and receives
+        ``chunk(me - s - 1)`` from the one before (mod ``k``; contiguous arrays), each step completed
+        (:meth:`_complete`) before the next."""
+        me = sub.Get_rank()
+        for s in range(k - 1):
+            self._complete(sub.Irecv(_message(chunk((me - s - 1) % k)), (me - 1) % k, _TAG),
+                           sub.Isend(_message(chunk((me - s) % k)), (me + 1) % k, _TAG))
+
     def _exchange_rows(self, sub, k: int, send, recv) -> None:
         """A personalised exchange among the ``k`` members of ``sub`` (:func:`_post_rows`): ``send(j)`` to, and
         ``recv(j)`` from, every other member ``j``, in windows of at most :data:`WINDOW` shifts, each completed
@@ -584,9 +614,10 @@ class MpiBackend(interpreter.Backend):
     def all_gather(self, ins: P.AllGather, buf):
         """An all-gather (:func:`_post_rows`): member ``j``'s buffer becomes chunk ``j`` along ``dim``. Where the
         chunks' places in the result can take them (:func:`_gathers_in_place`: contiguous places, or strided
-        ones of long enough runs) they arrive there (:func:`_place`); else the other members' arrive as rows of
-        a temporary with a leading member dim, which one copy per member interleaves into the result. This
-        rank's own chunk is copied from its buffer."""
+        ones of long enough runs) they arrive there (:func:`_place`), contiguous ones around a ring where
+        :data:`RING_RANKS_PER_CORE` and :data:`RING_MAX_BYTES` say so (:meth:`_ring`, this rank's own chunk
+        copied first); else the other members' arrive as rows of a temporary with a leading member dim, which one
+        copy per member interleaves into the result. This rank's own chunk is copied from its buffer."""
         x = buf.take()
         sub, k = self.ch.group(ins.axes)
         me = sub.Get_rank()
@@ -595,8 +626,12 @@ class MpiBackend(interpreter.Backend):
         if _gathers_in_place(x.shape, ins.dim, x.dtype.itemsize):
             out, scratch = self._array(ins, "result", shape, x.dtype)
             members = out.reshape(pre, k, chunk)
-            self._exchange_rows(sub, k, lambda j: x, lambda j: _place(out, members[:, j]))
-            np.copyto(members[:, me], x.reshape(pre, chunk))
+            if pre == 1 and out.nbytes < RING_MAX_BYTES and self.ctx.ranks_per_core <= RING_RANKS_PER_CORE:
+                np.copyto(members[0, me], x.reshape(chunk))
+                self._ring(sub, k, lambda j: members[0, j])
+            else:
+                self._exchange_rows(sub, k, lambda j: x, lambda j: _place(out, members[:, j]))
+                np.copyto(members[:, me], x.reshape(pre, chunk))
             return _Buffer(out, not scratch, scratch)
         got, _ = self._array(ins, "temp", (k - 1,) + x.shape, x.dtype)
         self._exchange_rows(sub, k, lambda j: x, lambda j: got[j - (j > me)])
