@@ -65,7 +65,8 @@ from partir_core.simulator import Simulation, simulate
 class Structure:
     """What never changes between candidates of one program: for every value, the ops that name it
     (``touching``: propagation and choice read its state there), its readers (``readers``: ``(eqn, operand
-    position)``: their demands price it) and its ``producer``; how often per call its readers read it
+    position)``: their demands price it; ``reader_ops``: those ops, once each) and its ``producer``; each op's
+    operands and results (``invars``, ``outvars``: tuples); how often per call its readers read it
     (``trips``: inside a loop body, the loop's trips; 1 elsewhere) and how often each op runs its reductions
     (``op_trips``); the outputs; the ops run replicated; the regions' enters and exits (``boundary``); each
     op's dims by factor (``op_slots``, which propagation visits); and each op's ``signature``
@@ -84,6 +85,9 @@ class Structure:
                     self.readers.setdefault(v, []).append((i, k))
         self.slots = [[v for v in dict.fromkeys(list(e.invars) + list(e.outvars)) if v not in graph.consts]
                       for e in graph.eqns]
+        self.invars = [tuple(e.invars) for e in graph.eqns]
+        self.outvars = [tuple(e.outvars) for e in graph.eqns]
+        self.reader_ops = {v: tuple(dict.fromkeys(i for i, _ in rs)) for v, rs in self.readers.items()}
         self.producer = {v: i for i, eqn in enumerate(graph.eqns) for v in eqn.outvars}
         self.outputs = {v for v in graph.outvars if v not in graph.consts}
         self.op_trips = [graph.read_trips(i) for i in range(len(graph.eqns))]
@@ -175,12 +179,14 @@ class _Pass:
 
 class _Chooser:
     """Passes of per-op choice on one state, each made from scratch or from a base pass (see the module
-    docstring)."""
+    docstring). ``state_keys``: each op's :meth:`_state_key`, interned, None where not known yet (a list this
+    chooser fills in): those of a state that differs from this one only in values other than the op's may be
+    given (:func:`choose` carries them over from the base)."""
 
-    def __init__(self, structure: Structure, state: State, mesh, memo: "_OpMemo"):
+    def __init__(self, structure: Structure, state: State, mesh, memo: "_OpMemo", state_keys: list | None = None):
         self.s, self.state, self.mesh, self.memo = structure, state, mesh, memo
         self.graph = structure.graph
-        self.state_keys: dict = {}  # op -> what its candidates read of the state (see choose_op)
+        self.state_keys = [None] * len(self.graph.eqns) if state_keys is None else state_keys
 
     def choose_op(self, i: int, types: dict, targets):
         """:func:`~partir_core.choice.choose_op`, remembered (:class:`_OpMemo`) by everything it depends on: the
@@ -193,30 +199,29 @@ class _Chooser:
         made for any op of its signature, given this op's rule; the candidates of that key
         (:func:`~partir_core.choice.op_candidates`, which do not depend on the targets), shared by the passes
         that price them against different targets."""
-        g, memo = self.graph, self.memo
-        eqn = g.eqns[i]
-        if self.s.boundary[i]:  # fixed, not chosen, and cheap: not remembered
-            return choose_op(g, self.s.rules, i, self.state, types, self.mesh, True, targets)
-        sk = self.state_keys.get(i)
+        s, memo = self.s, self.memo
+        if s.boundary[i]:  # fixed, not chosen, and cheap: not remembered
+            return choose_op(self.graph, s.rules, i, self.state, types, self.mesh, True, targets)
+        sk = self.state_keys[i]
         if sk is None:  # the same in every pass
             sk = self.state_keys[i] = memo.intern(self._state_key(i))
-        in_types = [types[v] for v in eqn.invars]
-        operands = tuple(map(id, in_types))
-        if isinstance(targets, dict):
-            wanted = tuple([tuple(map(id, targets.get(v, ()))) for v in eqn.outvars])
+        operands = tuple([id(types[v]) for v in s.invars[i]])
+        if type(targets) is dict:
+            get = targets.get
+            wanted = tuple([tuple([id(t) for t in get(v, ())]) for v in s.outvars[i]])
         else:
             wanted = targets
         key = (i, sk, operands, wanted)
-        op = memo.get(key)
+        op = memo.entries.get(key)
         if op is not None:
             memo.hits += 1
             return op
-        memo.keep(in_types)
-        if isinstance(targets, dict):
-            for v in eqn.outvars:
+        memo.keep([types[v] for v in s.invars[i]])
+        if type(targets) is dict:
+            for v in s.outvars[i]:
                 memo.keep(targets.get(v, ()))
-        op = self._shared_choice(i, (self.s.signature[i], sk, operands), wanted, types, targets)
-        rule = self.s.rules[i]
+        op = self._shared_choice(i, (s.signature[i], sk, operands), wanted, types, targets)
+        rule = s.rules[i]
         if op.rule is not rule:  # chosen for another op of this signature: the same choice, this op's rule
             op = dataclasses.replace(op, rule=rule)
         memo.put(key, op)
@@ -244,11 +249,15 @@ class _Chooser:
 
     def _state_key(self, i: int) -> tuple:
         """What op ``i``'s candidates read of the state: its values' dims, and their provenances by order."""
-        state, slots = self.state, self.s.slots[i]
-        provs = sorted({p for v in slots for p in state.prov[v] if p is not None})
-        rank = {p: r for r, p in enumerate(provs)}
-        return tuple((tuple(state.dims[v]), tuple(None if p is None else rank[p] for p in state.prov[v]))
-                     for v in slots)
+        dims, prov, slots = self.state.dims, self.state.prov, self.s.slots[i]
+        provs = [tuple(prov[v]) for v in slots]
+        seen = {p for ps in provs for p in ps}
+        seen.discard(None)
+        if seen:
+            rank = {p: r for r, p in enumerate(sorted(seen))}
+            rank[None] = None
+            provs = [tuple([rank[p] for p in ps]) for ps in provs]
+        return tuple(zip([tuple(dims[v]) for v in slots], provs))
 
     def run(self, targets, base: _Pass | None, dirty_values: set, dirty_ops: set) -> _Pass:
         """The pass pricing results against ``targets``; from ``base`` when given: a pass of the same kind of
@@ -288,7 +297,8 @@ class _Chooser:
         heap = list(dirty_ops)
         heapq.heapify(heap)
         done, rechosen = set(), []
-        eqns, readers, choose_op, pop, push = g.eqns, self.s.readers, self.choose_op, heapq.heappop, heapq.heappush
+        invars, outvars, readers = self.s.invars, self.s.outvars, self.s.reader_ops
+        choose_op, pop, push = self.choose_op, heapq.heappop, heapq.heappush
         while heap:
             i = pop(heap)
             if i in done:
@@ -300,18 +310,17 @@ class _Chooser:
                 continue
             ops[i] = op
             rechosen.append(i)
-            eqn = eqns[i]
             # an operand's demand that changed, or may have (an equal type, another object: its demands are
             # worked out again, to what they were)
-            for v, a, b in zip(eqn.invars, op.in_types, old.in_types):
+            for v, a, b in zip(invars[i], op.in_types, old.in_types):
                 if a is not b:
                     redemanded.add(v)
-            for v, t in zip(eqn.outvars, op.out_types):
+            for v, t in zip(outvars[i], op.out_types):
                 was = types[v]
                 if t is not was and t != was:
                     types[v] = t
                     retyped.add(v)
-                    for j, _ in readers.get(v, ()):
+                    for j in readers.get(v, ()):
                         push(heap, j)
         redemanded |= retyped | (dirty_values & self.s.outputs)
         return self._priced(targets, ops, types, base, (redemanded, rechosen))
@@ -354,7 +363,8 @@ class _Chooser:
         else:
             values, op_ids = change
             demands, received, finished = dict(base.demands), dict(base.received), dict(base.finished)
-        moved, readers, outputs, trips = self.memo.reshard_bytes, self.s.readers, self.s.outputs, self.s.trips
+        moved, known = self.memo.reshard_bytes, self.memo.moves
+        readers, outputs, trips, op_trips = self.s.readers, self.s.outputs, self.s.trips, self.s.op_trips
         for v in values:
             want = [ops[i].in_types[k] for i, k in readers.get(v, ())]
             if v in outputs:
@@ -370,13 +380,17 @@ class _Chooser:
                 was = demands.get(v)
                 demands[v] = was if was is not None and was == want else want
                 src = types[v]
-                received[v] = trips.get(v, 1) * sum([moved(src, t) for t in want])
+                b = [known.get((id(src), id(t))) for t in want]  # moved's own memo, read directly
+                if None in b:
+                    b = [moved(src, t) for t in want]
+                received[v] = trips.get(v, 1) * sum(b)
             else:
                 demands.pop(v, None)
                 received.pop(v, None)
         for i in op_ids:
             op = ops[i]
-            finished[i] = self.s.op_trips[i] * sum([finish_bytes(axes, op.out_types) for _, axes in op.finish])
+            finished[i] = op_trips[i] * sum([finish_bytes(axes, op.out_types) for _, axes in op.finish]) \
+                if op.finish else 0
         return _Pass(targets, ops, types, demands, received, finished,
                      sum(received.values()) + sum(finished.values()))
 
@@ -463,20 +477,35 @@ class _Types:
 _STARTS = (("P", None), ("F", FOLLOW))
 
 
-def choose(structure: Structure, state: State, mesh, base: dict | None, dirty_values: set, memo: _OpMemo,
-           passes: int = 3) -> tuple[Analysis, dict]:
-    """:func:`partir_core.choice.analyze` of ``state`` (the same passes, the same winner), and its starting
-    passes (``{"P0": ..., "F0": ...}``) for later calls, made from ``base`` (the starting passes of a state that
-    differs from this one in ``dirty_values``) when given; the refinements from passes of this state."""
-    ch = _Chooser(structure, state, mesh, memo)
-    made: dict = {}
+@dataclass
+class _Starts:
+    """What :func:`choose` keeps of a state for the states chosen from it later: its starting ``passes``
+    (``{"P0": ..., "F0": ...}``) and its ops' ``state_keys`` (:class:`_Chooser`)."""
+
+    passes: dict
+    state_keys: list
+
+
+def choose(structure: Structure, state: State, mesh, base: _Starts | None, dirty_values: set, memo: _OpMemo,
+           passes: int = 3) -> tuple[Analysis, _Starts]:
+    """:func:`partir_core.choice.analyze` of ``state`` (the same passes, the same winner), and what later calls
+    start from (:class:`_Starts`), made from ``base`` (that of a state that differs from this one in
+    ``dirty_values``) when given; the refinements from passes of this state. An op none of whose values is
+    dirty has the base's state key."""
     dirty_ops = {i for v in dirty_values for i in structure.touching.get(v, ())}
+    keys = None
+    if base is not None:
+        keys = list(base.state_keys)
+        for i in dirty_ops:
+            keys[i] = None
+    ch = _Chooser(structure, state, mesh, memo, keys)
+    made: dict = {}
 
     def run(pos, targets):
         if base is None:
             made[pos] = ch.run(targets, None, set(), set())
         else:
-            made[pos] = ch.run(targets, base[pos], dirty_values, dirty_ops)
+            made[pos] = ch.run(targets, base.passes[pos], dirty_values, dirty_ops)
         return made[pos]
 
     first = run("P0", None)
@@ -496,7 +525,7 @@ def choose(structure: Structure, state: State, mesh, base: dict | None, dirty_va
             if nxt.types == cur.types:
                 break
             cur = nxt
-    return Analysis(best.ops, best.types, list(structure.unsupported), state), made
+    return Analysis(best.ops, best.types, list(structure.unsupported), state), _Starts(made, ch.state_keys)
 
 
 # ------------------------------------------------------------------------------------------- scoring
@@ -509,7 +538,7 @@ class Estimator:
     def __init__(self, graph: Graph, rules: list, mesh, hardware=None, max_bases: int = 64):
         self.structure = Structure(graph, rules)
         self.graph, self.rules, self.mesh, self.hardware = graph, rules, mesh, hardware
-        self.bases: OrderedDict = OrderedDict()  # key -> (state, passes)
+        self.bases: OrderedDict = OrderedDict()  # key -> (state, its _Starts)
         self.memo = _OpMemo()
         self.lowering: dict = {}  # lower's memo of per-op parts
         self.max_bases = max_bases
@@ -522,10 +551,10 @@ class Estimator:
         if base is not None:
             self.bases.move_to_end(base_key)
             dirty = state_diff(base[0], state)
-            analysis, passes = choose(self.structure, state, self.mesh, base[1], dirty, self.memo)
+            analysis, starts = choose(self.structure, state, self.mesh, base[1], dirty, self.memo)
         else:
-            analysis, passes = choose(self.structure, state, self.mesh, None, set(), self.memo)
-        self.bases[key] = (state, passes)
+            analysis, starts = choose(self.structure, state, self.mesh, None, set(), self.memo)
+        self.bases[key] = (state, starts)
         if self.first is None:
             self.first = key
         if len(self.bases) > self.max_bases:
