@@ -56,7 +56,7 @@ from partir_core.choice import (FOLLOW, Analysis, cheapest, choose_op, op_candid
                                  value_type)
 from partir_core.ir import Boundary, Graph
 from partir_core.lowering import lower
-from partir_core.propagation import State, op_slots, visit
+from partir_core.propagation import State, op_slots, shardable_factors, visit
 from partir_core.reshard import finish_bytes, reshard_bytes
 from partir_core.simulator import Simulation, simulate
 
@@ -65,11 +65,11 @@ from partir_core.simulator import Simulation, simulate
 class Structure:
     """What never changes between candidates of one program: for every value, the ops that name it
     (``touching``: propagation and choice read its state there), its readers (``readers``: ``(eqn, operand
-    position)``: their demands price it; ``reader_ops``: those ops, once each) and its ``producer``; each op's
-    operands and results (``invars``, ``outvars``: tuples); how often per call its readers read it
-    (``trips``: inside a loop body, the loop's trips; 1 elsewhere) and how often each op runs its reductions
-    (``op_trips``); the outputs; the ops run replicated; the regions' enters and exits (``boundary``); each
-    op's dims by factor (``op_slots``, which propagation visits); and each op's ``signature``
+    position)``: their demands price it; ``reader_ops``: those ops, once each) and its ``producer``; how often
+    per call its readers read it (``trips``: inside a loop body, the loop's trips; 1 elsewhere) and how often
+    each op runs its reductions (``op_trips``); the outputs; the ops run replicated; the regions' enters and
+    exits (``boundary``); each op's operands and results (``invars``, ``outvars``: tuples), its dims by factor
+    and its shardable factors (``op_slots``, ``shardable``: what propagation visits), and its ``signature``
     (:func:`signature`: ops of one signature are chosen alike, so their choices are shared)."""
 
     def __init__(self, graph: Graph, rules: list):
@@ -96,6 +96,7 @@ class Structure:
         self.trips = {v: max([1] + [self.op_trips[i] for i, _ in rs]) for v, rs in self.readers.items()}
         # each op's (value, dim, factors), which propagation visits
         self.op_slots = [None if r is None else op_slots(r, e) for e, r in zip(graph.eqns, rules)]
+        self.shardable = [None if r is None else shardable_factors(r) for r in rules]
         self.unsupported = [(i, e.name, "no factor rule: kept replicated")
                             for i, (e, r) in enumerate(zip(graph.eqns, rules)) if r is None]
         names: dict = {}
@@ -139,7 +140,8 @@ def propagate_changes(structure: Structure, state: State, mesh, tactic: int, cha
             i = heapq.heappop(heap)
             i = i if forward else -i
             queued.discard(i)
-            for v in visit(graph, rules[i], i, state, mesh, tactic, seen, structure.op_slots[i]):
+            for v in visit(graph, rules[i], i, state, mesh, tactic, seen, structure.op_slots[i],
+                           structure.shardable[i]):
                 touched.add(v)
                 for j in structure.touching.get(v, ()):
                     if (j > i if forward else j < i) and j not in queued:
@@ -166,7 +168,8 @@ class _Pass:
     produced ``types``, the ``demands`` on every value (the distinct types its readers and the outputs want,
     sorted by text as :func:`~partir_core.choice._demands` sorts them), the bytes received per value
     (``received``) and per finished reduction (``finished``), and their total ``cost``
-    (:func:`~partir_core.choice.received_bytes`)."""
+    (:func:`~partir_core.choice.received_bytes`). For a state-priced pass, ``unlike``: the values whose
+    demands are not just their state type (:meth:`_Chooser._unlike_state` of ``demands``), once known."""
 
     targets: object
     ops: list
@@ -175,6 +178,7 @@ class _Pass:
     received: dict
     finished: dict
     cost: float
+    unlike: set | None = None
 
 
 class _Chooser:
@@ -279,7 +283,12 @@ class _Chooser:
         if isinstance(targets, dict) and base.targets is None:
             # choose_op prices a result that targets omit against its state type, as base priced them all; a
             # region's enter and exit follow their operands' layouts under targets, not under None
-            changed = self._unlike_state(targets)
+            if targets is base.demands:  # the refinement of a state-priced pass: known once for both
+                if base.unlike is None:
+                    base.unlike = self._unlike_state(targets)
+                changed = base.unlike
+            else:
+                changed = self._unlike_state(targets)
             dirty_ops |= {self.s.producer[v] for v in changed if v in self.s.producer} | self.s.boundaries
         elif isinstance(targets, dict):
             was = base.targets
@@ -323,7 +332,15 @@ class _Chooser:
                     for j in readers.get(v, ()):
                         push(heap, j)
         redemanded |= retyped | (dirty_values & self.s.outputs)
-        return self._priced(targets, ops, types, base, (redemanded, rechosen))
+        made = self._priced(targets, ops, types, base, (redemanded, rechosen))
+        if targets is None and base.unlike is not None:
+            # a value's entry depends on its demands and its state type alone: only those of the values whose
+            # demands _priced made again or whose dims changed may differ from the base's
+            again = redemanded | dirty_values
+            demands = made.demands
+            made.unlike = {v for v in base.unlike if v not in again} | \
+                self._unlike_state({v: demands[v] for v in again if v in demands})
+        return made
 
     def _unlike_state(self, targets: dict) -> set:
         """The values whose ``targets`` are not just their state type (:func:`~partir_core.choice.state_type`):

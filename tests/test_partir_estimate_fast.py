@@ -152,3 +152,30 @@ def test_refinements_made_from_the_state_priced_start_equal_the_plain_passes(nam
                 (want.step_time_s, want.peak_bytes, want.comm_bytes)
         previous, scored = j, scored + 1
     assert scored >= 6
+
+
+@pytest.mark.parametrize("name", ["transformer", "scanned_transformer"])
+def test_what_a_state_hands_on_equals_what_it_computes_afresh(name):
+    """A state chosen from its parent's carries over the parent's state keys of the ops none of whose values
+    changed, and works out from the parent's which values' demands in its state-priced pass are not just their
+    state type: on chains of random actions, scored each from the one before, every key and that set are what a
+    chooser on the state computes afresh."""
+    m, ins, low = start(name)
+    graph, rules = low.graph, low.rules
+    est = Estimator(graph, rules, MESH)
+    est.analysis((), low.states[0])
+    keys = unlike = 0
+    for chain in random_sets(graph, rules, MESH, seed=13, n=6, depth=3):
+        for j in range(1, len(chain) + 1):
+            state = schedule_state(graph, rules, MESH, [a.tactic for a in chain[:j]])
+            est.analysis(tuple(chain[:j]), state, tuple(chain[:j - 1]))
+            starts = est.bases[tuple(chain[:j])][1]
+            fresh = _Chooser(est.structure, state, MESH, est.memo)
+            for i, sk in enumerate(starts.state_keys):
+                if sk is not None:
+                    assert sk == est.memo.intern(fresh._state_key(i))
+                    keys += 1
+            p0 = starts.passes["P0"]
+            assert p0.unlike == fresh._unlike_state(p0.demands)
+            unlike += len(p0.unlike)
+    assert keys > 1000 and unlike > 0
