@@ -303,16 +303,14 @@ class _Chooser:
                     types[v] = t
                     retyped.add(v)
                     dirty_ops.update(i for i, _ in self.s.readers.get(v, ()))
+        # every op queued once, and chosen once: when it is the first one queued in program order
         heap = list(dirty_ops)
         heapq.heapify(heap)
-        done, rechosen = set(), []
+        queued, rechosen = set(dirty_ops), []
         invars, outvars, readers = self.s.invars, self.s.outvars, self.s.reader_ops
         choose_op, pop, push = self.choose_op, heapq.heappop, heapq.heappush
         while heap:
             i = pop(heap)
-            if i in done:
-                continue
-            done.add(i)
             op = choose_op(i, types, targets)
             old = ops[i]
             if op is old:
@@ -330,7 +328,9 @@ class _Chooser:
                     types[v] = t
                     retyped.add(v)
                     for j in readers.get(v, ()):
-                        push(heap, j)
+                        if j not in queued:
+                            queued.add(j)
+                            push(heap, j)
         redemanded |= retyped | (dirty_values & self.s.outputs)
         made = self._priced(targets, ops, types, base, (redemanded, rechosen))
         if targets is None and base.unlike is not None:
@@ -380,7 +380,7 @@ class _Chooser:
         else:
             values, op_ids = change
             demands, received, finished = dict(base.demands), dict(base.received), dict(base.finished)
-        moved, known = self.memo.reshard_bytes, self.memo.moves
+        moved, known, text = self.memo.reshard_bytes, self.memo.moves, self.memo.text
         readers, outputs, trips, op_trips = self.s.readers, self.s.outputs, self.s.trips, self.s.op_trips
         for v in values:
             want = [ops[i].in_types[k] for i, k in readers.get(v, ())]
@@ -393,7 +393,7 @@ class _Chooser:
                         want = want[:1]
                     else:
                         want = set(want)
-                        want = list(want) if len(want) == 1 else sorted(want, key=str)
+                        want = list(want) if len(want) == 1 else sorted(want, key=text)
                 was = demands.get(v)
                 demands[v] = was if was is not None and was == want else want
                 src = types[v]
@@ -444,6 +444,7 @@ class _OpMemo:
         self.interned: dict = {}
         self.moves: dict = {}
         self.state_types: dict = {}  # (value, id of its dims tuple) -> (that tuple, its state type)
+        self.texts: dict = {}  # id of a type -> (that type, its text)
 
     def keep(self, types) -> None:
         """Keep ``types`` alive: keys name them by their ids (a key is probed with the ids of the types at hand,
@@ -461,6 +462,15 @@ class _OpMemo:
         if len(self.entries) >= self.size:
             self.entries.clear()
         self.entries[key] = value
+
+    def text(self, t) -> str:
+        """``str(t)`` (demands are sorted by it), by the identity of ``t``; the entry keeps ``t`` alive."""
+        hit = self.texts.get(id(t))
+        if hit is None:
+            if len(self.texts) >= self.size:
+                self.texts.clear()
+            hit = self.texts[id(t)] = (t, str(t))
+        return hit[1]
 
     def reshard_bytes(self, src, dst) -> float:
         """:func:`partir_core.reshard.reshard_bytes`, by the types' identities."""
