@@ -325,10 +325,12 @@ class Evaluator:
 
     def fingerprint(self, s: State) -> tuple:
         """What scoring reads of a frozen state: every value's dims, their provenances by order, the pins."""
-        provs = sorted({p for v in self.values for p in s.prov[v] if p is not None})
-        rank = {p: i for i, p in enumerate(provs)}
-        return (tuple(s.dims[v] for v in self.values),
-                tuple(tuple(None if p is None else rank[p] for p in s.prov[v]) for v in self.values),
+        provs = [s.prov[v] for v in self.values]
+        seen = {p for ps in provs for p in ps}
+        seen.discard(None)
+        rank = {p: i for i, p in enumerate(sorted(seen))}
+        rank[None] = None
+        return (tuple([s.dims[v] for v in self.values]), tuple([tuple([rank[p] for p in ps]) for ps in provs]),
                 frozenset(s.pinned))
 
     def evaluate(self, key: tuple, near: tuple | None = None) -> Evaluation | None:
