@@ -23,7 +23,11 @@ random action sets):
    one of its values, the produced type of one of its operands or the pricing of one of its results differ
    from that pass's (:func:`choose_op` reads nothing else); its result's type, if it changed, makes its
    readers dirty in turn. The received bytes of a pass (which pass wins) are kept per value and updated for
-   the values whose type or demands changed.
+   the values whose type or demands changed. What is read of the state is carried over from the base too
+   (:class:`_Starts`): each op's state key (what its choice reads of the state), worked out again only for the
+   ops that touch a changed value, and which values the state-priced pass demands in other types than their
+   state's (what the first refinement chooses again), looked at again only for the values whose demands or
+   dims changed.
    Choices are remembered across candidates (:class:`_OpMemo`) and shared between ops of one signature
    (:func:`signature`: the layers of a transformer, the optimizer's updates of weights of one shape): an op
    chosen under the same dims, provenance order, operand types and targets as another of its signature is
