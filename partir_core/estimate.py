@@ -71,10 +71,12 @@ class Structure:
     (``touching``: propagation and choice read its state there), its readers (``readers``: ``(eqn, operand
     position)``: their demands price it; ``reader_ops``: those ops, once each) and its ``producer``; how often
     per call its readers read it (``trips``: inside a loop body, the loop's trips; 1 elsewhere) and how often
-    each op runs its reductions (``op_trips``); the outputs; the ops run replicated; the regions' enters and
-    exits (``boundary``); each op's operands and results (``invars``, ``outvars``: tuples), its dims by factor
-    and its shardable factors (``op_slots``, ``shardable``: what propagation visits), and its ``signature``
-    (:func:`signature`: ops of one signature are chosen alike, so their choices are shared)."""
+    each op runs its reductions (``op_trips``); the outputs, and those that are no input (``state_outputs``:
+    returned in their state type, :func:`~partir_core.choice.output_type`); the ops run replicated; the
+    regions' enters and exits (``boundary``); each op's operands and results (``invars``, ``outvars``:
+    tuples), its dims by factor and its shardable factors (``op_slots``, ``shardable``: what propagation
+    visits), and its ``signature`` (:func:`signature`: ops of one signature are chosen alike, so their choices
+    are shared)."""
 
     def __init__(self, graph: Graph, rules: list):
         self.graph, self.rules = graph, rules
@@ -94,6 +96,7 @@ class Structure:
         self.reader_ops = {v: tuple(dict.fromkeys(i for i, _ in rs)) for v, rs in self.readers.items()}
         self.producer = {v: i for i, eqn in enumerate(graph.eqns) for v in eqn.outvars}
         self.outputs = {v for v in graph.outvars if v not in graph.consts}
+        self.state_outputs = {v for v in self.outputs if v not in graph.invars}  # typed as the state has them
         self.op_trips = [graph.read_trips(i) for i in range(len(graph.eqns))]
         self.boundary = [isinstance(e.prim, Boundary) for e in graph.eqns]
         self.boundaries = {i for i, b in enumerate(self.boundary) if b}
@@ -349,28 +352,30 @@ class _Chooser:
     def _unlike_state(self, targets: dict) -> set:
         """The values whose ``targets`` are not just their state type (:func:`~partir_core.choice.state_type`):
         those whose pricing differs from the state-priced pass's."""
-        g, dims, mesh, known = self.graph, self.state.dims, self.mesh, self.memo.state_types
         out = set()
         for v, ts in targets.items():
             if len(ts) != 1:
                 out.add(v)
                 continue
-            # the state type of v, remembered by the identity of its dims where they are a tuple (a frozen
-            # state shares the tuples of the values its action left alone with its parent's); the entry keeps
-            # the tuple alive, so no other object takes its id
-            d = dims[v]
-            hit = known.get((v, id(d)))
-            if hit is not None:
-                st = hit[1]
-            else:
-                st = state_type(g, self.state, v, mesh)
-                if type(d) is tuple:
-                    if len(known) >= self.memo.size:
-                        known.clear()
-                    known[(v, id(d))] = (d, st)
+            st = self._state_type(v)
             if ts[0] is not st and ts[0] != st:
                 out.add(v)
         return out
+
+    def _state_type(self, v: int):
+        """:func:`~partir_core.choice.state_type` of ``v``, remembered by the identity of its dims where they
+        are a tuple (a frozen state shares the tuples of the values its action left alone with its parent's);
+        the entry keeps the tuple alive, so no other object takes its id."""
+        known, d = self.memo.state_types, self.state.dims[v]
+        hit = known.get((v, id(d)))
+        if hit is not None:
+            return hit[1]
+        st = state_type(self.graph, self.state, v, self.mesh)
+        if type(d) is tuple:
+            if len(known) >= self.memo.size:
+                known.clear()
+            known[(v, id(d))] = (d, st)
+        return st
 
     def _priced(self, targets, ops, types, base: _Pass | None, change) -> _Pass:
         """The pass with its demands and received bytes: all of them, or those of ``base`` updated for the
@@ -386,10 +391,12 @@ class _Chooser:
             demands, received, finished = dict(base.demands), dict(base.received), dict(base.finished)
         moved, known, text = self.memo.reshard_bytes, self.memo.moves, self.memo.text
         readers, outputs, trips, op_trips = self.s.readers, self.s.outputs, self.s.trips, self.s.op_trips
+        from_state = self.s.state_outputs
         for v in values:
             want = [ops[i].in_types[k] for i, k in readers.get(v, ())]
-            if v in outputs:
-                want.append(output_type(g, _Types(types), self.state, v, self.mesh))
+            if v in outputs:  # output_type, an output that is no input taking its state type remembered
+                want.append(self._state_type(v) if v in from_state and v in self.state.dims else
+                            output_type(g, _Types(types), self.state, v, self.mesh))
             if want:
                 if len(want) > 1:
                     first = want[0]
