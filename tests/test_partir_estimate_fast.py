@@ -1,6 +1,7 @@
 """The plumbing that makes the search's evaluations cheap changes no figure: frozen states, the lowering memo, the
-collector paused during a search."""
+collector paused during a search, what a state carries over to the states chosen from it."""
 
+import dataclasses
 import gc
 
 import pytest
@@ -16,7 +17,7 @@ from partir_core.analysis import analyze_groups  # noqa: E402
 from partir_core.choice import FOLLOW, _analyze_once, _demands, analyze  # noqa: E402
 from partir_core.lowering import lower  # noqa: E402
 from partir_core.program import Compute, Finish, walk  # noqa: E402
-from partir_core.estimate import Estimator, Structure, _Chooser, _OpMemo  # noqa: E402
+from partir_core.estimate import Estimator, Structure, _Chooser, _OpMemo, state_diff  # noqa: E402
 from partir_core.simulator import simulate  # noqa: E402
 
 if len(jax.devices()) < 8:
@@ -179,3 +180,24 @@ def test_what_a_state_hands_on_equals_what_it_computes_afresh(name):
             assert p0.unlike == fresh._unlike_state(p0.demands)
             unlike += len(p0.unlike)
     assert keys > 1000 and unlike > 0
+
+
+def test_a_value_whose_dims_changed_is_looked_at_again_though_its_demands_did_not():
+    """Which values a state-priced pass demands in other types than their state's is worked out from its base
+    pass's answer; a value whose demands are the base's very list but whose dims changed (and its state type
+    with them) is looked at again. A base pass with batch parallelism's choices and demands but the answer
+    the unpartitioned state gives for them: the pass made from it on batch parallelism's state (nothing is
+    chosen differently) gives a fresh chooser's answer."""
+    m, ins, low = start("transformer")
+    graph, rules = low.graph, low.rules
+    structure, memo = Structure(graph, rules), _OpMemo()
+    plain = low.states[0]
+    bp = schedule_state(graph, rules, MESH, preset("BP", m, ins, MESH))
+    ch = _Chooser(structure, bp, MESH, memo)
+    p0 = ch.run(None, None, set(), set())
+    stale = _Chooser(structure, plain, MESH, memo)._unlike_state(p0.demands)
+    dirty = state_diff(plain, bp)
+    made = ch.run(None, dataclasses.replace(p0, unlike=stale), dirty,
+                  {i for v in dirty for i in structure.touching.get(v, ())})
+    assert made.ops == p0.ops and made.demands == p0.demands
+    assert made.unlike == ch._unlike_state(made.demands) != stale
