@@ -603,6 +603,18 @@ class Estimator:
             del self.bases[old]
         return analysis
 
+    def nearest(self, state: State, keys) -> object | None:
+        """Of ``keys``, the one held whose state differs from ``state`` in the fewest values (:func:`state_diff`;
+        the first on ties): scored from it, the fewest ops are chosen again. None if none is held."""
+        best, fewest = None, None
+        for k in keys:
+            held = self.bases.get(k)
+            if held is not None:
+                d = len(state_diff(held[0], state))
+                if fewest is None or d < fewest:
+                    best, fewest = k, d
+        return best
+
     def score(self, key, state: State, base_key=None) -> Simulation:
         """The simulation of ``state`` as lowered (see :meth:`analysis`). Raises :class:`redist.ShardingError`
         if the state cannot be lowered."""

@@ -201,3 +201,21 @@ def test_a_value_whose_dims_changed_is_looked_at_again_though_its_demands_did_no
                   {i for v in dirty for i in structure.touching.get(v, ())})
     assert made.ops == p0.ops and made.demands == p0.demands
     assert made.unlike == ch._unlike_state(made.demands) != stale
+
+
+def test_the_nearest_held_set_is_the_one_whose_state_differs_least():
+    """Of the sets it is asked about, the estimator names the held one whose state differs from a given state in
+    the fewest values (the first of those on ties), passing over those it does not hold (the search scores a set
+    from it: the figures are the same from any base)."""
+    m, ins, low = start("transformer")
+    graph, rules = low.graph, low.rules
+    est = Estimator(graph, rules, MESH)
+    states = {name: schedule_state(graph, rules, MESH, preset(name, m, ins, MESH) if name else [])
+              for name in ("", "BP", "MP", "BP+MP")}
+    for name in ("", "BP", "MP"):
+        est.analysis(name, states[name])
+    assert est.nearest(states["BP+MP"], ["", "MP", "BP"]) == "BP"
+    # MP's values keep another provenance in BP+MP: it differs in as many values as the start, the first wins
+    assert est.nearest(states["BP+MP"], ["MP", ""]) == "MP" and est.nearest(states["BP+MP"], ["", "MP"]) == ""
+    assert est.nearest(states[""], ["BP", "", "BP+MP"]) == ""
+    assert est.nearest(states["BP"], ["BP+MP"]) is None
