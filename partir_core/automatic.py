@@ -98,7 +98,8 @@ STEP = 1e-3  # provenance step between the actions of one AutomaticPartition
 MCTS_SHARE = 0.6  # of the time budget and of max_evals, for the goals and the tree; the local pass gets the rest
 LOCAL_STARTS = 3  # the local pass starts from this many of the best sets found and of the fastest goals
 # held sets (the closest in actions) whose states are compared to pick the base a set is scored from: on the
-# transformer at 2x4, 8 gave 92 evaluations/s, 2 and 4 gave 90, 16 gave 89, all held (64) 77
+# transformer at 2x4 (one sitting, a shared 2-core host), 8 gave 92 evaluations/s, 2 and 4 gave 90, 16 gave 89,
+# all 64 held 77 (comparing states costs more than it saves)
 BASE_TRIES = 8
 
 
