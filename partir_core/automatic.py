@@ -22,10 +22,11 @@ Evaluation (no JAX: the program is traced once): the state of a set is made from
 one action and incremental propagation, and scored by :class:`partir_core.estimate.Estimator` relative to
 a set scored before, the one of those it holds whose state differs least from it among the few closest in
 actions (the set it was reached from, its prefix, ...: :meth:`Evaluator.base_for`; only the ops whose values
-changed are chosen again), with the same figures as ``pf.lower(...).simulate()``; results are cached per action set and per resulting sharding. A state that
-cannot be lowered (a ``ShardingError``) is never chosen. The reward of a state is ``0.5 + 0.5·t0/(t0 + t)``
-(``t`` its simulated step time, ``t0`` that of the starting state) when its simulated peak memory fits
-``memory_budget_bytes``, and ``0.45·budget/peak`` (always lower) when it does not.
+changed are chosen again), with the same figures as ``pf.lower(...).simulate()``; results are cached per
+action set and per resulting sharding. A state that cannot be lowered (a ``ShardingError``) is never chosen.
+The reward of a state is ``0.5 + 0.5·t0/(t0 + t)`` (``t`` its simulated step time, ``t0`` that of the starting
+state) when its simulated peak memory fits ``memory_budget_bytes``, and ``0.45·budget/peak`` (always lower)
+when it does not.
 
 The search, in three phases:
 
