@@ -20,11 +20,13 @@ the axis taken by another dim of the input, a pinned input) is not a move.
 
 Evaluation (no JAX: the program is traced once): the state of a set is made from its canonical prefix's by
 one action and incremental propagation, and scored by :class:`partir_core.estimate.Estimator` relative to
-the set it was reached from (only the ops whose values changed are chosen again), with the same figures as
-``pf.lower(...).simulate()``; results are cached per action set and per resulting sharding. A state that
-cannot be lowered (a ``ShardingError``) is never chosen. The reward of a state is ``0.5 + 0.5·t0/(t0 + t)``
-(``t`` its simulated step time, ``t0`` that of the starting state) when its simulated peak memory fits
-``memory_budget_bytes``, and ``0.45·budget/peak`` (always lower) when it does not.
+a set scored before, the one of those it holds whose state differs least from it among the few closest in
+actions (the set it was reached from, its prefix, ...: :meth:`Evaluator.base_for`; only the ops whose values
+changed are chosen again), with the same figures as ``pf.lower(...).simulate()``; results are cached per
+action set and per resulting sharding. A state that cannot be lowered (a ``ShardingError``) is never chosen.
+The reward of a state is ``0.5 + 0.5·t0/(t0 + t)`` (``t`` its simulated step time, ``t0`` that of the starting
+state) when its simulated peak memory fits ``memory_budget_bytes``, and ``0.45·budget/peak`` (always lower)
+when it does not.
 
 The search, in three phases:
 
@@ -96,6 +98,10 @@ from partir_core.tactics import AutomaticPartition, ManualPartition, PartitionEr
 STEP = 1e-3  # provenance step between the actions of one AutomaticPartition
 MCTS_SHARE = 0.6  # of the time budget and of max_evals, for the goals and the tree; the local pass gets the rest
 LOCAL_STARTS = 3  # the local pass starts from this many of the best sets found and of the fastest goals
+# held sets (the closest in actions) whose states are compared to pick the base a set is scored from: on the
+# transformer at 2x4 (one sitting, a shared 2-core host), 8 gave 92 evaluations/s, 2 and 4 gave 90, 16 gave 89,
+# all 64 held 77 (comparing states costs more than it saves)
+BASE_TRIES = 8
 
 
 @dataclass(frozen=True)
@@ -325,16 +331,18 @@ class Evaluator:
 
     def fingerprint(self, s: State) -> tuple:
         """What scoring reads of a frozen state: every value's dims, their provenances by order, the pins."""
-        provs = sorted({p for v in self.values for p in s.prov[v] if p is not None})
-        rank = {p: i for i, p in enumerate(provs)}
-        return (tuple(s.dims[v] for v in self.values),
-                tuple(tuple(None if p is None else rank[p] for p in s.prov[v]) for v in self.values),
+        provs = [s.prov[v] for v in self.values]
+        seen = {p for ps in provs for p in ps}
+        seen.discard(None)
+        rank = {p: i for i, p in enumerate(sorted(seen))}
+        rank[None] = None
+        return (tuple([s.dims[v] for v in self.values]), tuple([tuple([rank[p] for p in ps]) for ps in provs]),
                 frozenset(s.pinned))
 
     def evaluate(self, key: tuple, near: tuple | None = None) -> Evaluation | None:
-        """The evaluation of set ``key`` (None if some action is not a move), scored from the set ``near`` (an
-        evaluated set it differs little from: the node it was reached from) when the estimator still holds it,
-        else from its canonical prefix or the start."""
+        """The evaluation of set ``key`` (None if some action is not a move), scored from a set the estimator
+        holds (:meth:`base_for`; ``near``: an evaluated set it differs little from, the node it was reached
+        from)."""
         t_start = time.perf_counter()
         try:
             return self._evaluate(key, near)
@@ -355,8 +363,7 @@ class Evaluator:
         else:
             t_start = time.perf_counter()
             try:
-                sim = self.estimator.score(key, s, next((b for b in (near, key[:-1], ()) if b is not None
-                                                         and b != key and b in self.estimator.bases), None))
+                sim = self.estimator.score(key, s, self.base_for(key, s, near))
                 t, peak, err = sim.step_time_s, sim.peak_bytes, None
             except ShardingError as e:  # a state that cannot be lowered (no reshard reaches a type) is never chosen
                 t, peak, err = math.inf, 1 << 62, f"{type(e).__name__}: {e}"
@@ -369,6 +376,17 @@ class Evaluator:
             self.by_fingerprint[fp] = ev
         self.evals[key] = ev
         return ev
+
+    def base_for(self, key: tuple, state: State, near: tuple | None) -> tuple | None:
+        """The set that set ``key`` (of state ``state``) is scored from: the figures are the same from any, the
+        work is not (the ops touching a value whose dims or provenance differ are chosen again). Of the sets the
+        estimator holds, the :data:`BASE_TRIES` that differ from ``key`` in the fewest actions (``near``, then
+        ``key``'s canonical prefix, first among equals), the one whose state differs from ``state`` in the
+        fewest values (:meth:`~partir_core.estimate.Estimator.nearest`); None if it holds none."""
+        acts, held = set(key), self.estimator.bases
+        sets = [b for b in dict.fromkeys((near, key[:-1], *held)) if b is not None and b != key and b in held]
+        sets.sort(key=lambda b: len(acts.symmetric_difference(b)))
+        return self.estimator.nearest(state, sets[:BASE_TRIES])
 
     def expected_s(self) -> float:
         """How long the next evaluation may take: as long as the slowest so far (one whose state and base

@@ -23,7 +23,11 @@ random action sets):
    one of its values, the produced type of one of its operands or the pricing of one of its results differ
    from that pass's (:func:`choose_op` reads nothing else); its result's type, if it changed, makes its
    readers dirty in turn. The received bytes of a pass (which pass wins) are kept per value and updated for
-   the values whose type or demands changed.
+   the values whose type or demands changed. What is read of the state is carried over from the base too
+   (:class:`_Starts`): each op's state key (what its choice reads of the state), worked out again only for the
+   ops that touch a changed value, and which values the state-priced pass demands in other types than their
+   state's (what the first refinement chooses again), looked at again only for the values whose demands or
+   dims changed.
    Choices are remembered across candidates (:class:`_OpMemo`) and shared between ops of one signature
    (:func:`signature`: the layers of a transformer, the optimizer's updates of weights of one shape): an op
    chosen under the same dims, provenance order, operand types and targets as another of its signature is
@@ -56,7 +60,7 @@ from partir_core.choice import (FOLLOW, Analysis, cheapest, choose_op, op_candid
                                  value_type)
 from partir_core.ir import Boundary, Graph
 from partir_core.lowering import lower
-from partir_core.propagation import State, op_slots, visit
+from partir_core.propagation import State, op_slots, shardable_factors, visit
 from partir_core.reshard import finish_bytes, reshard_bytes
 from partir_core.simulator import Simulation, simulate
 
@@ -65,11 +69,14 @@ from partir_core.simulator import Simulation, simulate
 class Structure:
     """What never changes between candidates of one program: for every value, the ops that name it
     (``touching``: propagation and choice read its state there), its readers (``readers``: ``(eqn, operand
-    position)``: their demands price it) and its ``producer``; how often per call its readers read it
-    (``trips``: inside a loop body, the loop's trips; 1 elsewhere) and how often each op runs its reductions
-    (``op_trips``); the outputs; the ops run replicated; the regions' enters and exits (``boundary``); each
-    op's dims by factor (``op_slots``, which propagation visits); and each op's ``signature``
-    (:func:`signature`: ops of one signature are chosen alike, so their choices are shared)."""
+    position)``: their demands price it; ``reader_ops``: those ops, once each) and its ``producer``; how often
+    per call its readers read it (``trips``: inside a loop body, the loop's trips; 1 elsewhere) and how often
+    each op runs its reductions (``op_trips``); the outputs, and those that are no input (``state_outputs``:
+    returned in their state type, :func:`~partir_core.choice.output_type`); the ops run replicated; the
+    regions' enters and exits (``boundary``); each op's operands and results (``invars``, ``outvars``:
+    tuples), its dims by factor and its shardable factors (``op_slots``, ``shardable``: what propagation
+    visits), and its ``signature`` (:func:`signature`: ops of one signature are chosen alike, so their choices
+    are shared)."""
 
     def __init__(self, graph: Graph, rules: list):
         self.graph, self.rules = graph, rules
@@ -84,14 +91,19 @@ class Structure:
                     self.readers.setdefault(v, []).append((i, k))
         self.slots = [[v for v in dict.fromkeys(list(e.invars) + list(e.outvars)) if v not in graph.consts]
                       for e in graph.eqns]
+        self.invars = [tuple(e.invars) for e in graph.eqns]
+        self.outvars = [tuple(e.outvars) for e in graph.eqns]
+        self.reader_ops = {v: tuple(dict.fromkeys(i for i, _ in rs)) for v, rs in self.readers.items()}
         self.producer = {v: i for i, eqn in enumerate(graph.eqns) for v in eqn.outvars}
         self.outputs = {v for v in graph.outvars if v not in graph.consts}
+        self.state_outputs = {v for v in self.outputs if v not in graph.invars}  # typed as the state has them
         self.op_trips = [graph.read_trips(i) for i in range(len(graph.eqns))]
         self.boundary = [isinstance(e.prim, Boundary) for e in graph.eqns]
         self.boundaries = {i for i, b in enumerate(self.boundary) if b}
         self.trips = {v: max([1] + [self.op_trips[i] for i, _ in rs]) for v, rs in self.readers.items()}
         # each op's (value, dim, factors), which propagation visits
         self.op_slots = [None if r is None else op_slots(r, e) for e, r in zip(graph.eqns, rules)]
+        self.shardable = [None if r is None else shardable_factors(r) for r in rules]
         self.unsupported = [(i, e.name, "no factor rule: kept replicated")
                             for i, (e, r) in enumerate(zip(graph.eqns, rules)) if r is None]
         names: dict = {}
@@ -135,7 +147,8 @@ def propagate_changes(structure: Structure, state: State, mesh, tactic: int, cha
             i = heapq.heappop(heap)
             i = i if forward else -i
             queued.discard(i)
-            for v in visit(graph, rules[i], i, state, mesh, tactic, seen, structure.op_slots[i]):
+            for v in visit(graph, rules[i], i, state, mesh, tactic, seen, structure.op_slots[i],
+                           structure.shardable[i]):
                 touched.add(v)
                 for j in structure.touching.get(v, ()):
                     if (j > i if forward else j < i) and j not in queued:
@@ -162,7 +175,8 @@ class _Pass:
     produced ``types``, the ``demands`` on every value (the distinct types its readers and the outputs want,
     sorted by text as :func:`~partir_core.choice._demands` sorts them), the bytes received per value
     (``received``) and per finished reduction (``finished``), and their total ``cost``
-    (:func:`~partir_core.choice.received_bytes`)."""
+    (:func:`~partir_core.choice.received_bytes`). For a state-priced pass, ``unlike``: the values whose
+    demands are not just their state type (:meth:`_Chooser._unlike_state` of ``demands``), once known."""
 
     targets: object
     ops: list
@@ -171,16 +185,19 @@ class _Pass:
     received: dict
     finished: dict
     cost: float
+    unlike: set | None = None
 
 
 class _Chooser:
     """Passes of per-op choice on one state, each made from scratch or from a base pass (see the module
-    docstring)."""
+    docstring). ``state_keys``: each op's :meth:`_state_key`, interned, None where not known yet (a list this
+    chooser fills in): those of a state that differs from this one only in values other than the op's may be
+    given (:func:`choose` carries them over from the base)."""
 
-    def __init__(self, structure: Structure, state: State, mesh, memo: "_OpMemo"):
+    def __init__(self, structure: Structure, state: State, mesh, memo: "_OpMemo", state_keys: list | None = None):
         self.s, self.state, self.mesh, self.memo = structure, state, mesh, memo
         self.graph = structure.graph
-        self.state_keys: dict = {}  # op -> what its candidates read of the state (see choose_op)
+        self.state_keys = [None] * len(self.graph.eqns) if state_keys is None else state_keys
 
     def choose_op(self, i: int, types: dict, targets):
         """:func:`~partir_core.choice.choose_op`, remembered (:class:`_OpMemo`) by everything it depends on: the
@@ -193,30 +210,29 @@ class _Chooser:
         made for any op of its signature, given this op's rule; the candidates of that key
         (:func:`~partir_core.choice.op_candidates`, which do not depend on the targets), shared by the passes
         that price them against different targets."""
-        g, memo = self.graph, self.memo
-        eqn = g.eqns[i]
-        if self.s.boundary[i]:  # fixed, not chosen, and cheap: not remembered
-            return choose_op(g, self.s.rules, i, self.state, types, self.mesh, True, targets)
-        sk = self.state_keys.get(i)
+        s, memo = self.s, self.memo
+        if s.boundary[i]:  # fixed, not chosen, and cheap: not remembered
+            return choose_op(self.graph, s.rules, i, self.state, types, self.mesh, True, targets)
+        sk = self.state_keys[i]
         if sk is None:  # the same in every pass
             sk = self.state_keys[i] = memo.intern(self._state_key(i))
-        in_types = [types[v] for v in eqn.invars]
-        operands = tuple(map(id, in_types))
-        if isinstance(targets, dict):
-            wanted = tuple([tuple(map(id, targets.get(v, ()))) for v in eqn.outvars])
+        operands = tuple([id(types[v]) for v in s.invars[i]])
+        if type(targets) is dict:
+            get = targets.get
+            wanted = tuple([tuple([id(t) for t in get(v, ())]) for v in s.outvars[i]])
         else:
             wanted = targets
         key = (i, sk, operands, wanted)
-        op = memo.get(key)
+        op = memo.entries.get(key)
         if op is not None:
             memo.hits += 1
             return op
-        memo.keep(in_types)
-        if isinstance(targets, dict):
-            for v in eqn.outvars:
+        memo.keep([types[v] for v in s.invars[i]])
+        if type(targets) is dict:
+            for v in s.outvars[i]:
                 memo.keep(targets.get(v, ()))
-        op = self._shared_choice(i, (self.s.signature[i], sk, operands), wanted, types, targets)
-        rule = self.s.rules[i]
+        op = self._shared_choice(i, (s.signature[i], sk, operands), wanted, types, targets)
+        rule = s.rules[i]
         if op.rule is not rule:  # chosen for another op of this signature: the same choice, this op's rule
             op = dataclasses.replace(op, rule=rule)
         memo.put(key, op)
@@ -244,11 +260,15 @@ class _Chooser:
 
     def _state_key(self, i: int) -> tuple:
         """What op ``i``'s candidates read of the state: its values' dims, and their provenances by order."""
-        state, slots = self.state, self.s.slots[i]
-        provs = sorted({p for v in slots for p in state.prov[v] if p is not None})
-        rank = {p: r for r, p in enumerate(provs)}
-        return tuple((tuple(state.dims[v]), tuple(None if p is None else rank[p] for p in state.prov[v]))
-                     for v in slots)
+        dims, prov, slots = self.state.dims, self.state.prov, self.s.slots[i]
+        provs = [tuple(prov[v]) for v in slots]
+        seen = {p for ps in provs for p in ps}
+        seen.discard(None)
+        if seen:
+            rank = {p: r for r, p in enumerate(sorted(seen))}
+            rank[None] = None
+            provs = [tuple([rank[p] for p in ps]) for ps in provs]
+        return tuple(zip([tuple(dims[v]) for v in slots], provs))
 
     def run(self, targets, base: _Pass | None, dirty_values: set, dirty_ops: set) -> _Pass:
         """The pass pricing results against ``targets``; from ``base`` when given: a pass of the same kind of
@@ -270,7 +290,12 @@ class _Chooser:
         if isinstance(targets, dict) and base.targets is None:
             # choose_op prices a result that targets omit against its state type, as base priced them all; a
             # region's enter and exit follow their operands' layouts under targets, not under None
-            changed = self._unlike_state(targets)
+            if targets is base.demands:  # the refinement of a state-priced pass: known once for both
+                if base.unlike is None:
+                    base.unlike = self._unlike_state(targets)
+                changed = base.unlike
+            else:
+                changed = self._unlike_state(targets)
             dirty_ops |= {self.s.producer[v] for v in changed if v in self.s.producer} | self.s.boundaries
         elif isinstance(targets, dict):
             was = base.targets
@@ -285,62 +310,72 @@ class _Chooser:
                     types[v] = t
                     retyped.add(v)
                     dirty_ops.update(i for i, _ in self.s.readers.get(v, ()))
+        # every op queued once, and chosen once: when it is the first one queued in program order
         heap = list(dirty_ops)
         heapq.heapify(heap)
-        done, rechosen = set(), []
-        eqns, readers, choose_op, pop, push = g.eqns, self.s.readers, self.choose_op, heapq.heappop, heapq.heappush
+        queued, rechosen = set(dirty_ops), []
+        invars, outvars, readers = self.s.invars, self.s.outvars, self.s.reader_ops
+        choose_op, pop, push = self.choose_op, heapq.heappop, heapq.heappush
         while heap:
             i = pop(heap)
-            if i in done:
-                continue
-            done.add(i)
             op = choose_op(i, types, targets)
             old = ops[i]
             if op is old:
                 continue
             ops[i] = op
             rechosen.append(i)
-            eqn = eqns[i]
             # an operand's demand that changed, or may have (an equal type, another object: its demands are
             # worked out again, to what they were)
-            for v, a, b in zip(eqn.invars, op.in_types, old.in_types):
+            for v, a, b in zip(invars[i], op.in_types, old.in_types):
                 if a is not b:
                     redemanded.add(v)
-            for v, t in zip(eqn.outvars, op.out_types):
+            for v, t in zip(outvars[i], op.out_types):
                 was = types[v]
                 if t is not was and t != was:
                     types[v] = t
                     retyped.add(v)
-                    for j, _ in readers.get(v, ()):
-                        push(heap, j)
+                    for j in readers.get(v, ()):
+                        if j not in queued:
+                            queued.add(j)
+                            push(heap, j)
         redemanded |= retyped | (dirty_values & self.s.outputs)
-        return self._priced(targets, ops, types, base, (redemanded, rechosen))
+        made = self._priced(targets, ops, types, base, (redemanded, rechosen))
+        if targets is None and base.unlike is not None:
+            # a value's entry depends on its demands and its state type alone: only those of the values whose
+            # demands _priced made again or whose dims changed may differ from the base's
+            again = redemanded | dirty_values
+            demands = made.demands
+            made.unlike = {v for v in base.unlike if v not in again} | \
+                self._unlike_state({v: demands[v] for v in again if v in demands})
+        return made
 
     def _unlike_state(self, targets: dict) -> set:
         """The values whose ``targets`` are not just their state type (:func:`~partir_core.choice.state_type`):
         those whose pricing differs from the state-priced pass's."""
-        g, dims, mesh, known = self.graph, self.state.dims, self.mesh, self.memo.state_types
         out = set()
         for v, ts in targets.items():
             if len(ts) != 1:
                 out.add(v)
                 continue
-            # the state type of v, remembered by the identity of its dims where they are a tuple (a frozen
-            # state shares the tuples of the values its action left alone with its parent's); the entry keeps
-            # the tuple alive, so no other object takes its id
-            d = dims[v]
-            hit = known.get((v, id(d)))
-            if hit is not None:
-                st = hit[1]
-            else:
-                st = state_type(g, self.state, v, mesh)
-                if type(d) is tuple:
-                    if len(known) >= self.memo.size:
-                        known.clear()
-                    known[(v, id(d))] = (d, st)
+            st = self._state_type(v)
             if ts[0] is not st and ts[0] != st:
                 out.add(v)
         return out
+
+    def _state_type(self, v: int):
+        """:func:`~partir_core.choice.state_type` of ``v``, remembered by the identity of its dims where they
+        are a tuple (a frozen state shares the tuples of the values its action left alone with its parent's);
+        the entry keeps the tuple alive, so no other object takes its id."""
+        known, d = self.memo.state_types, self.state.dims[v]
+        hit = known.get((v, id(d)))
+        if hit is not None:
+            return hit[1]
+        st = state_type(self.graph, self.state, v, self.mesh)
+        if type(d) is tuple:
+            if len(known) >= self.memo.size:
+                known.clear()
+            known[(v, id(d))] = (d, st)
+        return st
 
     def _priced(self, targets, ops, types, base: _Pass | None, change) -> _Pass:
         """The pass with its demands and received bytes: all of them, or those of ``base`` updated for the
@@ -354,11 +389,14 @@ class _Chooser:
         else:
             values, op_ids = change
             demands, received, finished = dict(base.demands), dict(base.received), dict(base.finished)
-        moved, readers, outputs, trips = self.memo.reshard_bytes, self.s.readers, self.s.outputs, self.s.trips
+        moved, known, text = self.memo.reshard_bytes, self.memo.moves, self.memo.text
+        readers, outputs, trips, op_trips = self.s.readers, self.s.outputs, self.s.trips, self.s.op_trips
+        from_state = self.s.state_outputs
         for v in values:
             want = [ops[i].in_types[k] for i, k in readers.get(v, ())]
-            if v in outputs:
-                want.append(output_type(g, _Types(types), self.state, v, self.mesh))
+            if v in outputs:  # output_type, an output that is no input taking its state type remembered
+                want.append(self._state_type(v) if v in from_state and v in self.state.dims else
+                            output_type(g, _Types(types), self.state, v, self.mesh))
             if want:
                 if len(want) > 1:
                     first = want[0]
@@ -366,17 +404,21 @@ class _Chooser:
                         want = want[:1]
                     else:
                         want = set(want)
-                        want = list(want) if len(want) == 1 else sorted(want, key=str)
+                        want = list(want) if len(want) == 1 else sorted(want, key=text)
                 was = demands.get(v)
                 demands[v] = was if was is not None and was == want else want
                 src = types[v]
-                received[v] = trips.get(v, 1) * sum([moved(src, t) for t in want])
+                b = [known.get((id(src), id(t))) for t in want]  # moved's own memo, read directly
+                if None in b:
+                    b = [moved(src, t) for t in want]
+                received[v] = trips.get(v, 1) * sum(b)
             else:
                 demands.pop(v, None)
                 received.pop(v, None)
         for i in op_ids:
             op = ops[i]
-            finished[i] = self.s.op_trips[i] * sum([finish_bytes(axes, op.out_types) for _, axes in op.finish])
+            finished[i] = op_trips[i] * sum([finish_bytes(axes, op.out_types) for _, axes in op.finish]) \
+                if op.finish else 0
         return _Pass(targets, ops, types, demands, received, finished,
                      sum(received.values()) + sum(finished.values()))
 
@@ -413,6 +455,7 @@ class _OpMemo:
         self.interned: dict = {}
         self.moves: dict = {}
         self.state_types: dict = {}  # (value, id of its dims tuple) -> (that tuple, its state type)
+        self.texts: dict = {}  # id of a type -> (that type, its text)
 
     def keep(self, types) -> None:
         """Keep ``types`` alive: keys name them by their ids (a key is probed with the ids of the types at hand,
@@ -430,6 +473,15 @@ class _OpMemo:
         if len(self.entries) >= self.size:
             self.entries.clear()
         self.entries[key] = value
+
+    def text(self, t) -> str:
+        """``str(t)`` (demands are sorted by it), by the identity of ``t``; the entry keeps ``t`` alive."""
+        hit = self.texts.get(id(t))
+        if hit is None:
+            if len(self.texts) >= self.size:
+                self.texts.clear()
+            hit = self.texts[id(t)] = (t, str(t))
+        return hit[1]
 
     def reshard_bytes(self, src, dst) -> float:
         """:func:`partir_core.reshard.reshard_bytes`, by the types' identities."""
@@ -463,20 +515,35 @@ class _Types:
 _STARTS = (("P", None), ("F", FOLLOW))
 
 
-def choose(structure: Structure, state: State, mesh, base: dict | None, dirty_values: set, memo: _OpMemo,
-           passes: int = 3) -> tuple[Analysis, dict]:
-    """:func:`partir_core.choice.analyze` of ``state`` (the same passes, the same winner), and its starting
-    passes (``{"P0": ..., "F0": ...}``) for later calls, made from ``base`` (the starting passes of a state that
-    differs from this one in ``dirty_values``) when given; the refinements from passes of this state."""
-    ch = _Chooser(structure, state, mesh, memo)
-    made: dict = {}
+@dataclass
+class _Starts:
+    """What :func:`choose` keeps of a state for the states chosen from it later: its starting ``passes``
+    (``{"P0": ..., "F0": ...}``) and its ops' ``state_keys`` (:class:`_Chooser`)."""
+
+    passes: dict
+    state_keys: list
+
+
+def choose(structure: Structure, state: State, mesh, base: _Starts | None, dirty_values: set, memo: _OpMemo,
+           passes: int = 3) -> tuple[Analysis, _Starts]:
+    """:func:`partir_core.choice.analyze` of ``state`` (the same passes, the same winner), and what later calls
+    start from (:class:`_Starts`), made from ``base`` (that of a state that differs from this one in
+    ``dirty_values``) when given; the refinements from passes of this state. An op none of whose values is
+    dirty has the base's state key."""
     dirty_ops = {i for v in dirty_values for i in structure.touching.get(v, ())}
+    keys = None
+    if base is not None:
+        keys = list(base.state_keys)
+        for i in dirty_ops:
+            keys[i] = None
+    ch = _Chooser(structure, state, mesh, memo, keys)
+    made: dict = {}
 
     def run(pos, targets):
         if base is None:
             made[pos] = ch.run(targets, None, set(), set())
         else:
-            made[pos] = ch.run(targets, base[pos], dirty_values, dirty_ops)
+            made[pos] = ch.run(targets, base.passes[pos], dirty_values, dirty_ops)
         return made[pos]
 
     first = run("P0", None)
@@ -496,7 +563,7 @@ def choose(structure: Structure, state: State, mesh, base: dict | None, dirty_va
             if nxt.types == cur.types:
                 break
             cur = nxt
-    return Analysis(best.ops, best.types, list(structure.unsupported), state), made
+    return Analysis(best.ops, best.types, list(structure.unsupported), state), _Starts(made, ch.state_keys)
 
 
 # ------------------------------------------------------------------------------------------- scoring
@@ -509,7 +576,7 @@ class Estimator:
     def __init__(self, graph: Graph, rules: list, mesh, hardware=None, max_bases: int = 64):
         self.structure = Structure(graph, rules)
         self.graph, self.rules, self.mesh, self.hardware = graph, rules, mesh, hardware
-        self.bases: OrderedDict = OrderedDict()  # key -> (state, passes)
+        self.bases: OrderedDict = OrderedDict()  # key -> (state, its _Starts)
         self.memo = _OpMemo()
         self.lowering: dict = {}  # lower's memo of per-op parts
         self.max_bases = max_bases
@@ -522,10 +589,10 @@ class Estimator:
         if base is not None:
             self.bases.move_to_end(base_key)
             dirty = state_diff(base[0], state)
-            analysis, passes = choose(self.structure, state, self.mesh, base[1], dirty, self.memo)
+            analysis, starts = choose(self.structure, state, self.mesh, base[1], dirty, self.memo)
         else:
-            analysis, passes = choose(self.structure, state, self.mesh, None, set(), self.memo)
-        self.bases[key] = (state, passes)
+            analysis, starts = choose(self.structure, state, self.mesh, None, set(), self.memo)
+        self.bases[key] = (state, starts)
         if self.first is None:
             self.first = key
         if len(self.bases) > self.max_bases:
@@ -535,6 +602,18 @@ class Estimator:
                 old = next(iter(self.bases))
             del self.bases[old]
         return analysis
+
+    def nearest(self, state: State, keys) -> object | None:
+        """Of ``keys``, the one held whose state differs from ``state`` in the fewest values (:func:`state_diff`;
+        the first on ties): scored from it, the fewest ops are chosen again. None if none is held."""
+        best, fewest = None, None
+        for k in keys:
+            held = self.bases.get(k)
+            if held is not None:
+                d = len(state_diff(held[0], state))
+                if fewest is None or d < fewest:
+                    best, fewest = k, d
+        return best
 
     def score(self, key, state: State, base_key=None) -> Simulation:
         """The simulation of ``state`` as lowered (see :meth:`analysis`). Raises :class:`redist.ShardingError`

@@ -69,18 +69,24 @@ def op_slots(rule: Rule, eqn) -> list:
             for d, fs in enumerate(dims)]
 
 
+def shardable_factors(rule: Rule) -> tuple:
+    """The factors of ``rule`` that may be split, in the order of :meth:`Rule.factors`."""
+    return tuple(f for f in rule.factors() if rule.shardable(f))
+
+
 def resolve(graph: Graph, rule: Rule, eqn, state: State, mesh, eqn_index: int = -1, tactic: int = -1,
-            slots: list | None = None):
+            slots: list | None = None, shardable: tuple | None = None):
     """Factor axes at one op: ``(use, spread, conflicts)``.
 
     ``use[f] = (axes, provenance)`` is what lowering uses (the earliest decision wins a conflict);
-    ``spread`` is the subset that propagation may write (conflicted factors excluded). ``slots``: the op's
-    :func:`op_slots`, when the caller has them."""
+    ``spread`` is the subset that propagation may write (conflicted factors excluded). ``slots`` and
+    ``shardable``: the op's :func:`op_slots` and :func:`shardable_factors`, when the caller keeps them."""
     cands: dict[str, list] = {}
+    dims, prov = state.dims, state.prov
     for v, d, fs in op_slots(rule, eqn) if slots is None else slots:
-        if v in graph.consts or not fs:
+        if not fs or v in graph.consts:
             continue
-        axes = state.dims[v][d]
+        axes = dims[v][d]
         if not axes:
             continue
         parts = [tuple(axes)] if len(fs) == 1 else decompose(mesh, axes, fs, rule.sizes)
@@ -88,15 +94,17 @@ def resolve(graph: Graph, rule: Rule, eqn, state: State, mesh, eqn_index: int = 
             continue
         for f, a in zip(fs, parts):
             if a:
-                cands.setdefault(f, []).append((v, d, a, state.prov[v][d]))
+                cands.setdefault(f, []).append((v, d, a, prov[v][d]))
     use, spread, conflicts = {}, {}, []
+    if not cands:
+        return use, spread, conflicts
 
     def pv(p):
         return 1 << 30 if p is None else p
 
-    for f in rule.factors():
+    for f in shardable_factors(rule) if shardable is None else shardable:
         cs = cands.get(f)
-        if not cs or not rule.shardable(f):
+        if not cs:
             continue
         if len(cs) == 1:  # one dim carries it: its axes, which refine themselves
             use[f] = spread[f] = (cs[0][2], pv(cs[0][3]))
@@ -133,11 +141,12 @@ def resolve(graph: Graph, rule: Rule, eqn, state: State, mesh, eqn_index: int = 
 
 
 def visit(graph: Graph, rule, i: int, state: State, mesh, tactic: int, seen: set,
-          slots: list | None = None) -> list:
+          slots: list | None = None, shardable: tuple | None = None) -> list:
     """One op's step of :func:`propagate`: resolve op ``i``'s factors (``rule``, None for an op without one),
     record its new conflicts (``seen`` holds the (op, factor) pairs already recorded) and extend the dims of
     its values with the axes its factors spread, in place. Returns the values whose dims it changed.
-    ``slots``: the op's :func:`op_slots`, when the caller keeps them. A second visit right after this one
+    ``slots`` and ``shardable``: the op's :func:`op_slots` and :func:`shardable_factors`, when the caller keeps
+    them. A second visit right after this one
     changes nothing (what it wrote is what it resolved; resolving again reads it back), which
     :func:`partir_core.estimate.propagate_changes` relies on and ``tests/test_partir_estimate_incremental.py``
     checks on every visit of full propagation from random states."""
@@ -146,7 +155,7 @@ def visit(graph: Graph, rule, i: int, state: State, mesh, tactic: int, seen: set
     eqn = graph.eqns[i]
     if slots is None:
         slots = op_slots(rule, eqn)
-    _, spread, conflicts = resolve(graph, rule, eqn, state, mesh, i, tactic, slots)
+    _, spread, conflicts = resolve(graph, rule, eqn, state, mesh, i, tactic, slots, shardable)
     for c in conflicts:
         if (i, c.factor) not in seen:
             seen.add((i, c.factor))

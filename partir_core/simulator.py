@@ -264,8 +264,15 @@ def _materialized(program, names: list, steps: list, out: set) -> set:
                 continue
             ks = set()
             for tr in rs:
-                ws = steps[tr].writes if isinstance(steps[tr], Compute) else []
-                if not ws or any(w in out for w in ws):
+                reader = steps[tr]
+                ws = reader.writes if type(reader) is Compute else ()
+                if len(ws) == 1:  # the common case, inline
+                    w = ws[0]
+                    if w in out:
+                        ks.add(tr)
+                    else:
+                        ks.update(kernels[w])
+                elif not ws or any(w in out for w in ws):
                     ks.add(tr)
                 else:
                     ks.update(*(kernels[w] for w in ws))
@@ -405,7 +412,12 @@ class _Walker:
         names, srcs, get = self.names, self.srcs, size.get
         peak_flops, hbm_bw = hw.peak_flops, hw.hbm_bw
         compute_t = flops = comm_bytes = kernels = 0.0
-        eff_reads: list = []
+        # the live ranges, gathered in the same walk: the first write of each materialized buffer (not a
+        # parameter), the last effective read of each buffer, and the elementwise kernels that may write in
+        # place of an operand (``(instruction, its effective reads, the sizes of its results)``)
+        first: dict = {}
+        last: dict = {}
+        in_place: list = []
         scratch: dict = {}  # instruction -> bytes it holds while it runs, beside its operands and results
         for t, ins in enumerate(steps):
             if type(ins) is Compute:
@@ -418,23 +430,35 @@ class _Walker:
                         reads.append(b)
                     else:
                         reads.extend(sources[b])
-                reads = list(dict.fromkeys(reads))
-                eff_reads.append(reads)
+                if len(reads) > 1:
+                    reads = list(dict.fromkeys(reads))
+                for b in reads:
+                    last[b] = t
                 writes = []
                 for b in ins.writes:
                     if b in mat:
                         writes.append(b)
+                        if b not in params and b not in first:
+                            first[b] = t
                     else:
                         sources[b] = tuple(reads)
                 moved = sum([get(b, 0) for b in reads]) + sum([get(b, 0) for b in writes])
                 compute_t += max(ins.flops / peak_flops, moved / hbm_bw)
                 flops += ins.flops
-                kernels += bool(writes)
-                factor = SCRATCH.get(names[ins.eqn_index])
+                name = names[ins.eqn_index]
+                if writes:
+                    kernels += 1
+                    if name in FUSIBLE:
+                        in_place.append((t, reads, {get(b, 0) for b in writes}))
+                factor = SCRATCH.get(name)
                 if factor:
                     scratch[t] = factor * sum(get(b, 0) for b in ins.writes)
                 continue
-            eff_reads.append(list(dict.fromkeys([r for b in _reads(ins) for r in srcs(b)])))
+            for b in dict.fromkeys([r for b in _reads(ins) for r in srcs(b)]):
+                last[b] = t
+            for b in _writes(ins):
+                if b in mat and b not in params and b not in first:
+                    first[b] = t
             if isinstance(ins, Reshard):
                 kernels += len(ins.move.plan.steps)
                 compute_t += 2 * ins.dst.local_bytes / hbm_bw
@@ -447,7 +471,7 @@ class _Walker:
                 scratch[t] = body.heap
             if isinstance(ins, (Reshard, Finish)):
                 comm_bytes += sum(c.bytes for c in ins.collectives)
-        heap = self.heap(steps, eff_reads, params, outs, scratch)
+        heap = self.heap(steps, first, last, in_place, outs, scratch)
         return _Block(compute_t, flops, kernels, comm_bytes, heap)
 
     def region(self, ins: ControlFlow) -> _Block:
@@ -464,28 +488,18 @@ class _Walker:
                       n * (sum(b.kernels for b in bodies) + LOOP_KERNELS), n * sum(b.comm_bytes for b in bodies),
                       heap)
 
-    def heap(self, steps, eff_reads, params: set, outs: list, scratch: dict) -> int:
-        """Peak bytes of the temporaries of one block (see the module docstring)."""
-        size, mat, names = self.size, self.mat, self.names
+    def heap(self, steps, first: dict, last: dict, in_place: list, outs: list, scratch: dict) -> int:
+        """Peak bytes of the temporaries of one block (see the module docstring), from the live ranges
+        :meth:`block` gathered (``last`` is changed)."""
+        size = self.size
         out_set = set(outs)
-        last: dict = {}
-        for t, reads in enumerate(eff_reads):
-            for b in reads:
-                last[b] = t
         end = len(steps)
-        first: dict = {}
-        for t, ins in enumerate(steps):
-            for b in (ins.writes if type(ins) is Compute else _writes(ins)):
-                if b in mat and b not in params and b not in first:
-                    first[b] = t
         # an elementwise kernel writes its result in place of an operand of the same size it reads last
-        for t, ins in enumerate(steps):
-            if type(ins) is Compute and names[ins.eqn_index] in FUSIBLE:
-                sizes = {size.get(b, 0) for b in ins.writes if b in mat}
-                for b in eff_reads[t]:
-                    if last.get(b) == t and b in first and b not in out_set and size.get(b, 0) in sizes:
-                        last[b] = t - 1
-                        sizes.discard(size.get(b, 0))
+        for t, reads, sizes in in_place:
+            for b in reads:
+                if last.get(b) == t and b in first and b not in out_set and size.get(b, 0) in sizes:
+                    last[b] = t - 1
+                    sizes.discard(size.get(b, 0))
         temps = {b: (t, max(last.get(b, t), t)) for b, t in first.items() if b not in out_set}
         for t, n in scratch.items():
             size[("scratch", id(steps), t)] = n

@@ -1,6 +1,7 @@
 """The plumbing that makes the search's evaluations cheap changes no figure: frozen states, the lowering memo, the
-collector paused during a search."""
+collector paused during a search, what a state carries over to the states chosen from it."""
 
+import dataclasses
 import gc
 
 import pytest
@@ -16,7 +17,7 @@ from partir_core.analysis import analyze_groups  # noqa: E402
 from partir_core.choice import FOLLOW, _analyze_once, _demands, analyze  # noqa: E402
 from partir_core.lowering import lower  # noqa: E402
 from partir_core.program import Compute, Finish, walk  # noqa: E402
-from partir_core.estimate import Estimator, Structure, _Chooser, _OpMemo  # noqa: E402
+from partir_core.estimate import Estimator, Structure, _Chooser, _OpMemo, state_diff  # noqa: E402
 from partir_core.simulator import simulate  # noqa: E402
 
 if len(jax.devices()) < 8:
@@ -152,3 +153,69 @@ def test_refinements_made_from_the_state_priced_start_equal_the_plain_passes(nam
                 (want.step_time_s, want.peak_bytes, want.comm_bytes)
         previous, scored = j, scored + 1
     assert scored >= 6
+
+
+@pytest.mark.parametrize("name", ["transformer", "scanned_transformer"])
+def test_what_a_state_hands_on_equals_what_it_computes_afresh(name):
+    """A state chosen from its parent's carries over the parent's state keys of the ops none of whose values
+    changed, and works out from the parent's which values' demands in its state-priced pass are not just their
+    state type: on chains of random actions, scored each from the one before, every key and that set are what a
+    chooser on the state computes afresh."""
+    m, ins, low = start(name)
+    graph, rules = low.graph, low.rules
+    est = Estimator(graph, rules, MESH)
+    est.analysis((), low.states[0])
+    keys = unlike = 0
+    for chain in random_sets(graph, rules, MESH, seed=13, n=6, depth=3):
+        for j in range(1, len(chain) + 1):
+            state = schedule_state(graph, rules, MESH, [a.tactic for a in chain[:j]])
+            est.analysis(tuple(chain[:j]), state, tuple(chain[:j - 1]))
+            starts = est.bases[tuple(chain[:j])][1]
+            fresh = _Chooser(est.structure, state, MESH, est.memo)
+            for i, sk in enumerate(starts.state_keys):
+                if sk is not None:
+                    assert sk == est.memo.intern(fresh._state_key(i))
+                    keys += 1
+            p0 = starts.passes["P0"]
+            assert p0.unlike == fresh._unlike_state(p0.demands)
+            unlike += len(p0.unlike)
+    assert keys > 1000 and unlike > 0
+
+
+def test_a_value_whose_dims_changed_is_looked_at_again_though_its_demands_did_not():
+    """Which values a state-priced pass demands in other types than their state's is worked out from its base
+    pass's answer; a value whose demands are the base's very list but whose dims changed (and its state type
+    with them) is looked at again. A base pass with batch parallelism's choices and demands but the answer
+    the unpartitioned state gives for them: the pass made from it on batch parallelism's state (nothing is
+    chosen differently) gives a fresh chooser's answer."""
+    m, ins, low = start("transformer")
+    graph, rules = low.graph, low.rules
+    structure, memo = Structure(graph, rules), _OpMemo()
+    plain = low.states[0]
+    bp = schedule_state(graph, rules, MESH, preset("BP", m, ins, MESH))
+    ch = _Chooser(structure, bp, MESH, memo)
+    p0 = ch.run(None, None, set(), set())
+    stale = _Chooser(structure, plain, MESH, memo)._unlike_state(p0.demands)
+    dirty = state_diff(plain, bp)
+    made = ch.run(None, dataclasses.replace(p0, unlike=stale), dirty,
+                  {i for v in dirty for i in structure.touching.get(v, ())})
+    assert made.ops == p0.ops and made.demands == p0.demands
+    assert made.unlike == ch._unlike_state(made.demands) != stale
+
+
+def test_the_nearest_held_set_is_the_one_whose_state_differs_least():
+    """Of the sets it is asked about, the estimator names the held one whose state differs from a given state in
+    the fewest values (the first of those on ties), passing over those it does not hold (the search scores a set
+    from it: the figures are the same from any base)."""
+    m, ins, low = start("transformer")
+    graph, rules = low.graph, low.rules
+    est = Estimator(graph, rules, MESH)
+    states = {name: schedule_state(graph, rules, MESH, preset(name, m, ins, MESH) if name else [])
+              for name in ("", "BP", "MP", "BP+MP")}
+    for name in ("", "BP", "MP"):
+        est.analysis(name, states[name])
+    assert est.nearest(states["BP+MP"], ["", "MP", "BP"]) == "BP"
+    # MP's values keep another provenance in BP+MP: it differs in as many values as the start, the first wins
+    assert est.nearest(states["BP+MP"], ["MP", ""]) == "MP" and est.nearest(states["BP+MP"], ["", "MP"]) == ""
+    assert est.nearest(states[""], ["BP", "", "BP+MP"]) == ""
+    assert est.nearest(states["BP"], ["BP+MP"]) is None
