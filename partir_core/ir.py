@@ -34,6 +34,7 @@ named after it (:attr:`Graph.names`: ``params/layers/w1[i]``).
 
 from __future__ import annotations
 
+import fnmatch
 import inspect
 from dataclasses import dataclass, field
 from typing import Any
@@ -152,6 +153,17 @@ class Graph:
     regions: list[Region] = field(default_factory=list)
     names: dict[int, str] = field(default_factory=dict)
     _innermost: list | None = field(default=None, repr=False, compare=False)
+    _matching: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def inputs_matching(self, pattern: str) -> list[tuple[str, int]]:
+        """``(path, value)`` of every input whose path the glob ``pattern`` matches (``fnmatch.fnmatchcase``), in
+        input order; remembered per pattern (a graph's inputs never change once traced, and a search applies the
+        same tactics many times)."""
+        hits = self._matching.get(pattern)
+        if hits is None:
+            hits = self._matching[pattern] = tuple((p, v) for p, v in zip(self.in_paths, self.invars)
+                                                   if fnmatch.fnmatchcase(p, pattern))
+        return list(hits)
 
     def shape(self, v: int) -> tuple[int, ...]:
         return self.avals[v][0]

@@ -31,7 +31,6 @@ that reduce over it count its data only. ``AutomaticPartition`` searches for the
 
 from __future__ import annotations
 
-import fnmatch
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -82,7 +81,7 @@ class ManualPartition:
         """``(path, value, dim)`` for every input each path pattern names (dims normalised)."""
         out = []
         for pattern, dim in self.dims.items():
-            hits = [(p, v) for p, v in zip(graph.in_paths, graph.invars) if fnmatch.fnmatchcase(p, pattern)]
+            hits = graph.inputs_matching(pattern)
             if not hits:
                 shown = ", ".join(graph.in_paths[:12]) + (", …" if len(graph.in_paths) > 12 else "")
                 raise PartitionError(f"ManualPartition: path {pattern!r} matches no input; inputs are {shown}")
