@@ -121,3 +121,19 @@ def test_jax_reshard_between_two_device_orders_of_one_jax_mesh():
         np.testing.assert_array_equal(np.asarray(s.data), a[s.index])
     with pytest.raises(ShardingError, match="device order"):  # src= given: make_mesh's axes are Auto on JAX 0.8
         jax.jit(lambda v: rj.reshard(v, target, src=x.sharding))(x)
+
+
+def test_a_device_order_hashes_once_and_pickles_without_its_hash():
+    """A reordered mesh is hashed on every lookup of a type (redist.mpi.reshard's per call): its order keeps its
+    hash, equal to a plain tuple's, and a pickled mesh carries none (hashes of strings differ between
+    processes); the copy equals the mesh and hashes alike."""
+    import pickle
+
+    ids = list(range(64))[::-1]
+    mesh = Mesh({"x": 8, "y": 8}, device_ids=ids)
+    assert hash(mesh._device_ids) == hash(tuple(ids)) and mesh._device_ids == tuple(ids)
+    hash(mesh)
+    copy = pickle.loads(pickle.dumps(mesh))
+    assert copy._device_ids.__dict__ == {}
+    assert copy == mesh and hash(copy) == hash(mesh) and type(copy._device_ids) is type(mesh._device_ids)
+    assert Mesh({"x": 8, "y": 8}, device_ids=range(64))._device_ids is None  # the default order holds no table
