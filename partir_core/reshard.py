@@ -9,8 +9,8 @@ in ``LocalProgram.fallbacks``). Either way redist's own step accounting prices i
 :func:`reshard_bytes`, bounded from below without planning by :func:`reshard_floor`; :func:`finish_bytes`
 prices the all-reduce that finishes a max/min reduction the same way), and redist's JAX interpreter runs it
 (:func:`run`), so partir_core runs no collective of its own but the ``pmax``/``pmin`` of those finishes. Moves
-are cached per (source, destination) pair in a bounded LRU (:func:`move`; ``move.cache_clear()``), and the
-synthesizer's steps per shape-free pattern of a pair (:func:`_synthesized`).
+are cached per (source, destination) pair in a bounded LRU (:func:`move`), and the synthesizer's steps per
+shape-free pattern of a pair (:func:`_synthesized`); :func:`clear_cache` forgets both.
 
 Sub-axes. JAX collectives need real mesh axis names, so a plan over sub-axes runs on a *refined* mesh: the same
 devices in the same order, every axis split at the boundaries its tokens use (as :mod:`redist.jax` runs such
@@ -121,6 +121,12 @@ def _pattern(src: ShardingType, dst: ShardingType) -> tuple[ShardingType, Shardi
 def _pattern_steps(src: ShardingType, dst: ShardingType) -> tuple:
     """The steps of :func:`redist.synthesize`'s plan for a pattern pair (cached per pair)."""
     return redist.synthesize(src, dst).steps
+
+
+def clear_cache() -> None:
+    """Forget every cached move and pattern plan (they are made again on the next call)."""
+    move.cache_clear()
+    _pattern_steps.cache_clear()
 
 
 def _gather_then_slice(src: ShardingType, dst: ShardingType) -> redist.Plan:

@@ -213,9 +213,9 @@ def run_case(src, dst, rng, failures: list, label: str) -> tuple[bool, bool]:
     gathered = any(isinstance(ins, P.AllGather) and math.prod(shape[: ins.dim]) > 1
                    and mpi_backend._gathers_in_place(shape, ins.dim, np.dtype(program.dtype).itemsize)
                    for ins, shape in zip(program.instructions, program.shapes))
-    ringed = mpi_backend.context(COMM).ranks_per_core <= mpi_backend.RING_RANKS_PER_CORE and any(
-        isinstance(ins, P.AllGather) and math.prod(shape[: ins.dim]) == 1 and math.prod(shape) > 0
-        and mpi_backend.RING_MAX_BYTES > math.prod(shape) * src.mesh.group_size(ins.axes) * src.itemsize
+    ctx = mpi_backend.context(COMM)
+    ringed = any(isinstance(ins, P.AllGather) and math.prod(shape) > 0 and mpi_backend._gathers_around_ring(
+        ctx, math.prod(shape[: ins.dim]), math.prod(shape) * src.mesh.group_size(ins.axes) * src.itemsize)
         for ins, shape in zip(program.instructions, program.shapes))
     for feature in ([f"partial({src.reduction})"] * bool(src.partial) + ["device order"] * (src.mesh != dst.mesh)
                     + ["reordered mesh"] * (not src.mesh.is_row_major) + [src.dtype] * (src.dtype in ("c64", "c128"))

@@ -125,8 +125,8 @@ def test_jax_reshard_between_two_device_orders_of_one_jax_mesh():
 
 def test_a_device_order_hashes_once_and_pickles_without_its_hash():
     """A reordered mesh is hashed on every lookup of a type (redist.mpi.reshard's per call): its order keeps its
-    hash, equal to a plain tuple's, and a pickled mesh carries none (hashes of strings differ between
-    processes); the copy equals the mesh and hashes alike."""
+    hash, equal to a plain tuple's, and a pickled mesh carries only the ids; the copy equals the mesh and
+    hashes alike."""
     import pickle
 
     ids = list(range(64))[::-1]

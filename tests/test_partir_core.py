@@ -252,7 +252,7 @@ def test_gather_and_slice_fallback_when_no_plan(monkeypatch):
         raise redist.ShardingError("no plan (test)")
 
     monkeypatch.setattr(reshard.redist, "synthesize", no_plan)
-    reshard.move.cache_clear(), reshard._pattern_steps.cache_clear()
+    reshard.clear_cache()
     try:
         m, ins, want = model_and_inputs("mlp")
         pf = pc.jit(m.step, MESH, schedules.schedule("BP+MP+Z3", m, ins, mesh=MESH))
@@ -263,7 +263,7 @@ def test_gather_and_slice_fallback_when_no_plan(monkeypatch):
         assert all(s.kind in ("all_reduce", "all_gather", "all_slice") for m in moves for s in m.plan.steps)
         assert_same(pf(*ins), want)
     finally:
-        reshard.move.cache_clear(), reshard._pattern_steps.cache_clear()
+        reshard.clear_cache()
 
 
 def test_no_fallback_gathers_uneven_dims(monkeypatch):
@@ -275,12 +275,12 @@ def test_no_fallback_gathers_uneven_dims(monkeypatch):
         raise redist.ShardingError("no plan (test)")
 
     monkeypatch.setattr(reshard.redist, "synthesize", no_plan)
-    reshard.move.cache_clear(), reshard._pattern_steps.cache_clear()
+    reshard.clear_cache()
     try:
         with pytest.raises(redist.ShardingError, match="does not divide into its 4 blocks"):
             reshard.move(t("f32[6{model}, 8]"), t("f32[6, 8{model}]"))
     finally:
-        reshard.move.cache_clear(), reshard._pattern_steps.cache_clear()
+        reshard.clear_cache()
 
 
 # ---------------------------------------------------------------------------- uneven dims (XLA's padding rule)

@@ -395,6 +395,13 @@ def _gathers_in_place(shape, dim: int, itemsize: int) -> bool:
             or math.prod(shape) > 0 and math.prod(shape[dim:]) * itemsize >= STRIDED_RUN_MIN)
 
 
+def _gathers_around_ring(ctx: _Context, pre: int, nbytes: int) -> bool:
+    """Whether an all-gather whose chunks arrive in place, ``pre`` elements before its dim, into a result of
+    ``nbytes`` passes them around a ring (:meth:`MpiBackend._ring`): contiguous places (``pre`` 1), a result
+    under :data:`RING_MAX_BYTES`, a node of at most :data:`RING_RANKS_PER_CORE` ranks per core."""
+    return pre == 1 and nbytes < RING_MAX_BYTES and ctx.ranks_per_core <= RING_RANKS_PER_CORE
+
+
 def _needs_temp(program: P.Program, t: int) -> bool:
     """Whether instruction ``t`` of ``program`` allocates a temporary besides its result."""
     ins, shape = program.instructions[t], program.shapes[t]
@@ -626,7 +633,7 @@ class MpiBackend(interpreter.Backend):
         if _gathers_in_place(x.shape, ins.dim, x.dtype.itemsize):
             out, scratch = self._array(ins, "result", shape, x.dtype)
             members = out.reshape(pre, k, chunk)
-            if pre == 1 and out.nbytes < RING_MAX_BYTES and self.ctx.ranks_per_core <= RING_RANKS_PER_CORE:
+            if _gathers_around_ring(self.ctx, pre, out.nbytes):
                 np.copyto(members[0, me], x.reshape(chunk))
                 self._ring(sub, k, lambda j: members[0, j])
             else:
