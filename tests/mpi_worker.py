@@ -214,14 +214,15 @@ def run_case(src, dst, rng, failures: list, label: str) -> tuple[bool, bool]:
                    and mpi_backend._gathers_in_place(shape, ins.dim, np.dtype(program.dtype).itemsize)
                    for ins, shape in zip(program.instructions, program.shapes))
     ctx = mpi_backend.context(COMM)
-    ringed = any(isinstance(ins, P.AllGather) and math.prod(shape) > 0 and mpi_backend._gathers_around_ring(
+    allgathered = any(isinstance(ins, P.AllGather) and math.prod(shape) > 0 and mpi_backend._gathers_with_allgather(
         ctx, math.prod(shape[: ins.dim]), math.prod(shape) * src.mesh.group_size(ins.axes) * src.itemsize)
         for ins, shape in zip(program.instructions, program.shapes))
     for feature in ([f"partial({src.reduction})"] * bool(src.partial) + ["device order"] * (src.mesh != dst.mesh)
                     + ["reordered mesh"] * (not src.mesh.is_row_major) + [src.dtype] * (src.dtype in ("c64", "c128"))
                     + ["own row unpacked from the input"] * unpacked + ["own row packed from the input"] * packed
                     + ["all-to-all rows received in place"] * bool(placed)
-                    + ["all-gather chunks received in place"] * gathered + ["all-gather around a ring"] * ringed):
+                    + ["all-gather chunks received in place"] * gathered
+                    + ["all-gather by MPI's Allgather"] * allgathered):
         FEATURES[feature] = FEATURES.get(feature, 0) + 1
     value, shards = poisoned_source(src, rng)
     expected = redist.execute(plan, shards)
@@ -580,14 +581,14 @@ def mode_fail() -> None:
 
 
 if __name__ == "__main__":
-    while sys.argv[1] in ("windowed", "strided", "ring"):  # the same mode, with one setting changed:
+    while sys.argv[1] in ("windowed", "strided", "allgather"):  # the same mode, with one setting changed:
         setting = sys.argv.pop(1)
         if setting == "windowed":  # one shift per window of a personalised exchange, all-gathers included
-            mpi_backend.WINDOW, mpi_backend.RING_RANKS_PER_CORE = 1, 0
+            mpi_backend.WINDOW, mpi_backend.ALLGATHER_RANKS_PER_CORE = 1, 0
         elif setting == "strided":  # every strided place of a receive (all-gather chunks, unpacked rows) directly
             mpi_backend.STRIDED_RUN_MIN = 1
-        else:  # every all-gather into contiguous places around a ring, however many ranks share a core
-            mpi_backend.RING_RANKS_PER_CORE = math.inf
+        else:  # every all-gather into contiguous places by MPI's Allgather, however many ranks share a core
+            mpi_backend.ALLGATHER_RANKS_PER_CORE = math.inf
     mode = sys.argv[1]
     with redist.mpi.abort_on_error(COMM):
         if mode == "cases":

@@ -26,8 +26,8 @@ and :func:`run_program`, here and re-exported there):
   point-to-point transfers between the members, posted at once, :data:`WINDOW` peers at a time at most
   (:meth:`MpiBackend._exchange_rows`: faster here than MPICH's step-by-step collective algorithms whenever
   ranks share cores), except an all-gather into contiguous places in a result smaller than
-  :data:`RING_MAX_BYTES` on a node of at most :data:`RING_RANKS_PER_CORE` ranks per core, which passes the
-  chunks around a ring as MPICH's ``Allgather`` does (:meth:`MpiBackend._ring`); the others as MPI
+  :data:`ALLGATHER_MAX_BYTES` on a node of at most :data:`ALLGATHER_RANKS_PER_CORE` ranks per core, which is
+  MPI's ``Allgather`` (MPICH passes such chunks around a ring; :meth:`MpiBackend._allgather`); the others as MPI
   collectives (``Alltoallv`` for an ``Exchange``, ``Allreduce``, ``Reduce_scatter``) or one ``Sendrecv`` (a
   permute).
 - Memory: buffers of at most ``2 · max(src.local_bytes, dst.local_bytes)`` bytes in all are alive at once
@@ -44,10 +44,11 @@ and :func:`run_program`, here and re-exported there):
   it, one per (mesh, axes) group. :func:`run_program` uses the communicator's default channel;
   :func:`redist.mpi.reshard` gives each agreed argument combination a channel of its own, its groups split
   when it is made. They are cached on ``comm`` (an MPI attribute), so repeated calls reuse them;
-  :func:`clear_cache` frees them. Every transfer is nonblocking; when the call's verdict is in flight
-  (:func:`redist.mpi.reshard`), the first instruction's transfers are posted, then the verdict waited for
-  (all progress together), then the data. A verdict against the call raises :class:`Disagreement`, leaving
-  the unfinished requests, and the buffers they hold, alive.
+  :func:`clear_cache` frees them. Every transfer is nonblocking but MPI's ``Allgather``; when the call's
+  verdict is in flight (:func:`redist.mpi.reshard`), the first instruction's transfers are posted, then the
+  verdict waited for (all progress together), then the data; before an ``Allgather``, the verdict is waited
+  for first. A verdict against the call raises :class:`Disagreement`, leaving the unfinished requests, and the
+  buffers they hold, alive.
 - A ``ReduceScatter`` whose group size divides its dim moves the chunks as above and reduces them with
   numpy, in group order: its results are the numpy backend's, bit for bit. The other reductions (an
   ``AllReduce``, an uneven ``ReduceScatter``) use MPI's reduction order, so floating-point results can
@@ -99,18 +100,22 @@ WINDOW = 32
 # 1.4-3x at 32-128 bytes. Sends stay packed: a send described by a datatype (a slab transpose's rows, 1-4 KiB
 # runs) took 0.97-3.9x the packed send's time, and 2.4x at 64 MiB per rank.
 STRIDED_RUN_MIN = 1024
-# An all-gather whose chunks' places in the result are contiguous passes them around a ring (k - 1 steps, each
-# sending the chunk received last to the next member, as MPICH's ``Allgather`` does for large messages) where the
-# node runs at most RING_RANKS_PER_CORE ranks per core and the result is smaller than RING_MAX_BYTES; elsewhere
-# it posts every transfer at once (:func:`_post_rows`). glibc maps an allocation of 32 MiB or more afresh from the
-# system, so such a result's pages are new on every call, and receiving every chunk at once overlaps their
-# faults; a smaller result reuses mapped pages. Measured here (2 cores, 16-64 MiB per rank, medians of paired
-# rounds against ``Allgather``): with the result's pages mapped, the ring took 1.00-1.02x the ``Allgather``'s time
-# at -n 2 and 4 and posting at once 1.03-1.23x; with fresh pages, the ring 1.00-1.01x and posting at once
-# 0.69-0.87x; at -n 8 (4 ranks per core), where each step of the ring waits for a neighbour to be scheduled, the
-# ring 1.01x and posting at once 0.86-0.90x with mapped pages, 0.50-0.64x with fresh ones.
-RING_RANKS_PER_CORE = 2
-RING_MAX_BYTES = 32 * 2**20
+# An all-gather whose chunks' places in the result are contiguous is MPI's blocking ``Allgather`` (for large
+# messages MPICH passes the chunks around a ring: k - 1 steps, each sending the chunk received last to the next
+# member) where the node runs at most ALLGATHER_RANKS_PER_CORE ranks per core and the result is smaller than
+# ALLGATHER_MAX_BYTES; elsewhere it posts every transfer at once (:func:`_post_rows`). glibc maps an allocation of
+# 32 MiB or more afresh from the system, so such a result's pages are new on every call, and receiving every
+# chunk at once overlaps their faults; a smaller result reuses mapped pages. Measured here (2 cores, 16-64 MiB
+# per rank, medians of paired rounds against ``Allgather``): with the result's pages mapped, a ring took
+# 1.00-1.02x the ``Allgather``'s time at -n 2 and 4 and posting at once 1.03-1.23x; with fresh pages, the ring
+# 1.00-1.01x and posting at once 0.69-0.87x; at -n 8 (4 ranks per core), where each step of the ring waits for a
+# neighbour to be scheduled, the ring 1.01x and posting at once 0.86-0.90x with mapped pages, 0.50-0.64x with
+# fresh ones. The ring was first stepped from Python, each step's transfers posted and completed in turn; MPI's
+# ``Allgather`` after the verdict, in one call, measured 3-5% faster than that (whole ``reshard`` calls, 16 MiB
+# results, paired medians against the hand-written ``Allgather``: -n 4 1.04-1.09x against 1.07-1.11x, -n 2
+# 1.06x against 1.09-1.10x), as the ranks sharing a core no longer come back to Python between steps.
+ALLGATHER_RANKS_PER_CORE = 2
+ALLGATHER_MAX_BYTES = 32 * 2**20
 
 
 # ---------------------------------------------------------------------------------------------- entry points
@@ -240,7 +245,7 @@ class _Context:
     def __init__(self, comm):
         self.comm = comm.Dup()
         node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
-        # on this rank's node (the cores the system has, whatever a rank's binding: RING_RANKS_PER_CORE)
+        # on this rank's node (the cores the system has, whatever a rank's binding: ALLGATHER_RANKS_PER_CORE)
         self.ranks_per_core = node.Get_size() / (os.cpu_count() or 1)
         node.Free()
         self.default = Channel(self.comm)
@@ -395,11 +400,11 @@ def _gathers_in_place(shape, dim: int, itemsize: int) -> bool:
             or math.prod(shape) > 0 and math.prod(shape[dim:]) * itemsize >= STRIDED_RUN_MIN)
 
 
-def _gathers_around_ring(ctx: _Context, pre: int, nbytes: int) -> bool:
+def _gathers_with_allgather(ctx: _Context, pre: int, nbytes: int) -> bool:
     """Whether an all-gather whose chunks arrive in place, ``pre`` elements before its dim, into a result of
-    ``nbytes`` passes them around a ring (:meth:`MpiBackend._ring`): contiguous places (``pre`` 1), a result
-    under :data:`RING_MAX_BYTES`, a node of at most :data:`RING_RANKS_PER_CORE` ranks per core."""
-    return pre == 1 and nbytes < RING_MAX_BYTES and ctx.ranks_per_core <= RING_RANKS_PER_CORE
+    ``nbytes`` is MPI's ``Allgather`` (:meth:`MpiBackend._allgather`): contiguous places (``pre`` 1), a result
+    under :data:`ALLGATHER_MAX_BYTES`, a node of at most :data:`ALLGATHER_RANKS_PER_CORE` ranks per core."""
+    return pre == 1 and nbytes < ALLGATHER_MAX_BYTES and ctx.ranks_per_core <= ALLGATHER_RANKS_PER_CORE
 
 
 def _needs_temp(program: P.Program, t: int) -> bool:
@@ -535,15 +540,12 @@ class MpiBackend(interpreter.Backend):
             self.settle(list(requests))
         MPI.Request.Waitall(list(requests))
 
-    def _ring(self, sub, k: int, chunk) -> None:
-        """An all-gather around a ring of the ``k`` members of ``sub`` (:data:`RING_RANKS_PER_CORE`): this rank's
-        own ``chunk(me)`` already in place, step ``s`` sends ``chunk(me - s)`` to the next member and receives
-        ``chunk(me - s - 1)`` from the one before (mod ``k``; contiguous arrays), each step completed
-        (:meth:`_complete`) before the next."""
-        me = sub.Get_rank()
-        for s in range(k - 1):
-            self._complete(sub.Irecv(_message(chunk((me - s - 1) % k)), (me - 1) % k, _TAG),
-                           sub.Isend(_message(chunk((me - s) % k)), (me + 1) % k, _TAG))
+    def _allgather(self, sub, x: np.ndarray, out: np.ndarray) -> None:
+        """MPI's blocking ``Allgather`` of ``x`` into ``out``, member ``j``'s buffer chunk ``j`` (contiguous
+        arrays), over ``sub``; the verdict settled (:meth:`settle`) first, as a blocking collective cannot be
+        left behind should the verdict go against the call."""
+        self.settle([])
+        sub.Allgather(_message(x), _message(out))
 
     def _exchange_rows(self, sub, k: int, send, recv) -> None:
         """A personalised exchange among the ``k`` members of ``sub`` (:func:`_post_rows`): ``send(j)`` to, and
@@ -621,10 +623,10 @@ class MpiBackend(interpreter.Backend):
     def all_gather(self, ins: P.AllGather, buf):
         """An all-gather (:func:`_post_rows`): member ``j``'s buffer becomes chunk ``j`` along ``dim``. Where the
         chunks' places in the result can take them (:func:`_gathers_in_place`: contiguous places, or strided
-        ones of long enough runs) they arrive there (:func:`_place`), contiguous ones around a ring where
-        :data:`RING_RANKS_PER_CORE` and :data:`RING_MAX_BYTES` say so (:meth:`_ring`, this rank's own chunk
-        copied first); else the other members' arrive as rows of a temporary with a leading member dim, which one
-        copy per member interleaves into the result. This rank's own chunk is copied from its buffer."""
+        ones of long enough runs) they arrive there (:func:`_place`), contiguous ones by MPI's ``Allgather``
+        where :data:`ALLGATHER_RANKS_PER_CORE` and :data:`ALLGATHER_MAX_BYTES` say so (:meth:`_allgather`);
+        else the other members' arrive as rows of a temporary with a leading member dim, which one copy per
+        member interleaves into the result. This rank's own chunk is copied from its buffer."""
         x = buf.take()
         sub, k = self.ch.group(ins.axes)
         me = sub.Get_rank()
@@ -633,9 +635,8 @@ class MpiBackend(interpreter.Backend):
         if _gathers_in_place(x.shape, ins.dim, x.dtype.itemsize):
             out, scratch = self._array(ins, "result", shape, x.dtype)
             members = out.reshape(pre, k, chunk)
-            if _gathers_around_ring(self.ctx, pre, out.nbytes):
-                np.copyto(members[0, me], x.reshape(chunk))
-                self._ring(sub, k, lambda j: members[0, j])
+            if _gathers_with_allgather(self.ctx, pre, out.nbytes):
+                self._allgather(sub, x, out)
             else:
                 self._exchange_rows(sub, k, lambda j: x, lambda j: _place(out, members[:, j]))
                 np.copyto(members[:, me], x.reshape(pre, chunk))
