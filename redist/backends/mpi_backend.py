@@ -626,7 +626,8 @@ class MpiBackend(interpreter.Backend):
         ones of long enough runs) they arrive there (:func:`_place`), contiguous ones by MPI's ``Allgather``
         where :data:`ALLGATHER_RANKS_PER_CORE` and :data:`ALLGATHER_MAX_BYTES` say so (:meth:`_allgather`);
         else the other members' arrive as rows of a temporary with a leading member dim, which one copy per
-        member interleaves into the result. This rank's own chunk is copied from its buffer."""
+        member interleaves into the result. This rank's own chunk is copied from its buffer (by MPI, in an
+        ``Allgather``)."""
         x = buf.take()
         sub, k = self.ch.group(ins.axes)
         me = sub.Get_rank()
@@ -634,10 +635,10 @@ class MpiBackend(interpreter.Backend):
         pre, chunk = math.prod(x.shape[: ins.dim]), math.prod(x.shape[ins.dim:])
         if _gathers_in_place(x.shape, ins.dim, x.dtype.itemsize):
             out, scratch = self._array(ins, "result", shape, x.dtype)
-            members = out.reshape(pre, k, chunk)
             if _gathers_with_allgather(self.ctx, pre, out.nbytes):
                 self._allgather(sub, x, out)
             else:
+                members = out.reshape(pre, k, chunk)
                 self._exchange_rows(sub, k, lambda j: x, lambda j: _place(out, members[:, j]))
                 np.copyto(members[:, me], x.reshape(pre, chunk))
             return _Buffer(out, not scratch, scratch)
