@@ -146,6 +146,9 @@ def local_buffer(data, shape, dtype, what: str, copy: bool = False) -> np.ndarra
     (:func:`as_array`: a fresh array if ``copy``, else the caller's own where it already is one).
     Raises :class:`ShardingError` for data that does not convert without loss or does not have ``shape``,
     naming it as ``what``."""
+    if (type(data) is np.ndarray and not copy and data.dtype == dtype and data.shape == tuple(shape)
+            and data.flags.c_contiguous):
+        return data  # the common case, in a few checks: a reshard's per-call cost is mostly such Python
     a = np.asarray(as_array(data, dtype, what, copy), order="C")
     if a.shape != tuple(shape):
         raise ShardingError(f"{what} has shape {a.shape}, expected {tuple(shape)}")

@@ -96,7 +96,7 @@ def reshard(local, src: ShardingType, dst: ShardingType, comm=None, *, check: bo
     verdict, votes = _verdict(ctx, digest, not known, bool(problem))
     if known and not problem:
         try:  # run on while the verdict travels: a verdict against the call raises on every rank
-            return run(known[2], x, local, comm, known[1], verdict)
+            return run(known[2], x, local, ctx, known[1], verdict)
         except Disagreement:
             ctx.drop(key)
     else:
@@ -105,7 +105,7 @@ def reshard(local, src: ShardingType, dst: ShardingType, comm=None, *, check: bo
         ctx.reset()  # the same on every rank: whatever ran, ran on the wrong assumptions
     _agree_fully(ctx.comm, src, dst, typed, digest, problem)
     _, channel, program = ctx.open(key, digest, synthesize(src, dst).program)
-    return run(program, x, local, comm, channel)
+    return run(program, x, local, ctx, channel)
 
 
 # ---------------------------------------------------------------------------------------------- agreement

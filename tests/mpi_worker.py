@@ -376,16 +376,24 @@ def mode_agreement() -> None:
     for _ in range(3):
         reshard(k1)
     reshard(k2)
-    expected = 2  # once per combination
-    errors = [
-        ("agreed combinations that differ", lambda: reshard(k1 if RANK == 0 else k2)),
-        ("agreed and new combinations", lambda: reshard(k1 if RANK == 0 else k3)),
-        ("wrong local buffer on rank 1 (agreed combination)",
+    reshard(k3)
+    expected = 3  # once per combination
+    direct = mpi_backend.context(COMM).agreed[k3][1].direct is not None  # a gather run by Allgather, no interpreter
+    errors = [  # (what, the combinations agreed on again first: a disagreement forgets every agreement, the call)
+        ("agreed combinations that differ", (), lambda: reshard(k1 if RANK == 0 else k2)),
+        ("agreed combinations that differ, one run directly", (k1, k3), lambda: reshard(k3 if RANK == 0 else k1)),
+        ("agreed and new combinations", (k1,), lambda: reshard(k1 if RANK == 0 else k3)),
+        ("wrong local buffer on rank 1 (agreed combination)", (k1,),
          lambda: reshard(k1, local=np.zeros((1, 1)) if RANK == 1 else None)),
-        ("check=True with differing arguments", lambda: reshard(k1 if RANK == 0 else k2, check=True)),
+        ("check=True with differing arguments", (), lambda: reshard(k1 if RANK == 0 else k2, check=True)),
     ]
-    raised = sum(expect_error(label, fn) for label, fn in errors)
-    expected += len(errors)  # every disagreement ends in the full agreement, which names the ranks...
+    raised = 0
+    for label, again, fn in errors:
+        for pair in again:
+            reshard(pair)
+        raised += expect_error(label, fn)
+    # every agreeing again, and every disagreement, is a full agreement (which names the ranks)...
+    expected += sum(len(again) for _, again, _ in errors) + len(errors)
     reshard(k1, check=RANK == 0)  # ...and forgets every agreement; the other ranks join rank 0's check
     reshard(k1, check=True)
     reshard(k1)
@@ -393,7 +401,7 @@ def mode_agreement() -> None:
     expected += 3
     correct = all_true(all(results))
     say(f"agreement full={COMM.allreduce(full[0], op=MPI.MAX)} expected={expected} errors={len(errors)} "
-        f"all_raised={raised} correct={int(correct)} of {len(results)}")
+        f"all_raised={raised} correct={int(correct)} of {len(results)} direct={int(all_true(direct))}")
 
 
 def mode_exact_sums() -> None:
