@@ -23,15 +23,14 @@ Contracts:
   negated digest, "this rank needs the full agreement", "this rank's buffer is wrong"). A rank with an
   agreed combination and a good buffer does not wait for it: it runs the plan on the combination's channel
   at once, its transfers nonblocking, and waits for the verdict only once its first transfers are under
-  way (both progress together), before waiting for the data (or, where the first transfer is MPI's blocking
-  ``Allgather``, before it). Ranks that run different plans run them on
+  way (both progress together), before waiting for the data. Ranks that run different plans run them on
   different channels, where no transfer can be confused with another, and every rank waits for the
   verdict, which always completes; a verdict against the call makes every rank drop what it
   was doing (the requests left behind, and their buffers, are kept alive, never reused) and forget every
   agreement, and then all run the full agreement, which raises naming the ranks (or, where some rank only
   asked for it, agrees and runs the plan). The agreed combinations are cached on ``comm`` (at most 64, each
-  with its channel, oldest first out). Where the first transfers are nonblocking, the verdict costs no extra
-  synchronisation on the way of the data: it completes while they move.
+  with its channel, oldest first out). The verdict costs no extra synchronisation on the way of the data: it
+  completes while the first transfers move.
 - The result is always a new array; the caller's buffer is never returned, aliased or written to. Extra
   memory per rank stays within ``2 · max(src.local_bytes, dst.local_bytes)``, counting the one scratch buffer
   a rank keeps between calls (its size: :func:`held_bytes`; it only grows, so after a larger reshard it

@@ -130,7 +130,7 @@ def test_personalised_exchanges_in_windows_of_one_shift():
 
 
 def test_all_gathers_by_mpi_allgather():
-    """An all-gather into contiguous places is MPI's Allgather, after the verdict, where a core runs few ranks
+    """An all-gather into contiguous places is MPI's Iallgather where a core runs few ranks
     (mpi_backend.ALLGATHER_RANKS_PER_CORE, ALLGATHER_MAX_BYTES); forced on 6 ranks (groups of 2, 3 and 6),
     every case still matches the numpy backend."""
     proc, _ = mpirun(6, "allgather", "cases", "47", "150", "30", "20")

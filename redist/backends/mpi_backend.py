@@ -27,7 +27,7 @@ and :func:`run_program`, here and re-exported there):
   (:meth:`MpiBackend._exchange_rows`: faster here than MPICH's step-by-step collective algorithms whenever
   ranks share cores), except an all-gather into contiguous places in a result smaller than
   :data:`ALLGATHER_MAX_BYTES` on a node of at most :data:`ALLGATHER_RANKS_PER_CORE` ranks per core, which is
-  MPI's ``Allgather`` (MPICH passes such chunks around a ring; :meth:`MpiBackend._allgather`; a program of
+  MPI's ``Iallgather`` (MPICH passes such chunks around a ring; :meth:`MpiBackend._allgather`; a program of
   that one all-gather, once :func:`redist.mpi.reshard` has agreed on it, runs without the interpreter:
   :func:`_direct`); the others as MPI
   collectives (``Alltoallv`` for an ``Exchange``, ``Allreduce``, ``Reduce_scatter``) or one ``Sendrecv`` (a
@@ -46,11 +46,10 @@ and :func:`run_program`, here and re-exported there):
   it, one per (mesh, axes) group. :func:`run_program` uses the communicator's default channel;
   :func:`redist.mpi.reshard` gives each agreed argument combination a channel of its own, its groups split
   when it is made. They are cached on ``comm`` (an MPI attribute), so repeated calls reuse them;
-  :func:`clear_cache` frees them. Every transfer is nonblocking but MPI's ``Allgather``; when the call's
-  verdict is in flight (:func:`redist.mpi.reshard`), the first instruction's transfers are posted, then the
-  verdict waited for (all progress together), then the data; before an ``Allgather``, the verdict is waited
-  for first. A verdict against the call raises :class:`Disagreement`, leaving the unfinished requests, and the
-  buffers they hold, alive.
+  :func:`clear_cache` frees them. Every transfer is nonblocking; when the call's verdict is in flight
+  (:func:`redist.mpi.reshard`), the first instruction's transfers are posted, then the verdict waited for (all
+  progress together), then the data. A verdict against the call raises :class:`Disagreement`, leaving the
+  unfinished requests, and the buffers they hold, alive.
 - A ``ReduceScatter`` whose group size divides its dim moves the chunks as above and reduces them with
   numpy, in group order: its results are the numpy backend's, bit for bit. The other reductions (an
   ``AllReduce``, an uneven ``ReduceScatter``) use MPI's reduction order, so floating-point results can
@@ -102,7 +101,7 @@ WINDOW = 32
 # 1.4-3x at 32-128 bytes. Sends stay packed: a send described by a datatype (a slab transpose's rows, 1-4 KiB
 # runs) took 0.97-3.9x the packed send's time, and 2.4x at 64 MiB per rank.
 STRIDED_RUN_MIN = 1024
-# An all-gather whose chunks' places in the result are contiguous is MPI's blocking ``Allgather`` (for large
+# An all-gather whose chunks' places in the result are contiguous is MPI's ``Iallgather`` (for large
 # messages MPICH passes the chunks around a ring: k - 1 steps, each sending the chunk received last to the next
 # member) where the node runs at most ALLGATHER_RANKS_PER_CORE ranks per core and the result is smaller than
 # ALLGATHER_MAX_BYTES; elsewhere it posts every transfer at once (:func:`_post_rows`). glibc maps an allocation of
@@ -113,9 +112,12 @@ STRIDED_RUN_MIN = 1024
 # 1.00-1.01x and posting at once 0.69-0.87x; at -n 8 (4 ranks per core), where each step of the ring waits for a
 # neighbour to be scheduled, the ring 1.01x and posting at once 0.86-0.90x with mapped pages, 0.50-0.64x with
 # fresh ones. The ring was first stepped from Python, each step's transfers posted and completed in turn; MPI's
-# ``Allgather`` after the verdict, in one call, measured 3-5% faster than that (whole ``reshard`` calls, 16 MiB
-# results, paired medians against the hand-written ``Allgather``: -n 4 1.04-1.09x against 1.07-1.11x, -n 2
-# 1.06x against 1.09-1.10x), as the ranks sharing a core no longer come back to Python between steps.
+# blocking ``Allgather`` after the verdict, in one call, measured 3-5% faster than that (whole ``reshard`` calls,
+# 16 MiB results, paired medians against the hand-written ``Allgather``: -n 4 1.04-1.09x against 1.07-1.11x,
+# -n 2 1.06x against 1.09-1.10x), as the ranks sharing a core no longer come back to Python between steps; and
+# ``Iallgather`` posted before the verdict is waited for, so that the two travel together, as fast as that at
+# -n 2 and 0.3-7% faster in five paired comparisons at -n 4 (medians of 200-300 rounds: 1.05-1.09x against
+# 1.07-1.17x), where ranks sharing a core made the verdict one more point at which all must be scheduled.
 ALLGATHER_RANKS_PER_CORE = 2
 ALLGATHER_MAX_BYTES = 32 * 2**20
 
@@ -380,8 +382,9 @@ def _roles(program: P.Program) -> tuple:
 def _direct(ctx: _Context, channel: Channel, program: P.Program):
     """A runner ``f(x, verdict) -> result`` of ``program`` on ``channel`` that bypasses the interpreter, where
     the program's one data-moving instruction (reshapes aside) is an all-gather by MPI's ``Allgather``
-    (:func:`_gathers_with_allgather`); else None. Per call it makes the result array, settles the verdict
-    and calls ``Allgather``, as :meth:`MpiBackend.all_gather` would, and nothing else: the interpreter's
+    (:func:`_gathers_with_allgather`); else None. Per call it makes the result array, posts the
+    ``Iallgather``, settles the verdict and waits for the data, as :meth:`MpiBackend.all_gather` would, and
+    nothing else: the interpreter's
     set-up and dispatch cost about 50 us a call at 16 MiB here (the caches are cold after the data), 5% of
     such a gather at -n 2."""
     moving = [t for t, ins in enumerate(program.instructions) if not isinstance(ins, P.Reshape)]
@@ -396,9 +399,10 @@ def _direct(ctx: _Context, channel: Channel, program: P.Program):
 
     def gather(x: np.ndarray, verdict: Verdict | None) -> np.ndarray:
         out = np.empty(shape, dtype)  # a reshape of the all-gather's result: the same bytes in the same order
+        request = sub.Iallgather(_message(x), _message(out))
         if verdict is not None:
-            verdict.settle(ctx)
-        sub.Allgather(_message(x), _message(out))
+            verdict.settle(ctx, [request])
+        request.Wait()
         return out
     return gather
 
@@ -588,11 +592,9 @@ class MpiBackend(interpreter.Backend):
         MPI.Request.Waitall(list(requests))
 
     def _allgather(self, sub, x: np.ndarray, out: np.ndarray) -> None:
-        """MPI's blocking ``Allgather`` of ``x`` into ``out``, member ``j``'s buffer chunk ``j`` (contiguous
-        arrays), over ``sub``; the verdict settled (:meth:`settle`) first, as a blocking collective cannot be
-        left behind should the verdict go against the call."""
-        self.settle([])
-        sub.Allgather(_message(x), _message(out))
+        """MPI's ``Iallgather`` of ``x`` into ``out``, member ``j``'s buffer chunk ``j`` (contiguous arrays), over
+        ``sub``, completed by :meth:`_complete`."""
+        self._complete(sub.Iallgather(_message(x), _message(out)))
 
     def _exchange_rows(self, sub, k: int, send, recv) -> None:
         """A personalised exchange among the ``k`` members of ``sub`` (:func:`_post_rows`): ``send(j)`` to, and
