@@ -378,7 +378,7 @@ def mode_agreement() -> None:
     reshard(k2)
     reshard(k3)
     expected = 3  # once per combination
-    direct = mpi_backend.context(COMM).agreed[k3][1].direct is not None  # a gather run by Allgather, no interpreter
+    direct = mpi_backend.context(COMM).agreed[k3][1].direct is not None  # a gather run by Iallgather, no interpreter
     errors = [  # (what, the combinations agreed on again first: a disagreement forgets every agreement, the call)
         ("agreed combinations that differ", (), lambda: reshard(k1 if RANK == 0 else k2)),
         ("agreed combinations that differ, one run directly", (k1, k3), lambda: reshard(k3 if RANK == 0 else k1)),
