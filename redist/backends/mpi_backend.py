@@ -399,12 +399,19 @@ def _direct(ctx: _Context, channel: Channel, program: P.Program):
 
     def gather(x: np.ndarray, verdict: Verdict | None) -> np.ndarray:
         out = np.empty(shape, dtype)  # a reshape of the all-gather's result: the same bytes in the same order
-        request = sub.Iallgather(_message(x), _message(out))
-        if verdict is not None:
-            verdict.settle(ctx, [request])
-        request.Wait()
+        _wait(ctx, verdict, [sub.Iallgather(_message(x), _message(out))])
         return out
     return gather
+
+
+def _wait(ctx: _Context, verdict: Verdict | None, requests: list) -> None:
+    """Wait for ``requests``, transfers already posted; with a ``verdict`` in flight, for the verdict first
+    (:meth:`Verdict.settle`, which raises :class:`Disagreement` leaving ``requests`` to ``ctx``), the data
+    progressing meanwhile. (All of them together: on an oversubscribed host MPICH waits for *all* of several
+    requests as fast as for one, for *any* of them 3-4x slower.)"""
+    if verdict is not None:
+        verdict.settle(ctx, requests)
+    MPI.Request.Waitall(requests)
 
 
 def _scratch_use(program: P.Program):
@@ -583,13 +590,10 @@ class MpiBackend(interpreter.Backend):
         self.verdict = verdict
 
     def _complete(self, *requests) -> None:
-        """Wait for ``requests``, the transfers of one instruction, already posted; while a verdict is in flight,
-        wait for the verdict first (:meth:`settle`), the data progressing meanwhile. (All of them together: on
-        an oversubscribed host MPICH waits for *all* of several requests as fast as for one, for *any* of them
-        3-4x slower.)"""
-        if self.verdict is not None:
-            self.settle(list(requests))
-        MPI.Request.Waitall(list(requests))
+        """Wait for ``requests``, the transfers of one instruction, already posted (:func:`_wait`, with the
+        verdict if one is still in flight)."""
+        verdict, self.verdict = self.verdict, None
+        _wait(self.ctx, verdict, list(requests))
 
     def _allgather(self, sub, x: np.ndarray, out: np.ndarray) -> None:
         """MPI's ``Iallgather`` of ``x`` into ``out``, member ``j``'s buffer chunk ``j`` (contiguous arrays), over
