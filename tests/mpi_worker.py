@@ -33,6 +33,7 @@ result, runs its own part through redist.mpi.reshard, and checks it exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -374,7 +375,8 @@ def mode_agreement() -> None:
         results.append(np.array_equal(out, redist.shard(dst, whole)[RANK]))
 
     for _ in range(3):
-        reshard(k1)
+        reshard(k1)  # the second and third find the agreement by identity (the last combination called)
+    reshard(tuple(dataclasses.replace(t) for t in k1))  # equal, other objects: by value
     reshard(k2)
     reshard(k3)
     expected = 3  # once per combination
@@ -387,11 +389,12 @@ def mode_agreement() -> None:
          lambda: reshard(k1, local=np.zeros((1, 1)) if RANK == 1 else None)),
         ("check=True with differing arguments", (), lambda: reshard(k1 if RANK == 0 else k2, check=True)),
     ]
-    raised = 0
+    raised, forgotten, ctx = 0, True, mpi_backend.context(COMM)
     for label, again, fn in errors:
         for pair in again:
             reshard(pair)
         raised += expect_error(label, fn)
+        forgotten &= all(ctx.recall(*pair) is None for pair in (k1, k2, k3))  # by identity too
     # every agreeing again, and every disagreement, is a full agreement (which names the ranks)...
     expected += sum(len(again) for _, again, _ in errors) + len(errors)
     reshard(k1, check=RANK == 0)  # ...and forgets every agreement; the other ranks join rank 0's check
@@ -401,7 +404,8 @@ def mode_agreement() -> None:
     expected += 3
     correct = all_true(all(results))
     say(f"agreement full={COMM.allreduce(full[0], op=MPI.MAX)} expected={expected} errors={len(errors)} "
-        f"all_raised={raised} correct={int(correct)} of {len(results)} direct={int(all_true(direct))}")
+        f"all_raised={raised} correct={int(correct)} of {len(results)} direct={int(all_true(direct))} "
+        f"forgotten={int(all_true(forgotten))}")
 
 
 def mode_exact_sums() -> None:

@@ -92,15 +92,18 @@ def test_agreement_runs_once_per_combination_and_mismatches_still_raise_everywhe
     forgets the agreements) and when a rank asks with ``check=True``; otherwise a call agrees through the
     verdict alone, which travels while the plan runs. Ranks that call different combinations they had each
     agreed on before (so that each runs a different plan on ahead), or an agreed one with a bad buffer on one
-    rank, all raise (none hangs), and the communicator stays usable. One combination is a gather that runs
+    rank, all raise (none hangs), and the communicator stays usable. An agreement is found again by identity
+    (the last combination called) and by value (equal types, other objects); a disagreement forgets both. One combination is a gather that runs
     without the interpreter (mpi_backend._direct; forced however many ranks share a core)."""
     proc, _ = mpirun(n, "allgather", "agreement", timeout=120)
     got = summary(proc, r"agreement full=(?P<full>\d+) expected=(?P<expected>\d+) errors=(?P<errors>\d+) "
-                        r"all_raised=(?P<raised>\d+) correct=(?P<correct>\d) of (?P<calls>\d+) direct=(?P<direct>\d)")
+                        r"all_raised=(?P<raised>\d+) correct=(?P<correct>\d) of (?P<calls>\d+) direct=(?P<direct>\d) "
+                        r"forgotten=(?P<forgotten>\d)")
     assert got["full"] == got["expected"], proc.stdout
     assert got["raised"] == got["errors"] == "5", proc.stdout
-    assert got["correct"] == "1" and int(got["calls"]) == 13, proc.stdout
+    assert got["correct"] == "1" and int(got["calls"]) == 14, proc.stdout
     assert got["direct"] == "1", proc.stdout
+    assert got["forgotten"] == "1", proc.stdout  # after a disagreement, on every rank
     assert "different arguments on different ranks (rank groups [[0], [1" in proc.stdout
     assert "the local buffer on rank(s) [1] does not match" in proc.stdout
 

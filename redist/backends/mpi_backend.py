@@ -266,6 +266,7 @@ class _Context:
         node.Free()
         self.default = Channel(self.comm)
         self.agreed: dict = {}
+        self.last: tuple = (None, None, None)  # (src, dst, agreement) of the last call that looked one up
         self.scratch: np.ndarray | None = None
         self.abandoned: list = []
 
@@ -278,6 +279,16 @@ class _Context:
             self.scratch = np.empty(nbytes, np.uint8)
         return self.scratch[:nbytes].view(dtype).reshape(shape)
 
+    def recall(self, src, dst) -> tuple | None:
+        """The agreement ``(digest, channel, program)`` on the combination ``(src, dst)``, or None. The last
+        combination looked up is recognised by identity, without hashing the types (immutable values): a
+        program that reshards the same arrays over and over finds its agreement in a few comparisons."""
+        last_src, last_dst, known = self.last
+        if src is not last_src or dst is not last_dst:
+            known = self.agreed.get((src, dst))
+            self.last = (src, dst, known)
+        return known
+
     def open(self, key, digest: int, program: P.Program) -> tuple:
         """Record an agreed combination: ``(digest, channel, program)`` with a new channel for ``program``
         (collective: every rank opens it together, after the full agreement), dropping the oldest beyond
@@ -286,6 +297,7 @@ class _Context:
         channel = Channel(self.comm, program.mesh, program)
         channel.direct = _direct(self, channel, program)
         self.agreed[key] = (digest, channel, program)
+        self.last = (None, None, None)
         while len(self.agreed) > self.AGREED_MAX:
             self.agreed.pop(next(iter(self.agreed)))[1].free()
         return self.agreed[key]
@@ -294,13 +306,13 @@ class _Context:
         """After a verdict against a call that ran on ahead: set aside the combination's channel and the
         scratch buffer, which requests that will never complete may still target; never used again."""
         self._set_aside(self.agreed.pop(key, None), self.scratch)
-        self.scratch = None
+        self.scratch, self.last = None, (None, None, None)
 
     def reset(self) -> None:
         """After a disagreement (the same on every rank): forget every agreement, setting their channels
         aside as :meth:`drop` does."""
         self._set_aside(*self.agreed.values())
-        self.agreed = {}
+        self.agreed, self.last = {}, (None, None, None)
 
     def _set_aside(self, *things) -> None:
         self.abandoned += [t for t in things if t is not None]
