@@ -182,10 +182,11 @@ class CollectiveBackend(B.MpiBackend):
 def with_collectives(local, src, dst) -> np.ndarray:
     """``reshard`` on an agreed combination as :func:`redist.mpi.reshard` runs it, on :class:`CollectiveBackend`."""
     ctx = B.context(COMM)
-    digest, channel, program = ctx.agreed[(src, dst)]
+    agreement = ctx.agreed[(src, dst)]
     x, problem = M._local(local, src)
-    verdict, _ = M._verdict(ctx, digest, False, bool(problem))
-    backend = CollectiveBackend(ctx, channel, program, verdict)
+    verdict = B.Verdict(ctx.comm, agreement.digest, False, bool(problem))
+    program = agreement.program
+    backend = CollectiveBackend(ctx, agreement.channel, program, verdict)
     buf = interpreter.run(program, backend, B._Buffer(x, B._owned(x, local)))
     backend.settle([])
     return buf.take() if buf.owned else buf.take().copy()
@@ -196,11 +197,12 @@ def phased(local, src, dst, phases: dict) -> np.ndarray:
     t = time.perf_counter()
     comm = B.communicator(None)
     ctx = B.context(comm)
-    digest, channel, program = ctx.agreed[(src, dst)]
+    agreement = ctx.agreed[(src, dst)]
+    channel, program = agreement.channel, agreement.program
     t, phases["lookup"] = time.perf_counter(), time.perf_counter() - t
     x, problem = M._local(local, src)
     t, phases["validate"] = time.perf_counter(), time.perf_counter() - t
-    verdict, _ = M._verdict(ctx, digest, False, bool(problem))
+    verdict = B.Verdict(ctx.comm, agreement.digest, False, bool(problem))
     t, phases["verdict start"] = time.perf_counter(), time.perf_counter() - t
     backend = TimedBackend(ctx, channel, program, verdict, phases=phases)
     buf = interpreter.run(program, backend, B._Buffer(x, B._owned(x, local)))

@@ -146,13 +146,19 @@ def local_buffer(data, shape, dtype, what: str, copy: bool = False) -> np.ndarra
     (:func:`as_array`: a fresh array if ``copy``, else the caller's own where it already is one).
     Raises :class:`ShardingError` for data that does not convert without loss or does not have ``shape``,
     naming it as ``what``."""
-    if (type(data) is np.ndarray and not copy and data.dtype == dtype and data.shape == tuple(shape)
-            and data.flags.c_contiguous):
+    if not copy and is_local_buffer(data, tuple(shape), dtype):
         return data  # the common case, in a few checks: a reshard's per-call cost is mostly such Python
     a = np.asarray(as_array(data, dtype, what, copy), order="C")
     if a.shape != tuple(shape):
         raise ShardingError(f"{what} has shape {a.shape}, expected {tuple(shape)}")
     return a
+
+
+def is_local_buffer(data, shape: tuple, dtype) -> bool:
+    """Whether ``data`` is already the buffer :func:`local_buffer` would make of it (without ``copy``): a
+    C-contiguous numpy array of ``shape`` (a tuple) and ``dtype``. A few comparisons, no conversion."""
+    return (type(data) is np.ndarray and data.dtype == dtype and data.shape == shape
+            and data.flags.c_contiguous)
 
 
 def device_buffers(shards, n: int, shape, dtype, copy: bool = False) -> list[np.ndarray]:

@@ -63,7 +63,7 @@ import numpy as np
 
 from redist.backends.mpi_backend import (MPI, Disagreement, Verdict, clear_cache, communicator, context, held_bytes,
                                          run, run_program)
-from redist.buffers import describe, local_buffer
+from redist.buffers import describe, is_local_buffer, local_buffer
 from redist.errors import ShardingError
 from redist.synthesis import synthesize
 from redist.types import ShardingType
@@ -91,33 +91,27 @@ def reshard(local, src: ShardingType, dst: ShardingType, comm=None, *, check: bo
     typed = isinstance(src, ShardingType) and isinstance(dst, ShardingType)
     key = (src, dst) if typed else None
     known = ctx.recall(src, dst) if typed and not check else None
-    digest = known[0] if known else _digest(src, dst, typed)
-    x, problem = _local(local, src) if typed else (None, "src is no ShardingType")
-    verdict, votes = _verdict(ctx, digest, not known, bool(problem))
+    digest = known.digest if known else _digest(src, dst, typed)
+    if known and is_local_buffer(local, known.shape, known.dtype):
+        x, problem = local, ""  # the common case, in a few comparisons
+    else:
+        x, problem = _local(local, src) if typed else (None, "src is no ShardingType")
+    verdict = Verdict(ctx.comm, digest, not known, bool(problem))
     if known and not problem:
         try:  # run on while the verdict travels: a verdict against the call raises on every rank
-            return run(known[2], x, local, ctx, known[1], verdict)
+            return run(known.program, x, local, ctx, known.channel, verdict)
         except Disagreement:
             ctx.drop(key)
     else:
         verdict.request.Wait()
-    if votes[0] != -votes[1] or votes[3]:
+    if verdict.disagreed():
         ctx.reset()  # the same on every rank: whatever ran, ran on the wrong assumptions
     _agree_fully(ctx.comm, src, dst, typed, digest, problem)
-    _, channel, program = ctx.open(key, digest, synthesize(src, dst).program)
-    return run(program, x, local, ctx, channel)
+    agreement = ctx.open(key, digest, synthesize(src, dst).program)
+    return run(agreement.program, x, local, ctx, agreement.channel)
 
 
 # ---------------------------------------------------------------------------------------------- agreement
-def _verdict(ctx, digest: int, unknown: bool, bad_local: bool) -> tuple[Verdict, np.ndarray]:
-    """Start the verdict: a nonblocking ``MAX`` reduction, over the agreement communicator, of the votes
-    (digest, negated digest, whether this rank needs the full agreement, whether its buffer is wrong). It
-    stands for the call when every rank had the same digest, an agreed combination and a good buffer."""
-    votes = np.array([digest, -digest, unknown, bad_local], dtype=np.int64)
-    request = ctx.comm.Iallreduce(MPI.IN_PLACE, votes, op=MPI.MAX)
-    return Verdict(request, lambda: votes[0] == -votes[1] and not votes[2] and not votes[3]), votes
-
-
 def _digest(src, dst, typed: bool) -> int:
     """A 63-bit digest of the arguments that is the same on every rank (Python's ``hash`` is not); never
     negative, so that its negation is exact in the verdict."""

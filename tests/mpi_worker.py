@@ -241,7 +241,7 @@ def communicators() -> int:
     """How many communicators redist.mpi holds on COMM: the default channel's groups, every agreed
     combination's channel and groups."""
     ctx = mpi_backend.context(COMM)
-    return len(ctx.default.groups) + sum(1 + len(channel.groups) for _, channel, _ in ctx.agreed.values())
+    return len(ctx.default.groups) + sum(1 + len(a.channel.groups) for a in ctx.agreed.values())
 
 
 def mode_cases(seed: int, count: int, uneven: int, create: int) -> None:
@@ -380,7 +380,8 @@ def mode_agreement() -> None:
     reshard(k2)
     reshard(k3)
     expected = 3  # once per combination
-    direct = mpi_backend.context(COMM).agreed[k3][1].direct is not None  # a gather run by Iallgather, no interpreter
+    # a gather run by Iallgather, without the interpreter
+    direct = mpi_backend.context(COMM).agreed[k3].channel.direct is not None
     errors = [  # (what, the combinations agreed on again first: a disagreement forgets every agreement, the call)
         ("agreed combinations that differ", (), lambda: reshard(k1 if RANK == 0 else k2)),
         ("agreed combinations that differ, one run directly", (k1, k3), lambda: reshard(k3 if RANK == 0 else k1)),

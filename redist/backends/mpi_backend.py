@@ -229,11 +229,25 @@ class Channel:
 
 
 class Verdict:
-    """A nonblocking reduction in flight (``request``) whose result decides whether the call may stand:
-    ``ok()`` reads it once it has arrived."""
+    """The ranks' votes on a call of :func:`redist.mpi.reshard`, reduced (``MAX``) by a nonblocking
+    ``Allreduce`` in flight (``request``): per rank its arguments' digest and the digest negated (the two
+    maxima are each other's negation exactly when every rank had the same digest), whether it needs the full
+    agreement (a combination new to it, or ``check=True``), whether its buffer is wrong. Read them once the
+    request has completed."""
 
-    def __init__(self, request, ok):
-        self.request, self.ok = request, ok
+    def __init__(self, comm, digest: int, unknown: bool, bad_local: bool):
+        self.votes = np.array([digest, -digest, unknown, bad_local], dtype=np.int64)
+        self.request = comm.Iallreduce(MPI.IN_PLACE, self.votes, op=MPI.MAX)
+
+    def ok(self) -> bool:
+        """Whether the call stands: one digest, an agreed combination and a good buffer on every rank."""
+        v = self.votes
+        return v[0] == -v[1] and not v[2] and not v[3]
+
+    def disagreed(self) -> bool:
+        """Whether some ranks' digests differ or some rank's buffer is wrong."""
+        v = self.votes
+        return v[0] != -v[1] or bool(v[3])
 
     def settle(self, ctx: "_Context", pending=()) -> None:
         """Wait for the verdict; raise :class:`Disagreement` if it goes against the call, leaving the
@@ -266,7 +280,7 @@ class _Context:
         node.Free()
         self.default = Channel(self.comm)
         self.agreed: dict = {}
-        self.last: tuple = (None, None, None)  # (src, dst, agreement) of the last call that looked one up
+        self.last: tuple = (None, None, None)  # (src, dst, Agreement or None) of the last lookup (recall)
         self.scratch: np.ndarray | None = None
         self.abandoned: list = []
 
@@ -279,8 +293,8 @@ class _Context:
             self.scratch = np.empty(nbytes, np.uint8)
         return self.scratch[:nbytes].view(dtype).reshape(shape)
 
-    def recall(self, src, dst) -> tuple | None:
-        """The agreement ``(digest, channel, program)`` on the combination ``(src, dst)``, or None. The last
+    def recall(self, src, dst) -> "Agreement | None":
+        """The agreement on the combination ``(src, dst)``, or None. The last
         combination looked up is recognised by identity, without hashing the types (immutable values): a
         program that reshards the same arrays over and over finds its agreement in a few comparisons."""
         last_src, last_dst, known = self.last
@@ -289,17 +303,17 @@ class _Context:
             self.last = (src, dst, known)
         return known
 
-    def open(self, key, digest: int, program: P.Program) -> tuple:
-        """Record an agreed combination: ``(digest, channel, program)`` with a new channel for ``program``
+    def open(self, key, digest: int, program: P.Program) -> "Agreement":
+        """Record an agreed combination: its :class:`Agreement`, with a new channel for ``program``
         (collective: every rank opens it together, after the full agreement), dropping the oldest beyond
         :attr:`AGREED_MAX`. A channel it replaces (``check=True``) is set aside, not freed."""
         self._set_aside(self.agreed.pop(key, None))
         channel = Channel(self.comm, program.mesh, program)
         channel.direct = _direct(self, channel, program)
-        self.agreed[key] = (digest, channel, program)
+        self.agreed[key] = Agreement(digest, channel, program)
         self.last = (None, None, None)
         while len(self.agreed) > self.AGREED_MAX:
-            self.agreed.pop(next(iter(self.agreed)))[1].free()
+            self.agreed.pop(next(iter(self.agreed))).channel.free()
         return self.agreed[key]
 
     def drop(self, key) -> None:
@@ -318,32 +332,51 @@ class _Context:
         self.abandoned += [t for t in things if t is not None]
 
 
+class Agreement:
+    """An argument combination ``(src, dst)`` the ranks agreed on (:func:`redist.mpi.reshard`): the arguments'
+    ``digest``, the ``program`` planned for them and the ``channel`` it runs on, and the shape and dtype of the
+    buffer the program reads (:func:`redist.buffers.is_local_buffer`)."""
+
+    __slots__ = ("digest", "channel", "program", "shape", "dtype")
+
+    def __init__(self, digest: int, channel: Channel, program: P.Program):
+        self.digest, self.channel, self.program = digest, channel, program
+        self.shape, self.dtype = tuple(program.shapes[0]), np.dtype(program.dtype)
+
+
 _KEYVAL = None
+_LAST_CONTEXT: tuple = (None, None)  # (comm, its _Context) of the last lookup (context)
 
 
 def context(comm) -> _Context:
-    """The :class:`_Context` cached on the intracommunicator ``comm`` (an MPI attribute); made on first use,
-    collectively (``comm.Dup``): every rank reaches it on its first call over ``comm``."""
-    global _KEYVAL
+    """The :class:`_Context` cached on the intracommunicator ``comm`` (an MPI attribute; the last one looked
+    up is recognised by identity); made on first use, collectively (``comm.Dup``): every rank reaches it on its
+    first call over ``comm``."""
+    global _KEYVAL, _LAST_CONTEXT
+    if comm is _LAST_CONTEXT[0]:
+        return _LAST_CONTEXT[1]
     if _KEYVAL is None:
         _KEYVAL = MPI.Comm.Create_keyval()
     ctx = comm.Get_attr(_KEYVAL)
     if ctx is None:
         ctx = _Context(comm)
         comm.Set_attr(_KEYVAL, ctx)
+    _LAST_CONTEXT = (comm, ctx)
     return ctx
 
 
 def clear_cache(comm=None) -> None:
     """Free the communicators, the scratch buffer and the agreements cached on ``comm`` (collective over
     ``comm``)."""
+    global _LAST_CONTEXT
     comm = MPI.COMM_WORLD if comm is None else comm
     if _KEYVAL is None or comm.Get_attr(_KEYVAL) is None:
         return
     ctx = comm.Get_attr(_KEYVAL)
     comm.Delete_attr(_KEYVAL)
-    for _, channel, _ in ctx.agreed.values():
-        channel.free()
+    _LAST_CONTEXT = (None, None)
+    for agreement in ctx.agreed.values():
+        agreement.channel.free()
     ctx.default.free()
     ctx.comm.Free()
     ctx.agreed, ctx.scratch = {}, None
@@ -901,7 +934,7 @@ def _post_rows(sub, me: int, k: int, shifts, send, recv) -> list:
 def _message(a) -> list:
     """The mpi4py buffer of ``a``: a C-contiguous array's bytes, or ``a`` itself if it is one already
     (:func:`_place`)."""
-    return a if isinstance(a, list) else [_raw(a), MPI.BYTE]
+    return a if isinstance(a, list) else [a, MPI.BYTE]
 
 
 def _exchange_layout(ins: P.Exchange, mesh: Mesh, me: int, shape) -> tuple:
