@@ -37,8 +37,9 @@ Contenders, each returning a new array as ``reshard`` does (rank r is device r):
 
 Method: per case, the first call of ``redist`` is timed alone after :func:`redist.mpi.clear_cache` (full
 agreement, synthesis, the channel and its sub-communicators, the scratch buffer); then two warm-up calls of
-every contender and ``--repeats`` rounds (times ``64 // S`` below 64 MiB), the contenders in a random order
-per round (the same on every rank; a rotation made each contender always follow the same one and pay for what
+every contender and ``--repeats`` rounds (times ``256 // S`` below 256 MiB: a millisecond cell's minimum over
+the 84 rounds of ``64 // S`` moved by up to 0.15 from run to run, where the minima of two contenders making the
+same ``Allgather`` differed by up to 14%), the contenders in a random order per round (the same on every rank; a rotation made each contender always follow the same one and pay for what
 it left behind); each call is ``Barrier``, time, call, and the round's time of a contender is the maximum
 over ranks. All of this runs in ``--jobs`` separate ``mpiexec`` jobs per rank count, whose rounds are pooled:
 on 2 shared cores a millisecond cell's ratio moves by up to 30% from one job to the next (where the ranks land,

@@ -172,7 +172,7 @@ def run_case(case: dict, repeats: int, seed: int) -> dict:
                for name, fn in fns.items()}
     if case["xla"] is not None:
         fns["xla"] = Replay(case["xla"], fresh_result=True)
-    times = timed(fns, repeats * max(1, 64 // case["mib"]), seed)  # small cases: more rounds, as cheap as 7 large
+    times = timed(fns, repeats * max(1, 256 // case["mib"]), seed)  # smaller cases: more rounds (bench/mpi.py)
     return {**{k: case[k] for k in ("name", "ranks", "mib", "mesh", "src", "dst")},
             "steps": [type(i).__name__ for i in plan.program.instructions], "correct": correct,
             "times_s": times, "first_call_s": first}
