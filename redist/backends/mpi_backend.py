@@ -294,9 +294,9 @@ class _Context:
         return self.scratch[:nbytes].view(dtype).reshape(shape)
 
     def recall(self, src, dst) -> "Agreement | None":
-        """The agreement on the combination ``(src, dst)``, or None. The last
-        combination looked up is recognised by identity, without hashing the types (immutable values): a
-        program that reshards the same arrays over and over finds its agreement in a few comparisons."""
+        """The agreement on the combination ``(src, dst)``, or None. The last combination looked up is
+        recognised by identity, without hashing the types (immutable values): a program that reshards the same
+        arrays over and over finds its agreement in a few comparisons."""
         last_src, last_dst, known = self.last
         if src is not last_src or dst is not last_dst:
             known = self.agreed.get((src, dst))
@@ -932,8 +932,8 @@ def _post_rows(sub, me: int, k: int, shifts, send, recv) -> list:
 
 
 def _message(a) -> list:
-    """The mpi4py buffer of ``a``: a C-contiguous array's bytes, or ``a`` itself if it is one already
-    (:func:`_place`)."""
+    """The mpi4py buffer of ``a``: a C-contiguous array as bytes (mpi4py reads the memory of any dtype given
+    ``MPI.BYTE``, bf16 and bool included), or ``a`` itself if it is one already (:func:`_place`)."""
     return a if isinstance(a, list) else [a, MPI.BYTE]
 
 
