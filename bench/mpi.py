@@ -243,7 +243,7 @@ def plot(rows: list[dict], path: str) -> None:
         ax.invert_yaxis()
         ax.set_title(f"mpiexec -n {n} (2 cores)")
         ax.set_xlabel("time ratio (< 1: redist faster)")
-    axes[0][0].legend(fontsize=7)
+    axes[0][0].legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
