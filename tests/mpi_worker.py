@@ -375,7 +375,7 @@ def mode_agreement() -> None:
         results.append(np.array_equal(out, redist.shard(dst, whole)[RANK]))
 
     for _ in range(3):
-        reshard(k1)  # the second and third find the agreement by identity (the last combination called)
+        reshard(k1)  # the second looks the agreement up by value, the third finds it by identity (the last one)
     reshard(tuple(dataclasses.replace(t) for t in k1))  # equal, other objects: by value
     reshard(k2)
     reshard(k3)
