@@ -864,8 +864,8 @@ class MpiBackend(interpreter.Backend):
             return buf
         x = buf.take()
         out, scratch = self._array(ins, "result", x.shape, x.dtype)
-        self._complete(self.ch.comm.Isendrecv([_raw(x), MPI.BYTE], ins.target_of(mesh, me), _TAG,
-                                              [_raw(out), MPI.BYTE], source, _TAG))
+        self._complete(self.ch.comm.Isendrecv(_message(x), ins.target_of(mesh, me), _TAG,
+                                              _message(out), source, _TAG))
         return _Buffer(out, not scratch, scratch)
 
     def exchange(self, ins: P.Exchange, buf):
