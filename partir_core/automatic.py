@@ -75,6 +75,7 @@ import functools
 import gc
 import itertools
 import math
+import operator
 import random
 import sys
 import time
@@ -111,6 +112,9 @@ class Action:
     decision: int
     axis: str
     dims: tuple  # ((path pattern, dim), ...) of the ManualPartition
+
+    def __hash__(self):  # sets of actions key the search's caches: hashed often, told apart by these two
+        return hash((self.decision, self.axis))
 
     @property
     def tactic(self) -> ManualPartition:
@@ -281,7 +285,7 @@ class Evaluator:
         self.noop: set = set()
         self.evals: dict = {}
         self.by_fingerprint: dict = {}
-        self.values = sorted(base.dims)
+        self.column = operator.itemgetter(*sorted(base.dims))  # a state's dims or provenances, in value order
         self.n_sim = self.n_hits = self.n_fp_hits = 0
         self.sim_s = self.slowest_s = 0.0
         self.t0 = None
@@ -331,13 +335,13 @@ class Evaluator:
 
     def fingerprint(self, s: State) -> tuple:
         """What scoring reads of a frozen state: every value's dims, their provenances by order, the pins."""
-        provs = [s.prov[v] for v in self.values]
-        seen = {p for ps in provs for p in ps}
+        provs = self.column(s.prov)
+        seen = set().union(*provs)
         seen.discard(None)
         rank = {p: i for i, p in enumerate(sorted(seen))}
         rank[None] = None
-        return (tuple([s.dims[v] for v in self.values]), tuple([tuple([rank[p] for p in ps]) for ps in provs]),
-                frozenset(s.pinned))
+        by_rank = tuple(map(tuple, map(map, itertools.repeat(rank.__getitem__), provs)))
+        return self.column(s.dims), by_rank, frozenset(s.pinned)
 
     def evaluate(self, key: tuple, near: tuple | None = None) -> Evaluation | None:
         """The evaluation of set ``key`` (None if some action is not a move), scored from a set the estimator

@@ -53,8 +53,9 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
+from operator import itemgetter
 
 from partir_core.choice import (FOLLOW, Analysis, cheapest, choose_op, op_candidates, output_type, state_type,
                                  value_type)
@@ -67,7 +68,8 @@ from partir_core.simulator import Simulation, simulate
 
 # ------------------------------------------------------------------------------------------ structure
 class Structure:
-    """What never changes between candidates of one program: for every value, the ops that name it
+    """What never changes between candidates of one program: its ``values`` (those a
+    :class:`~partir_core.propagation.State` names); for every value, the ops that name it
     (``touching``: propagation and choice read its state there), its readers (``readers``: ``(eqn, operand
     position)``: their demands price it; ``reader_ops``: those ops, once each) and its ``producer``; how often
     per call its readers read it (``trips``: inside a loop body, the loop's trips; 1 elsewhere) and how often
@@ -80,6 +82,7 @@ class Structure:
 
     def __init__(self, graph: Graph, rules: list):
         self.graph, self.rules = graph, rules
+        self.values = set(graph.invars).union(*(e.outvars for e in graph.eqns))  # those a state names
         self.touching: dict[int, list[int]] = {}
         self.readers: dict[int, list[tuple[int, int]]] = {}
         for i, eqn in enumerate(graph.eqns):
@@ -162,9 +165,21 @@ def propagate_changes(structure: Structure, state: State, mesh, tactic: int, cha
 def state_diff(a: State, b: State) -> set:
     """The values whose dims or provenance differ between two states of one program (those two states share,
     as the search's frozen states do, are the same)."""
-    ad, ap, bp = a.dims, a.prov, b.prov
-    return {v for v, dims in b.dims.items()
-            if (ad[v] is not dims or ap[v] is not bp[v]) and (ad[v] != dims or ap[v] != bp[v])}
+    values = list(b.dims)
+    return _differing(values, _columns(a, values), _columns(b, values))
+
+
+def _columns(state: State, values) -> tuple:
+    """``(dims, provenances)`` of ``values`` (a list of at least two) in ``state``, as two tuples in that order."""
+    pick = itemgetter(*values)
+    return pick(state.dims), pick(state.prov)
+
+
+def _differing(values, a: tuple, b: tuple) -> set:
+    """The ``values`` whose dims or provenance differ between the :func:`_columns` ``a`` and ``b``: compared by
+    identity first (the search's states share most of them), by value only where that differs."""
+    (da, pa), (db, pb) = a, b
+    return {v for v, x, y, p, q in zip(values, da, db, pa, pb) if (x is not y or p is not q) and (x != y or p != q)}
 
 
 # ------------------------------------------------------------------------------------------ analysis
@@ -222,8 +237,9 @@ class _Chooser:
             wanted = tuple([tuple([id(t) for t in get(v, ())]) for v in s.outvars[i]])
         else:
             wanted = targets
-        key = (i, sk, operands, wanted)
-        op = memo.entries.get(key)
+        key = (sk, operands, wanted)
+        chosen = memo.chosen[i]
+        op = chosen.get(key)
         if op is not None:
             memo.hits += 1
             return op
@@ -235,7 +251,9 @@ class _Chooser:
         rule = s.rules[i]
         if op.rule is not rule:  # chosen for another op of this signature: the same choice, this op's rule
             op = dataclasses.replace(op, rule=rule)
-        memo.put(key, op)
+        if len(chosen) >= memo.per_op:
+            chosen.clear()
+        chosen[key] = op
         return op
 
     def _shared_choice(self, i: int, key: tuple, wanted, types: dict, targets):
@@ -439,17 +457,19 @@ class _Candidates:
 
 
 class _OpMemo:
-    """Per-op candidates (:class:`_Candidates`) and choices by their keys (see :meth:`_Chooser.choose_op`), and
-    the bytes of reshards by their two types, for at most ``size`` keys (all forgotten when full: one probe
-    per lookup, no bookkeeping of recency). Keys name sharding types by identity (:meth:`keep`: hashing a
-    type hashes all its fields, and the partitioner's types are shared objects,
-    :func:`partir_core.keys.sharding_type`); every type so named is kept alive, so that no other object
-    takes its id. An equal type that is another object only misses. States' keys of ops
+    """Each op's choices by their keys, in a table of its own (``chosen``, at most ``per_op`` keys each), the
+    candidates (:class:`_Candidates`) and choices of each signature by their keys (see
+    :meth:`_Chooser.choose_op`), and the bytes of reshards by their two types, for at most ``size`` keys (a
+    table is forgotten in full when full: one probe per lookup, no bookkeeping of recency). Keys name sharding
+    types by identity (:meth:`keep`: hashing a type hashes all its fields, and the partitioner's types are
+    shared objects, :func:`partir_core.keys.sharding_type`); every type so named is kept alive, so that no
+    other object takes its id. An equal type that is another object only misses. States' keys of ops
     (:meth:`_Chooser._state_key`) are named by small numbers (:meth:`intern`), so a key hashes fast."""
 
-    def __init__(self, size: int = 1 << 17):
+    def __init__(self, size: int = 1 << 17, per_op: int = 1 << 12):
+        self.chosen: defaultdict = defaultdict(dict)  # op -> {key: its choice}
         self.entries: dict = {}
-        self.size = size
+        self.size, self.per_op = size, per_op
         self.hits = self.shared = self.misses = 0
         self.alive: dict = {}
         self.interned: dict = {}
@@ -576,7 +596,8 @@ class Estimator:
     def __init__(self, graph: Graph, rules: list, mesh, hardware=None, max_bases: int = 64):
         self.structure = Structure(graph, rules)
         self.graph, self.rules, self.mesh, self.hardware = graph, rules, mesh, hardware
-        self.bases: OrderedDict = OrderedDict()  # key -> (state, its _Starts)
+        self.bases: OrderedDict = OrderedDict()  # key -> (state, its _Starts, its _columns)
+        self.values = sorted(self.structure.values)
         self.memo = _OpMemo()
         self.lowering: dict = {}  # lower's memo of per-op parts
         self.max_bases = max_bases
@@ -586,13 +607,14 @@ class Estimator:
         """The per-op choice of ``state`` (remembered under ``key``), from the state remembered under
         ``base_key`` when there is one."""
         base = self.bases.get(base_key) if base_key is not None else None
+        columns = _columns(state, self.values)
         if base is not None:
             self.bases.move_to_end(base_key)
-            dirty = state_diff(base[0], state)
+            dirty = _differing(self.values, base[2], columns)
             analysis, starts = choose(self.structure, state, self.mesh, base[1], dirty, self.memo)
         else:
             analysis, starts = choose(self.structure, state, self.mesh, None, set(), self.memo)
-        self.bases[key] = (state, starts)
+        self.bases[key] = (state, starts, columns)
         if self.first is None:
             self.first = key
         if len(self.bases) > self.max_bases:
@@ -606,11 +628,12 @@ class Estimator:
     def nearest(self, state: State, keys) -> object | None:
         """Of ``keys``, the one held whose state differs from ``state`` in the fewest values (:func:`state_diff`;
         the first on ties): scored from it, the fewest ops are chosen again. None if none is held."""
-        best, fewest = None, None
+        best, fewest, columns = None, None, None
         for k in keys:
             held = self.bases.get(k)
             if held is not None:
-                d = len(state_diff(held[0], state))
+                columns = columns or _columns(state, self.values)
+                d = len(_differing(self.values, held[2], columns))
                 if fewest is None or d < fewest:
                     best, fewest = k, d
         return best

@@ -153,6 +153,7 @@ class Graph:
     regions: list[Region] = field(default_factory=list)
     names: dict[int, str] = field(default_factory=dict)
     _innermost: list | None = field(default=None, repr=False, compare=False)
+    _primitives: list | None = field(default=None, repr=False, compare=False)
     _matching: dict = field(default_factory=dict, repr=False, compare=False)
 
     def inputs_matching(self, pattern: str) -> list[tuple[str, int]]:
@@ -181,6 +182,13 @@ class Graph:
                     inner[i] = r
             self._innermost = inner
         return self._innermost[i]
+
+    def primitives(self) -> list[str]:
+        """Every equation's primitive name, in order; remembered (a traced graph's equations never change; a
+        list of another length is made again)."""
+        if self._primitives is None or len(self._primitives) != len(self.eqns):
+            self._primitives = [e.name for e in self.eqns]
+        return self._primitives
 
     def trips(self, region: int | None) -> int:
         """How often region ``region``'s body runs per call of the program: the product of the trip counts of

@@ -19,15 +19,20 @@ carry's is moved back inside the loop, at the end of the body, and reported
 
 from __future__ import annotations
 
+import dataclasses
+
 from partir_core import reshard
 from partir_core.choice import Analysis, OpSharding, local_shapes, output_type
-from partir_core.ir import Graph, is_enter
+from partir_core.ir import Graph
 from partir_core.program import CarryReshard, Compute, ControlFlow, Finish, LocalProgram, Reshard
 from partir_core.propagation import State
 from partir_core.registry import flops
 
 
-MEMO_SIZE = 1 << 16  # entries of a lowering memo (see lower), all forgotten when full
+# entries of a lowering memo's table of local bytes, and of its table of each op's choices (see lower); a table
+# is forgotten in full when full
+MEMO_SIZE = 1 << 16
+OP_MEMO_SIZE = 1 << 10
 
 
 class _Lowering:
@@ -39,6 +44,8 @@ class _Lowering:
         self.analysis = analysis
         self.types = analysis.types
         self.memo = memo
+        self.bytes = memo.setdefault("bytes", {})
+        self.enters = {reg.enter for reg in graph.regions}  # the regions' enter equations
         self.buf_bytes = {v: self.local_bytes(t) for v, t in analysis.types.items()}
         self.fallbacks: list = []
         self.carry_reshards: list = []
@@ -46,13 +53,13 @@ class _Lowering:
 
     def local_bytes(self, t) -> int:
         """``t.local_bytes``, remembered in ``memo`` by the identity of ``t`` (the entry keeps ``t`` alive)."""
-        hit = self.memo.get(("bytes", id(t)))
+        hit = self.bytes.get(id(t))
         if hit is not None:
             return hit[1]
         n = t.local_bytes
-        if len(self.memo) >= MEMO_SIZE:
-            self.memo.clear()
-        self.memo[("bytes", id(t))] = (t, n)
+        if len(self.bytes) >= MEMO_SIZE:
+            self.bytes.clear()
+        self.bytes[id(t)] = (t, n)
         return n
 
     def move(self, buf, src, dst, where, out: list, made: dict, trips: int):
@@ -81,39 +88,45 @@ class _Lowering:
         i = eqns.start
         while i < eqns.stop:
             eqn, op = g.eqns[i], ops[i]
-            if is_enter(eqn):
+            if i in self.enters:
                 r = eqn.params["region"]
                 out.append(self.region(r, out, made, trips))
                 i = g.regions[r].exit + 1
                 continue
-            reads = list(eqn.invars)
-            for k, (v, t) in enumerate(zip(reads, op.in_types)):
+            compute, finishes = self.compute(i, op)
+            reads = None  # the operands' buffers, where one is moved
+            for k, (v, t) in enumerate(zip(eqn.invars, op.in_types)):
                 if types[v] is not t:
+                    reads = reads or list(eqn.invars)
                     reads[k] = self.move(v, types[v], t, f"eqn {i} ({eqn.name})", out, made, trips)
-            f, masks, finishes = self.compute_parts(i, op)
-            out.append(Compute(i, reads, list(eqn.outvars), masks, f))
+            out.append(compute if reads is None else dataclasses.replace(compute, reads=reads))
             for kind, axes, b in finishes:
                 out.append(Finish(eqn.outvars[0], kind, axes,
                                   [reshard.Collective("all_reduce_" + kind, axes, b, f"eqn {i} ({eqn.name})", trips)]))
             i += 1
         return out
 
-    def compute_parts(self, i: int, op: OpSharding) -> tuple:
-        """``(flops, masks, finishes)`` of equation ``i`` run as ``op``: its FLOPs per device, its
-        :func:`_masks`, and ``(kind, axes, bytes)`` of each reduction it finishes; remembered in ``memo`` by the
-        identity of ``op`` (an :class:`OpSharding` is never changed once made). The entry keeps ``op`` alive, so
-        no other object takes its id while the entry is there."""
-        hit = self.memo.get((i, id(op)))
+    def compute(self, i: int, op: OpSharding) -> tuple:
+        """``(compute, finishes)`` of equation ``i`` run as ``op``: its :class:`Compute` reading its operands'
+        own buffers (its FLOPs per device, its :func:`_masks`), and ``(kind, axes, bytes)`` of each reduction it
+        finishes; remembered in ``memo`` (in a table of its own per equation) by the identity of ``op`` (an
+        :class:`OpSharding` is never changed once made), and so shared by the programs lowered with that memo
+        (an instruction is never changed once made). The entry keeps ``op`` alive, so no other object takes its
+        id while the entry is there."""
+        known = self.memo.get(i)
+        if known is None:
+            known = self.memo[i] = {}
+        hit = known.get(id(op))
         if hit is not None:
             return hit[1]
         g, eqn = self.graph, self.graph.eqns[i]
         f = flops(eqn.name, local_shapes(g, eqn.invars, op.in_types), local_shapes(g, eqn.outvars, op.out_types),
                   eqn.params)
         finishes = [(kind, tuple(axes), reshard.finish_bytes(axes, op.out_types)) for kind, axes in op.finish]
-        parts = (f, _masks(op), finishes)
-        if len(self.memo) >= MEMO_SIZE:
-            self.memo.clear()
-        self.memo[(i, id(op))] = (op, parts)
+        parts = (Compute(i, list(eqn.invars), list(eqn.outvars), _masks(op), f), finishes)
+        if len(known) >= OP_MEMO_SIZE:
+            known.clear()
+        known[id(op)] = (op, parts)
         return parts
 
     def region(self, r: int, out: list, made: dict, trips: int) -> ControlFlow:
@@ -148,8 +161,9 @@ def lower(graph: Graph, analysis: Analysis, mesh, state: State | None = None,
     program, or a body) and its result reused by every later reader there. Outputs are given the type
     propagation gives them (``state``; without it, their producer's type with pending sums reduced). ``memo``:
     a dict that a caller lowering many analyses of ``graph`` keeps between calls (the automatic search's
-    candidates share most of their ops' choices): each op's FLOPs, masks and finishes are remembered there by
-    the identity of its choice, and each value type's local bytes by the type's. Raises
+    candidates share most of their ops' choices): each op's :class:`Compute` (shared by the programs where it
+    reads its operands' own buffers) and finishes are remembered there by the identity of its choice, and each
+    value type's local bytes by the type's. Raises
     :class:`redist.ShardingError` if a value must reach a type no redistribution can give it."""
     state = analysis.state if state is None else state
     low = _Lowering(graph, analysis, {} if memo is None else memo)

@@ -202,8 +202,7 @@ def materialized(program) -> set:
     flow, every body's parameters and results, and what its own kernels materialize."""
     g = program.graph
     base = set(g.invars) | set(program.out_bufs)
-    names = [e.name for e in g.eqns]
-    return _materialized(program, names, program.instructions, base) - set(g.consts)
+    return _materialized(program, g.primitives(), program.instructions, base) - set(g.consts)
 
 
 def _materialized(program, names: list, steps: list, out: set) -> set:
@@ -392,7 +391,7 @@ class _Walker:
         self.program = program
         self.hw = hw
         self.size = dict(program.buf_bytes)
-        self.names = [e.name for e in program.graph.eqns]
+        self.names = program.graph.primitives()
         self.mat = materialized(program)
         self.consts = set(program.graph.consts)
         self.sources: dict = {}  # a fused value -> the materialized buffers its readers read instead
@@ -432,17 +431,19 @@ class _Walker:
                         reads.extend(sources[b])
                 if len(reads) > 1:
                     reads = list(dict.fromkeys(reads))
+                moved = 0  # bytes its kernel reads and writes
                 for b in reads:
                     last[b] = t
+                    moved += get(b, 0)
                 writes = []
                 for b in ins.writes:
                     if b in mat:
                         writes.append(b)
+                        moved += get(b, 0)
                         if b not in params and b not in first:
                             first[b] = t
                     else:
                         sources[b] = tuple(reads)
-                moved = sum([get(b, 0) for b in reads]) + sum([get(b, 0) for b in writes])
                 compute_t += max(ins.flops / peak_flops, moved / hbm_bw)
                 flops += ins.flops
                 name = names[ins.eqn_index]
