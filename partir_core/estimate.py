@@ -426,6 +426,9 @@ class _Chooser:
                 was = demands.get(v)
                 demands[v] = was if was is not None and was == want else want
                 src = types[v]
+                if want[0] is src and len(want) == 1:  # read as it is made (most are): nothing moves
+                    received[v] = 0.0
+                    continue
                 b = [known.get((id(src), id(t))) for t in want]  # moved's own memo, read directly
                 if None in b:
                     b = [moved(src, t) for t in want]

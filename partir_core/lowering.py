@@ -29,10 +29,7 @@ from partir_core.propagation import State
 from partir_core.registry import flops
 
 
-# entries of a lowering memo's table of local bytes, and of its table of each op's choices (see lower); a table
-# is forgotten in full when full
-MEMO_SIZE = 1 << 16
-OP_MEMO_SIZE = 1 << 10
+OP_MEMO_SIZE = 1 << 10  # entries of a lowering memo's table of one op's choices (see lower), forgotten when full
 
 
 class _Lowering:
@@ -44,23 +41,11 @@ class _Lowering:
         self.analysis = analysis
         self.types = analysis.types
         self.memo = memo
-        self.bytes = memo.setdefault("bytes", {})
         self.enters = {reg.enter for reg in graph.regions}  # the regions' enter equations
-        self.buf_bytes = {v: self.local_bytes(t) for v, t in analysis.types.items()}
+        self.buf_bytes = {v: t.local_bytes for v, t in analysis.types.items()}
         self.fallbacks: list = []
         self.carry_reshards: list = []
         self.n = 0  # reshard buffers made so far
-
-    def local_bytes(self, t) -> int:
-        """``t.local_bytes``, remembered in ``memo`` by the identity of ``t`` (the entry keeps ``t`` alive)."""
-        hit = self.bytes.get(id(t))
-        if hit is not None:
-            return hit[1]
-        n = t.local_bytes
-        if len(self.bytes) >= MEMO_SIZE:
-            self.bytes.clear()
-        self.bytes[id(t)] = (t, n)
-        return n
 
     def move(self, buf, src, dst, where, out: list, made: dict, trips: int):
         """The buffer holding ``buf`` (of type ``src``) as ``dst``: a :class:`Reshard` appended to ``out``, made
@@ -162,8 +147,7 @@ def lower(graph: Graph, analysis: Analysis, mesh, state: State | None = None,
     propagation gives them (``state``; without it, their producer's type with pending sums reduced). ``memo``:
     a dict that a caller lowering many analyses of ``graph`` keeps between calls (the automatic search's
     candidates share most of their ops' choices): each op's :class:`Compute` (shared by the programs where it
-    reads its operands' own buffers) and finishes are remembered there by the identity of its choice, and each
-    value type's local bytes by the type's. Raises
+    reads its operands' own buffers) and finishes are remembered there by the identity of its choice. Raises
     :class:`redist.ShardingError` if a value must reach a type no redistribution can give it."""
     state = analysis.state if state is None else state
     low = _Lowering(graph, analysis, {} if memo is None else memo)

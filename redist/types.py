@@ -215,7 +215,7 @@ class ShardingType:
         """The local buffer's shape, padding included: ``ceil(N / k)`` per dim."""
         return tuple(-(-n // self.blocks(i)) for i, n in enumerate(self.shape))
 
-    @property
+    @cached_property
     def local_bytes(self) -> int:
         """The local buffer's size in bytes, padding included (what a device allocates)."""
         return math.prod(self.local_shape) * self.itemsize
