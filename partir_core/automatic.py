@@ -75,7 +75,6 @@ import functools
 import gc
 import itertools
 import math
-import operator
 import random
 import sys
 import time
@@ -89,7 +88,7 @@ from redist.mesh import prime_factors
 
 from partir_core.analysis import DimGroups, analyze_groups, input_kind
 from partir_core.choice import analyze
-from partir_core.estimate import Estimator, propagate_changes
+from partir_core.estimate import Estimator, column, propagate_changes
 from partir_core.ir import key_name
 from partir_core.lowering import lower
 from partir_core.propagation import State
@@ -285,7 +284,7 @@ class Evaluator:
         self.noop: set = set()
         self.evals: dict = {}
         self.by_fingerprint: dict = {}
-        self.column = operator.itemgetter(*sorted(base.dims))  # a state's dims or provenances, in value order
+        self.column = column(sorted(base.dims))  # a state's dims or provenances, in value order
         self.n_sim = self.n_hits = self.n_fp_hits = 0
         self.sim_s = self.slowest_s = 0.0
         self.t0 = None

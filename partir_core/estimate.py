@@ -166,13 +166,21 @@ def state_diff(a: State, b: State) -> set:
     """The values whose dims or provenance differ between two states of one program (those two states share,
     as the search's frozen states do, are the same)."""
     values = list(b.dims)
-    return _differing(values, _columns(a, values), _columns(b, values))
+    read = column(values)
+    return _differing(values, _columns(a, read), _columns(b, read))
 
 
-def _columns(state: State, values) -> tuple:
-    """``(dims, provenances)`` of ``values`` (a list of at least two) in ``state``, as two tuples in that order."""
-    pick = itemgetter(*values)
-    return pick(state.dims), pick(state.prov)
+def column(values: list):
+    """A function reading ``values`` of a dict as a tuple, in that order (``operator.itemgetter``, in C, where
+    there are two or more)."""
+    if len(values) >= 2:
+        return itemgetter(*values)
+    return lambda d: tuple([d[v] for v in values])
+
+
+def _columns(state: State, read) -> tuple:
+    """``(dims, provenances)`` of ``state``'s values as ``read`` (a :func:`column`) reads them."""
+    return read(state.dims), read(state.prov)
 
 
 def _differing(values, a: tuple, b: tuple) -> set:
@@ -601,6 +609,7 @@ class Estimator:
         self.graph, self.rules, self.mesh, self.hardware = graph, rules, mesh, hardware
         self.bases: OrderedDict = OrderedDict()  # key -> (state, its _Starts, its _columns)
         self.values = sorted(self.structure.values)
+        self.read = column(self.values)
         self.memo = _OpMemo()
         self.lowering: dict = {}  # lower's memo of per-op parts
         self.max_bases = max_bases
@@ -610,7 +619,7 @@ class Estimator:
         """The per-op choice of ``state`` (remembered under ``key``), from the state remembered under
         ``base_key`` when there is one."""
         base = self.bases.get(base_key) if base_key is not None else None
-        columns = _columns(state, self.values)
+        columns = _columns(state, self.read)
         if base is not None:
             self.bases.move_to_end(base_key)
             dirty = _differing(self.values, base[2], columns)
@@ -635,7 +644,7 @@ class Estimator:
         for k in keys:
             held = self.bases.get(k)
             if held is not None:
-                columns = columns or _columns(state, self.values)
+                columns = columns or _columns(state, self.read)
                 d = len(_differing(self.values, held[2], columns))
                 if fewest is None or d < fewest:
                     best, fewest = k, d

@@ -322,6 +322,19 @@ def test_errors_and_no_budget():
     assert res.step_time_s <= res.start_time_s
 
 
+@pytest.mark.parametrize("name", ["identity", "constant", "one op"])
+def test_programs_of_fewer_than_two_values_are_searched_and_run(name):
+    """A program of one value (the identity), of none but a constant output, or of one op: the search reads a
+    state's dims as columns of its values, of any length."""
+    x = jax.numpy.arange(32.0).reshape(8, 4)
+    f, args = {"identity": (lambda a: a, (x,)), "constant": (lambda: jax.numpy.ones(8), ()),
+               "one op": (lambda a: a * 2, (x,))}[name]
+    pf = pc.jit(f, MESH, [auto(max_evals=20)])
+    res = pf.lower(*args).automatic
+    assert res.stats["evaluations"] >= 1 and res.step_time_s <= res.start_time_s
+    assert_same(pf(*args), f(*args))
+
+
 def test_a_scanned_model_is_searched_and_scored_as_lowered():
     """On a model whose layers run in a ``lax.scan`` (the body's values are searched like any other), the result
     is scored as its lowering simulates, runs, equals the unpartitioned step, and is as fast as the best
