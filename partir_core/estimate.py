@@ -609,7 +609,7 @@ class Estimator:
         self.graph, self.rules, self.mesh, self.hardware = graph, rules, mesh, hardware
         self.bases: OrderedDict = OrderedDict()  # key -> (state, its _Starts, its _columns)
         self.values = sorted(self.structure.values)
-        self.read = column(self.values)
+        self.read = column(self.values)  # a state's dims or provenances, in value order
         self.memo = _OpMemo()
         self.lowering: dict = {}  # lower's memo of per-op parts
         self.max_bases = max_bases
