@@ -118,29 +118,47 @@ def choose_op(graph: Graph, rules: list, i: int, state: State, types: dict, mesh
     return cheapest(graph, eqn, proposal, alternatives, types, state, mesh, targets)
 
 
-def op_candidates(graph: Graph, rules: list, i: int, state: State, types: dict, mesh):
+def op_candidates(graph: Graph, rules: list, i: int, state: State, types: dict, mesh, made: dict | None = None):
     """``(proposal, alternatives)`` for equation ``i``, not a region's enter or exit (see :func:`choose_op`):
     the choice the state proposes (the earliest decision wins a conflict; replicated for an op without a
     rule) and a function giving the alternatives that :func:`_alternatives` makes of the axes its operands
     and results carry (called only if the proposal needs communication). Both depend on ``state``'s dims and
     provenance of the equation's values and on ``types`` of its operands (as they are when this is called),
-    not on what its results are priced against."""
+    not on what its results are priced against. ``made``: None, or a dict that a caller choosing equation
+    ``i`` many times keeps for it: each :class:`OpSharding` is remembered there by what makes it (the axes of
+    each factor and the pending sums of the operands, :func:`_sharding_key`) and given again where those are
+    the same, its ``use`` carrying the provenances of the first (which no one reads)."""
     eqn, rule = graph.eqns[i], rules[i]
     if rule is None:
         return OpSharding(None, {}, [replicated(graph, v, mesh) for v in eqn.invars],
                           [replicated(graph, v, mesh) for v in eqn.outvars], [], ()), tuple
     use, _, _ = resolve(graph, rule, eqn, state, mesh, i)
     use = fit_use(mesh, rule, drop_clashes(use))
-    proposal = _op_sharding(graph, rule, eqn, use, types, mesh)
     # all that the alternatives read of ``types`` and ``state``, as they are now
     operands = {v: types[v] for v in eqn.invars}
+
+    def sharding(use):
+        if made is None:
+            return _op_sharding(graph, rule, eqn, use, operands, mesh)
+        key = _sharding_key(eqn, use, operands)
+        op = made.get(key)
+        if op is None:
+            op = made[key] = _op_sharding(graph, rule, eqn, use, operands, mesh)
+        return op
+
+    proposal = sharding(use)
     dims = State({v: list(state.dims[v]) for v in (*eqn.invars, *eqn.outvars) if v in state.dims}, {})
 
     def alternatives():
-        return (_op_sharding(graph, rule, eqn, alt, operands, mesh)
-                for alt in _alternatives(graph, rule, eqn, dims, operands, mesh, use))
+        return map(sharding, _alternatives(graph, rule, eqn, dims, operands, mesh, use))
 
     return proposal, alternatives
+
+
+def _sharding_key(eqn, use: dict, types: dict) -> tuple:
+    """All that :func:`_op_sharding` reads of ``use`` and ``types`` for ``eqn``: each factor's axes, and the
+    pending sums of its operands."""
+    return tuple([(f, a) for f, (a, _) in use.items()]), tuple([types[v].partial for v in eqn.invars])
 
 
 def cheapest(graph: Graph, eqn, proposal: OpSharding, alternatives, types, state, mesh, targets,

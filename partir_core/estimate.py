@@ -33,10 +33,13 @@ random action sets):
    chosen under the same dims, provenance order, operand types and targets as another of its signature is
    chosen alike. An op's candidates, which do not depend on the targets, are shared by the passes that price
    them against different targets (:func:`~partir_core.choice.op_candidates`,
-   :func:`~partir_core.choice.cheapest`); reshards are priced by their types' identities
-   (:meth:`_OpMemo.reshard_bytes`), and a candidate that cannot beat the best one so far is dropped before
-   its reshards not priced yet are planned (:func:`~partir_core.choice._op_cost`: redist's lower bound of
-   their bytes, :func:`~partir_core.reshard.reshard_floor`); planning them is a third of choosing.
+   :func:`~partir_core.choice.cheapest`), and each candidate :class:`~partir_core.choice.OpSharding` is made
+   once per op and the factor axes and operands' pending sums that make it (``op_candidates``' ``made``
+   table): another key of the op mostly proposes the same ones again. Reshards are priced by their types'
+   identities (:meth:`_OpMemo.reshard_bytes`), and a candidate that cannot beat the best one so far is
+   dropped before its reshards not priced yet are planned (:func:`~partir_core.choice._op_cost`: redist's
+   lower bound of their bytes, :func:`~partir_core.reshard.reshard_floor`); planning them is a third of
+   choosing.
 3. Lowering and simulation: the winning choice is lowered and simulated as ``pf.lower(...).simulate()``
    does (:func:`partir_core.lowering.lower`, :func:`partir_core.simulator.simulate`); nothing runs on JAX.
 
@@ -274,7 +277,10 @@ class _Chooser:
         memo.misses += 1
         cands = memo.get(key)
         if cands is None:
-            cands = _Candidates(*op_candidates(self.graph, self.s.rules, i, self.state, types, self.mesh))
+            made = memo.shardings[i]
+            if len(made) >= memo.per_op:
+                made.clear()
+            cands = _Candidates(*op_candidates(self.graph, self.s.rules, i, self.state, types, self.mesh, made))
             memo.put(key, cands)
         if self.s.rules[i] is None:
             op = cands.proposal
@@ -468,8 +474,9 @@ class _Candidates:
 
 
 class _OpMemo:
-    """Each op's choices by their keys, in a table of its own (``chosen``, at most ``per_op`` keys each), the
-    candidates (:class:`_Candidates`) and choices of each signature by their keys (see
+    """Each op's choices by their keys, in a table of its own (``chosen``, at most ``per_op`` keys each), and
+    its candidate shardings as :func:`~partir_core.choice.op_candidates` remembers them (``shardings``, as
+    many), the candidates (:class:`_Candidates`) and choices of each signature by their keys (see
     :meth:`_Chooser.choose_op`), and the bytes of reshards by their two types, for at most ``size`` keys (a
     table is forgotten in full when full: one probe per lookup, no bookkeeping of recency). Keys name sharding
     types by identity (:meth:`keep`: hashing a type hashes all its fields, and the partitioner's types are
@@ -479,6 +486,7 @@ class _OpMemo:
 
     def __init__(self, size: int = 1 << 17, per_op: int = 1 << 12):
         self.chosen: defaultdict = defaultdict(dict)  # op -> {key: its choice}
+        self.shardings: defaultdict = defaultdict(dict)  # op -> op_candidates' table of its OpShardings
         self.entries: dict = {}
         self.size, self.per_op = size, per_op
         self.hits = self.shared = self.misses = 0

@@ -140,6 +140,35 @@ def test_a_cost_bounded_by_the_best_so_far_is_exact_below_it_and_at_least_it_abo
     assert below > 100 and above > 100
 
 
+@pytest.mark.parametrize("name", ["transformer", "scanned_transformer"])
+def test_candidates_from_a_shared_table_are_those_made_afresh(name):
+    """op_candidates with a ``made`` table kept per op across states (as the estimator keeps it) gives, for every
+    op of random states, the candidates it gives without one: the same types, finishes, pending sums and factor
+    axes, in the same order (their ``use`` may carry an earlier state's provenances, which no one reads); and
+    the table does serve them again."""
+    graph, rules, mesh, start, sets = chains(name, "2x4", n=3, depth=2)
+    tables: dict = {}
+    served = 0
+    for state, first in analyzed_states(graph, rules, mesh, start, sets):
+        for i, eqn in enumerate(graph.eqns):
+            if rules[i] is None or isinstance(eqn.prim, Boundary):
+                continue
+            made = tables.setdefault(i, {})
+            known = set(map(id, made.values()))
+            fresh = op_candidates(graph, rules, i, state, first.types, mesh)
+            shared = op_candidates(graph, rules, i, state, first.types, mesh, made)
+            a, b = [fresh[0], *fresh[1]()], [shared[0], *shared[1]()]
+            assert [_made_of(c) for c in a] == [_made_of(c) for c in b]
+            served += sum(id(c) in known for c in b)
+    assert served > 100
+
+
+def _made_of(op):
+    """What an OpSharding says of how its op runs, but the provenances in ``use``."""
+    return (op.rule, {f: axes for f, (axes, _) in op.use.items()}, op.in_types, op.out_types, op.finish,
+            op.new_partial)
+
+
 def _pairs(graph, eqn, op, types, state, mesh, targets):
     return [p for pairs in _op_terms(graph, eqn, op, types, state, mesh, targets) for p in pairs]
 
