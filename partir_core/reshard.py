@@ -145,12 +145,25 @@ def reshard_bytes(src: ShardingType, dst: ShardingType) -> float:
     """Bytes a device receives moving ``src`` to ``dst`` (the move lowering would run); infinite when no
     redistribution can do it, or when ``dst`` is partial over an axis ``src`` is not: redist can create
     pending sums (SPEC 3), but a partitioned program's pending sums come from its contractions, so a choice
-    that creates them is never taken."""
+    that creates them is never taken. Where the synthesizer's plan receives exactly the lower bound
+    (:func:`_at_bound`), that is the answer and nothing is planned: per-op choice prices many more pairs than
+    lowering moves."""
     if src == dst:
         return 0.0
     if not _possible(src, dst):
         return float("inf")
+    if _at_bound(src, dst):
+        return reshard_floor(src, dst)
     return move(src, dst).bytes
+
+
+def _at_bound(src: ShardingType, dst: ShardingType) -> bool:
+    """Whether :func:`move`'s plan receives exactly :func:`redist.lower_bound_bytes`: between even types on one
+    device order with the same pending axes (nothing to reduce, nothing created), :func:`redist.synthesize`
+    keeps its search's plan only where that plan is at the bound, and otherwise takes the one ``exchange``, which
+    receives exactly the bound (``tests/test_synthesis.py`` checks this on random pairs; the pattern's plan that
+    :func:`move` runs is the pair's own, :func:`_synthesized`)."""
+    return src.mesh == dst.mesh and set(src.partial) == set(dst.partial) and src.is_even() and dst.is_even()
 
 
 @functools.lru_cache(maxsize=1 << 15)

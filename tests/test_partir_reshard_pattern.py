@@ -32,6 +32,27 @@ def test_a_pairs_plan_from_its_pattern_is_the_synthesizers(seed, count, max_devi
         assert (got.bytes_received, got.peak_bytes) == (want.bytes_received, want.peak_bytes), (src, dst)
 
 
+@pytest.mark.parametrize("seed,count,max_devices", [(3, 800, 16), (4, 300, 64)])
+def test_pairs_at_the_bound_are_priced_as_the_move_lowering_runs(seed, count, max_devices):
+    """reshard_bytes prices a pair at the lower bound without planning it (``_at_bound``: even, one device
+    order, the same pending axes); that is the bytes of the move lowering runs, on random pairs of every kind
+    (sub-axes, unit axes, pending sums kept or reduced, device orders, uneven and empty dims); pairs that the
+    shortcut does not take are priced by their move."""
+    draw, at_bound, other = RT.SeededDraw(seed), 0, 0
+    while at_bound < count:
+        mesh = RT.draw_mesh(draw, max_devices=max_devices, axis_sizes=(1, 2, 2, 3, 4))
+        src, dst = RT.draw_pair(draw, mesh, max_rank=4, partial=0.5, sub_axes=0.3, reorder=0.1, uneven=0.1,
+                                padded=False, multipliers=(1, 2, 3, 5))
+        priced = reshard.reshard_bytes(src, dst)
+        if src != dst:
+            assert priced == reshard.move(src, dst).bytes, (src, dst)
+            if reshard._at_bound(src, dst):
+                at_bound += 1
+            else:
+                other += 1
+    assert other > count // 4
+
+
 def test_pairs_without_a_pattern_are_planned_as_they_are():
     mesh = redist.Mesh({"x": 2, "y": 4})
     t = lambda text: redist.ShardingType.parse(text, mesh)  # noqa: E731

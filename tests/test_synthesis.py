@@ -124,6 +124,20 @@ def test_single_moves_meet_the_lower_bound(data):
     assert plan.bytes_received == lower_bound_bytes(src, dst), f"{move}: {plan}"
 
 
+@given(type_pairs())
+@settings(max_examples=300, deadline=None)
+def test_plans_that_reduce_and_create_nothing_receive_exactly_the_lower_bound(pair):
+    """Between even types on one device order with the same pending axes, the plan receives exactly the lower
+    bound: the search's plan where it reaches it, else the one exchange (partir_core prices such pairs at the
+    bound without planning them). The destination keeps the source's pending axes (out of its dims)."""
+    src, dst = pair
+    kept = src.partial
+    dst = dst.replace(dims=tuple(tuple(a for a in d if not any(a.overlaps(p) for p in kept)) for d in dst.dims),
+                      partial=kept)
+    assert src.is_even() and dst.is_even()
+    assert synthesize(src, dst).bytes_received == lower_bound_bytes(src, dst), (src, dst)
+
+
 def test_jax_issue_21562_beats_full_rematerialization():
     """P('y', None, 'x') -> P(None, ('x', 'y'), None) on a 4x2 mesh: XLA gathers the whole array twice."""
     mesh = Mesh({"x": 4, "y": 2})
