@@ -88,7 +88,7 @@ from redist.mesh import prime_factors
 
 from partir_core.analysis import DimGroups, analyze_groups, input_kind
 from partir_core.choice import analyze
-from partir_core.estimate import Estimator, propagate_changes
+from partir_core.estimate import Estimator, propagate_changes, ranked
 from partir_core.ir import key_name
 from partir_core.lowering import lower
 from partir_core.propagation import State
@@ -333,13 +333,7 @@ class Evaluator:
 
     def fingerprint(self, s: State) -> tuple:
         """What scoring reads of a frozen state: every value's dims, their provenances by order, the pins."""
-        provs = self.estimator.read(s.prov)
-        seen = set().union(*provs)
-        seen.discard(None)
-        rank = {p: i for i, p in enumerate(sorted(seen))}
-        rank[None] = None
-        by_rank = tuple(map(tuple, map(map, itertools.repeat(rank.__getitem__), provs)))
-        return self.estimator.read(s.dims), by_rank, frozenset(s.pinned)
+        return self.estimator.read(s.dims), ranked(self.estimator.read(s.prov)), frozenset(s.pinned)
 
     def evaluate(self, key: tuple, near: tuple | None = None) -> Evaluation | None:
         """The evaluation of set ``key`` (None if some action is not a move), scored from a set the estimator

@@ -58,6 +58,7 @@ import dataclasses
 import heapq
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
+from itertools import repeat
 from operator import itemgetter
 
 from partir_core.choice import (FOLLOW, Analysis, cheapest, choose_op, op_candidates, output_type, state_type,
@@ -97,6 +98,7 @@ class Structure:
                     self.readers.setdefault(v, []).append((i, k))
         self.slots = [[v for v in dict.fromkeys(list(e.invars) + list(e.outvars)) if v not in graph.consts]
                       for e in graph.eqns]
+        self.slot_columns = [column(slots) for slots in self.slots]  # an op's values' entries of a state's dict
         self.invars = [tuple(e.invars) for e in graph.eqns]
         self.outvars = [tuple(e.outvars) for e in graph.eqns]
         self.reader_ops = {v: tuple(dict.fromkeys(i for i, _ in rs)) for v, rs in self.readers.items()}
@@ -179,6 +181,17 @@ def column(values: list):
     if len(values) >= 2:
         return itemgetter(*values)
     return lambda d: tuple([d[v] for v in values])
+
+
+def ranked(provs) -> tuple:
+    """``provs`` (one sequence of provenances per value) as tuples, each provenance replaced by its rank among
+    all of them (None stays None): all that propagation and choice read of provenances, which they only compare
+    (:meth:`_Chooser.choose_op`)."""
+    seen = set().union(*provs)
+    seen.discard(None)
+    rank = {p: r for r, p in enumerate(sorted(seen))}
+    rank[None] = None
+    return tuple(map(tuple, map(map, repeat(rank.__getitem__), provs)))
 
 
 def _columns(state: State, read) -> tuple:
@@ -292,15 +305,8 @@ class _Chooser:
 
     def _state_key(self, i: int) -> tuple:
         """What op ``i``'s candidates read of the state: its values' dims, and their provenances by order."""
-        dims, prov, slots = self.state.dims, self.state.prov, self.s.slots[i]
-        provs = [tuple(prov[v]) for v in slots]
-        seen = {p for ps in provs for p in ps}
-        seen.discard(None)
-        if seen:
-            rank = {p: r for r, p in enumerate(sorted(seen))}
-            rank[None] = None
-            provs = [tuple([rank[p] for p in ps]) for ps in provs]
-        return tuple(zip([tuple(dims[v]) for v in slots], provs))
+        read = self.s.slot_columns[i]
+        return tuple(map(tuple, read(self.state.dims))), ranked(read(self.state.prov))
 
     def run(self, targets, base: _Pass | None, dirty_values: set, dirty_ops: set) -> _Pass:
         """The pass pricing results against ``targets``; from ``base`` when given: a pass of the same kind of

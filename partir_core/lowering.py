@@ -67,7 +67,7 @@ class _Lowering:
         """The instructions of equations ``eqns`` (a body, or the whole program), each region as one
         :class:`ControlFlow`; ``trips``: how often the block runs per call; ``made``: the block's moves,
         ``(buffer, type) -> the buffer holding it`` (filled in; a body's are its own)."""
-        g, ops, types = self.graph, self.analysis.ops, self.types
+        g, ops, types, memo = self.graph, self.analysis.ops, self.types, self.memo
         out: list = []
         made = {} if made is None else made
         i = eqns.start
@@ -78,7 +78,9 @@ class _Lowering:
                 out.append(self.region(r, out, made, trips))
                 i = g.regions[r].exit + 1
                 continue
-            compute, finishes = self.compute(i, op)
+            known = memo.get(i)  # compute's memo, probed inline: the common case
+            hit = None if known is None else known.get(id(op))
+            compute, finishes = self.compute(i, op) if hit is None else hit[1]
             reads = None  # the operands' buffers, where one is moved
             for k, (v, t) in enumerate(zip(eqn.invars, op.in_types)):
                 if types[v] is not t:
