@@ -122,6 +122,29 @@ class ShardingType:
         object.__setattr__(self, "dims", tuple(canonical_axes(d) for d in dims))
         object.__setattr__(self, "reduction", _reduction(self.reduction, self.dtype, bool(partial)))
 
+    # ------------------------------------------------------------------ equality and hashing
+    # Types key the caches of every planner and partitioner (hashed on every lookup) and are compared often,
+    # mostly to types that differ in their dims: equality tries identity, then the fields most likely to
+    # differ first; the hash is computed once per type and not pickled (string hashes differ between
+    # processes). Both agree with the dataclass's own: all fields, compared as values.
+    def __eq__(self, other):
+        if self is other:
+            return True
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (self.dims == other.dims and self.partial == other.partial and self.shape == other.shape
+                and self.dtype == other.dtype and self.reduction == other.reduction and self.mesh == other.mesh)
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = hash((self.mesh, self.shape, self.dtype, self.dims, self.partial,
+                                               self.reduction))
+        return h
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     # ------------------------------------------------------------------ text form
     @classmethod
     def parse(cls, text: str, mesh: Mesh) -> "ShardingType":

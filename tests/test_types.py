@@ -224,3 +224,48 @@ def test_parse_and_construction_take_time_linear_in_the_rank():
     small, large = 1000, 8000
     ratio = _cpu_seconds(work(large)) / _cpu_seconds(work(small))
     assert ratio < 20, f"8x the rank took {ratio:.1f}x the time"
+
+
+@given(type_pairs(max_rank=3), st.data())
+@settings(max_examples=200, deadline=None)
+def test_types_are_equal_and_hash_alike_exactly_when_their_fields_are(pair, data):
+    """Equality and hashing (identity first, the hash computed once) agree with comparing every field: on random
+    pairs, on a type and a copy of it made from its fields, and on copies with another shape, dtype, device
+    order or reduction kind."""
+    import dataclasses
+
+    src, dst = pair
+    fields = lambda t: tuple(getattr(t, f.name) for f in dataclasses.fields(t))  # noqa: E731
+    mesh, shape, dtype, dims, partial, reduction = fields(src)
+    variants = [ShardingType(*fields(src)), dst, ShardingType(*fields(dst)),
+                ShardingType(mesh, tuple(2 * n for n in shape), dtype, dims, partial, reduction),
+                ShardingType(mesh, shape, data.draw(st.sampled_from(["f32", "i32", "bf16"])), dims, partial),
+                src.replace(mesh=mesh.reordered(mesh.device_ids[::-1])),
+                src.replace(reduction=data.draw(st.sampled_from(["sum", "max"])))]
+    for b in variants:
+        for a in (src, dst):
+            assert (a == b) == (fields(a) == fields(b)) == (b == a)
+            if a == b:
+                assert hash(a) == hash(b) and len({a, b}) == 1
+    assert sum(src == b for b in variants) < len(variants) or src.rank == 0
+    assert src != str(src) and src != fields(src)
+
+
+def test_a_type_pickled_in_another_process_is_found_by_an_equal_type():
+    """A type remembers its hash but does not pickle it: string hashes differ between processes, so a type
+    made in a process with another hash seed, pickled and loaded here, hashes as this process hashes it and
+    finds an equal type in a dict."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    code = ("import pickle, sys, redist; m = redist.Mesh({'batch': 2, 'model': 4}); "
+            "t = redist.ShardingType.parse('f32[64{batch}, 128{model}]', m); hash(t); t.local_bytes; "
+            "sys.stdout.buffer.write(pickle.dumps(t))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True,
+                         env={**os.environ, "PYTHONHASHSEED": "12345"}).stdout
+    loaded = pickle.loads(out)
+    here = ShardingType.parse("f32[64{batch}, 128{model}]", Mesh({"batch": 2, "model": 4}))
+    assert "_hash" not in loaded.__dict__ and loaded.local_bytes == here.local_bytes
+    assert loaded == here and hash(loaded) == hash(here) and {here: 1}[loaded] == 1
