@@ -621,7 +621,7 @@ class Estimator:
     def __init__(self, graph: Graph, rules: list, mesh, hardware=None, max_bases: int = 64):
         self.structure = Structure(graph, rules)
         self.graph, self.rules, self.mesh, self.hardware = graph, rules, mesh, hardware
-        self.bases: OrderedDict = OrderedDict()  # key -> (state, its _Starts, its _columns)
+        self.bases: OrderedDict = OrderedDict()  # key -> (its state's _Starts, its state's _columns)
         self.values = sorted(self.structure.values)
         self.read = column(self.values)  # a state's dims or provenances, in value order
         self.memo = _OpMemo()
@@ -636,11 +636,11 @@ class Estimator:
         columns = _columns(state, self.read)
         if base is not None:
             self.bases.move_to_end(base_key)
-            dirty = _differing(self.values, base[2], columns)
-            analysis, starts = choose(self.structure, state, self.mesh, base[1], dirty, self.memo)
+            dirty = _differing(self.values, base[1], columns)
+            analysis, starts = choose(self.structure, state, self.mesh, base[0], dirty, self.memo)
         else:
             analysis, starts = choose(self.structure, state, self.mesh, None, set(), self.memo)
-        self.bases[key] = (state, starts, columns)
+        self.bases[key] = (starts, columns)
         if self.first is None:
             self.first = key
         if len(self.bases) > self.max_bases:
@@ -659,7 +659,7 @@ class Estimator:
             held = self.bases.get(k)
             if held is not None:
                 columns = columns or _columns(state, self.read)
-                d = len(_differing(self.values, held[2], columns))
+                d = len(_differing(self.values, held[1], columns))
                 if fewest is None or d < fewest:
                     best, fewest = k, d
         return best

@@ -78,7 +78,7 @@ class _Lowering:
                 out.append(self.region(r, out, made, trips))
                 i = g.regions[r].exit + 1
                 continue
-            known = memo.get(i)  # compute's memo, probed inline: the common case
+            known = memo.get(i)  # the op's instruction as made before (see compute): the common case
             hit = None if known is None else known.get(id(op))
             compute, finishes = self.compute(i, op) if hit is None else hit[1]
             reads = None  # the operands' buffers, where one is moved
@@ -96,16 +96,11 @@ class _Lowering:
     def compute(self, i: int, op: OpSharding) -> tuple:
         """``(compute, finishes)`` of equation ``i`` run as ``op``: its :class:`Compute` reading its operands'
         own buffers (its FLOPs per device, its :func:`_masks`), and ``(kind, axes, bytes)`` of each reduction it
-        finishes; remembered in ``memo`` (in a table of its own per equation) by the identity of ``op`` (an
-        :class:`OpSharding` is never changed once made), and so shared by the programs lowered with that memo
-        (an instruction is never changed once made). The entry keeps ``op`` alive, so no other object takes its
-        id while the entry is there."""
-        known = self.memo.get(i)
-        if known is None:
-            known = self.memo[i] = {}
-        hit = known.get(id(op))
-        if hit is not None:
-            return hit[1]
+        finishes; made here and remembered in ``memo`` (in a table of its own per equation, ``memo[i][id(op)]``,
+        which :meth:`block` reads first) by the identity of ``op`` (an :class:`OpSharding` is never changed once
+        made), and so shared by the programs lowered with that memo (an instruction is never changed once made).
+        The entry keeps ``op`` alive, so no other object takes its id while the entry is there."""
+        known = self.memo.setdefault(i, {})
         g, eqn = self.graph, self.graph.eqns[i]
         f = flops(eqn.name, local_shapes(g, eqn.invars, op.in_types), local_shapes(g, eqn.outvars, op.out_types),
                   eqn.params)

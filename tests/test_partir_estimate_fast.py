@@ -175,7 +175,7 @@ def test_what_a_state_hands_on_equals_what_it_computes_afresh(name):
         for j in range(1, len(chain) + 1):
             state = schedule_state(graph, rules, MESH, [a.tactic for a in chain[:j]])
             est.analysis(tuple(chain[:j]), state, tuple(chain[:j - 1]))
-            starts = est.bases[tuple(chain[:j])][1]
+            starts = est.bases[tuple(chain[:j])][0]
             fresh = _Chooser(est.structure, state, MESH, est.memo)
             for i, sk in enumerate(starts.state_keys):
                 if sk is not None:
