@@ -38,9 +38,10 @@ search below minimises (bytes received, number of steps): a move is charged what
 moves of a run together what their one step receives), and a run counts as one step. Costs are exact
 integers in units of ``1 / mesh.size`` bytes (every ``k`` divides the mesh size). Sizes of axes are
 arbitrary integers. When splitting the atoms into prime factors (Shardy's sub-axes) gives other atoms, and
-the plan over the named atoms misses the lower bound, takes three steps or more, or does not exist (an axis
-must be swapped for a part of another of a different size), the search is run again over the prime atoms
-and the better plan is kept.
+the plan over the named atoms misses the lower bound (with sums to reduce, the least that the normal form's
+reductions receive, :func:`_reduction_bound`), takes three steps or more, or does not exist (an axis must be
+swapped for a part of another of a different size), the search is run again over the prime atoms and the
+better plan is kept.
 
 Search (bidirectional, meeting at the permute). Plans in normal form are ``prefix, permute, suffix``, each
 part possibly empty. A forward A* runs the moves 1-5 from the source. A backward Dijkstra runs them read
@@ -452,8 +453,8 @@ def _synthesize(src: ShardingType, dst: ShardingType) -> Plan:
     if exact:  # a search can only tie with the fallback's exchange (in steps, not bytes): it gets less time
         budget = min(budget, _MAX_EXACT_STATES)
     whole = _search(src, dst, refine=False, max_states=budget, cutoff=cutoff)
-    if whole.plan is not None and (not _splits(src, dst)
-                                   or whole.cost == _bound(src, dst) and len(whole.plan.steps) < 3):
+    if whole.plan is not None and (not _splits(src, dst) or len(whole.plan.steps) < 3
+                                   and whole.cost == max(_bound(src, dst), _reduction_bound(src, dst))):
         return whole.plan
     # Sub-axes can help (or be needed): search again over prime-sized atoms, keep the better plan. A plan at
     # the bound may still shrink: slice, permute, gather of a whole axis is often slice, permute of a part.
@@ -477,6 +478,51 @@ def _bound(src: ShardingType, dst: ShardingType) -> int:
     """:func:`redist.lower_bound_bytes` of even types, × the mesh size (the search's unit), from the atoms."""
     space = _Space.of(src, dst, refine=False)
     return space.missing_bytes(*space.start[:2]) * space.scale
+
+
+def _reduction_bound(src: ShardingType, dst: ShardingType) -> int:
+    """A lower bound on the bytes that every plan of the normal form receives from even ``src`` to ``dst`` when
+    it reduces pending sums (those ``dst`` does not keep), × the mesh size (the search's unit); 0 when it reduces
+    none. :func:`redist.lower_bound_bytes` counts a reduction as the destination block only; this counts what
+    reducing costs.
+
+    Read the local size as a potential. An ``all_slice`` lowers it at no cost; a ``reduce_scatter`` receives
+    exactly what it lowers it by, an ``all_gather`` exactly what it raises it by; an ``all_reduce`` over atoms
+    of product ``g`` at size ``X`` receives ``2 (1 - 1/g) X`` and keeps it, as all-to-alls (which receive
+    something) and a permute (at least nothing) do. The sizes of a normal-form plan fall from the source's
+    ``L`` to a bottom ``B``, then rise to the destination's ``D``: its gathers receive ``D - B``, its
+    reduce-scatters ``L - B`` less what its slices lowered. The slices push free atoms the destination places,
+    of product at most ``S``, and lower the size most when they come first: by ``L - L/σ`` at most (``σ`` the
+    product sliced). The atoms reduced (of product ``K``) are reduce-scattered (product ``r``, so ``B = L/(σ
+    r)``) or all-reduced at once (product ``K/r``) at a size of at least ``B``. Adding up, every plan receives
+    at least ``D + L/σ - 2 L/(σ K) >= D + (L/S)(1 - 2/K)`` (``K >= 2``): the all-reduce of a replicated
+    ``partial{model}`` (``2 L (1 - 1/K)``), a reduce-scatter (``D = L/K``), a reduction then a gather of what
+    the destination does not split, all meet it.
+
+    Plans outside the normal form can receive less, slicing an atom the destination replicates before reducing
+    and gathering it back after: on a mesh ``batch=16, model=64``, ``f32[1024,16] partial{model} ->
+    f32[1024,16]`` in 69,504 B per device (all-slice on ``batch``, reduce-scatter on ``model``, all-gather of
+    both), against the all-reduce's 129,024 B.
+
+    The search over prime atoms is skipped where the plan over named atoms meets this bound
+    (:func:`_synthesize`): on meshes of a thousand devices it ran its whole budget of states (0.4-0.7 s) on such
+    reductions and found nothing better. ``tests/test_synthesis_scale.py`` checks the bound against searches
+    run to the end on random pairs, and that plans are the same with and without the second search."""
+    space = _Space.of(src, dst, refine=False)
+    dims, partial = space.start[:2]
+    placed = _mask(a for d in dims for a in d)
+    k = space.blocks(_atoms_of(space.reducible))
+    if k < 2:
+        return 0
+    s = space.blocks(_atoms_of(space.wanted & ~placed & ~partial))
+    # (L/S)(1 - 2/K) == L/(S K) (K - 2), L/(S K) a whole number of units: the atoms of src's dims, the free
+    # ones sliced and the reduced ones are distinct, so their product divides the mesh size
+    return space.local_bytes(space.goal[0]) * space.scale + space.local_bytes(dims) * space.scale // (s * k) * (k - 2)
+
+
+def _atoms_of(mask: int) -> list[int]:
+    """The atoms of a bit mask (:func:`_mask` read back)."""
+    return [i for i in range(mask.bit_length()) if mask >> i & 1]
 
 
 def _fallback_cost(src: ShardingType, dst: ShardingType) -> Fraction:
