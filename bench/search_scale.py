@@ -2,7 +2,8 @@
 
 Method: for each mesh below, ``--pairs`` seeded random even pairs (:func:`redist.testing.draw_pair`: ranks 1 to
 4, or 1 to 8 on the meshes marked so, partial sources, sub-axes with probability 0.25), plus the pairs named
-in issue 14. Each pair is synthesized once with the plan cache cleared, timed in CPU seconds of this process
+in issue 14 and four reductions that the automatic partitioner prices on meshes of 1,024 devices. Each pair is
+synthesized once with the plan cache cleared, timed in CPU seconds of this process
 (``time.process_time``: the search is single-threaded, and other processes on a shared machine do not count):
 ``synthesize`` is the whole call, ``search`` the time spent inside the searches (``synthesis._search``, which
 never enumerates devices; the rest of the call is the typing of the plan, the same at any mesh size). The
@@ -75,6 +76,15 @@ NAMED = [
      "f32[8{a15,a0,a2},8{a1,a4},8{a3,a5},8{a6},8{a7,a8,a10},8{a9,a12},8{a11},8{a13,a14}]"),
     ("gather-slice 4096", {"dp": 16, "fsdp": 16, "tp": 16}, "f32[256{dp}, 256{fsdp,tp}, 32]",
      "f32[256{tp,fsdp}, 256, 32{dp}]"),
+    # reductions the automatic partitioner prices on large meshes (the search over prime atoms ran its whole
+    # budget on each before the reduction bound, 0.3-0.8 s)
+    ("all-reduce 16x64", {"batch": 16, "model": 64}, "f32[8,16] partial{model}", "f32[8,16]"),
+    ("reduce-scatter, all-reduce", {"batch": 16, "model": 64}, "f32[1,1,32] partial{batch,model}",
+     "f32[1,1,32{batch}]"),
+    ("all-reduce, all-gather", {"dp": 8, "fsdp": 16, "tp": 8}, "f32[64{dp,tp},32,8,32] partial{fsdp}",
+     "f32[64{dp},32,8,32]"),
+    ("slice, reduce-scatter, AR", {"dp": 8, "fsdp": 16, "tp": 8}, "f32[1024] partial{dp,tp}",
+     "f32[1024{fsdp,dp}]"),
 ]
 
 
