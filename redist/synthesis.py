@@ -520,21 +520,17 @@ def _reduction_bound(src: ShardingType, dst: ShardingType) -> int:
     on meshes of a thousand devices it ran its whole budget of states (0.1-0.8 s) on such reductions and found
     nothing better. ``tests/test_synthesis_scale.py`` checks the bound against searches run to the end on
     random pairs, and that plans are the same with and without the second search."""
+    if not difference(src.partial, dst.partial):  # nothing to reduce: no atoms to work out
+        return 0
     space = _Space.of(src, dst, refine=False)
     dims, partial = space.start[:2]
-    placed = _mask(a for d in dims for a in d)
-    k = space.blocks(_atoms_of(space.reducible))
+    k = space.product(space.reducible)
     if k < 2:
         return 0
-    s = space.blocks(_atoms_of(space.wanted & ~placed & ~partial))
+    s = space.product(space.wanted & ~_mask(a for d in dims for a in d) & ~partial)
     # (L/S)(1 - 2/K) == L/(S K) (K - 2), L/(S K) a whole number of units: the atoms of src's dims, the free
     # ones sliced and the reduced ones are distinct, so their product divides the mesh size
     return space.local_bytes(space.goal[0]) * space.scale + space.local_bytes(dims) * space.scale // (s * k) * (k - 2)
-
-
-def _atoms_of(mask: int) -> list[int]:
-    """The atoms of a bit mask (:func:`_mask` read back)."""
-    return [i for i in range(mask.bit_length()) if mask >> i & 1]
 
 
 def _fallback_cost(src: ShardingType, dst: ShardingType) -> Fraction:
@@ -642,6 +638,10 @@ class _Space(NamedTuple):
         for a in ids:
             k *= self.sizes[a]
         return k
+
+    def product(self, mask: int) -> int:
+        """The product of the sizes of the atoms of a bit mask (:func:`_mask`)."""
+        return self.blocks(a for a in range(len(self.sizes)) if mask >> a & 1)
 
     def local_bytes(self, dims) -> int:
         k = 1
@@ -877,7 +877,7 @@ def _try_all_reduce(space: _Space, node: _Node):
     dims, partial, grown, run, local_bytes, scaled, local, free = node
     reduced = partial & space.reducible
     if reduced:
-        k = space.blocks(a for a in range(len(space.sizes)) if reduced >> a & 1)
+        k = space.product(reduced)
         yield (AllReduceMove, (), (dims, partial & ~space.reducible, grown, None), local_bytes,
                2 * (k - 1) * scaled // k, reduced, True)
 
