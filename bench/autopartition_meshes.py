@@ -8,7 +8,7 @@ flax.linen LM of ``bench/flax_lm.py``, both at vocab 512, width 256, 2 layers, 8
 (the defaults are too small to split over 64 devices). Meshes: ``2x4`` (the reference), ``16x64``, ``32x32``
 and ``8x16x8`` (1,024 devices each). Reported from ``AutoResult.stats``: evaluations, evaluations per second
 over the search's wall time, why it stopped and its seconds; the simulated step time found against the
-start's; and the time spent in ``redist.synthesize`` (timed around every call, nested calls counted once), with
+start's; and the time spent in ``redist.synthesize`` (timed around every call partir_core makes), with
 the number of calls and its share of the whole ``lower()`` (the search, then the final choice lowered): pricing
 candidates plans their reshards, and on large meshes that can be most of the search. Wall-clock figures on the
 machine that runs it: say how loaded it was.
@@ -45,21 +45,19 @@ MESHES = {"2x4": {"batch": 2, "model": 4}, "16x64": {"batch": 16, "model": 64}, 
 
 
 class _Timed:
-    """``redist.synthesize`` timed: calls and seconds, a call made inside another counted in the outer one."""
+    """``redist.synthesize`` as partir_core calls it, timed: calls and seconds (redist's own calls inside a
+    synthesis go to the module's function, not through this)."""
 
     def __init__(self, inner):
-        self.inner, self.calls, self.seconds, self.depth = inner, 0, 0.0, 0
+        self.inner, self.calls, self.seconds = inner, 0, 0.0
 
     def __call__(self, *args, **kwargs):
-        self.depth += 1
         t0 = time.perf_counter()
         try:
             return self.inner(*args, **kwargs)
         finally:
-            self.depth -= 1
-            if not self.depth:
-                self.calls += 1
-                self.seconds += time.perf_counter() - t0
+            self.calls += 1
+            self.seconds += time.perf_counter() - t0
 
 
 def cell(model: str, mesh_name: str, args) -> dict:
