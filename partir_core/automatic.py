@@ -273,7 +273,8 @@ class Evaluator:
     def __init__(self, graph, rules, mesh, base: State, index: int, actions: list, hardware, budget,
                  max_states: int = 512):
         self.graph, self.rules, self.mesh = graph, rules, mesh
-        self.base, self.index, self.actions = _frozen(base, base, base.dims), index, actions
+        self.interned: dict = {}  # the dims and provenance tuples of its states (_frozen)
+        self.base, self.index, self.actions = _frozen(base, base, base.dims, self.interned), index, actions
         self.rank = {a: i for i, a in enumerate(actions)}
         self.budget = budget
         self.estimator = Estimator(graph, rules, mesh, hardware)
@@ -325,7 +326,7 @@ class Evaluator:
             del s.conflicts[n_conf:]
             self.noop.add(key)
             return None
-        s = _frozen(s, parent, propagate_changes(self.estimator.structure, s, self.mesh, k, changed))
+        s = _frozen(s, parent, propagate_changes(self.estimator.structure, s, self.mesh, k, changed), self.interned)
         self.states[key] = s
         if len(self.states) > self.max_states:
             self.states.popitem(last=False)
@@ -398,14 +399,23 @@ class Evaluator:
         return 0.5 + 0.5 * self.t0 / (self.t0 + t)
 
 
-def _frozen(state: State, parent: State, changed) -> State:
+def _frozen(state: State, parent: State, changed, interned: dict) -> State:
     """``state`` (made from ``parent`` by changing the dims or provenance of the values ``changed``) with every
     value's dims and provenance as tuples, those of the values not ``changed`` the very tuples ``parent`` holds
-    (``parent`` is frozen, or is ``state`` itself). Read-only: :meth:`State.copy` gives a state to change."""
+    (``parent`` is frozen, or is ``state`` itself), the others interned in ``interned`` (a tuple equal to one
+    met before is that very tuple: states reached by other paths share them too, and the estimator compares
+    and remembers them by identity first). Read-only: :meth:`State.copy` gives a state to change."""
+    if len(interned) >= _INTERNED:
+        interned.clear()
     dims, prov = dict(parent.dims), dict(parent.prov)
+    setdefault = interned.setdefault
     for v in changed:
-        dims[v], prov[v] = tuple(state.dims[v]), tuple(state.prov[v])
+        d, p = tuple(state.dims[v]), tuple(state.prov[v])
+        dims[v], prov[v] = setdefault(d, d), setdefault(p, p)
     return State(dims, prov, state.pinned, state.conflicts)
+
+
+_INTERNED = 1 << 16  # tuples an Evaluator interns (_frozen) before it forgets them all
 
 
 # ---------------------------------------------------------------------------------------- MCTS

@@ -58,8 +58,8 @@ import dataclasses
 import heapq
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
-from itertools import repeat
-from operator import itemgetter
+from itertools import compress, repeat
+from operator import itemgetter, ne
 
 from partir_core.choice import (FOLLOW, Analysis, cheapest, choose_op, op_candidates, output_type, state_type,
                                  value_type)
@@ -200,10 +200,19 @@ def _columns(state: State, read) -> tuple:
 
 
 def _differing(values, a: tuple, b: tuple) -> set:
-    """The ``values`` whose dims or provenance differ between the :func:`_columns` ``a`` and ``b``: compared by
-    identity first (the search's states share most of them), by value only where that differs."""
+    """The ``values`` whose dims or provenance differ between the :func:`_columns` ``a`` and ``b``, found in C:
+    each value's ``(dims, provenance)`` pairs compared, their items by identity first (the search's states
+    share most of them, and intern the others: see :func:`partir_core.automatic._frozen`), by value only where
+    that differs."""
     (da, pa), (db, pb) = a, b
-    return {v for v, x, y, p, q in zip(values, da, db, pa, pb) if (x is not y or p is not q) and (x != y or p != q)}
+    return set(compress(values, map(ne, zip(da, pa), zip(db, pb))))
+
+
+def _distance(a: tuple, b: tuple) -> int:
+    """``len(_differing(values, a, b))``, counted without naming them (the search asks it of every base it might
+    score from)."""
+    (da, pa), (db, pb) = a, b
+    return sum(map(ne, zip(da, pa), zip(db, pb)))
 
 
 # ------------------------------------------------------------------------------------------ analysis
@@ -254,7 +263,7 @@ class _Chooser:
             return choose_op(self.graph, s.rules, i, self.state, types, self.mesh, True, targets)
         sk = self.state_keys[i]
         if sk is None:  # the same in every pass
-            sk = self.state_keys[i] = memo.intern(self._state_key(i))
+            sk = self.state_keys[i] = self._interned_state_key(i)
         operands = tuple([id(types[v]) for v in s.invars[i]])
         if type(targets) is dict:
             get = targets.get
@@ -307,6 +316,24 @@ class _Chooser:
         """What op ``i``'s candidates read of the state: its values' dims, and their provenances by order."""
         read = self.s.slot_columns[i]
         return tuple(map(tuple, read(self.state.dims))), ranked(read(self.state.prov))
+
+    def _interned_state_key(self, i: int) -> int:
+        """:meth:`_state_key` of op ``i``, interned (:meth:`_OpMemo.intern`); remembered by the identities of its
+        values' dims and provenance tuples where they are all tuples (a frozen state shares those of the values
+        its action left alone with its parent's, so most ops of a new state find their key without building
+        it). The entry keeps the tuples alive, so no other object takes their ids."""
+        read, memo = self.s.slot_columns[i], self.memo
+        dims, provs = read(self.state.dims), read(self.state.prov)
+        ident = (tuple(map(id, dims)), tuple(map(id, provs)))
+        hit = memo.state_keys.get(ident)
+        if hit is not None:
+            return hit[0]
+        sk = memo.intern((tuple(map(tuple, dims)), ranked(provs)))
+        if all(type(x) is tuple for x in dims) and all(type(x) is tuple for x in provs):
+            if len(memo.state_keys) >= memo.size:
+                memo.state_keys.clear()
+            memo.state_keys[ident] = (sk, dims, provs)
+        return sk
 
     def run(self, targets, base: _Pass | None, dirty_values: set, dirty_ops: set) -> _Pass:
         """The pass pricing results against ``targets``; from ``base`` when given: a pass of the same kind of
@@ -500,6 +527,7 @@ class _OpMemo:
         self.interned: dict = {}
         self.moves: dict = {}
         self.state_types: dict = {}  # (value, id of its dims tuple) -> (that tuple, its state type)
+        self.state_keys: dict = {}  # ids of an op's values' dims and provenance tuples -> (its key, those tuples)
         self.texts: dict = {}  # id of a type -> (that type, its text)
 
     def keep(self, types) -> None:
@@ -652,14 +680,14 @@ class Estimator:
         return analysis
 
     def nearest(self, state: State, keys) -> object | None:
-        """Of ``keys``, the one held whose state differs from ``state`` in the fewest values (:func:`state_diff`;
-        the first on ties): scored from it, the fewest ops are chosen again. None if none is held."""
+        """Of ``keys``, the one held whose state differs from ``state`` in the fewest values (the first on ties):
+        scored from it, the fewest ops are chosen again. None if none is held."""
         best, fewest, columns = None, None, None
         for k in keys:
             held = self.bases.get(k)
             if held is not None:
                 columns = columns or _columns(state, self.read)
-                d = len(_differing(self.values, held[1], columns))
+                d = _distance(held[1], columns)
                 if fewest is None or d < fewest:
                     best, fewest = k, d
         return best

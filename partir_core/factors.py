@@ -38,7 +38,8 @@ def refines(mesh, axes: Axes, prefix: Axes) -> bool:
     factors of ``axes`` (compared by the pieces they cover, see the module docstring)."""
     if tuple(axes[: len(prefix)]) == tuple(prefix):
         return True
-    if all(mesh.axis(a).is_whole for a in (*axes, *prefix)):
+    names = mesh._whole_names
+    if all(a in names for a in axes) and all(a in names for a in prefix):  # whole axes: plain equality
         return False
     long, short = split_common([mesh.axes_of(axes), mesh.axes_of(prefix)])
     return long[: len(short)] == short
@@ -85,7 +86,27 @@ def compose(mesh, per_factor: list[Axes], factors, sizes) -> Axes | None:
 
 
 def fit_use(mesh, rule: Rule, use: dict) -> dict:
-    """Drop factor choices until every operand and result dim composes (contiguous blocks)."""
+    """Drop factor choices until every operand and result dim composes (contiguous blocks). Which factors are
+    dropped depends on ``rule``, ``mesh`` and each factor's axes alone, and is remembered by them (per-op
+    choice fits the same uses many times)."""
+    key = (id(rule), mesh, tuple([(f, u[0]) for f, u in use.items()]))
+    hit = _FITTED.get(key)
+    if hit is None:
+        if len(_FITTED) >= _FITTED_SIZE:
+            _FITTED.clear()
+        hit = _FITTED[key] = (rule, frozenset(use.keys() - _fitted(mesh, rule, use).keys()))
+    dropped = hit[1]
+    return {f: u for f, u in use.items() if f not in dropped} if dropped else dict(use)
+
+
+# fit_use's answers: (id of the rule, mesh, each factor's axes) -> (the rule, kept alive so that no other object
+# takes its id while the entry is there; the factors dropped), forgotten in full when full
+_FITTED: dict = {}
+_FITTED_SIZE = 1 << 14
+
+
+def _fitted(mesh, rule: Rule, use: dict) -> dict:
+    """:func:`fit_use`, worked out."""
     use = dict(use)
     changed = True
     while changed:

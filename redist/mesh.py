@@ -66,6 +66,9 @@ def prime_factors(n: int) -> list[int]:
     return out + ([n] if n > 1 else [])
 
 
+_GROUPS_KNOWN = 1 << 12  # group sizes a mesh remembers (Mesh.group_size) before it forgets them all
+
+
 @dataclass(frozen=True)
 class Mesh:
     """An ordered set of named axes and the device at each position. ``Mesh({"x": 2, "y": 4})`` has 8 devices.
@@ -126,6 +129,12 @@ class Mesh:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(n for n, _ in self.axes)
+
+    @cached_property
+    def _whole_names(self) -> frozenset:
+        """:attr:`names` as a set: whether a token names a whole mesh axis (not a sub-axis), in one lookup (not
+        part of equality or hashing)."""
+        return frozenset(self.names)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -218,11 +227,24 @@ class Mesh:
         return a.coord(coords[a.name])
 
     def group_size(self, names) -> int:
-        """The number of devices in a group spanning ``names`` (the product of their sizes)."""
-        k = 1
-        for a in names:
-            k *= self.axis(a).size
+        """The number of devices in a group spanning ``names`` (the product of their sizes); remembered per
+        tuple of names (planning and partitioning ask for the same few groups millions of times)."""
+        known = self._group_sizes if type(names) is tuple else None
+        k = None if known is None else known.get(names)
+        if k is None:
+            k = 1
+            for a in names:
+                k *= self.axis(a).size
+            if known is not None:
+                if len(known) >= _GROUPS_KNOWN:
+                    known.clear()
+                known[names] = k
         return k
+
+    @cached_property
+    def _group_sizes(self) -> dict:
+        """:meth:`group_size` by tuple of names (not part of equality or hashing)."""
+        return {}
 
     def coords(self, device: int) -> dict[str, int]:
         """Coordinates of device ``device`` (the coordinates of its position), by axis name."""

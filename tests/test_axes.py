@@ -81,6 +81,20 @@ def test_mesh_axis_reads_text_once_and_takes_its_own_axes_as_they_are():
     assert MESH.axis(Mesh({"y": 4}).axis("y:(1)2")) == "y:(1)2"
 
 
+def test_group_size_is_the_product_of_the_sizes_asked_again_or_not():
+    """A mesh remembers its group sizes by tuple of names: the answer is the product of the axes' sizes however
+    often it is asked, for a list too; an unknown axis raises every time; equality and hashing ignore it."""
+    mesh = Mesh({"x": 2, "y": 4})
+    for names in [(), ("x",), ("y", "x"), ("y:(2)2",), ("x", "y:(1)2"), ("y:(1)2", "y:(2)2")]:
+        want = int(np.prod([mesh.axis(a).size for a in names]))
+        assert mesh.group_size(names) == mesh.group_size(names) == mesh.group_size(list(names)) == want
+    for _ in range(2):
+        with pytest.raises(ShardingError, match="unknown mesh axis 'q'"):
+            mesh.group_size(("x", "q"))
+    fresh = Mesh({"x": 2, "y": 4})
+    assert mesh == fresh and hash(mesh) == hash(fresh) and pickle.loads(pickle.dumps(mesh)) == fresh
+
+
 @pytest.mark.parametrize("token, match", [
     ("q", "unknown mesh axis 'q'"),
     ("y:(3)2", "does not fit mesh axis 'y'"),

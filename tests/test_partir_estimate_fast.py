@@ -17,7 +17,8 @@ from partir_core.analysis import analyze_groups  # noqa: E402
 from partir_core.choice import FOLLOW, _analyze_once, _demands, analyze  # noqa: E402
 from partir_core.lowering import lower  # noqa: E402
 from partir_core.program import Compute, Finish, walk  # noqa: E402
-from partir_core.estimate import Estimator, Structure, _Chooser, _OpMemo, state_diff  # noqa: E402
+from partir_core.estimate import (Estimator, Structure, _Chooser, _columns, _distance, _OpMemo,  # noqa: E402
+                                  state_diff)
 from partir_core.simulator import simulate  # noqa: E402
 
 if len(jax.devices()) < 8:
@@ -60,6 +61,11 @@ def test_evaluator_states_are_frozen_and_equal_full_propagation(name):
             assert all(state.dims[v] is parent.dims[v] for v in same)
             checked, shared = checked + 1, shared + len(same)
     assert checked >= 8 and shared > 0
+    # equal dims or provenances are one tuple in every state it holds, whichever path made them (interned)
+    one: dict = {}
+    for state in [ev.base, *ev.states.values()]:
+        for t in (*state.dims.values(), *state.prov.values()):
+            assert one.setdefault(t, t) is t
 
 
 def test_the_result_state_takes_the_tactics_after_the_search():
@@ -224,3 +230,6 @@ def test_the_nearest_held_set_is_the_one_whose_state_differs_least():
     assert est.nearest(states["BP+MP"], ["MP", ""]) == "MP" and est.nearest(states["BP+MP"], ["", "MP"]) == ""
     assert est.nearest(states[""], ["BP", "", "BP+MP"]) == ""
     assert est.nearest(states["BP"], ["BP+MP"]) is None
+    for a in states.values():  # what it counts is state_diff's count
+        for b in states.values():
+            assert _distance(_columns(a, est.read), _columns(b, est.read)) == len(state_diff(a, b))

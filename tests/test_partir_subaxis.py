@@ -12,7 +12,7 @@ from tests.partir_helpers import assert_same, model_and_inputs  # noqa: E402
 import partir_core as pc  # noqa: E402
 from partir_core import schedules  # noqa: E402
 from partir_core.automatic import search_axes  # noqa: E402
-from partir_core.factors import overlap, refines, same_axes  # noqa: E402
+from partir_core.factors import _fitted, fit_use, overlap, refines, same_axes  # noqa: E402
 from partir_core.propagation import State, propagate  # noqa: E402
 
 if len(jax.devices()) < 8:
@@ -58,6 +58,28 @@ def test_axis_relations_compare_the_factors_axes_cover():
     assert same_axes(MESH, ("model:(1)2", "model:(2)2"), ("model",))
     assert not same_axes(MESH, ("model:(2)2", "model:(1)2"), ("model",))
     assert refines(MESH, ("batch", "model"), ("batch",)) and not refines(MESH, ("model", "batch"), ("batch",))
+
+
+def test_fitting_a_use_drops_what_working_it_out_drops_asked_again_or_not():
+    """``fit_use`` remembers which factors it drops by the rule, the mesh and each factor's axes: on every rule
+    of the transformer and random uses of whole axes and halves (provenances and orders varied), it gives what
+    working it out gives, the first time and again, for uses that compose and uses that do not."""
+    m, ins, _ = model_and_inputs("transformer")
+    low = pc.jit(m.step, MESH, []).lower(*ins)
+    rng = np.random.default_rng(0)
+    axes = [(), ("batch",), ("model",), ("model:(1)2",), ("model:(2)2",), ("batch", "model:(1)2"), ("model", "batch")]
+    dropped = kept = 0
+    for rule in [r for r in low.rules if r is not None and r.sizes]:
+        factors = sorted(rule.sizes)
+        for _ in range(4):
+            fs = rng.permutation(factors)[:rng.integers(1, len(factors) + 1)]
+            use = {str(f): (axes[rng.integers(1, len(axes))], int(rng.integers(0, 5))) for f in fs}
+            want = _fitted(MESH, rule, use)
+            for _ in range(2):
+                got = fit_use(MESH, rule, use)
+                assert got == want and list(got) == list(want) and got is not use
+            dropped, kept = dropped + (len(want) < len(use)), kept + (len(want) == len(use))
+    assert dropped > 20 and kept > 20
 
 
 def test_propagation_compares_a_factors_axes_by_the_pieces_they_cover():
