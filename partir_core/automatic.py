@@ -58,7 +58,9 @@ The search, in three phases:
 Ties are broken by a ``random.Random(seed)``. With a budget of evaluations (``max_evals``) the search is
 deterministic for a seed: the same sets are evaluated in the same order and the same result is returned.
 With a wall-time budget, the order is the same but where it stops depends on the machine's speed; it stops
-when the next evaluation, if it took as long as the slowest so far, would end past ``time_budget_s``.
+when the next evaluation, if it took as long as the slowest of the last ``RECENT`` (an evaluation whose state
+and base must be rebuilt takes several times the mean, and the first ones, which plan most reshards afresh,
+far longer: on a mesh of a thousand devices, as long as half the budget), would end past ``time_budget_s``.
 
 Pieces: :class:`Evaluator` (states and scores of action sets), :class:`_Tree` (one iteration is
 :meth:`_Tree.descend`, selection then expansion, and :meth:`_Tree.backup`), :func:`_seed`, :func:`_improve`,
@@ -78,7 +80,7 @@ import math
 import random
 import sys
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 import jax
@@ -102,6 +104,7 @@ LOCAL_STARTS = 3  # the local pass starts from this many of the best sets found 
 # transformer at 2x4 (one sitting, a shared 2-core host), 8 gave 92 evaluations/s, 2 and 4 gave 90, 16 gave 89,
 # all 64 held 77 (comparing states costs more than it saves)
 BASE_TRIES = 8
+RECENT = 32  # evaluations (cache hits aside) whose slowest the deadline allows for: Evaluator.expected_s
 
 
 @dataclass(frozen=True)
@@ -286,7 +289,8 @@ class Evaluator:
         self.evals: dict = {}
         self.by_fingerprint: dict = {}
         self.n_sim = self.n_hits = self.n_fp_hits = 0
-        self.sim_s = self.slowest_s = 0.0
+        self.sim_s = 0.0
+        self.recent: deque = deque(maxlen=RECENT)  # seconds of the last evaluations that were no cache hit
         self.t0 = None
 
     def key(self, acts) -> tuple:
@@ -316,7 +320,7 @@ class Evaluator:
             self.noop.add(key)
             return None
         a = key[-1]
-        s = parent.copy()
+        s = parent.copy_of_frozen()
         before = [tuple(s.dims[v]) for v in self.matches[a]]
         k = self.index + STEP * (len(key) - 1)
         n_conf = len(s.conflicts)
@@ -340,16 +344,16 @@ class Evaluator:
         """The evaluation of set ``key`` (None if some action is not a move), scored from a set the estimator
         holds (:meth:`base_for`; ``near``: an evaluated set it differs little from, the node it was reached
         from)."""
+        if key in self.evals:
+            self.n_hits += 1
+            return self.evals[key]
         t_start = time.perf_counter()
         try:
             return self._evaluate(key, near)
         finally:
-            self.slowest_s = max(self.slowest_s, time.perf_counter() - t_start)
+            self.recent.append(time.perf_counter() - t_start)
 
     def _evaluate(self, key: tuple, near: tuple | None) -> Evaluation | None:
-        if key in self.evals:
-            self.n_hits += 1
-            return self.evals[key]
         s = self.state(key)
         if s is None:
             return None
@@ -386,10 +390,11 @@ class Evaluator:
         return self.estimator.nearest(state, sets[:BASE_TRIES])
 
     def expected_s(self) -> float:
-        """How long the next evaluation may take: as long as the slowest so far (one whose state and base
-        must be rebuilt takes several times the mean); the search stops when it would end past its
-        deadline."""
-        return self.slowest_s
+        """How long the next evaluation may take: as long as the slowest of the last :data:`RECENT` that were
+        no cache hit (one whose state and base must be rebuilt takes several times the mean; the first ones,
+        which plan most reshards afresh, are left behind once the search is under way); the search stops
+        when it would end past its deadline."""
+        return max(self.recent, default=0.0)
 
     def reward(self, t, peak, err) -> float:
         if err is not None:

@@ -643,13 +643,14 @@ def choose(structure: Structure, state: State, mesh, base: _Starts | None, dirty
 class Estimator:
     """Scores states of one program (see the module docstring): :meth:`score` gives the
     :class:`~partir_core.simulator.Simulation` that ``simulate(lower(analyze(...)))`` gives, computed from a
-    base state scored before. Keeps the passes of the first state scored (the search's start) and of the
-    ``max_bases`` states scored last."""
+    base state scored before. Keeps the passes and the lowered program of the first state scored (the search's
+    start) and of the ``max_bases`` states scored last."""
 
     def __init__(self, graph: Graph, rules: list, mesh, hardware=None, max_bases: int = 64):
         self.structure = Structure(graph, rules)
         self.graph, self.rules, self.mesh, self.hardware = graph, rules, mesh, hardware
-        self.bases: OrderedDict = OrderedDict()  # key -> (its state's _Starts, its state's _columns)
+        # key -> [its state's _Starts, its state's _columns, its program once lowered (a base to lower from)]
+        self.bases: OrderedDict = OrderedDict()
         self.values = sorted(self.structure.values)
         self.read = column(self.values)  # a state's dims or provenances, in value order
         self.memo = _OpMemo()
@@ -668,7 +669,7 @@ class Estimator:
             analysis, starts = choose(self.structure, state, self.mesh, base[0], dirty, self.memo)
         else:
             analysis, starts = choose(self.structure, state, self.mesh, None, set(), self.memo)
-        self.bases[key] = (starts, columns)
+        self.bases[key] = [starts, columns, None]
         if self.first is None:
             self.first = key
         if len(self.bases) > self.max_bases:
@@ -693,7 +694,11 @@ class Estimator:
         return best
 
     def score(self, key, state: State, base_key=None) -> Simulation:
-        """The simulation of ``state`` as lowered (see :meth:`analysis`). Raises :class:`redist.ShardingError`
-        if the state cannot be lowered."""
-        program = lower(self.graph, self.analysis(key, state, base_key), self.mesh, memo=self.lowering)
+        """The simulation of ``state`` as lowered (see :meth:`analysis`; lowered from the program of the state
+        under ``base_key`` when it holds one: :func:`~partir_core.lowering.lower`'s ``base``). Raises
+        :class:`redist.ShardingError` if the state cannot be lowered."""
+        held = self.bases.get(base_key) if base_key is not None else None
+        base = None if held is None else held[2]
+        program = lower(self.graph, self.analysis(key, state, base_key), self.mesh, memo=self.lowering, base=base)
+        self.bases[key][2] = program
         return simulate(program, self.hardware)

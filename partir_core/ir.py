@@ -154,6 +154,7 @@ class Graph:
     names: dict[int, str] = field(default_factory=dict)
     _innermost: list | None = field(default=None, repr=False, compare=False)
     _primitives: list | None = field(default=None, repr=False, compare=False)
+    _readers: tuple | None = field(default=None, repr=False, compare=False)
     _matching: dict = field(default_factory=dict, repr=False, compare=False)
 
     def inputs_matching(self, pattern: str) -> list[tuple[str, int]]:
@@ -189,6 +190,17 @@ class Graph:
         if self._primitives is None or len(self._primitives) != len(self.eqns):
             self._primitives = [e.name for e in self.eqns]
         return self._primitives
+
+    def readers(self) -> dict[int, tuple[int, ...]]:
+        """Every value an equation reads: the equations that read it, in order; remembered (as
+        :meth:`primitives`)."""
+        if self._readers is None or self._readers[0] != len(self.eqns):
+            found: dict = {}
+            for i, eqn in enumerate(self.eqns):
+                for v in eqn.invars:
+                    found.setdefault(v, {})[i] = None
+            self._readers = (len(self.eqns), {v: tuple(eqns) for v, eqns in found.items()})
+        return self._readers[1]
 
     def trips(self, region: int | None) -> int:
         """How often region ``region``'s body runs per call of the program: the product of the trip counts of

@@ -20,6 +20,9 @@ carry's is moved back inside the loop, at the end of the body, and reported
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
+from itertools import compress
+from operator import is_not, itemgetter
 
 from partir_core import reshard
 from partir_core.choice import Analysis, OpSharding, local_shapes, output_type
@@ -67,31 +70,85 @@ class _Lowering:
         """The instructions of equations ``eqns`` (a body, or the whole program), each region as one
         :class:`ControlFlow`; ``trips``: how often the block runs per call; ``made``: the block's moves,
         ``(buffer, type) -> the buffer holding it`` (filled in; a body's are its own)."""
-        g, ops, types, memo = self.graph, self.analysis.ops, self.types, self.memo
+        g = self.graph
         out: list = []
         made = {} if made is None else made
         i = eqns.start
         while i < eqns.stop:
-            eqn, op = g.eqns[i], ops[i]
             if i in self.enters:
-                r = eqn.params["region"]
+                r = g.eqns[i].params["region"]
                 out.append(self.region(r, out, made, trips))
                 i = g.regions[r].exit + 1
                 continue
-            known = memo.get(i)  # the op's instruction as made before (see compute): the common case
-            hit = None if known is None else known.get(id(op))
-            compute, finishes = self.compute(i, op) if hit is None else hit[1]
-            reads = None  # the operands' buffers, where one is moved
-            for k, (v, t) in enumerate(zip(eqn.invars, op.in_types)):
-                if types[v] is not t:
-                    reads = reads or list(eqn.invars)
-                    reads[k] = self.move(v, types[v], t, f"eqn {i} ({eqn.name})", out, made, trips)
-            out.append(compute if reads is None else dataclasses.replace(compute, reads=reads))
-            for kind, axes, b in finishes:
-                out.append(Finish(eqn.outvars[0], kind, axes,
-                                  [reshard.Collective("all_reduce_" + kind, axes, b, f"eqn {i} ({eqn.name})", trips)]))
+            self.op(i, out, made, trips)
             i += 1
         return out
+
+    def op(self, i: int, out: list, made: dict, trips: int) -> bool:
+        """Append equation ``i``'s instructions to ``out`` (not a region's enter): its operands' moves, its
+        :class:`Compute`, the reductions it finishes. Whether it moves an operand."""
+        eqn, op, types = self.graph.eqns[i], self.analysis.ops[i], self.types
+        known = self.memo.get(i)  # the op's instruction as made before (see compute): the common case
+        hit = None if known is None else known.get(id(op))
+        compute, finishes = self.compute(i, op) if hit is None else hit[1]
+        reads = None  # the operands' buffers, where one is moved
+        for k, (v, t) in enumerate(zip(eqn.invars, op.in_types)):
+            if types[v] is not t:
+                reads = reads or list(eqn.invars)
+                reads[k] = self.move(v, types[v], t, f"eqn {i} ({eqn.name})", out, made, trips)
+        out.append(compute if reads is None else dataclasses.replace(compute, reads=reads))
+        for kind, axes, b in finishes:
+            out.append(Finish(eqn.outvars[0], kind, axes,
+                              [reshard.Collective("all_reduce_" + kind, axes, b, f"eqn {i} ({eqn.name})", trips)]))
+        return reads is not None and any(r is not v for r, v in zip(reads, eqn.invars))
+
+    def flat(self, base: "Segments | None") -> tuple[list, "Segments", dict]:
+        """The instructions of a program without regions, its :class:`Segments` and its moves (as :meth:`block`
+        gives them). With ``base`` (the segments of a program lowered with the same memo from another analysis
+        of the graph), the equations that run as they did there and move nothing are not lowered again: their
+        instructions are taken from it as they are (the same objects: see :meth:`compute`). An equation is
+        lowered again when its choice or an operand's type is another object than in the base's analysis, or
+        when it moved an operand there (a move's buffer is numbered in program order, and a move is made once
+        and reused: :meth:`move`); every move is then made where full lowering makes it, and numbered alike."""
+        n = len(self.graph.eqns)
+        out: list = []
+        starts: list = []
+        moving: list = []
+        made: dict = {}
+        dirty = range(n) if base is None else sorted(self._dirty(base))
+        done = 0  # the equations before it are in out
+        for i in dirty:
+            if done < i:  # equations done..i-1 as the base has them
+                self._copy(base, done, i, out, starts)
+            starts.append(len(out))
+            if self.op(i, out, made, 1):
+                moving.append(i)
+            done = i + 1
+        if done < n:
+            self._copy(base, done, n, out, starts)
+        return out, Segments(self.analysis, out, starts, moving, len(out), len(dirty)), made
+
+    def _dirty(self, base: "Segments") -> set:
+        """The equations :meth:`flat` lowers again from ``base``: those whose choice is another object, those
+        reading a value whose type is, and those that moved an operand in the base."""
+        readers = self.graph.readers()
+        read = itemgetter(*readers) if len(readers) > 1 else lambda d: tuple(d[v] for v in readers)
+        was = base.analysis
+        dirty = set(compress(range(len(self.analysis.ops)), map(is_not, self.analysis.ops, was.ops)))
+        for v in compress(readers, map(is_not, read(self.types), read(was.types))):
+            dirty.update(readers[v])
+        dirty.update(base.moving)
+        return dirty
+
+    @staticmethod
+    def _copy(base: "Segments", first: int, stop: int, out: list, starts: list) -> None:
+        """Append the base's instructions of equations ``first`` to ``stop - 1`` to ``out``, and where each
+        starts to ``starts``."""
+        b_starts = base.starts
+        end = b_starts[stop] if stop < len(b_starts) else base.end
+        shift = len(out) - b_starts[first]
+        starts.extend(map(shift.__add__, b_starts[first:stop]))
+        out.extend(base.instructions[b_starts[first]:end])
 
     def compute(self, i: int, op: OpSharding) -> tuple:
         """``(compute, finishes)`` of equation ``i`` run as ``op``: its :class:`Compute` reading its operands'
@@ -137,19 +194,42 @@ class _Lowering:
         return ControlFlow(r, reg.kind, operands, bodies, results, list(exit_.outvars), reg.trip_count)
 
 
+@dataclass
+class Segments:
+    """Where each equation's instructions lie in a lowered program without regions (equation ``i``'s are
+    ``instructions[starts[i]:starts[i + 1]]``, the last's end at ``end``, the outputs' moves after), the
+    equations among them that move an operand (``moving``), and the ``analysis`` it was lowered from: what
+    :func:`lower` reads to lower another analysis of the graph from it (:meth:`_Lowering.flat`). ``lowered``:
+    how many equations were lowered (the others' instructions were taken from a base program)."""
+
+    analysis: Analysis
+    instructions: list
+    starts: list
+    moving: list
+    end: int
+    lowered: int
+
+
 def lower(graph: Graph, analysis: Analysis, mesh, state: State | None = None,
-          memo: dict | None = None) -> LocalProgram:
+          memo: dict | None = None, base: LocalProgram | None = None) -> LocalProgram:
     """The local program of ``analysis``. A reshard of one buffer to one type is made once per block (the
     program, or a body) and its result reused by every later reader there. Outputs are given the type
     propagation gives them (``state``; without it, their producer's type with pending sums reduced). ``memo``:
     a dict that a caller lowering many analyses of ``graph`` keeps between calls (the automatic search's
     candidates share most of their ops' choices): each op's :class:`Compute` (shared by the programs where it
-    reads its operands' own buffers) and finishes are remembered there by the identity of its choice. Raises
-    :class:`redist.ShardingError` if a value must reach a type no redistribution can give it."""
+    reads its operands' own buffers) and finishes are remembered there by the identity of its choice. ``base``:
+    a program lowered before with the same memo (the same instructions come out; of a program without
+    control flow, only the equations whose choice or operands differ from the base's are lowered again, see
+    :meth:`_Lowering.flat`). Raises :class:`redist.ShardingError` if a value must reach a type no
+    redistribution can give it."""
     state = analysis.state if state is None else state
     low = _Lowering(graph, analysis, {} if memo is None else memo)
-    made: dict = {}  # the program's moves, reused for the outputs
-    instructions = low.block(range(len(graph.eqns)), 1, made)
+    segments = None
+    if graph.regions:
+        made: dict = {}  # the program's moves, reused for the outputs
+        instructions = low.block(range(len(graph.eqns)), 1, made)
+    else:
+        instructions, segments, made = low.flat(None if base is None else base.segments)
     out_types, out_bufs = [], []
     for j, v in enumerate(graph.outvars):
         dst = output_type(graph, analysis, state, v, mesh)
@@ -157,7 +237,7 @@ def lower(graph: Graph, analysis: Analysis, mesh, state: State | None = None,
         out_types.append(dst)
     in_types = [analysis.types[v] for v in graph.invars]
     return LocalProgram(graph, mesh, analysis, instructions, in_types, out_types, out_bufs, low.buf_bytes,
-                        low.fallbacks, low.carry_reshards)
+                        low.fallbacks, low.carry_reshards, segments)
 
 
 def _masks(op: OpSharding) -> list:

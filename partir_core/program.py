@@ -142,6 +142,9 @@ class LocalProgram:
     buf_bytes: dict
     fallbacks: list = field(default_factory=list)
     carry_reshards: list = field(default_factory=list)
+    # where each equation's instructions lie, for lowering a similar analysis from this program (a program
+    # without control flow: partir_core.lowering.Segments; None otherwise)
+    segments: object = field(default=None, repr=False, compare=False)
 
     @property
     def collectives(self) -> list[reshard.Collective]:

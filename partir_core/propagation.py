@@ -62,6 +62,24 @@ class State:
         return State({v: list(d) for v, d in self.dims.items()}, {v: list(p) for v, p in self.prov.items()},
                      set(self.pinned), list(self.conflicts))
 
+    def copy_of_frozen(self) -> "State":
+        """:meth:`copy` of a frozen state (every value's dims and provenance a tuple, as the automatic search keeps
+        its states), sharing those tuples: a writer makes a value's own lists first (:meth:`set_dim`)."""
+        return State(dict(self.dims), dict(self.prov), set(self.pinned), list(self.conflicts))
+
+    def set_dim(self, v: int, d: int, axes: Axes, prov: int) -> None:
+        """Split dim ``d`` of value ``v`` over ``axes``, decided by ``prov`` unless it was decided before; the
+        value's dims and provenance become lists of its own first where they are tuples
+        (:meth:`copy_of_frozen`)."""
+        dims, provs = self.dims[v], self.prov[v]
+        if type(dims) is tuple:
+            dims = self.dims[v] = list(dims)
+        if type(provs) is tuple:
+            provs = self.prov[v] = list(provs)
+        dims[d] = axes
+        if provs[d] is None:
+            provs[d] = prov
+
 
 def op_slots(rule: Rule, eqn) -> list:
     """``(value, dim, factors)`` for every dim of every operand and result."""
@@ -180,10 +198,8 @@ def visit(graph: Graph, rule, i: int, state: State, mesh, tactic: int, seen: set
         others = {a for j, ax in enumerate(state.dims[v]) if j != d for a in ax}
         if clash(mesh, others, target) or (len(fs) > 1 and graph.shape(v)[d] % group(mesh, target)):
             continue
-        state.dims[v][d] = target
-        if state.prov[v][d] is None:
-            provs = [spread[f][1] for f in fs if f in spread]
-            state.prov[v][d] = min(provs) if provs else tactic
+        provs = [spread[f][1] for f in fs if f in spread]
+        state.set_dim(v, d, target, min(provs) if provs else tactic)
         wrote.append(v)
     return wrote
 

@@ -125,9 +125,7 @@ class ManualPartition:
                 state.conflicts.append(Conflict(index, -1, "input " + p, f"dim {d}",
                                                 ((v, d, (axis,), index),), tuple(cur), why))
                 continue
-            state.dims[v][d] = tuple(cur) + (axis,)
-            if state.prov[v][d] is None:
-                state.prov[v][d] = index
+            state.set_dim(v, d, tuple(cur) + (axis,), index)
 
     def __str__(self):
         return f"ManualPartition({self.dims!r}, axis={self.axis!r})"
