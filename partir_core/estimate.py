@@ -42,6 +42,9 @@ random action sets):
    choosing.
 3. Lowering and simulation: the winning choice is lowered and simulated as ``pf.lower(...).simulate()``
    does (:func:`partir_core.lowering.lower`, :func:`partir_core.simulator.simulate`); nothing runs on JAX.
+   A program without control flow is lowered from the base's program: only the equations whose choice or
+   operands' types are other objects than there, or that moved an operand there, are lowered again (about a
+   quarter of them on the reference transformer); the simulation walks the whole program.
 
 Control flow. ``scan``, ``while`` and ``cond`` are inlined (:mod:`partir_core.ir`): a body's ops are ops of
 the program, between its region's enter and exit, and are propagated and chosen as any op is. An enter or exit
@@ -200,10 +203,9 @@ def _columns(state: State, read) -> tuple:
 
 
 def _differing(values, a: tuple, b: tuple) -> set:
-    """The ``values`` whose dims or provenance differ between the :func:`_columns` ``a`` and ``b``, found in C:
-    each value's ``(dims, provenance)`` pairs compared, their items by identity first (the search's states
-    share most of them, and intern the others: see :func:`partir_core.automatic._frozen`), by value only where
-    that differs."""
+    """The ``values`` whose dims or provenance differ between the :func:`_columns` ``a`` and ``b``, found in C
+    (each value's ``(dims, provenance)`` pair compared, their items by identity first: the search's states share
+    most tuples, and intern the others, see :func:`partir_core.automatic._frozen`)."""
     (da, pa), (db, pb) = a, b
     return set(compress(values, map(ne, zip(da, pa), zip(db, pb))))
 
