@@ -322,8 +322,8 @@ class _Chooser:
     def _interned_state_key(self, i: int) -> int:
         """:meth:`_state_key` of op ``i``, interned (:meth:`_OpMemo.intern`); remembered by the identities of its
         values' dims and provenance tuples where they are all tuples (a frozen state shares those of the values
-        its action left alone with its parent's, so most ops of a new state find their key without building
-        it). The entry keeps the tuples alive, so no other object takes their ids."""
+        its action left alone with its parent's and interns the others, so most ops of a new state find their
+        key without building it). The entry keeps the tuples alive, so no other object takes their ids."""
         read, memo = self.s.slot_columns[i], self.memo
         dims, provs = read(self.state.dims), read(self.state.prov)
         ident = (tuple(map(id, dims)), tuple(map(id, provs)))

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping
+from itertools import accumulate
 from dataclasses import dataclass
 from typing import Callable
 
@@ -520,8 +521,11 @@ def _heap_peak(temps: dict, outs: dict, size: dict) -> int:
     # output's own first), sorted; they are disjoint, so sorted by start they are sorted by end
     allocs = [(size.get(b, 0), [s], [e]) for b, (s, e) in sorted(outs.items(), key=lambda kv: -size.get(kv[0], 0))]
     rest = []
-    for b, (s, e) in sorted(temps.items(), key=lambda kv: (-size.get(kv[0], 0), kv[1])):
-        n = size.get(b, 0)
+    get = size.get
+    # largest first, then by live range, then as given: sorted as tuples (in C), the index breaking ties
+    order = sorted([(-get(b, 0), s, e, j) for j, (b, (s, e)) in enumerate(temps.items())])
+    for minus_n, s, e, _ in order:
+        n = -minus_n
         for cap, starts, ends in allocs:
             if cap < n:  # allocations come largest first: none after this one fits either
                 rest.append((s, e, n))
@@ -533,12 +537,8 @@ def _heap_peak(temps: dict, outs: dict, size: dict) -> int:
                 break
         else:
             rest.append((s, e, n))
-    events = sorted([(s, n) for s, _, n in rest] + [(e + 1, -n) for _, e, n in rest], key=lambda x: (x[0], x[1]))
-    live = peak = 0
-    for _, n in events:
-        live += n
-        peak = max(peak, live)
-    return peak
+    events = sorted([(s, n) for s, _, n in rest] + [(e + 1, -n) for _, e, n in rest])
+    return max(0, max(accumulate([n for _, n in events]), default=0))
 
 
 def _reads(ins):
