@@ -330,7 +330,7 @@ class _Chooser:
         hit = memo.state_keys.get(ident)
         if hit is not None:
             return hit[0]
-        sk = memo.intern((tuple(map(tuple, dims)), ranked(provs)))
+        sk = memo.intern(self._state_key(i))
         if all(type(x) is tuple for x in dims) and all(type(x) is tuple for x in provs):
             if len(memo.state_keys) >= memo.size:
                 memo.state_keys.clear()
