@@ -102,10 +102,10 @@ class _Lowering:
                               [reshard.Collective("all_reduce_" + kind, axes, b, f"eqn {i} ({eqn.name})", trips)]))
         return reads is not None and any(r is not v for r, v in zip(reads, eqn.invars))
 
-    def flat(self, base: "Segments | None") -> tuple[list, "Segments", dict]:
+    def flat(self, base: LocalProgram | None) -> tuple[list, "Segments", dict]:
         """The instructions of a program without regions, its :class:`Segments` and its moves (as :meth:`block`
-        gives them). With ``base`` (the segments of a program lowered with the same memo from another analysis
-        of the graph), the equations that run as they did there and move nothing are not lowered again: their
+        gives them). With ``base`` (a program lowered with the same memo from another analysis of the graph),
+        the equations that run as they did there and move nothing are not lowered again: their
         instructions are taken from it as they are (the same objects: see :meth:`compute`). An equation is
         lowered again when its choice or an operand's type is another object than in the base's analysis, or
         when it moved an operand there (a move's buffer is numbered in program order, and a move is made once
@@ -126,9 +126,9 @@ class _Lowering:
             done = i + 1
         if done < n:
             self._copy(base, done, n, out, starts)
-        return out, Segments(self.analysis, out, starts, moving, len(out), len(dirty)), made
+        return out, Segments(starts, moving, len(out), len(dirty)), made
 
-    def _dirty(self, base: "Segments") -> set:
+    def _dirty(self, base: LocalProgram) -> set:
         """The equations :meth:`flat` lowers again from ``base``: those whose choice is another object, those
         reading a value whose type is, and those that moved an operand in the base."""
         readers = self.graph.readers()
@@ -137,15 +137,15 @@ class _Lowering:
         dirty = set(compress(range(len(self.analysis.ops)), map(is_not, self.analysis.ops, was.ops)))
         for v in compress(readers, map(is_not, read(self.types), read(was.types))):
             dirty.update(readers[v])
-        dirty.update(base.moving)
+        dirty.update(base.segments.moving)
         return dirty
 
     @staticmethod
-    def _copy(base: "Segments", first: int, stop: int, out: list, starts: list) -> None:
+    def _copy(base: LocalProgram, first: int, stop: int, out: list, starts: list) -> None:
         """Append the base's instructions of equations ``first`` to ``stop - 1`` to ``out``, and where each
         starts to ``starts``."""
-        b_starts = base.starts
-        end = b_starts[stop] if stop < len(b_starts) else base.end
+        b_starts = base.segments.starts
+        end = b_starts[stop] if stop < len(b_starts) else base.segments.end
         shift = len(out) - b_starts[first]
         starts.extend(map(shift.__add__, b_starts[first:stop]))
         out.extend(base.instructions[b_starts[first]:end])
@@ -197,13 +197,11 @@ class _Lowering:
 @dataclass
 class Segments:
     """Where each equation's instructions lie in a lowered program without regions (equation ``i``'s are
-    ``instructions[starts[i]:starts[i + 1]]``, the last's end at ``end``, the outputs' moves after), the
-    equations among them that move an operand (``moving``), and the ``analysis`` it was lowered from: what
-    :func:`lower` reads to lower another analysis of the graph from it (:meth:`_Lowering.flat`). ``lowered``:
-    how many equations were lowered (the others' instructions were taken from a base program)."""
+    ``program.instructions[starts[i]:starts[i + 1]]``, the last's end at ``end``, the outputs' moves after) and
+    the equations among them that move an operand (``moving``): what :func:`lower` reads, beside the program's
+    instructions and analysis, to lower another analysis of the graph from it (:meth:`_Lowering.flat`).
+    ``lowered``: how many equations were lowered (the others' instructions were taken from a base program)."""
 
-    analysis: Analysis
-    instructions: list
     starts: list
     moving: list
     end: int
@@ -229,7 +227,7 @@ def lower(graph: Graph, analysis: Analysis, mesh, state: State | None = None,
         made: dict = {}  # the program's moves, reused for the outputs
         instructions = low.block(range(len(graph.eqns)), 1, made)
     else:
-        instructions, segments, made = low.flat(None if base is None else base.segments)
+        instructions, segments, made = low.flat(base)
     out_types, out_bufs = [], []
     for j, v in enumerate(graph.outvars):
         dst = output_type(graph, analysis, state, v, mesh)
