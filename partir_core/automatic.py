@@ -26,7 +26,9 @@ changed are chosen again), with the same figures as ``pf.lower(...).simulate()``
 action set and per resulting sharding. A state that cannot be lowered (a ``ShardingError``) is never chosen.
 The reward of a state is ``0.5 + 0.5·t0/(t0 + t)`` (``t`` its simulated step time, ``t0`` that of the starting
 state) when its simulated peak memory fits ``memory_budget_bytes``, and ``0.45·budget/peak`` (always lower)
-when it does not.
+when it does not. Without a memory budget, a state's peak only breaks ties between equally fast sets of as many
+actions and is reported for the result: it is simulated when first read (:attr:`Evaluation.peak_bytes`), not
+with every candidate.
 
 The search, in three phases:
 
@@ -82,6 +84,7 @@ import sys
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 import jax
 
@@ -129,13 +132,22 @@ class Action:
 @dataclass
 class Evaluation:
     """A simulated state: step time and peak bytes (``inf`` and a huge peak when it cannot be lowered, then
-    ``error`` says why), whether it fits the memory budget, and its reward."""
+    ``error`` says why), whether it fits the memory budget, and its reward. The peak is ``known_peak``, or, where
+    that is None (a search without a memory budget scores step times only), what ``measure()`` gives when
+    :attr:`peak_bytes` is first read."""
 
     step_time_s: float
-    peak_bytes: int
+    known_peak: int | None
     feasible: bool
     reward: float
     error: str | None = None
+    measure: Callable[[], int] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def peak_bytes(self) -> int:
+        if self.known_peak is None:
+            self.known_peak = self.measure()
+        return self.known_peak
 
 
 @dataclass
@@ -277,6 +289,7 @@ class Evaluator:
                  max_states: int = 512):
         self.graph, self.rules, self.mesh = graph, rules, mesh
         self.interned: dict = {}  # the dims and provenance tuples of its states (_frozen)
+        self.steps: dict = {}  # propagation's steps at each op, by what they read (propagate_changes)
         self.base, self.index, self.actions = _frozen(base, base, base.dims, self.interned), index, actions
         self.rank = {a: i for i, a in enumerate(actions)}
         self.budget = budget
@@ -330,7 +343,8 @@ class Evaluator:
             del s.conflicts[n_conf:]
             self.noop.add(key)
             return None
-        s = _frozen(s, parent, propagate_changes(self.estimator.structure, s, self.mesh, k, changed), self.interned)
+        touched = propagate_changes(self.estimator.structure, s, self.mesh, k, changed, steps=self.steps)
+        s = _frozen(s, parent, touched, self.interned)
         self.states[key] = s
         if len(self.states) > self.max_states:
             self.states.popitem(last=False)
@@ -363,8 +377,8 @@ class Evaluator:
             ev = self.by_fingerprint[fp]
         else:
             t_start = time.perf_counter()
-            try:
-                sim = self.estimator.score(key, s, self.base_for(key, s, near))
+            try:  # the peak where the reward reads it (see the module docstring)
+                sim = self.estimator.score(key, s, self.base_for(key, s, near), memory=self.budget is not None)
                 t, peak, err = sim.step_time_s, sim.peak_bytes, None
             except ShardingError as e:  # a state that cannot be lowered (no reshard reaches a type) is never chosen
                 t, peak, err = math.inf, 1 << 62, f"{type(e).__name__}: {e}"
@@ -373,10 +387,16 @@ class Evaluator:
             if self.t0 is None:
                 self.t0 = t if math.isfinite(t) and t > 0 else 1.0
             ev = Evaluation(t, peak, err is None and (self.budget is None or peak <= self.budget),
-                            self.reward(t, peak, err), err)
+                            self.reward(t, peak, err), err, functools.partial(self.peak, key))
             self.by_fingerprint[fp] = ev
         self.evals[key] = ev
         return ev
+
+    def peak(self, key: tuple) -> int:
+        """The simulated peak of set ``key``'s state (its program simulated with its memory, lowered again from
+        the nearest set held where the estimator no longer holds it)."""
+        s = self.state(key)
+        return self.estimator.peak(key, s, self.base_for(key, s, None))
 
     def base_for(self, key: tuple, state: State, near: tuple | None) -> tuple | None:
         """The set that set ``key`` (of state ``state``) is scored from: the figures are the same from any, the
@@ -531,8 +551,10 @@ def _better(e: Evaluation, k: tuple, than_e: Evaluation, than_k: tuple) -> bool:
     smaller; among infeasible ones, the smaller, the faster, the fewer actions."""
     if e.feasible != than_e.feasible:
         return e.feasible
-    if e.feasible:
-        return (e.step_time_s, len(k), e.peak_bytes) < (than_e.step_time_s, len(than_k), than_e.peak_bytes)
+    if e.feasible:  # the peaks read only on a tie (without a memory budget, reading one simulates it)
+        if (e.step_time_s, len(k)) != (than_e.step_time_s, len(than_k)):
+            return (e.step_time_s, len(k)) < (than_e.step_time_s, len(than_k))
+        return e.peak_bytes < than_e.peak_bytes
     return (e.peak_bytes, e.step_time_s, len(k)) < (than_e.peak_bytes, than_e.step_time_s, len(than_k))
 
 

@@ -57,18 +57,17 @@ trips times its body.
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
 from itertools import compress, repeat
-from operator import itemgetter, ne
+from operator import is_not, itemgetter, ne
 
-from partir_core.choice import (FOLLOW, Analysis, cheapest, choose_op, op_candidates, output_type, state_type,
-                                 value_type)
+from partir_core.choice import (FOLLOW, Analysis, OpSharding, cheapest, choose_op, op_candidates, output_type,
+                                 state_type, value_type)
 from partir_core.ir import Boundary, Graph
 from partir_core.lowering import lower
-from partir_core.propagation import State, op_slots, shardable_factors, visit
+from partir_core.propagation import State, op_slots, shardable_factors, step, take_step
 from partir_core.reshard import finish_bytes, reshard_bytes
 from partir_core.simulator import Simulation, simulate
 
@@ -138,13 +137,19 @@ def signature(graph: Graph, eqn, rule) -> tuple:
 
 
 # --------------------------------------------------------------------------------------- propagation
-def propagate_changes(structure: Structure, state: State, mesh, tactic: int, changed, max_rounds: int = 100) -> set:
+def propagate_changes(structure: Structure, state: State, mesh, tactic: int, changed, max_rounds: int = 100,
+                      steps: dict | None = None) -> set:
     """Propagate ``state`` to a fixed point in place, as :func:`~partir_core.propagation.propagate` does, when
     it was at a fixed point before the values ``changed`` were changed (by a tactic's ``apply``). Returns the
     values whose dims or provenance propagation changed (``changed`` included). A value an op writes queues the
-    other ops that touch it, later in this sweep or in the next; not the op itself (see the module docstring)."""
+    other ops that touch it, later in this sweep or in the next; not the op itself (see the module docstring).
+    ``steps``: None, or a dict a caller propagating many states of the program keeps: each op's
+    :func:`~partir_core.propagation.step` is remembered there by all it reads (:func:`_step_key`) and taken
+    again where that is the same (the automatic search's states meet the same situations at most ops)."""
     graph, rules = structure.graph, structure.rules
     seen = {(c.eqn, c.factor) for c in state.conflicts}
+    if steps is not None and len(steps) >= _STEPS:
+        steps.clear()
     touched = set(changed)
     pending = {i for v in changed for i in structure.touching.get(v, ())}
     for rnd in range(max_rounds):
@@ -158,8 +163,17 @@ def propagate_changes(structure: Structure, state: State, mesh, tactic: int, cha
             i = heapq.heappop(heap)
             i = i if forward else -i
             queued.discard(i)
-            for v in visit(graph, rules[i], i, state, mesh, tactic, seen, structure.op_slots[i],
-                           structure.shardable[i]):
+            if rules[i] is None:
+                continue
+            if steps is None:
+                made = step(graph, rules[i], i, state, mesh, tactic, structure.op_slots[i], structure.shardable[i])
+            else:
+                key = _step_key(structure, state, i, tactic)
+                made = steps.get(key)
+                if made is None:
+                    made = steps[key] = step(graph, rules[i], i, state, mesh, tactic, structure.op_slots[i],
+                                             structure.shardable[i])
+            for v in take_step(state, i, *made, seen):
                 touched.add(v)
                 for j in structure.touching.get(v, ()):
                     if (j > i if forward else j < i) and j not in queued:
@@ -168,6 +182,17 @@ def propagate_changes(structure: Structure, state: State, mesh, tactic: int, cha
                     elif (j < i if forward else j > i):
                         pending.add(j)
     return touched
+
+
+_STEPS = 1 << 16  # entries of a propagation's memo of steps (propagate_changes), forgotten in full when full
+
+
+def _step_key(structure: Structure, state: State, i: int, tactic: int) -> tuple:
+    """All that op ``i``'s :func:`~partir_core.propagation.step` reads of ``state`` and its arguments: the op,
+    ``tactic``, its values' dims and provenances, and which of them are pinned (most states pin none)."""
+    read, values, pinned = structure.slot_columns[i], structure.slots[i], state.pinned
+    pins = () if pinned.isdisjoint(values) else tuple(v in pinned for v in values)
+    return i, tactic, tuple(map(tuple, read(state.dims))), tuple(map(tuple, read(state.prov))), pins
 
 
 def state_diff(a: State, b: State) -> set:
@@ -266,10 +291,10 @@ class _Chooser:
         sk = self.state_keys[i]
         if sk is None:  # the same in every pass
             sk = self.state_keys[i] = self._interned_state_key(i)
-        operands = tuple([id(types[v]) for v in s.invars[i]])
+        operands = tuple(map(id, map(types.__getitem__, s.invars[i])))
         if type(targets) is dict:
             get = targets.get
-            wanted = tuple([tuple([id(t) for t in get(v, ())]) for v in s.outvars[i]])
+            wanted = tuple([tuple(map(id, get(v, ()))) for v in s.outvars[i]])
         else:
             wanted = targets
         key = (sk, operands, wanted)
@@ -285,7 +310,7 @@ class _Chooser:
         op = self._shared_choice(i, (s.signature[i], sk, operands), wanted, types, targets)
         rule = s.rules[i]
         if op.rule is not rule:  # chosen for another op of this signature: the same choice, this op's rule
-            op = dataclasses.replace(op, rule=rule)
+            op = OpSharding(rule, op.use, op.in_types, op.out_types, op.finish, op.new_partial)
         if len(chosen) >= memo.per_op:
             chosen.clear()
         chosen[key] = op
@@ -393,9 +418,7 @@ class _Chooser:
             rechosen.append(i)
             # an operand's demand that changed, or may have (an equal type, another object: its demands are
             # worked out again, to what they were)
-            for v, a, b in zip(invars[i], op.in_types, old.in_types):
-                if a is not b:
-                    redemanded.add(v)
+            redemanded.update(compress(invars[i], map(is_not, op.in_types, old.in_types)))
             for v, t in zip(outvars[i], op.out_types):
                 was = types[v]
                 if t is not was and t != was:
@@ -695,12 +718,21 @@ class Estimator:
                     best, fewest = k, d
         return best
 
-    def score(self, key, state: State, base_key=None) -> Simulation:
+    def score(self, key, state: State, base_key=None, memory: bool = True) -> Simulation:
         """The simulation of ``state`` as lowered (see :meth:`analysis`; lowered from the program of the state
-        under ``base_key`` when it holds one: :func:`~partir_core.lowering.lower`'s ``base``). Raises
+        under ``base_key`` when it holds one: :func:`~partir_core.lowering.lower`'s ``base``), with its memory
+        figures or not (:func:`~partir_core.simulator.simulate`'s ``memory``). Raises
         :class:`redist.ShardingError` if the state cannot be lowered."""
         held = self.bases.get(base_key) if base_key is not None else None
         base = None if held is None else held[2]
         program = lower(self.graph, self.analysis(key, state, base_key), self.mesh, memo=self.lowering, base=base)
         self.bases[key][2] = program
-        return simulate(program, self.hardware)
+        return simulate(program, self.hardware, memory)
+
+    def peak(self, key, state: State, base_key=None) -> int:
+        """The simulated peak bytes of ``state``, remembered under ``key``: its program's if held, else
+        :meth:`score`'s."""
+        held = self.bases.get(key)
+        if held is not None and held[2] is not None:
+            return simulate(held[2], self.hardware).peak_bytes
+        return self.score(key, state, base_key).peak_bytes

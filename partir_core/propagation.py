@@ -162,25 +162,31 @@ def visit(graph: Graph, rule, i: int, state: State, mesh, tactic: int, seen: set
           slots: list | None = None, shardable: tuple | None = None) -> list:
     """One op's step of :func:`propagate`: resolve op ``i``'s factors (``rule``, None for an op without one),
     record its new conflicts (``seen`` holds the (op, factor) pairs already recorded) and extend the dims of
-    its values with the axes its factors spread, in place. Returns the values whose dims it changed.
-    ``slots`` and ``shardable``: the op's :func:`op_slots` and :func:`shardable_factors`, when the caller keeps
-    them. A second visit right after this one
+    its values with the axes its factors spread, in place (:func:`step`, then :func:`take_step`). Returns the
+    values whose dims it changed, once per dim written. ``slots`` and ``shardable``: the op's :func:`op_slots`
+    and :func:`shardable_factors`, when the caller keeps them. A second visit right after this one
     changes nothing (what it wrote is what it resolved; resolving again reads it back), which
     :func:`partir_core.estimate.propagate_changes` relies on and ``tests/test_partir_estimate_incremental.py``
     checks on every visit of full propagation from random states."""
     if rule is None:
         return []
+    return take_step(state, i, *step(graph, rule, i, state, mesh, tactic, slots, shardable), seen)
+
+
+def step(graph: Graph, rule, i: int, state: State, mesh, tactic: int, slots: list | None = None,
+         shardable: tuple | None = None) -> tuple[list, list]:
+    """What :func:`visit` does at op ``i`` (with a rule), without doing it: ``(conflicts, writes)``, the conflicts
+    resolving its factors finds (recorded or not) and the dims it writes, ``(value, dim, axes, provenance)`` in
+    order. Reads of ``state`` nothing but the dims and provenance of the op's values and which of them are
+    pinned (so a caller may reuse the answer wherever those, the op and ``tactic`` are the same)."""
     eqn = graph.eqns[i]
     if slots is None:
         slots = op_slots(rule, eqn)
     _, spread, conflicts = resolve(graph, rule, eqn, state, mesh, i, tactic, slots, shardable)
-    for c in conflicts:
-        if (i, c.factor) not in seen:
-            seen.add((i, c.factor))
-            state.conflicts.append(c)
     if not spread:
-        return []
-    wrote = []
+        return conflicts, []
+    writes = []
+    written: dict = {}  # value -> its dims with this step's writes, for the slots after a write
     for v, d, fs in slots:
         if v in graph.consts or v in state.pinned or not fs:
             continue
@@ -192,16 +198,30 @@ def visit(graph: Graph, rule, i: int, state: State, mesh, tactic: int, seen: set
             continue
         else:
             target = compose(mesh, [spread.get(f, ((), 0))[0] for f in fs], fs, rule.sizes)
-        cur = state.dims[v][d]
+        dims = written.get(v) or state.dims[v]
+        cur = dims[d]
         if not target or same_axes(mesh, target, cur) or not refines(mesh, target, cur):
             continue
-        others = {a for j, ax in enumerate(state.dims[v]) if j != d for a in ax}
+        others = {a for j, ax in enumerate(dims) if j != d for a in ax}
         if clash(mesh, others, target) or (len(fs) > 1 and graph.shape(v)[d] % group(mesh, target)):
             continue
         provs = [spread[f][1] for f in fs if f in spread]
-        state.set_dim(v, d, target, min(provs) if provs else tactic)
-        wrote.append(v)
-    return wrote
+        writes.append((v, d, target, min(provs) if provs else tactic))
+        dims = written[v] = list(dims)
+        dims[d] = target
+    return conflicts, writes
+
+
+def take_step(state: State, i: int, conflicts: list, writes: list, seen: set) -> list:
+    """Do op ``i``'s :func:`step` ``(conflicts, writes)`` to ``state``: record the conflicts not ``seen`` yet (and
+    add them there), write the dims. Returns the values written, once per dim written."""
+    for c in conflicts:
+        if (i, c.factor) not in seen:
+            seen.add((i, c.factor))
+            state.conflicts.append(c)
+    for v, d, axes, prov in writes:
+        state.set_dim(v, d, axes, prov)
+    return [w[0] for w in writes]
 
 
 def propagate(graph: Graph, rules: list, state: State, mesh, tactic: int, max_rounds: int = 100) -> State:

@@ -163,19 +163,20 @@ TAKES_FUSED = FUSIBLE | {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod"
 
 @dataclass(frozen=True)
 class Simulation:
-    """Per-device predictions: seconds per step, peak live bytes, bytes received, FLOPs."""
+    """Per-device predictions: seconds per step, peak live bytes, bytes received, FLOPs. The memory figures are
+    None where they were not asked for (:func:`simulate`'s ``memory``)."""
 
     step_time_s: float
-    peak_bytes: int
+    peak_bytes: int | None
     comm_bytes: float
     flops: float
     compute_time_s: float
     comm_time_s: float
     hardware: str
     kernels: int = 0
-    argument_bytes: int = 0
-    output_bytes: int = 0
-    temp_bytes: int = 0
+    argument_bytes: int | None = 0
+    output_bytes: int | None = 0
+    temp_bytes: int | None = 0
 
     def __str__(self):
         return (f"{self.hardware}: step {self.step_time_s * 1e3:.3f} ms (compute {self.compute_time_s * 1e3:.3f}, "
@@ -348,11 +349,14 @@ def _combined(steps: list) -> list:
     return groups
 
 
-def simulate(program, hardware=None) -> Simulation:
-    """Simulate a :class:`partir_core.program.LocalProgram` on ``hardware`` (a preset name or a Hardware)."""
+def simulate(program, hardware=None, memory: bool = True) -> Simulation:
+    """Simulate a :class:`partir_core.program.LocalProgram` on ``hardware`` (a preset name or a Hardware). With
+    ``memory`` False, the live ranges are not worked out: the step time and the other figures are the same, the
+    memory figures (``peak_bytes``, ``argument_bytes``, ``output_bytes``, ``temp_bytes``) are None (what a
+    search without a memory budget asks of most candidates)."""
     hw = hardware_profile(hardware)
     g = program.graph
-    walker = _Walker(program, hw)
+    walker = _Walker(program, hw, memory)
     ins_set, out_set = set(g.invars), set(program.out_bufs)
     outs = [b for b in out_set if b not in ins_set]
     blk = walker.block(program.instructions, ins_set, outs)
@@ -363,6 +367,9 @@ def simulate(program, hardware=None) -> Simulation:
         comm_t += c.trips * cost.collective_time(c.axes, sum(m.bytes for m in group), topo, kind=c.kind,
                                                  group=program.mesh.group_size(tuple(c.axes)), operands=len(group))
     compute_t = blk.compute_s + blk.kernels * hw.op_overhead_s + hw.launch_s
+    if not memory:
+        return Simulation(compute_t + comm_t, None, blk.comm_bytes, blk.flops, compute_t, comm_t, hw.name,
+                          blk.kernels, None, None, None)
     # memory: arguments all program long; outputs and temporaries by liveness (see the module docstring)
     arg_bytes = sum(walker.size.get(v, 0) for v in g.invars)
     out_bytes = sum(walker.size.get(b, 0) for b in outs)
@@ -375,23 +382,25 @@ def simulate(program, hardware=None) -> Simulation:
 @dataclass
 class _Block:
     """What one block of instructions costs per run: compute seconds (without kernel overheads), FLOPs,
-    kernels, bytes received, and the peak of its temporaries."""
+    kernels, bytes received, and the peak of its temporaries (None where the walk works out no memory)."""
 
     compute_s: float
     flops: float
     kernels: float
     comm_bytes: float
-    heap: int
+    heap: int | None
 
 
 class _Walker:
     """Walks a program's blocks (the program, and each region's bodies): time, FLOPs, kernels and bytes in
-    program order, and the peak of the temporaries by liveness (see the module docstring)."""
+    program order, and with ``memory`` the peak of the temporaries by liveness (see the module docstring)."""
 
-    def __init__(self, program, hw: Hardware):
+    def __init__(self, program, hw: Hardware, memory: bool = True):
         self.program = program
         self.hw = hw
-        self.size = dict(program.buf_bytes)
+        self.memory = memory
+        # buffer -> bytes; the memory walk adds the scratch an op holds while it runs (heap), to a copy
+        self.size = dict(program.buf_bytes) if memory else program.buf_bytes
         self.names = program.graph.primitives()
         self.mat = materialized(program)
         self.consts = set(program.graph.consts)
@@ -409,7 +418,7 @@ class _Walker:
         ``outs`` (the program's outputs, given allocations of their own; a body's results are temporaries
         live to its end)."""
         hw, size, mat, consts, sources = self.hw, self.size, self.mat, self.consts, self.sources
-        names, srcs, get = self.names, self.srcs, size.get
+        names, srcs, get, memory = self.names, self.srcs, size.get, self.memory
         peak_flops, hbm_bw = hw.peak_flops, hw.hbm_bw
         compute_t = flops = comm_bytes = kernels = 0.0
         # the live ranges, gathered in the same walk: the first write of each materialized buffer (not a
@@ -434,33 +443,37 @@ class _Walker:
                     reads = list(dict.fromkeys(reads))
                 moved = 0  # bytes its kernel reads and writes
                 for b in reads:
-                    last[b] = t
                     moved += get(b, 0)
                 writes = []
                 for b in ins.writes:
                     if b in mat:
                         writes.append(b)
                         moved += get(b, 0)
-                        if b not in params and b not in first:
-                            first[b] = t
                     else:
                         sources[b] = tuple(reads)
                 compute_t += max(ins.flops / peak_flops, moved / hbm_bw)
                 flops += ins.flops
-                name = names[ins.eqn_index]
                 if writes:
                     kernels += 1
-                    if name in FUSIBLE:
+                if memory:
+                    for b in reads:
+                        last[b] = t
+                    for b in writes:
+                        if b not in params and b not in first:
+                            first[b] = t
+                    name = names[ins.eqn_index]
+                    if writes and name in FUSIBLE:
                         in_place.append((t, reads, {get(b, 0) for b in writes}))
-                factor = SCRATCH.get(name)
-                if factor:
-                    scratch[t] = factor * sum(get(b, 0) for b in ins.writes)
+                    factor = SCRATCH.get(name)
+                    if factor:
+                        scratch[t] = factor * sum(get(b, 0) for b in ins.writes)
                 continue
-            for b in dict.fromkeys([r for b in _reads(ins) for r in srcs(b)]):
-                last[b] = t
-            for b in _writes(ins):
-                if b in mat and b not in params and b not in first:
-                    first[b] = t
+            if memory:
+                for b in dict.fromkeys([r for b in _reads(ins) for r in srcs(b)]):
+                    last[b] = t
+                for b in _writes(ins):
+                    if b in mat and b not in params and b not in first:
+                        first[b] = t
             if isinstance(ins, Reshard):
                 kernels += len(ins.move.plan.steps)
                 compute_t += 2 * ins.dst.local_bytes / hbm_bw
@@ -470,10 +483,11 @@ class _Walker:
                 flops += body.flops
                 kernels += body.kernels
                 comm_bytes += body.comm_bytes
-                scratch[t] = body.heap
+                if memory:
+                    scratch[t] = body.heap
             if isinstance(ins, (Reshard, Finish)):
                 comm_bytes += sum(c.bytes for c in ins.collectives)
-        heap = self.heap(steps, first, last, in_place, outs, scratch)
+        heap = self.heap(steps, first, last, in_place, outs, scratch) if memory else None
         return _Block(compute_t, flops, kernels, comm_bytes, heap)
 
     def region(self, ins: ControlFlow) -> _Block:
@@ -481,7 +495,7 @@ class _Walker:
         :data:`LOOP_KERNELS` per iteration; a cond's costliest branch. Its heap: the largest body's."""
         params = set(self.program.graph.eqns[self.program.graph.regions[ins.region].enter].outvars)
         bodies = [self.block(body, params, list(results)) for body, results in zip(ins.bodies, ins.results)]
-        heap = max((b.heap for b in bodies), default=0)
+        heap = max((b.heap for b in bodies), default=0) if self.memory else None
         if ins.kind == "cond":
             worst = max(bodies, key=lambda b: (b.compute_s, b.kernels))
             return _Block(worst.compute_s, worst.flops, worst.kernels, worst.comm_bytes, heap)

@@ -14,8 +14,9 @@ import partir_core as pc  # noqa: E402
 from partir_core import schedules  # noqa: E402
 from partir_core import models  # noqa: E402
 from partir_core.analysis import analyze_groups  # noqa: E402
-from partir_core.automatic import (RECENT, Evaluator, _Tree, _better, _neighbours, _priors, _refinements,  # noqa: E402
-                                   _stop_reason, _templates, build_actions, weight_actions, weight_pairs)
+from partir_core.automatic import (RECENT, Evaluation, Evaluator, _Tree, _better, _neighbours, _priors,  # noqa: E402
+                                   _refinements, _stop_reason, _templates, build_actions, weight_actions,
+                                   weight_pairs)
 
 if len(jax.devices()) < 8:
     pytest.skip("needs 8 JAX devices (tests/conftest.py sets XLA_FLAGS)", allow_module_level=True)
@@ -391,3 +392,34 @@ def test_the_fastest_data_parallelism_is_refined_before_the_zero_templates():
     res = pc.jit(m.step, MESH3, [auto(memory_budget_bytes=budget, max_evals=65, time_budget_s=600)]).lower(
         *ins).automatic
     assert res.peak_bytes <= budget and res.step_time_s <= want.step_time_s
+
+
+def test_without_a_budget_peaks_are_simulated_only_where_read():
+    """Without a memory budget the search scores step times only: an evaluation's peak is simulated when first
+    read (a tie between equally fast sets of as many actions, the result), and is then the peak of the set's
+    program; with a budget every evaluation has its peak. The better of two sets reads their peaks only on
+    such a tie."""
+    m, ins, _ = model_and_inputs("mlp")
+    low = pc.jit(m.step, MESH, []).lower(*ins)
+    actions = build_actions(analyze_groups(low.graph, low.rules), low.graph, MESH, ["batch", "model"])
+    sets = [(), (actions[0],), (actions[0], actions[1]), (actions[-1],)]
+    for budget in (None, 10 ** 12):
+        ev = Evaluator(low.graph, low.rules, MESH, low.states[0].copy(), 1, actions, None, budget)
+        evals = {ev.key(k): ev.evaluate(ev.key(k)) for k in sets}
+        evals = {k: e for k, e in evals.items() if e is not None and e.error is None}
+        assert len(evals) >= 3
+        for k, e in evals.items():
+            assert (e.known_peak is None) == (budget is None)
+            want = pc.jit(m.step, MESH, [a.tactic for a in k]).lower(*ins).simulate()
+            assert (e.step_time_s, e.peak_bytes) == (want.step_time_s, want.peak_bytes)
+            assert e.known_peak == want.peak_bytes
+    read = []
+
+    def evaluation(t, peak):
+        return Evaluation(t, None, True, 1.0, measure=lambda: read.append(peak) or peak)
+
+    one, two = (actions[0],), (actions[1],)
+    assert _better(evaluation(1.0, 9), one, evaluation(2.0, 5), two) and read == []
+    assert _better(evaluation(1.0, 9), one, evaluation(1.0, 5), (actions[0], actions[1])) and read == []
+    assert _better(evaluation(1.0, 5), one, evaluation(1.0, 9), two) and sorted(read) == [5, 9]
+    assert not _better(evaluation(1.0, 9), one, evaluation(1.0, 5), two)

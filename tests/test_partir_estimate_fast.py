@@ -276,3 +276,22 @@ def test_the_nearest_held_set_is_the_one_whose_state_differs_least():
     for a in states.values():  # what it counts is state_diff's count
         for b in states.values():
             assert _distance(_columns(a, est.read), _columns(b, est.read)) == len(state_diff(a, b))
+
+
+@pytest.mark.parametrize("name", ["transformer", "scanned_transformer", "gnn"])
+def test_a_simulation_without_memory_gives_every_other_figure(name):
+    """``simulate(program, memory=False)`` (what the search scores candidates with when it has no memory budget)
+    gives the step time, FLOPs, bytes and kernels ``simulate`` gives, and no memory figures; on every preset,
+    control flow included."""
+    m, ins, low = start(name)
+    for mesh_name, mesh in MESHES.items():
+        for p in PRESETS[mesh_name]:
+            tactics = preset(p, m, ins, mesh)
+            if tactics is None:  # not one of this model's presets
+                continue
+            program = pc.jit(m.step, mesh, tactics).lower(*ins).program
+            full, timed = simulate(program), simulate(program, memory=False)
+            assert (timed.peak_bytes, timed.argument_bytes, timed.output_bytes, timed.temp_bytes) == (None,) * 4
+            assert dataclasses.replace(timed, peak_bytes=full.peak_bytes, argument_bytes=full.argument_bytes,
+                                       output_bytes=full.output_bytes, temp_bytes=full.temp_bytes) == full
+            assert full.peak_bytes > 0

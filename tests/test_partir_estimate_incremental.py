@@ -2,6 +2,8 @@
 that does not visit an op again for what it wrote itself, candidate pricing that stops at the best cost so far,
 and the figures of whole searches."""
 
+import random
+
 import pytest
 
 jax = pytest.importorskip("jax")
@@ -13,7 +15,7 @@ from partir_core.choice import FOLLOW, _demands, _op_cost, _op_terms, analyze, o
 from partir_core.estimate import Estimator, propagate_changes  # noqa: E402
 from partir_core.ir import Boundary  # noqa: E402
 from partir_core.lowering import lower  # noqa: E402
-from partir_core.propagation import propagate, visit  # noqa: E402
+from partir_core.propagation import propagate, step, visit  # noqa: E402
 from partir_core.reshard import reshard_bytes, reshard_floor  # noqa: E402
 from partir_core.simulator import simulate  # noqa: E402
 
@@ -84,20 +86,57 @@ def test_incremental_propagation_equals_full_propagation(name, mesh_name):
     propagation reaches (dims, provenance, conflicts in order), on every model and mesh."""
     graph, rules, mesh, start, sets = chains(name, mesh_name)
     est = Estimator(graph, rules, mesh)
+    steps: dict = {}  # one memo of steps for every chain, as the search keeps one
     for chain in sets:
         state = start.copy()
         for j, action in enumerate(chain):
             k = 1 + j / 1000
-            fast, full = state.copy(), state.copy()
+            fast, remembered, full = state.copy(), state.copy(), state.copy()
             before = {v: list(fast.dims[v]) for _, v, _ in action.tactic.matches(graph)}
-            for s in (fast, full):
+            for s in (fast, remembered, full):
                 action.tactic.apply(graph, s, mesh, k)
             changed = {v for v, dims in before.items() if fast.dims[v] != dims}
             propagate(graph, rules, full, mesh, k)
             propagate_changes(est.structure, fast, mesh, k, changed)
-            assert fast.dims == full.dims and fast.prov == full.prov
-            assert [str(c) for c in fast.conflicts] == [str(c) for c in full.conflicts]
+            propagate_changes(est.structure, remembered, mesh, k, changed, steps=steps)
+            for s in (fast, remembered):
+                assert s.dims == full.dims and s.prov == full.prov
+                assert [str(c) for c in s.conflicts] == [str(c) for c in full.conflicts]
             state = full
+    assert steps  # the memo's steps were taken (and reused: the chains share their first actions' situations)
+
+
+@pytest.mark.parametrize("name", ["transformer", "scanned_transformer"])
+def test_a_step_reads_nothing_of_the_state_but_its_ops_values(name):
+    """What the memo of steps relies on (propagate_changes' ``steps``): an op's step is the same on a state whose
+    other values' dims, provenances and pins are scrambled, and its writes are what visiting it writes."""
+    graph, rules, mesh, start, sets = chains(name, "2x4", n=4, depth=2)
+    rng = random.Random(0)
+    est = Estimator(graph, rules, mesh)
+    n = wrote = 0
+    for j, (state, _) in enumerate(analyzed_states(graph, rules, mesh, start, sets)):
+        action = sets[j - 1][-1]  # another chain's, applied but not propagated: the ops touching what it changed
+        before = {v: list(state.dims[v]) for _, v, _ in action.tactic.matches(graph)}  # may write
+        action.tactic.apply(graph, state, mesh, 3)
+        near = {i for v, dims in before.items() if state.dims[v] != dims for i in est.structure.touching[v]}
+        for i in sorted(near) + rng.sample(range(len(graph.eqns)), 50):
+            if rules[i] is None:
+                continue
+            mine = set(est.structure.slots[i])
+            other = state.copy()
+            for v in other.dims:
+                if v not in mine:  # another value's dims, provenances and pin
+                    other.dims[v] = [("model",) if rng.random() < 0.5 else () for _ in other.dims[v]]
+                    other.prov[v] = [rng.choice([None, 7]) for _ in other.prov[v]]
+                    if rng.random() < 0.1:
+                        other.pinned.add(v)
+            made = step(graph, rules[i], i, state, mesh, 3)
+            assert step(graph, rules[i], i, other, mesh, 3) == made
+            visited = state.copy()
+            assert visit(graph, rules[i], i, visited, mesh, 3, set()) == [w[0] for w in made[1]]
+            assert all(visited.dims[v][d] == axes for v, d, axes, _ in made[1])
+            n, wrote = n + 1, wrote + bool(made[1])
+    assert n > 100 and wrote > 0
 
 
 @pytest.mark.parametrize("name", ["transformer", "scanned_transformer"])
