@@ -119,7 +119,13 @@ class Action:
     dims: tuple  # ((path pattern, dim), ...) of the ManualPartition
 
     def __hash__(self):  # sets of actions key the search's caches: hashed often, told apart by these two
-        return hash((self.decision, self.axis))
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = hash((self.decision, self.axis))
+        return h
+
+    def __getstate__(self) -> dict:  # the hash is not pickled: string hashes differ between processes
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
     @property
     def tactic(self) -> ManualPartition:

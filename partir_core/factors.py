@@ -123,6 +123,9 @@ def _fitted(mesh, rule: Rule, use: dict) -> dict:
 
 def dim_axes(mesh, rule: Rule, use: dict, fs) -> Axes:
     """The axes of a dim made of factors ``fs`` under ``use`` (none if they do not compose)."""
+    if len(fs) == 1:  # what compose gives for one factor: its axes
+        u = use.get(fs[0])
+        return () if u is None else tuple(u[0])
     return compose(mesh, [use.get(f, ((), 0))[0] for f in fs], fs, rule.sizes) or ()
 
 

@@ -213,11 +213,15 @@ def _materialized(program, names: list, steps: list, out: set) -> set:
     g = program.graph
     readers: dict = {}  # buffer -> the indices of the instructions that read it
     unfused: set = set()  # buffers read by an instruction that cannot take them fused (not TAKES_FUSED)
+    reductions: set = set()  # the instructions whose kernels may be library reductions (their primitive's)
     out = set(out)
     for t, ins in enumerate(steps):
         if type(ins) is Compute:
-            if names[ins.eqn_index] not in TAKES_FUSED:
+            name = names[ins.eqn_index]
+            if name not in TAKES_FUSED:
                 unfused.update(ins.reads)
+            elif name in LIBRARY_REDUCTIONS:
+                reductions.add(t)
             for b in ins.reads:
                 rs = readers.get(b)
                 if rs is None:
@@ -238,14 +242,14 @@ def _materialized(program, names: list, steps: list, out: set) -> set:
             for body, results in zip(ins.bodies, ins.results):
                 out |= _materialized(program, names, body, params | set(results))
 
-    libraries: dict = {}  # instruction -> whether its kernel is a library reduction, once asked
+    libraries: dict = {}  # instruction (one of reductions) -> whether its kernel is a library reduction, once asked
 
     def library(t):
         found = libraries.get(t)
         if found is None:
             ins = steps[t]
-            found = libraries[t] = isinstance(ins, Compute) and _library_reduction(
-                names[ins.eqn_index], program.buf_bytes.get(ins.reads[0], 0), g.dtype(ins.writes[0]))
+            found = libraries[t] = _library_reduction(names[ins.eqn_index], program.buf_bytes.get(ins.reads[0], 0),
+                                                      g.dtype(ins.writes[0]))
         return found
 
     # kernels[b]: the instructions whose kernels read b, directly or through the fused values that read it;
@@ -278,7 +282,7 @@ def _materialized(program, names: list, steps: list, out: set) -> set:
                 else:
                     ks.update(*(kernels[w] for w in ws))
             kernels[b] = ks
-            if len(ks) > 1 and (name in EXPENSIVE or any(library(k) for k in ks)):
+            if len(ks) > 1 and (name in EXPENSIVE or any(library(k) for k in reductions.intersection(ks))):
                 out.add(b)
     return out
 
