@@ -378,9 +378,9 @@ class Evaluator:
         if s is None:
             return None
         fp = self.fingerprint(s)
-        if fp in self.by_fingerprint:
+        ev = self.by_fingerprint.get(fp)
+        if ev is not None:
             self.n_fp_hits += 1
-            ev = self.by_fingerprint[fp]
         else:
             t_start = time.perf_counter()
             try:  # the peak where the reward reads it (see the module docstring)

@@ -60,7 +60,7 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
-from itertools import compress, repeat
+from itertools import compress
 from operator import is_not, itemgetter, ne
 
 from partir_core.choice import (FOLLOW, Analysis, OpSharding, cheapest, choose_op, op_candidates, output_type,
@@ -215,11 +215,14 @@ def ranked(provs) -> tuple:
     """``provs`` (one sequence of provenances per value) as tuples, each provenance replaced by its rank among
     all of them (None stays None): all that propagation and choice read of provenances, which they only compare
     (:meth:`_Chooser.choose_op`)."""
-    seen = set().union(*provs)
+    provs = list(map(tuple, provs))
+    distinct = set(provs)  # few: the search's states share their tuples, and name few provenances
+    seen = set().union(*distinct)
     seen.discard(None)
     rank = {p: r for r, p in enumerate(sorted(seen))}
     rank[None] = None
-    return tuple(map(tuple, map(map, repeat(rank.__getitem__), provs)))
+    table = {p: tuple(map(rank.__getitem__, p)) for p in distinct}
+    return tuple(map(table.__getitem__, provs))
 
 
 def _columns(state: State, read) -> tuple:

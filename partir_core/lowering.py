@@ -19,10 +19,9 @@ carry's is moved back inside the loop, at the end of the body, and reported
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from itertools import compress
-from operator import is_not, itemgetter
+from operator import attrgetter, is_not, itemgetter
 
 from partir_core import reshard
 from partir_core.choice import Analysis, OpSharding, local_shapes, output_type
@@ -45,7 +44,7 @@ class _Lowering:
         self.types = analysis.types
         self.memo = memo
         self.enters = {reg.enter for reg in graph.regions}  # the regions' enter equations
-        self.buf_bytes = {v: t.local_bytes for v, t in analysis.types.items()}
+        self.buf_bytes = dict(zip(analysis.types, map(attrgetter("local_bytes"), analysis.types.values())))
         self.fallbacks: list = []
         self.carry_reshards: list = []
         self.n = 0  # reshard buffers made so far
@@ -96,7 +95,8 @@ class _Lowering:
             if types[v] is not t:
                 reads = reads or list(eqn.invars)
                 reads[k] = self.move(v, types[v], t, f"eqn {i} ({eqn.name})", out, made, trips)
-        out.append(compute if reads is None else dataclasses.replace(compute, reads=reads))
+        out.append(compute if reads is None else Compute(compute.eqn_index, reads, compute.writes, compute.masks,
+                                                         compute.flops))
         for kind, axes, b in finishes:
             out.append(Finish(eqn.outvars[0], kind, axes,
                               [reshard.Collective("all_reduce_" + kind, axes, b, f"eqn {i} ({eqn.name})", trips)]))
