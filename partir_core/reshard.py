@@ -9,7 +9,7 @@ in ``LocalProgram.fallbacks``). Either way redist's own step accounting prices i
 :func:`reshard_bytes`, bounded from below without planning by :func:`reshard_floor`; :func:`finish_bytes`
 prices the all-reduce that finishes a max/min reduction the same way), and redist's JAX interpreter runs it
 (:func:`run`), so partir_core runs no collective of its own but the ``pmax``/``pmin`` of those finishes. Moves
-are cached per (source, destination) pair in a bounded LRU (:func:`move`), and the synthesizer's steps per
+are cached per (source, destination) pair in a bounded LRU (:func:`move`), and the synthesizer's plans per
 shape-free pattern of a pair (:func:`_synthesized`); :func:`clear_cache` forgets both.
 
 Sub-axes. JAX collectives need real mesh axis names, so a plan over sub-axes runs on a *refined* mesh: the same
@@ -100,33 +100,52 @@ def _synthesized(src: ShardingType, dst: ShardingType) -> redist.Plan:
     (``tests/test_partir_reshard_pattern.py`` checks the plans equal on random pairs), and pairs that differ in
     shape only share one search: the automatic search's new pairs on the reference transformer fall from about
     790 to about 420."""
-    pattern = _pattern(src, dst)
-    if pattern is None:
+    key = _pattern_key(src, dst)
+    if key is None:
         return redist.synthesize(src, dst)
-    return redist.Plan.from_steps(src, _pattern_steps(*pattern))
+    return redist.Plan.from_steps(src, _pattern_plan(*key).steps)
+
+
+def _pattern_key(src: ShardingType, dst: ShardingType) -> tuple | None:
+    """What the pair's pattern is made of (see :func:`_synthesized`): its mesh, shape and dtype and each type's
+    dims, pending axes and reduction; None where it has none (uneven types, two device orders, created pending
+    sums, an empty dim, two shapes or dtypes) or is the pair itself."""
+    n = src.mesh.size
+    shape = tuple(math.gcd(d, n) for d in src.shape)
+    if (shape == src.shape or src.mesh != dst.mesh or src.shape != dst.shape or src.dtype != dst.dtype
+            or not all(src.shape) or not (src.is_even() and dst.is_even()) or difference(dst.partial, src.partial)):
+        return None
+    return (src.mesh, shape, src.dtype) + tuple(x for t in (src, dst) for x in (t.dims, t.partial, t.reduction))
 
 
 def _pattern(src: ShardingType, dst: ShardingType) -> tuple[ShardingType, ShardingType] | None:
-    """The pair's pattern (see :func:`_synthesized`), or None where it has none (uneven types, two device
-    orders, created pending sums, an empty dim) or is the pair itself."""
-    n = src.mesh.size
-    shape = tuple(math.gcd(d, n) for d in src.shape)
-    if (shape == src.shape or src.mesh != dst.mesh or not all(src.shape) or not (src.is_even() and dst.is_even())
-            or difference(dst.partial, src.partial)):
-        return None
-    return tuple(ShardingType(t.mesh, shape, t.dtype, t.dims, t.partial, t.reduction) for t in (src, dst))
+    """The pair's pattern, its two types (see :func:`_synthesized`), or None where it has none."""
+    key = _pattern_key(src, dst)
+    return None if key is None else _pattern_types(*key)
+
+
+def _pattern_types(mesh, shape, dtype, *fields) -> tuple[ShardingType, ShardingType]:
+    return tuple(ShardingType(mesh, shape, dtype, *fields[j:j + 3]) for j in (0, 3))
 
 
 @functools.lru_cache(maxsize=4096)
-def _pattern_steps(src: ShardingType, dst: ShardingType) -> tuple:
-    """The steps of :func:`redist.synthesize`'s plan for a pattern pair (cached per pair)."""
-    return redist.synthesize(src, dst).steps
+def _pattern_plan(*key) -> redist.Plan:
+    """:func:`redist.synthesize`'s plan for the pattern :func:`_pattern_key` gives (cached per pattern)."""
+    return redist.synthesize(*_pattern_types(*key))
+
+
+@functools.lru_cache(maxsize=4096)
+def _pattern_unit_bytes(*key) -> tuple:
+    """The bytes a device receives in each communicating step of the pattern's plan, exactly (Fractions)."""
+    plan = _pattern_plan(*key)
+    return tuple(s.bytes_received(t) for s, t in zip(plan.steps, plan.types) if s.kind != "all_slice")
 
 
 def clear_cache() -> None:
     """Forget every cached move and pattern plan (they are made again on the next call)."""
     move.cache_clear()
-    _pattern_steps.cache_clear()
+    _pattern_plan.cache_clear()
+    _pattern_unit_bytes.cache_clear()
 
 
 def _gather_then_slice(src: ShardingType, dst: ShardingType) -> redist.Plan:
@@ -147,14 +166,24 @@ def reshard_bytes(src: ShardingType, dst: ShardingType) -> float:
     pending sums (SPEC 3), but a partitioned program's pending sums come from its contractions, so a choice
     that creates them is never taken. Where the synthesizer's plan receives exactly the lower bound
     (:func:`_at_bound`), that is the answer and nothing is planned: per-op choice prices many more pairs than
-    lowering moves."""
+    lowering moves; a pair with a pattern (:func:`_synthesized`) is priced from the pattern's plan, scaled,
+    without planning the pair itself."""
     if src == dst:
         return 0.0
     if not _possible(src, dst):
         return float("inf")
     if _at_bound(src, dst):
         return reshard_floor(src, dst)
-    return move(src, dst).bytes
+    key = _pattern_key(src, dst)
+    if key is None:
+        return move(src, dst).bytes
+    # the pattern's plan is the pair's (_synthesized), each type's local buffer the pattern's times the same
+    # whole number: each step's bytes scale exactly, summed as Move.bytes sums them, nothing planned for the pair
+    scale = math.prod(d // p for d, p in zip(src.shape, key[1]))
+    try:
+        return float(sum(float(b * scale) for b in _pattern_unit_bytes(*key)))
+    except redist.ShardingError:  # no plan for the pattern: the move's fallback, as move() makes it
+        return move(src, dst).bytes
 
 
 def _at_bound(src: ShardingType, dst: ShardingType) -> bool:

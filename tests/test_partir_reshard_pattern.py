@@ -35,10 +35,11 @@ def test_a_pairs_plan_from_its_pattern_is_the_synthesizers(seed, count, max_devi
 @pytest.mark.parametrize("seed,count,max_devices", [(3, 800, 16), (4, 300, 64)])
 def test_pairs_at_the_bound_are_priced_as_the_move_lowering_runs(seed, count, max_devices):
     """reshard_bytes prices a pair at the lower bound without planning it (``_at_bound``: even, one device
-    order, the same pending axes); that is the bytes of the move lowering runs, on random pairs of every kind
-    (sub-axes, unit axes, pending sums kept or reduced, device orders, uneven and empty dims); pairs that the
-    shortcut does not take are priced by their move."""
-    draw, at_bound, other = RT.SeededDraw(seed), 0, 0
+    order, the same pending axes), and a pair with a pattern from the pattern's plan, scaled (pending sums
+    reduced); that is the bytes of the move lowering runs, on random pairs of every kind (sub-axes, unit axes,
+    pending sums kept or reduced, device orders, uneven and empty dims); the other pairs are priced by their
+    move."""
+    draw, at_bound, other, patterned = RT.SeededDraw(seed), 0, 0, 0
     while at_bound < count:
         mesh = RT.draw_mesh(draw, max_devices=max_devices, axis_sizes=(1, 2, 2, 3, 4))
         src, dst = RT.draw_pair(draw, mesh, max_rank=4, partial=0.5, sub_axes=0.3, reorder=0.1, uneven=0.1,
@@ -50,7 +51,8 @@ def test_pairs_at_the_bound_are_priced_as_the_move_lowering_runs(seed, count, ma
                 at_bound += 1
             else:
                 other += 1
-    assert other > count // 4
+                patterned += reshard._pattern(src, dst) is not None  # priced from the pattern's plan, scaled
+    assert other > count // 4 and patterned > count // 20
 
 
 def test_pairs_without_a_pattern_are_planned_as_they_are():
