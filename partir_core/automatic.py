@@ -82,6 +82,7 @@ import math
 import random
 import sys
 import time
+import weakref
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable
@@ -296,6 +297,7 @@ class Evaluator:
         self.graph, self.rules, self.mesh = graph, rules, mesh
         self.interned: dict = {}  # the dims and provenance tuples of its states (_frozen)
         self.steps: dict = {}  # propagation's steps at each op, by what they read (propagate_changes)
+        self.weak = weakref.proxy(self)  # what its evaluations measure their peaks with: they make no cycle
         self.base, self.index, self.actions = _frozen(base, base, base.dims, self.interned), index, actions
         self.rank = {a: i for i, a in enumerate(actions)}
         self.budget = budget
@@ -393,7 +395,7 @@ class Evaluator:
             if self.t0 is None:
                 self.t0 = t if math.isfinite(t) and t > 0 else 1.0
             ev = Evaluation(t, peak, err is None and (self.budget is None or peak <= self.budget),
-                            self.reward(t, peak, err), err, functools.partial(self.peak, key))
+                            self.reward(t, peak, err), err, functools.partial(Evaluator.peak, self.weak, key))
             self.by_fingerprint[fp] = ev
         self.evals[key] = ev
         return ev

@@ -3,6 +3,7 @@ collector paused during a search, what a state carries over to the states chosen
 
 import dataclasses
 import gc
+import weakref
 
 import pytest
 
@@ -173,6 +174,31 @@ def test_the_search_pauses_the_cyclic_collector_and_restores_it():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_search_leaves_no_cycle_for_the_collector(monkeypatch):
+    """The search's evaluator (its states, programs and tables) is freed by reference counting as the search
+    returns, with the cyclic collector off: nothing it made refers back to it (its evaluations measure their
+    peaks through a weak reference), without a memory budget and with one."""
+    m, ins, low = start("mlp")
+    made = []
+    init = Evaluator.__init__
+
+    def tracked(self, *args, **kw):
+        init(self, *args, **kw)
+        made.append(weakref.ref(self))
+
+    monkeypatch.setattr(Evaluator, "__init__", tracked)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for budget in (None, 10 ** 12):
+            res = search(low.graph, low.rules, low.states[0], MESH, 1,
+                         pc.AutomaticPartition(max_evals=40, progress=False, memory_budget_bytes=budget))
+            assert res.peak_bytes > 0 and made[-1]() is None
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @pytest.mark.parametrize("mesh_name", list(MESHES))
