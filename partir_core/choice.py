@@ -118,7 +118,8 @@ def choose_op(graph: Graph, rules: list, i: int, state: State, types: dict, mesh
     return cheapest(graph, eqn, proposal, alternatives, types, state, mesh, targets)
 
 
-def op_candidates(graph: Graph, rules: list, i: int, state: State, types: dict, mesh, made: dict | None = None):
+def op_candidates(graph: Graph, rules: list, i: int, state: State, types: dict, mesh, made: dict | None = None,
+                  slots: list | None = None, shardable: tuple | None = None):
     """``(proposal, alternatives)`` for equation ``i``, not a region's enter or exit (see :func:`choose_op`):
     the choice the state proposes (the earliest decision wins a conflict; replicated for an op without a
     rule) and a function giving the alternatives that :func:`_alternatives` makes of the axes its operands
@@ -127,12 +128,14 @@ def op_candidates(graph: Graph, rules: list, i: int, state: State, types: dict, 
     not on what its results are priced against. ``made``: None, or a dict that a caller choosing equation
     ``i`` many times keeps for it: each :class:`OpSharding` is remembered there by what makes it (the axes of
     each factor and the pending sums of the operands, :func:`_sharding_key`) and given again where those are
-    the same, its ``use`` carrying the provenances of the first (which no one reads)."""
+    the same, its ``use`` carrying the provenances of the first (which no one reads). ``slots`` and
+    ``shardable``: the op's :func:`~partir_core.propagation.op_slots` and
+    :func:`~partir_core.propagation.shardable_factors`, when the caller keeps them."""
     eqn, rule = graph.eqns[i], rules[i]
     if rule is None:
         return OpSharding(None, {}, [replicated(graph, v, mesh) for v in eqn.invars],
                           [replicated(graph, v, mesh) for v in eqn.outvars], [], ()), tuple
-    use, _, _ = resolve(graph, rule, eqn, state, mesh, i)
+    use, _, _ = resolve(graph, rule, eqn, state, mesh, i, slots=slots, shardable=shardable)
     use = fit_use(mesh, rule, drop_clashes(use))
     # all that the alternatives read of ``types`` and ``state``, as they are now
     operands = {v: types[v] for v in eqn.invars}

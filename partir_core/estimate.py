@@ -332,7 +332,8 @@ class _Chooser:
             made = memo.shardings[i]
             if len(made) >= memo.per_op:
                 made.clear()
-            cands = _Candidates(*op_candidates(self.graph, self.s.rules, i, self.state, types, self.mesh, made))
+            cands = _Candidates(*op_candidates(self.graph, self.s.rules, i, self.state, types, self.mesh, made,
+                                               self.s.op_slots[i], self.s.shardable[i]))
             memo.put(key, cands)
         if self.s.rules[i] is None:
             op = cands.proposal
