@@ -61,11 +61,11 @@ import heapq
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
 from itertools import compress
-from operator import is_not, itemgetter, ne
+from operator import is_not, ne
 
 from partir_core.choice import (FOLLOW, Analysis, OpSharding, cheapest, choose_op, op_candidates, output_type,
                                  state_type, value_type)
-from partir_core.ir import Boundary, Graph
+from partir_core.ir import Boundary, Graph, column
 from partir_core.lowering import lower
 from partir_core.propagation import State, op_slots, shardable_factors, step, take_step
 from partir_core.reshard import finish_bytes, reshard_bytes
@@ -203,14 +203,6 @@ def state_diff(a: State, b: State) -> set:
     return _differing(values, _columns(a, read), _columns(b, read))
 
 
-def column(values: list):
-    """A function reading ``values`` of a dict as a tuple, in that order (``operator.itemgetter``, in C, where
-    there are two or more)."""
-    if len(values) >= 2:
-        return itemgetter(*values)
-    return lambda d: tuple([d[v] for v in values])
-
-
 def ranked(provs) -> tuple:
     """``provs`` (one sequence of provenances per value) as tuples, each provenance replaced by its rank among
     all of them (None stays None): all that propagation and choice read of provenances, which they only compare
@@ -226,7 +218,7 @@ def ranked(provs) -> tuple:
 
 
 def _columns(state: State, read) -> tuple:
-    """``(dims, provenances)`` of ``state``'s values as ``read`` (a :func:`column`) reads them."""
+    """``(dims, provenances)`` of ``state``'s values as ``read`` (a :func:`~partir_core.ir.column`) reads them."""
     return read(state.dims), read(state.prov)
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import fnmatch
 import inspect
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import jax
@@ -218,6 +219,14 @@ class Graph:
         if is_exit(eqn):
             return self.trips(eqn.params["region"])
         return self.trips(self.region_at(i))
+
+
+def column(values: list):
+    """A function reading ``values`` of a dict keyed by values (a state's dims, an analysis's types) as a tuple,
+    in that order (``operator.itemgetter``, in C, where there are two or more)."""
+    if len(values) >= 2:
+        return itemgetter(*values)
+    return lambda d: tuple([d[v] for v in values])
 
 
 def key_name(k) -> str:

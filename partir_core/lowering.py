@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import compress
-from operator import attrgetter, is_not, itemgetter
+from operator import attrgetter, is_not
 
 from partir_core import reshard
 from partir_core.choice import Analysis, OpSharding, local_shapes, output_type
-from partir_core.ir import Graph
+from partir_core.ir import Graph, column
 from partir_core.program import CarryReshard, Compute, ControlFlow, Finish, LocalProgram, Reshard
 from partir_core.propagation import State
 from partir_core.registry import flops
@@ -132,7 +132,7 @@ class _Lowering:
         """The equations :meth:`flat` lowers again from ``base``: those whose choice is another object, those
         reading a value whose type is, and those that moved an operand in the base."""
         readers = self.graph.readers()
-        read = itemgetter(*readers) if len(readers) > 1 else lambda d: tuple(d[v] for v in readers)
+        read = column(list(readers))
         was = base.analysis
         dirty = set(compress(range(len(self.analysis.ops)), map(is_not, self.analysis.ops, was.ops)))
         for v in compress(readers, map(is_not, read(self.types), read(was.types))):
