@@ -204,44 +204,22 @@ def materialized(program) -> set:
     flow, every body's parameters and results, and what its own kernels materialize."""
     g = program.graph
     base = set(g.invars) | set(program.out_bufs)
-    return _materialized(program, g.primitives(), program.instructions, base) - set(g.consts)
+    return _materialized(program, g.primitives(), program.instructions, base).difference(g.consts)
 
 
 def _materialized(program, names: list, steps: list, out: set) -> set:
     """The materialized buffers of one block ``steps`` whose parameters and results are ``out`` (a copy is
-    extended); a region's bodies are blocks of their own. ``names``: the primitive of every equation."""
+    extended); a region's bodies are blocks of their own. ``names``: the primitive of every equation.
+
+    One walk, consumers first: when an instruction is reached, every reader of what it writes has been, so its
+    writes are decided (``reach[b]``: the kernels, as instruction indices, that read ``b`` directly or through
+    the fused values that read it; ``unfused``: the buffers some reader cannot take fused), and then what its
+    own kernel reaches is handed to its operands."""
     g = program.graph
-    readers: dict = {}  # buffer -> the indices of the instructions that read it
+    reach: dict = {}  # buffer -> the kernels its readers (those that take fused operands) reach so far
     unfused: set = set()  # buffers read by an instruction that cannot take them fused (not TAKES_FUSED)
     reductions: set = set()  # the instructions whose kernels may be library reductions (their primitive's)
     out = set(out)
-    for t, ins in enumerate(steps):
-        if type(ins) is Compute:
-            name = names[ins.eqn_index]
-            if name not in TAKES_FUSED:
-                unfused.update(ins.reads)
-            elif name in LIBRARY_REDUCTIONS:
-                reductions.add(t)
-            for b in ins.reads:
-                rs = readers.get(b)
-                if rs is None:
-                    readers[b] = [t]
-                else:
-                    rs.append(t)
-            continue
-        reads = _reads(ins)
-        unfused.update(reads)  # a reshard, a collective or control flow reads a buffer of its own
-        for b in reads:
-            readers.setdefault(b, []).append(t)
-        if isinstance(ins, Reshard):
-            out.add(ins.dst_buf)
-        elif isinstance(ins, ControlFlow):
-            out.update(ins.writes)
-            reg = g.regions[ins.region]
-            params = set(g.eqns[reg.enter].outvars)
-            for body, results in zip(ins.bodies, ins.results):
-                out |= _materialized(program, names, body, params | set(results))
-
     libraries: dict = {}  # instruction (one of reductions) -> whether its kernel is a library reduction, once asked
 
     def library(t):
@@ -252,39 +230,48 @@ def _materialized(program, names: list, steps: list, out: set) -> set:
                                                       g.dtype(ins.writes[0]))
         return found
 
-    # kernels[b]: the instructions whose kernels read b, directly or through the fused values that read it;
-    # decided consumers first. Only a value that may be fused needs its own (its producers' decisions read
-    # the kernels of the fused values their readers write).
-    kernels: dict = {}
+    get = reach.get
     for t in reversed(range(len(steps))):
         ins = steps[t]
         if type(ins) is not Compute:
+            unfused.update(_reads(ins))  # a reshard, a collective or control flow reads a buffer of its own
+            if isinstance(ins, Reshard):
+                out.add(ins.dst_buf)
+            elif isinstance(ins, ControlFlow):
+                out.update(ins.writes)
+                reg = g.regions[ins.region]
+                params = set(g.eqns[reg.enter].outvars)
+                for body, results in zip(ins.bodies, ins.results):
+                    out |= _materialized(program, names, body, params | set(results))
             continue
         name = names[ins.eqn_index]
         fusible = name in FUSIBLE
+        mine = None  # the kernels reading this instruction's operands reaches: its own, or its fused results'
         for b in ins.writes:
-            rs = readers.get(b)
-            if not (fusible and rs) or b in unfused:
+            ks = get(b)
+            if not (fusible and ks) or b in unfused:
                 out.add(b)
+                mine = _OWN
                 continue
-            ks = set()
-            for tr in rs:
-                reader = steps[tr]
-                ws = reader.writes if type(reader) is Compute else ()
-                if len(ws) == 1:  # the common case, inline
-                    w = ws[0]
-                    if w in out:
-                        ks.add(tr)
-                    else:
-                        ks.update(kernels[w])
-                elif not ws or any(w in out for w in ws):
-                    ks.add(tr)
-                else:
-                    ks.update(*(kernels[w] for w in ws))
-            kernels[b] = ks
-            if len(ks) > 1 and (name in EXPENSIVE or any(library(k) for k in reductions.intersection(ks))):
+            if len(ks) > 1 and (name in EXPENSIVE or not reductions.isdisjoint(ks)
+                                and any(library(k) for k in reductions.intersection(ks))):
                 out.add(b)
+                mine = _OWN
+            elif mine is not _OWN:
+                mine = ks if mine is None else mine | ks
+        if name not in TAKES_FUSED:
+            unfused.update(ins.reads)
+            continue
+        if name in LIBRARY_REDUCTIONS:
+            reductions.add(t)
+        mine = frozenset((t,)) if mine is None or mine is _OWN else mine
+        for b in ins.reads:
+            ks = get(b)
+            reach[b] = mine if ks is None or ks is mine else ks | mine
     return out
+
+
+_OWN = frozenset()  # (_materialized) an instruction some of whose results are materialized: its kernel is its own
 
 
 def _library_reduction(name: str, nbytes: int, dtype) -> bool:
