@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from redist.types import ShardingType
 
 from partir_core import keys
-from partir_core.factors import clash, decompose, dim_axes, drop_clashes, fit_use
+from partir_core.factors import clash, decompose, dims_axes, drop_clashes, fit_use
 from partir_core.ir import Boundary, Graph, is_enter
 from partir_core.propagation import State, resolve
 from partir_core.registry import Rule
@@ -307,9 +307,9 @@ def _op_sharding(graph, rule, eqn, use, types, mesh) -> OpSharding:
         if not clash(mesh, partials[j], used):
             keep[j] = partials[j]
     passed = next((p for p in keep if p), ())
-    ins = [value_type(graph, v, mesh, tuple(dim_axes(mesh, rule, use, fs) for fs in dims), keep[k])
+    ins = [value_type(graph, v, mesh, dims_axes(mesh, rule, use, dims), keep[k])
            for k, (v, dims) in enumerate(zip(eqn.invars, rule.operands))]
-    outs = [value_type(graph, v, mesh, tuple(dim_axes(mesh, rule, use, fs) for fs in dims),
+    outs = [value_type(graph, v, mesh, dims_axes(mesh, rule, use, dims),
                        tuple(passed) + new_partial)
             for v, dims in zip(eqn.outvars, rule.results)]
     return OpSharding(rule, use, ins, outs, finish, new_partial)

@@ -121,12 +121,17 @@ def _fitted(mesh, rule: Rule, use: dict) -> dict:
     return use
 
 
-def dim_axes(mesh, rule: Rule, use: dict, fs) -> Axes:
-    """The axes of a dim made of factors ``fs`` under ``use`` (none if they do not compose)."""
-    if len(fs) == 1:  # what compose gives for one factor: its axes
-        u = use.get(fs[0])
-        return () if u is None else tuple(u[0])
-    return compose(mesh, [use.get(f, ((), 0))[0] for f in fs], fs, rule.sizes) or ()
+def dims_axes(mesh, rule: Rule, use: dict, dims) -> tuple[Axes, ...]:
+    """The axes of each dim of ``dims`` (one array's factors, per dim) under ``use``: a dim of one factor takes
+    its axes, a dim of several what :func:`compose` gives (none if they do not compose)."""
+    out = []
+    for fs in dims:
+        if len(fs) == 1:  # the common case, inline: what compose gives for one factor
+            u = use.get(fs[0])
+            out.append(() if u is None else tuple(u[0]))
+        else:
+            out.append(compose(mesh, [use.get(f, ((), 0))[0] for f in fs], fs, rule.sizes) or ())
+    return tuple(out)
 
 
 def drop_clashes(use: dict) -> dict:
