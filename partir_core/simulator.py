@@ -246,7 +246,7 @@ def _materialized(program, names: list, steps: list, out: set) -> set:
             continue
         name = names[ins.eqn_index]
         fusible = name in FUSIBLE
-        mine = None  # the kernels reading this instruction's operands reaches: its own, or its fused results'
+        mine = None  # the kernels its operands reach through it: its own, or (its results all fused) theirs
         for b in ins.writes:
             ks = get(b)
             if not (fusible and ks) or b in unfused:

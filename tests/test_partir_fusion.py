@@ -1,6 +1,6 @@
 """The simulator's fusion decisions (:func:`partir_core.simulator.materialized`, one walk that hands each kernel's
 reach to its operands) are their definition (the simulator's module docstring), worked out here the plain way:
-whether a buffer is materialized asked of its readers, recursively, on every preset of every model, on random
+whether a buffer is materialized asked of its readers, recursively, on every preset of five models, on random
 states, and inside loops."""
 
 import functools
