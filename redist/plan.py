@@ -88,7 +88,20 @@ class Plan:
                 types.append(step.apply(types[-1]))
             except ShardingError as e:
                 raise ShardingError(f"Plan.from_steps: step {n} of {len(steps)}: {e}") from None
-        return cls(steps, tuple(types))
+        return cls._typed(steps, tuple(types))
+
+    @classmethod
+    def _typed(cls, steps: tuple, types: tuple) -> Plan:
+        """The plan of ``steps`` (a tuple of steps) and ``types``, the source and the type each step's typing rule
+        gave (``types[i + 1]`` is ``steps[i].apply(types[i])``, as :meth:`from_steps` made them): what the
+        constructor checks holds but the collectives' device orders, checked here; the steps are not applied a
+        second time (a step's typing rule is a function of the step and its type: it would give these types
+        again). Synthesis builds every plan it keeps this way."""
+        plan = object.__new__(cls)
+        object.__setattr__(plan, "steps", steps)
+        object.__setattr__(plan, "types", types)
+        collective_mesh(steps, types)
+        return plan
 
     @property
     def src(self):

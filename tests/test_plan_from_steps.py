@@ -34,8 +34,21 @@ def test_no_steps_is_the_plan_from_a_type_to_itself():
 @given(type_pairs(max_rank=3))
 @settings(max_examples=60, deadline=None)
 def test_a_synthesized_plan_is_the_plan_of_its_steps(pair):
+    """Synthesis builds its plans with ``from_steps``, which applies each step once: the constructor's whole check
+    (every step applied again, its type compared) accepts what it built."""
     plan = synthesize(*pair)
     assert Plan.from_steps(plan.src, plan.steps) == plan
+    assert Plan(plan.steps, plan.types) == plan
+
+
+def test_collectives_on_two_device_orders_are_refused():
+    """``from_steps`` checks what the constructor checks besides the steps' types: a plan whose collectives run
+    on two device orders is refused; a permute to another order before them is a plan."""
+    src, reverse = _t("f32[16{x}, 16]"), (7, 6, 5, 4, 3, 2, 1, 0)
+    plan = Plan.from_steps(src, [Permute((("x",), ()), reverse), AllGather(0, ("x",))])
+    assert plan.dst.mesh != src.mesh and Plan(plan.steps, plan.types) == plan
+    with pytest.raises(ShardingError, match="device orders"):
+        Plan.from_steps(src, [AllSlice(1, ("y",)), Permute((("x",), ("y",)), reverse), AllGather(0, ("x",))])
 
 
 def test_a_step_that_does_not_fit_is_named_with_its_position_and_the_type():
