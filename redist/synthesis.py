@@ -534,12 +534,14 @@ def _reduction_bound(src: ShardingType, dst: ShardingType) -> int:
 
 
 def _fallback_cost(src: ShardingType, dst: ShardingType) -> Fraction:
-    """What :func:`_fallback`'s plan receives, × the mesh size (the search's unit), without enumerating devices:
-    its reductions' bytes (the same on every device), then the exchange's, the lower bound from the type after
-    them."""
-    plan = _fallback(src, dst)
-    reductions = sum((step.bytes_received(t) for step, t in zip(plan.steps[:-1], plan.types)), Fraction(0))
-    return reductions * src.mesh.size + _bound(plan.types[-2], dst)
+    """What :func:`_fallback`'s plan receives, × the mesh size (the search's unit), without enumerating devices
+    or building the plan: its reductions' bytes (the same on every device), then the exchange's, the lower bound
+    from the type after them."""
+    t, reductions = src, Fraction(0)
+    for step in _fallback_reductions(src, dst):
+        reductions += step.bytes_received(t)
+        t = step.apply(t)
+    return reductions * src.mesh.size + _bound(t, dst)
 
 
 def _state_budget(t: ShardingType) -> int:
@@ -571,6 +573,11 @@ def _fallback(src: ShardingType, dst: ShardingType) -> Plan:
     ``2(k−1)/k · L_src + L_dst``. Correct for any valid pair without created sums. It is also the exchange
     candidate of :func:`_fewest_bytes` and, with a topology, of :func:`synthesize`.
     """
+    return Plan.from_steps(src, (*_fallback_reductions(src, dst), S.Exchange(dst.dims)))
+
+
+def _fallback_reductions(src: ShardingType, dst: ShardingType) -> list:
+    """The reductions :func:`_fallback` runs before its exchange, in order."""
     placed: list[tuple[int, tuple[Axis, ...]]] = []  # (dim, axes) of each reduce_scatter
     unplaced = []
     local = list(src.local_shape)
@@ -588,7 +595,7 @@ def _fallback(src: ShardingType, dst: ShardingType) -> Plan:
     steps = [S.ReduceScatter(dim, axes, src.reduction) for dim, axes in placed]
     if unplaced:
         steps.append(S.AllReduce(tuple(unplaced), src.reduction))
-    return Plan.from_steps(src, (*steps, S.Exchange(dst.dims)))
+    return steps
 
 
 # ---------------------------------------------------------------------------------------------------- the search
