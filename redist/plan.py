@@ -92,11 +92,11 @@ class Plan:
 
     @classmethod
     def _typed(cls, steps: tuple, types: tuple) -> Plan:
-        """The plan of ``steps`` (a tuple of steps) and ``types``, the source and the type each step's typing rule
-        gave (``types[i + 1]`` is ``steps[i].apply(types[i])``, as :meth:`from_steps` made them): what the
-        constructor checks holds but the collectives' device orders, checked here; the steps are not applied a
-        second time (a step's typing rule is a function of the step and its type: it would give these types
-        again). Synthesis builds every plan it keeps this way."""
+        """The plan of ``steps`` (a tuple of steps) and ``types``: the source, then the type each step's typing rule
+        gave (``types[i + 1]`` is ``steps[i].apply(types[i])``, as :meth:`from_steps` made them). All that the
+        constructor checks holds by construction but the device orders of the collectives, checked here: the
+        steps are not applied a second time (a step's typing rule is a function of the step and its type, so it
+        would give these types again). Synthesis builds every plan it keeps through :meth:`from_steps`."""
         plan = object.__new__(cls)
         object.__setattr__(plan, "steps", steps)
         object.__setattr__(plan, "types", types)
