@@ -41,8 +41,10 @@ The search, in three phases:
    promising data parallelism first) and one refinement of the start, the fastest or the most promising data
    parallelism, as many of those as of these; then the refinements of the most promising goals. So a search
    stopped early has tried both ZeRO and Megatron-style splits (three axes give many ZeRO templates, goals
-   many refinements) and refined the goals with ZeRO. All become
-   children of the tree's root (macro moves the tree refines one group at a time).
+   many refinements) and refined the goals with ZeRO. With ``sub_axes``, all this is done first for the goals
+   on the axes asked for, then for those that use a half: a search stopped early has refined the goals of
+   whole axes as one without the halves has. All become children of the tree's root (macro moves the tree
+   refines one group at a time).
 2. *Tree* (until ``MCTS_SHARE`` of the time budget and of ``max_evals``): UCT over the sets (a node per set,
    shared between the orders that reach it: transpositions), with each node's value the best reward found
    below it (the problem is deterministic: the best leaf matters, not the mean), normalised among siblings;
@@ -84,7 +86,7 @@ import sys
 import time
 import weakref
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import jax
@@ -643,25 +645,20 @@ def _search(graph, rules, state: State, mesh, index: int, tactic: AutomaticParti
                  _priors(actions, groups, axes))
     found = _Found((), root_eval, t_start)
     progress = _Progress(tactic, t_start)
-    templates = _templates(actions, groups)
     pairs, weights = weight_pairs(actions, groups), weight_actions(actions, groups)
-    # data parallelism alone; then, in turn, data parallelism with ZeRO (the most promising data parallelism
-    # first) and as many refinements of the start, the fastest and the most promising data parallelism; then the
-    # refinements of the most promising goals (the start's left over among them): a search stopped early has
-    # tried both ZeRO and Megatron-style splits
-    dp = {ev.key(t): ev.key(tuple(a for a in t if a.decision < len(groups.macro))) for t in templates}
-    plain = [k for k in dp if dp[k] == k]
-    seeded = _seed(ev, tree, found, plain, tree_limits, progress)
-    with_zero = sorted((k for k in dp if dp[k] != k), key=lambda k: (_promise(ev, dp[k]), ev.rank_of(k)))
-    first = dict(itertools.islice(_goal_refinements(ev, _by_promise(ev, plain), pairs, weights, 1).items(),
-                                  len(with_zero)))
-    turns = [k for turn in itertools.zip_longest(with_zero, first) for k in turn if k is not None]
-    n = _seed(ev, tree, found, turns, tree_limits, progress, {**{k: dp[k] for k in with_zero}, **first})
-    refined = sum(ev.evals.get(k) is not None for k in first)
-    seeded += n - refined
-    goals = _by_promise(ev, dict.fromkeys(ev.key(t) for t in templates))
-    then = _goal_refinements(ev, goals, pairs, weights)
-    refined += _seed(ev, tree, found, list(then), tree_limits, progress, then)
+    # the goals on the axes asked for first, then (sub_axes) those that use a half: a search stopped early has
+    # refined the goals of whole axes, as one without the halves has
+    asked = set(search_axes(replace(tactic, sub_axes=False), mesh))
+    templates = _templates(actions, groups)
+    phases = [[t for t in templates if all(a.axis in asked for a in t)],
+              [t for t in templates if not all(a.axis in asked for a in t)]]
+    seeded = refined = 0
+    goals: list = []
+    for phase in filter(None, phases):
+        tried, refinements, its_goals = _goal_phase(ev, tree, found, phase, len(groups.macro), pairs, weights,
+                                                    tree_limits, progress)
+        seeded, refined, goals = seeded + tried, refined + refinements, goals + its_goals
+    goals = _by_promise(ev, goals)
     since_improved = iterations = 0
     while True:
         stopped = _stop_reason(ev, tree, tree_limits, since_improved, patience)
@@ -866,6 +863,30 @@ def _refinements(ev: Evaluator, starts: list, pairs: list, weights: list) -> dic
         if key not in ev.evals:
             out.setdefault(key, start)
     return out
+
+
+def _goal_phase(ev: Evaluator, tree: _Tree, found: _Found, templates: list, decisions: int, pairs: list,
+                weights: list, limits, progress) -> tuple[int, int, list]:
+    """Seed the tree with the goals ``templates`` (:func:`_templates`) and their refinements: data parallelism
+    alone; then, in turn, data parallelism with ZeRO (the most promising data parallelism first) and as many
+    refinements of the start, the fastest and the most promising data parallelism; then the refinements of the
+    most promising goals (the start's left over among them): a search stopped early has tried both ZeRO and
+    Megatron-style splits. ``decisions``: the number of macro decisions (a larger one is a ZeRO action). Returns
+    ``(goals evaluated, refinements evaluated, the goals)``."""
+    dp = {ev.key(t): ev.key(tuple(a for a in t if a.decision < decisions)) for t in templates}
+    plain = [k for k in dp if dp[k] == k]
+    seeded = _seed(ev, tree, found, plain, limits, progress)
+    with_zero = sorted((k for k in dp if dp[k] != k), key=lambda k: (_promise(ev, dp[k]), ev.rank_of(k)))
+    first = dict(itertools.islice(_goal_refinements(ev, _by_promise(ev, plain), pairs, weights, 1).items(),
+                                  len(with_zero)))
+    turns = [k for turn in itertools.zip_longest(with_zero, first) for k in turn if k is not None]
+    n = _seed(ev, tree, found, turns, limits, progress, {**{k: dp[k] for k in with_zero}, **first})
+    refined = sum(ev.evals.get(k) is not None for k in first)
+    seeded += n - refined
+    goals = _by_promise(ev, dict.fromkeys(ev.key(t) for t in templates))
+    then = _goal_refinements(ev, goals, pairs, weights)
+    refined += _seed(ev, tree, found, list(then), limits, progress, then)
+    return seeded, refined, goals
 
 
 def _seed(ev: Evaluator, tree: _Tree, found: _Found, templates: list, limits, progress,

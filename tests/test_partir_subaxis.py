@@ -320,3 +320,40 @@ def test_a_search_over_the_halves_returns_a_sub_axis_result_that_runs_equal():
     assert flat_types(pasted.lower(*ins).in_types) == flat_types(low.in_types)
     assert_same(pasted(*ins), want)
 
+
+
+def _wide_mlp():
+    """A one-layer MLP step whose batch and hidden dims split over a 16x64 mesh."""
+    def step(p, x, y):
+        def loss(p):
+            return jnp.mean((jax.nn.gelu(x @ p["w1"]) @ p["w2"] - y) ** 2)
+        value, grads = jax.value_and_grad(loss)(p)
+        return value, jax.tree.map(lambda w, g: w - 1e-3 * g, p, grads)
+    k1, k2 = jax.random.split(jax.random.key(0))
+    params = {"w1": jax.random.normal(k1, (512, 2048)) * 0.02, "w2": jax.random.normal(k2, (2048, 512)) * 0.02}
+    return step, (params, jnp.ones((4096, 512)), jnp.ones((4096, 512)))
+
+
+def test_with_halves_the_goals_on_whole_axes_come_first(monkeypatch):
+    """With ``sub_axes=True`` the search tries the goals on the axes asked for (and their refinements) before
+    those that use a half, so a search stopped early does no worse for the halves. On an MLP over 16x64 devices
+    with 30 evaluations it finds what the search without halves finds (data parallelism on dp, the weights
+    split Megatron-style on tp); trying every goal with a half first left it at about five times that step."""
+    from partir_core import automatic
+
+    step, ins = _wide_mlp()
+    mesh = redist.Mesh({"dp": 16, "tp": 64})
+    seen = []
+    evaluate = automatic.Evaluator.evaluate
+
+    def record(self, key, near=None):
+        e = evaluate(self, key, near)
+        seen.append((key, e))
+        return e
+
+    plain = pc.jit(step, mesh, [AP(max_evals=30, time_budget_s=600, progress=False)]).lower(*ins).automatic
+    monkeypatch.setattr(automatic.Evaluator, "evaluate", record)
+    res = pc.jit(step, mesh, [AP(sub_axes=True, max_evals=30, time_budget_s=600, progress=False)]).lower(*ins).automatic
+    assert res.step_time_s <= plain.step_time_s
+    first_half = next(j for j, (key, _) in enumerate(seen) if any(":" in a.axis for a in key))
+    assert min(e.step_time_s for _, e in seen[:first_half] if e is not None) <= plain.step_time_s
