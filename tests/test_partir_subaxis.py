@@ -10,7 +10,7 @@ import jax.numpy as jnp  # noqa: E402
 import redist  # noqa: E402
 from tests.partir_helpers import assert_same, model_and_inputs  # noqa: E402
 import partir_core as pc  # noqa: E402
-from partir_core import schedules  # noqa: E402
+from partir_core import automatic, schedules  # noqa: E402
 from partir_core.automatic import search_axes  # noqa: E402
 from partir_core.factors import _fitted, fit_use, overlap, refines, same_axes  # noqa: E402
 from partir_core.propagation import State, propagate  # noqa: E402
@@ -321,7 +321,6 @@ def test_a_search_over_the_halves_returns_a_sub_axis_result_that_runs_equal():
     assert_same(pasted(*ins), want)
 
 
-
 def _wide_mlp():
     """A one-layer MLP step whose batch and hidden dims split over a 16x64 mesh."""
     def step(p, x, y):
@@ -339,8 +338,6 @@ def test_with_halves_the_goals_on_whole_axes_come_first(monkeypatch):
     those that use a half, so a search stopped early does no worse for the halves. On an MLP over 16x64 devices
     with 30 evaluations it finds what the search without halves finds (data parallelism on dp, the weights
     split Megatron-style on tp); trying every goal with a half first left it at about five times that step."""
-    from partir_core import automatic
-
     step, ins = _wide_mlp()
     mesh = redist.Mesh({"dp": 16, "tp": 64})
     seen = []
