@@ -13,7 +13,8 @@ random action sets):
    changed since it was last visited. The base is at a fixed point, so an op none of whose values changed
    would resolve as it did there, write nothing and record no new conflict: skipping it changes nothing. Nor
    is an op visited again for what it wrote itself: a visit right after its own changes nothing
-   (:func:`~partir_core.propagation.visit`), so only the other ops touching a written value are.
+   (:func:`~partir_core.propagation.visit`), so only the other ops touching a written value are. A step is
+   remembered by what it reads, and shared by the ops of one signature (:func:`signature`, see below).
 2. Per-op choice (:class:`_Pass`): :func:`~partir_core.choice.analyze` runs up to six passes of per-op
    choices (:func:`~partir_core.choice.choose_op`), each priced against targets (the state's types, none,
    or the types the readers asked for in the pass before). Each starting pass is redone from the base's pass
@@ -59,7 +60,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import compress
 from operator import is_not, ne
 
@@ -145,7 +146,8 @@ def propagate_changes(structure: Structure, state: State, mesh, tactic: int, cha
     other ops that touch it, later in this sweep or in the next; not the op itself (see the module docstring).
     ``steps``: None, or a dict a caller propagating many states of the program keeps: each op's
     :func:`~partir_core.propagation.step` is remembered there by all it reads (:func:`_step_key`) and taken
-    again where that is the same (the automatic search's states meet the same situations at most ops)."""
+    again where that is the same (the automatic search's states meet the same situations at most ops), also at
+    the other ops of its signature (:func:`_shared_step`)."""
     graph, rules = structure.graph, structure.rules
     seen = {(c.eqn, c.factor) for c in state.conflicts}
     if steps is not None and len(steps) >= _STEPS:
@@ -171,8 +173,7 @@ def propagate_changes(structure: Structure, state: State, mesh, tactic: int, cha
                 key = _step_key(structure, state, i, tactic)
                 made = steps.get(key)
                 if made is None:
-                    made = steps[key] = step(graph, rules[i], i, state, mesh, tactic, structure.op_slots[i],
-                                             structure.shardable[i])
+                    made = steps[key] = _shared_step(structure, state, mesh, i, tactic, key, steps)
             for v in take_step(state, i, *made, seen):
                 touched.add(v)
                 for j in structure.touching.get(v, ()):
@@ -185,6 +186,34 @@ def propagate_changes(structure: Structure, state: State, mesh, tactic: int, cha
 
 
 _STEPS = 1 << 16  # entries of a propagation's memo of steps (propagate_changes), forgotten in full when full
+_SHARED = "signature"  # the first item of a memo key of steps shared by the ops of one signature (_shared_step)
+
+
+def _shared_step(structure: Structure, state: State, mesh, i: int, tactic: int, key: tuple, steps: dict) -> tuple:
+    """Op ``i``'s :func:`~partir_core.propagation.step` (``key``: its :func:`_step_key`), as taken at any op of its
+    :func:`signature` in the same situation: the dims, provenances and pins of its values, position by position,
+    and ``tactic``. A step reads nothing else of the op (its rule but ``local``, which of its values are
+    constants or named twice, their shapes: all in the signature), so it is the same up to the op's values and
+    index: remembered in ``steps`` with those replaced by the values' positions among the op's
+    (``Structure.slots``), and made this op's again (the layers of a transformer meet the same situations)."""
+    shared = (_SHARED, structure.signature[i]) + key[1:]
+    relative = steps.get(shared)
+    values = structure.slots[i]
+    if relative is None:
+        made = step(structure.graph, structure.rules[i], i, state, mesh, tactic, structure.op_slots[i],
+                    structure.shardable[i])
+        steps[shared] = _renamed(made, {v: k for k, v in enumerate(values)}, -1)
+        return made
+    return _renamed(relative, values, i)
+
+
+def _renamed(made: tuple, name, eqn: int) -> tuple:
+    """A step ``(conflicts, writes)`` with each value ``v`` it names replaced by ``name[v]`` and its conflicts'
+    equation by ``eqn``."""
+    conflicts, writes = made
+    return ([replace(c, eqn=eqn, demands=tuple([(name[v], d, a, p) for v, d, a, p in c.demands]))
+             for c in conflicts],
+            [(name[v], d, axes, prov) for v, d, axes, prov in writes])
 
 
 def _step_key(structure: Structure, state: State, i: int, tactic: int) -> tuple:

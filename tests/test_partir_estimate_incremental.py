@@ -12,7 +12,7 @@ import redist  # noqa: E402
 from tests.test_partir_estimate import MESHES, model, random_sets  # noqa: E402
 import partir_core as pc  # noqa: E402
 from partir_core.choice import FOLLOW, _demands, _op_cost, _op_terms, analyze, op_candidates  # noqa: E402
-from partir_core.estimate import Estimator, propagate_changes  # noqa: E402
+from partir_core.estimate import _SHARED, Estimator, _shared_step, _step_key, propagate_changes  # noqa: E402
 from partir_core.ir import Boundary  # noqa: E402
 from partir_core.lowering import lower  # noqa: E402
 from partir_core.propagation import propagate, step, visit  # noqa: E402
@@ -137,6 +137,28 @@ def test_a_step_reads_nothing_of_the_state_but_its_ops_values(name):
             assert all(visited.dims[v][d] == axes for v, d, axes, _ in made[1])
             n, wrote = n + 1, wrote + bool(made[1])
     assert n > 100 and wrote > 0
+
+
+@pytest.mark.parametrize("name", ["transformer", "scanned_transformer"])
+def test_a_step_taken_at_one_op_is_that_of_every_op_of_its_signature(name):
+    """What the memo of steps shares between the ops of one signature (estimate._shared_step): on the states of
+    random chains with an action applied but not propagated, every op's step, made from another op's where one
+    of its signature met the same situation, equals the step taken at the op itself (conflicts included)."""
+    graph, rules, mesh, start, sets = chains(name, "2x4", n=4, depth=2)
+    est = Estimator(graph, rules, mesh)
+    steps: dict = {}  # of the situations met so far, shared by the ops of a signature
+    shared = conflicts = 0
+    for j, (state, _) in enumerate(analyzed_states(graph, rules, mesh, start, sets)):
+        sets[j - 1][-1].tactic.apply(graph, state, mesh, 3)  # another chain's action: ops with steps to take
+        for i in range(len(graph.eqns)):
+            if rules[i] is None:
+                continue
+            key = _step_key(est.structure, state, i, 3)
+            made = step(graph, rules[i], i, state, mesh, 3)
+            shared += (_SHARED, est.structure.signature[i]) + key[1:] in steps
+            assert _shared_step(est.structure, state, mesh, i, 3, key, steps) == made
+            conflicts += bool(made[0])
+    assert shared > 1000 and conflicts > 0  # made from another op's, where steps conflict too
 
 
 @pytest.mark.parametrize("name", ["transformer", "scanned_transformer"])
