@@ -617,7 +617,8 @@ class _Space(NamedTuple):
     """The constants of one search: the ``atoms`` and their ``sizes``, the array's ``shape`` and
     ``global_bytes``, ``scale`` (bytes are counted in units of ``1 / scale``, the mesh size), the masks of the
     atoms the destination places in dims (``wanted``) and of the partial atoms it does not keep
-    (``reducible``), the ``start`` state and the ``goal`` ``(dims, partial)``."""
+    (``reducible``), the ``start`` state, the ``goal`` ``(dims, partial)`` and the goal's local buffer in bytes
+    (``goal_bytes``: the heuristic reads it at every state)."""
 
     atoms: _Atoms
     sizes: tuple[int, ...]
@@ -628,6 +629,7 @@ class _Space(NamedTuple):
     reducible: int
     start: tuple
     goal: tuple
+    goal_bytes: int
 
     @classmethod
     def of(cls, src: ShardingType, dst: ShardingType, refine: bool) -> _Space:
@@ -636,9 +638,10 @@ class _Space(NamedTuple):
         atoms = _atoms(mesh, _cut_points(mesh, (src, dst), refine))
         src_dims, dst_dims = (tuple(atoms.expand(d) for d in t.dims) for t in (src, dst))
         src_partial, dst_partial = (_mask(atoms.expand(t.partial)) for t in (src, dst))
-        return cls(atoms, atoms.sizes, src.shape, src.global_bytes, mesh.size,
-                   wanted=_mask(a for d in dst_dims for a in d), reducible=src_partial & ~dst_partial,
-                   start=(src_dims, src_partial, False, None), goal=(dst_dims, dst_partial))
+        space = cls(atoms, atoms.sizes, src.shape, src.global_bytes, mesh.size,
+                    wanted=_mask(a for d in dst_dims for a in d), reducible=src_partial & ~dst_partial,
+                    start=(src_dims, src_partial, False, None), goal=(dst_dims, dst_partial), goal_bytes=0)
+        return space._replace(goal_bytes=space.local_bytes(dst_dims))
 
     def blocks(self, ids) -> int:
         k = 1
@@ -658,15 +661,17 @@ class _Space(NamedTuple):
 
     def missing_bytes(self, dims, partial: int) -> int:
         """The lower bound from a state of ``dims`` and ``partial`` atoms to the goal (what some device lacks)."""
-        return self.lacking(dims, partial, *self.goal)
+        return self.lacking(dims, partial, *self.goal, full=self.goal_bytes)
 
-    def lacking(self, dims, partial: int, to_dims, to_partial: int) -> int:
+    def lacking(self, dims, partial: int, to_dims, to_partial: int, full: int | None = None) -> int:
         """What some device lacks of its block of ``(to_dims, to_partial)`` when it holds its block of ``(dims,
         partial)``: a lower bound on the bytes any plan between them receives (:func:`redist.lower_bound_bytes`).
         In each dim the blocks nest where one stack of atoms is a prefix of the other, and some device's blocks
         are disjoint where they differ (the device at the start of one atom and the end of the other); a
-        reduction leaves each device lacking its whole block."""
-        full = self.local_bytes(to_dims)
+        reduction leaves each device lacking its whole block. ``full``: the local bytes of ``to_dims``, where
+        the caller has them."""
+        if full is None:
+            full = self.local_bytes(to_dims)
         if partial & ~to_partial:
             return full
         kept = self.global_bytes
