@@ -1,8 +1,11 @@
 """AutomaticPartition: dimension groups, MCTS determinism and budgets, composition with manual tactics."""
 
+import functools
 import itertools
+import math
 import random
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,7 +18,7 @@ from partir_core import schedules  # noqa: E402
 from partir_core import models  # noqa: E402
 from partir_core.analysis import analyze_groups  # noqa: E402
 from partir_core.automatic import (RECENT, Evaluation, Evaluator, _Tree, _better, _neighbours, _priors,  # noqa: E402
-                                   _refinements, _stop_reason, _templates, build_actions, weight_actions,
+                                   _ranked, _refinements, _stop_reason, _templates, build_actions, weight_actions,
                                    weight_pairs)
 
 if len(jax.devices()) < 8:
@@ -423,3 +426,30 @@ def test_without_a_budget_peaks_are_simulated_only_where_read():
     assert _better(evaluation(1.0, 9), one, evaluation(1.0, 5), (actions[0], actions[1])) and read == []
     assert _better(evaluation(1.0, 5), one, evaluation(1.0, 9), two) and sorted(read) == [5, 9]
     assert not _better(evaluation(1.0, 9), one, evaluation(1.0, 5), two)
+
+
+def test_the_ranking_is_that_of_better_and_reads_only_the_peaks_that_order_its_first_sets():
+    """_ranked is the order _better defines (sets it ties in the order given), on random evaluations with many
+    ties, fitting or not, peaks known or read when asked; the first ``top`` of it read no peak but those of the
+    sets tied with one of them in step time and actions."""
+    rng = random.Random(0)
+    for trial in range(200):
+        read = []
+
+        def evaluation(j, t, peak, fits):
+            known = peak if not fits or rng.random() < 0.3 else None
+            return Evaluation(t, known, fits, 1.0, measure=lambda: read.append(j) or peak)
+
+        evals = {tuple(range(j % 3 + 1)) + (j,): evaluation(j, rng.choice([1.0, 2.0, 3.0, math.inf]),
+                                                           rng.randrange(4), rng.random() < 0.8)
+                 for j in range(rng.randrange(1, 12))}
+        ev = SimpleNamespace(evals=evals)
+        keys = list(evals)
+        top = rng.randrange(1, 5)
+        first = _ranked(ev, keys, top)
+        ties = {(evals[k].step_time_s, len(k)) for k in first if evals[k].feasible}
+        assert all((evals[k].step_time_s, len(k)) in ties for k in keys if k[-1] in read)
+        defined = sorted(keys, key=functools.cmp_to_key(
+            lambda x, y: -1 if _better(evals[x], x, evals[y], y) else (1 if _better(evals[y], y, evals[x], x) else 0)))
+        assert first == defined[:top]
+        assert _ranked(ev, keys) == defined
