@@ -433,7 +433,7 @@ def test_the_ranking_is_that_of_better_and_reads_only_the_peaks_that_order_its_f
     ties, fitting or not, peaks known or read when asked; the first ``top`` of it read no peak but those of the
     sets tied with one of them in step time and actions."""
     rng = random.Random(0)
-    for trial in range(200):
+    for _ in range(200):
         read = []
 
         def evaluation(j, t, peak, fits):
