@@ -35,7 +35,7 @@ import partir_core as pc  # noqa: E402
 import redist  # noqa: E402
 from bench import flax_lm  # noqa: E402
 from partir_core import models, reshard  # noqa: E402
-from redist import synthesis  # noqa: E402
+from redist.synthesis import cases  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "autopartition_meshes.json")
 SIZE = {"vocab": 512, "d_model": 256, "layers": 2, "heads": 8, "seq": 32, "batch": 64}
@@ -65,7 +65,7 @@ def cell(model: str, mesh_name: str, args) -> dict:
     ins = m.init(jax.random.key(0))
     mesh = redist.Mesh(MESHES[mesh_name])
     reshard.clear_cache()
-    synthesis._synthesize.cache_clear()
+    cases.searched_plan.cache_clear()
     timed = _Timed(redist.synthesize)
     redist.synthesize = timed
     try:

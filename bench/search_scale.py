@@ -5,8 +5,8 @@ Method: for each mesh below, ``--pairs`` seeded random even pairs (:func:`redist
 in issue 14 and four reductions that the automatic partitioner prices on meshes of 1,024 devices. Each pair is
 synthesized once with the plan cache cleared, timed in CPU seconds of this process
 (``time.process_time``: the search is single-threaded, and other processes on a shared machine do not count):
-``synthesize`` is the whole call, ``search`` the time spent inside the searches (``synthesis._search``, which
-never enumerates devices; the rest of the call is the typing of the plan, the same at any mesh size). The
+``synthesize`` is the whole call, ``search`` the time spent inside the searches (``redist.synthesis.search``,
+which never enumerates devices; the rest of the call is the typing of the plan, the same at any mesh size). The
 byte accounting that does enumerate devices today (``lower_bound_bytes``, ``Plan.bytes_received``) runs after
 the clock, for the quality figures only (on meshes of up to 4,096 devices): for pairs without a reduction,
 the share of plans at the lower bound and the geometric mean and maximum of bytes / bound. ``states`` is
@@ -34,7 +34,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import redist  # noqa: E402
-from redist import synthesis  # noqa: E402
+from redist.synthesis import cases  # noqa: E402
 from redist.testing import SeededDraw, draw_pair  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "search_scale.json")
@@ -89,10 +89,11 @@ NAMED = [
 
 
 class _Timed:
-    """Wraps ``synthesis._search``: the seconds and states of every search since the last ``reset``."""
+    """Wraps ``cases.search``, the searches of ``synthesize``: the seconds and states of every search since the
+    last ``reset``."""
 
     def __init__(self):
-        self.inner, self.seconds, self.states = synthesis._search, 0.0, 0
+        self.inner, self.seconds, self.states = cases.search, 0.0, 0
 
     def __call__(self, *args, **kw):
         t0 = time.process_time()
@@ -107,7 +108,7 @@ class _Timed:
 
 def measure(src, dst, timed: _Timed) -> dict:
     """One cold synthesis of ``src -> dst``: times, states, bytes, bound."""
-    synthesis._synthesize.cache_clear()
+    cases.searched_plan.cache_clear()
     timed.reset()
     t0 = time.process_time()
     plan = redist.synthesize(src, dst)
@@ -142,7 +143,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     n = 10 if args.quick else args.pairs
     timed = _Timed()
-    synthesis._search = timed
+    cases.search = timed
     out = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
                       f"Python {platform.python_version()}", "seed": args.seed, "meshes": {}, "named": []}
     try:
@@ -176,7 +177,7 @@ def main(argv=None) -> dict:
             print(f"{name:<28}{mesh.size:>8}{row['synthesize_s'] * 1e3:>10.1f}{row['search_s'] * 1e3:>11.1f}"
                   f"{row['states']:>8}{ratio:>13}  {'; '.join(row['steps'])}", flush=True)
     finally:
-        synthesis._search = timed.inner
+        cases.search = timed.inner
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"\npeak resident set: {out['peak_rss_mb']:.0f} MB")
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)

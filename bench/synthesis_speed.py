@@ -27,7 +27,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import redist  # noqa: E402
-from redist import synthesis  # noqa: E402
+from redist.synthesis import cases  # noqa: E402
 from bench import plots  # noqa: E402
 from bench.random_pairs import random_pair  # noqa: E402
 
@@ -39,7 +39,7 @@ def measure(pairs) -> tuple[dict, list]:
     times, ratios, reduce_ratios, rows = [], [], [], []
     equal = exact_cases = exchanges = 0
     for src, dst in pairs:
-        synthesis._synthesize.cache_clear()
+        cases.searched_plan.cache_clear()
         t0 = time.perf_counter()
         plan = redist.synthesize(src, dst)
         times.append(time.perf_counter() - t0)

@@ -8,14 +8,16 @@ search charges must be the step's own ``bytes_received``. Moves keep the memory-
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from redist import Mesh, ShardingType, synthesis
-from redist.synthesis import AllReduceMove, GatherMove, ReduceScatterMove, SliceMove
+from redist import Mesh, ShardingType
+from redist.synthesis.cases import without_unit_axes
+from redist.synthesis.moves import TRY_STEPS, UNTRY_STEPS, AllReduceMove, GatherMove, ReduceScatterMove, SliceMove
+from redist.synthesis.space import Run, Space, mask
 from tests.strategies import meshes, type_pairs
 
 
 def _successors(space, node):
     """Every move out of ``node``: (record, next state, its local bytes, bytes × scale, new step?)."""
-    for try_step in synthesis._TRY_STEPS:
+    for try_step in TRY_STEPS:
         for kind, fields, state, local_bytes, received, _, new_step in try_step(space, node):
             yield kind(*fields), state, local_bytes, received, new_step
 
@@ -23,10 +25,10 @@ def _successors(space, node):
 def _check_run(space, src, dst, start, move, state, local_bytes, charged):
     """The step the run from ``start`` to ``state`` makes (``move`` its last move) types ``src`` as ``state``
     and receives what the search charged for the run."""
-    step = move.step(synthesis._Run(src, start[0], state[0], dst, space.atoms))
+    step = move.step(Run(src, start[0], state[0], dst, space.atoms))
     t = step.apply(src)
     assert tuple(space.atoms.expand(d) for d in t.dims) == state[0], (move, step)
-    assert synthesis._mask(space.atoms.expand(t.partial)) == state[1], (move, step)
+    assert mask(space.atoms.expand(t.partial)) == state[1], (move, step)
     assert t.local_bytes == local_bytes, (move, step)
     assert charged == step.bytes_received(src) * space.scale, (move, step)
 
@@ -55,8 +57,8 @@ _M = Mesh({"x": 2, "y": 4, "z": 2})
 @example(_pair(_M, "f32[16{x,z}, 16{y}]", "f32[16{z,x}, 16]"), False)  # an all-to-all of two moves
 @settings(max_examples=80, deadline=None)
 def test_each_move_and_each_merged_run_makes_the_step_the_search_accounts_for(pair, refine):
-    src, dst = (synthesis._without_unit_axes(t, pair[1].partial) for t in pair)
-    space = synthesis._Space.of(src, dst, refine)
+    src, dst = (without_unit_axes(t, pair[1].partial) for t in pair)
+    space = Space.of(src, dst, refine)
     start = space.start
     start_node = space.node(start, space.local_bytes(start[0]))
     for move, state, local_bytes, received, new_step in _successors(space, start_node):
@@ -64,8 +66,7 @@ def test_each_move_and_each_merged_run_makes_the_step_the_search_accounts_for(pa
         _check_run(space, src, dst, start, move, state, local_bytes, received)
         node = space.node(state, local_bytes)
         if isinstance(move, GatherMove):  # normal form: nothing shrinks the buffer after it has grown
-            assert not list(synthesis._try_slices(space, node))
-            assert not list(synthesis._try_reduce_scatters(space, node))
+            assert not any(isinstance(m, (SliceMove, ReduceScatterMove)) for m, *_ in _successors(space, node))
         for move2, state2, local_bytes2, received2, new_step2 in _successors(space, node):
             assert new_step2 == (not _joins(move, move2)), (move, move2)
             if not new_step2:
@@ -78,7 +79,7 @@ def test_moves_place_only_what_the_destination_wants(pair):
     """Slices push atoms the destination places in dims; gathers pop only atoms it does not; reduce-scatters
     and all-reduces reduce only partial atoms it does not keep."""
     src, dst = pair
-    space = synthesis._Space.of(src, dst, refine=False)
+    space = Space.of(src, dst, refine=False)
     start = space.start
     node = space.node(start, space.local_bytes(start[0]))
     for move, state, *_ in _successors(space, node):
@@ -86,7 +87,7 @@ def test_moves_place_only_what_the_destination_wants(pair):
             assert space.wanted >> move.atom & 1 and node.free >> move.atom & 1
         elif isinstance(move, GatherMove):
             popped = start[0][move.dim][len(start[0][move.dim]) - move.count:]
-            assert not synthesis._mask(popped) & space.wanted
+            assert not mask(popped) & space.wanted
         elif isinstance(move, ReduceScatterMove):
             assert space.reducible >> move.atom & 1
         elif isinstance(move, AllReduceMove):
@@ -110,19 +111,19 @@ def test_each_untry_step_is_a_forward_move_the_search_accounts_for(pair, refine)
     """The backward search's moves, from the goal and from each state before it: the record's step, applied
     to the type of the state before, gives the type of the state after, receives what the backward search
     charges, and keeps the normal form (a suffix that slices or reduce-scatters has no gather before it)."""
-    src, dst = (synthesis._without_unit_axes(t, pair[1].partial) for t in pair)
-    space = synthesis._Space.of(src, dst, refine)
-    classes = synthesis._classes(space, None)
+    src, dst = (without_unit_axes(t, pair[1].partial) for t in pair)
+    space = Space.of(src, dst, refine)
+    classes = space.sizes  # the symmetry classes of a search without a topology
     goal = (*space.goal, False, None)
     frontier = [goal]
     for depth in range(2):
         nxt = []
         for state in frontier:
             after = _type_of(space, src, state[0], state[1])
-            for untry in synthesis._UNTRY_STEPS:
+            for untry in UNTRY_STEPS:
                 for move, before, received, _, tag in untry(space, space.back(state), classes):
                     t = _type_of(space, src, before[0], before[1])
-                    step = move.step(synthesis._Run(t, before[0], state[0], dst, space.atoms))
+                    step = move.step(Run(t, before[0], state[0], dst, space.atoms))
                     assert step.apply(t) == after, (move, step)
                     assert received == step.bytes_received(t) * space.scale, (move, step)
                     if isinstance(move, GatherMove):

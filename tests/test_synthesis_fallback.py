@@ -10,8 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import redist
-from redist import Mesh, ShardingType, lower_bound_bytes, synthesize, synthesis
+from redist import Mesh, ShardingType, lower_bound_bytes, synthesize
 from redist.data import summands
+from redist.synthesis import cases
+from redist.synthesis.fallback import fallback
+from redist.synthesis.search import MAX_EXACT_STATES, MAX_STATES, search, state_budget
 from tests.strategies import type_pairs
 
 
@@ -125,7 +128,7 @@ def test_fallback_is_bounded_exact_and_proved_on_any_pair(pair, seed):
     """The plan for when the search gives up, on every kind of pair (odd axis sizes, partial sums kept,
     reduced or scattered): correct by construction, and the exchange receives what each device lacks."""
     src, dst = pair
-    plan = synthesis._fallback(src, dst)
+    plan = fallback(src, dst)
     assert plan.src == src and plan.dst == dst
     _check(plan, seed)
     assert redist.verify(plan).ok, str(plan)
@@ -156,41 +159,40 @@ def test_search_stops_at_its_state_budget():
     src = ShardingType.parse("f32[4, 4, 4{a1}, 4{a4,a3}, 2{a2}]", mesh)
     dst = ShardingType.parse("f32[4{a3}, 4{a1}, 4{a2}, 4{a0}, 2]", mesh)
     for states in (0, 1, 1000, 5000):
-        found = synthesis._search(src, dst, refine=False, max_states=states)
+        found = search(src, dst, refine=False, max_states=states)
         assert found.plan is None and found.states == states
     one_move = src.replace(dims=(("a3",), (), ("a1",), ("a4",), ("a2",)))  # an all_to_all of a3 to dim 0
-    found = synthesis._search(src, one_move, refine=False, max_states=1000)
+    found = search(src, one_move, refine=False, max_states=1000)
     assert [s.kind for s in found.plan.steps] == ["all_to_all"] and 0 < found.states <= 1000
 
 
-@pytest.mark.parametrize("extra_dims, rank_budget", [(0, synthesis._MAX_STATES), (10, synthesis._MAX_STATES // 2)])
+@pytest.mark.parametrize("extra_dims, rank_budget", [(0, MAX_STATES), (10, MAX_STATES // 2)])
 def test_budget_is_shared_by_the_searches_of_one_call(extra_dims, rank_budget):
     """Both searches of a call together generate at most the budget: the sub-axis search gets what the
     first left, so a call that falls back costs one budget, not two. Above rank 8 the budget shrinks in
     proportion to the rank (here 16: half); without sums to reduce (this pair) it is at most
-    ``_MAX_EXACT_STATES``, since the searches can only tie with the fallback's exchange."""
+    ``MAX_EXACT_STATES``, since the searches can only tie with the fallback's exchange."""
     mesh = Mesh({"x": 4, "y": 8, "z": 8})
     pad = ", 2" * extra_dims
     src = ShardingType.parse(f"f32[4{{x:(1)2}}, 2, 2, 8, 2{{x:(2)2}}, 8{pad}]", mesh)
     dst = ShardingType.parse(f"f32[4{{z:(4)2}}, 2, 2{{z:(2)2}}, 8{{y}}, 2, 8{{x}}{pad}]", mesh)
     used = []
-    search = synthesis._search
 
     def counting(*args, **kw):
         found = search(*args, **kw)
         used.append(found.states)
         return found
 
-    synthesis._synthesize.cache_clear()
+    cases.searched_plan.cache_clear()
     try:
-        synthesis._search = counting
+        cases.search = counting
         plan = synthesize(src, dst)
     finally:
-        synthesis._search = search
-        synthesis._synthesize.cache_clear()
+        cases.search = search
+        cases.searched_plan.cache_clear()
     assert [s.kind for s in plan.steps] == ["exchange"]
-    assert synthesis._state_budget(src) == rank_budget
-    assert sum(used) == min(rank_budget, synthesis._MAX_EXACT_STATES) and len(used) == 2, used
+    assert state_budget(src) == rank_budget
+    assert sum(used) == min(rank_budget, MAX_EXACT_STATES) and len(used) == 2, used
 
 
 @pytest.mark.parametrize("a, b, steps, reduce_bytes", [
@@ -203,7 +205,7 @@ def test_budget_is_shared_by_the_searches_of_one_call(extra_dims, rank_budget):
 def test_fallback_reduces_only_what_the_destination_drops(a, b, steps, reduce_bytes):
     mesh = Mesh({"x": 2, "y": 3, "z": 2})
     src, dst = ShardingType.parse(a, mesh), ShardingType.parse(b, mesh)
-    plan = synthesis._fallback(src, dst)
+    plan = fallback(src, dst)
     assert [str(s) for s in plan.steps] == steps
     assert plan.bytes_received == reduce_bytes + lower_bound_bytes(plan.types[1], dst)
     _check(plan)

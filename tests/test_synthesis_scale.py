@@ -9,9 +9,13 @@ import pytest
 from hypothesis import given, settings
 
 import redist
-from redist import Mesh, ShardingType, cost, lower_bound_bytes, synthesis, synthesize
+from redist import Mesh, ShardingType, cost, lower_bound_bytes, synthesize
 from redist import steps as S
 from redist import testing as RT
+from redist.synthesis import cases
+from redist.synthesis.cases import without_unit_axes
+from redist.synthesis.fallback import bound, fallback, fallback_cost, reduction_bound
+from redist.synthesis.search import search
 from redist.verify import program_bytes
 from tests.strategies import type_pairs
 
@@ -21,12 +25,13 @@ def _twos(n: int) -> Mesh:
 
 
 class _Counting:
-    """Counts the states that ``synthesis._search`` generates while installed (``with _Counting() as c``)."""
+    """Counts the states that the searches of ``synthesize`` (:func:`redist.synthesis.search.search`) generate
+    while installed (``with _Counting() as c``)."""
 
     def __enter__(self):
-        self.inner, self.states = synthesis._search, 0
-        synthesis._search = self
-        synthesis._synthesize.cache_clear()
+        self.inner, self.states = cases.search, 0
+        cases.search = self
+        cases.searched_plan.cache_clear()
         return self
 
     def __call__(self, *args, **kw):
@@ -35,8 +40,8 @@ class _Counting:
         return found
 
     def __exit__(self, *exc):
-        synthesis._search = self.inner
-        synthesis._synthesize.cache_clear()
+        cases.search = self.inner
+        cases.searched_plan.cache_clear()
 
 
 ISSUE_PAIRS = [
@@ -77,12 +82,12 @@ def test_issue_pairs_get_plans_at_the_bound_from_a_small_search(mesh, a, b, kind
 def test_bounds_from_atoms_are_the_device_by_device_figures(pair):
     """The search prunes with two figures it computes from atoms, never enumerating devices: the lower bound
     (:func:`redist.lower_bound_bytes`) and what the fallback plan receives; both × the mesh size."""
-    src, dst = (synthesis._without_unit_axes(t, pair[1].partial) for t in pair)
+    src, dst = (without_unit_axes(t, pair[1].partial) for t in pair)
     scale = src.mesh.size
     if set(src.partial) == set(dst.partial):
-        assert synthesis._bound(src, dst) == lower_bound_bytes(src, dst) * scale
-    exact = program_bytes(synthesis._fallback(src, dst).program)  # device by device, exact (no float rounding)
-    assert synthesis._fallback_cost(src, dst) == exact * scale
+        assert bound(src, dst) == lower_bound_bytes(src, dst) * scale
+    exact = program_bytes(fallback(src, dst).program)  # device by device, exact (no float rounding)
+    assert fallback_cost(src, dst) == exact * scale
 
 
 @given(type_pairs(max_rank=3, uneven=False))
@@ -92,8 +97,8 @@ def test_plans_receive_no_more_than_the_fallback(pair):
     (without reductions: the lower bound, so every plan is at the bound or the exchange)."""
     src, dst = pair
     plan = synthesize(src, dst)
-    core_src, core_dst = (synthesis._without_unit_axes(t, dst.partial) for t in pair)
-    assert plan.bytes_received <= synthesis._fallback(core_src, core_dst).bytes_received
+    core_src, core_dst = (without_unit_axes(t, dst.partial) for t in pair)
+    assert plan.bytes_received <= fallback(core_src, core_dst).bytes_received
     if set(src.partial) == set(dst.partial):
         assert plan.bytes_received == lower_bound_bytes(src, dst), str(plan)
 
@@ -103,21 +108,21 @@ def _reducing(pair) -> tuple:
     source lacks, so that it reduces and creates nothing (those are the pairs the search plans)."""
     src, dst = pair
     dst = dst.replace(partial=tuple(a for a in dst.partial if a in src.partial))
-    return tuple(synthesis._without_unit_axes(t, dst.partial) for t in (src, dst))
+    return tuple(without_unit_axes(t, dst.partial) for t in (src, dst))
 
 
 @given(type_pairs(max_rank=3, uneven=False))
 @settings(max_examples=150, deadline=None)
 def test_the_reduction_bound_is_below_every_plan_of_the_normal_form(pair):
-    """What reducing costs every plan of the normal form (``_reduction_bound``) is no more than the cheapest
+    """What reducing costs every plan of the normal form (``reduction_bound``) is no more than the cheapest
     plan the searches find when run to the end, over named atoms and over prime ones, nor than the fallback;
     0 where nothing is reduced."""
     src, dst = _reducing(pair)
-    bound = synthesis._reduction_bound(src, dst)
-    found = [synthesis._search(src, dst, refine, max_states=2_000_000) for refine in (False, True)]
+    bound = reduction_bound(src, dst)
+    found = [search(src, dst, refine, max_states=2_000_000) for refine in (False, True)]
     costs = [f.cost for f in found if f.plan is not None]
     assert all(bound <= c for c in costs), (src, dst, bound, costs)
-    assert bound <= synthesis._fallback_cost(src, dst)
+    assert bound <= fallback_cost(src, dst)
     if set(src.partial) == set(dst.partial):
         assert bound == 0
 
@@ -132,9 +137,9 @@ def test_the_reduction_bound_is_met_on_most_reducing_pairs():
         if not (src.is_even() and dst.is_even()) or set(src.partial) == set(dst.partial):
             continue
         reducing += 1
-        best = min((f.cost for f in (synthesis._search(src, dst, r, max_states=2_000_000) for r in (False, True))
+        best = min((f.cost for f in (search(src, dst, r, max_states=2_000_000) for r in (False, True))
                     if f.plan is not None), default=None)
-        met += best == synthesis._reduction_bound(src, dst)
+        met += best == reduction_bound(src, dst)
     assert met >= 225, met
 
 
@@ -144,16 +149,15 @@ def test_skipping_the_search_over_prime_atoms_at_the_reduction_bound_changes_no_
     """Where the plan over named atoms meets the reduction bound, the search over prime atoms is skipped; run
     anyway (the bound taken as 0), it never gives another plan."""
     src, dst = _reducing(pair)
-    bound = synthesis._reduction_bound
-    synthesis._synthesize.cache_clear()
+    cases.searched_plan.cache_clear()
     try:
-        plan = synthesis._synthesize(src, dst)
-        synthesis._reduction_bound = lambda s, d: 0
-        synthesis._synthesize.cache_clear()
-        assert synthesis._synthesize(src, dst).steps == plan.steps
+        plan = cases.searched_plan(src, dst)
+        cases.reduction_bound = lambda s, d: 0
+        cases.searched_plan.cache_clear()
+        assert cases.searched_plan(src, dst).steps == plan.steps
     finally:
-        synthesis._reduction_bound = bound
-        synthesis._synthesize.cache_clear()
+        cases.reduction_bound = reduction_bound
+        cases.searched_plan.cache_clear()
 
 
 REDUCING_PAIRS = [
@@ -180,8 +184,8 @@ def test_reductions_on_large_meshes_take_a_small_search(mesh, a, b, kinds):
         plan = synthesize(src, dst)
     assert [s.kind for s in plan.steps] == kinds, str(plan)
     assert counted.states <= 1_000, counted.states  # the budget is 50,000
-    core = tuple(synthesis._without_unit_axes(t, dst.partial) for t in (src, dst))
-    assert plan.bytes_received * mesh.size == synthesis._reduction_bound(*core)
+    core = tuple(without_unit_axes(t, dst.partial) for t in (src, dst))
+    assert plan.bytes_received * mesh.size == reduction_bound(*core)
 
 
 @pytest.mark.parametrize("preset", ["2x8-nodes", "nvlink-8", "tpu-v4"])
