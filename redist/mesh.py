@@ -33,8 +33,7 @@ from redist.errors import ShardingError, shown
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _AXIS_TEXT = re.compile(r"(?P<name>[^=]*)=(?P<size>[0-9]+)\Z")
-# The device ids at the end of a mesh's text: ``,device_ids=[3,2,1,0]`` (whitespace already removed).
-_DEVICE_IDS_TEXT = re.compile(r"(?P<axes>.*?),?device_ids=\[(?P<ids>[^\]]*)\]\Z")
+_DEVICE_IDS = "device_ids="  # the mesh text's last part, ``device_ids=[3,2,1,0]``, after the axes and a comma
 
 MAX_DEVICES = 2**31 - 1
 """The most devices a mesh may have: MPI ranks and JAX/XLA device ids are 32-bit integers."""
@@ -110,11 +109,7 @@ class Mesh:
         numbers in ASCII digits)."""
         if not isinstance(text, str):
             raise ShardingError(f"mesh text must be a string like 'x=2,y=4', got {type(text).__name__} {shown(text)}")
-        body = "".join(text.split())
-        ids = None
-        m = _DEVICE_IDS_TEXT.match(body)
-        if m:
-            body, ids = m["axes"], _read_ids(m["ids"], text)
+        body, ids = _split_device_ids("".join(text.split()), text)
         if not body:
             raise ShardingError(f"empty mesh text {shown(text)}; expected something like 'x=2,y=4'")
         items = []
@@ -255,10 +250,18 @@ class Mesh:
         return {n: out[n] for n in self.names}
 
     def device(self, coords: Mapping[str, int]) -> int:
-        """The id of the device at ``coords`` (the inverse of :meth:`coords`)."""
+        """The id of the device at ``coords``, a coordinate for every mesh axis (the inverse of :meth:`coords`).
+        Raises :class:`ShardingError` for a missing or unknown axis, or a coordinate outside its axis."""
+        if not isinstance(coords, Mapping) or coords.keys() != self._size_of.keys():
+            raise ShardingError(f"device coordinates {shown(coords)} must give one coordinate for each axis of "
+                                f"mesh {self} ({', '.join(self.names) or 'no axes'})")
         p = 0
         for name, size in self.axes:
-            p = p * size + coords[name]
+            c = coords[name]
+            if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c < size:
+                raise ShardingError(f"coordinate {shown(c)} on mesh axis {name!r} is outside the axis "
+                                    f"(0 to {size - 1})")
+            p = p * size + int(c)
         return p if self._device_ids is None else self._device_ids[p]
 
     def group_index(self, device: int, names) -> int:
@@ -360,7 +363,8 @@ def _device_order(device_ids, size: int, axes) -> tuple[int, ...] | None:
         raise ShardingError(f"{where}: {shown(bad)} is not a device id of a mesh of {size} devices (0 to {size - 1})")
     ids = tuple(int(d) for d in ids)
     if len(set(ids)) != size:
-        twice = next(d for d in ids if ids.count(d) > 1)
+        seen = set()
+        twice = next(d for d in ids if d in seen or seen.add(d))
         raise ShardingError(f"{where}: device {twice} is listed twice; device_ids must be a permutation of 0 to "
                             f"{size - 1}")
     return None if ids == tuple(range(size)) else _DeviceOrder(ids)
@@ -380,6 +384,18 @@ class _DeviceOrder(tuple):
 
     def __reduce__(self):
         return _DeviceOrder, (tuple(self),)
+
+
+def _split_device_ids(body: str, whole: str) -> tuple[str, tuple[int, ...] | None]:
+    """The axes part of a mesh's text ``body`` (whitespace removed) and the ids of its ``device_ids=[…]`` part
+    (None without one), in one pass over the text; ``whole`` is quoted in an error."""
+    axes, found, rest = body.partition(_DEVICE_IDS)
+    if not found:
+        return body, None
+    if not (rest.startswith("[") and rest.endswith("]")) or (axes and not axes.endswith(",")):
+        raise ShardingError(f"cannot read {shown(whole)}: device ids come last, after a comma, as "
+                            "device_ids=[ID,ID,...]")
+    return axes[:-1], _read_ids(rest[1:-1], whole)
 
 
 def _read_ids(text: str, whole: str) -> tuple[int, ...]:

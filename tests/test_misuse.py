@@ -5,6 +5,8 @@ Each case names what was given and what is expected; the match strings below are
 a partitioned function, which used to be refused, are supported (``pf`` has ``fn``'s signature)."""
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -58,6 +60,50 @@ def _raises(build, match, error=ShardingError):
 ])
 def test_bad_meshes(build, match):
     _raises(build, match)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("x=2device_ids=[1,0]", r"device ids come last, after a comma"),
+    ("x=2,device_ids=[1,0", r"device ids come last, after a comma"),
+    ("x=2,device_ids=[1,0]]", r"cannot read device id '0\]'"),
+    ("device_ids=[0]", r"empty mesh text"),
+])
+def test_device_ids_come_last_after_a_comma(text, match):
+    _raises(lambda: Mesh.parse(text), match)
+
+
+def test_mesh_text_is_read_in_linear_time():
+    """Texts that a backtracking pattern or a scan per id reads in quadratic time (at these lengths, minutes to
+    hours) are read in one pass, in milliseconds each. They are parsed in a child process, which the 120 s
+    bound kills if it hangs (a regular expression holds the interpreter's lock, so a thread could not)."""
+    script = """if True:
+        import redist
+        n = 200_000
+        for text in ["device_ids=[" * n, f"x={n},device_ids=[" + ",".join(map(str, [*range(n - 1), n - 2])) + "]",
+                     "x=2," * n]:
+            try:
+                redist.Mesh.parse(text)
+            except redist.ShardingError as e:
+                print(e)
+    """
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    refusals = out.stdout.splitlines()
+    assert len(refusals) == 3, out
+    assert "device ids come last" in refusals[0]
+    assert "device 199998 is listed twice" in refusals[1]
+    assert "cannot read mesh axis ''" in refusals[2]
+
+
+@pytest.mark.parametrize("coords, match", [
+    ({"x": 2, "y": 0}, r"coordinate 2 on mesh axis 'x' is outside the axis \(0 to 1\)"),
+    ({"x": 0, "y": -1}, r"coordinate -1 on mesh axis 'y'"),
+    ({"x": 0, "y": 1.0}, r"coordinate 1.0 on mesh axis 'y'"),
+    ({"x": 0}, r"must give one coordinate for each axis of mesh x=2,y=4 \(x, y\)"),
+    ({"x": 0, "y": 0, "z": 0}, r"must give one coordinate for each axis"),
+    ([0, 0], r"must give one coordinate for each axis"),
+])
+def test_device_at_coordinates_outside_the_mesh(coords, match):
+    _raises(lambda: MESH.device(coords), match)
 
 
 def test_mesh_numbers_are_ascii_digits_and_numpy_ints_are_sizes():
