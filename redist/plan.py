@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
 
+from redist import plan_file
 from redist import steps as S
 from redist.blocks import DeviceClasses
 from redist.bounds import lower_bound_bytes
 from redist.errors import ShardingError, shown
-from redist.plan_file import FORMAT, read_plan, step_args
 from redist.program import Program, collective_mesh, lower, point_to_point_bytes
 from redist.types import ShardingType
 
@@ -165,14 +165,15 @@ class Plan:
         kind and ``args`` (what :meth:`from_json` rebuilds it from), text, type after it and bytes, and the
         plan's figures against its two bounds. ``dst_mesh`` is there only when the plan changes the device
         order."""
-        out: dict = {"format": FORMAT, "mesh": str(self.src.mesh)}
+        out: dict = {"format": plan_file.FORMAT, "mesh": str(self.src.mesh)}
         if self.dst.mesh != self.src.mesh:
             out["dst_mesh"] = str(self.dst.mesh)
         out.update({
             "src": str(self.src),
             "dst": str(self.dst),
             "steps": [
-                {"kind": s.kind, "args": step_args(s), "step": str(s), "type": str(t), "bytes_received": b}
+                {"kind": s.kind, "args": plan_file.step_args(s), "step": str(s), "type": str(t),
+                 "bytes_received": b}
                 for s, t, b in zip(self.steps, self.types[1:], self.step_bytes())
             ],
             "peak_bytes": self.peak_bytes,
@@ -189,7 +190,10 @@ class Plan:
     @classmethod
     def from_json(cls, text) -> "Plan":
         """The plan a plan file holds (the text :meth:`to_json` writes), rebuilt step by step through the step
-        classes and their typing rules, every derived field checked against the steps
-        (:func:`redist.plan_file.read_plan`). Raises :class:`~redist.errors.ShardingError` naming the first
-        field that is wrong. It does not prove the plan: :func:`redist.verify` does."""
-        return read_plan(text)
+        classes and their typing rules (:func:`redist.plan_file.parse`), every derived field checked against
+        the steps. Raises :class:`~redist.errors.ShardingError` naming the first field that is wrong. It does
+        not prove the plan: :func:`redist.verify` does."""
+        read = plan_file.parse(text)
+        plan = cls(read.steps, read.types)
+        read.check_figures(plan.step_bytes(), plan.to_dict())
+        return plan

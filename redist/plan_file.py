@@ -38,11 +38,17 @@ plan's ``dst`` (required: the type the steps must end at), ``peak_bytes``, ``byt
 (:func:`redist.lower_bound_bytes`). A file that is not such JSON, lacks a field, has one this format does not
 know, or disagrees with its own steps raises :class:`~redist.errors.ShardingError` naming the field (with the
 step's index), and nothing is returned. The reader does not prove the plan: :func:`redist.verify` does that.
+
+This module knows a plan as its steps and types only, and imports nothing of :mod:`redist.plan`: the plan
+writes its file through :data:`FORMAT` and :func:`step_args` (:meth:`Plan.to_dict`), and reads one by building
+itself from what :func:`parse` reads and handing its own figures to :meth:`PlanFile.check_figures`
+(:meth:`Plan.from_json`).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from redist import steps as S
@@ -88,7 +94,7 @@ def step_args(step) -> dict[str, Any]:
 
 def file_text(plan) -> str:
     """``plan.to_dict()`` as the text of a plan file: one field per line and one line per step, so that the
-    diff of two plan files shows the steps that changed. :func:`read_plan` reads it back."""
+    diff of two plan files shows the steps that changed. :meth:`Plan.from_json` reads it back."""
     fields = []
     for key, value in plan.to_dict().items():
         if key == "steps" and value:
@@ -104,11 +110,30 @@ def _tokens(axes) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- reading
-def read_plan(text):
-    """The :class:`~redist.plan.Plan` that ``text`` (a plan file's contents, ``str`` or ``bytes``) describes,
-    checked as the module docstring says. Raises :class:`ShardingError` naming the first field that is wrong."""
-    from redist.plan import Plan  # here, not at the top: plan.py imports this module for Plan.to_dict
+@dataclass(frozen=True)
+class PlanFile:
+    """A plan file read and checked as far as its steps: the plan's ``steps`` and ``types`` (each step built and
+    put through its typing rule, the last type the file's ``dst``) and the file's JSON object, ``data``, whose
+    derived figures :meth:`check_figures` compares with those of the plan built from them."""
 
+    steps: tuple
+    types: tuple
+    data: dict
+
+    def check_figures(self, step_bytes, figures: dict) -> None:
+        """Raise :class:`ShardingError` where a figure of the file disagrees with the plan's: a step's
+        ``bytes_received`` with ``step_bytes`` (:meth:`Plan.step_bytes`), the plan's figures with ``figures``
+        (:meth:`Plan.to_dict`)."""
+        for i, (entry, b) in enumerate(zip(self.data["steps"], step_bytes)):
+            _agree(f"step {i} ({entry['kind']}): bytes_received", entry, "bytes_received", b)
+        for key in _PLAN_FIGURES:
+            _agree(key, self.data, key, figures[key])
+
+
+def parse(text) -> PlanFile:
+    """The steps and types that ``text`` (a plan file's contents, ``str`` or ``bytes``) describes, checked as
+    the module docstring says but for the derived figures (:meth:`PlanFile.check_figures`). Raises
+    :class:`ShardingError` naming the first field that is wrong."""
     if not isinstance(text, (str, bytes, bytearray)):
         raise ShardingError(f"Plan.from_json takes the text of a plan file (str or bytes), got "
                             f"{type(text).__name__} {shown(text)}")
@@ -133,13 +158,7 @@ def read_plan(text):
         types.append(t)
     if types[-1] != dst:
         raise ShardingError(f"plan file: the steps end at {types[-1]}, but dst is {dst}")
-    plan = Plan(tuple(steps), tuple(types))
-    for i, (entry, b) in enumerate(zip(entries, plan.step_bytes())):
-        _agree(f"step {i} ({entry['kind']}): bytes_received", entry, "bytes_received", b)
-    derived = plan.to_dict()
-    for key in _PLAN_FIGURES:
-        _agree(key, data, key, derived[key])
-    return plan
+    return PlanFile(tuple(steps), tuple(types), data)
 
 
 def _read_step(i: int, entry, t_in: ShardingType):
