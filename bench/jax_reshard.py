@@ -28,7 +28,7 @@ against ``f(x)``):
 - memory: ``compiled.memory_analysis()`` of both programs (``redist.jax.lower`` gives ours), as the bytes
   held per device during the call, ``argument + output + temp - alias``, without and with donation; the
   type-level bound ``max(src, dst)`` (local bytes, summed over leaves) next to them.
-- bytes received per device, read from both compiled HLOs (``redist.xla_baseline.parse_hlo``).
+- bytes received per device, read from both compiled HLOs (``redist.hlo.parse_hlo``).
 
 The machine's load average is recorded before and after (``os.getloadavg``); on a shared machine the figures
 carry that noise. Outputs: a table on stdout (a tqdm progress bar while running),
@@ -66,7 +66,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import redist.jax as rj  # noqa: E402
-from redist import jax_programs, xla_baseline  # noqa: E402
+from redist import hlo, jax_programs  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results")
 
@@ -207,7 +207,7 @@ def _held(compiled) -> dict:
 
 
 def _received(compiled, mesh) -> float:
-    collectives = xla_baseline.parse_hlo(compiled.as_text(), rj.redist_mesh(mesh))
+    collectives = hlo.parse_hlo(compiled.as_text(), rj.redist_mesh(mesh))
     if not collectives:
         return 0.0
     return float(np.sum([c.device_bytes for c in collectives], axis=0).max())

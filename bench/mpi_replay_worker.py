@@ -3,7 +3,7 @@
     .venv/bin/mpiexec -n 8 .venv/bin/python bench/mpi_replay_worker.py CASES.json OUT.json [--repeats 9]
 
 ``CASES.json`` is a list of ``{"name", "family", "mesh", "src", "dst", "xla"}``: ``xla`` is the list of XLA's
-collectives parsed from its compiled HLO (``redist.xla_baseline.Collective.to_dict()``), or null for partial
+collectives parsed from its compiled HLO (``redist.hlo.Collective.to_dict()``), or null for partial
 sources. Every rank runs the cases whose mesh has ``comm.size`` devices, and rank 0 writes ``OUT.json``.
 
 Contenders, per case (rank r is device r):

@@ -10,7 +10,7 @@ their compositions (EMB only for the transformers, which have embeddings). Per m
   per-device accounting; a collective in a loop body counts once per iteration), also read back from our
   compiled HLO; XLA's = ``jax.jit(step, in_shardings=..., out_shardings=...)`` with OUR input and output
   shardings (``NamedSharding`` of the lowered program's input and output types), compiled, its collectives
-  parsed as ``redist.xla_baseline.parse_hlo`` parses them, each counted ``known_trip_count`` times when it
+  parsed as ``redist.hlo.parse_hlo`` parses them, each counted ``known_trip_count`` times when it
   is in a while loop's body (``loop_collectives``; per device, same accounting, max over devices).
 - (c) time: per model, all its cases' compiled programs (ours and XLA's) on the same device-resident inputs,
   timed together (``interleaved_times``): 2 warm-up calls each, then ``--rounds`` rounds in which every program
@@ -82,6 +82,7 @@ import redist  # noqa: E402
 from bench import plots  # noqa: E402
 from bench.calibration import PACKAGE_PROFILE, write_section  # noqa: E402
 from partir_core import models, schedules, simulator  # noqa: E402
+from redist import hlo  # noqa: E402
 from redist import xla_baseline as xb  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -168,18 +169,16 @@ def total_bytes(cols) -> float:
 
 def loop_collectives(text: str, mesh) -> list:
     """``(collective, times it runs per call)`` for every collective of a compiled HLO module: those
-    ``redist.xla_baseline.parse_hlo`` finds, walked the same way, a while loop's body and condition counted as
+    ``redist.hlo.parse_hlo`` finds, walked the same way, a while loop's body and condition counted as
     often as its ``known_trip_count`` (XLA's backend config; 1 when it has none)."""
-    comps, entry = xb._computations(text)
+    comps, entry = hlo.computations(text)
     out = []
 
     def walk(comp, times, seen):
         for ins in comps.get(comp, []):
-            op = ins.opcode[: -len("-start")] if ins.opcode.endswith("-start") else ins.opcode
-            if op in xb._KINDS:
-                c = xb._collective(ins, op, mesh)
-                if c is not None:
-                    out.append((c, times))
+            c = hlo.collective_of(ins, mesh)
+            if c is not None:
+                out.append((c, times))
             trips = 1
             if ins.opcode == "while":
                 m = re.search(r'"known_trip_count":\{"n":"(\d+)"', ins.attrs)

@@ -17,7 +17,7 @@ times: steps run one after the other, and nothing overlaps.
 
 The model deliberately charges one ``alpha`` per collective whatever the group size (a ring would pay ``k−1``
 latencies, a tree ``log k``): it ranks plans that move different volumes, and it prices XLA's collectives,
-parsed from its HLO by :mod:`redist.xla_baseline`, with the same formula so that both sides compare on one
+parsed from its HLO by :mod:`redist.hlo`, with the same formula so that both sides compare on one
 scale (:func:`records_time`).
 
 Refinements, for callers that know more about a collective than its axes (partir_core's simulator prices a
@@ -424,7 +424,7 @@ def plan_time(plan, topo: Topology | str) -> float:
 def records_time(records, topo: Topology) -> float:
     """Modeled seconds of a list of collectives given as records with ``.span`` (the mesh axes a group
     spans) and ``.bytes_received`` (per device, the most any device receives in it), such as
-    :class:`redist.xla_baseline.Collective`. Local ops (bytes 0) cost nothing."""
+    :class:`redist.hlo.Collective`. Local ops (bytes 0) cost nothing."""
     return sum(collective_time(r.span, r.bytes_received, topo) for r in records)
 
 

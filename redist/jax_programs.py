@@ -20,7 +20,7 @@ is empty or made of ``all_slice`` steps alone or of ``all_gather`` steps alone, 
 slices or the same all-gathers (the same bytes, the same buffers; ``tests/test_jax_reshard.py`` checks this
 on XLA's compiled HLO), known without compiling; for any other plan XLA's resharding of the pair is compiled
 once per (source type, destination type, mesh) for an abstract input and the bytes its collectives receive
-per device are read from the HLO (:func:`redist.xla_baseline.parse_hlo`).
+per device are read from the HLO (:func:`redist.hlo.parse_hlo`).
 
 Batching. The arrays of one call that take redist's route move in one ``shard_map``, and those of one type
 pair (a parameter tree holds many arrays of one shape and layout: a model's layers) move stacked: each
@@ -67,11 +67,11 @@ except ModuleNotFoundError as e:
 from redist.backends import interpreter
 from redist.backends.jax_backend import JaxBackend, in_dtype, jax_mesh_of, redist_mesh, refine_mesh
 from redist.errors import ShardingError
+from redist.hlo import HLO_BYTES, parse_hlo
 from redist.mesh import Mesh
 from redist.plan import Plan
 from redist.synthesis import synthesize
 from redist.types import ShardingType
-from redist.xla_baseline import HLO_BYTES, parse_hlo
 
 __all__ = ["Move", "move", "route", "xla_bytes_received", "apply", "between_device_orders",
            "traced_between_device_orders", "Program", "program", "cached", "clear_cache", "sharding_type", "PROGRAMS"]

@@ -1,4 +1,4 @@
-"""The cost model (redist.cost) and the XLA baseline's HLO reading (redist.xla_baseline)."""
+"""The cost model (redist.cost), the reading of XLA's HLO (redist.hlo) and the XLA baseline (redist.xla_baseline)."""
 
 import math
 
@@ -7,7 +7,7 @@ import pytest
 import redist
 from redist import cost
 from redist import steps as S
-from redist import xla_baseline as xb
+from redist import hlo
 
 MESH42 = redist.Mesh({"x": 4, "y": 2})
 
@@ -31,13 +31,13 @@ MESH42 = redist.Mesh({"x": 4, "y": 2})
     ("replica_groups=mesh['a'=2,'b'=4] {'b', 'a'}", ((0, 4, 1, 5, 2, 6, 3, 7),)),
 ])
 def test_replica_group_forms(attrs, groups):
-    assert xb.parse_replica_groups(attrs, 8) == groups
+    assert hlo.parse_replica_groups(attrs, 8) == groups
 
 
 def test_iota_and_explicit_forms_agree():
     explicit = "replica_groups={{0,1,4,5},{2,3,6,7}}"
     iota = "replica_groups=[2,4]<=[2,2,2]T(1,0,2)"
-    assert xb.parse_replica_groups(explicit, 8) == xb.parse_replica_groups(iota, 8)
+    assert hlo.parse_replica_groups(explicit, 8) == hlo.parse_replica_groups(iota, 8)
 
 
 @pytest.mark.parametrize("groups, axes", [
@@ -52,7 +52,7 @@ def test_iota_and_explicit_forms_agree():
     (((0,), (1,), (2,), (3,), (4,), (5,), (6,), (7,)), ()),
 ])
 def test_groups_to_axes(groups, axes):
-    assert xb.groups_to_axes(MESH42, groups) == axes
+    assert hlo.groups_to_axes(MESH42, groups) == axes
 
 
 # ---------------------------------------------------------------------------------------------- HLO snippets
@@ -95,7 +95,7 @@ ENTRY %main.0_spmd (param: f32[4,8]) -> f32[8,4] {
 
 
 def test_parse_21562_snippet():
-    cs = xb.parse_hlo(HLO_21562, MESH42)
+    cs = hlo.parse_hlo(HLO_21562, MESH42)
     assert [c.kind for c in cs] == ["all_gather", "all_gather", "dynamic_slice"]
     assert [c.axes for c in cs] == [("x",), ("y",), None]
     # all-gather over x (k=4) to f32[8,16,16]; over y (k=2) to the full f32[16,16,16]
@@ -106,7 +106,7 @@ def test_parse_21562_snippet():
 
 
 def test_parse_all_to_all_snippet():
-    cs = xb.parse_hlo(HLO_A2A, MESH42)
+    cs = hlo.parse_hlo(HLO_A2A, MESH42)
     assert [c.kind for c in cs] == ["all_to_all", "reduce_scatter", "all_reduce", "collective_permute"]
     a2a, rs, ar, cp = cs
     assert a2a.axes == ("y",) and a2a.bytes_received == 1 / 2 * 2 * 16 * 4  # tuple: L is the sum
@@ -119,7 +119,7 @@ def test_parse_all_to_all_snippet():
 
 def test_bad_replica_groups_raise():
     with pytest.raises(redist.ShardingError, match="replica groups"):
-        xb.parse_replica_groups("replica_groups=mesh[garbage", 8)
+        hlo.parse_replica_groups("replica_groups=mesh[garbage", 8)
 
 
 # ---------------------------------------------------------------------------------------------- cost model
@@ -188,19 +188,23 @@ def test_records_priced_like_plans():
     topo = cost.topology("tpu-v4", mesh)
     src, dst = redist.ShardingType.parse("f32[64{x}, 8]", mesh), redist.ShardingType.parse("f32[64, 8]", mesh)
     plan = redist.synthesize(src, dst)
-    rec = xb.Collective("all_gather", ("x",), ("x",), float(plan.bytes_received), ((64, 8),), "f32")
+    rec = hlo.Collective("all_gather", ("x",), ("x",), float(plan.bytes_received), ((64, 8),), "f32")
     assert math.isclose(cost.records_time([rec], topo), cost.plan_time(plan, topo))
 
 
 # ---------------------------------------------------------------------------------------------- compiled (JAX)
 def _jax8():
+    """:mod:`redist.xla_baseline`, which needs JAX; the test is skipped without JAX or 8 JAX devices."""
     jax = pytest.importorskip("jax")
     if len(jax.devices()) < 8:
         pytest.skip("needs 8 JAX devices (tests/conftest.py sets XLA_FLAGS)")
+    from redist import xla_baseline
+
+    return xla_baseline
 
 
 def test_xla_21562_falls_back_to_gather_then_slice():
-    _jax8()
+    xb = _jax8()
     src = redist.ShardingType.parse("f32[16{y}, 16, 16{x}]", MESH42)
     dst = redist.ShardingType.parse("f32[16, 16{x,y}, 16]", MESH42)
     xla = xb.compile_xla(src, dst)
@@ -216,7 +220,7 @@ def test_xla_21562_falls_back_to_gather_then_slice():
 
 
 def test_xla_simple_all_to_all():
-    _jax8()
+    xb = _jax8()
     mesh = redist.Mesh({"x": 8})
     src, dst = redist.ShardingType.parse("f32[64{x}, 16]", mesh), redist.ShardingType.parse("f32[64, 16{x}]", mesh)
     xla = xb.compile_xla(src, dst)

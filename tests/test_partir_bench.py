@@ -10,6 +10,7 @@ import redist  # noqa: E402
 import partir_core as pc  # noqa: E402
 from partir_core import models, schedules  # noqa: E402
 from partir_core.program import Reshard  # noqa: E402
+from redist import hlo  # noqa: E402
 from redist import xla_baseline as xb  # noqa: E402
 
 if len(jax.devices()) < 8:
@@ -77,8 +78,8 @@ def test_combined_collectives_are_the_compiled_programs(name):
     ins = m.init(jax.random.key(0))
     low = pc.jit(m.step, MESH, schedules.schedule(name, m, ins, mesh=MESH)).lower(*ins)
     args = [jax.device_put(x, xb.named_sharding(t)) for x, t in zip(jax.tree.leaves(ins), low.program.in_types)]
-    hlo = low.program.executable().lower(*args).compile().as_text()
-    compiled = [c for c in xb.parse_hlo(hlo, MESH) if c.bytes_received > 0]
+    text = low.program.executable().lower(*args).compile().as_text()
+    compiled = [c for c in hlo.parse_hlo(text, MESH) if c.bytes_received > 0]
     groups = combined_collectives(low.program)
     assert len(groups) == len(compiled)
     assert sum(len(g) for g in groups) == len(low.collectives)

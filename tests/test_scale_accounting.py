@@ -20,9 +20,9 @@ from redist import program as P
 from redist import steps as S
 from redist.blocks import max_missing_elements, permute_groups
 from redist.errors import ShardingError
+from redist.hlo import _mesh_groups, groups_to_axes
 from redist.mesh import prime_factors
 from redist.verify import verify_program
-from redist.xla_baseline import _mesh_groups, groups_to_axes
 from tests.strategies import layouts, meshes, type_pairs
 
 
