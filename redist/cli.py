@@ -19,6 +19,7 @@ import argparse
 import math
 import sys
 
+from redist import demo
 from redist.bounds import lower_bound_bytes
 from redist.cost import plan_time
 from redist.errors import ShardingError
@@ -76,9 +77,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from redist.demo import main as demo_main
-
-    return demo_main(backends=args.backends)
+    return demo.main(backends=args.backends)
 
 
 def _synthesize(args) -> Plan:

@@ -14,6 +14,8 @@ import sys
 
 import numpy as np
 
+import redist
+from redist.data import random_array, summands
 from redist.errors import ShardingError, shown
 
 BACKENDS = ("numpy", "jax", "mpi")
@@ -34,27 +36,19 @@ CASES = [
 
 
 def _types(mesh_text, a, b):
-    import redist
-
     mesh = redist.Mesh.parse(mesh_text)
     return redist.ShardingType.parse(a, mesh), redist.ShardingType.parse(b, mesh)
 
 
 def _value(t, seed=0):
-    from redist.data import random_array
-
     return random_array(np.random.default_rng(seed), t.shape, t.np_dtype, -8, 9)
 
 
 def _summands(t, value, seed=1):
-    from redist.data import summands
-
     return summands(t, value, np.random.default_rng(seed))
 
 
 def _expected(dst, value, out):
-    import redist
-
     if dst.partial:
         return np.array_equal(redist.unshard(dst, out), value)
     return all(np.array_equal(o[dst.data_box(d)], e[dst.data_box(d)])
@@ -62,8 +56,6 @@ def _expected(dst, value, out):
 
 
 def run_numpy(src, dst):
-    import redist
-
     value = _value(src)
     out = redist.execute(redist.synthesize(src, dst), _summands(src, value))
     return _expected(dst, value, out)
@@ -73,10 +65,10 @@ def run_jax(src, dst):
     """Through JAX collectives on 8 host devices: ``redist.jax.reshard`` on a placed array; a partial source
     (JAX arrays carry no pending sums) or an uneven one (JAX shards are not padded) runs its per-device
     buffers through ``redist.execute(..., backend="jax")``."""
+    # JAX (the [jax] extra) is imported on first use: main sets XLA_FLAGS for 8 host devices before it
     import jax
     from jax.sharding import NamedSharding
 
-    import redist
     import redist.jax as rjax
 
     value = _value(src)
@@ -92,6 +84,7 @@ def run_jax(src, dst):
 
 def mpi_worker():
     """Run every case under MPI (one rank per device); rank 0 prints one JSON line of results."""
+    # the [mpi] extra, imported in the worker ranks only
     from mpi4py import MPI
 
     import redist.mpi as rmpi
@@ -149,8 +142,6 @@ def main(backends="numpy,jax,mpi") -> int:
     wanted = backend_names(backends)
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    import redist
-
     mpi_results, mpi_error = run_mpi() if "mpi" in wanted else ([None] * len(CASES), None)
     header = f"{'case':<36}{'plan':<44}{'bytes / bound':>16}{'peak / max':>14}  {'Z3':<5}{'numpy':<6}{'jax':<5}{'mpi':<5}"
     print(header)

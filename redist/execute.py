@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from redist.backends import numpy_backend
 from redist.buffers import describe
 from redist.errors import ShardingError
 from redist.plan import Plan
@@ -30,11 +31,9 @@ def execute(plan: Plan, shards, backend: str = "numpy") -> list[np.ndarray]:
     if not isinstance(plan, Plan):
         raise ShardingError(f"execute needs a redist.Plan (from redist.synthesize(src, dst)), got {describe(plan)}")
     if backend == "numpy":
-        from redist.backends import numpy_backend
-
         return numpy_backend.run(plan.program, shards)
     if backend == "jax":
-        from redist.backends.jax_backend import run_on_buffers
+        from redist.backends.jax_backend import run_on_buffers  # the [jax] extra: imported when asked for
 
         return run_on_buffers(plan.program, shards)
     raise ShardingError(f"unknown backend {backend!r}; execute() runs {', '.join(BACKENDS)} "
