@@ -5,7 +5,7 @@
 
 ``redist.mpi`` receives an all-gather's chunks, and the rows of an all-to-all that a transpose unpacks, straight
 into their strided places in the result (one derived datatype per place) where the places' contiguous runs hold
-at least ``mpi_backend.STRIDED_RUN_MIN`` bytes, and packed (then merged into place by numpy) where they are
+at least ``mpi_placement.STRIDED_RUN_MIN`` bytes, and packed (then merged into place by numpy) where they are
 shorter. This script measures that choice, running the library itself both ways (the threshold set to 1 byte:
 "in_place", or beyond every run: "packed") through ``redist.mpi.run_program``, on:
 
@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import redist  # noqa: E402
 import redist.mpi  # noqa: E402
 from bench.mpi import case_types  # noqa: E402
-from redist.backends import mpi_backend as B  # noqa: E402
+from redist.backends import mpi_placement, mpi_transfers  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
@@ -50,7 +50,7 @@ RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
 def library(program, local, run_min: int):
     """``run_program`` with every strided receive place of at least ``run_min`` bytes received in place."""
     def call():
-        B.STRIDED_RUN_MIN = run_min
+        mpi_placement.STRIDED_RUN_MIN = run_min
         return redist.mpi.run_program(program, local)
     return call
 
@@ -64,8 +64,8 @@ def send_datatype(src: redist.ShardingType, local: np.ndarray):
 
     def call():
         out = np.empty((SIZE, a, cols), local.dtype)
-        requests = B._post_rows(comm, RANK, SIZE, range(1, SIZE),
-                                lambda j: B._place(local, rows[:, j]), lambda j: out[j])
+        requests = mpi_transfers.post_rows(comm, RANK, SIZE, range(1, SIZE),
+                                lambda j: mpi_transfers.place(local, rows[:, j]), lambda j: out[j])
         MPI.Request.Waitall(requests)
         np.copyto(out[RANK], rows[:, RANK])
         return out.reshape(SIZE * a, cols)
@@ -107,7 +107,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    default_min, rows = B.STRIDED_RUN_MIN, []
+    default_min, rows = mpi_placement.STRIDED_RUN_MIN, []
     for case, run, mesh_text, a, b in cases(args.mib, args.runs):
         mesh = redist.Mesh.parse(mesh_text)
         src, dst = redist.ShardingType.parse(a, mesh), redist.ShardingType.parse(b, mesh)
@@ -133,7 +133,7 @@ def main() -> None:
             print(f"-n {SIZE} {case:12s} runs {run:6d} B  load {row['load']:.1f}  " + "  ".join(
                 f"{name} min {1e3 * row[name]['min_s']:7.2f} ms med {1e3 * row[name]['median_s']:7.2f} ms "
                 f"({row[name]['over_packed']:.2f}x packed)" for name in contenders), flush=True)
-    B.STRIDED_RUN_MIN = default_min
+    mpi_placement.STRIDED_RUN_MIN = default_min
     if RANK == 0 and args.out:
         with open(args.out, "w") as f:
             json.dump({"method": __doc__, "strided_run_min": default_min, "rows": rows}, f, indent=1)

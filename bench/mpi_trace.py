@@ -48,6 +48,7 @@ from bench.mpi_worker import hand_written, local_input  # noqa: E402
 from redist import mpi as M  # noqa: E402
 from redist.backends import interpreter  # noqa: E402
 from redist.backends import mpi_backend as B  # noqa: E402
+from redist.backends import mpi_channels, mpi_reductions, mpi_transfers  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 RANK = COMM.Get_rank()
@@ -144,10 +145,10 @@ class CollectiveBackend(B.MpiBackend):
         shape = x.shape[: ins.dim] + (k * x.shape[ins.dim],) + x.shape[ins.dim + 1:]
         if math.prod(x.shape[: ins.dim]) == 1:
             out, scratch = self._array(ins, "result", shape, x.dtype)
-            self._collective(sub.Iallgather([B._raw(x), MPI.BYTE], [B._raw(out), MPI.BYTE]))
+            self._collective(sub.Iallgather([mpi_transfers.raw(x), MPI.BYTE], [mpi_transfers.raw(out), MPI.BYTE]))
             return B._Buffer(out, not scratch, scratch)
         got, _ = self._array(ins, "temp", (k,) + x.shape, x.dtype)
-        self._collective(sub.Iallgather([B._raw(x), MPI.BYTE], [B._raw(got), MPI.BYTE]))
+        self._collective(sub.Iallgather([mpi_transfers.raw(x), MPI.BYTE], [mpi_transfers.raw(got), MPI.BYTE]))
         del x
         out, scratch = self._array(ins, "result", shape, got.dtype)
         np.copyto(out.reshape(got.shape[1: ins.dim + 1] + (k,) + got.shape[ins.dim + 1:]),
@@ -158,7 +159,7 @@ class CollectiveBackend(B.MpiBackend):
         x = buf.take()
         sub, _ = self.ch.group(ins.axes)
         out, scratch = self._array(ins, "result", x.shape, x.dtype)
-        self._collective(sub.Ialltoall([B._raw(x), MPI.BYTE], [B._raw(out), MPI.BYTE]))
+        self._collective(sub.Ialltoall([mpi_transfers.raw(x), MPI.BYTE], [mpi_transfers.raw(out), MPI.BYTE]))
         return B._Buffer(out, not scratch, scratch)
 
     def reduce_scatter(self, ins, buf):
@@ -174,17 +175,18 @@ class CollectiveBackend(B.MpiBackend):
             np.copyto(send, x.reshape(pre, k, -1).swapaxes(0, 1))
         del x
         out, scratch = self._array(ins, "result", out_shape, send.dtype)
-        element, op = B._reduce_op(send.dtype, ins.reduction)
-        self._collective(sub.Ireduce_scatter_block(B._reduce_spec(send, element), B._reduce_spec(out, element), op))
+        element, op = mpi_reductions.reduce_op(send.dtype, ins.reduction)
+        self._collective(sub.Ireduce_scatter_block(mpi_reductions.reduce_spec(send, element),
+                                                   mpi_reductions.reduce_spec(out, element), op))
         return B._Buffer(out, not scratch, scratch)
 
 
 def with_collectives(local, src, dst) -> np.ndarray:
     """``reshard`` on an agreed combination as :func:`redist.mpi.reshard` runs it, on :class:`CollectiveBackend`."""
-    ctx = B.context(COMM)
+    ctx = mpi_channels.context(COMM)
     agreement = ctx.agreed[(src, dst)]
     x, problem = M._local(local, src)
-    verdict = B.Verdict(ctx.comm, agreement.digest, False, bool(problem))
+    verdict = mpi_channels.Verdict(ctx.comm, agreement.digest, False, bool(problem))
     program = agreement.program
     backend = CollectiveBackend(ctx, agreement.channel, program, verdict)
     buf = interpreter.run(program, backend, B._Buffer(x, B._owned(x, local)))
@@ -195,14 +197,14 @@ def with_collectives(local, src, dst) -> np.ndarray:
 def phased(local, src, dst, phases: dict) -> np.ndarray:
     """``reshard`` on an agreed combination, step by step (the same calls as :func:`redist.mpi.reshard`)."""
     t = time.perf_counter()
-    comm = B.communicator(None)
-    ctx = B.context(comm)
+    comm = mpi_channels.communicator(None)
+    ctx = mpi_channels.context(comm)
     agreement = ctx.agreed[(src, dst)]
     channel, program = agreement.channel, agreement.program
     t, phases["lookup"] = time.perf_counter(), time.perf_counter() - t
     x, problem = M._local(local, src)
     t, phases["validate"] = time.perf_counter(), time.perf_counter() - t
-    verdict = B.Verdict(ctx.comm, agreement.digest, False, bool(problem))
+    verdict = mpi_channels.Verdict(ctx.comm, agreement.digest, False, bool(problem))
     t, phases["verdict start"] = time.perf_counter(), time.perf_counter() - t
     backend = TimedBackend(ctx, channel, program, verdict, phases=phases)
     buf = interpreter.run(program, backend, B._Buffer(x, B._owned(x, local)))

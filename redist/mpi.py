@@ -46,7 +46,8 @@ Contracts:
 
 :func:`reshard` agrees on the arguments, plans (:func:`redist.synthesize`, once per agreed combination) and
 runs the plan's program with the MPI interpreter, :mod:`redist.backends.mpi_backend`, whose
-:func:`run_program`, :func:`clear_cache` and :func:`held_bytes` this module re-exports.
+:func:`run_program` this module re-exports, with :func:`clear_cache` and :func:`held_bytes` of the
+communicators and buffers it keeps (:mod:`redist.backends.mpi_channels`).
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ from typing import NoReturn
 
 import numpy as np
 
-from redist.backends.mpi_backend import (MPI, Disagreement, Verdict, clear_cache, communicator, context, held_bytes,
-                                         run, run_program)
+from redist.backends.mpi_backend import run, run_program
+from redist.backends.mpi_channels import Disagreement, Verdict, clear_cache, communicator, context, held_bytes
 from redist.buffers import describe, is_local_buffer, local_buffer
 from redist.errors import ShardingError
 from redist.synthesis import synthesize

@@ -45,7 +45,7 @@ from mpi4py import MPI
 import redist
 import redist.mpi
 from redist import program as P
-from redist.backends import interpreter, mpi_backend
+from redist.backends import interpreter, mpi_backend, mpi_channels, mpi_placement
 from redist.data import poisoned_source
 from redist.testing import SeededDraw, draw_device_order, draw_pair
 from redist.types import REDUCTIONS
@@ -208,15 +208,16 @@ def run_case(src, dst, rng, failures: list, label: str) -> tuple[bool, bool]:
         KINDS[type(ins).__name__] = KINDS.get(type(ins).__name__, 0) + 1
     program = plan.program
     moving = [ins for ins in program.instructions if not isinstance(ins, P.Reshape)]
-    placed = mpi_backend._unpackings(program)
+    placed = mpi_placement.unpackings(program)
     unpacked = [type(ins) for ins in moving[:2]] == [P.AllToAll, P.Transpose] and id(moving[0]) not in placed
     packed = [type(ins) for ins in moving[:2]] == [P.Transpose, P.AllToAll]
     gathered = any(isinstance(ins, P.AllGather) and math.prod(shape[: ins.dim]) > 1
-                   and mpi_backend._gathers_in_place(shape, ins.dim, np.dtype(program.dtype).itemsize)
+                   and mpi_placement.gathers_in_place(shape, ins.dim, np.dtype(program.dtype).itemsize)
                    for ins, shape in zip(program.instructions, program.shapes))
-    ctx = mpi_backend.context(COMM)
-    allgathered = any(isinstance(ins, P.AllGather) and math.prod(shape) > 0 and mpi_backend._gathers_with_allgather(
-        ctx, math.prod(shape[: ins.dim]), math.prod(shape) * src.mesh.group_size(ins.axes) * src.itemsize)
+    ctx = mpi_channels.context(COMM)
+    allgathered = any(isinstance(ins, P.AllGather) and math.prod(shape) > 0 and mpi_placement.gathers_with_allgather(
+        ctx.ranks_per_core, math.prod(shape[: ins.dim]),
+        math.prod(shape) * src.mesh.group_size(ins.axes) * src.itemsize)
         for ins, shape in zip(program.instructions, program.shapes))
     for feature in ([f"partial({src.reduction})"] * bool(src.partial) + ["device order"] * (src.mesh != dst.mesh)
                     + ["reordered mesh"] * (not src.mesh.is_row_major) + [src.dtype] * (src.dtype in ("c64", "c128"))
@@ -240,7 +241,7 @@ def run_case(src, dst, rng, failures: list, label: str) -> tuple[bool, bool]:
 def communicators() -> int:
     """How many communicators redist.mpi holds on COMM: the default channel's groups, every agreed
     combination's channel and groups."""
-    ctx = mpi_backend.context(COMM)
+    ctx = mpi_channels.context(COMM)
     return len(ctx.default.groups) + sum(1 + len(a.channel.groups) for a in ctx.agreed.values())
 
 
@@ -381,7 +382,7 @@ def mode_agreement() -> None:
     reshard(k3)
     expected = 3  # once per combination
     # a gather run by Iallgather, without the interpreter
-    direct = mpi_backend.context(COMM).agreed[k3].channel.direct is not None
+    direct = mpi_channels.context(COMM).agreed[k3].channel.direct is not None
     errors = [  # (what, the combinations agreed on again first: a disagreement forgets every agreement, the call)
         ("agreed combinations that differ", (), lambda: reshard(k1 if RANK == 0 else k2)),
         ("agreed combinations that differ, one run directly", (k1, k3), lambda: reshard(k3 if RANK == 0 else k1)),
@@ -390,7 +391,7 @@ def mode_agreement() -> None:
          lambda: reshard(k1, local=np.zeros((1, 1)) if RANK == 1 else None)),
         ("check=True with differing arguments", (), lambda: reshard(k1 if RANK == 0 else k2, check=True)),
     ]
-    raised, forgotten, ctx = 0, True, mpi_backend.context(COMM)
+    raised, forgotten, ctx = 0, True, mpi_channels.context(COMM)
     for label, again, fn in errors:
         for pair in again:
             reshard(pair)
@@ -597,11 +598,11 @@ if __name__ == "__main__":
     while sys.argv[1] in ("windowed", "strided", "allgather"):  # the same mode, with one setting changed:
         setting = sys.argv.pop(1)
         if setting == "windowed":  # one shift per window of a personalised exchange, all-gathers included
-            mpi_backend.WINDOW, mpi_backend.ALLGATHER_RANKS_PER_CORE = 1, 0
+            mpi_backend.WINDOW, mpi_placement.ALLGATHER_RANKS_PER_CORE = 1, 0
         elif setting == "strided":  # every strided place of a receive (all-gather chunks, unpacked rows) directly
-            mpi_backend.STRIDED_RUN_MIN = 1
+            mpi_placement.STRIDED_RUN_MIN = 1
         else:  # every all-gather into contiguous places by MPI's Allgather, however many ranks share a core
-            mpi_backend.ALLGATHER_RANKS_PER_CORE = math.inf
+            mpi_placement.ALLGATHER_RANKS_PER_CORE = math.inf
     mode = sys.argv[1]
     with redist.mpi.abort_on_error(COMM):
         if mode == "cases":

@@ -94,7 +94,7 @@ def test_agreement_runs_once_per_combination_and_mismatches_still_raise_everywhe
     agreed on before (so that each runs a different plan on ahead), or an agreed one with a bad buffer on one
     rank, all raise (none hangs), and the communicator stays usable. An agreement is found again by identity
     (the last combination called) and by value (equal types, other objects); a disagreement forgets both. One combination is a gather that runs
-    without the interpreter (mpi_backend._direct; forced however many ranks share a core)."""
+    without the interpreter (mpi_channels.direct; forced however many ranks share a core)."""
     proc, _ = mpirun(n, "allgather", "agreement", timeout=120)
     got = summary(proc, r"agreement full=(?P<full>\d+) expected=(?P<expected>\d+) errors=(?P<errors>\d+) "
                         r"all_raised=(?P<raised>\d+) correct=(?P<correct>\d) of (?P<calls>\d+) direct=(?P<direct>\d) "
@@ -134,7 +134,7 @@ def test_personalised_exchanges_in_windows_of_one_shift():
 
 def test_all_gathers_by_mpi_allgather():
     """An all-gather into contiguous places is MPI's Iallgather where a core runs few ranks
-    (mpi_backend.ALLGATHER_RANKS_PER_CORE, ALLGATHER_MAX_BYTES); forced on 6 ranks (groups of 2, 3 and 6),
+    (mpi_placement.ALLGATHER_RANKS_PER_CORE, ALLGATHER_MAX_BYTES); forced on 6 ranks (groups of 2, 3 and 6),
     every case still matches the numpy backend."""
     proc, _ = mpirun(6, "allgather", "cases", "47", "150", "30", "20")
     got = summary(proc, r"ranks=(?P<ranks>\d+) cases=(?P<cases>\d+) passed=(?P<passed>\d+)")
@@ -147,7 +147,7 @@ def test_all_gathers_by_mpi_allgather():
 def test_receives_straight_into_strided_places():
     """An all-gather along an inner dim receives each member's chunk straight into its strided place in the
     result, and an all-to-all whose rows a transpose unpacks receives them straight into the transpose's result,
-    where the places' runs are long enough (mpi_backend.STRIDED_RUN_MIN bytes); with every place received
+    where the places' runs are long enough (mpi_placement.STRIDED_RUN_MIN bytes); with every place received
     directly, however short its runs, every case still matches the numpy backend, even sums bit for bit."""
     proc, _ = mpirun(4, "strided", "cases", "43", "200", "40", "20")
     got = summary(proc, r"ranks=(?P<ranks>\d+) cases=(?P<cases>\d+) passed=(?P<passed>\d+)")

@@ -4,7 +4,11 @@
   :class:`~redist.backends.interpreter.Backend` interface it drives (one method per instruction kind).
 - :mod:`~redist.backends.numpy_backend`: the reference, every device's buffer in one process.
 - :mod:`~redist.backends.jax_backend`: one device's buffer under ``jax.shard_map``, ``lax`` collectives.
-- :mod:`~redist.backends.mpi_backend`: one rank's buffer, mpi4py collectives on sub-communicators.
+- :mod:`~redist.backends.mpi_backend`: one rank's buffer, mpi4py collectives on sub-communicators; with it
+  :mod:`~redist.backends.mpi_channels` (communicators, the ranks' verdict, what a rank keeps between calls),
+  :mod:`~redist.backends.mpi_placement` (where each instruction's data lands),
+  :mod:`~redist.backends.mpi_transfers` (numpy memory as MPI messages) and
+  :mod:`~redist.backends.mpi_reductions` (reductions as numpy computes them).
 
 The backends run programs and never plan: none imports :mod:`redist.synthesis`. The public entry points
 that synthesize first are :func:`redist.execute`, :mod:`redist.jax` and :mod:`redist.mpi`.

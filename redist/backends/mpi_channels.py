@@ -1,0 +1,289 @@
+"""Where an MPI rank's transfers run, and what it keeps between calls over a communicator.
+
+- Transfers run on a :class:`Channel`: a private duplicate of ``comm`` and sub-communicators split from
+  it, one per (mesh, axes) group. :func:`redist.backends.mpi_backend.run_program` uses the communicator's
+  default channel; :func:`redist.mpi.reshard` gives each agreed argument combination (an :class:`Agreement`)
+  a channel of its own, its groups split when it is made. They are cached on ``comm`` (an MPI attribute, in
+  a :class:`Context`: :func:`context`), so repeated calls reuse them; :func:`clear_cache` frees them.
+- A :class:`Context` also keeps the rank's scratch buffer (:func:`held_bytes` tells its size) and what a
+  disagreement left behind.
+- Every transfer is nonblocking; when the call's :class:`Verdict` is in flight (:func:`redist.mpi.reshard`),
+  the first instruction's transfers are posted, then the verdict waited for (all progress together,
+  :func:`wait`), then the data. A verdict against the call raises :class:`Disagreement`, leaving the
+  unfinished requests, and the buffers they hold, alive.
+- A channel made for a program whose one data-moving instruction is an all-gather by MPI's ``Iallgather``
+  runs it without the interpreter (:func:`direct`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from redist import program as P
+from redist.backends.mpi_placement import gathers_with_allgather, roles
+from redist.backends.mpi_transfers import message
+from redist.buffers import describe
+from redist.errors import ShardingError
+from redist.extras import missing_extra
+from redist.mesh import Mesh
+
+try:
+    from mpi4py import MPI
+except ModuleNotFoundError as e:
+    raise missing_extra(e, "redist.mpi", "mpi") from e
+
+__all__ = ["communicator", "context", "clear_cache", "held_bytes", "Channel", "Verdict", "Disagreement", "Context",
+           "Agreement", "wait", "direct"]
+
+
+def communicator(comm):
+    """``comm``, or ``MPI.COMM_WORLD`` for None; raise unless it is a usable intracommunicator."""
+    if comm is None:
+        return MPI.COMM_WORLD
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise ShardingError(f"comm must be an MPI intracommunicator such as MPI.COMM_WORLD (one rank per device), "
+                            f"got {describe(comm)}")
+    return comm
+
+
+class Channel:
+    """A private duplicate of a communicator and the sub-communicators split from it, one per (mesh, axes)
+    group. A channel made for a program (``program`` given) splits every group the program uses at once,
+    collectively, so that running the program calls no blocking collective besides its data movement, and
+    remembers the program's :func:`roles` and this rank's layout of its exchanges; the default channel (no
+    program) splits groups on first use and remembers nothing."""
+
+    def __init__(self, comm, mesh: Mesh | None = None, program: P.Program | None = None):
+        self.comm = comm.Dup()
+        self.rank = self.comm.Get_rank()
+        self.mesh = mesh
+        self.program = program
+        self.groups: dict = {}
+        self.layouts: dict = {}
+        self.roles = None if program is None else roles(program)
+        self.direct = None  # set by Context.open (:func:`direct`)
+        for ins in () if program is None else program.instructions:
+            if isinstance(ins, (P.AllGather, P.AllToAll, P.ReduceScatter, P.AllReduce)):
+                self.group(ins.axes)
+
+    def group(self, axes) -> tuple:
+        """``(sub-communicator, k)`` for this rank's group over ``axes``; created collectively, once."""
+        key = (self.mesh, tuple(axes))
+        if key not in self.groups:
+            color = next(group[0] for group in self.mesh.groups(tuple(axes)) if self.rank in group)
+            self.groups[key] = self.comm.Split(color, self.mesh.group_index(self.rank, axes))
+        return self.groups[key], self.groups[key].Get_size()
+
+    def layout(self, ins, shape, compute):
+        """``compute()``, this rank's layout of the exchange ``ins`` from a buffer of ``shape``; remembered where
+        the channel is made for a program (``ins`` is one of its instructions, alive as long as the channel)."""
+        if self.program is None:
+            return compute()
+        key = (id(ins), tuple(shape))
+        if key not in self.layouts:
+            self.layouts[key] = compute()
+        return self.layouts[key]
+
+    def free(self) -> None:
+        for sub in self.groups.values():
+            sub.Free()
+        self.comm.Free()
+
+
+class Verdict:
+    """The ranks' votes on a call of :func:`redist.mpi.reshard`, reduced (``MAX``) by a nonblocking
+    ``Allreduce`` in flight (``request``): per rank its arguments' digest and the digest negated (the two
+    maxima are each other's negation exactly when every rank had the same digest), whether it needs the full
+    agreement (a combination new to it, or ``check=True``), whether its buffer is wrong. Read them once the
+    request has completed."""
+
+    def __init__(self, comm, digest: int, unknown: bool, bad_local: bool):
+        self.votes = np.array([digest, -digest, unknown, bad_local], dtype=np.int64)
+        self.request = comm.Iallreduce(MPI.IN_PLACE, self.votes, op=MPI.MAX)
+
+    def ok(self) -> bool:
+        """Whether the call stands: one digest, an agreed combination and a good buffer on every rank."""
+        v = self.votes
+        return v[0] == -v[1] and not v[2] and not v[3]
+
+    def disagreed(self) -> bool:
+        """Whether some ranks' digests differ or some rank's buffer is wrong."""
+        v = self.votes
+        return v[0] != -v[1] or bool(v[3])
+
+    def settle(self, ctx: "Context", pending=()) -> None:
+        """Wait for the verdict; raise :class:`Disagreement` if it goes against the call, leaving the
+        ``pending`` requests (which may never complete, and the buffers they hold) to ``ctx``."""
+        self.request.Wait()
+        if not self.ok():
+            ctx.abandoned += [r for r in pending if r]
+            raise Disagreement
+
+
+class Disagreement(Exception):
+    """Raised on every rank when a verdict goes against a call that ran on ahead of it (internal: the entry
+    point catches it, resets the context and agrees in full)."""
+
+
+class Context:
+    """What a rank keeps per user communicator: a private duplicate of it (for agreement traffic and for
+    making channels), the default channel, one channel per agreed argument combination with its program
+    (:func:`redist.mpi.reshard`'s business: a bounded map, oldest first out), the scratch buffer, and what
+    a disagreement left behind (requests that will never complete, with the buffers and channels they
+    hold, kept alive so that MPI never writes into freed memory)."""
+
+    AGREED_MAX = 64  # each channel holds a duplicate and its groups: MPI has a few thousand contexts
+
+    def __init__(self, comm):
+        self.comm = comm.Dup()
+        node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        # on this rank's node (the cores the system has, whatever a rank's binding: ALLGATHER_RANKS_PER_CORE)
+        self.ranks_per_core = node.Get_size() / (os.cpu_count() or 1)
+        node.Free()
+        self.default = Channel(self.comm)
+        self.agreed: dict = {}
+        self.last: tuple = (None, None, None)  # (src, dst, Agreement or None) of the last lookup (recall)
+        self.scratch: np.ndarray | None = None
+        self.abandoned: list = []
+
+    def scratch_array(self, shape, dtype) -> np.ndarray:
+        """The scratch buffer's first bytes as a C-contiguous array of ``shape`` and ``dtype`` (grown first,
+        the old one freed before the new one exists, when it is too small)."""
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        if self.scratch is None or self.scratch.size < nbytes:
+            self.scratch = None
+            self.scratch = np.empty(nbytes, np.uint8)
+        return self.scratch[:nbytes].view(dtype).reshape(shape)
+
+    def recall(self, src, dst) -> "Agreement | None":
+        """The agreement on the combination ``(src, dst)``, or None. The last combination looked up is
+        recognised by identity, without hashing the types (immutable values): a program that reshards the same
+        arrays over and over finds its agreement in a few comparisons."""
+        last_src, last_dst, known = self.last
+        if src is not last_src or dst is not last_dst:
+            known = self.agreed.get((src, dst))
+            self.last = (src, dst, known)
+        return known
+
+    def open(self, key, digest: int, program: P.Program) -> "Agreement":
+        """Record an agreed combination: its :class:`Agreement`, with a new channel for ``program``
+        (collective: every rank opens it together, after the full agreement), dropping the oldest beyond
+        :attr:`AGREED_MAX`. A channel it replaces (``check=True``) is set aside, not freed."""
+        self._set_aside(self.agreed.pop(key, None))
+        channel = Channel(self.comm, program.mesh, program)
+        channel.direct = direct(self, channel, program)
+        self.agreed[key] = Agreement(digest, channel, program)
+        self.last = (None, None, None)
+        while len(self.agreed) > self.AGREED_MAX:
+            self.agreed.pop(next(iter(self.agreed))).channel.free()
+        return self.agreed[key]
+
+    def drop(self, key) -> None:
+        """After a verdict against a call that ran on ahead: set aside the combination's channel and the
+        scratch buffer, which requests that will never complete may still target; never used again."""
+        self._set_aside(self.agreed.pop(key, None), self.scratch)
+        self.scratch, self.last = None, (None, None, None)
+
+    def reset(self) -> None:
+        """After a disagreement (the same on every rank): forget every agreement, setting their channels
+        aside as :meth:`drop` does."""
+        self._set_aside(*self.agreed.values())
+        self.agreed, self.last = {}, (None, None, None)
+
+    def _set_aside(self, *things) -> None:
+        self.abandoned += [t for t in things if t is not None]
+
+
+class Agreement:
+    """An argument combination ``(src, dst)`` the ranks agreed on (:func:`redist.mpi.reshard`): the arguments'
+    ``digest``, the ``program`` planned for them and the ``channel`` it runs on, and the shape and dtype of the
+    buffer the program reads (:func:`redist.buffers.is_local_buffer`)."""
+
+    __slots__ = ("digest", "channel", "program", "shape", "dtype")
+
+    def __init__(self, digest: int, channel: Channel, program: P.Program):
+        self.digest, self.channel, self.program = digest, channel, program
+        self.shape, self.dtype = tuple(program.shapes[0]), np.dtype(program.dtype)
+
+
+_KEYVAL = None
+_LAST_CONTEXT: tuple = (None, None)  # (comm, its Context) of the last lookup (context)
+
+
+def context(comm) -> Context:
+    """The :class:`Context` cached on the intracommunicator ``comm`` (an MPI attribute; the last one looked
+    up is recognised by identity); made on first use, collectively (``comm.Dup``): every rank reaches it on its
+    first call over ``comm``."""
+    global _KEYVAL, _LAST_CONTEXT
+    if comm is _LAST_CONTEXT[0]:
+        return _LAST_CONTEXT[1]
+    if _KEYVAL is None:
+        _KEYVAL = MPI.Comm.Create_keyval()
+    ctx = comm.Get_attr(_KEYVAL)
+    if ctx is None:
+        ctx = Context(comm)
+        comm.Set_attr(_KEYVAL, ctx)
+    _LAST_CONTEXT = (comm, ctx)
+    return ctx
+
+
+def clear_cache(comm=None) -> None:
+    """Free the communicators, the scratch buffer and the agreements cached on ``comm`` (collective over
+    ``comm``)."""
+    global _LAST_CONTEXT
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if _KEYVAL is None or comm.Get_attr(_KEYVAL) is None:
+        return
+    ctx = comm.Get_attr(_KEYVAL)
+    comm.Delete_attr(_KEYVAL)
+    _LAST_CONTEXT = (None, None)
+    for agreement in ctx.agreed.values():
+        agreement.channel.free()
+    ctx.default.free()
+    ctx.comm.Free()
+    ctx.agreed, ctx.scratch = {}, None
+
+
+def held_bytes(comm=None) -> int:
+    """Bytes of data this rank keeps between calls over ``comm``: the scratch buffer (0 when none)."""
+    comm = MPI.COMM_WORLD if comm is None else comm
+    ctx = None if _KEYVAL is None else comm.Get_attr(_KEYVAL)
+    return 0 if ctx is None or ctx.scratch is None else ctx.scratch.nbytes
+
+
+def wait(ctx: Context, verdict: Verdict | None, requests: list) -> None:
+    """Wait for ``requests``, transfers already posted; with a ``verdict`` in flight, for the verdict first
+    (:meth:`Verdict.settle`, which raises :class:`Disagreement` leaving ``requests`` to ``ctx``), the data
+    progressing meanwhile. (All of them together: on an oversubscribed host MPICH waits for *all* of several
+    requests as fast as for one, for *any* of them 3-4x slower.)"""
+    if verdict is not None:
+        verdict.settle(ctx, requests)
+    MPI.Request.Waitall(requests)
+
+
+def direct(ctx: Context, channel: Channel, program: P.Program):
+    """A runner ``f(x, verdict) -> result`` of ``program`` on ``channel`` that bypasses the interpreter, where
+    the program's one data-moving instruction (reshapes aside) is an all-gather by MPI's ``Iallgather``
+    (:func:`~redist.backends.mpi_placement.gathers_with_allgather`); else None. Per call it makes the result
+    array, posts the ``Iallgather``, settles the verdict and waits for the data, as
+    :meth:`~redist.backends.mpi_backend.MpiBackend.all_gather` would, and nothing else. Such a gather takes
+    about 1 ms at 16 MiB and -n 2 here, and the Python before its data runs with caches the data has just
+    flushed, 5-10x slower than warm: the interpreter's set-up and dispatch cost about 10 us of it."""
+    moving = [t for t, ins in enumerate(program.instructions) if not isinstance(ins, P.Reshape)]
+    if len(moving) != 1 or not isinstance(program.instructions[moving[0]], P.AllGather):
+        return None
+    (t,), dtype, shape = moving, np.dtype(program.dtype), tuple(program.shapes[-1])
+    ins = program.instructions[t]
+    if not (math.prod(shape) and gathers_with_allgather(
+            ctx.ranks_per_core, math.prod(program.shapes[t][: ins.dim]), math.prod(shape) * dtype.itemsize)):
+        return None
+    sub, _ = channel.group(ins.axes)
+
+    def gather(x: np.ndarray, verdict: Verdict | None) -> np.ndarray:
+        out = np.empty(shape, dtype)  # a reshape of the all-gather's result: the same bytes in the same order
+        wait(ctx, verdict, [sub.Iallgather(message(x), message(out))])
+        return out
+    return gather
