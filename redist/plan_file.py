@@ -40,9 +40,9 @@ know, or disagrees with its own steps raises :class:`~redist.errors.ShardingErro
 step's index), and nothing is returned. The reader does not prove the plan: :func:`redist.verify` does that.
 
 This module knows a plan as its steps and types only, and imports nothing of :mod:`redist.plan`: the plan
-writes its file through :data:`FORMAT` and :func:`step_args` (:meth:`Plan.to_dict`), and reads one by building
-itself from what :func:`parse` reads and handing its own figures to :meth:`PlanFile.check_figures`
-(:meth:`Plan.from_json`).
+writes its file through :data:`FORMAT` and :func:`step_args` (:meth:`~redist.plan.Plan.to_dict`), and reads
+one by building itself from what :func:`parse` reads and handing its own figures to
+:meth:`PlanFile.check_figures` (:meth:`~redist.plan.Plan.from_json`).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def step_args(step) -> dict[str, Any]:
 
 def file_text(plan) -> str:
     """``plan.to_dict()`` as the text of a plan file: one field per line and one line per step, so that the
-    diff of two plan files shows the steps that changed. :meth:`Plan.from_json` reads it back."""
+    diff of two plan files shows the steps that changed. :meth:`~redist.plan.Plan.from_json` reads it back."""
     fields = []
     for key, value in plan.to_dict().items():
         if key == "steps" and value:
@@ -122,8 +122,8 @@ class PlanFile:
 
     def check_figures(self, step_bytes, figures: dict) -> None:
         """Raise :class:`ShardingError` where a figure of the file disagrees with the plan's: a step's
-        ``bytes_received`` with ``step_bytes`` (:meth:`Plan.step_bytes`), the plan's figures with ``figures``
-        (:meth:`Plan.to_dict`)."""
+        ``bytes_received`` with ``step_bytes`` (:meth:`~redist.plan.Plan.step_bytes`), the plan's figures with
+        ``figures`` (:meth:`~redist.plan.Plan.to_dict`)."""
         for i, (entry, b) in enumerate(zip(self.data["steps"], step_bytes)):
             _agree(f"step {i} ({entry['kind']}): bytes_received", entry, "bytes_received", b)
         for key in _PLAN_FIGURES:
