@@ -13,7 +13,8 @@ Modules, in dependency order: ``keys`` (random keys as key data), ``ir`` (trace 
 (to a fixed point), ``reshard`` (the one bridge to redist: plans, their bytes, running them), ``choice``
 (per-op sharding choice), ``program`` (the local program and its run under one ``shard_map``), ``lowering``
 (choice → program), ``simulator`` (redist's cost model for collectives), ``tactics``, ``analysis`` (dim
-groups), ``automatic`` (the search), ``partition`` (``jit``), ``models``, ``schedules``.
+groups), ``automatic`` (the search: ``actions``, ``evaluation``, ``ranking``, ``tree``, ``goals``, ``local``,
+``result``), ``partition`` (``jit``), ``models``, ``schedules``.
 """
 
 from redist.extras import missing_extra

@@ -254,7 +254,7 @@ def _columns(state: State, read) -> tuple:
 def _differing(values, a: tuple, b: tuple) -> set:
     """The ``values`` whose dims or provenance differ between the :func:`_columns` ``a`` and ``b``, found in C
     (each value's ``(dims, provenance)`` pair compared, their items by identity first: the search's states share
-    most tuples, and intern the others, see :func:`partir_core.automatic._frozen`)."""
+    most tuples, and intern the others, see :func:`partir_core.automatic.evaluation._frozen`)."""
     (da, pa), (db, pb) = a, b
     return set(compress(values, map(ne, zip(da, pa), zip(db, pb))))
 

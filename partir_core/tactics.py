@@ -139,7 +139,7 @@ class AutomaticPartition:
 
     ``axes``: the mesh axes or sub-axes it may use (empty: every mesh axis). ``sub_axes``: also the two
     halves of each of those axes of size >= 4 (``model:(1)2``, ``model:(2)2``;
-    :func:`partir_core.automatic.search_axes`): off by default, as more axes spread a small budget of
+    :func:`partir_core.automatic.actions.search_axes`): off by default, as more axes spread a small budget of
     evaluations thinner. ``memory_budget_bytes``: per-device simulated peak
     (None: no limit). ``time_budget_s``: wall-clock limit of the search: it starts no evaluation it expects to
     end past the limit (as long as the slowest of its last 32), so it ends by then unless an evaluation is

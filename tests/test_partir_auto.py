@@ -17,9 +17,12 @@ import partir_core as pc  # noqa: E402
 from partir_core import schedules  # noqa: E402
 from partir_core import models  # noqa: E402
 from partir_core.analysis import analyze_groups  # noqa: E402
-from partir_core.automatic import (RECENT, Evaluation, Evaluator, _Tree, _better, _neighbours, _priors,  # noqa: E402
-                                   _ranked, _refinements, _stop_reason, _templates, build_actions, weight_actions,
-                                   weight_pairs)
+from partir_core.automatic.actions import build_actions, weight_actions, weight_pairs  # noqa: E402
+from partir_core.automatic.evaluation import RECENT, Evaluation, Evaluator  # noqa: E402
+from partir_core.automatic.goals import refinements, templates  # noqa: E402
+from partir_core.automatic.local import neighbours  # noqa: E402
+from partir_core.automatic.ranking import better, ranked  # noqa: E402
+from partir_core.automatic.tree import Tree, priors, stop_reason  # noqa: E402
 
 if len(jax.devices()) < 8:
     pytest.skip("needs 8 JAX devices (tests/conftest.py sets XLA_FLAGS)", allow_module_level=True)
@@ -118,15 +121,15 @@ def test_stops_when_the_next_evaluation_would_end_past_the_deadline():
     groups = analyze_groups(low.graph, low.rules)
     actions = build_actions(groups, low.graph, MESH, ["batch", "model"])
     ev = Evaluator(low.graph, low.rules, MESH, low.states[0].copy(), 1, actions, None, None)
-    tree = _Tree(ev, actions, random.Random(0), 6, 1.0, ev.evaluate(()).reward, _priors(actions, groups,
-                                                                                          ["batch", "model"]))
+    tree = Tree(ev, actions, random.Random(0), 6, 1.0, ev.evaluate(()).reward,
+                priors(actions, groups, ["batch", "model"]))
     first = ev.expected_s()
     assert first > 0 and list(ev.recent) == [first]
     now = time.perf_counter()
-    assert _stop_reason(ev, tree, (now + first / 2, None), 0, 10) == "time budget"
-    assert _stop_reason(ev, tree, (now + first + 3600, None), 0, 10) is None
-    assert _stop_reason(ev, tree, (now + 3600, 1), 0, 10) == "max_evals"
-    assert _stop_reason(ev, tree, (now + 3600, None), 10, 10) == "converged"
+    assert stop_reason(ev, tree, (now + first / 2, None), 0, 10) == "time budget"
+    assert stop_reason(ev, tree, (now + first + 3600, None), 0, 10) is None
+    assert stop_reason(ev, tree, (now + 3600, 1), 0, 10) == "max_evals"
+    assert stop_reason(ev, tree, (now + 3600, None), 10, 10) == "converged"
     ev.evaluate(())  # a cache hit: not counted
     assert list(ev.recent) == [first]
     done = 1
@@ -234,10 +237,10 @@ def test_result_is_a_local_optimum_over_single_group_moves():
     best = ev.evaluate(best_key)
     assert (best.step_time_s, best.peak_bytes) == (res.step_time_s, res.peak_bytes)
     n = 0
-    for k in _neighbours(best_key, actions, 2 * 2 + 2, weight_pairs(actions, res.groups)):
+    for k in neighbours(best_key, actions, 2 * 2 + 2, weight_pairs(actions, res.groups)):
         e = ev.evaluate(ev.key(k))
         n += e is not None
-        assert e is None or not _better(e, ev.key(k), best, best_key)
+        assert e is None or not better(e, ev.key(k), best, best_key)
     assert n >= len(actions) // 2
 
 
@@ -254,13 +257,13 @@ def test_composite_zero_actions_and_templates():
     assert z3["params/w1"] == 1 and z3["momentum/w1"] == 1  # the largest dim that divides
     assert all(z2[p] is None for p in ("params/w1", "params/b1", "params/w2", "params/b2"))
     assert z2["momentum/w1"] == 1
-    templates = _templates(actions, groups)
+    goals = templates(actions, groups)
     batch = [a for a in actions if a.decision == groups.find(low.graph.invars[low.graph.in_paths.index("x")], 0).id
              and a.decision < n]
-    assert tuple(batch) in templates  # data parallel over both axes
+    assert tuple(batch) in goals  # data parallel over both axes
     # each of the 4 ZeRO actions alone; data parallel over each of the 3 non-empty subsets of the 2 axes, alone
     # and with each ZeRO action
-    assert len(templates) == 4 + 3 * 5
+    assert len(goals) == 4 + 3 * 5
 
 
 def test_megatron_refinements_of_the_goals_are_the_experts_compositions():
@@ -285,14 +288,14 @@ def test_megatron_refinements_of_the_goals_are_the_experts_compositions():
     ev.evaluate(())
     ev.evaluate(bp)
     pairs = weight_pairs(actions, groups)
-    refinements = _refinements(ev, [(), bp], pairs, weight_actions(actions, groups))
-    assert all(a.axis == "model" for k, start in refinements.items() if start == bp for a in k if a not in bp)
-    assert {start for start in refinements.values()} == {(), bp}
-    assert bp not in refinements and () not in refinements  # evaluated sets are left out
+    refined = refinements(ev, [(), bp], pairs, weight_actions(actions, groups))
+    assert all(a.axis == "model" for k, start in refined.items() if start == bp for a in k if a not in bp)
+    assert {start for start in refined.values()} == {(), bp}
+    assert bp not in refined and () not in refined  # evaluated sets are left out
     hidden, heads = (action("params/layers/0/w1", 1, "model"), action("params/layers/0/wk", 1, "model"))
     megatron = ev.key(bp + (hidden, heads))
-    assert refinements[megatron] == bp
-    assert refinements[ev.key((action("params/layers/0/w1", 1, "batch"), hidden))] == ()  # hidden on both axes
+    assert refined[megatron] == bp
+    assert refined[ev.key((action("params/layers/0/w1", 1, "batch"), hidden))] == ()  # hidden on both axes
     assert (action("params/layers/0/w1", 0, "model"), hidden) not in pairs  # they meet in w1
     e = ev.evaluate(megatron, bp)
     sim = pc.jit(m.step, MESH, schedules.schedule("BP+MP", m, ins, mesh=MESH)).lower(*ins).simulate()
@@ -422,14 +425,14 @@ def test_without_a_budget_peaks_are_simulated_only_where_read():
         return Evaluation(t, None, True, 1.0, measure=lambda: read.append(peak) or peak)
 
     one, two = (actions[0],), (actions[1],)
-    assert _better(evaluation(1.0, 9), one, evaluation(2.0, 5), two) and read == []
-    assert _better(evaluation(1.0, 9), one, evaluation(1.0, 5), (actions[0], actions[1])) and read == []
-    assert _better(evaluation(1.0, 5), one, evaluation(1.0, 9), two) and sorted(read) == [5, 9]
-    assert not _better(evaluation(1.0, 9), one, evaluation(1.0, 5), two)
+    assert better(evaluation(1.0, 9), one, evaluation(2.0, 5), two) and read == []
+    assert better(evaluation(1.0, 9), one, evaluation(1.0, 5), (actions[0], actions[1])) and read == []
+    assert better(evaluation(1.0, 5), one, evaluation(1.0, 9), two) and sorted(read) == [5, 9]
+    assert not better(evaluation(1.0, 9), one, evaluation(1.0, 5), two)
 
 
 def test_the_ranking_is_that_of_better_and_reads_only_the_peaks_that_order_its_first_sets():
-    """_ranked is the order _better defines (sets it ties in the order given), on random evaluations with many
+    """``ranked`` is the order ``better`` defines (sets it ties in the order given), on random evaluations with many
     ties, fitting or not, peaks known or read when asked; the first ``top`` of it read no peak but those of the
     sets tied with one of them in step time and actions."""
     rng = random.Random(0)
@@ -446,10 +449,10 @@ def test_the_ranking_is_that_of_better_and_reads_only_the_peaks_that_order_its_f
         ev = SimpleNamespace(evals=evals)
         keys = list(evals)
         top = rng.randrange(1, 5)
-        first = _ranked(ev, keys, top)
+        first = ranked(ev, keys, top)
         ties = {(evals[k].step_time_s, len(k)) for k in first if evals[k].feasible}
         assert all((evals[k].step_time_s, len(k)) in ties for k in keys if k[-1] in read)
         defined = sorted(keys, key=functools.cmp_to_key(
-            lambda x, y: -1 if _better(evals[x], x, evals[y], y) else (1 if _better(evals[y], y, evals[x], x) else 0)))
+            lambda x, y: -1 if better(evals[x], x, evals[y], y) else (1 if better(evals[y], y, evals[x], x) else 0)))
         assert first == defined[:top]
-        assert _ranked(ev, keys) == defined
+        assert ranked(ev, keys) == defined

@@ -11,7 +11,7 @@ from tests.partir_helpers import model_and_inputs  # noqa: E402
 import partir_core as pc  # noqa: E402
 from partir_core import schedules  # noqa: E402
 from partir_core.analysis import analyze_groups  # noqa: E402
-from partir_core.automatic import build_actions  # noqa: E402
+from partir_core.automatic.actions import build_actions  # noqa: E402
 from partir_core.choice import analyze  # noqa: E402
 from partir_core.estimate import Estimator, Structure, propagate_changes  # noqa: E402
 from partir_core.lowering import lower  # noqa: E402

@@ -13,7 +13,9 @@ import redist  # noqa: E402
 from tests.partir_helpers import model_and_inputs  # noqa: E402
 from tests.test_partir_estimate import MESHES, PRESETS, preset, random_sets, schedule_state  # noqa: E402
 import partir_core as pc  # noqa: E402
-from partir_core.automatic import STEP, Evaluator, build_actions, search  # noqa: E402
+from partir_core.automatic import search  # noqa: E402
+from partir_core.automatic.actions import build_actions  # noqa: E402
+from partir_core.automatic.evaluation import STEP, Evaluator  # noqa: E402
 from partir_core.analysis import analyze_groups  # noqa: E402
 from partir_core.choice import FOLLOW, _analyze_once, _demands, analyze  # noqa: E402
 from partir_core.lowering import lower  # noqa: E402

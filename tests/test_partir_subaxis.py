@@ -10,8 +10,9 @@ import jax.numpy as jnp  # noqa: E402
 import redist  # noqa: E402
 from tests.partir_helpers import assert_same, model_and_inputs  # noqa: E402
 import partir_core as pc  # noqa: E402
-from partir_core import automatic, schedules  # noqa: E402
-from partir_core.automatic import search_axes  # noqa: E402
+from partir_core import schedules  # noqa: E402
+from partir_core.automatic.actions import search_axes  # noqa: E402
+from partir_core.automatic.evaluation import Evaluator  # noqa: E402
 from partir_core.factors import _fitted, fit_use, overlap, refines, same_axes  # noqa: E402
 from partir_core.propagation import State, propagate  # noqa: E402
 
@@ -341,7 +342,7 @@ def test_with_halves_the_goals_on_whole_axes_come_first(monkeypatch):
     step, ins = _wide_mlp()
     mesh = redist.Mesh({"dp": 16, "tp": 64})
     seen = []
-    evaluate = automatic.Evaluator.evaluate
+    evaluate = Evaluator.evaluate
 
     def record(self, key, near=None):
         e = evaluate(self, key, near)
@@ -349,7 +350,7 @@ def test_with_halves_the_goals_on_whole_axes_come_first(monkeypatch):
         return e
 
     plain = pc.jit(step, mesh, [AP(max_evals=30, time_budget_s=600, progress=False)]).lower(*ins).automatic
-    monkeypatch.setattr(automatic.Evaluator, "evaluate", record)
+    monkeypatch.setattr(Evaluator, "evaluate", record)
     res = pc.jit(step, mesh, [AP(sub_axes=True, max_evals=30, time_budget_s=600, progress=False)]).lower(*ins).automatic
     assert res.step_time_s <= plain.step_time_s
     first_half = next(j for j, (key, _) in enumerate(seen) if any(":" in a.axis for a in key))
