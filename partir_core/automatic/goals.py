@@ -41,7 +41,9 @@ def templates(actions: list, groups: DimGroups) -> list[tuple]:
     out = []
     for r in range(len(axes) + 1):
         for subset in itertools.combinations(axes, r):
-            for dp in {tuple(b for b in actions if b.decision == i and b.axis in subset) for i in batch_ids}:
+            # distinct, in the order of batch_ids: a set's order would follow the hashes of axis names, which
+            # differ between processes (PYTHONHASHSEED), and the search would not be a function of its seed
+            for dp in dict.fromkeys(tuple(b for b in actions if b.decision == i and b.axis in subset) for i in batch_ids):
                 for z in [None] + zero:
                     key = dp + ((z,) if z is not None else ())
                     if key and key not in out:
