@@ -429,15 +429,16 @@ def test_permute_tables_are_exact(mesh_text):
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(-50, 50), min_size=1, max_size=40), st.booleans())
 def test_the_table_encoding_is_the_table(values, runs):
-    """``_table`` is exact: at every key its term evaluates to the table's entry (here with affine runs)."""
+    """``lookup`` is exact: at every key its term evaluates to the table's entry (here with affine runs)."""
     import z3
 
-    from redist.verify import _Deadline, _table
+    from redist.verify.solver import Deadline
+    from redist.verify.tables import lookup
 
     if runs:  # stretches of an affine function, as a permute that swaps axes has
         values = [values[i // 5] * 3 + (i % 5) * values[-1] for i in range(len(values) * 2)]
     key = z3.Int("key")
-    term = _table(key, values, _Deadline(None, 0.0), "test")
+    term = lookup(key, values, Deadline(None, 0.0), "test")
     for k, want in enumerate(values):
         assert z3.simplify(z3.substitute(term, (key, z3.IntVal(k)))).as_long() == want
 
@@ -447,7 +448,8 @@ def test_a_transpose_table_has_one_leaf_per_row():
     256 leaves, not as a chain of 65,536."""
     import z3
 
-    from redist.verify import _Deadline, _table
+    from redist.verify.solver import Deadline
+    from redist.verify.tables import lookup
 
     n = 256
     sources = [(d % n) * n + d // n for d in range(n * n)]  # device (x, y) takes from device (y, x)
@@ -456,7 +458,7 @@ def test_a_transpose_table_has_one_leaf_per_row():
         return sum(leaves(c) for c in e.children()[1:]) if z3.is_app_of(e, z3.Z3_OP_ITE) else 1
 
     for coord in (lambda s: s // n, lambda s: s % n):
-        term = _table(z3.Int("key"), [coord(s) for s in sources], _Deadline(None, 0.0), "test")
+        term = lookup(z3.Int("key"), [coord(s) for s in sources], Deadline(None, 0.0), "test")
         assert leaves(term) == n
 
 

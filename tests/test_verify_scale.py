@@ -13,8 +13,11 @@ from redist.mesh import Mesh
 from redist.synthesis import synthesize
 from redist.types import ShardingType
 from redist.blocks import Segment
-from redist.verify import (_COUNT, _SIZE, _Axis, _Deadline, _Digits, _named_axes, _segment_runs, _Walk, verify,
-                             verify_program)
+from redist.verify import verify, verify_program
+from redist.verify.encoding import Axis, Digits, named_axes
+from redist.verify.solver import Deadline
+from redist.verify.tables import COUNT, SIZE, segment_runs
+from redist.verify.walk import Walk
 
 BIG = Mesh({"x": 256, "y": 256})
 
@@ -93,14 +96,14 @@ def axis_and_sub_axes(draw):
         divisors = [d for d in range(2, size) if size % d == 0]
         if divisors:
             pairs.append((1, draw(st.sampled_from(divisors))))
-    axes = [_Axis(f"x:({lo}){hi // lo}", "x", hi // lo, size // hi, size, lo, hi) for lo, hi in pairs]
+    axes = [Axis(f"x:({lo}){hi // lo}", "x", hi // lo, size // hi, size, lo, hi) for lo, hi in pairs]
     return size, axes
 
 
-def _walk(size: int) -> _Walk:
+def _walk(size: int) -> Walk:
     mesh = Mesh({"x": size})
     src = ShardingType.parse(f"f32[{size}]", mesh)
-    return _Walk(P.Program(mesh, src.np_dtype, (), ((size,),)), _Digits({"x": size}, []), "t", _Deadline(None, 0.0))
+    return Walk(P.Program(mesh, src.np_dtype, (), ((size,),)), Digits({"x": size}, []), "t", Deadline(None, 0.0))
 
 
 @settings(max_examples=80, deadline=None)
@@ -110,7 +113,7 @@ def test_the_digit_encoding_is_the_meaning(case, data):
     and setting the rank over a list of sub-axes to j (taken modulo the group's size, as a remainder would)
     gives the coordinate that replaces those sub-axis coordinates of c with the digits of j, and only it."""
     size, axes = case
-    digits = _Digits({"x": size}, axes)
+    digits = Digits({"x": size}, axes)
     c = data.draw(st.integers(0, size - 1))
     at = {"x": tuple(z3.IntVal(c // w % r) for r, w in zip(digits.radix["x"], digits.weight["x"]))}
     assert z3.simplify(digits.value(at, "x")).as_long() == c
@@ -149,8 +152,8 @@ def _exchange_terms(plan) -> int:
     (ins,) = [ins for ins in plan.program.instructions if isinstance(ins, P.Exchange)]
     t = plan.program.instructions.index(ins)
     sizes = dict(plan.src.mesh.axes)
-    w = _Walk(plan.program, _Digits(sizes, _named_axes(plan.program, sizes, plan.src, plan.dst)), "t",
-              _Deadline(None, 0.0))
+    w = Walk(plan.program, Digits(sizes, named_axes(plan.program, sizes, plan.src, plan.dst)), "t",
+             Deadline(None, 0.0))
     c = w.digits.fresh(w.fresh)
     idx = [w.fresh(f"i{d}", 0, n) for d, n in enumerate(plan.program.shapes[t + 1])]
     w._exchange(t, ins, c, idx)
@@ -278,7 +281,7 @@ def test_the_runs_of_segments_are_the_segments(case):
     """Each block's runs, expanded segment by segment, are its segments; where a slot is uniform, every run
     in it has that size, and the slopes of every run of two or more segments are the slot's."""
     segments, n_blocks = case
-    by_block, uniform = _segment_runs(segments, n_blocks, _Deadline(None, 0.0), "a test")
+    by_block, uniform = segment_runs(segments, n_blocks, Deadline(None, 0.0), "a test")
     for block, runs in enumerate(by_block):
         expanded = []
         for r, (dst, size, count, source, shift) in enumerate(runs):
@@ -289,7 +292,7 @@ def test_the_runs_of_segments_are_the_segments(case):
                          for q in range(count)]
         assert sorted(expanded) == sorted(g for g in segments if g.block == block and g.size)
     assert len(uniform) == max(map(len, by_block), default=0)
-    assert all(runs[r][_COUNT] >= 1 and runs[r][_SIZE] > 0 for runs in by_block for r in range(len(runs)))
+    assert all(runs[r][COUNT] >= 1 and runs[r][SIZE] > 0 for runs in by_block for r in range(len(runs)))
 
 
 # A plan with pending sums on 65,536 devices: an all-reduce, then an exchange of 37,336 segments (uneven blocks of

@@ -1,0 +1,270 @@
+"""How the verifier states devices and types for Z3: axis tokens read on its own, device orders read as data,
+device coordinates written as digits, and the meaning of a type.
+
+- Axes: :func:`read_axis` reads a token's text, ``name`` or ``name:(pre)size``, into an :class:`Axis` (its
+  mesh axis, size, stride and factor range, derived here from the text alone); a token that names no axis or
+  sub-axis of the mesh, and axes of one group that overlap (:func:`read_axes`), are refuted.
+- Device orders: a mesh's ``device_ids`` read as data: the device at each position (:func:`device_order`),
+  the position of each device (:func:`positions`), and the coordinates of a position, row-major
+  (:func:`position_coords`).
+- Coordinates as digits: :class:`Digits`, over the cut points of the (sub-)axes that a program and its two
+  types name (:func:`named_axes`).
+- The meaning of a type (stated in the package header): :func:`type_meaning`, in Z3 terms.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from redist import program as P
+from redist.verify.solver import conjunction, z3
+from redist.verify.verdict import Refuted
+
+_TOKEN = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::\((?P<pre>\d+)\)(?P<size>\d+))?\Z")
+
+
+# ----------------------------------------------------------------------------- axes, independently
+@dataclass(frozen=True)
+class Axis:
+    """A (sub-)axis token as the verifier reads it: its mesh axis ``name``, its ``size``, ``stride`` (how many
+    consecutive coordinates of the mesh axis share one coordinate on it) and ``full`` size of the mesh axis, and
+    the factor range ``[lo, hi)`` it covers of the mesh axis."""
+
+    token: str
+    name: str
+    size: int  # size of the (sub-)axis
+    stride: int  # S / (pre·size)
+    full: int  # size of the whole mesh axis
+    lo: int  # factor range [pre, pre·size) on the axis, for overlap checks
+    hi: int
+
+
+def read_axis(mesh_sizes: dict[str, int], token: Any) -> Axis:
+    """The (sub-)axis ``token`` names on a mesh with axes ``mesh_sizes``; refutes a token that names none."""
+    m = _TOKEN.match(token) if isinstance(token, str) else None
+    if not m or m["name"] not in mesh_sizes:
+        raise Refuted(f"axis {token!r} is not an axis or sub-axis of the mesh")
+    full = mesh_sizes[m["name"]]
+    pre, size = (1, full) if m["pre"] is None else (int(m["pre"]), int(m["size"]))
+    if pre < 1 or size < 1 or full % (pre * size):
+        raise Refuted(f"sub-axis {token!r} does not fit mesh axis {m['name']!r} of size {full}")
+    return Axis(token, m["name"], size, full // (pre * size), full, pre, pre * size)
+
+
+def read_axes(mesh_sizes, tokens, where: str) -> tuple[Axis, ...]:
+    """The axes of a group, ``tokens`` (a list of them; ``where`` says whose, for the message); refutes axes
+    that overlap."""
+    if not isinstance(tokens, (tuple, list)):
+        raise Refuted(f"{where}: axes {tokens!r} are not a list of axis names")
+    out = tuple(read_axis(mesh_sizes, t) for t in tokens)
+    for x in range(len(out)):
+        for y in range(x):
+            a, b = out[x], out[y]
+            # One factor named twice overlaps itself even where it is of size 1 (as the backends read it).
+            if a.name == b.name and ((a.lo, a.hi) == (b.lo, b.hi) or (a.lo < b.hi and b.lo < a.hi)):
+                raise Refuted(f"{where}: axes {b.token!r} and {a.token!r} overlap; the group is not defined")
+    return out
+
+
+def ksize(axes) -> int:
+    """The number of devices in a group over ``axes``."""
+    return math.prod(a.size for a in axes)
+
+
+# ----------------------------------------------------------------------------- device orders
+def device_order(mesh) -> tuple[int, ...]:
+    """The device id at each row-major position of ``mesh``: its ``device_ids``, read as data."""
+    return tuple(mesh.device_ids)
+
+
+def positions(ids: Sequence[int]) -> list[int]:
+    """The position of each device id, given the device id at each position (a permutation)."""
+    out = [0] * len(ids)
+    for p, d in enumerate(ids):
+        out[d] = p
+    return out
+
+
+def position_coords(mesh_sizes: dict, device: int) -> dict[str, int]:
+    """The coordinates of position ``device``: row-major over the mesh axes, the last varying fastest (a
+    device id's own position in the default device order)."""
+    out = {}
+    for name in reversed(list(mesh_sizes)):
+        device, out[name] = divmod(device, mesh_sizes[name])
+    return {name: out[name] for name in mesh_sizes}
+
+
+# ----------------------------------------------------------------------------- coordinates as digits
+class Digits:
+    """How the walk writes a device's coordinates: per mesh axis, as digits over the cut points of that axis
+    that the program and the two types use.
+
+    The (sub-)axes named anywhere cut a mesh axis of size S at factor boundaries ``1 = p0 < p1 < … < pm = S``
+    (a sub-axis ``name:(pre)size`` at ``pre`` and ``pre·size``). Where they form a chain (each divides the
+    next: the sub-axes of one decomposition), the coordinate is a mixed-radix number of m digits, digit k in
+    ``[0, p(k+1)/pk)`` of weight ``S/p(k+1)``, and the coordinate on a (sub-)axis between cut points ``lo``
+    and ``hi``, ``(c // (S/hi)) % (hi/lo)``, is the mixed-radix number of the digits between them: a linear
+    term, no division or remainder by a constant (which Z3 decides badly: a permute over many sub-axes of a
+    256-sized axis went undecided after 120 s). Setting a rank writes fresh digits tied to it by one linear
+    equation. Where the cut points are no chain (sub-axes of two decompositions of one axis, of 2 and of 3
+    on an axis of 12), the axis is one digit and its sub-axes are read by division and remainder, as the
+    meaning states them.
+
+    Coordinates are a dict from each mesh axis name to the tuple of its digit terms, major first."""
+
+    def __init__(self, mesh_sizes: dict[str, int], axes):
+        self.mesh_sizes = mesh_sizes
+        points = {name: {1, size} for name, size in mesh_sizes.items()}
+        for ax in axes:
+            if ax.size != 1:  # a sub-axis of size 1 is coordinate 0, whatever its place
+                points[ax.name].update((ax.lo, ax.hi))
+        self.cuts: dict[str, tuple[int, ...]] = {}
+        for name, pts in points.items():
+            pts = sorted(pts)
+            chain = all(b % a == 0 for a, b in zip(pts, pts[1:]))
+            self.cuts[name] = tuple(pts) if chain else (1, mesh_sizes[name])
+        self.radix = {n: tuple(b // a for a, b in zip(p, p[1:])) for n, p in self.cuts.items()}
+        self.weight = {n: tuple(mesh_sizes[n] // b for b in p[1:]) for n, p in self.cuts.items()}
+
+    def fresh(self, new) -> dict:
+        """Coordinates of a symbolic device: fresh digits, ``new(base, lo, hi)`` making each (in range)."""
+        return {n: tuple(new(f"{n}_{k}", 0, r) for k, r in enumerate(self.radix[n])) for n in self.mesh_sizes}
+
+    def value(self, c: dict, name: str):
+        """The coordinate on mesh axis ``name``."""
+        return horner(c[name], self.radix[name])
+
+    def _span(self, ax: Axis) -> range | None:
+        """The digits of ``ax`` (None: it does not lie on cut points)."""
+        p = self.cuts[ax.name]
+        return range(p.index(ax.lo), p.index(ax.hi)) if ax.lo in p and ax.hi in p else None
+
+    def sub(self, c: dict, ax: Axis):
+        """The coordinate on (sub-)axis ``ax``: (c[name] // stride) % size."""
+        if ax.size == 1:
+            return z3.IntVal(0)
+        span = self._span(ax)
+        if span is not None:
+            return horner([c[ax.name][k] for k in span], [self.radix[ax.name][k] for k in span])
+        v = self.value(c, ax.name)
+        if ax.stride != 1:
+            v = v / ax.stride
+        return v % ax.size if ax.lo != 1 else v  # pre > 1: the quotient can exceed size
+
+    def rank(self, c: dict, axes):
+        """The rank over ``axes`` (row-major, the last varying fastest)."""
+        return horner([self.sub(c, ax) for ax in axes], [ax.size for ax in axes])
+
+    def key(self, c: dict, partial) -> list:
+        """Which partial group over ``partial`` a device is in: its digits with those of ``partial`` zeroed."""
+        out = {n: list(ds) for n, ds in c.items()}
+        for ax in partial:
+            if ax.size == 1:
+                continue
+            span = self._span(ax)
+            if span is None:
+                out[ax.name] = [self.value(out, ax.name) - self.sub(out, ax) * ax.stride]
+            else:
+                for k in span:
+                    out[ax.name][k] = z3.IntVal(0)
+        return [d for n in self.mesh_sizes for d in out[n]]
+
+    def with_rank(self, w, c: dict, axes, j, bounded: bool) -> dict:
+        """``c`` with its rank over ``axes`` set to ``j`` (the group member of rank ``j``), fresh digits of walk
+        ``w`` tied to ``j`` by one equation. ``bounded``: ``j`` lies in ``[0, group size)`` by construction;
+        otherwise it is taken modulo the group size (as a remainder would), by a free quotient, so that the
+        equation has a solution whatever ``j`` is (on paths where the element is no data, an index and so
+        ``j`` may lie anywhere)."""
+        axes = [ax for ax in axes if ax.size != 1]
+        if not axes:
+            return c
+        spans = [self._span(ax) for ax in axes]
+        if any(s is None for s in spans):  # an axis with sub-axes of two decompositions: remainders
+            out = c
+            for ax in reversed(axes):
+                out = self._with_sub(w, out, ax, j % ax.size)
+                j = j / ax.size
+            return out
+        out = {n: list(ds) for n, ds in c.items()}
+        digits, radices = [], []
+        for ax, span in zip(axes, spans):
+            for k in span:
+                out[ax.name][k] = w.fresh(f"{ax.name}_{k}", 0, self.radix[ax.name][k])
+                digits.append(out[ax.name][k])
+                radices.append(self.radix[ax.name][k])
+        number = horner(digits, radices)
+        if not bounded and digits:
+            number = number + w.var("q") * math.prod(radices)
+        w.defs.append(j == number)
+        return {n: tuple(ds) for n, ds in out.items()}
+
+    def _with_sub(self, w, c: dict, ax: Axis, value) -> dict:
+        """``c`` with its coordinate on ``ax`` set to ``value`` (in range)."""
+        if self._span(ax) is not None:
+            return self.with_rank(w, c, (ax,), value, bounded=True)
+        out = dict(c)
+        out[ax.name] = self.from_value(w, ax.name, self.value(c, ax.name) + (value - self.sub(c, ax)) * ax.stride)
+        return out
+
+    def from_value(self, w, name: str, value) -> tuple:
+        """The digits of ``value`` (in ``[0, size)``) on mesh axis ``name``: itself where the axis is one digit,
+        else fresh digits of walk ``w`` tied to it."""
+        if len(self.radix[name]) == 1:
+            return (value,)
+        digits = tuple(w.fresh(f"{name}_{k}", 0, r) for k, r in enumerate(self.radix[name]))
+        w.defs.append(value == horner(digits, self.radix[name]))
+        return digits
+
+
+def horner(digits, radices):
+    """The mixed-radix number of ``digits`` (major first) with ``radices``."""
+    if not digits:
+        return z3.IntVal(0)
+    r = digits[0]
+    for d, n in zip(digits[1:], radices[1:]):
+        r = r * n + d
+    return r
+
+
+def named_axes(program, mesh_sizes, src, dst) -> list[Axis]:
+    """Every (sub-)axis the program's instructions and the two types name (checked by then): they set the
+    cut points of :class:`Digits`."""
+    tokens = [a for t in (src, dst) for a in (*itertools.chain(*t.dims), *t.partial)]
+    for ins in program.instructions:
+        if isinstance(ins, P.CollectivePermute):
+            if isinstance(ins.sources, P.CoordinateMap):
+                tokens += [a for group in ins.sources.groups for side in group for a in side]
+        elif isinstance(ins, P.Exchange):
+            if not isinstance(ins.dims, P.CopyTable):
+                tokens += [a for x in ins.dims for a in (*x.axes, *x.source_axes)]
+        elif not isinstance(ins, (P.Reshape, P.Transpose)):
+            tokens += list(ins.axes)
+    return [read_axis(mesh_sizes, a) for a in tokens]
+
+
+# ----------------------------------------------------------------------------- the meaning of a type
+def type_meaning(mesh_sizes, t, digits: Digits | None = None, c: dict | None = None, idx=None):
+    """SPEC section 2, stated in Z3: the global index that local index ``idx`` is on a device with
+    coordinates ``c`` (written by ``digits``) under type ``t``, whether it is data (not padding), and the
+    device's summand coordinates (its coordinates on the partial axes). Returns ``(global index exprs, local
+    shape, summand exprs, partial axes, data condition)``; without ``idx`` only the local shape and partial axes
+    (the rest empty)."""
+    g, local, data = [], [], []
+    for d, (n, tokens) in enumerate(zip(t.shape, t.dims)):
+        axes = read_axes(mesh_sizes, tokens, f"dim {d} of {t}")
+        k = ksize(axes)
+        L = -(-n // k)
+        local.append(L)
+        if idx is not None:
+            g.append(digits.rank(c, axes) * L + idx[d])
+            if n % k:
+                data.append(g[-1] < n)
+    partial = read_axes(mesh_sizes, tuple(t.partial), f"partial of {t}")
+    used = [a for d, toks in enumerate(t.dims) for a in read_axes(mesh_sizes, toks, f"dim {d} of {t}")]
+    read_axes(mesh_sizes, tuple(a.token for a in used) + tuple(a.token for a in partial), f"{t}")
+    summands = [] if idx is None else [digits.sub(c, a) for a in partial]
+    return g, tuple(local), summands, partial, conjunction(data)

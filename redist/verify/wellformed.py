@@ -1,0 +1,336 @@
+"""Well-formedness: what the verifier checks of a program and the two types before any query.
+
+Every field of every instruction must be of the right kind and fit the buffer it reads (:func:`derive_shapes`,
+which re-derives the buffer shapes from the instructions alone); the meshes, dtypes and shapes of the program
+and the types must agree (:func:`check_fields`), and so must the reduction kinds (:func:`check_reductions`).
+What fails is refuted (:class:`~redist.verify.verdict.Refuted`), naming the instruction or field; a field that
+is the same on every device has a counterexample of its own (:func:`field_cx`). The header of
+:mod:`redist.verify` lists where each field is checked.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from redist import program as P
+from redist.verify.encoding import Axis, device_order, ksize, position_coords, positions, read_axes
+from redist.verify.solver import Deadline
+from redist.verify.verdict import Refuted
+
+# The reduction kinds (SPEC 2), and those for which taking a summand twice changes nothing.
+_KINDS = ("sum", "max", "min", "prod")
+IDEMPOTENT = ("max", "min")
+
+
+def derive_shapes(program, mesh_sizes, deadline: Deadline) -> list[tuple[int, ...]]:
+    """The local shape after each instruction, from the instruction semantics alone. Refutes an instruction
+    with a field of the wrong kind, a dim the buffer lacks, axes that are not the mesh's or overlap, a split
+    that does not divide, a permute that is not a permutation, or an exchange whose copies do not fit."""
+    n_dev = math.prod(mesh_sizes.values())
+    shapes = [tuple(program.shapes[0])]
+    for t, ins in enumerate(program.instructions):
+        x = list(shapes[-1])
+        where = f"instruction {t} ({_brief(ins)})"
+        deadline.check(f"checking {where}")
+        bad = _malformed(ins, len(x))
+        if bad:
+            raise Refuted(f"{where}: {bad}")
+
+        def dim_ok(d):
+            if not 0 <= d < len(x):
+                raise Refuted(f"{where}: the buffer has no dim {d!r}")
+
+        if isinstance(ins, P.CollectivePermute):
+            if isinstance(ins.sources, P.CoordinateMap):
+                _check_map(ins.sources, mesh_sizes, where)
+            elif sorted(ins.sources) != list(range(n_dev)):
+                raise Refuted(f"{where}: sources are not a permutation of the {n_dev} devices")
+        elif isinstance(ins, P.Exchange) and isinstance(ins.dims, P.CopyTable):
+            _check_copies(ins, tuple(x), n_dev, where, deadline)
+            x = list(ins.shape)
+        elif isinstance(ins, P.Exchange):
+            _check_exchange(ins, tuple(x), mesh_sizes, where, deadline)
+            x = list(ins.shape)
+        elif isinstance(ins, P.Reshape):
+            if math.prod(ins.shape) != math.prod(x) or any(n < 0 for n in ins.shape):
+                raise Refuted(f"{where}: cannot view a buffer of shape {tuple(x)} as {tuple(ins.shape)}")
+            x = list(ins.shape)
+        elif isinstance(ins, P.Transpose):
+            if sorted(ins.perm) != list(range(len(x))):
+                raise Refuted(f"{where}: {tuple(ins.perm)} is not a permutation of the {len(x)} dims")
+            x = [x[p] for p in ins.perm]
+        else:
+            k = ksize(read_axes(mesh_sizes, ins.axes, where))
+            if isinstance(ins, P.Slice):
+                dim_ok(ins.dim)
+                if x[ins.dim] % k:
+                    raise Refuted(f"{where}: local dim {ins.dim} of size {x[ins.dim]} does not split in {k}")
+                x[ins.dim] //= k
+            elif isinstance(ins, P.ReduceScatter):
+                dim_ok(ins.dim)
+                x[ins.dim] = -(-x[ins.dim] // k)  # chunks by the padding rule
+            elif isinstance(ins, (P.AllGather, P.EmbedChunk)):
+                dim_ok(ins.dim)
+                x[ins.dim] *= k
+            elif isinstance(ins, P.AllToAll):
+                dim_ok(0)
+                if x[0] != k:
+                    raise Refuted(f"{where}: the leading dim of size {x[0]} is not the group's {k} chunks")
+        shapes.append(tuple(x))
+    if len(program.shapes) != len(shapes) or any(tuple(a) != b for a, b in zip(program.shapes, shapes)):
+        raise Refuted(f"the program's buffer shapes {list(map(tuple, program.shapes))} are not what its "
+                      f"instructions produce ({shapes})")
+    return shapes
+
+
+def _brief(ins) -> str:
+    """An instruction, shortened for messages (a permute over 65,536 devices prints as a long table). A
+    malformed instruction (its fields of the wrong kinds: refuted right after) may not print: its repr then."""
+    try:
+        text = str(ins)
+    except Exception:  # noqa: BLE001 - fields of any kind reach here, and only a message is at stake
+        text = object.__repr__(ins)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _is_int(x) -> bool:
+    return type(x) is int or (isinstance(x, numbers.Integral) and not isinstance(x, bool))  # int: the fast path
+
+
+def _is_tokens(x) -> bool:
+    """A tuple of axis tokens (strings; :func:`~redist.verify.encoding.read_axes` reads them)."""
+    return isinstance(x, tuple) and all(isinstance(a, str) for a in x)
+
+
+def is_ints(x, n: int | None = None) -> bool:
+    """A tuple of ``n`` integers (any number, if None)."""
+    return isinstance(x, tuple) and (n is None or len(x) == n) and all(_is_int(v) for v in x)
+
+
+def _malformed(ins, rank: int) -> str | None:
+    """What is wrong with the kinds of an instruction's fields (None: nothing), before any is used; ``rank``
+    is the rank of the buffer it reads."""
+    if isinstance(ins, P.CollectivePermute):
+        if isinstance(ins.sources, P.CoordinateMap):
+            groups = ins.sources.groups
+            ok = isinstance(groups, tuple) and all(
+                isinstance(g, tuple) and len(g) == 2 and all(_is_tokens(side) for side in g) for g in groups)
+            return None if ok else f"groups {groups!r:.80} are not pairs of axis lists"
+        return None if is_ints(ins.sources) else f"sources {ins.sources!r:.80} are not device ids"
+    if isinstance(ins, (P.Reshape, P.Exchange)) and not is_ints(ins.shape):
+        return f"shape {ins.shape!r} is not a tuple of sizes"
+    if isinstance(ins, P.Transpose) and not is_ints(ins.perm):
+        return f"perm {ins.perm!r} is not a tuple of dims"
+    if isinstance(ins, P.Exchange):
+        if len(ins.shape) != rank:
+            return f"shape {ins.shape} has another rank than the buffer it reads ({rank})"
+        if isinstance(ins.dims, P.CopyTable):
+            table = ins.dims.copies
+            if not isinstance(table, tuple) or not all(isinstance(cs, tuple) for cs in table):
+                return "its copy table is not a tuple of copies per device"
+            for d, copies in enumerate(table):
+                for c in copies:
+                    if not (_is_int(getattr(c, "source", None))
+                            and all(is_ints(getattr(c, f, None), rank) for f in ("src_start", "dst_start", "size"))):
+                        return f"copy {c!r} of device {d} is not a copy between boxes of rank {rank}"
+            return None
+        if not isinstance(ins.dims, tuple) or len(ins.dims) != rank:
+            return f"it has no table for each of the {rank} dims"
+        for i, x in enumerate(ins.dims):
+            if not (_is_tokens(getattr(x, "source_axes", None)) and _is_tokens(getattr(x, "axes", None))
+                    and isinstance(getattr(x, "segments", None), tuple)
+                    and all(is_ints(tuple(seg) if isinstance(seg, tuple) else seg, 5) for seg in x.segments)):
+                return f"the table of dim {i} ({x!r:.80}) is not axes and segments of five integers"
+        return None
+    if isinstance(ins, (P.Slice, P.AllGather, P.ReduceScatter, P.EmbedChunk)) and not _is_int(ins.dim):
+        return f"dim {ins.dim!r} is not a dim"
+    if isinstance(ins, (P.ReduceScatter, P.AllReduce)) and ins.reduction not in _KINDS:
+        return f"reduction {ins.reduction!r} is none of {', '.join(_KINDS)}"
+    if not isinstance(ins, (P.Reshape, P.Transpose, P.Slice, P.AllGather, P.AllToAll, P.ReduceScatter, P.AllReduce,
+                            P.KeepRoot, P.EmbedChunk)):
+        return f"unknown instruction {type(ins).__name__}"
+    return None
+
+
+def _check_map(cmap, mesh_sizes, where: str) -> None:
+    """A coordinate map must be a permutation: each group's two sides of equal size; on each side no factor of
+    a mesh axis named twice; the cut points of every mesh axis a chain of factors (so that every (sub-)axis
+    coordinate is a digit of it); and the two sides covering the same factors of each mesh axis (the digits a
+    source takes are those the map reads)."""
+    sides: list[list[Axis]] = [[], []]
+    for source_tokens, tokens in cmap.groups:
+        s, a = read_axes(mesh_sizes, source_tokens, where), read_axes(mesh_sizes, tokens, where)
+        if ksize(s) != ksize(a):
+            raise Refuted(f"{where}: group {source_tokens} <- {tokens} reads {ksize(a)} coordinates into "
+                          f"{ksize(s)}")
+        sides[0] += s
+        sides[1] += a
+    for side in sides:
+        read_axes(mesh_sizes, tuple(ax.token for ax in side), f"{where}: one side of its groups")
+    _check_chain(sides[0] + sides[1], where)
+    for name in mesh_sizes:
+        covered = [_merged(sorted((ax.lo, ax.hi) for ax in side if ax.name == name and ax.hi > ax.lo))
+                   for side in sides]
+        if covered[0] != covered[1]:
+            raise Refuted(f"{where}: its groups set other factors of mesh axis {name!r} than they read: it is no "
+                          "permutation")
+
+
+def _merged(ranges) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for lo, hi in ranges:
+        if out and out[-1][1] == lo:
+            out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _check_chain(axes, where: str) -> None:
+    """The factor boundaries that ``axes`` use on each mesh axis must each divide the next."""
+    by_name: dict[str, set[int]] = {}
+    for ax in axes:
+        by_name.setdefault(ax.name, {1, ax.full}).update((ax.lo, ax.hi))
+    for name, cuts in by_name.items():
+        pts = sorted(cuts)
+        if any(b % a for a, b in zip(pts, pts[1:])):
+            raise Refuted(f"{where}: its axes cut mesh axis {name!r} at {pts}, which are not factors of one "
+                          "decomposition")
+
+
+def _check_copies(ins, shape_in, n_dev: int, where: str, deadline: Deadline) -> None:
+    """A copy table (an exchange between two device orders) must name devices, fit both buffers, and not
+    overlap on one device."""
+    table = ins.dims.copies
+    if len(table) != n_dev:
+        raise Refuted(f"{where}: copies for {len(table)} devices, the mesh has {n_dev}")
+    for d, copies in enumerate(table):
+        deadline.check(f"checking the copies of {where}")
+        for c in copies:
+            if not 0 <= c.source < n_dev:
+                raise Refuted(f"{where}: device {d} copies from device {c.source}, which does not exist")
+            for lo_in, lo_out, n, cap_in, cap_out in zip(c.src_start, c.dst_start, c.size, shape_in, ins.shape):
+                if n < 0 or lo_in < 0 or lo_out < 0 or lo_in + n > cap_in or lo_out + n > cap_out:
+                    raise Refuted(f"{where}: copy {c} of device {d} does not fit buffers {shape_in} -> {ins.shape}")
+        for a in range(len(copies)):
+            for b in range(a):
+                if all(x.dst_start[i] < y.dst_start[i] + y.size[i] and y.dst_start[i] < x.dst_start[i] + x.size[i]
+                       for x, y in [(copies[a], copies[b])] for i in range(len(ins.shape))):
+                    raise Refuted(f"{where}: copies {copies[b]} and {copies[a]} of device {d} overlap")
+
+
+def _check_exchange(ins, shape_in, mesh_sizes, where: str, deadline: Deadline) -> None:
+    """An exchange's tables: one per dim; the source axes of all dims not overlapping and factors of one
+    decomposition (a copy has one source); every segment naming blocks that exist and inside both buffers; the
+    segments of one block of a dim not overlapping (so that no two copies of a device do)."""
+    if len(ins.dims) != len(shape_in):
+        raise Refuted(f"{where}: tables for {len(ins.dims)} dims, the buffer has {len(shape_in)}")
+    source_axes = read_axes(mesh_sizes, tuple(a for x in ins.dims for a in x.source_axes), f"{where}: source axes")
+    _check_chain(source_axes, where)
+    for i, (x, cap_in, cap_out) in enumerate(zip(ins.dims, shape_in, ins.shape)):
+        deadline.check(f"checking the segments of {where}")
+        k_out = ksize(read_axes(mesh_sizes, x.axes, where))
+        k_in = ksize(read_axes(mesh_sizes, x.source_axes, where))
+        spans: dict[int, list[tuple[int, int]]] = {}
+        for seg in x.segments:
+            block, source_block, src_start, dst_start, size = seg
+            if not (0 <= block < k_out and 0 <= source_block < k_in and size >= 0 and src_start >= 0
+                    and dst_start >= 0 and src_start + size <= cap_in and dst_start + size <= cap_out):
+                raise Refuted(f"{where}: segment {tuple(seg)} of dim {i} does not fit buffers {shape_in} -> "
+                              f"{ins.shape} with {k_in} -> {k_out} blocks")
+            if size:
+                spans.setdefault(block, []).append((dst_start, dst_start + size))
+        for block, ss in spans.items():
+            ss.sort()
+            for a, b in zip(ss, ss[1:]):
+                if b[0] < a[1]:
+                    raise Refuted(f"{where}: segments {a} and {b} of block {block} of dim {i} overlap")
+
+
+# ----------------------------------------------------------------------------- fields no query reads
+def check_fields(program, src, dst) -> None:
+    """Meshes, dtypes and shapes must agree exactly (the audit in the header of :mod:`redist.verify`): the
+    source type's mesh is the program's ``src_mesh`` and the claim's its ``dst_mesh``, whose axes are those of
+    the program's ``mesh``; the program's dtype is the source type's, and the claim's dtype and shape are the
+    source's."""
+    mesh_sizes = dict(program.mesh.axes)
+    for which in ("src_mesh", "dst_mesh"):
+        if tuple(getattr(program, which).axes) != tuple(program.mesh.axes):
+            raise Refuted(f"the program's {which} {getattr(program, which)!r} does not have the axes of the mesh "
+                          f"{program.mesh!r} its collectives run on", _mesh_difference(program.mesh,
+                                                                                       getattr(program, which)))
+    for what, t, have, role in (("source type", src, program.src_mesh, "the program reads its input on"),
+                                ("claim", dst, program.dst_mesh, "the program leaves its result on")):
+        cx = _mesh_difference(have, t.mesh)
+        if cx is not None:
+            raise Refuted(f"the {what} {t} is on mesh {t.mesh!r}, but {role} mesh {have!r}: device "
+                          f"{cx['device']} is at {cx['holds']['coords']} on the program's mesh and at "
+                          f"{cx['expected']['coords']} on the {what}'s", cx)
+    dtype = np.dtype(program.dtype)
+    if dtype != src.np_dtype:
+        raise Refuted(f"the program computes on {dtype.name} buffers, but the source type {src} is {src.dtype}",
+                      field_cx(mesh_sizes, "dtype", dtype.name, src.dtype))
+    if dst.dtype != src.dtype:
+        raise Refuted(f"the claim {dst} has dtype {dst.dtype}, but the program keeps the source's {src.dtype}",
+                      field_cx(mesh_sizes, "dtype", src.dtype, dst.dtype))
+    if tuple(src.shape) != tuple(dst.shape):
+        raise Refuted(f"source shape {src.shape} and claimed shape {dst.shape} differ",
+                      field_cx(mesh_sizes, "shape", tuple(src.shape), tuple(dst.shape)))
+
+
+def _mesh_difference(have, want) -> dict | None:
+    """None if ``have`` and ``want`` (meshes of the same number of devices) are the same mesh, else a
+    counterexample: the first device id whose position (coordinates by axis name, through each mesh's
+    ``device_ids``) differs, or device 0 when every position agrees (axes of size 1 in another order). The
+    whole values are compared, so every field of ``Mesh`` (axes, sizes, their order, device order) is."""
+    if have == want:
+        return None
+    sizes_have, sizes_want = dict(have.axes), dict(want.axes)
+    at_have, at_want = positions(device_order(have)), positions(device_order(want))
+
+    def where(sizes, at, d):
+        return position_coords(sizes, at[d])
+
+    n = len(at_have)
+    d = next((d for d in range(n) if where(sizes_have, at_have, d) != where(sizes_want, at_want, d)), 0)
+    return {"device": d, "coords": where(sizes_have, at_have, d), "index": None,
+            "holds": {"mesh": repr(have), "coords": where(sizes_have, at_have, d)},
+            "expected": {"mesh": repr(want), "coords": where(sizes_want, at_want, d)}}
+
+
+def field_cx(mesh_sizes: dict, what: str, holds, expected) -> dict:
+    """A counterexample for a field that is the same on every device and at every index: the device at
+    position 0 (device 0 in the default order)."""
+    return {"device": 0, "coords": position_coords(mesh_sizes, 0), "index": None,
+            "holds": {what: holds}, "expected": {what: expected}}
+
+
+def check_reductions(program, src, dst) -> str | None:
+    """The reduction kind of the program (None if nothing is reduced or pending), after checking it against
+    the types (the audit in the header of :mod:`redist.verify`): the instructions take one kind, the source's
+    where it is partial; a partial claim is of the source's kind; the maximum or minimum of complex numbers is
+    refused."""
+    mesh_sizes = dict(program.mesh.axes)
+    taken = [(t, ins.reduction) for t, ins in enumerate(program.instructions)
+             if isinstance(ins, (P.ReduceScatter, P.AllReduce))]
+    kinds = {k for _, k in taken}
+    if len(kinds) > 1:
+        raise Refuted(f"the program reduces by {' and '.join(sorted(kinds))}: one value has one reduction kind",
+                      field_cx(mesh_sizes, "reduction", sorted(kinds), sorted(kinds)[0]))
+    pending = src.reduction if src.partial else None
+    kind = pending or (kinds.pop() if kinds else None)
+    if pending is not None:
+        wrong = next(((t, k) for t, k in taken if k != pending), None)
+        if wrong is not None:
+            raise Refuted(f"instruction {wrong[0]} takes the {wrong[1]} of its group, but the source {src} is a "
+                          f"pending {pending}", field_cx(mesh_sizes, "reduction", wrong[1], pending))
+    if dst.partial and kind is not None and dst.reduction != kind:
+        raise Refuted(f"the claim {dst} is a pending {dst.reduction}, but the program's values are a pending "
+                      f"{kind}", field_cx(mesh_sizes, "reduction", kind, dst.reduction))
+    if kind in IDEMPOTENT and np.dtype(program.dtype).kind == "c":
+        raise Refuted(f"the program takes the {kind} of complex numbers, which have none",
+                      field_cx(mesh_sizes, "reduction", kind, "sum or prod"))
+    return kind
