@@ -18,6 +18,8 @@ from redist.plan import Plan
 from redist.synthesis import synthesize
 from redist.types import ShardingType
 from redist.verify import Verdict, verify, verify_program
+from redist.verify.encoding import read_axis
+from redist.verify.verdict import Refuted
 from tests.strategies import layouts, meshes, type_pairs
 
 
@@ -500,6 +502,88 @@ def test_malformed_instructions_are_refuted_not_raised():
     for ins in cases:
         v = verify_program(dataclasses.replace(prog, instructions=(ins,), shapes=(prog.shapes[0],) * 2), src, src)
         assert v.status == "refuted", (ins, v.reason)
+
+
+# ---------------------------------------------------------------------------- axis tokens
+# The verifier reads instruction axes from their text (it never asks the mesh), and must accept exactly the tokens
+# that the backends' reader, Mesh.axis, accepts: ``name`` or ``name:(pre)size`` with pre and size in ASCII digits,
+# pre >= 1, size >= 2 and pre·size dividing the axis. On the mesh x=4, y=6, z=1:
+TOKEN_MESH = Mesh({"x": 4, "y": 6, "z": 1})
+TOKENS = [
+    # whole axes and sub-axes, and the whole axis written as a sub-axis
+    "x", "y", "z", "x:(1)2", "x:(2)2", "y:(1)2", "y:(2)3", "y:(1)3", "y:(3)2", "x:(1)4", "y:(1)6",
+    # leading zeros, a zero, empty numbers
+    "x:(01)2", "x:(1)02", "x:(001)002", "x:(0)2", "x:(1)0", "x:(00)2", "x:()2", "x:(1)", "x:()",
+    # digits other than ASCII 0-9: Arabic-Indic, extended Arabic-Indic, superscript, full-width, NKo, math bold, CJK
+    "y:(١)2", "y:(1)٢", "y:(۱)2", "x:(²)2", "x:(1)²", "x:(１)２", "x:(1)２", "x:(߁)2", "x:(𝟏)2", "x:(一)2",
+    # whitespace
+    " x", "x ", "x:(1) 2", "x:( 1)2", "x :(1)2", "x\n", "x:(1)2\n", "\tx", "x:(1)\u20032",
+    # sizes that do not divide the axis, and sub-axes of size 1
+    "y:(1)4", "y:(4)2", "y:(2)2", "x:(1)8", "x:(8)1", "x:(3)1", "x:(1)1", "x:(2)1", "x:(4)1", "z:(1)1",
+    # no axis of the mesh, or no token
+    "w", "X", "x1", "_x", "1x", "", "x:", "x:(1)2:(1)2", "x(1)2", "x:[1]2", "ｘ", "é", "x:(1)2)",
+    # numbers past any mesh, long enough that int() refuses them, with and without leading zeros
+    "x:(2147483648)2", "x:(1)99999999999999999999", "x:(" + "1" * 5000 + ")2", "x:(" + "0" * 5000 + "1)2",
+    "x:(1)" + "0" * 4400 + "2",
+    # not text
+    1, None, ("x",), b"x",
+]
+
+
+def _mesh_reads(mesh, token):
+    """What the backends' reader makes of ``token``: (name, size, stride, pre, stop), or None if it refuses."""
+    try:
+        a = mesh.axis(token)
+    except ShardingError:
+        return None
+    return a.name, a.size, a.stride, a.pre, a.stop
+
+
+def _verifier_reads(mesh, token):
+    """What the verifier makes of ``token``: the same fields, or None if it refutes it."""
+    try:
+        a = read_axis(dict(mesh.axes), token)
+    except Refuted:
+        return None
+    return a.name, a.size, a.stride, a.lo, a.hi
+
+
+@pytest.mark.parametrize("token", TOKENS, ids=[ascii(t)[:40] for t in TOKENS])
+def test_the_verifier_reads_an_axis_token_exactly_as_the_backends_do(token):
+    assert _verifier_reads(TOKEN_MESH, token) == _mesh_reads(TOKEN_MESH, token)
+
+
+_TOKEN_TEXT = st.sampled_from(["x", "y", "z", "w", ":", "(", ")", "0", "1", "2", "3", "6", "١", "٢", "²", "２", "۳",
+                               " ", "_", "\n"])
+_DIGITS = st.text(st.sampled_from("0123456789١٢²２۳𝟏 "), max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(_TOKEN_TEXT, max_size=10),
+                 st.builds("{}:({}){}".format, st.sampled_from(["x", "y", "z", "w"]), _DIGITS, _DIGITS)))
+def test_the_verifier_accepts_a_token_exactly_when_the_backends_do(token):
+    assert _verifier_reads(TOKEN_MESH, token) == _mesh_reads(TOKEN_MESH, token)
+
+
+@pytest.mark.parametrize("token, twin, claim", [("y:(١)2", "y:(1)2", "f32[8{y:(1)2}, 4]"),
+                                                ("y:(1)٢", "y:(1)2", "f32[8{y:(1)2}, 4]"),
+                                                ("y:(１)2", "y:(1)2", "f32[8{y:(1)2}, 4]"),
+                                                ("y:(2)1", None, "f32[8, 4]")])
+def test_a_program_over_an_axis_the_backends_refuse_is_not_proved(token, twin, claim):
+    """Regression: the verifier read a sub-axis's numbers with ``\\d``, which matches any Unicode digit, and
+    proved a hand-built program that slices over ``y:(١)2`` (read as ``y:(1)2``), as it did one over the
+    sub-axis of size 1 ``y:(2)1``, although every backend refuses to run them. The same program over the ASCII
+    ``twin`` is proved, and runs."""
+    mesh = Mesh({"x": 2, "y": 4})
+    src, dst = T("f32[8, 4]", mesh), T(claim, mesh)
+    program = P.Program(mesh, src.np_dtype, (P.Slice(0, (token,)),), (src.local_shape, dst.local_shape))
+    verdict = verify_program(program, src, dst)
+    assert verdict.status == "refuted" and repr(token) in verdict.reason, verdict.reason
+    ran, why = oracle(program, src, dst)
+    assert not ran and "ShardingError" in why, why
+    if twin is not None:
+        ascii_program = dataclasses.replace(program, instructions=(P.Slice(0, (twin,)),))
+        assert verify_program(ascii_program, src, dst).status == "proved" and oracle(ascii_program, src, dst)[0]
 
 
 def test_claim_mutants_are_refuted_with_counterexamples_and_are_wrong():

@@ -6,8 +6,9 @@ type (what the input buffers hold), its claimed destination type, and its report
 ``bytes_received``. It never calls the synthesizer's typing rules (:mod:`redist.steps`) nor the type class's
 block arithmetic (``block_index``, ``local_box``, ``local_shape``, ``Mesh.group_index``, ``Mesh.coords``):
 that independence is on purpose, so that a bug there cannot prove itself right. Instruction axes are
-:class:`redist.axes.Axis` values, which are their token strings; the verifier reads only their text, parses each
-token itself and re-derives name, pre-size and size independently. The meaning of a type is stated once,
+:class:`redist.axes.Axis` values, which are their token strings; the verifier reads only their text, with the
+token grammar the backends read it with (:func:`redist.axes.read_token`), so that it accepts exactly the
+tokens they run, and re-derives name, pre-size and size independently. The meaning of a type is stated once,
 below, in Z3 terms, from the contract (SPEC sections 1 and 2):
 
     Mesh positions are numbered row-major over the mesh axes in mesh order (the last axis varies fastest),

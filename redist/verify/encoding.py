@@ -2,8 +2,9 @@
 device coordinates written as digits, and the meaning of a type.
 
 - Axes: :func:`read_axis` reads a token's text, ``name`` or ``name:(pre)size``, into an :class:`Axis` (its
-  mesh axis, size, stride and factor range, derived here from the text alone); a token that names no axis or
-  sub-axis of the mesh, and axes of one group that overlap (:func:`read_axes`), are refuted.
+  mesh axis, size, stride and factor range, derived here from the text alone); a token that the backends'
+  reader refuses (one grammar, :func:`redist.axes.read_token`, for both), and axes of one group that overlap
+  (:func:`read_axes`), are refuted.
 - Device orders: a mesh's ``device_ids`` read as data: the device at each position (:func:`device_order`),
   the position of each device (:func:`positions`), and the coordinates of a position, row-major
   (:func:`position_coords`).
@@ -16,15 +17,15 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from redist import program as P
+from redist.axes import read_token
+from redist.errors import ShardingError
+from redist.mesh import MAX_DEVICES, read_decimal
 from redist.verify.solver import conjunction, z3
 from redist.verify.verdict import Refuted
-
-_TOKEN = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::\((?P<pre>\d+)\)(?P<size>\d+))?\Z")
 
 
 # ----------------------------------------------------------------------------- axes, independently
@@ -44,15 +45,27 @@ class Axis:
 
 
 def read_axis(mesh_sizes: dict[str, int], token: Any) -> Axis:
-    """The (sub-)axis ``token`` names on a mesh with axes ``mesh_sizes``; refutes a token that names none."""
-    m = _TOKEN.match(token) if isinstance(token, str) else None
-    if not m or m["name"] not in mesh_sizes:
+    """The (sub-)axis ``token`` names on a mesh with axes ``mesh_sizes``; refutes a token that names none.
+
+    The token's text is read with the grammar of :func:`redist.axes.read_token` and its numbers with
+    :func:`redist.mesh.read_decimal`, as the backends' reader :meth:`redist.Mesh.axis` reads them, and the same
+    tokens are accepted: a whole axis, or a sub-axis ``name:(pre)size`` with ``pre >= 1`` and ``size >= 2``
+    whose ``pre·size`` divides the axis. Its size, stride and factor range are derived here."""
+    parts = read_token(token) if isinstance(token, str) else None
+    if parts is None or parts[0] not in mesh_sizes:
         raise Refuted(f"axis {token!r} is not an axis or sub-axis of the mesh")
-    full = mesh_sizes[m["name"]]
-    pre, size = (1, full) if m["pre"] is None else (int(m["pre"]), int(m["size"]))
-    if pre < 1 or size < 1 or full % (pre * size):
-        raise Refuted(f"sub-axis {token!r} does not fit mesh axis {m['name']!r} of size {full}")
-    return Axis(token, m["name"], size, full // (pre * size), full, pre, pre * size)
+    name, pre_digits, size_digits = parts
+    full = mesh_sizes[name]
+    if pre_digits is None:
+        return Axis(token, name, full, 1, full, 1, full)
+    try:
+        pre = read_decimal(pre_digits, f"the pre-size of sub-axis {token!r}", MAX_DEVICES)
+        size = read_decimal(size_digits, f"the size of sub-axis {token!r}", MAX_DEVICES)
+    except ShardingError as e:
+        raise Refuted(str(e)) from None
+    if pre < 1 or size < 2 or full % (pre * size):
+        raise Refuted(f"sub-axis {token!r} does not fit mesh axis {name!r} of size {full}")
+    return Axis(token, name, size, full // (pre * size), full, pre, pre * size)
 
 
 def read_axes(mesh_sizes, tokens, where: str) -> tuple[Axis, ...]:
