@@ -3,7 +3,7 @@
 Method: ``--cases`` (800) seeded random (source, destination) pairs (meshes of 1-4 axes with sizes in
 {1, 2, 3, 4, 5, 6, 8} and at most 64 devices, ranks 0-4, partial sources included). Each pair is synthesized
 once with every cache cleared first, timed with ``time.perf_counter``; the median is reported. Quality: for
-pairs without a reduction (where SPEC's bound applies as stated), how often ``bytes_received`` equals
+pairs without a reduction (where the bound of docs/spec.md §3 applies as stated), how often ``bytes_received`` equals
 ``lower_bound_bytes``, and the geometric mean and maximum of their ratio over pairs with a non-zero bound.
 Target: median synthesis time <= 1 ms on this machine. A second sample of ``--uneven`` (400) pairs has dims
 that need not divide their axes (XLA's padding rule); it reports the same figures and how many plans use

@@ -163,7 +163,7 @@ def _gather_then_slice(src: ShardingType, dst: ShardingType) -> redist.Plan:
 def reshard_bytes(src: ShardingType, dst: ShardingType) -> float:
     """Bytes a device receives moving ``src`` to ``dst`` (the move lowering would run); infinite when no
     redistribution can do it, or when ``dst`` is partial over an axis ``src`` is not: redist can create
-    pending sums (SPEC 3), but a partitioned program's pending sums come from its contractions, so a choice
+    pending sums (docs/spec.md §3), but a partitioned program's pending sums come from its contractions, so a choice
     that creates them is never taken. Where the synthesizer's plan receives exactly the lower bound
     (:func:`_at_bound`), that is the answer and nothing is planned: per-op choice prices many more pairs than
     lowering moves; a pair with a pattern (:func:`_synthesized`) is priced from the pattern's plan, scaled,

@@ -24,7 +24,7 @@ the wrong kind when a tactic is made (dims not a dict, a time budget that is not
 axis when the schedule meets the mesh (:func:`check_schedule`), a path matching no input or a dim out of range
 by :meth:`validate`; an axis is named in the user's terms (the token, its mesh axis and that axis's size, for a
 malformed token, an unknown axis or a sub-axis that does not divide its axis). A dim need not divide by the
-axis size: it is then split by XLA's padding rule (ceil-sized blocks, padded local buffers; SPEC 2), and ops
+axis size: it is then split by XLA's padding rule (ceil-sized blocks, padded local buffers; docs/spec.md §2), and ops
 that reduce over it count its data only. ``AutomaticPartition`` searches for the tactics (see
 :mod:`partir_core.automatic`).
 """

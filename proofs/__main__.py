@@ -73,7 +73,7 @@ def uneven(quick: bool, workers: int) -> Outcome:
 
 
 def creating(quick: bool, workers: int) -> Outcome:
-    """Pairs that create pending sums (SPEC 3). Their proofs enumerate each group sum's contributors (the
+    """Pairs that create pending sums (docs/spec.md §3). Their proofs enumerate each group sum's contributors (the
     onto query), so the exhaustive part stops at rank 2 (4,796 pairs; rank 3 has 16,542)."""
     from proofs import exhaustive as ex
 

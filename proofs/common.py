@@ -72,9 +72,9 @@ def all_pairs(mesh: Mesh, rank: int, dtype: str = "f32", multiplier: int = 1, cr
 # ----------------------------------------------------------------------------- numpy oracle
 def source_buffers(src: ShardingType, rng: np.random.Generator):
     """Per-device buffers of ``src`` and the global value. Elements are distinct integers (so a misplaced
-    element shows); for a partial type every partial group gets its own random summands (SPEC 4: any summands
+    element shows); for a partial type every partial group gets its own random summands (docs/spec.md §4: any summands
     whose group sums are right), so dropping, doubling or mixing summands shows too. Every padding position
-    of every buffer (uneven dims, SPEC 2) is poisoned (:func:`redist.data.poison_padding`: NaN, or the largest
+    of every buffer (uneven dims, docs/spec.md §2) is poisoned (:func:`redist.data.poison_padding`: NaN, or the largest
     integer), so a program that reads padding as data gives a wrong datum. For a pending product the
     elements are ``2 … N+1``: a product that takes its summands twice gives the square of the value, which
     1 (the one element of a scalar) would hide. Otherwise signed and float elements get random signs (still
@@ -94,7 +94,7 @@ def oracle(program, src: ShardingType, dst: ShardingType, seed: int = 0, trials:
     partial ``dst``; replicas must agree), compared at the data positions of ``dst`` only: ``unshard`` reads
     no padding, which may hold anything. A program that raises at run time, or gives the wrong local shape,
     is wrong. So is a result whose dtype is not ``dst``'s, and a ``dst`` on another mesh than the program's
-    result (``program.dst_mesh``; SPEC 1: another mesh, device order included, is another type, even where
+    result (``program.dst_mesh``; docs/spec.md §1: another mesh, device order included, is another type, even where
     the data happen to sit on the same devices); ``dst``'s layout is read on its own mesh, so a misplaced
     block shows as wrong values first. Group reductions are ``dst``'s kind (``unshard``), and summands are
     made for ``src``'s kind (:func:`redist.data.summands`); a partial ``dst`` of another kind than a partial
@@ -118,14 +118,14 @@ def oracle(program, src: ShardingType, dst: ShardingType, seed: int = 0, trials:
             return False, "wrong values"
     if dst.mesh != program.dst_mesh:
         return False, f"the result is on mesh {program.dst_mesh!r}, not {dst.mesh!r}"
-    if src.partial and dst.partial and src.reduction != dst.reduction:  # no program converts kinds (SPEC 3)
+    if src.partial and dst.partial and src.reduction != dst.reduction:  # no program converts kinds (docs/spec.md §3)
         return False, f"the result is a pending {src.reduction}, not a pending {dst.reduction}"
     return True, "equal"
 
 
 # ----------------------------------------------------------------------------- device orders
 def device_orders(mesh: Mesh) -> list[Mesh]:
-    """Other device orders of ``mesh``'s axes (SPEC 1), for exhaustive checks: the devices reversed, numbered
+    """Other device orders of ``mesh``'s axes (docs/spec.md §1), for exhaustive checks: the devices reversed, numbered
     column-major (the first axis fastest), and rotated by one position (none for a mesh of one device)."""
     n = mesh.size
     if n < 2:

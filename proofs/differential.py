@@ -4,7 +4,7 @@
 
 Each case is a random valid (source, destination) pair from :func:`redist.testing.draw_pair` (partial
 sources of every reduction kind, sub-axes, uneven dims, a destination in another device order for a
-quarter of them, destinations that create pending sums: SPEC 3) on a random mesh
+quarter of them, destinations that create pending sums: docs/spec.md §3) on a random mesh
 (:func:`redist.testing.draw_mesh`, a quarter of them in a random device order) whose axes have sizes 1 to 8
 (so 1, 3, 5, 6 and 7 among them), in one of the dtypes f32, f64, i32, i64, bf16, bool, f16, u8, c64, c128.
 The

@@ -3,11 +3,11 @@
 - exhaustive: every (src, dst) pair of whole-axis types (partial types included, dst.partial ⊆ src.partial)
   of rank 0–3 on every mesh of at most 8 devices (axis sizes >= 2), each dim the smallest size both
   sides divide; and, apart, every such pair whose destination creates pending sums (dst.partial ⊄
-  src.partial: SPEC 3; ``python -m proofs`` runs them to rank 2, where the proofs, which enumerate each
+  src.partial: docs/spec.md §3; ``python -m proofs`` runs them to rank 2, where the proofs, which enumerate each
   group sum's contributors, take minutes rather than the better part of an hour);
 - random: a seeded sample of pairs on 16-device meshes (1–4 axes, sub-axes, partial types, dims up to 3×
   the smallest legal size);
-- random uneven: a seeded sample of pairs with non-divisible dims (XLA's padding rule, SPEC 2) on meshes
+- random uneven: a seeded sample of pairs with non-divisible dims (XLA's padding rule, docs/spec.md §2) on meshes
   of 2–16 devices (1–4 axes, sub-axes, partial types, rank 1–3), every dim of any size from 0 to twice
   its larger block count plus one, at least one dim uneven on one side;
 - random creating: a seeded sample of pairs whose destination creates pending sums, on meshes of 2–16
@@ -24,7 +24,7 @@
 For each pair: the plan is synthesized, ``verify(plan)`` must prove it (values at every data position of
 the destination, never read from source padding; group sums; peak_bytes and bytes_received against the
 instructions), the program's largest buffer (from the verifier's own shape derivation) must be at most
-max(src, dst) local bytes (computed here from SPEC 2, not from the type class), and bytes_received must not
+max(src, dst) local bytes (computed here from docs/spec.md §2, not from the type class), and bytes_received must not
 beat ``lower_bound_bytes``. For uneven pairs also: a plan with an exchange and no reduction must receive
 exactly ``lower_bound_bytes`` (the exchange sends each device only the elements it lacks; between device
 orders, only where no pending value must change hands, since a device may have to take another summand
@@ -49,7 +49,7 @@ from redist.verify import verify
 
 
 def _local_bytes(t) -> int:
-    """A device's buffer in bytes, padding included: ceil(N / k) per dim (SPEC 2)."""
+    """A device's buffer in bytes, padding included: ceil(N / k) per dim (docs/spec.md §2)."""
     n = 1
     for size, axes in zip(t.shape, t.dims):
         k = math.prod(t.mesh.axis_size(a) for a in axes)

@@ -28,7 +28,7 @@ and copies before running it):
 - ``wrong_reduction``: a reduce-scatter's or all-reduce's reduction kind replaced by another the dtype has
   (not on ``bool``, whose sum and maximum are both "or", nor over a group of one device, where every kind
   is the identity, nor on buffers without elements: such mutants are equivalent, but the verifier refutes
-  them, SPEC 2: a plan never converts between kinds);
+  them, docs/spec.md §2: a plan never converts between kinds);
 - ``swap_transpose``: two entries of a local transpose's permutation exchanged (the transposes around an
   all-to-all);
 - on an ``Exchange`` (per-dim segment tables, uneven dims): ``drop_segment`` (one segment removed),
@@ -58,7 +58,7 @@ nobody can make them):
   for ``x=2,y=4``, or a prime factor moved between two axes);
 - ``claim_shape``: one dim one element longer;
 - ``claim_device_order``: the same axes with the devices in another order (``device_ids`` reversed, rotated
-  by one, or a random permutation; SPEC 1: another mesh is another type): a device then holds the block of
+  by one, or a random permutation; docs/spec.md §1: another mesh is another type): a device then holds the block of
   another position;
 - ``claim_reduction``: a partial claim of another reduction kind the dtype has (not on ``bool``, nor where
   the partial group is one device: see ``wrong_reduction``).
@@ -417,7 +417,7 @@ UNEVEN_KINDS = ("padded collectives", "exchange")
 # The dtypes of the random plans: mostly f32, complex, bool and an integer type among them.
 DRAWN_DTYPES = ("f32", "f32", "f32", "c64", "c128", "bool", "i32")
 
-# Pairs whose destinations create pending sums (SPEC 3): from replicated and from sharded dims, onto a
+# Pairs whose destinations create pending sums (docs/spec.md §3): from replicated and from sharded dims, onto a
 # sub-axis, next to a kept and a reduced sum, and uneven; and a reduce-scatter with uneven counts. Mutated
 # before the random creating plans (``n_creating`` of them, drawn apart from the other random plans).
 FIXED_CREATING_PAIRS = [

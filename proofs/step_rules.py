@@ -1,7 +1,7 @@
 """Each step kind's typing rule, proved sound against its buffer-level semantics.
 
 Part 1 — symbolic sizes (Z3, nonlinear integer arithmetic). The typing rules of :mod:`redist.steps` act at
-the minor end of a dim's axis list. In block terms (SPEC 2, row-major block index): a dim whose axes are a
+the minor end of a dim's axis list. In block terms (docs/spec.md §2, row-major block index): a dim whose axes are a
 prefix ``P`` (``p`` blocks, the device's block ``bP``) followed by a suffix ``A`` (group size ``k``, the device's
 rank ``a`` in its A-group) has block ``bP·k + a`` (lemma ``concat``). Each rule then reads: type before and
 after, as (block, local size) of the dims the step touches, and the instruction's semantics as in

@@ -8,7 +8,7 @@ Axes are made once, where text meets a mesh (:meth:`redist.Mesh.axis`, which par
 :class:`redist.ShardingType`, which holds its dims and partial axes as axes); everything after reads
 ``name``, ``pre``, ``size`` and ``axis_size``, and text exists only in that parsing and in ``str()``.
 
-Design: an :class:`Axis` is a ``str`` whose text is its canonical token, carrying its parsed fields. SPEC 2 has
+Design: an :class:`Axis` is a ``str`` whose text is its canonical token, carrying its parsed fields. docs/spec.md §2 has
 ``t.dims`` and ``t.partial`` compare equal to tuples of token strings, hash like them and print like them,
 and users pass token strings wherever an axis is wanted; the JSON and text forms of plans, error messages,
 the JAX axis names of a refined mesh and the verifier (which restates the semantics on its own, from a

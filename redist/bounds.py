@@ -100,7 +100,7 @@ def check_pair(src: ShardingType, dst: ShardingType) -> None:
     """Raise :class:`ShardingError` unless ``dst`` is a possible redistribution target of ``src``: the same mesh
     axes (the device orders may differ), shape and dtype, sub-axes that fit one factorization of each axis,
     and the same reduction kind where both are partial. Pending values may be reduced, kept or created
-    (SPEC 3); creating them needs the identity of the reduction (zeros for a sum), so a destination that
+    (docs/spec.md §3); creating them needs the identity of the reduction (zeros for a sum), so a destination that
     creates a pending max, min or product is refused: this is the one place that decides it."""
     for what, t in (("source", src), ("destination", dst)):
         if not isinstance(t, ShardingType):

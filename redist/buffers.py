@@ -1,4 +1,4 @@
-"""Data given to redist, and the one rule by which it is accepted (SPEC 4: no silent casts).
+"""Data given to redist, and the one rule by which it is accepted (docs/spec.md §4: no silent casts).
 
 Every entry point that takes data converts it here: :func:`redist.shard` and :func:`redist.unshard`,
 :func:`redist.execute` on every backend, :func:`redist.mpi.reshard`. So they all accept and refuse the same

@@ -152,7 +152,7 @@ def _seconds(text: str) -> float:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    # The module docstring is the --help text, hence plain text (SPEC 6 states the contract).
+    # The module docstring is the --help text, hence plain text (docs/spec.md §7 states the contract).
     parser = _Parser(prog="redist", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     topology = dict(metavar="NAME", help="choose the fastest plan under this cost model preset (tpu-v4, nvlink-8, "

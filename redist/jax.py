@@ -1,5 +1,5 @@
 """The JAX entry point: :func:`reshard`, ``jax.device_put(x, sharding)`` for sharded data, with the arrays moved
-by synthesized plans (SPEC section 5).
+by synthesized plans (docs/spec.md §5).
 
     y = redist.jax.reshard(x, NamedSharding(mesh, P(None, ("x", "y"))))
     with jax.set_mesh(mesh):
@@ -82,7 +82,7 @@ def reshard(x, sharding, *, src=None, donate=False):
 
     Device order: an array's mesh and its target's may hold the same devices in different orders (the same
     axes; ``jax.make_mesh`` and a hand-made device array, say): the plan then moves blocks between the two
-    orders (SPEC 1, :func:`redist.synthesize`): it runs on every device's buffer, in a program of its own,
+    orders (docs/spec.md §1, :func:`redist.synthesize`): it runs on every device's buffer, in a program of its own,
     and the result's buffers become the target-sharded array where they are. Only eagerly: JAX compiles a
     computation for one device order (it refuses arguments and constraints on another inside ``jax.jit``),
     so under a trace such a reshard raises :class:`ShardingError`.

@@ -1,7 +1,7 @@
 """Device meshes: ordered named axes, and the device at each mesh position (row-major by default).
 
 Positions and devices. A mesh's positions are numbered row-major over its axes (the last axis varies
-fastest), and ``device_ids[p]`` is the id of the device at position ``p`` (SPEC 1): a permutation of
+fastest), and ``device_ids[p]`` is the id of the device at position ``p`` (docs/spec.md §1): a permutation of
 ``range(size)``, the identity by default. Sharding types speak of positions (a device holds the block of its
 position); buffers, ranks and everything that runs speak of device ids. So every method that takes or returns
 a ``device`` (``coords``, ``device``, ``group_index``, ``groups``) means a device id, read through

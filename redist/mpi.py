@@ -1,4 +1,4 @@
-"""The MPI entry point: reshard with mpi4py, one rank per device (SPEC section 5).
+"""The MPI entry point: reshard with mpi4py, one rank per device (docs/spec.md §5).
 
     from mpi4py import MPI
     import redist, redist.mpi

@@ -27,7 +27,7 @@ buffer of ``L``), and ``L_in`` is counted on the input viewed padded to ``k·L``
 the ``k − 1`` other summands of its chunk (Shardy's and DTensor's uneven reduce-scatter pad the same way; MPI's
 ``Reduce_scatter`` with counts sends no padding, and the device with the longest chunk receives exactly this).
 
-Creating pending sums (SPEC 3: the destination's group sums must equal the value) moves no data: each step
+Creating pending sums (docs/spec.md §3: the destination's group sums must equal the value) moves no data: each step
 splits a device's block into summands whose group sum is the block, with zeros, the identity of a sum.
 ``replicate_to_partial`` keeps the buffer on the member of rank 0 of each group over ``axes`` and zeros it on
 the others; ``shard_to_partial`` places each member's block of ``dim`` as chunk ``r`` (its rank) of a zero
@@ -51,7 +51,7 @@ Reductions. ``reduce_scatter`` and ``all_reduce`` carry a reduction kind (``redu
 kind for a sum) and fit only a type whose pending reduction is of that kind: no step converts between kinds.
 
 Device order. ``permute`` and ``exchange`` may also move the array to the same mesh axes with another device
-order (``device_ids``, SPEC 1): each device then gets the block its position on the new mesh holds, from
+order (``device_ids``, docs/spec.md §1): each device then gets the block its position on the new mesh holds, from
 the devices that hold it on the old one: a table of sources (:func:`redist.blocks.permute_sources`) or of
 copies per device (:func:`redist.blocks.exchange_copies`), as :mod:`redist.program` lowers them, and their
 bytes are counted per device from those tables (``O(devices)``, as a mesh in another order is a table of its

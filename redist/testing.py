@@ -143,7 +143,7 @@ def draw_mesh(draw: Draw, *, max_axes: int = 4, max_devices: int = 16, min_devic
               devices: int | None = None, axis_sizes: Sequence[int] = AXIS_SIZES, device_order: float = 0.0) -> Mesh:
     """A mesh of 1 to ``max_axes`` axes named ``a0, a1, …`` with sizes from ``axis_sizes`` (a size listed
     twice is drawn twice as often); with probability ``device_order`` its devices in a random order
-    (``device_ids``, SPEC 1), else in the default order.
+    (``device_ids``, docs/spec.md §1), else in the default order.
 
     With ``devices``: exactly that many devices, every ordered way of writing it as a product of at most
     ``max_axes`` sizes from ``axis_sizes`` equally likely. Otherwise the number of axes and each size are
@@ -250,18 +250,18 @@ def draw_pair(draw: Draw, mesh: Mesh, *, max_rank: int = 3, partial: float = 0.3
     - the reduction kind of a partial source drawn from ``reductions`` (among those the dtype has: no max or
       min of complex numbers);
     - with probability ``reorder`` the destination on ``mesh``'s axes with the devices in a random order
-      (SPEC 1), else on ``mesh``;
+      (docs/spec.md §1), else on ``mesh``;
     - layouts from :func:`draw_layout` (with ``sub_axes``); the source may hold partial axes with probability
       ``partial``, and each of them stays pending in the destination with probability ``dst_partial`` unless
       the destination puts it in a dim;
     - with probability ``create`` the destination's layout may also make pending sums of axes that the source
-      leaves out of its partial axes (SPEC 3: creating them; replicated or split axes of the source alike; only
+      leaves out of its partial axes (docs/spec.md §3: creating them; replicated or split axes of the source alike; only
       sums are created, so a draw that creates next to another kind is drawn again):
       those that :func:`draw_layout` draws to the destination's partial axes (``create=0``, the default,
       draws nothing for it, so that the samples drawn before it existed stay the same);
     - each dim a multiple of the block counts of both sides (``multipliers`` times their lcm), except that
       with probability ``uneven`` every dim gets any size from 0 (from 1 without ``empty_dims``) to twice
-      the larger of its two block counts plus one (XLA's padding rule, SPEC 2). With ``padded`` such a draw
+      the larger of its two block counts plus one (XLA's padding rule, docs/spec.md §2). With ``padded`` such a draw
       is redrawn until one side has padding (the mesh must then have two devices or more).
 
     Pairs that ``check_pair`` refuses (sub-axes of one axis factored differently on the two sides) are drawn

@@ -60,7 +60,7 @@ MAX_ELEMENTS = 2**63 - 1
 """The most elements an array may have (and so the largest dim): numpy, JAX and XLA index with 64-bit integers."""
 
 REDUCTIONS = ("sum", "max", "min", "prod")
-"""The reduction kinds of pending values (SPEC 2): how a partial group's buffers combine into the value."""
+"""The reduction kinds of pending values (docs/spec.md §2): how a partial group's buffers combine into the value."""
 
 REDUCERS = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
 """The elementwise numpy ufunc of each reduction kind. On ``bool`` arrays numpy's sum and maximum are the

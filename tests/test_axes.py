@@ -108,7 +108,7 @@ def test_mesh_axis_errors(token, match):
 
 
 def test_types_hold_axes_that_compare_as_before():
-    """SPEC 2: dims and partial compare equal to tuples of token strings and hash like them; strings are taken
+    """docs/spec.md §2: dims and partial compare equal to tuples of token strings and hash like them; strings are taken
     wherever they were (constructor, replace, from_partition_spec, steps)."""
     t = ShardingType.parse("f32[8{x}, 24{y:(1)2, z}] partial{y:(2)2}", MESH)
     assert t.dims == (("x",), ("y:(1)2", "z")) and t.partial == ("y:(2)2",)

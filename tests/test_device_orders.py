@@ -1,4 +1,4 @@
-"""Device orders (SPEC 1, issue 15.3): ``Mesh(axes, device_ids)``, reshards between meshes that differ only in
+"""Device orders (docs/spec.md §1, issue 15.3): ``Mesh(axes, device_ids)``, reshards between meshes that differ only in
 their device order (planned, run on numpy and JAX, proved), claims on another device order refuted. The MPI
 counterparts run under mpiexec in tests/test_mpi_backend.py (its worker draws device orders on both sides)."""
 

@@ -108,7 +108,7 @@ def test_dtypes_and_unconstrained_and_short_specs():
 
 def test_device_order_of_the_mesh_is_respected():
     # The redist mesh of a JAX mesh has its device order: the device at position p is the JAX device
-    # devices.flat[p], redist device id = its JAX id here (SPEC 1); a device holds the block of its position.
+    # devices.flat[p], redist device id = its JAX id here (docs/spec.md §1); a device holds the block of its position.
     devices = list(reversed(jax.devices()[:8]))
     devices[2], devices[5] = devices[5], devices[2]
     mesh = jmesh((2, 4), ("x", "y"), devices=devices)

@@ -1,4 +1,4 @@
-"""Creating pending sums (SPEC 3, issue 15 item 1): a destination may be partial over axes the source is not;
+"""Creating pending sums (docs/spec.md §3, issue 15 item 1): a destination may be partial over axes the source is not;
 each group's summands must add up to the value. Plans, their bounds and memory, the numpy and JAX backends,
 and the verifier's summand-bijection queries (proofs and counterexamples)."""
 
@@ -63,7 +63,7 @@ def test_named_creations_are_planned_at_the_bound_and_proved(mesh, src, dst, kin
 
 
 def test_creation_was_refused_before_and_is_accepted_by_check_pair():
-    """The message of the old refusal is gone: every pair of layouts is a target (SPEC 3)."""
+    """The message of the old refusal is gone: every pair of layouts is a target (docs/spec.md §3)."""
     m = _mesh("x=2,y=2")
     assert lower_bound_bytes(T("f32[8] partial{y}", m), T("f32[8] partial{x}", m)) >= 0
 

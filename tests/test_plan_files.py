@@ -1,4 +1,4 @@
-"""Plans as files (SPEC 3): ``Plan.from_json(plan.to_json())`` gives the plan back for every step kind, the
+"""Plans as files (docs/spec.md §3): ``Plan.from_json(plan.to_json())`` gives the plan back for every step kind, the
 loaded plan is proved by ``verify``, and a corrupted or hand-edited file raises ShardingError naming the field:
 a loaded plan never disagrees with its file, and nothing else escapes the reader."""
 
@@ -74,7 +74,7 @@ def test_a_loaded_plan_is_proved():
 
 
 def test_the_file_format():
-    """The fields SPEC 3 names, the args each step is rebuilt from, one line per step in the file text."""
+    """The fields docs/spec.md §3 names, the args each step is rebuilt from, one line per step in the file text."""
     plan = _plan("f32[16{y}, 16, 16{x}]", "f32[16, 16{x,y}, 16]")
     data = json.loads(plan.to_json())
     assert data == {

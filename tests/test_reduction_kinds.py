@@ -1,4 +1,4 @@
-"""Reduction kinds of pending values (SPEC 2, issue 15.2): ``partial(max|min|prod){…}`` types, plans that
+"""Reduction kinds of pending values (docs/spec.md §2, issue 15.2): ``partial(max|min|prod){…}`` types, plans that
 keep the kind, and the kinds on the numpy and JAX backends and in the verifier. The MPI counterparts run
 under mpiexec in tests/test_mpi_backend.py (its worker draws every kind)."""
 

@@ -102,7 +102,7 @@ def test_lower_bound_is_the_most_any_device_lacks(pair):
 
 
 def _creating_bound_by_group(src: ShardingType, dst: ShardingType) -> int:
-    """The bound of a pair that creates pending sums, group by group of devices (SPEC 3's definition)."""
+    """The bound of a pair that creates pending sums, group by group of devices (the definition of docs/spec.md §3)."""
     mesh = src.mesh
     reduces = mesh.group_size([a for a in src.partial if a not in dst.partial]) > 1
     worst = 0

@@ -126,7 +126,7 @@ def test_random_meshes_number_devices_row_major(mesh):
 
 # ---------------------------------------------------------------------------- uneven dims (XLA's padding rule)
 def test_uneven_dims_follow_the_padding_rule():
-    """SPEC 2: L = ceil(N / k), block b holds [min(N, b·L), min(N, (b+1)·L)), the buffer is padded to L."""
+    """docs/spec.md §2: L = ceil(N / k), block b holds [min(N, b·L), min(N, (b+1)·L)), the buffer is padded to L."""
     t = ShardingType.parse("f32[10{y}, 5{x}]", MESH)  # y=4: L=3, blocks [0,3) [3,6) [6,9) [9,10); x=2: L=3
     assert t.local_shape == (3, 3) and t.padded_shape == (12, 6) and not t.is_even()
     assert not t.is_even(0) and not t.is_even(1) and t.padded().is_even()

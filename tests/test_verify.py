@@ -125,7 +125,7 @@ def test_partial_types():
 
 def test_mixing_summands_of_different_groups_is_refuted():
     """A permute that takes the two summands of a group sum from different partial groups is wrong for
-    summands that only sum right within their group (SPEC 4)."""
+    summands that only sum right within their group (docs/spec.md §4)."""
     mesh = Mesh({"x": 2, "y": 2})
     src = T("f32[4] partial{x}", mesh)
     # device ids: (x, y) -> 2x + y. Swap device 2 and 3: group y=0 now holds summands from y=0 and y=1.
@@ -330,7 +330,7 @@ def test_claim_on_another_arrangement_of_the_same_devices_is_refuted(mesh_text):
 
 
 def test_replicated_claim_on_a_reordered_mesh_is_refuted_too():
-    """Every device holds everything either way, but the type is on another mesh (SPEC 1: meshes are equal
+    """Every device holds everything either way, but the type is on another mesh (docs/spec.md §1: meshes are equal
     when axes, sizes and order agree): refuted, and the oracle agrees."""
     mesh = Mesh({"x": 4, "y": 2})
     plan = synthesize(T("f32[8{x}]", mesh), T("f32[8]", mesh))
@@ -488,7 +488,7 @@ def test_verify_misuse_raises_sharding_error_naming_the_argument():
         with pytest.raises(ShardingError, match=word):
             call()
     assert verify(plan, timeout_s=float("inf")).status == "proved"
-    assert verify(plan, None, 30).status == "proved"  # SPEC: verify(plan, dst=None, timeout_s=None)
+    assert verify(plan, None, 30).status == "proved"  # docs/spec.md §4: verify(plan, dst=None, timeout_s=None)
 
 
 def test_malformed_instructions_are_refuted_not_raised():

@@ -10,7 +10,7 @@ the fallback (:mod:`redist.synthesis.fallback`); it is compared with one ``excha
 with the plans of the searches by modeled time ("Choice" and "Budget and fallback" in
 :mod:`redist.synthesis`).
 
-Device orders. Between the same axes on two device orders (SPEC 1), the plan is the plan on one order and a
+Device orders. Between the same axes on two device orders (docs/spec.md §1), the plan is the plan on one order and a
 ``permute`` to the other, either after all its steps or before them (the plan from the source moved to the
 destination's order); where that end of the plan is a ``permute`` or an ``exchange`` already, that step moves
 the blocks to the other order too, at no extra cost. The fewer bytes (with a topology: the faster) of the
@@ -106,7 +106,7 @@ def _fewest_bytes(src: ShardingType, dst: ShardingType) -> Plan:
 
 
 def _synthesize_creating(src: ShardingType, dst: ShardingType, topology) -> Plan:
-    """A plan to a destination partial over axes ``C`` that the source is not (SPEC 3: pending sums created).
+    """A plan to a destination partial over axes ``C`` that the source is not (docs/spec.md §3: pending sums created).
 
     Creating a sum moves no data: the plan runs to ``dst`` with ``C`` placed in dims or replicated (a type
     no larger than ``dst``, partial over the rest of ``dst``'s axes), then makes ``C`` partial:

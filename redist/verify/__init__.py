@@ -9,7 +9,7 @@ that independence is on purpose, so that a bug there cannot prove itself right. 
 :class:`redist.axes.Axis` values, which are their token strings; the verifier reads only their text, with the
 token grammar the backends read it with (:func:`redist.axes.read_token`), so that it accepts exactly the
 tokens they run, and re-derives name, pre-size and size independently. The meaning of a type is stated once,
-below, in Z3 terms, from the contract (SPEC sections 1 and 2):
+below, in Z3 terms, from the contract (docs/spec.md §1 and §2):
 
     Mesh positions are numbered row-major over the mesh axes in mesh order (the last axis varies fastest),
     and ``device_ids[p]`` is the device at position p (default: device p); a device's coordinates are those

@@ -261,7 +261,7 @@ def named_axes(program, mesh_sizes, src, dst) -> list[Axis]:
 
 # ----------------------------------------------------------------------------- the meaning of a type
 def type_meaning(mesh_sizes, t, digits: Digits | None = None, c: dict | None = None, idx=None):
-    """SPEC section 2, stated in Z3: the global index that local index ``idx`` is on a device with
+    """docs/spec.md §2, stated in Z3: the global index that local index ``idx`` is on a device with
     coordinates ``c`` (written by ``digits``) under type ``t``, whether it is data (not padding), and the
     device's summand coordinates (its coordinates on the partial axes). Returns ``(global index exprs, local
     shape, summand exprs, partial axes, data condition)``; without ``idx`` only the local shape and partial axes

@@ -13,7 +13,7 @@ source element (summand), or no data, a zero. Queries (``unsat`` = proved):
    contributors to the group reduction at (device, index) are indexed by (summation members, Q-coordinates
    of the group member). For a sum or a product each summand must be taken exactly once: their number must
    equal the number of source summand coordinates, and query 2 asks for two different contributors with the
-   same source summand coordinate, or from two different source partial groups (SPEC 4: *any* summands
+   same source summand coordinate, or from two different source partial groups (docs/spec.md §4: *any* summands
    whose group sums are right must work, so the summands of one group need not agree with those of a
    replica group). ``unsat`` proves the contributors are a bijection onto the summands of one source group.
    For an idempotent reduction (max, min, and every reduction of ``bool``: or, and) a summand taken twice
@@ -32,7 +32,7 @@ source element (summand), or no data, a zero. Queries (``unsat`` = proved):
    reductions, not one per contributor for Z3 to prove equal (an all-reduce before an exchange of 37,336
    segments on 65,536 devices: the summation query was undecided after 240 s, and takes 0.02 s).
 
-*Creating* pending sums (SPEC 3: the destination may be partial over axes the source is not; the program
+*Creating* pending sums (docs/spec.md §3: the destination may be partial over axes the source is not; the program
 then holds zeros where a summand lacks data: ``KeepRoot``, ``EmbedChunk``, an exchange or a padded chunk
 that writes none) makes some contributors zeros, and the counting in 2 no longer holds. When the claim
 is partial over a factor of the mesh that the source is not, or the program has a creating instruction,

@@ -20,7 +20,7 @@ from redist.verify.encoding import Axis, device_order, ksize, position_coords, p
 from redist.verify.solver import Deadline
 from redist.verify.verdict import Refuted
 
-# The reduction kinds (SPEC 2), and those for which taking a summand twice changes nothing.
+# The reduction kinds (docs/spec.md §2), and those for which taking a summand twice changes nothing.
 _KINDS = ("sum", "max", "min", "prod")
 IDEMPOTENT = ("max", "min")
 
