@@ -8,12 +8,13 @@
 
 Layers, from the bottom up; a module imports only from its own layer and those below it (the table is ``LAYERS``
 in tests/test_layers.py, which checks every import): the vocabulary (errors, extras, axes, mesh, types, blocks,
-buffers, data); steps, bounds and the lowered program; plans and plan files; the cost model; synthesis and the
-verifier; the runtimes (execute, backends, hlo, jax_programs, jax, mpi); this namespace; the tools (cli, demo,
-testing, xla_baseline). The verifier imports nothing of steps, blocks or synthesis: it checks a plan's lowered
-program against the types' semantics, not against the rules that made the plan. partir_core reaches redist
-through the vocabulary and this namespace, and beyond them through partir_core.reshard (steps, bounds,
-redist.jax) and partir_core.simulator (cost) only; redist never imports partir_core.
+buffers, data, picture); steps, bounds and the lowered program; plans, plan files and their pictures
+(plan_picture, plot); the cost model; synthesis and the verifier; the runtimes (execute, backends, hlo,
+jax_programs, jax, mpi); this namespace and show; the tools (cli, demo, testing, xla_baseline). The verifier
+imports nothing of steps, blocks or synthesis: it checks a plan's lowered program against the types' semantics,
+not against the rules that made the plan. partir_core reaches redist through the vocabulary and this namespace,
+and beyond them through partir_core.reshard (steps, bounds, redist.jax) and partir_core.simulator (cost) only;
+redist never imports partir_core.
 """
 
 __version__ = "0.1.0"  # the one place the version is written: pyproject.toml reads it (tool.setuptools.dynamic)
@@ -24,11 +25,12 @@ from redist.errors import ShardingError
 from redist.execute import execute
 from redist.mesh import Mesh
 from redist.plan import Plan
+from redist.show import show
 from redist.synthesis import synthesize
 from redist.types import ShardingType
 from redist.verify import Verdict, verify
 
 __all__ = [
     "Mesh", "ShardingType", "ShardingError", "Plan", "synthesize", "lower_bound_bytes",
-    "shard", "unshard", "execute", "verify", "Verdict",
+    "shard", "unshard", "execute", "verify", "Verdict", "show",
 ]

@@ -1,12 +1,13 @@
 """redist: synthesize memory-bounded redistribution plans, prove them with Z3, run them.
 
-    redist plan SRC DST --mesh x=2,y=4 [--topology NAME] [--json | --program]
+    redist plan SRC DST --mesh x=2,y=4 [--topology NAME] [--json | --program] [--show] [--plot FILE]
     redist verify SRC DST --mesh x=2,y=4 [--topology NAME] [--claim TYPE] [--timeout SECONDS]
     redist verify --plan FILE [--claim TYPE] [--timeout SECONDS]
     redist demo [--backends numpy,jax,mpi]
 
 'plan --json' writes a plan file that 'verify --plan' reads back ('-' reads standard input), so a plan can
-be computed once, checked in, reviewed and verified again.
+be computed once, checked in, reviewed and verified again. 'plan --show' draws which block every device holds
+after each step; '--plot FILE' draws the same as a figure (.png or .svg; needs matplotlib, redist[bench]).
 
 Exit status: 0 done ('verify': proved), 1 'verify' refuted (or a demo check failed), 2 a usage error or bad
 input, 3 'verify' undecided ('--timeout' ran out). Every error is one line on stderr, 'redist: error: ...';
@@ -20,7 +21,6 @@ import math
 import sys
 
 from redist import demo
-from redist.bounds import lower_bound_bytes
 from redist.cost import plan_time
 from redist.errors import ShardingError
 from redist.mesh import Mesh
@@ -34,16 +34,22 @@ EXIT_STATUS = {"proved": 0, "refuted": 1, "undecided": 3}
 
 
 def cmd_plan(args) -> int:
-    if args.json and args.program:
-        raise _UsageError("redist plan: error: --json writes a plan file, which holds no program; "
-                          "use --program without --json to see the program")
+    if args.json and (args.program or args.show):
+        flag = "--program" if args.program else "--show"
+        raise _UsageError(f"redist plan: error: --json writes a plan file, which holds no program and no pictures; "
+                          f"use {flag} without --json")
     plan = _synthesize(args)
+    if args.plot is not None:
+        plan.plot(args.plot)
     if args.json:
         sys.stdout.write(file_text(plan))
         return 0
     print(f"mesh {plan.src.mesh}")
-    print(plan)
-    _print_figures(plan, args.topology)
+    print(plan.show() if args.show else plan)
+    if args.topology is not None:
+        print(f"modeled time    {plan_time(plan, args.topology) * 1e6:.1f} us on {args.topology}")
+    if args.plot is not None:
+        print(f"figure          {args.plot}")
     if args.program:
         print(plan.program)
     return 0
@@ -95,16 +101,6 @@ def _read_plan_file(path: str) -> Plan:
     except (OSError, UnicodeDecodeError) as e:
         raise ShardingError(f"cannot read the plan file {path!r}: {e}") from None
     return Plan.from_json(text)
-
-
-def _print_figures(plan: Plan, topology: str | None) -> None:
-    bound = max(plan.src.local_bytes, plan.dst.local_bytes)
-    lb = lower_bound_bytes(plan.src, plan.dst)
-    print(f"peak memory     {plan.peak_bytes} B per device (bound max(src, dst) = {bound} B)")
-    ratio = f"{plan.bytes_received / lb:.3f}x" if lb else ("exact" if plan.bytes_received == 0 else "n/a")
-    print(f"bytes received  {plan.bytes_received} B per device (lower bound {lb} B, {ratio})")
-    if topology is not None:
-        print(f"modeled time    {plan_time(plan, topology) * 1e6:.1f} us on {topology}")
 
 
 class _UsageError(Exception):
@@ -164,6 +160,10 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topology", **topology)
     p.add_argument("--json", action="store_true", help="print the plan as a plan file (redist verify --plan reads it)")
     p.add_argument("--program", action="store_true", help="also print the lowered buffer program")
+    p.add_argument("--show", action="store_true", help="print the plan step by step with the blocks each device "
+                                                        "holds after every step")
+    p.add_argument("--plot", metavar="FILE", help="draw the plan as a figure into FILE (.png or .svg; needs "
+                                                  "matplotlib: pip install 'redist[bench]')")
     p.set_defaults(func=cmd_plan)
     v = sub.add_parser("verify", help="prove a plan correct with Z3 (exit 0 proved, 1 refuted, 3 undecided)",
                        description="Synthesize SRC -> DST on --mesh, or read --plan FILE, and prove its lowered "

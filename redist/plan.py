@@ -13,23 +13,15 @@ from redist import steps as S
 from redist.blocks import DeviceClasses
 from redist.bounds import lower_bound_bytes
 from redist.errors import ShardingError, shown
+from redist.picture import MAX_BLOCKS, format_bytes
+from redist.plan_picture import plan_picture, summary
+from redist.plot import plot_plan
 from redist.program import Program, collective_mesh, lower, point_to_point_bytes
 from redist.types import ShardingType
 
 
 def _number(x: Fraction) -> int | float:
     return int(x) if x.denominator == 1 else float(x)
-
-
-def _fmt_bytes(n) -> str:
-    n = float(n)
-    if abs(n) < 1024:
-        return f"{n:.0f} B"
-    for unit in ("KiB", "MiB", "GiB"):
-        n /= 1024
-        if abs(n) < 1024:
-            return f"{n:.2f} {unit}"
-    return f"{n / 1024:.2f} TiB"
 
 
 @dataclass(frozen=True)
@@ -155,10 +147,22 @@ class Plan:
     def __str__(self) -> str:
         lines = [f"{self.src}"]
         for step, t, b in zip(self.steps, self.types[1:], self.step_bytes()):
-            lines.append(f"  {str(step):<34} -> {t}   recv {_fmt_bytes(b)}")
+            lines.append(f"  {str(step):<34} -> {t}   recv {format_bytes(b)}")
         if not self.steps:
             lines.append("  (no steps: the types are equal)")
-        return "\n".join(lines)
+        return "\n".join(lines + [summary(self)])
+
+    def show(self, blocks: bool | None = None, limit: int = MAX_BLOCKS) -> str:
+        """The plan step by step (:mod:`redist.plan_picture`): each step, the type after it, its bytes per device,
+        what the busiest device receives in it and the peak so far; with ``blocks`` (default: on meshes of at
+        most 32 devices) a picture of each type's blocks, at most ``limit`` each; then the two lines that end
+        ``str(plan)`` (:func:`redist.plan_picture.summary`)."""
+        return plan_picture(self, blocks, limit)
+
+    def plot(self, path: str) -> None:
+        """Draw the plan as a figure, one panel per type, and write it to ``path`` (``.png`` or ``.svg``;
+        :mod:`redist.plot`). Needs matplotlib (the ``[bench]`` extra)."""
+        plot_plan(self, path)
 
     def to_dict(self) -> dict:
         """The plan as a plan file's JSON object (format in :mod:`redist.plan_file`): the source, each step's

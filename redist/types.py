@@ -38,6 +38,7 @@ import redist.blocks
 from redist.axes import Axis, canonical_axes, check_factorization
 from redist.errors import ShardingError, shown
 from redist.mesh import Mesh, read_decimal
+from redist.picture import MAX_BLOCKS, type_picture
 
 DTYPES: dict[str, np.dtype] = {
     "f16": np.dtype(np.float16),
@@ -183,6 +184,13 @@ class ShardingType:
 
     def __repr__(self) -> str:
         return f"ShardingType.parse({str(self)!r}, {self.mesh!r})"
+
+    def show(self, limit: int = MAX_BLOCKS) -> str:
+        """A text picture of which block of the array each device holds (:mod:`redist.picture`): the type, its
+        mesh, bytes per device and global; replicas, pending reductions and padding; then a grid of the blocks
+        (at most two dims split) or a table of them, at most ``limit`` blocks shown, each with its index range,
+        the coordinates of the devices holding it and their ids."""
+        return type_picture(self, limit)
 
     # ------------------------------------------------------------------ JAX interop
     @classmethod

@@ -33,9 +33,9 @@ PACKAGES = ("redist.synthesis", "redist.verify")
 # redist's layers, from the bottom up: a module imports only from its own layer and those below it.
 LAYERS = (
     ("vocabulary", {"redist.errors", "redist.extras", "redist.axes", "redist.mesh", "redist.types", "redist.blocks",
-                    "redist.buffers", "redist.data"}),
+                    "redist.buffers", "redist.data", "redist.picture"}),
     ("steps", {"redist.steps", "redist.bounds", "redist.program"}),
-    ("plans", {"redist.plan", "redist.plan_file"}),
+    ("plans", {"redist.plan", "redist.plan_file", "redist.plan_picture", "redist.plot"}),
     # the cost model prices plans and steps; the synthesizer ranks its candidates with it
     ("cost", {"redist.cost"}),
     ("search and proof", {"redist.synthesis", "redist.verify"}),
@@ -43,13 +43,15 @@ LAYERS = (
                   "redist.backends.jax_backend", "redist.backends.mpi_backend", "redist.backends.mpi_channels",
                   "redist.backends.mpi_placement", "redist.backends.mpi_transfers", "redist.backends.mpi_reductions",
                   "redist.hlo", "redist.jax_programs", "redist.jax", "redist.mpi"}),
-    ("public namespace", {"redist"}),
+    # redist.show reads a JAX array's type through redist.jax, below it
+    ("public namespace", {"redist", "redist.show"}),
     # front ends and instruments on top of the library, which no library module needs: the command line, the
     # demo, random inputs for tests and benchmarks, XLA's own redistribution compiled for comparison
     ("tools", {"redist.cli", "redist.__main__", "redist.demo", "redist.testing", "redist.xla_baseline"}),
 )
 UNTRUSTED = ("redist.steps", "redist.blocks", "redist.synthesis")
-VOCABULARY = {"redist", "redist.errors", "redist.extras", "redist.axes", "redist.mesh", "redist.types"}
+VOCABULARY = {"redist", "redist.errors", "redist.extras", "redist.axes", "redist.mesh", "redist.types",
+              "redist.picture"}
 BRIDGE = {
     "partir_core.reshard": {"redist.steps", "redist.bounds", "redist.jax"},  # plans for its reshards, run on JAX
     "partir_core.simulator": {"redist.cost"},  # collectives priced by redist's cost model
