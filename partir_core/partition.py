@@ -31,6 +31,7 @@ from partir_core.program import LocalProgram
 from partir_core.propagation import State, propagate
 from partir_core.registry import rule_for
 from partir_core.simulator import simulate as _simulate
+from partir_core.summary import summary
 from partir_core.tactics import AutomaticPartition, PartitionError, check_schedule
 
 
@@ -109,6 +110,11 @@ class Partitioned:
 
     def __str__(self):
         return self.after(len(self.states) - 1)
+
+    def summary(self) -> str:
+        """The mesh and the collectives, then each input's and output's path, sharding type and bytes per device
+        (see :mod:`partir_core.summary`)."""
+        return summary(self)
 
     def simulate(self, hardware=None):
         """Per-device step time, peak memory, communication and FLOPs (see :mod:`partir_core.simulator`)."""
