@@ -21,8 +21,9 @@ def lower_bound_bytes(src: ShardingType, dst: ShardingType) -> int:
     with the same partial axes on both sides the formula is unchanged. When partial axes are reduced (over a
     group of two or more devices), every element a device ends with needs at least one value from another
     device, so the bound is ``max_d |T_d| · itemsize``: the device holding block 0 of every dim, whose box is
-    ``Π min(N, L)``. When the destination creates pending sums, :func:`_creating_bound`. No plan can receive
-    less (between two device orders a device may have to take another summand, so a plan may not reach the
+    ``Π min(N, L)``. When the destination creates pending sums, ``max_G ceil(m_G / |G|) · itemsize`` over its
+    summand groups ``G`` (``m_G``: the elements of ``G``'s block that must reach it from outside). No plan can
+    receive less (between two device orders a device may have to take another summand, so a plan may not reach the
     bound there, but it still holds). Computed from the block structure
     (:func:`redist.blocks.max_missing_elements`), in time independent of the device count on one device order;
     the creating bound visits each summand group of the destination once.

@@ -364,9 +364,10 @@ def _most_copies(step: S.Exchange, t_in) -> int:
 
 
 def exchange_time_lower_bound(step: S.Exchange, t_in, topo: Topology) -> float:
-    """A lower bound on :func:`exchange_time` that does not list the exchange's rounds: at least
-    :func:`_most_copies` rounds, each paying at least the smallest latency, whose slabs add up to at least what
-    the device that receives most receives, over the fastest link."""
+    """A lower bound on :func:`exchange_time` that does not list the exchange's rounds: at least as many
+    rounds as the copies from other devices that one device receives (one arrives per round), each paying at
+    least the smallest latency, whose slabs add up to at least what the device that receives most receives,
+    over the fastest link."""
     nbytes = step.bytes_received(t_in)
     if nbytes == 0:
         return 0.0
@@ -376,7 +377,7 @@ def exchange_time_lower_bound(step: S.Exchange, t_in, topo: Topology) -> float:
 
 def cheap_to_price(plan) -> bool:
     """Whether :func:`plan_time` of ``plan`` is cheap: its exchanges (if any) have few copies in all (about
-    :data:`_CHEAP_COPIES`; every other step is priced from its type)."""
+    2**18; every other step is priced from its type)."""
     return all(not isinstance(s, S.Exchange) or s.apply(t).mesh != t.mesh
                or _most_copies(s, t) * t.mesh.size <= _CHEAP_COPIES for s, t in zip(plan.steps, plan.types))
 

@@ -47,8 +47,9 @@ def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
     fewer bytes, then fewer steps; :func:`redist.cost.fastest`).
 
     The types may lie on two device orders of the same mesh axes ("Device orders" in the module header). A
-    destination partial over axes the source is not (creating pending sums) gets the plan of
-    :func:`_synthesize_creating`; uneven dims, :func:`_synthesize_uneven`. Between even types the search's
+    destination partial over axes the source is not (creating pending sums) gets a plan that reduces what it
+    must first, then creates the summands; uneven dims, a plan between padded views or ending in an
+    ``exchange`` (both in the module header). Between even types the search's
     plan is compared, where no pending sum is reduced, with one ``exchange``, which receives exactly the lower
     bound: the exchange is taken where it receives fewer bytes (with ``topology``: where it is faster, its
     rounds priced by :func:`redist.cost.plan_time`).
