@@ -55,10 +55,11 @@ def test_core_dependencies_and_extras(wheel):
     core = sorted(_name(r) for r in requires if "extra ==" not in r)
     assert core == ["ml_dtypes", "numpy"]
     extras = set(_metadata(wheel).get_all("Provides-Extra"))
-    assert extras == {"jax", "mpi", "verify", "bench", "test", "all"}
+    assert extras == {"jax", "mpi", "verify", "bench", "docs", "test", "all"}
     by_extra = {e: {_name(r) for r in requires if f'extra == "{e}"' in r} for e in extras}
     assert {"jax"} <= by_extra["jax"] and by_extra["mpi"] == {"mpi4py", "mpich"}
     assert by_extra["verify"] == {"z3-solver"} and by_extra["bench"] == {"matplotlib", "tqdm"}
+    assert by_extra["docs"] == {"sphinx", "myst-parser", "furo"}
 
 
 def _name(requirement: str) -> str:
