@@ -158,10 +158,12 @@ def ratio(header: str, num: str, den: str) -> Column:
     return Column(header, value)
 
 
-def _mpi_datatypes(name: str) -> Benchmark:
+def _mpi_datatypes(ranks: int) -> Benchmark:
+    out = f"bench/results/mpi_datatypes_n{ranks}.json"
     return Benchmark(
-        f"MPI derived datatypes ({name[-2:]})", f"mpi_datatypes_{name}.json", "mpi_datatypes.py",
-        f"mpiexec -n {name[-1]} python bench/mpi_datatypes.py", summary=lambda d: {"strided_run_min": d["strided_run_min"]},
+        f"MPI derived datatypes, {ranks} ranks", f"mpi_datatypes_n{ranks}.json", "mpi_datatypes.py",
+        f".venv/bin/mpiexec -n {ranks} .venv/bin/python bench/mpi_datatypes.py --out {out}",
+        summary=lambda d: {"strided_run_min": d["strided_run_min"]},
         cases=lambda d: d["rows"],
         columns=(col("case", "case"), col("run bytes", "run_bytes"), col("src", "src"), col("dst", "dst"),
                  col("ranks", "ranks"), col("MiB", "mib"), col("packed ms", "packed.min_s", 1e3),
@@ -241,8 +243,8 @@ BENCHMARKS = (
                        ratio("reshard / XLA replay", "min_s.redist", "min_s.xla"),
                        col("reshard ms", "min_s.redist", 1e3), col("first call extra ms", "first_call_extra_s", 1e3)),
               figures=("mpi",)),
-    _mpi_datatypes("n2"),
-    _mpi_datatypes("n4"),
+    _mpi_datatypes(2),
+    _mpi_datatypes(4),
     _partitioning("Partitioning against XLA's partitioner", "partitioning", "./dev bench partitioning"),
     _partitioning("Partitioning scanned models", "partitioning_scanned",
                   "./dev bench partitioning --models scanned_mlp,scanned_transformer "

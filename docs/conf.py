@@ -42,8 +42,7 @@ autodoc_default_options = {"members": True, "undoc-members": True}  # __all__ is
 
 nitpicky = True
 # The build reaches no network, so no intersphinx: types of Python, numpy and JAX in signatures stay unlinked.
-nitpick_ignore_regex = [(r"py:.*", r"(numpy|np|jax|jaxlib|os|random|collections|typing|types|fractions)(\..*)?"),
-                        (r"py:.*", r"(Any|Callable|Iterable|Sequence|Mapping|Fraction|NoReturn)")]
+nitpick_ignore_regex = [(r"py:.*", r"(numpy|jax|collections|fractions)\..*")]
 
 OWN = ("redist", "partir_core")
 
@@ -56,7 +55,7 @@ def literal_examples(app, what, name, obj, options, lines):
             continue
         if _indent(line) <= _indent(before) or before.rstrip().endswith("::"):
             continue
-        if re.match(r"\s*([-*+] |\d+\.|\.\. |:\w)", before) or _opens_list_item(lines, i - 2):
+        if re.match(r"\s*([-*+] |\d+\.|\.\. |:\w)", before) or _in_list_item(lines, i - 2):
             continue
         lines[i - 2] = before.rstrip() + (":" if before.rstrip().endswith(":") else " ::")
 
@@ -65,7 +64,7 @@ def _indent(line: str) -> int:
     return len(line) - len(line.lstrip())
 
 
-def _opens_list_item(lines, i: int) -> bool:
+def _in_list_item(lines, i: int) -> bool:
     """Whether line ``i`` continues a list item (a block indented under a bullet is the item's, not code)."""
     for j in range(i, -1, -1):
         if not lines[j].strip():
@@ -130,17 +129,20 @@ def resolve_internal(app, env, node, contnode):
     return None
 
 
+_DOCUMENTED: dict[int, dict[int, str]] = {}  # per count of documented objects; object ids live in this process only
+
+
 def _documented(env) -> dict[int, str]:
     """``id(object) -> documented name`` for every object the API reference documents."""
     objects = env.domains.python_domain.objects
-    if getattr(env, "_redist_documented", (None,))[0] != len(objects):
-        table = {}
+    if len(objects) not in _DOCUMENTED:
+        table: dict[int, str] = {}
         for name in objects:
             obj = _lookup(name)
             if obj is not None and not isinstance(obj, (int, float, str, tuple, frozenset, type(None))):
                 table.setdefault(id(obj), name)
-        env._redist_documented = (len(objects), table)
-    return env._redist_documented[1]
+        _DOCUMENTED[len(objects)] = table
+    return _DOCUMENTED[len(objects)]
 
 
 def setup(app):
