@@ -193,6 +193,19 @@ def _search_scale_named(d: dict) -> list[str]:
                                            rows) + [""]
 
 
+def _ci_runs(d: dict) -> list[dict]:
+    """One row per CI run: each pass's test count and pytest duration (the suite, then the lowest JAX)."""
+    rows = []
+    for r in d["runs"]:
+        suite, second = (r["passes"] + [{}, {}])[:2]
+        rows.append({"date": r["date"], "commit": (r["commit"] or "")[:10] or None,
+                     "suite_tests": suite.get("counts", {}).get("passed"), "suite_s": suite.get("seconds"),
+                     "second_tests": second.get("counts", {}).get("passed"), "second_s": second.get("seconds"),
+                     "total_s": r["total_s"], "load": r["load_average_at_start"], "ok": r["returncode"] == 0,
+                     "note": r.get("note")})
+    return rows
+
+
 BENCHMARKS = (
     Benchmark("Synthesis speed and plan quality", "synthesis_speed.json", "synthesis_speed.py",
               "./dev bench synthesis_speed", figures=("synthesis_speed_time", "synthesis_speed_bytes")),
@@ -263,6 +276,12 @@ BENCHMARKS = (
                        col("evaluations", "evaluations"), col("per s", "evals_per_s"), col("stopped", "stopped"),
                        col("search s", "search_s"), col("synthesis s", "synthesize_s"),
                        col("step ms", "step_time_s", 1e3))),
+    Benchmark("CI: the test suite from a clean clone", "ci_times.json", "ci_times.py", "./dev bench ci_times",
+              summary=lambda d: {}, cases=_ci_runs,
+              columns=(col("date", "date"), col("commit", "commit"), col("suite tests", "suite_tests"),
+                       col("suite s", "suite_s"), col("JAX-lowest tests", "second_tests"),
+                       col("JAX-lowest s", "second_s"), col("total s", "total_s"), col("load at start", "load"),
+                       col("passed", "ok"), col("note", "note"))),
 )
 
 
