@@ -41,7 +41,7 @@ from redist import jax_programs as programs
 from redist.backends.jax_backend import in_dtype, redist_mesh, refine_mesh, refined_axis_names, run_on_buffers, \
     run_program
 from redist.buffers import describe
-from redist.errors import ShardingError
+from redist.errors import ShardingError, shown
 from redist.jax_programs import clear_cache, sharding_type
 
 __all__ = ["reshard", "lower", "clear_cache", "run_program", "run_on_buffers", "in_dtype", "refined_axis_names",
@@ -134,18 +134,59 @@ def _per_leaf(spec, treedef, what: str) -> list:
     if structure == treedef:  # one entry per leaf (the common case, and no tree walk per entry)
         return [_entry(s, what) for s in entries]
     out = [None] * treedef.num_leaves
-
-    def put(s, subtree):
-        s = _entry(s, what)
-        for i in jax.tree.leaves(subtree):
-            out[i] = s
-
-    try:
-        jax.tree.map(put, spec, treedef.unflatten(range(treedef.num_leaves)), is_leaf=_is_entry)
-    except ValueError as e:
-        raise ShardingError(f"{what} must be one NamedSharding or PartitionSpec, or a pytree prefix of x's "
-                            f"structure {treedef} of them; got {describe(spec)} ({e})") from None
+    _broadcast(spec, treedef.unflatten(range(treedef.num_leaves)), (), out, what)
     return out
+
+
+def _broadcast(spec, positions, path: tuple, out: list, what: str) -> None:
+    """Set ``out[i]`` to the entry of ``spec`` that covers leaf ``i``, for the leaves of ``positions`` (the
+    subtree of ``x`` at key path ``path``, each leaf replaced by its index). Raises :class:`ShardingError`
+    naming the first key path at which ``spec`` is no prefix of ``x``."""
+    if _is_entry(spec):
+        s = _entry(spec, what)
+        for i in jax.tree.leaves(positions):
+            out[i] = s
+        return
+    kids, node = _children(spec)
+    if node.num_nodes == 1 and node.num_leaves == 1:  # a leaf that is no entry
+        _entry(spec, what)
+    if isinstance(positions, int):
+        raise _no_prefix(what, f"x{jax.tree_util.keystr(path)} is a leaf where {what} has {describe(spec)}")
+    x_kids, x_node = _children(positions)
+    if node != x_node:
+        raise _no_prefix(what, _difference(what, path, spec, positions))
+    for (key, s), (_, p) in zip(kids, x_kids):
+        _broadcast(s, p, path + key, out, what)
+
+
+def _children(tree) -> tuple[list, jax.tree_util.PyTreeDef]:
+    """The ``(key, child)`` pairs of the root of ``tree``, and the one-level structure they make."""
+    return jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda node: node is not tree)
+
+
+def _difference(what: str, path: tuple, spec, x_tree) -> str:
+    """How the node ``spec`` of ``what`` differs from ``x``'s node ``x_tree`` at key path ``path``: its type,
+    the first key path on each side that the other lacks, or else the nodes' metadata."""
+    where = f"x{jax.tree_util.keystr(path)}"
+    if type(spec) is not type(x_tree):
+        return f"{where} is {_kind(x_tree)} where {what} has {_kind(spec)}"
+    (kids, node), (x_kids, x_node) = _children(spec), _children(x_tree)
+    keys, x_keys = [k for k, _ in kids], [k for k, _ in x_kids]
+    missing = [f"x{jax.tree_util.keystr(path + k)} has no entry in {what}" for k in x_keys if k not in keys][:1]
+    extra = [f"{what}{jax.tree_util.keystr(path + k)} is not in x" for k in keys if k not in x_keys][:1]
+    return ", and ".join(missing + extra) or (f"at {where}, x's node and {what}'s differ: {shown(x_node)} and "
+                                              f"{shown(node)}")
+
+
+def _kind(node) -> str:
+    """A node's type in a message: "None", "a dict", "an OrderedDict"."""
+    name = type(node).__name__
+    return "None" if node is None else f"{'an' if name[0].lower() in 'aeiou' else 'a'} {name}"
+
+
+def _no_prefix(what: str, difference: str) -> ShardingError:
+    return ShardingError(f"{what} must be one NamedSharding or PartitionSpec, or a pytree prefix of x of them: "
+                         f"{difference}")
 
 
 def _is_entry(s) -> bool:
@@ -177,6 +218,7 @@ def _on_context_mesh(spec: PartitionSpec) -> NamedSharding:
         raise ShardingError(f"the target {spec} is a PartitionSpec but no mesh is set: call reshard inside "
                             "`with jax.set_mesh(mesh):`, or give a NamedSharding(mesh, spec)")
     return NamedSharding(mesh, spec)
+
 
 
 def _on_mesh(leaf) -> bool:

@@ -629,3 +629,24 @@ def test_errors_name_the_argument_and_the_leaf():
         rj.reshard(x, NamedSharding(mesh, P()), donate="yes")
     with pytest.raises(E, match="no array of x needs a program"):
         rj.lower(x["a"], x["a"].sharding)
+
+
+def test_a_sharding_tree_that_is_no_prefix_of_x_is_refused_in_one_line_naming_where_they_differ():
+    mesh = jmesh((2, 4), ("x", "y"))
+    a = jax.device_put(values((8, 4)), NamedSharding(mesh, P("x")))
+    x = {"a": a, "b": [a, a]}
+    start = r"^sharding must be one NamedSharding or PartitionSpec, or a pytree prefix of x of them: "
+    for sharding, difference in [
+            ({"a": None}, r"x\['b'\] has no entry in sharding$"),
+            ({"a": None, "c": None}, r"x\['b'\] has no entry in sharding, and sharding\['c'\] is not in x$"),
+            ({"a": None, "b": [None]}, r"x\['b'\]\[1\] has no entry in sharding$"),
+            ({"a": None, "b": [None, None, None]}, r"sharding\['b'\]\[2\] is not in x$"),
+            ({"a": None, "b": (None, None)}, r"x\['b'\] is a list where sharding has a tuple$"),
+            ({"a": {"q": None}, "b": None}, r"x\['a'\] is a leaf where sharding has dict \{'q': None\}$")]:
+        with pytest.raises(redist.ShardingError, match=start + difference):
+            rj.reshard(x, sharding)
+    with pytest.raises(redist.ShardingError, match=r"^src must be .*: x\['b'\] has no entry in src$"):
+        rj.reshard(x, None, src={"a": None})
+    # a prefix whose None stands for a whole subtree still broadcasts
+    y = rj.reshard(x, {"a": None, "b": NamedSharding(mesh, P("y"))})
+    assert y["a"] is a and all(b.sharding == NamedSharding(mesh, P("y")) for b in y["b"])
