@@ -217,8 +217,33 @@ def _on_context_mesh(spec: PartitionSpec) -> NamedSharding:
     if mesh.empty:
         raise ShardingError(f"the target {spec} is a PartitionSpec but no mesh is set: call reshard inside "
                             "`with jax.set_mesh(mesh):`, or give a NamedSharding(mesh, spec)")
-    return NamedSharding(mesh, spec)
+    return _named(mesh, spec, "the target")
 
+
+def _named(mesh, spec: PartitionSpec, what: str) -> NamedSharding:
+    """``NamedSharding(mesh, spec)``, or :class:`ShardingError` naming ``spec`` (``what``: "the target", "src")
+    and the mesh's axes where ``spec`` does not fit the mesh: an axis the mesh lacks, an axis used twice."""
+    try:
+        return NamedSharding(mesh, spec)
+    except Exception as e:  # noqa: BLE001 - JAX's ValueError, TypeError or DuplicateSpecError (not public)
+        reason = _first_line(e)
+    axes = tuple(mesh.axis_names)
+    used = [a for entry in getattr(spec, "partitions", spec)  # without unreduced axes, which iterating refuses
+            if entry is not None and entry is not PartitionSpec.UNCONSTRAINED
+            for a in (entry if isinstance(entry, tuple) else (entry,))]
+    unknown = [a for a in used if a not in axes]
+    twice = [a for i, a in enumerate(used) if a in used[:i]]
+    if unknown:
+        why = f"names axis {shown(unknown[0])}, which the mesh lacks"
+    elif twice:
+        why = f"uses axis {shown(twice[0])} twice (a mesh axis splits one dim, once)"
+    else:
+        why = f"does not fit the mesh ({reason})"
+    raise ShardingError(f"{what} {spec} {why}; the mesh's axes are {', '.join(map(repr, axes)) or 'none'}")
+
+
+def _first_line(e: Exception) -> str:
+    return next(iter(str(e).splitlines()), type(e).__name__)
 
 
 def _on_mesh(leaf) -> bool:
@@ -232,7 +257,7 @@ def _source(leaf, src, target) -> NamedSharding:
     if src is None:
         return have
     if isinstance(src, PartitionSpec) and isinstance(target, NamedSharding):
-        src = NamedSharding(target.mesh, src)
+        src = _named(target.mesh, src, "src")
     if src != have and not (isinstance(src, NamedSharding) and src.is_equivalent_to(have, leaf.ndim)):
         raise ShardingError(f"src= says the array is laid out as {src}, but it is laid out as {have}")
     return have
@@ -442,7 +467,7 @@ def _traced(x, leaves, targets, sources) -> list:
             elif src is None:
                 src = _traced_layout(leaf)
             elif isinstance(src, PartitionSpec) and isinstance(target, NamedSharding):
-                src = NamedSharding(target.mesh, src)
+                src = _named(target.mesh, src, "src")
             m = programs.move(leaf.shape, leaf.dtype, src, target)
             if m.between_device_orders:
                 raise programs.traced_between_device_orders(m)

@@ -650,3 +650,25 @@ def test_a_sharding_tree_that_is_no_prefix_of_x_is_refused_in_one_line_naming_wh
     # a prefix whose None stands for a whole subtree still broadcasts
     y = rj.reshard(x, {"a": None, "b": NamedSharding(mesh, P("y"))})
     assert y["a"] is a and all(b.sharding == NamedSharding(mesh, P("y")) for b in y["b"])
+
+
+def test_a_spec_that_does_not_fit_the_mesh_is_refused_naming_the_spec_and_the_mesh_axes():
+    mesh = jmesh((2, 4), ("x", "y"))
+    a = jax.device_put(values((8, 4)), NamedSharding(mesh, P("x")))
+    unknown = r"the target P\('z',\) names axis 'z', which the mesh lacks; the mesh's axes are 'x', 'y'$"
+    twice = r"the target P\('x', 'x'\) uses axis 'x' twice .*; the mesh's axes are 'x', 'y'$"
+    E = redist.ShardingError
+    with jax.set_mesh(mesh):
+        for x in (a, values((8, 4)), {"w": a, "v": [a]}):  # a mesh array, host data, a pytree
+            with pytest.raises(E, match=unknown):
+                rj.reshard(x, P("z"))
+            with pytest.raises(E, match=twice):
+                rj.reshard(x, P("x", "x"))
+        with pytest.raises(E, match=unknown):
+            rj.reshard({"w": a, "v": [a]}, {"w": None, "v": P("z")})
+        with pytest.raises(E, match=unknown[:-1]):  # under jit JAX appends a note on its traceback filtering
+            jax.jit(lambda v: rj.reshard(v, P("z"), src=P("x")))(a)
+        with pytest.raises(E, match=r"leaf x\['w'\]: src P\('z',\) names axis 'z', which the mesh lacks"):
+            rj.reshard({"w": a}, P("y"), src=P("z"))
+        with pytest.raises(E, match=r"^src P\(\('y', 'y'\),\) uses axis 'y' twice"):
+            jax.jit(lambda v: rj.reshard(v, P("y"), src=P(("y", "y"))))(a)
