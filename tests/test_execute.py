@@ -173,6 +173,24 @@ def test_execute_returns_new_arrays(backend, src, dst, kinds):
         np.testing.assert_array_equal(s, k)
 
 
+def high_rank(dims: dict[int, str], rank: int) -> str:
+    """An f32 type of ``rank`` dims of size 1 but those of ``dims`` (position: text)."""
+    return "f32[" + ", ".join(dims.get(i, "1") for i in range(rank)) + "]"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("rank", [33, 64])  # 64: numpy's largest rank
+@pytest.mark.parametrize("src,dst", [
+    ({0: "2{x}", 1: "2{y}", 2: "2"}, {0: "2", 1: "2", 2: "2{x,y}"}),  # an all-to-all
+    ({0: "2{x}", 5: "2{y}"}, {0: "2", 5: "2"}),                        # all-gathers
+])
+def test_execute_runs_plans_up_to_numpys_largest_rank(backend, rank, src, dst):
+    plan = plan_of(high_rank(src, rank), high_rank(dst, rank))
+    value = np.arange(np.prod(plan.src.shape), dtype=np.float32).reshape(plan.src.shape)
+    out = redist.execute(plan, redist.shard(plan.src, value), backend=backend)
+    np.testing.assert_array_equal(redist.unshard(plan.dst, out), value)
+
+
 # ---------------------------------------------------------------------- JAX keeps 64-bit dtypes
 WIDE = {"f64": 1 + 2**-40, "i64": 2**40 + 1}  # 1.0 and 1 in 32 bits
 

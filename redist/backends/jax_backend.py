@@ -148,8 +148,9 @@ def run_on_buffers(program: P.Program, shards, jax_mesh=None) -> list[np.ndarray
 
     ``jax_mesh`` defaults to :func:`jax_mesh_of` the program's mesh (device ``d`` is ``jax.devices()[d]``);
     one given must have the program mesh's axes and device order (:func:`redist_mesh`). The buffers are
-    placed on their devices as one array with a leading dim of mesh positions, and each device runs the
-    program on its own buffer under ``jax.shard_map`` — the per-device counterpart of :func:`reshard`, behind
+    placed on their devices as one array with a leading dim of mesh positions (each buffer flattened, so
+    that a buffer of any rank numpy holds fits), and each device runs the program on its own buffer under
+    ``jax.shard_map`` — the per-device counterpart of :func:`reshard`, behind
     ``redist.execute(plan, shards, backend="jax")``. Types with uneven dims run here, on their padded local
     buffers (not through :func:`reshard`: JAX does not pad shards). A 64-bit dtype runs with JAX's x64 mode
     switched on for the call (:func:`in_dtype`), so nothing is narrowed to 32 bits.
@@ -175,16 +176,18 @@ def run_on_buffers(program: P.Program, shards, jax_mesh=None) -> list[np.ndarray
         # Nothing to move (a dim of size 0), and JAX cannot read back shards of no elements made under jit.
         return [np.zeros(program.shapes[-1], program.dtype) for _ in bufs]
     spec = PartitionSpec(tuple(refined.axis_names))
+    shape_in, shape_out = tuple(program.shapes[0]), tuple(program.shapes[-1])
     with in_dtype(program.dtype):
-        # Row p of the leading dim is the buffer of the device at position p, device_ids[p].
+        # Row p is the buffer of the device at position p, device_ids[p], flattened: a leading dim of
+        # positions on a buffer of numpy's largest rank (64) would be one dim more than numpy holds.
         x = jax.make_array_from_single_device_arrays(
-            (mesh.size,) + tuple(program.shapes[0]), NamedSharding(refined, spec),
-            [jax.device_put(bufs[d][None], dev) for d, dev in zip(mesh.device_ids, refined.devices.flat)])
+            (mesh.size, math.prod(shape_in)), NamedSharding(refined, spec),
+            [jax.device_put(bufs[d].reshape(1, -1), dev) for d, dev in zip(mesh.device_ids, refined.devices.flat)])
         backend = JaxBackend(mesh, names)
-        f = jax.shard_map(lambda b: interpreter.run(program, backend, b[0])[None], mesh=refined, in_specs=spec,
-                          out_specs=spec, check_vma=False)
+        f = jax.shard_map(lambda b: interpreter.run(program, backend, b.reshape(shape_in)).reshape(1, -1),
+                          mesh=refined, in_specs=spec, out_specs=spec, check_vma=False)
         y = jax.jit(f)(x)
-        by_device = {s.device: np.array(s.data)[0] for s in y.addressable_shards}
+        by_device = {s.device: np.array(s.data)[0].reshape(shape_out) for s in y.addressable_shards}
     out = [None] * mesh.size
     for d, dev in zip(mesh.device_ids, refined.devices.flat):
         out[d] = by_device[dev]
