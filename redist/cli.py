@@ -9,8 +9,10 @@
 be computed once, checked in, reviewed and verified again. 'plan --show' draws which block every device holds
 after each step; '--plot FILE' draws the same as a figure (.png or .svg; needs matplotlib, redist[bench]).
 
-Exit status: 0 done ('verify': proved), 1 'verify' refuted (or a demo check failed), 2 a usage error or bad
-input, 3 'verify' undecided ('--timeout' ran out). Every error is one line on stderr, 'redist: error: ...';
+A plan file is at most 64 MiB. Exit status: 0 done ('verify': proved), 1 'verify' refuted (or a demo check
+failed), 2 a usage error, bad input or output that cannot be written (standard output closed, a full disk),
+3 'verify' undecided ('--timeout' ran out), 141 the reader of the output went away (a broken pipe: 'redist
+plan ... | head' stops quietly, as Unix tools do). Every error is one line on stderr, 'redist: error: ...';
 never a traceback.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 
 from redist import demo
@@ -31,6 +34,8 @@ from redist.types import ShardingType
 from redist.verify import verify
 
 EXIT_STATUS = {"proved": 0, "refuted": 1, "undecided": 3}
+BROKEN_PIPE_STATUS = 128 + 13  # what a shell reports for a process ended by SIGPIPE, as Unix tools are
+PLAN_FILE_LIMIT = 64 * 2**20  # bytes: a plan file lists steps and a mesh's devices; a larger one is no plan file
 
 
 def cmd_plan(args) -> int:
@@ -42,16 +47,15 @@ def cmd_plan(args) -> int:
     if args.plot is not None:
         plan.plot(args.plot)
     if args.json:
-        sys.stdout.write(file_text(plan))
+        _write(file_text(plan))
         return 0
-    print(f"mesh {plan.src.mesh}")
-    print(plan.show() if args.show else plan)
+    _say(f"mesh {plan.src.mesh}", plan.show() if args.show else plan)
     if args.topology is not None:
-        print(f"modeled time    {plan_time(plan, args.topology) * 1e6:.1f} us on {args.topology}")
+        _say(f"modeled time    {plan_time(plan, args.topology) * 1e6:.1f} us on {args.topology}")
     if args.plot is not None:
-        print(f"figure          {args.plot}")
+        _say(f"figure          {args.plot}")
     if args.program:
-        print(plan.program)
+        _say(plan.program)
     return 0
 
 
@@ -72,13 +76,11 @@ def cmd_verify(args) -> int:
         except ShardingError as e:
             raise ShardingError(f"--claim: {e}") from None
     verdict = verify(plan, claim_type, timeout_s=args.timeout)
-    print(f"mesh {plan.src.mesh}")
-    print(plan)
     claim = f" the claim {args.claim}" if args.claim is not None else ""
-    print(f"verify: {verdict.status}{claim} in {verdict.seconds:.2f} s")
-    print(f"  {verdict.reason}")
+    _say(f"mesh {plan.src.mesh}", plan, f"verify: {verdict.status}{claim} in {verdict.seconds:.2f} s",
+         f"  {verdict.reason}")
     if verdict.counterexample is not None:
-        print("counterexample: " + ", ".join(f"{k} {v}" for k, v in verdict.counterexample.items()))
+        _say("counterexample: " + ", ".join(f"{k} {v}" for k, v in verdict.counterexample.items()))
     return EXIT_STATUS[verdict.status]
 
 
@@ -92,19 +94,71 @@ def _synthesize(args) -> Plan:
 
 
 def _read_plan_file(path: str) -> Plan:
+    """The plan in the file ``path`` ('-': standard input), read up to :data:`PLAN_FILE_LIMIT` bytes (so that a
+    file that never ends, /dev/zero say, is refused too)."""
+    if path == "-" and sys.stdin is None:
+        raise ShardingError("cannot read the plan file from standard input: it is closed")
     try:
-        if path == "-":
-            text = sys.stdin.read()
+        if path == "-":  # its bytes, or its text where it has no bytes (replaced by a text stream in-process)
+            data = getattr(sys.stdin, "buffer", sys.stdin).read(PLAN_FILE_LIMIT + 1)
         else:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
+            with open(path, "rb") as f:
+                data = f.read(PLAN_FILE_LIMIT + 1)
+        if len(data) > PLAN_FILE_LIMIT:
+            raise ShardingError(f"the plan file {path!r} is larger than {PLAN_FILE_LIMIT // 2**20} MiB, the most "
+                                "redist reads")
+        text = data if isinstance(data, str) else data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ShardingError(f"cannot read the plan file {path!r}: {e}") from None
     return Plan.from_json(text)
 
 
+def _say(*lines) -> None:
+    """Print ``lines`` on standard output, as :func:`_write` writes."""
+    _write("".join(f"{line}\n" for line in lines))
+
+
+def _write(text: str) -> None:
+    """Write ``text`` on standard output. Raises :class:`_OutputError` where it cannot take it (a full disk, a
+    closed descriptor); BrokenPipeError passes (the reader went away: :func:`main` stops quietly)."""
+    try:
+        sys.stdout.write(text)
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        raise _OutputError(f"cannot write to standard output: {e}") from None
+
+
+def _flush() -> None:
+    """What is still buffered on standard output, written, with :func:`_write`'s errors."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        raise _OutputError(f"cannot write to standard output: {e}") from None
+
+
+def _discard_output() -> None:
+    """Point standard output at the null device after it failed, so that what is still buffered goes nowhere
+    when Python flushes it at exit (which would report the failure again, with a traceback)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # no descriptor of its own (output captured in-process)
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
 class _UsageError(Exception):
     """A command line argparse cannot read (raised by :class:`_Parser` instead of printing usage and exiting)."""
+
+
+class _OutputError(Exception):
+    """Standard output is closed or cannot be written."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -124,7 +178,18 @@ def main(argv=None) -> int:
     parser = _build_parser()
     try:
         args = parser.parse_args(argv)
-        return args.func(args)
+        if sys.stdout is None:  # `redist ... >&-`: Python found no descriptor 1 to write to
+            raise _OutputError("standard output is closed")
+        status = args.func(args)
+        _flush()
+        return status
+    except BrokenPipeError:
+        _discard_output()
+        return BROKEN_PIPE_STATUS
+    except _OutputError as e:
+        if sys.stdout is not None:
+            _discard_output()
+        print(f"redist: error: {e}", file=sys.stderr)
     except _UsageError as e:
         print(_one_line(e), file=sys.stderr)
     except (ShardingError, ImportError) as e:  # bad input, or a missing extra (the message names it)

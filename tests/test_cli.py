@@ -4,6 +4,7 @@ a failure inside) is one line on stderr with exit status 2, never a traceback.""
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -152,6 +153,49 @@ def test_exit_status_of_the_installed_command():
     text = run_redist("plan", *types, "--json").stdout
     piped = subprocess.run([REDIST, "verify", "--plan", "-"], input=text, capture_output=True, text=True, timeout=300)
     assert piped.returncode == 0 and "verify: proved" in piped.stdout, piped
+
+
+PLAN = ["plan", "f32[16{y}, 16, 16{x}]", "f32[16, 16{x,y}, 16]", "--mesh", "x=4,y=2"]
+
+
+def test_a_plan_file_is_read_up_to_64_mib():
+    """A file that never ends (/dev/zero) is refused after 64 MiB, not read forever."""
+    r = subprocess.run([REDIST, "verify", "--plan", "/dev/zero"], capture_output=True, timeout=120)
+    assert r.returncode == 2 and r.stdout == b"", r
+    assert r.stderr == b"redist: error: the plan file '/dev/zero' is larger than 64 MiB, the most redist reads\n"
+
+
+def test_closed_standard_streams_are_one_line_errors():
+    """``>&-`` and ``<&-``: exit 2 and one line saying which stream is closed, as for any bad input."""
+    shell = lambda line: subprocess.run(line, shell=True, capture_output=True, text=True, timeout=300)  # noqa: E731
+    command = " ".join(map(shlex.quote, [REDIST, *PLAN]))
+    for line in (f"{command} >&-", f"{command} --json >&-"):
+        r = shell(line)
+        assert (r.returncode, r.stderr) == (2, "redist: error: standard output is closed\n"), r
+    r = shell(f"{shlex.quote(REDIST)} verify --plan - <&-")
+    assert r.returncode == 2, r
+    assert r.stderr == "redist: error: cannot read the plan file from standard input: it is closed\n"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_output_that_cannot_be_written_is_a_one_line_error():
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([REDIST, *PLAN], stdout=full, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert r.returncode == 2, r
+    assert r.stderr == "redist: error: cannot write to standard output: [Errno 28] No space left on device\n"
+
+
+@pytest.mark.parametrize("args", [PLAN, PLAN + ["--json"], ["verify", *PLAN[1:]]])
+def test_a_broken_pipe_ends_quietly_with_the_status_of_sigpipe(args):
+    """``redist plan ... | head``: the reader went away; nothing on stderr, and 141 as Unix tools (128 + SIGPIPE).
+    The pipe's read end is closed before the command starts, so every write meets a broken pipe."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = subprocess.run([REDIST, *args], stdout=write, stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write)
+    assert (r.returncode, r.stderr) == (141, ""), r
 
 
 def test_help_is_plain_text_for_users(capsys):
