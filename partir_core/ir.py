@@ -2,7 +2,9 @@
 
 :func:`trace` runs ``jax.make_jaxpr`` on the function with its inputs flattened, and *inlines* every call-like
 primitive (``jit``/``pjit``, ``closed_call``, ``core_call``, ``remat``/``checkpoint``, ``custom_jvp_call``,
-``custom_vjp_call``) by splicing in its inner jaxpr, so that partitioning sees one flat program.
+``custom_vjp_call``) by splicing in its inner jaxpr, so that partitioning sees one flat program. Any other
+primitive that JAX binds with functions made from its jaxprs (``shard_map``) stays one equation, which
+:func:`binds_functions` tells apart: ``partir_core.jit`` refuses it.
 
 Control flow (``scan``, ``while``, ``cond``) is *inlined with markers*: the choice made here. Its bodies are
 spliced into the same flat list of equations, between two boundary equations of its own (:data:`ENTER`,
@@ -403,6 +405,15 @@ def _static_trips(b: _Builder, reg: Region, ins: list[int]) -> int | None:
     if int(np.asarray(b.consts[step.invars[1]])) != 1:
         return None
     return max(int(np.asarray(b.consts[bound])) - int(np.asarray(b.consts[start])), 0)
+
+
+def binds_functions(eqn: Eqn) -> bool:
+    """Whether ``eqn`` is a higher-order primitive that JAX binds with functions made from its jaxpr parameters
+    (``shard_map``, ``xla_pmap``, a call primitive of another library) and that :func:`trace` did not inline:
+    partir_core can neither partition inside it nor run it as one opaque equation. (Primitives that take
+    their jaxprs as plain parameters, ``custom_linear_solve`` say, run as one replicated equation.)"""
+    own = getattr(type(eqn.prim), "get_bind_params", None)
+    return own is not None and own is not jcore.Primitive.get_bind_params
 
 
 def _inner_jaxpr(e):

@@ -159,6 +159,17 @@ def render(graph, rules, state, mesh) -> str:
     return "\n".join(lines)
 
 
+def _refuse_unknown_calls(graph: ir.Graph) -> None:
+    """:class:`PartitionError` naming the first higher-order primitive of ``graph`` that partir_core does not
+    inline or partition (:func:`ir.binds_functions`)."""
+    name = next((e.name for e in graph.eqns if ir.binds_functions(e)), None)
+    if name is not None:
+        raise PartitionError(
+            f"{name} inside a function to partition is not supported: partir_core partitions the whole function "
+            f"and cannot partition inside {name} (it inlines jit, checkpoint and custom_jvp/custom_vjp calls and "
+            f"partitions scan, while_loop and cond); call {name} outside partir_core.jit")
+
+
 class PartitionedFunction:
     """What :func:`jit` returns: call it like ``fn``; ``lower(*args, **kwargs)`` gives the :class:`Partitioned`."""
 
@@ -222,6 +233,7 @@ class PartitionedFunction:
 
     def _lower(self, args, kwargs) -> Partitioned:
         graph = ir.trace(self.fn, args, kwargs)
+        _refuse_unknown_calls(graph)
         for t in self.schedule:  # every error before anything runs
             t.validate(graph, self.mesh)
         rules = [rule_for(e, graph) for e in graph.eqns]

@@ -7,6 +7,7 @@ import pytest
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
+from jax.sharding import PartitionSpec as PS  # noqa: E402
 
 import redist  # noqa: E402
 import partir_core as pc  # noqa: E402
@@ -210,3 +211,24 @@ def test_the_dim_groups_see_through_loop_bodies():
     assert hidden is not None and hidden is groups.find(v["params/w2"], 1)
     assert groups.find(v["params/w1"], 0) is not groups.find(v["params/w1"], 1)
     assert {("params/w1", 2), ("params/w2", 1)} <= set(hidden.inputs)
+
+
+# ---------------------------------------------------------------------- higher-order primitives it does not know
+def test_shard_map_inside_the_function_is_refused_naming_it():
+    """A higher-order primitive that partir_core neither inlines nor partitions (shard_map; pmap, which JAX
+    traces into one) is refused when lowering, anywhere in the function, not met as a KeyError when it runs.
+    Primitives that hold their jaxprs as plain parameters (custom_linear_solve) still run replicated."""
+    jmesh = jax.sharding.Mesh(jax.devices()[:2], ("a",), axis_types=(jax.sharding.AxisType.Auto,))
+    doubled = jax.shard_map(lambda b: b * 2, mesh=jmesh, in_specs=PS("a"), out_specs=PS("a"))
+
+    def in_a_scan(x):
+        return lax.scan(lambda c, _: (doubled(c), None), x, None, length=2)[0]
+
+    x = jnp.ones((8, 4))
+    schedule = [MP({"x": 0}, axis="batch")]
+    for f in (lambda x: doubled(x) + 1, in_a_scan, lambda x: jax.pmap(lambda b: b * 2)(x[:1])):
+        with pytest.raises(pc.PartitionError, match=r"^(shard_map|xla_pmap) inside a function to partition is not "
+                                                    r"supported: .*call (shard_map|xla_pmap) outside partir_core.jit"):
+            pc.jit(f, MESH, schedule)(x)
+    solve = lambda x: lax.custom_linear_solve(lambda v: 2 * v, x, lambda matvec, b: b / 2) + x  # noqa: E731
+    assert_same(pc.jit(solve, MESH, schedule)(x), solve(x))
