@@ -162,8 +162,8 @@ def abort_on_error(comm=None, errorcode: int = 1):
     """Wrap SPMD code so that an exception on any rank aborts the whole job instead of leaving the others
     blocked in a collective: the traceback is printed to stderr (prefixed with the rank), then, after
     :data:`ABORT_GRACE_S` for the process manager to forward it, ``comm.Abort(errorcode)`` ends every process
-    of ``comm`` (``mpiexec`` exits non-zero).
-    ``SystemExit`` with status 0 passes through.
+    of ``comm`` (``mpiexec`` exits non-zero). A rank that leaves the block by ``sys.exit`` aborts the job too,
+    whatever the status (0 included), saying so: the other ranks would wait for it forever.
 
     Nothing after the block runs on the failing rank: MPICH's ``MPI_Abort`` may return (or take a while)
     before the process manager kills the job, so the rank then ends itself with ``os._exit(errorcode)``
@@ -171,12 +171,8 @@ def abort_on_error(comm=None, errorcode: int = 1):
     comm = communicator(comm)
     try:
         yield
-    except SystemExit as e:
-        if e.code in (None, 0):
-            raise
-        _abort(comm, errorcode)
-    except BaseException:
-        _abort(comm, errorcode)
+    except BaseException as e:
+        _abort(comm, errorcode, e)
 
 
 # MPICH's process manager may end the job on MPI_Abort before it has forwarded what the aborting rank just
@@ -185,11 +181,15 @@ def abort_on_error(comm=None, errorcode: int = 1):
 ABORT_GRACE_S = 0.2
 
 
-def _abort(comm, errorcode: int) -> NoReturn:
+def _abort(comm, errorcode: int, error: BaseException) -> NoReturn:
     rank = comm.Get_rank()
     text = traceback.format_exc()
     sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in text.rstrip().splitlines()))
-    sys.stderr.write(f"[rank {rank}] redist.mpi.abort_on_error: aborting all {comm.Get_size()} ranks\n")
+    why = ""
+    if isinstance(error, SystemExit):
+        status = 0 if error.code is None else error.code if isinstance(error.code, int) else 1
+        why = f"rank {rank} left the block by sys.exit with status {status}, and the other ranks would wait for it: "
+    sys.stderr.write(f"[rank {rank}] redist.mpi.abort_on_error: {why}aborting all {comm.Get_size()} ranks\n")
     sys.stderr.flush()
     sys.stdout.flush()
     time.sleep(ABORT_GRACE_S)

@@ -23,6 +23,9 @@ tests/mpi_launch.py); each mode prints one summary line.
     after_block MARKER RANK
                        RANK raises inside abort_on_error (-1: no rank); each rank past the block writes
                        MARKER.<rank>
+    exit_in_block RANK CODE
+                       RANK calls sys.exit(CODE) inside abort_on_error ("none": sys.exit()), the others wait in
+                       a barrier; abort_on_error must end the job
     differential SEED FIRST COUNT
                        cases FIRST... of ``python -m proofs.differential --mpi``: ``differential {json tally}``
 
@@ -499,6 +502,14 @@ def mode_after_block(marker: str, failing_rank: int) -> None:
     say("after_block: every rank got past the block")
 
 
+def mode_exit_in_block(exiting_rank: int, code: str) -> None:
+    with redist.mpi.abort_on_error(COMM):
+        if RANK == exiting_rank:
+            sys.exit() if code == "none" else sys.exit(int(code))
+        COMM.Barrier()
+    say("exit_in_block: every rank got past the block")
+
+
 MEMORY_PAIRS = [  # mesh x=2,y=2 (4 ranks); f64, local buffers of 2-8 MiB
     ("f64[1024{x}, 1024{y}]", "f64[1024{y}, 1024{x}]"),
     ("f64[1024{x,y}, 1024]", "f64[1024, 1024{x,y}]"),
@@ -622,6 +633,8 @@ if __name__ == "__main__":
             mode_fresh()
         elif mode == "after_block":
             mode_after_block(sys.argv[2], int(sys.argv[3]))
+        elif mode == "exit_in_block":
+            mode_exit_in_block(int(sys.argv[2]), sys.argv[3])
         elif mode == "differential":
             mode_differential(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
         else:

@@ -186,6 +186,18 @@ def test_nothing_after_the_block_runs_on_a_failing_rank(tmp_path):
     assert os.listdir(tmp_path) == [], f"code after the block ran: {os.listdir(tmp_path)}\n{out}"
 
 
+@pytest.mark.parametrize("n, rank, code, status", [(2, 1, "0", 0), (3, 0, "none", 0), (4, 3, "3", 3)])
+def test_a_rank_that_exits_inside_abort_on_error_aborts_every_rank(n, rank, code, status):
+    """An SPMD program where one rank exits early is an error whatever its status: the others would wait for
+    it in a collective forever (sys.exit(0) used to pass through abort_on_error and hang the job)."""
+    proc, seconds = mpirun(n, "exit_in_block", str(rank), code, timeout=60)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert (f"[rank {rank}] redist.mpi.abort_on_error: rank {rank} left the block by sys.exit with status "
+            f"{status}, and the other ranks would wait for it: aborting all {n} ranks") in proc.stderr, out
+    assert "every rank got past the block" not in out
+
+
 def test_memory_within_twice_the_larger_local_buffer():
     """Cold and warm calls stay within 2 x max(src, dst) local bytes, the scratch buffer kept between calls
     counted."""
