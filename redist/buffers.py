@@ -20,6 +20,8 @@ The rule: data is converted to the type's dtype only when no value can change.
 - Python scalars and (nested) lists or tuples, which have no dtype, are accepted when every value converts
   exactly: integers in range (300 is no ``u8`` value), no fraction, NaN or infinity into an integer type,
   only floats that the dtype holds exactly (0.1 is no ``f32`` value), no imaginary part into a real type.
+- Masked arrays (``numpy.ma``) are refused (:func:`check_unmasked`): converting one would drop its mask.
+  :func:`redist.jax.reshard`, which places other host data as ``jax.device_put`` does, refuses them here too.
 
 To round or wrap on purpose, convert first (``x.astype(np.float32)``).
 """
@@ -35,7 +37,7 @@ import numpy as np
 
 from redist.errors import ShardingError
 
-__all__ = ["lossless", "as_array", "local_buffer", "device_buffers", "describe"]
+__all__ = ["lossless", "as_array", "local_buffer", "device_buffers", "describe", "check_unmasked"]
 
 
 def _kind(dtype: np.dtype) -> str | None:
@@ -100,6 +102,7 @@ def as_array(data, dtype, what: str, copy: bool = False) -> np.ndarray:
     want = np.dtype(dtype)
     if data is None or isinstance(data, (str, bytes)):
         raise ShardingError(f"{what} is {describe(data)}, not an array of numbers")
+    check_unmasked(data, what)
     typed = isinstance(data, (np.ndarray, np.generic)) or hasattr(data, "__array__")
     try:
         arr = np.asarray(data)
@@ -116,6 +119,13 @@ def as_array(data, dtype, what: str, copy: bool = False) -> np.ndarray:
             isinstance(v, numbers.Number) for v in arr.reshape(-1)):
         raise ShardingError(f"{what} ({describe(data)}) holds values that are not numbers")
     return _exactly(arr, want, what, data)
+
+
+def check_unmasked(data, what: str) -> None:
+    """Raise :class:`ShardingError` if ``data`` is a numpy masked array, whose mask a conversion would drop."""
+    if isinstance(data, np.ma.MaskedArray):
+        raise ShardingError(f"{what} is a masked array: masked arrays are not supported (the mask would be lost); "
+                            "pass x.filled(value), or the data and the mask as two arrays")
 
 
 def _exactly(arr: np.ndarray, want: np.dtype, what: str, data) -> np.ndarray:

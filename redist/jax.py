@@ -40,7 +40,7 @@ except ModuleNotFoundError as e:
 from redist import jax_programs as programs
 from redist.backends.jax_backend import in_dtype, redist_mesh, refine_mesh, refined_axis_names, run_on_buffers, \
     run_program
-from redist.buffers import describe
+from redist.buffers import check_unmasked, describe
 from redist.errors import ShardingError, shown
 from redist.jax_programs import clear_cache, sharding_type
 
@@ -289,6 +289,7 @@ def _place(leaf, target, where: _Where):
     with where.naming():
         if isinstance(leaf, jax.Array) and leaf.is_deleted():
             raise ShardingError("the array has been deleted (was it donated before?)")
+        check_unmasked(leaf, "it")
         try:
             with _wide(dtype):
                 return jax.device_put(leaf, target)

@@ -340,6 +340,8 @@ def mode_errors() -> None:
          lambda: redist.mpi.reshard(np.zeros((1, 4)) if RANK == 2 else good, src, dst, COMM)),
         ("lossy dtype on rank 1",
          lambda: redist.mpi.reshard(good.astype(np.int64) if RANK == 1 else good, src, dst, COMM)),
+        ("masked local on rank 0",
+         lambda: redist.mpi.reshard(np.ma.masked_array(good, mask=good == 0) if RANK == 0 else good, src, dst, COMM)),
         ("no plan (dst of another dtype)",
          lambda: redist.mpi.reshard(good, src, redist.ShardingType.parse(str(dst).replace("f64", "i32"), mesh), COMM)),
     ]

@@ -262,6 +262,23 @@ def test_execute_refuses_what_is_not_shards(backend, shards, match):
         redist.execute(plan, shards, backend=backend)
 
 
+def test_masked_arrays_are_refused_wherever_data_enters():
+    """A masked array would lose its mask in the conversion: shard, unshard, execute on both backends and
+    jax.reshard refuse it with one message (redist.mpi.reshard too: tests/test_mpi_backend.py)."""
+    plan = plan_of("f32[8{x}, 4]", "f32[8, 4{x}]")
+    value = np.ma.masked_array(np.ones((8, 4), np.float32), mask=np.eye(8, 4, dtype=bool))
+    shards = [np.ma.masked_array(np.ones(plan.src.local_shape, np.float32))] * 4
+    refused = ("is a masked array: masked arrays are not supported (the mask would be lost); pass x.filled(value), "
+               "or the data and the mask as two arrays")
+    calls = [lambda: redist.shard(plan.src, value), lambda: redist.unshard(plan.src, shards),
+             lambda: rj.reshard({"w": value}, NamedSharding(jmesh((2, 4), ("x", "y")), PS("x")))]
+    calls += [lambda b=b: redist.execute(plan, shards, backend=b) for b in BACKENDS]
+    for call in calls:
+        with pytest.raises(ShardingError) as info:
+            call()
+        assert refused in str(info.value) and "\n" not in str(info.value)
+
+
 def test_both_backends_refuse_the_same_shards_with_the_same_message():
     plan = plan_of("i32[8{x}, 4]", "i32[8, 4{x}]")
     bad = [np.zeros(plan.src.local_shape, np.int32)] * 3 + [np.zeros(plan.src.local_shape, np.uint32)]

@@ -84,6 +84,7 @@ def test_argument_errors_raise_on_every_rank():
             "must hold the 4 chunks of its group") in proc.stdout
     assert ("the local buffer on rank(s) [0] does not match src f64[8{x}, 4] (expected shape (4, 4), dtype "
             "float64); on this rank (rank 0) it has dtype complex128, expected float64") in proc.stdout
+    assert "on this rank (rank 0) it is a masked array: masked arrays are not supported" in proc.stdout
 
 
 @pytest.mark.parametrize("n", [2, 4])
