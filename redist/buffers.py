@@ -29,13 +29,14 @@ To round or wrap on purpose, convert first (``x.astype(np.float32)``).
 from __future__ import annotations
 
 import numbers
+import re
 import warnings
 from collections.abc import Sequence
 
 import ml_dtypes
 import numpy as np
 
-from redist.errors import ShardingError
+from redist.errors import ShardingError, first_line
 
 __all__ = ["lossless", "as_array", "local_buffer", "device_buffers", "describe", "check_unmasked"]
 
@@ -85,9 +86,9 @@ def lossless(given, want) -> bool:
 
 def describe(x) -> str:
     """A user's object in a message: its type, then its text (``str`` where the type defines one, else
-    ``repr``, as for strings, whose quotes show), cut to 60 characters."""
+    ``repr``, as for strings, whose quotes show) on one line, cut to 60 characters."""
     own_str = type(x).__str__ is not object.__str__ and not isinstance(x, (str, bytes))
-    text = str(x) if own_str else repr(x)
+    text = re.sub(r"\s*\n\s*", " ", str(x) if own_str else repr(x))  # one line (an array's text has several)
     return f"{type(x).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
 
 
@@ -107,7 +108,7 @@ def as_array(data, dtype, what: str, copy: bool = False) -> np.ndarray:
     try:
         arr = np.asarray(data)
     except Exception as e:  # noqa: BLE001 - whatever numpy cannot read (ragged lists, tracers) is bad input
-        raise ShardingError(f"{what} ({describe(data)}) cannot be read as an array: {e}") from None
+        raise ShardingError(f"{what} ({describe(data)}) cannot be read as an array: {first_line(e)}") from None
     if typed:
         if not lossless(arr.dtype, want):
             raise ShardingError(
@@ -136,7 +137,8 @@ def _exactly(arr: np.ndarray, want: np.dtype, what: str, data) -> np.ndarray:
             out = arr.astype(want)
             back = out.astype(arr.dtype)
         except (TypeError, ValueError, OverflowError) as e:
-            raise ShardingError(f"{what} ({describe(data)}) cannot be converted to {want.name}: {e}") from None
+            raise ShardingError(f"{what} ({describe(data)}) cannot be converted to {want.name}: {first_line(e)}") \
+                from None
         # Both directions: the round trip catches lost precision, the direct comparison a wrapped integer
         # that the round trip would wrap back (-1 into an unsigned type of the same width).
         same = np.asarray(back == arr, dtype=bool) & np.asarray(out == arr, dtype=bool)
@@ -144,11 +146,17 @@ def _exactly(arr: np.ndarray, want: np.dtype, what: str, data) -> np.ndarray:
             same |= np.isnan(arr) & np.isnan(back)
     if not same.all():
         i = int(np.argmin(same.reshape(-1)))
+        given, becomes = (_python(a.reshape(-1)[i]) for a in (arr, out))
         raise ShardingError(
-            f"{what} holds {arr.reshape(-1)[i].item()!r}, which {want.name} cannot hold exactly (it would become "
-            f"{out.reshape(-1)[i].item()!r}); redist does not convert it (to round on purpose, pass an array of "
-            f"dtype {want.name})")
+            f"{what} holds {given!r}, which {want.name} cannot hold exactly (it would become {becomes!r}); redist "
+            f"does not convert it (to round on purpose, pass an array of dtype {want.name})")
     return out
+
+
+def _python(value):
+    """An element of an array as Python shows it: a numpy scalar's value; any other object (an element of an
+    object array: a ``Fraction``, say) as it is."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def local_buffer(data, shape, dtype, what: str, copy: bool = False) -> np.ndarray:

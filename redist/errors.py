@@ -1,4 +1,4 @@
-"""The one error type of the library, and how error messages show the values they name."""
+"""The one error type of the library, and how error messages show the values and the errors they name."""
 
 
 class ShardingError(ValueError):
@@ -16,3 +16,9 @@ def shown(value, limit: int = 80) -> str:
         return f"(an integer of {value.bit_length()} bits)"
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit - 12]}…{text[-8:]}"
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of another library's error, to quote in a one-line message (its type where it says
+    nothing)."""
+    return next(iter(str(e).splitlines()), "") or type(e).__name__

@@ -41,7 +41,7 @@ from redist import jax_programs as programs
 from redist.backends.jax_backend import in_dtype, redist_mesh, refine_mesh, refined_axis_names, run_on_buffers, \
     run_program
 from redist.buffers import check_unmasked, describe
-from redist.errors import ShardingError, shown
+from redist.errors import ShardingError, first_line, shown
 from redist.jax_programs import clear_cache, sharding_type
 
 __all__ = ["reshard", "lower", "clear_cache", "run_program", "run_on_buffers", "in_dtype", "refined_axis_names",
@@ -226,7 +226,7 @@ def _named(mesh, spec: PartitionSpec, what: str) -> NamedSharding:
     try:
         return NamedSharding(mesh, spec)
     except Exception as e:  # noqa: BLE001 - JAX's ValueError, TypeError or DuplicateSpecError (not public)
-        reason = _first_line(e)
+        reason = first_line(e)
     axes = tuple(mesh.axis_names)
     used = [a for entry in getattr(spec, "partitions", spec)  # without unreduced axes, which iterating refuses
             if entry is not None and entry is not PartitionSpec.UNCONSTRAINED
@@ -240,10 +240,6 @@ def _named(mesh, spec: PartitionSpec, what: str) -> NamedSharding:
     else:
         why = f"does not fit the mesh ({reason})"
     raise ShardingError(f"{what} {spec} {why}; the mesh's axes are {', '.join(map(repr, axes)) or 'none'}")
-
-
-def _first_line(e: Exception) -> str:
-    return next(iter(str(e).splitlines()), type(e).__name__)
 
 
 def _on_mesh(leaf) -> bool:
@@ -294,7 +290,7 @@ def _place(leaf, target, where: _Where):
             with _wide(dtype):
                 return jax.device_put(leaf, target)
         except (TypeError, ValueError, OverflowError) as e:
-            raise ShardingError(f"{describe(leaf)} cannot be placed as {target}: {e}") from None
+            raise ShardingError(f"{describe(leaf)} cannot be placed as {target}: {first_line(e)}") from None
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import warnings
+from fractions import Fraction
 
 import ml_dtypes
 import numpy as np
@@ -111,6 +112,7 @@ def test_execute_accepts_lossless_shards_and_returns_the_plans_dtype(backend):
     (np.array([2**40 + 1, 1]), "i32", "has dtype int64, expected int32"),
     (np.array([2**53 + 1, 1]), "f64", "has dtype int64, expected float64"),
     (["a", "b"], "f32", "not numbers"),
+    ([Fraction(1, 3), 1], "f32", r"holds Fraction\(1, 3\), which float32 cannot hold exactly \(it would become 0.33"),
     ("ab", "f32", "is str 'ab', not an array of numbers"),
     (None, "f32", "is NoneType None"),
 ])
@@ -277,6 +279,26 @@ def test_masked_arrays_are_refused_wherever_data_enters():
         with pytest.raises(ShardingError) as info:
             call()
         assert refused in str(info.value) and "\n" not in str(info.value)
+
+
+def test_messages_that_quote_the_data_or_another_librarys_error_are_one_line():
+    """An array's text and JAX's errors span lines: a message quotes them on one line (the first of an error)."""
+    t = T("f32[8{x}]")
+    seen = []
+
+    def traced(v):
+        with pytest.raises(ShardingError) as info:  # caught inside: JAX adds a note to what leaves jax.jit
+            redist.shard(t, v)
+        seen.append(str(info.value))
+        return v
+
+    jax.jit(traced)(np.zeros(8, np.float32))
+    with pytest.raises(ShardingError) as info:
+        rj.reshard(np.ones((7, 8)), NamedSharding(jmesh((2, 4), ("x", "y")), PS("x")))
+    seen.append(str(info.value))
+    assert "cannot be read as an array: The numpy.ndarray conversion method" in seen[0]
+    assert seen[1].startswith("ndarray [[1. 1. 1. 1. 1. 1. 1. 1.] [1. 1.") and "cannot be placed as" in seen[1]
+    assert all("\n" not in m for m in seen), seen
 
 
 def test_both_backends_refuse_the_same_shards_with_the_same_message():
