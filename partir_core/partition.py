@@ -205,10 +205,13 @@ class PartitionedFunction:
 
     def _key(self, args, kwargs):
         """What a lowering depends on: the argument structure and every input's shape and dtype. Raises
-        :class:`PartitionError` for an input that is neither an array nor a number."""
+        :class:`PartitionError` for an input that is neither an array nor a number, or a masked array."""
         paths, leaves, tree = ir.input_paths(self.fn, args, kwargs)
         specs = []
         for path, x in zip(paths, leaves):
+            if isinstance(x, np.ma.MaskedArray):
+                raise PartitionError(f"input {path!r} is a masked array: masked arrays are not supported (the mask "
+                                     "would be lost); pass x.filled(value), or the data and the mask as two inputs")
             if hasattr(x, "dtype"):
                 dtype = x.dtype
             elif isinstance(x, (bool, int, float, complex)):

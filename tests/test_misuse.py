@@ -283,6 +283,9 @@ def test_bad_calls_of_a_partitioned_function():
     _raises(lambda: pf(X, w=object()), r"input 'w' is object <object", pc.PartitionError)
     _raises(lambda: pf(np.array(["a"] * 8), W), r"input 'x' has dtype <U1; inputs are arrays of numbers",
             pc.PartitionError)
+    _raises(lambda: pf(np.ma.masked_array(X, mask=X > 0), W), r"input 'x' is a masked array: masked arrays are not "
+            r"supported \(the mask would be lost\); pass x.filled\(value\), or the data and the mask as two inputs",
+            pc.PartitionError)
 
 
 def test_bad_questions_to_a_partitioned_program():
