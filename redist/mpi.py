@@ -62,6 +62,7 @@ from typing import NoReturn
 
 import numpy as np
 
+from redist.backends.interpreter import check_numpy_rank
 from redist.backends.mpi_backend import run, run_program
 from redist.backends.mpi_channels import Disagreement, Verdict, clear_cache, communicator, context, held_bytes
 from redist.buffers import describe, is_local_buffer, local_buffer
@@ -84,8 +85,9 @@ def reshard(local, src: ShardingType, dst: ShardingType, comm=None, *, check: bo
     Raises :class:`ShardingError` if ``comm`` is no MPI intracommunicator (on the ranks that passed it), and on
     every rank if the ranks' arguments disagree, if ``comm.size`` is wrong, if some rank's ``local`` does not
     have ``src.local_shape`` or does not convert to ``src``'s dtype, or if no plan exists from ``src`` to
-    ``dst`` (before any data moves where the combination is new to some rank; else as soon as the verdict
-    arrives, with nothing returned and ``local`` untouched).
+    ``dst`` or its program holds buffers of more dims than numpy has (before any data moves where the
+    combination is new to some rank; else as soon as the verdict arrives, with nothing returned and ``local``
+    untouched).
     """
     comm = communicator(comm)
     ctx = context(comm)
@@ -108,7 +110,9 @@ def reshard(local, src: ShardingType, dst: ShardingType, comm=None, *, check: bo
     if verdict.disagreed():
         ctx.reset()  # the same on every rank: whatever ran, ran on the wrong assumptions
     _agree_fully(ctx.comm, src, dst, typed, digest, problem)
-    agreement = ctx.open(key, digest, synthesize(src, dst).program)
+    program = synthesize(src, dst).program  # the same on every rank, and so is what it raises
+    check_numpy_rank(program, "redist.mpi.reshard")
+    agreement = ctx.open(key, digest, program)
     return run(agreement.program, x, local, ctx, agreement.channel)
 
 

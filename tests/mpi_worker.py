@@ -23,6 +23,8 @@ tests/mpi_launch.py); each mode prints one summary line.
     after_block MARKER RANK
                        RANK raises inside abort_on_error (-1: no rank); each rank past the block writes
                        MARKER.<rank>
+    high_rank          rank-64 reshards (numpy's largest rank) on 4 ranks against the numpy backend, and a plan whose
+                       program needs 65 dims refused on every rank: ``high_rank cases=C passed=P refused=R``
     exit_in_block RANK CODE
                        RANK calls sys.exit(CODE) inside abort_on_error ("none": sys.exit()), the others wait in
                        a barrier; abort_on_error must end the job
@@ -504,6 +506,34 @@ def mode_after_block(marker: str, failing_rank: int) -> None:
     say("after_block: every rank got past the block")
 
 
+HIGH_RANK_PAIRS = [  # rank 64 on x=2,y=2: (source dims, destination dims), the others of size 1
+    ({0: "3{x}", 7: "5{y}"}, {0: "3{y}", 7: "5{x}"}),          # an exchange
+    ({0: "4{x}", 63: "4{y}"}, {0: "4{y}", 63: "4{x}"}),         # a permute
+    ({0: "4{x,y}", 5: "2"}, {0: "4", 5: "2"}),                  # an all-gather
+    ({0: "4", 1: "2", "partial": "{x,y}"}, {0: "4{x,y}", 1: "2"}),  # a reduce-scatter
+]
+
+
+def mode_high_rank() -> None:
+    mesh = make_mesh((2, 2))
+
+    def typed(dims):
+        text = "f32[" + ", ".join(dims.get(i, "1") for i in range(64)) + "]"
+        return redist.ShardingType.parse(text + (f" partial{dims['partial']}" if "partial" in dims else ""), mesh)
+
+    passed = 0
+    for a, b in HIGH_RANK_PAIRS:
+        src, dst = typed(a), typed(b)
+        value = np.arange(math.prod(src.shape), dtype=np.float32).reshape(src.shape)
+        shards = [value] * SIZE if src.partial else redist.shard(src, value)
+        want = redist.execute(redist.synthesize(src, dst), shards)[RANK]
+        passed += all_true(np.array_equal(redist.mpi.reshard(shards[RANK], src, dst, COMM), want))
+    src, dst = typed({0: "8{x:(1)2}", 1: "2{y}"}), typed({0: "8", 1: "2{x}"})  # the program reshapes to 65 dims
+    refused = expect_error("a program of 65 dims", lambda: redist.mpi.reshard(np.zeros(src.local_shape, np.float32),
+                                                                               src, dst, COMM))
+    say(f"high_rank cases={len(HIGH_RANK_PAIRS)} passed={passed} refused={int(refused)}")
+
+
 def mode_exit_in_block(exiting_rank: int, code: str) -> None:
     with redist.mpi.abort_on_error(COMM):
         if RANK == exiting_rank:
@@ -635,6 +665,8 @@ if __name__ == "__main__":
             mode_fresh()
         elif mode == "after_block":
             mode_after_block(sys.argv[2], int(sys.argv[3]))
+        elif mode == "high_rank":
+            mode_high_rank()
         elif mode == "exit_in_block":
             mode_exit_in_block(int(sys.argv[2]), sys.argv[3])
         elif mode == "differential":

@@ -193,6 +193,17 @@ def test_execute_runs_plans_up_to_numpys_largest_rank(backend, rank, src, dst):
     np.testing.assert_array_equal(redist.unshard(plan.dst, out), value)
 
 
+def test_a_program_past_numpys_largest_rank_is_refused_by_numpy_and_run_by_jax():
+    """A plan on sub-axes splits a dim: at rank 64 its program holds buffers of 65 dims, which numpy has not."""
+    plan = plan_of(high_rank({0: "8{x:(1)2}", 1: "2{y}"}, 64), high_rank({0: "8", 1: "2{x}"}, 64))
+    value = np.arange(np.prod(plan.src.shape), dtype=np.float32).reshape(plan.src.shape)
+    with pytest.raises(ShardingError, match=r"^the numpy backend: the program holds buffers of 65 dims \(it splits "
+                                            r"dims of the rank-64 array\), more than numpy's 64; the JAX backend"):
+        redist.execute(plan, redist.shard(plan.src, value))
+    out = redist.execute(plan, redist.shard(plan.src, value), backend="jax")
+    np.testing.assert_array_equal(redist.unshard(plan.dst, out), value)
+
+
 # ---------------------------------------------------------------------- JAX keeps 64-bit dtypes
 WIDE = {"f64": 1 + 2**-40, "i64": 2**40 + 1}  # 1.0 and 1 in 32 bits
 

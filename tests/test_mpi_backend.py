@@ -187,6 +187,13 @@ def test_nothing_after_the_block_runs_on_a_failing_rank(tmp_path):
     assert os.listdir(tmp_path) == [], f"code after the block ran: {os.listdir(tmp_path)}\n{out}"
 
 
+def test_reshards_of_numpys_largest_rank_and_a_program_past_it_refused_on_every_rank():
+    proc, _ = mpirun(4, "high_rank", timeout=120)
+    got = summary(proc, r"high_rank cases=(?P<cases>\d+) passed=(?P<passed>\d+) refused=(?P<refused>\d)")
+    assert got["passed"] == got["cases"] == "4" and got["refused"] == "1", proc.stdout
+    assert "redist.mpi.reshard: the program holds buffers of 65 dims" in proc.stdout
+
+
 @pytest.mark.parametrize("n, rank, code, status", [(2, 1, "0", 0), (3, 0, "none", 0), (4, 3, "3", 3)])
 def test_a_rank_that_exits_inside_abort_on_error_aborts_every_rank(n, rank, code, status):
     """An SPMD program where one rank exits early is an error whatever its status: the others would wait for

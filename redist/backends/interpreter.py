@@ -108,6 +108,21 @@ def check_program(program, entry: str) -> None:
                                 f"{np.dtype(program.dtype).name} values; complex numbers have none")
 
 
+#: The most dims a numpy array has (numpy 2's ``NPY_MAXDIMS``): the numpy and MPI backends hold every buffer as one.
+NUMPY_MAX_RANK = 64
+
+
+def check_numpy_rank(program: P.Program, entry: str) -> None:
+    """Raise :class:`ShardingError` where a buffer of the checked ``program`` has more dims than a numpy array
+    can (a program splits dims, so an array of numpy's largest rank may need more); ``entry`` names the
+    caller in the message."""
+    rank = max(len(s) for s in program.shapes)
+    if rank > NUMPY_MAX_RANK:
+        raise ShardingError(f"{entry}: the program holds buffers of {rank} dims (it splits dims of the rank-"
+                            f"{len(program.shapes[0])} array), more than numpy's {NUMPY_MAX_RANK}; the JAX backend "
+                            "runs it: redist.execute(plan, shards, backend='jax')")
+
+
 def run(program: P.Program, backend: Backend, x: State) -> State:
     """Run ``program``'s instructions in order on the state ``x`` with ``backend``'s methods; returns the
     state after the last one.

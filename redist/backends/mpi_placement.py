@@ -178,12 +178,21 @@ def _run_offset(copies, shape, start: str) -> int | None:
         outer = next((d for d, size in enumerate(c.size) if size != 1), len(shape))
         if tuple(c.size[outer + 1:]) != tuple(shape[outer + 1:]):
             return None  # not whole rows of the dims after the outermost one it spans
-        offset = int(np.ravel_multi_index(getattr(c, start), shape))
+        offset = _flat_index(getattr(c, start), shape)
         if at is not None and offset != at:
             return None
         first = offset if first is None else first
         at = offset + math.prod(c.size)
     return 0 if first is None else first
+
+
+def _flat_index(index, shape) -> int:
+    """The row-major flat index of ``index`` in an array of ``shape`` (``np.ravel_multi_index``, which takes
+    fewer dims than numpy's largest rank)."""
+    flat = 0
+    for i, n in zip(index, shape):
+        flat = flat * n + i
+    return flat
 
 
 def offsets(counts) -> list[int]:

@@ -16,11 +16,13 @@ def run(program: P.Program, shards) -> list[np.ndarray]:
 
     ``shards`` are taken by :func:`redist.buffers.device_buffers` (one per device, of ``program.shapes[0]``,
     of ``program.dtype`` or one that converts without loss; else :class:`~redist.errors.ShardingError`, as
-    for a ``program`` that is no :class:`~redist.program.Program`). The program runs on copies: the results
+    for a ``program`` that is no :class:`~redist.program.Program` or whose buffers have more dims than numpy
+    holds, :func:`~redist.backends.interpreter.check_numpy_rank`). The program runs on copies: the results
     are new arrays, never the caller's (not even for devices whose buffer stays put), and the caller's arrays
     are never written to.
     """
     interpreter.check_program(program, "the numpy backend")
+    interpreter.check_numpy_rank(program, "the numpy backend")
     bufs = device_buffers(shards, program.mesh.size, program.shapes[0], program.dtype, copy=True)
     return interpreter.run(program, NumpyBackend(program.mesh), bufs)
 
