@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import numbers
 import warnings
 
 import numpy as np
@@ -66,8 +65,9 @@ def reshard(x, sharding, *, src=None, donate=False):
     array's shape, dtype, source and target sharding, and ``donate``): a second call on new arrays of the same
     types only dispatches. An array whose sharding already is the target is returned as it is (unless
     donated). Host data (numpy arrays and scalars, Python numbers) and arrays on a single device are placed as
-    ``jax.device_put`` places them; a numpy array keeps its dtype (a float64 array stays float64 with JAX's
-    x64 mode off), and so does every JAX array.
+    ``jax.device_put`` places them: with JAX's x64 mode off, a numpy array of a 64-bit dtype comes back in the
+    32-bit one (``float64`` as ``float32``, ``int64`` as ``int32``, ``uint64`` as ``uint32``, ``complex128``
+    as ``complex64``), as JAX canonicalizes host data; a JAX array keeps its dtype, 64-bit included.
 
     ``donate=True`` donates the input arrays to the program and deletes every input array afterwards
     (``x.is_deleted()``), also where XLA did not reuse a buffer (its CPU client never does). Under a trace
@@ -279,9 +279,10 @@ class _Where:
 
 # ---------------------------------------------------------------------- placing host data
 def _place(leaf, target, where: _Where):
-    """``jax.device_put(leaf, target)`` of host data (a numpy array keeps its dtype, as every JAX array does)
-    or of an array on a single device."""
-    dtype = None if isinstance(leaf, numbers.Number) else getattr(leaf, "dtype", None)
+    """``jax.device_put(leaf, target)`` of host data (a numpy array's dtype canonicalized as JAX does it: with
+    x64 off a 64-bit dtype becomes its 32-bit one) or of an array on a single device (which keeps its dtype,
+    64-bit included, as every JAX array does)."""
+    dtype = leaf.dtype if isinstance(leaf, jax.Array) else None
     with where.naming():
         if isinstance(leaf, jax.Array) and leaf.is_deleted():
             raise ShardingError("the array has been deleted (was it donated before?)")

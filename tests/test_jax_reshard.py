@@ -164,14 +164,32 @@ def test_numpy_arrays_and_scalars_are_placed_like_device_put_places_them():
         np.testing.assert_array_equal(np.asarray(y[k]), np.asarray(want[k]))
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.int64])
-def test_a_64_bit_numpy_array_keeps_its_dtype_with_x64_off(dtype):
+@pytest.mark.parametrize("x64", [False, True])
+@pytest.mark.parametrize("dtype,narrow", [(np.float64, np.float32), (np.int64, np.int32), (np.uint64, np.uint32),
+                                          (np.complex128, np.complex64)])
+def test_a_64_bit_numpy_array_is_canonicalized_as_device_put_does(dtype, narrow, x64):
+    """With x64 off a host array of a 64-bit dtype is placed in the 32-bit one, as jax.device_put places it;
+    with x64 on it keeps its dtype."""
     mesh = jmesh((2, 4), ("x", "y"))
-    a = np.full((8,), 2**40 + 1, dtype)
+    a = np.arange(8).astype(dtype) * 3
+    target = NamedSharding(mesh, P("x"))
+    targets = {"a": target, "scalar": NamedSharding(mesh, P())}
     assert not jax.config.jax_enable_x64
+    with jax.enable_x64(x64):
+        y, want = rj.reshard({"a": a, "scalar": a[1]}, targets), jax.device_put({"a": a, "scalar": a[1]}, targets)
+        assert y["a"].dtype == want["a"].dtype == (dtype if x64 else narrow)
+        assert y["scalar"].dtype == want["scalar"].dtype
+        np.testing.assert_array_equal(np.asarray(y["a"]), a.astype(y["a"].dtype))
+        assert y["a"].sharding == target
+    assert not jax.config.jax_enable_x64
+
+
+def test_a_64_bit_jax_array_keeps_its_dtype_with_x64_off():
+    mesh = jmesh((2, 4), ("x", "y"))
+    with jax.enable_x64(True):
+        a = jax.device_put(np.full((8,), 2**40 + 1, np.int64), jax.devices()[0])
     y = rj.reshard(a, NamedSharding(mesh, P("x")))
-    assert y.dtype == dtype
-    assert np.array_equal(np.asarray(y), a)
+    assert y.dtype == np.int64 and int(np.asarray(y)[0]) == 2**40 + 1
 
 
 def test_a_single_device_array_is_placed_on_the_mesh():
