@@ -20,7 +20,9 @@ is empty or made of ``all_slice`` steps alone or of ``all_gather`` steps alone, 
 slices or the same all-gathers (the same bytes, the same buffers; ``tests/test_jax_reshard.py`` checks this
 on XLA's compiled HLO), known without compiling; for any other plan XLA's resharding of the pair is compiled
 once per (source type, destination type, mesh) for an abstract input and the bytes its collectives receive
-per device are read from the HLO (:func:`redist.hlo.parse_hlo`).
+per device are read from the HLO (:func:`redist.hlo.parse_hlo`). Where XLA would gather the whole array, that
+compile logs XLA's "involuntary full rematerialization" warning, about the program redist then does not run:
+the line is kept off standard error (:mod:`redist.xla_log`).
 
 Batching. The arrays of one call that take redist's route move in one ``shard_map``, and those of one type
 pair (a parameter tree holds many arrays of one shape and layout: a model's layers) move stacked: each
@@ -72,6 +74,7 @@ from redist.mesh import Mesh
 from redist.plan import Plan
 from redist.synthesis import synthesize
 from redist.types import ShardingType
+from redist.xla_log import without_rematerialization_warning
 
 __all__ = ["Move", "move", "route", "xla_bytes_received", "apply", "between_device_orders",
            "traced_between_device_orders", "Program", "program", "cached", "clear_cache", "sharding_type", "PROGRAMS"]
@@ -242,7 +245,7 @@ def xla_bytes_received(m: Move) -> float:
     fails to compile its resharding on Auto axes)."""
     if 0 in m.src.shape:
         return 0.0
-    with in_dtype(m.src.np_dtype):
+    with in_dtype(m.src.np_dtype), without_rematerialization_warning():
         compiled = _xla_resharding_jit(m.sharding).lower(
             jax.ShapeDtypeStruct(m.src.shape, m.src.np_dtype, sharding=m.source)).compile()
     itemsize = m.src.np_dtype.itemsize
