@@ -16,8 +16,9 @@ def execute(plan: Plan, shards, backend: str = "numpy") -> list[np.ndarray]:
     """Execute ``plan`` on ``shards`` (one local buffer per device id, of type ``plan.src``).
 
     ``backend``: ``"numpy"`` (the reference, in this process) or ``"jax"`` (JAX collectives on the first
-    ``mesh.size`` JAX devices, in the plan's dtype whatever JAX's x64 mode; see
-    :func:`redist.jax.run_on_buffers`). MPI runs one process per device: use :func:`redist.mpi.reshard` on
+    ``mesh.size`` JAX devices, in the plan's dtype whatever JAX's x64 mode; the plan's program is compiled on
+    its first call and kept, so that later calls of the plan only dispatch, until
+    :func:`redist.jax.clear_cache`; see :func:`redist.jax.run_on_buffers`). MPI runs one process per device: use :func:`redist.mpi.reshard` on
     every rank. Returns new arrays (never the caller's), the buffers of type ``plan.dst``. For a partial
     source, any summands whose group sums are the value give the value's destination layout (summed where
     the destination is not partial).

@@ -43,7 +43,9 @@ computation for one device order.
 
 Cache. :func:`program` keeps the jitted programs of the last :data:`PROGRAMS` call signatures (least recently
 used first out); plans, routes and shard_maps are cached per (source type, destination type, mesh) in
-bounded caches. :func:`clear_cache` empties them all.
+bounded caches, and the per-device programs (moves between device orders, ``execute(..., backend="jax")``)
+per (program, JAX mesh) by :func:`~redist.backends.jax_backend.on_devices`. :func:`clear_cache` empties them
+all.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ except ModuleNotFoundError as e:
     raise missing_extra(e, "redist.jax", "jax") from e
 
 from redist.backends import interpreter
-from redist.backends.jax_backend import JaxBackend, in_dtype, jax_mesh_of, redist_mesh, refine_mesh
+from redist.backends.jax_backend import JaxBackend, in_dtype, jax_mesh_of, on_devices, redist_mesh, refine_mesh
 from redist.errors import ShardingError
 from redist.hlo import HLO_BYTES, parse_hlo
 from redist.mesh import Mesh
@@ -339,21 +341,22 @@ def _batched(program, backend: JaxBackend, buffers: list) -> list:
 # ---------------------------------------------------------------------- between two device orders
 def between_device_orders(m: Move, x):
     """``x`` (a concrete array laid out as ``m.source``) moved by ``m``, a move between two device orders,
-    eagerly: the plan's program runs on the buffers of every device (:func:`_on_devices`), and its results
-    become ``m.sharding``'s array where they are. An empty array is the caller's to make. Raises
-    :class:`ShardingError` (:func:`traced_between_device_orders`) if called under a trace, where the
-    program would not run but be traced into the caller's, which has one device order."""
+    eagerly: the plan's program runs on the buffers of every device
+    (:func:`~redist.backends.jax_backend.on_devices`, as ``run_on_buffers`` runs it), and its results become
+    ``m.sharding``'s array where they are. An empty array is the caller's to make. Raises
+    :class:`ShardingError` (:func:`traced_between_device_orders`) if called under a trace, where the program
+    would not run but be traced into the caller's, which has one device order."""
+    program = m.plan.program
     with in_dtype(m.src.np_dtype):
         devices = sorted(m.mesh.devices.flat, key=lambda d: d.id)
-        run, stacked_sharding = _on_devices(m.src, m.dst, tuple(devices))
+        run, stacked_sharding = on_devices(program, jax_mesh_of(program.mesh, devices))
         by_device = {s.device: s.data for s in x.addressable_shards}
-        rows = [by_device[d][None] for d in stacked_sharding.mesh.devices.flat]
+        rows = [by_device[d].reshape(1, -1) for d in stacked_sharding.mesh.devices.flat]
         if isinstance(rows[0], jax.core.Tracer):  # x is concrete, but the call is inside jax.jit (closed over)
             raise traced_between_device_orders(m)
-        stacked = jax.make_array_from_single_device_arrays((m.src.mesh.size,) + m.src.local_shape,
-                                                           stacked_sharding, rows)
-        return jax.make_array_from_single_device_arrays(x.shape, m.sharding,
-                                                        [s.data[0] for s in run(stacked).addressable_shards])
+        stacked = jax.make_array_from_single_device_arrays((m.src.mesh.size, rows[0].size), stacked_sharding, rows)
+        return jax.make_array_from_single_device_arrays(
+            x.shape, m.sharding, [s.data.reshape(program.shapes[-1]) for s in run(stacked).addressable_shards])
 
 
 def traced_between_device_orders(m: Move) -> ShardingError:
@@ -361,20 +364,6 @@ def traced_between_device_orders(m: Move) -> ShardingError:
     return ShardingError(f"under jax.jit, JAX runs a computation on one device order, but the array's mesh "
                          f"({m.src.mesh}) and the target's ({m.dst.mesh}) order the devices differently; call "
                          "reshard outside jax.jit to move between them")
-
-
-@lru_cache(maxsize=256)
-def _on_devices(src: ShardingType, dst: ShardingType, devices: tuple):
-    """``(jitted function, its input sharding)``: the plan's program run on a stack of every device's buffer
-    (row ``p``: the device at position ``p`` of the program's mesh, on the JAX mesh of that device order,
-    ``devices[d]`` being device ``d``), as :func:`~redist.backends.jax_backend.run_on_buffers` runs it."""
-    program = _plan(src, dst).program
-    refined, names = refine_mesh(jax_mesh_of(program.mesh, devices), program.axis_tokens())
-    spec = PartitionSpec(tuple(refined.axis_names))
-    backend = JaxBackend(program.mesh, names)
-    mapped = jax.shard_map(lambda b: interpreter.run(program, backend, b[0])[None], mesh=refined, in_specs=spec,
-                           out_specs=spec, check_vma=False)
-    return jax.jit(mapped), NamedSharding(refined, spec)
 
 
 # ---------------------------------------------------------------------- all the arrays of one call
@@ -472,10 +461,11 @@ def cached(key: Hashable) -> Program | None:
 
 
 def clear_cache() -> None:
-    """Forget every cached program, shard_map, route and plan (they are rebuilt on the next call)."""
+    """Forget every cached program (``reshard``'s and ``execute(..., backend="jax")``'s), shard_map, route and
+    plan (they are rebuilt on the next call)."""
     _PROGRAMS.clear()
     _shard_mapped.cache_clear()
     _ROUTES.clear()
     _xla_resharding_jit.cache_clear()
-    _on_devices.cache_clear()
+    on_devices.cache_clear()
     _plan.cache_clear()

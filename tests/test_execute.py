@@ -4,7 +4,9 @@ terms. The MPI counterparts run under mpiexec in tests/test_mpi_backend.py."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import logging
 import warnings
 from fractions import Fraction
 
@@ -249,6 +251,53 @@ def test_jax_reshard_keeps_a_64_bit_array_with_x64_off(dtype, shape, src, dst):
         assert np.array_equal(np.asarray(y), a)
     assert eager.sharding == target
     assert all(s.data.shape == target.shard_shape(shape) for s in eager.addressable_shards)
+
+
+# ---------------------------------------------------------------------- JAX compiles a plan once
+@contextlib.contextmanager
+def xla_compiles():
+    """The names of the functions XLA compiles inside the block (``jax.log_compiles`` messages)."""
+    seen = []
+
+    class Handler(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith("Finished XLA compilation"):
+                seen.append(record.getMessage())
+
+    handler, logger = Handler(), logging.getLogger("jax")
+    logger.addHandler(handler)
+    try:
+        with jax.log_compiles():
+            yield seen
+    finally:
+        logger.removeHandler(handler)
+
+
+def test_jax_backend_compiles_a_plan_once_per_device_placement_and_keeps_it():
+    """A later call of a plan (or of an equal plan synthesized anew) on the same devices finds the compiled
+    program in the cache and compiles nothing; other devices compile their own; redist.jax.clear_cache
+    empties the cache."""
+    from redist.backends.jax_backend import jax_mesh_of, on_devices
+
+    rj.clear_cache()
+    plan = plan_of("f32[6{x}, 5{y}]", "f32[6{y}, 5{x}]")  # uneven: an exchange, which reshard cannot take
+    value = np.arange(30, dtype=np.float32).reshape(6, 5)
+    redist.execute(plan, redist.shard(plan.src, value), backend="jax")
+    compiled = on_devices(plan.program, jax_mesh_of(plan.program.mesh))
+    before = on_devices.cache_info()
+    with xla_compiles() as seen:
+        again = plan_of("f32[6{x}, 5{y}]", "f32[6{y}, 5{x}]")
+        out = redist.execute(again, redist.shard(again.src, value + 1), backend="jax")
+    assert seen == [] and on_devices.cache_info().hits == before.hits + 1
+    assert on_devices.cache_info().misses == before.misses
+    assert on_devices(plan.program, jax_mesh_of(plan.program.mesh)) is compiled
+    np.testing.assert_array_equal(redist.unshard(plan.dst, out), value + 1)
+    elsewhere = jax_mesh_of(plan.program.mesh, jax.devices()[4:8])
+    with xla_compiles() as seen:
+        rj.run_on_buffers(plan.program, redist.shard(plan.src, value), elsewhere)
+    assert seen and on_devices.cache_info().misses == before.misses + 1
+    rj.clear_cache()
+    assert on_devices.cache_info().currsize == 0
 
 
 # ---------------------------------------------------------------------- misuse

@@ -28,7 +28,7 @@ import contextlib
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -49,8 +49,11 @@ from redist.errors import ShardingError
 from redist.axes import Axis
 from redist.mesh import Mesh
 
-__all__ = ["run_program", "run_on_buffers", "in_dtype", "refined_axis_names", "refine_mesh", "redist_mesh",
-           "jax_mesh_of", "JaxBackend"]
+__all__ = ["run_program", "run_on_buffers", "on_devices", "in_dtype", "refined_axis_names", "refine_mesh",
+           "redist_mesh", "jax_mesh_of", "JaxBackend", "ON_DEVICES"]
+
+#: How many compiled per-device programs (one per program and JAX mesh) :func:`on_devices` keeps.
+ON_DEVICES = 64
 
 
 # ---------------------------------------------------------------------- meshes and axis names
@@ -153,7 +156,9 @@ def run_on_buffers(program: P.Program, shards, jax_mesh=None) -> list[np.ndarray
     ``jax.shard_map`` — the per-device counterpart of :func:`reshard`, behind
     ``redist.execute(plan, shards, backend="jax")``. Types with uneven dims run here, on their padded local
     buffers (not through :func:`reshard`: JAX does not pad shards). A 64-bit dtype runs with JAX's x64 mode
-    switched on for the call (:func:`in_dtype`), so nothing is narrowed to 32 bits.
+    switched on for the call (:func:`in_dtype`), so nothing is narrowed to 32 bits. The compiled program is
+    kept per (program, JAX mesh) (:func:`on_devices`): a later call of the same program on the same devices
+    compiles nothing.
 
     ``shards`` are taken by :func:`redist.buffers.device_buffers` (no lossy conversion). Raises
     :class:`ShardingError` for a ``program`` that is not a well-formed :class:`~redist.program.Program`, for
@@ -171,27 +176,41 @@ def run_on_buffers(program: P.Program, shards, jax_mesh=None) -> list[np.ndarray
     elif redist_mesh(jax_mesh) != mesh:
         raise ShardingError(f"jax_mesh orders its devices as mesh {redist_mesh(jax_mesh)}, the program runs on "
                             f"mesh {mesh}: the same axes in another device order")
-    refined, names = refine_mesh(jax_mesh, program.axis_tokens())
     if all(math.prod(s) == 0 for s in program.shapes):
         # Nothing to move (a dim of size 0), and JAX cannot read back shards of no elements made under jit.
         return [np.zeros(program.shapes[-1], program.dtype) for _ in bufs]
-    spec = PartitionSpec(tuple(refined.axis_names))
-    shape_in, shape_out = tuple(program.shapes[0]), tuple(program.shapes[-1])
+    run, sharding = on_devices(program, jax_mesh)
+    positions = list(sharding.mesh.devices.flat)
     with in_dtype(program.dtype):
-        # Row p is the buffer of the device at position p, device_ids[p], flattened: a leading dim of
-        # positions on a buffer of numpy's largest rank (64) would be one dim more than numpy holds.
         x = jax.make_array_from_single_device_arrays(
-            (mesh.size, math.prod(shape_in)), NamedSharding(refined, spec),
-            [jax.device_put(bufs[d].reshape(1, -1), dev) for d, dev in zip(mesh.device_ids, refined.devices.flat)])
-        backend = JaxBackend(mesh, names)
-        f = jax.shard_map(lambda b: interpreter.run(program, backend, b.reshape(shape_in)).reshape(1, -1),
-                          mesh=refined, in_specs=spec, out_specs=spec, check_vma=False)
-        y = jax.jit(f)(x)
-        by_device = {s.device: np.array(s.data)[0].reshape(shape_out) for s in y.addressable_shards}
+            (mesh.size, math.prod(program.shapes[0])), sharding,
+            [jax.device_put(bufs[d].reshape(1, -1), dev) for d, dev in zip(mesh.device_ids, positions)])
+        by_device = {s.device: np.array(s.data).reshape(program.shapes[-1]) for s in run(x).addressable_shards}
     out = [None] * mesh.size
-    for d, dev in zip(mesh.device_ids, refined.devices.flat):
+    for d, dev in zip(mesh.device_ids, positions):
         out[d] = by_device[dev]
     return out
+
+
+@lru_cache(maxsize=ON_DEVICES)
+def on_devices(program: P.Program, jax_mesh) -> tuple[Callable, NamedSharding]:
+    """``(run, sharding)``: ``program`` run by every device of ``jax_mesh`` on its own buffer, as one jitted
+    function ``run`` of an array of shape ``(mesh size, elements of a buffer)`` laid out as ``sharding`` (on the
+    refined mesh of :func:`refine_mesh`): row ``p``, in and out, is the buffer of the device at position ``p``,
+    flattened (a leading dim of positions on a buffer of numpy's largest rank, 64, would be one dim more than
+    numpy holds). ``jax_mesh`` has the program mesh's axes and device order. Call ``run`` under
+    :func:`in_dtype` of ``program.dtype``.
+
+    Cached per (program, JAX mesh), the last :data:`ON_DEVICES` of them, so that a program is traced and
+    compiled once and a later call of :func:`run_on_buffers` only places its buffers and dispatches
+    (``redist.jax.clear_cache()`` empties the cache)."""
+    refined, names = refine_mesh(jax_mesh, program.axis_tokens())
+    spec = PartitionSpec(tuple(refined.axis_names))
+    shape_in = tuple(program.shapes[0])
+    backend = JaxBackend(program.mesh, names)
+    mapped = jax.shard_map(lambda b: interpreter.run(program, backend, b.reshape(shape_in)).reshape(1, -1),
+                           mesh=refined, in_specs=spec, out_specs=spec, check_vma=False)
+    return jax.jit(mapped), NamedSharding(refined, spec)
 
 
 def in_dtype(dtype):
