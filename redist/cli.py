@@ -4,6 +4,7 @@
     redist verify SRC DST --mesh x=2,y=4 [--topology NAME] [--claim TYPE] [--timeout SECONDS]
     redist verify --plan FILE [--claim TYPE] [--timeout SECONDS]
     redist demo [--backends numpy,jax,mpi]
+    redist --version
 
 'plan --json' writes a plan file that 'verify --plan' reads back ('-' reads standard input), so a plan can
 be computed once, checked in, reviewed and verified again. 'plan --show' draws which block every device holds
@@ -23,7 +24,7 @@ import math
 import os
 import sys
 
-from redist import demo
+from redist import __version__, demo
 from redist.cost import plan_time
 from redist.errors import ShardingError
 from redist.mesh import Mesh
@@ -85,7 +86,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    return demo.main(backends=args.backends)
+    return demo.main(backends=args.backends, say=_say)
 
 
 def _synthesize(args) -> Plan:
@@ -215,6 +216,7 @@ def _seconds(text: str) -> float:
 def _build_parser() -> argparse.ArgumentParser:
     # The module docstring is the --help text, hence plain text (docs/spec.md §7 states the contract).
     parser = _Parser(prog="redist", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"redist {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     topology = dict(metavar="NAME", help="choose the fastest plan under this cost model preset (tpu-v4, nvlink-8, "
                                          "2x8-nodes, cpu-host) instead of the one that receives the fewest bytes")

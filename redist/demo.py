@@ -136,16 +136,18 @@ def backend_names(text: str) -> set[str]:
     return names
 
 
-def main(backends="numpy,jax,mpi") -> int:
-    """Run the demo on ``backends`` (comma-separated names of :data:`BACKENDS`); returns 0 when every check
-    passed, 1 otherwise. Raises :class:`ShardingError` for an unknown backend, before running anything."""
+def main(backends="numpy,jax,mpi", say=print) -> int:
+    """Run the demo on ``backends`` (comma-separated names of :data:`BACKENDS`), printing its table line by line
+    with ``say`` (the command line passes its own, which reports output that cannot be written); returns 0
+    when every check passed, 1 otherwise. Raises :class:`ShardingError` for an unknown backend, before running
+    anything."""
     wanted = backend_names(backends)
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     mpi_results, mpi_error = run_mpi() if "mpi" in wanted else ([None] * len(CASES), None)
     header = f"{'case':<36}{'plan':<44}{'bytes / bound':>16}{'peak / max':>14}  {'Z3':<5}{'numpy':<6}{'jax':<5}{'mpi':<5}"
-    print(header)
-    print("-" * len(header))
+    say(header)
+    say("-" * len(header))
     failures = 0
     for (mesh_text, a, b, what), mpi_ok in zip(CASES, mpi_results):
         src, dst = _types(mesh_text, a, b)
@@ -156,13 +158,13 @@ def main(backends="numpy,jax,mpi") -> int:
         jax_ok = run_jax(src, dst) if "jax" in wanted else None
         steps = ", ".join(s.kind for s in plan.steps) or "(none)"
         peak = f"{plan.peak_bytes}/{max(src.local_bytes, dst.local_bytes)}"
-        print(f"{what:<36}{steps:<44}{f'{plan.bytes_received}/{lb}':>16}{peak:>14}  "
+        say(f"{what:<36}{steps:<44}{f'{plan.bytes_received}/{lb}':>16}{peak:>14}  "
               f"{_mark(verdict):<5}{_mark(np_ok):<6}{_mark(jax_ok):<5}{_mark(mpi_ok):<5}")
-        print(f"    mesh {mesh_text}: {src}  ->  {dst}")
+        say(f"    mesh {mesh_text}: {src}  ->  {dst}")
         failures += sum(r is False for r in (verdict, np_ok, jax_ok, mpi_ok))
     if mpi_error:
-        print(f"\nMPI: {mpi_error}")
-    print(f"\n{'all checks passed' if not failures else f'{failures} checks FAILED'}"
+        say(f"\nMPI: {mpi_error}")
+    say(f"\n{'all checks passed' if not failures else f'{failures} checks FAILED'}"
           " (bytes: received per device vs lower bound; peak: bytes per device vs max(src, dst))")
     return 1 if failures else 0
 

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+import redist
 from redist import Mesh, Plan, ShardingType, synthesize
 from redist.cli import main
 from redist.cost import plan_time
@@ -178,9 +179,10 @@ def test_closed_standard_streams_are_one_line_errors():
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
-def test_output_that_cannot_be_written_is_a_one_line_error():
+@pytest.mark.parametrize("args", [PLAN, ["demo", "--backends", "numpy"]])
+def test_output_that_cannot_be_written_is_a_one_line_error(args):
     with open("/dev/full", "w") as full:
-        r = subprocess.run([REDIST, *PLAN], stdout=full, stderr=subprocess.PIPE, text=True, timeout=300)
+        r = subprocess.run([REDIST, *args], stdout=full, stderr=subprocess.PIPE, text=True, timeout=300)
     assert r.returncode == 2, r
     assert r.stderr == "redist: error: cannot write to standard output: [Errno 28] No space left on device\n"
 
@@ -196,6 +198,14 @@ def test_a_broken_pipe_ends_quietly_with_the_status_of_sigpipe(args):
     finally:
         os.close(write)
     assert (r.returncode, r.stderr) == (141, ""), r
+
+
+def test_version_prints_the_package_s_version(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["--version"])
+    assert exit.value.code == 0 and capsys.readouterr().out == f"redist {redist.__version__}\n"
+    r = subprocess.run([REDIST, "--version"], capture_output=True, text=True, timeout=300)
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"redist {redist.__version__}\n", ""), r
 
 
 def test_help_is_plain_text_for_users(capsys):
