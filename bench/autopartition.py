@@ -20,10 +20,10 @@ of ``bench/flax_lm.py``) and mesh ((2,4) and (4,2) with axes batch, model; (2,2,
 Times are the simulator's (default hardware profile, ``cpu-host``), per device per step. Targets (issue 18): auto
 <= 1.00x the best fitting preset on every cell where one fits, < 1.0x on at least a third of the cells, each
 search <= 60 s. Search times and evaluations per second are wall-clock on the machine that runs it: say how
-loaded it was.
+loaded it was. A progress bar over the cells is drawn on stderr while it runs, on a terminal.
 
     python bench/autopartition.py [--time-budget 60] [--models mlp,transformer,gnn,flax_lm] [--meshes 2x4,4x2,2x2x2]
-                                  [--out bench/results/autopartition.json]
+                                  [--out bench/results/autopartition.json] [--no-progress]
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import numpy as np  # noqa: E402
 
 import partir_core as pc  # noqa: E402
 import redist  # noqa: E402
-from bench import flax_lm  # noqa: E402
+from bench import flax_lm, progress  # noqa: E402
 from partir_core import models, schedules  # noqa: E402
 from partir_core.estimate import Estimator  # noqa: E402
 from partir_core.propagation import State, propagate  # noqa: E402
@@ -232,13 +232,17 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default=RESULTS, help="the results' JSON file (a .txt table beside it)")
     ap.add_argument("--accuracy-rounds", type=int, default=6,
                     help="timing rounds for the simulator's accuracy on the flax LM (0: skip)")
+    progress.add_option(ap)
     args = ap.parse_args(argv)
     t_all = time.perf_counter()
     load = os.getloadavg()[0]
     rows = []
-    for mesh_name in args.meshes.split(","):
+    meshes, names = args.meshes.split(","), args.models.split(",")
+    bar = progress.bar(desc="cells", total=len(meshes) * len(names) * len(BUDGETS), unit="cell",
+                       shown=not args.no_progress)
+    for mesh_name in meshes:
         mesh = redist.Mesh(MESHES[mesh_name])
-        for name in args.models.split(","):
+        for name in names:
             m = MODELS[name]()
             ins = m.init(jax.random.key(0))
             want = m.step(*ins)
@@ -249,8 +253,10 @@ def main(argv=None) -> dict:
                 row = {"model": name, "mesh": mesh_name, "bp_peak_bytes": bp_peak,
                        **cell(m, ins, want, mesh, experts, bp_peak, fraction, args)}
                 rows.append(row)
-                print(table([row])[-1], flush=True)
+                progress.write(table([row])[-1])
+                bar.update()
             rows[-1]["experts"] = {k: {"step_time_s": t, "peak_bytes": p} for k, (t, p) in experts.items()}
+    bar.close()
     accuracy = None
     if args.accuracy_rounds and any(r["model"] == "flax_lm" and r["mesh"] == "2x4" for r in rows):
         accuracy = simulator_accuracy(rows, args.accuracy_rounds)

@@ -11,10 +11,11 @@ over the search's wall time, why it stopped and its seconds; the simulated step 
 start's; and the time spent in ``redist.synthesize`` (timed around every call partir_core makes), with
 the number of calls and its share of the whole ``lower()`` (the search, then the final choice lowered): pricing
 candidates plans their reshards, and on large meshes that can be most of the search. Wall-clock figures on the
-machine that runs it: say how loaded it was.
+machine that runs it: say how loaded it was. A progress bar over the cells is drawn on stderr while it runs, on
+a terminal.
 
     python bench/autopartition_meshes.py [--time-budget 20] [--models transformer,flax_lm]
-                                         [--meshes 2x4,16x64,32x32,8x16x8] [--seed 0]
+                                         [--meshes 2x4,16x64,32x32,8x16x8] [--seed 0] [--no-progress]
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import jax  # noqa: E402
 
 import partir_core as pc  # noqa: E402
 import redist  # noqa: E402
-from bench import flax_lm  # noqa: E402
+from bench import flax_lm, progress  # noqa: E402
 from partir_core import models, reshard  # noqa: E402
 from redist.synthesis import cases  # noqa: E402
 
@@ -89,19 +90,20 @@ def main(argv=None) -> dict:
     ap.add_argument("--meshes", default=",".join(MESHES))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=RESULTS)
+    progress.add_option(ap)
     args = ap.parse_args(argv)
     load = os.getloadavg()[0]
     print(f"{'model':<12}{'mesh':<8}{'evals':>6}{'evals/s':>9}{'search s':>9}{'stopped':>12}{'synth s':>9}"
           f"{'calls':>7}{'synth %':>8}{'step ms':>9}{'start ms':>10}")
     rows = []
-    for mesh_name in args.meshes.split(","):
-        for model in args.models.split(","):
-            r = cell(model, mesh_name, args)
-            rows.append(r)
-            print(f"{model:<12}{mesh_name:<8}{r['evaluations']:>6}{r['evals_per_s']:>9.1f}{r['search_s']:>9.1f}"
-                  f"{r['stopped']:>12}{r['synthesize_s']:>9.1f}{r['synthesize_calls']:>7}"
-                  f"{100 * r['synthesize_s'] / r['lower_s']:>7.0f}%{r['step_time_s'] * 1e3:>9.3f}"
-                  f"{r['start_time_s'] * 1e3:>10.3f}", flush=True)
+    cells = [(mesh_name, model) for mesh_name in args.meshes.split(",") for model in args.models.split(",")]
+    for mesh_name, model in progress.bar(cells, desc="cells", unit="cell", shown=not args.no_progress):
+        r = cell(model, mesh_name, args)
+        rows.append(r)
+        progress.write(f"{model:<12}{mesh_name:<8}{r['evaluations']:>6}{r['evals_per_s']:>9.1f}{r['search_s']:>9.1f}"
+                       f"{r['stopped']:>12}{r['synthesize_s']:>9.1f}{r['synthesize_calls']:>7}"
+                       f"{100 * r['synthesize_s'] / r['lower_s']:>7.0f}%{r['step_time_s'] * 1e3:>9.3f}"
+                       f"{r['start_time_s'] * 1e3:>10.3f}")
     out = {"time_budget_s": args.time_budget, "seed": args.seed, "size": SIZE, "rows": rows,
            "load_average_at_start": load, "load_average_at_end": os.getloadavg()[0],
            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "

@@ -31,10 +31,10 @@ against ``f(x)``):
 - bytes received per device, read from both compiled HLOs (``redist.hlo.parse_hlo``).
 
 The machine's load average is recorded before and after (``os.getloadavg``); on a shared machine the figures
-carry that noise. Outputs: a table on stdout (a tqdm progress bar while running),
+carry that noise. Outputs: a table on stdout (a progress bar on stderr while running, on a terminal),
 ``bench/results/jax_reshard.json`` and ``bench/results/jax_reshard.png``.
 
-    python bench/jax_reshard.py [--rounds 42] [--first 5] [--second 5] [--only NAME ...]
+    python bench/jax_reshard.py [--rounds 42] [--first 5] [--second 5] [--only NAME ...] [--no-progress]
 """
 
 from __future__ import annotations
@@ -63,9 +63,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
-from tqdm import tqdm  # noqa: E402
 
 import redist.jax as rj  # noqa: E402
+from bench import progress  # noqa: E402
 from redist import hlo, jax_programs  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -374,6 +374,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--second", type=int, default=5, help="first+second call rounds per pair (default 5)")
     ap.add_argument("--only", nargs="*", help="run only these pairs (names)")
     ap.add_argument("--out", default=os.path.join(RESULTS, "jax_reshard.json"))
+    progress.add_option(ap)
     args = ap.parse_args(argv)
     logging.getLogger("jax").setLevel(logging.ERROR)
     if len(jax.devices()) < 8:
@@ -382,9 +383,8 @@ def main(argv=None) -> dict:
     load_before = os.getloadavg()
     t0 = time.perf_counter()
     rows = []
-    bar = tqdm(pairs, desc="pairs", unit="pair")
-    for pair in bar:
-        rows.append(measure(pair, args.rounds, args.first, args.second, bar.write))
+    for pair in progress.bar(pairs, desc="pairs", unit="pair", shown=not args.no_progress):
+        rows.append(measure(pair, args.rounds, args.first, args.second, progress.write))
     load_after = os.getloadavg()
     summary = summarize(rows)
     summary["load_average"] = {"before": load_before, "after": load_after}

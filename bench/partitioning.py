@@ -47,10 +47,11 @@ reads in this checkout, ``redist/profiles/cpu-host.json`` (package data; the sim
 it), or of the copy ``--profile PATH`` (then put in use with ``redist.cost.use_profile(PATH)``; see
 ``bench/calibration.py``); the run then simulates with it.
 
-Outputs: a table on stdout, ``bench/results/partitioning.json``, ``bench/results/partitioning.png``
-(simulated vs measured step time per model; bytes ours vs XLA).
+Outputs: a table on stdout (a progress bar over the schedules on stderr while running, on a terminal),
+``bench/results/partitioning.json``, ``bench/results/partitioning.png`` (simulated vs measured step time per
+model; bytes ours vs XLA).
 
-    python bench/partitioning.py [--quick] [--rounds 8] [--repeats 10] [--calibrate [--profile PATH]]
+    python bench/partitioning.py [--quick] [--rounds 8] [--repeats 10] [--calibrate [--profile PATH]] [--no-progress]
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ import numpy as np  # noqa: E402
 
 import partir_core as pc  # noqa: E402
 import redist  # noqa: E402
-from bench import plots  # noqa: E402
+from bench import plots, progress  # noqa: E402
 from bench.calibration import PACKAGE_PROFILE, write_section  # noqa: E402
 from partir_core import models, schedules, simulator  # noqa: E402
 from redist import hlo  # noqa: E402
@@ -413,6 +414,7 @@ def main(argv=None):
                     help="the calibration profile --calibrate writes (default: the package's)")
     ap.add_argument("--models", default="mlp,gnn,transformer,scanned_mlp,scanned_transformer")
     ap.add_argument("--out", default=os.path.join(RESULTS, "partitioning.json"))
+    progress.add_option(ap)
     args = ap.parse_args(argv)
     repeats = args.repeats
     rounds = args.rounds or (4 if args.quick else 8)
@@ -432,7 +434,10 @@ def main(argv=None):
           f"beta {network.link('batch').beta:.3g} B/s ({redist.cost.profile().source})", flush=True)
     rows = []
     chosen = QUICK if args.quick else SCHEDULES
-    for mname in args.models.split(","):
+    names = args.models.split(",")
+    bar = progress.bar(desc="schedules", total=sum(len(chosen[m]) for m in names), unit="schedule",
+                       shown=not args.no_progress)
+    for mname in names:
         model = models.MODELS[mname]()
         inputs = model.init(jax.random.key(0))
         want = jax.jit(model.step)(*inputs)
@@ -441,15 +446,17 @@ def main(argv=None):
             rec, pair = run_case(model, inputs, want, name)
             recs.append(rec)
             calls += pair
+            bar.update()
         times = interleaved_times(calls, rounds, repeats)
         for k, rec in enumerate(recs):
             rec["time_ours_s"], rec["time_xla_s"] = times[2 * k], times[2 * k + 1]
             rec["time_ratio"] = rec["time_ours_s"] / rec["time_xla_s"]
             rows.append(rec)
-            print(f"  {mname:19s} {rec['schedule']:10s} match={rec['match']} bytes {rec['bytes_ours']:.0f}/"
-                  f"{rec['bytes_xla']:.0f} time {rec['time_ours_s'] * 1e3:.2f}/{rec['time_xla_s'] * 1e3:.2f} ms "
-                  f"mem sim {rec['sim_peak_bytes']} ours {rec['mem_ours']['total']} ({time.perf_counter() - start:.0f}s)",
-                  flush=True)
+            progress.write(f"  {mname:19s} {rec['schedule']:10s} match={rec['match']} bytes {rec['bytes_ours']:.0f}/"
+                           f"{rec['bytes_xla']:.0f} time {rec['time_ours_s'] * 1e3:.2f}/{rec['time_xla_s'] * 1e3:.2f} "
+                           f"ms mem sim {rec['sim_peak_bytes']} ours {rec['mem_ours']['total']} "
+                           f"({time.perf_counter() - start:.0f}s)")
+    bar.close()
     spear = {}
     for m in {r["model"] for r in rows}:
         rs = [r for r in rows if r["model"] == m]

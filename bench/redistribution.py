@@ -28,10 +28,11 @@ Per case, measured identically for both sides:
   favoured) vs gather-then-slice (``Allgather`` of every shard, assemble, slice); partial sources: ours vs
   ``Allreduce``-then-slice. Method of timing: see the worker's docstring.
 
-Outputs: a table on stdout (a tqdm progress bar while running), ``bench/results/redistribution.json``,
-``bench/results/redistribution_speedup.png`` and ``bench/results/redistribution_bytes.png``.
+Outputs: a table on stdout (a progress bar on stderr while running, on a terminal),
+``bench/results/redistribution.json``, ``bench/results/redistribution_speedup.png`` and
+``bench/results/redistribution_bytes.png``.
 
-    python bench/redistribution.py [--quick] [--repeats 21] [--mpi-repeats 11] [--no-mpi]
+    python bench/redistribution.py [--quick] [--repeats 21] [--mpi-repeats 11] [--no-mpi] [--no-progress]
 """
 
 from __future__ import annotations
@@ -59,10 +60,9 @@ sys.path.insert(0, ROOT)
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
 
 import redist  # noqa: E402
-from bench import plots  # noqa: E402
+from bench import plots, progress  # noqa: E402
 from bench.random_pairs import random_pair  # noqa: E402
 from redist import cost, xla_baseline as xb  # noqa: E402
 
@@ -431,6 +431,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--mpi-repeats", type=int, default=None, help="timed rounds under MPI (default 11; quick 3)")
     ap.add_argument("--no-mpi", action="store_true")
     ap.add_argument("--out", default=os.path.join(RESULTS, "redistribution.json"))
+    progress.add_option(ap)
     args = ap.parse_args(argv)
     repeats = args.repeats or (5 if args.quick else 21)
     logging.getLogger("jax").setLevel(logging.ERROR)
@@ -439,7 +440,7 @@ def main(argv=None) -> dict:
         raise SystemExit("needs 8 JAX devices")
     main_cases, six, partial, sixteen = build_cases(args.mib, args.random, args.seed, args.quick)
     rows, six_rows = [], []
-    for case in tqdm(main_cases + six, desc="JAX cases", unit="case"):
+    for case in progress.bar(main_cases + six, desc="JAX cases", shown=not args.no_progress):
         row = measure_case(case, repeats, args.model_mib, run=case.src.mesh.size == 8)
         (rows if case.src.mesh.size == 8 else six_rows).append(row)
     t_jax = time.perf_counter() - t_start

@@ -23,12 +23,13 @@ grows with ``k`` and says nothing about the plan's quality at scale. A pair whos
 past ``--pair-timeout`` (60 s) is recorded as a timeout. The growth exponent of a phase is the slope of a
 least-squares fit of log(median time) against log(devices) over the random groups.
 
-Output: a table on stdout, JSON in ``bench/results/scale.json`` and a PNG of median time against devices on log
-axes (``bench/results/scale_time.png``, drawn by ``bench/plots.py``). ``--quick`` runs three small groups and
-one named pair with 3 pairs each in this process (a smoke test, well under 30 s) and writes only where ``--out``
+Output: a table on stdout (progress bars on stderr while running, on a terminal), JSON in
+``bench/results/scale.json`` and a PNG of median time against devices on log axes
+(``bench/results/scale_time.png``, drawn by ``bench/plots.py``). ``--quick`` runs three small groups and one
+named pair with 3 pairs each in this process (a smoke test, well under 30 s) and writes only where ``--out``
 says.
 
-    python bench/scale.py [--pairs 20] [--seed 0] [--quick] [--out PATH.json]
+    python bench/scale.py [--pairs 20] [--seed 0] [--quick] [--out PATH.json] [--no-progress]
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench import progress  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "scale.json")
 VERIFY_TIMEOUT_S = 30.0
@@ -186,10 +189,10 @@ def _measure_one(src, dst, pair_timeout_s: float) -> tuple[dict, object]:
     return row, plan
 
 
-def run_group(label: str, n: int, seed: int, pair_timeout_s: float, progress: bool = True) -> dict:
-    """Every pair of one group: the rows, the peak memory before and after verification."""
+def run_group(label: str, n: int, seed: int, pair_timeout_s: float, shown: bool = True) -> dict:
+    """Every pair of one group: the rows, the peak memory before and after verification; ``shown``: progress
+    bars of the group's pairs (:mod:`bench.progress`)."""
     import redist
-    from tqdm import tqdm
 
     def alarm(*_):
         raise _PairTimeout
@@ -197,12 +200,13 @@ def run_group(label: str, n: int, seed: int, pair_timeout_s: float, progress: bo
     signal.signal(signal.SIGALRM, alarm)
     pairs = _pairs(label, n, seed)
     rows, plans = [], []
-    for src, dst in tqdm(pairs, desc=f"{label}: plan", disable=not progress, leave=False):
+    for src, dst in progress.bar(pairs, desc=f"{label}: plan", unit="pair", shown=shown, leave=False):
         row, plan = _measure_one(src, dst, pair_timeout_s)
         rows.append(row)
         plans.append(plan)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    for row, plan in tqdm(list(zip(rows, plans)), desc=f"{label}: verify", disable=not progress, leave=False):
+    for row, plan in progress.bar(list(zip(rows, plans)), desc=f"{label}: verify", unit="plan", shown=shown,
+                                  leave=False):
         if plan is not None:
             v = redist.verify(plan, timeout_s=VERIFY_TIMEOUT_S)
             row.update(verify_s=v.seconds, verify=v.status)
@@ -288,14 +292,14 @@ def targets(summaries: list[dict]) -> list[tuple[str, str, bool]]:
     return out
 
 
-def _worker(label: str, n: int, seed: int, pair_timeout_s: float) -> int:
-    json.dump(run_group(label, n, seed, pair_timeout_s), sys.stdout)
+def _worker(label: str, n: int, seed: int, pair_timeout_s: float, shown: bool) -> int:
+    json.dump(run_group(label, n, seed, pair_timeout_s, shown), sys.stdout)
     return 0
 
 
-def _in_subprocess(label: str, n: int, seed: int, pair_timeout_s: float) -> dict:
+def _in_subprocess(label: str, n: int, seed: int, pair_timeout_s: float, shown: bool) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", label, "--pairs", str(n), "--seed", str(seed),
-           "--pair-timeout", str(pair_timeout_s)]
+           "--pair-timeout", str(pair_timeout_s)] + ([] if shown else ["--no-progress"])
     done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
     return json.loads(done.stdout)
 
@@ -326,17 +330,17 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=None)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    progress.add_option(ap)
     args = ap.parse_args(argv)
+    shown = not args.no_progress
     if args.worker:
-        return _worker(args.worker, args.pairs, args.seed, args.pair_timeout)
+        return _worker(args.worker, args.pairs, args.seed, args.pair_timeout, shown)
     if args.quick:
-        groups = [run_group(label, 3, args.seed, args.pair_timeout, progress=False) for label in QUICK]
+        groups = [run_group(label, 3, args.seed, args.pair_timeout, shown=False) for label in QUICK]
     else:
-        from tqdm import tqdm
-
         labels = list(MESHES) + list(NAMED) + list(HARD_TO_VERIFY)
-        groups = [_in_subprocess(label, args.pairs, args.seed, args.pair_timeout)
-                  for label in tqdm(labels, desc="groups")]
+        groups = [_in_subprocess(label, args.pairs, args.seed, args.pair_timeout, shown)
+                  for label in progress.bar(labels, desc="groups", unit="group", shown=shown)]
     summaries = [summarize(g) for g in groups]
     slopes, checks = growth(summaries), targets(summaries)
     _print(summaries, slopes, checks)

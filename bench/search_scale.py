@@ -13,9 +13,10 @@ the share of plans at the lower bound and the geometric mean and maximum of byte
 what the searches generated (their budget is deterministic). Memory: the process's peak resident set
 (``ru_maxrss``) at the end. Targets (issue 14): on 4,096 devices with rank <= 4, synthesis median <= 20 ms
 and max <= 1 s; every named pair <= 1 s, and <= 2 s for rank 8 on 16 axes; bytes / bound at scale no worse
-than on 8 devices; a few hundred MB at most.
+than on 8 devices; a few hundred MB at most. A progress bar over the pairs is drawn on stderr while it runs,
+on a terminal.
 
-    python bench/search_scale.py [--pairs 100] [--seed 0] [--quick]
+    python bench/search_scale.py [--pairs 100] [--seed 0] [--quick] [--no-progress]
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import redist  # noqa: E402
+from bench import progress  # noqa: E402
 from redist.synthesis import cases  # noqa: E402
 from redist.testing import SeededDraw, draw_pair  # noqa: E402
 
@@ -140,8 +142,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--pairs", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="10 pairs per mesh, for a smoke test")
+    progress.add_option(ap)
     args = ap.parse_args(argv)
     n = 10 if args.quick else args.pairs
+    bar = progress.bar(desc="pairs", total=len(MESHES) * n + len(NAMED), unit="pair", shown=not args.no_progress)
     timed = _Timed()
     cases.search = timed
     out = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
@@ -160,23 +164,26 @@ def main(argv=None) -> dict:
                     if src.rank:
                         break
                 rows.append(measure(src, dst, timed))
+                bar.update()
             s = _summary(rows)
             out["meshes"][name] = {"devices": mesh.size, "summary": s, "rows": rows}
-            print(f"{name:<14}{n:>6}{s['synthesize_median_ms']:>14.2f}{s['synthesize_p99_ms']:>9.1f}"
-                  f"{s['synthesize_max_ms']:>9.1f}{s['search_max_ms']:>12.1f}{s['states_max']:>9}"
-                  f"{s['at_bound']:>5}/{s['without_reduction']:<4}{s['ratio_geomean']:>9.3f}{s['ratio_max']:>7.2f}",
-                  flush=True)
-        print(f"\n{'named pair':<28}{'devices':>8}{'synth ms':>10}{'search ms':>11}{'states':>8}{'bytes/bound':>13}"
-              "  plan")
+            progress.write(f"{name:<14}{n:>6}{s['synthesize_median_ms']:>14.2f}{s['synthesize_p99_ms']:>9.1f}"
+                           f"{s['synthesize_max_ms']:>9.1f}{s['search_max_ms']:>12.1f}{s['states_max']:>9}"
+                           f"{s['at_bound']:>5}/{s['without_reduction']:<4}{s['ratio_geomean']:>9.3f}"
+                           f"{s['ratio_max']:>7.2f}")
+        progress.write(f"\n{'named pair':<28}{'devices':>8}{'synth ms':>10}{'search ms':>11}{'states':>8}"
+                       f"{'bytes/bound':>13}  plan")
         for name, axes, a, b in NAMED:
             mesh = redist.Mesh(axes)
             row = measure(redist.ShardingType.parse(a, mesh), redist.ShardingType.parse(b, mesh), timed)
             row.update(name=name, devices=mesh.size)
             out["named"].append(row)
             ratio = f"{row['bytes'] / row['bound']:.3f}" if row.get("bound") else "-"
-            print(f"{name:<28}{mesh.size:>8}{row['synthesize_s'] * 1e3:>10.1f}{row['search_s'] * 1e3:>11.1f}"
-                  f"{row['states']:>8}{ratio:>13}  {'; '.join(row['steps'])}", flush=True)
+            bar.update()
+            progress.write(f"{name:<28}{mesh.size:>8}{row['synthesize_s'] * 1e3:>10.1f}{row['search_s'] * 1e3:>11.1f}"
+                           f"{row['states']:>8}{ratio:>13}  {'; '.join(row['steps'])}")
     finally:
+        bar.close()
         cases.search = timed.inner
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"\npeak resident set: {out['peak_rss_mb']:.0f} MB")

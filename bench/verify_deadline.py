@@ -7,9 +7,10 @@ one ``CollectivePermute`` over every device) and an exchange (``f32[70000{x}] ->
 ``wall_s`` is ``time.perf_counter`` around ``verify`` alone; ``rss_before_mb`` is the process's peak resident
 set before ``verify`` (plan construction included) and ``rss_peak_mb`` after it (``getrusage``'s
 ``ru_maxrss``, so a verify that needs less than the plan did shows the plan's figure). The target: ``wall_s``
-about ``timeout_s`` (the call returns "undecided" or a verdict within it).
+about ``timeout_s`` (the call returns "undecided" or a verdict within it). A progress bar over the runs is
+drawn on stderr while it runs, on a terminal.
 
-    python bench/verify_deadline.py [--timeouts 10 60]
+    python bench/verify_deadline.py [--timeouts 10 60] [--no-progress]
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench import progress  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "verify_deadline.json")
 MESH = {"x": 256, "y": 256}
@@ -60,20 +63,21 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--timeouts", type=float, nargs="+", default=[10.0, 60.0])
     ap.add_argument("--one", nargs=2, metavar=("CASE", "TIMEOUT"), help=argparse.SUPPRESS)
+    progress.add_option(ap)
     args = ap.parse_args()
     if args.one:
         print(json.dumps(measure_one(args.one[0], float(args.one[1]))))
         return 0
     rows = []
-    for case in CASES:
-        for t in args.timeouts:
-            out = subprocess.run([sys.executable, __file__, "--one", case, str(t)], check=True,
-                                 capture_output=True, text=True)
-            rows.append(json.loads(out.stdout.splitlines()[-1]))
-            r = rows[-1]
-            print(f"{case:<9} timeout_s={t:>4g}  verify {r['wall_s']:6.1f} s  {r['status']:<9}  "
-                  f"peak RSS {r['rss_peak_mb']:6.0f} MB (before verify {r['rss_before_mb']:.0f} MB)  "
-                  f"{r['reason'][:70]}", flush=True)
+    runs = [(case, t) for case in CASES for t in args.timeouts]
+    for case, t in progress.bar(runs, desc="verify runs", unit="run", shown=not args.no_progress):
+        out = subprocess.run([sys.executable, __file__, "--one", case, str(t)], check=True,
+                             capture_output=True, text=True)
+        rows.append(json.loads(out.stdout.splitlines()[-1]))
+        r = rows[-1]
+        progress.write(f"{case:<9} timeout_s={t:>4g}  verify {r['wall_s']:6.1f} s  {r['status']:<9}  "
+                       f"peak RSS {r['rss_peak_mb']:6.0f} MB (before verify {r['rss_before_mb']:.0f} MB)  "
+                       f"{r['reason'][:70]}")
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS, "w") as f:
         json.dump({"machine": platform.platform(), "cpus": os.cpu_count(), "mesh": MESH, "rows": rows}, f, indent=2)
