@@ -25,8 +25,6 @@ import contextlib
 import logging
 import warnings
 
-import numpy as np
-
 from redist.extras import missing_extra
 
 try:
