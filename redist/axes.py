@@ -202,3 +202,21 @@ def check_factorization(name: str, axes) -> None:
             raise ShardingError(
                 f"sub-axes {', '.join(axes)} split mesh axis {name!r} (size {size}) in incompatible ways: they "
                 "are not factors of one decomposition of the axis")
+
+
+def check_group(axes) -> None:
+    """Raise :class:`ShardingError` unless ``axes`` define groups of devices (the devices whose coordinates agree
+    outside them): no two of them overlap (name a common factor of one mesh axis, as an axis named twice
+    does) and the sub-axes of each mesh axis are factors of one decomposition of it
+    (:func:`check_factorization`). Time ``O(n log n)`` in the number of axes."""
+    axes = tuple(axes)
+    ordered = sorted(axes, key=lambda a: (a.name, a.pre, a.size))
+    for a, b in zip(ordered, ordered[1:]):  # factor ranges sorted by start: one overlapping pair is adjacent
+        if a.overlaps(b):
+            which = f"axis {a!r} is named twice" if a == b else f"axes {a!r} and {b!r} overlap"
+            raise ShardingError(f"{which}: {{{','.join(axes)}}} define no groups of devices (a group names each "
+                                "factor of a mesh axis once)")
+    names = {a.name for a in axes}
+    if len(names) < len(axes):  # one axis alone always fits a factorization of its mesh axis
+        for name in names:
+            check_factorization(name, [a for a in axes if a.name == name])

@@ -28,7 +28,7 @@ from typing import Mapping
 
 import numpy as np
 
-from redist.axes import Axis, check_factorization, read_token
+from redist.axes import Axis, check_group, read_token
 from redist.errors import ShardingError, shown
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -302,13 +302,10 @@ class Mesh:
         of a mesh axis) or split one mesh axis in incompatible ways: they define no groups.
         """
         axes = self.axes_of(names)
-        for i, a in enumerate(axes):
-            for b in axes[i + 1:]:
-                if a.overlaps(b):
-                    raise ShardingError(f"axes {a!r} and {b!r} overlap: {{{','.join(axes)}}} define no groups of "
-                                        f"devices on mesh {self}")
-        for name in {a.name for a in axes}:
-            check_factorization(name, [a for a in axes if a.name == name])
+        try:
+            check_group(axes)
+        except ShardingError as e:
+            raise ShardingError(f"on mesh {self}: {e}") from None
         by_key: dict[tuple[int, ...], dict[int, int]] = {}
         for d in range(self.size):  # device ids in order, so that groups come in the order of their lowest id
             c = self.coords(d)

@@ -2,8 +2,11 @@
 
 Every step maps a :class:`ShardingType` to another (``apply``) or raises :class:`ShardingError` naming the
 step and the type it does not fit. Axis lists are major → minor, and collectives act at the minor end of a
-dim, so a dim's axis list behaves like a stack. ``L`` below is the local buffer in bytes, ``k`` the number
-of devices in a group (the product of the sizes of the step's axes).
+dim, so a dim's axis list behaves like a stack. A step's axes define its groups of devices, so a step that
+names an axis twice or two that overlap (``all_reduce({x,x:(2)2})``) is refused whatever the type
+(:func:`redist.axes.check_group`); the dims of a permute or an exchange are a type's, which names each factor
+of a mesh axis once. ``L`` below is the local buffer in bytes, ``k`` the number of devices in a group (the
+product of the sizes of the step's axes).
 
 | step                          | type change                                        | local size | bytes received   |
 |-------------------------------|----------------------------------------------------|------------|------------------|
@@ -69,7 +72,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from redist.axes import Axis, remove_axes, strip_suffix
+from redist.axes import Axis, check_group, remove_axes, strip_suffix
 from redist.blocks import (check_factors, exchange_copies, max_missing_elements, missing_elements_on, permute_groups,
                            permute_sources, rank)
 from redist.errors import ShardingError
@@ -97,9 +100,21 @@ def _rebuild(step, t: ShardingType, dims, partial=None, regrouped=(), mesh=None)
     return out
 
 
+def _group_axes(step, t: ShardingType, axes) -> tuple[Axis, ...]:
+    """``step``'s ``axes`` read on ``t``'s mesh. Raises :class:`ShardingError` naming the step unless they
+    define groups of devices (:func:`redist.axes.check_group`): an axis named twice, or two that overlap
+    (``{x,x:(2)2}``), define none, whatever the type."""
+    try:
+        axes = t.mesh.axes_of(axes)
+        check_group(axes)
+    except ShardingError as e:
+        raise ShardingError(f"{step}: {e}") from None
+    return axes
+
+
 def _without_suffix(step, t: ShardingType, dim: int, axes) -> tuple[Axis, ...]:
     _check_dim(step, t, dim)
-    rest = strip_suffix(t.dims[dim], t.mesh.axes_of(axes)) if axes else None
+    rest = strip_suffix(t.dims[dim], _group_axes(step, t, axes)) if axes else None
     if rest is None:
         raise ShardingError(f"{step} does not fit {t}: {_axes(axes)} is not the minor end of dim {dim}")
     return rest
@@ -116,7 +131,7 @@ def _check_named(step, axes) -> None:
 
 
 def _partial_without(step, t: ShardingType, axes) -> tuple[Axis, ...]:
-    rest = remove_axes(t.partial, t.mesh.axes_of(axes)) if axes else None
+    rest = remove_axes(t.partial, _group_axes(step, t, axes)) if axes else None
     if rest is None:
         raise ShardingError(f"{step} does not fit {t}: {_axes(axes)} are not all partial axes")
     if step.reduction != t.reduction:
@@ -162,6 +177,7 @@ class AllSlice:
     def apply(self, t: ShardingType) -> ShardingType:
         _check_dim(self, t, self.dim)
         _check_named(self, self.axes)
+        _group_axes(self, t, self.axes)
         dims = list(t.dims)
         dims[self.dim] = dims[self.dim] + tuple(self.axes)
         return _rebuild(self, t, tuple(dims), regrouped=(self.dim,))
@@ -242,6 +258,7 @@ class MultiAllToAll:
         sources = [i for i, _, _ in self.moves]
         if len(self.moves) < 2 or len(set(sources)) != len(sources) or set(sources) & {j for _, j, _ in self.moves}:
             raise ShardingError(f"{self} needs two moves or more, from distinct dims that are not destinations")
+        _group_axes(self, t, self.axes)
         dims = list(t.dims)
         for i, j, axes in self.moves:
             _check_dim(self, t, j)
@@ -373,6 +390,7 @@ class ReplicateToPartial:
 
     def apply(self, t: ShardingType) -> ShardingType:
         _check_named(self, self.axes)
+        _group_axes(self, t, self.axes)
         _check_creates_sum(self, t)
         return _rebuild(self, t, t.dims, t.partial + tuple(self.axes))
 

@@ -196,6 +196,20 @@ def test_all_to_all_moves_are_checked():
         assert message in str(e.value)
 
 
+@pytest.mark.parametrize("axes", [["x", "x"], ["x", "x:(2)2"]])
+def test_a_file_whose_step_names_an_axis_twice_or_overlapping_axes_is_refused(axes):
+    """The step's typing rule refuses axes that define no group of devices, so the reader does, at the step."""
+    plan = Plan.from_steps(ShardingType.parse("f32[8] partial{x}", MESH), [S.AllReduce(("x",))])
+    data = json.loads(plan.to_json())
+    data["steps"][0]["args"]["axes"] = axes
+    data["steps"][0].pop("step")
+    with pytest.raises(ShardingError) as e:
+        Plan.from_json(json.dumps(data))
+    message = str(e.value)
+    assert message.startswith(f"plan file: step 0 (all_reduce): all_reduce({{{','.join(axes)}}}): ") and (
+        "named twice" in message or "overlap" in message), message
+
+
 def test_not_text_is_refused():
     with pytest.raises(ShardingError, match="takes the text of a plan file \\(str or bytes\\), got dict"):
         Plan.from_json(BASE.to_dict())

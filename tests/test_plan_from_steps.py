@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given, settings
 
 from redist import Mesh, Plan, ShardingError, ShardingType, synthesize
-from redist.steps import AllGather, AllReduce, AllSlice, AllToAll, Pad, Permute
+from redist.steps import (AllGather, AllReduce, AllSlice, AllToAll, Exchange, MultiAllToAll, Pad, Permute,
+                          ReduceScatter, ReplicateToPartial, ShardToPartial)
 from tests.strategies import type_pairs
 
 MESH = Mesh({"x": 2, "y": 4})
@@ -72,3 +73,28 @@ def test_a_step_that_does_not_fit_is_named_with_its_position_and_the_type():
 def test_what_is_not_a_type_or_steps_raises_a_sharding_error(src, steps, match):
     with pytest.raises(ShardingError, match=match):
         Plan.from_steps(src, steps)
+
+
+@pytest.mark.parametrize("src, step, axes", [
+    ("f32[8] partial{y}", AllReduce(("y", "y")), "{y,y}"),
+    ("f32[8] partial{y}", AllReduce(("y", "y:(2)2")), "{y,y:(2)2}"),
+    ("f32[8] partial(max){y}", AllReduce(("y:(1)2", "y:(2)2", "y:(1)2"), "max"), "{y:(1)2,y:(2)2,y:(1)2}"),
+    ("f32[8] partial{y}", ReduceScatter(0, ("y", "y:(1)2")), "{y,y:(1)2}"),
+    ("f32[8]", AllSlice(0, ("y", "y")), "{y,y}"),
+    ("f32[8{y}]", AllGather(0, ("y:(2)2", "y:(2)2")), "{y:(2)2,y:(2)2}"),
+    ("f32[8{y}, 8]", AllToAll(0, 1, ("y", "y")), "{y,y}"),
+    ("f32[8{y}, 8, 8]", MultiAllToAll(((0, 1, ("y",)), (2, 1, ("y:(2)2",)))), "{y,y:(2)2}"),
+    ("f32[8]", ReplicateToPartial(("x", "x")), "{x,x}"),
+    ("f32[8{y}]", ShardToPartial(0, ("y", "y")), "{y,y}"),
+    ("f32[8{y}]", Permute((("y", "y"),)), "'y' used twice"),
+    ("f32[8{y}]", Exchange((("y", "y:(2)2"),)), "'y' and 'y:(2)2' overlap"),
+])
+def test_a_step_that_names_an_axis_twice_or_overlapping_axes_is_refused(src, step, axes):
+    """A step's axes define its groups of devices: an axis named twice, or two that overlap, define none, and
+    the step's typing rule refuses it (naming the step and the axes), whatever the type, as the verifier does."""
+    with pytest.raises(ShardingError) as info:
+        Plan.from_steps(_t(src), [step])
+    message = str(info.value)
+    assert "step 0 of 1" in message and str(step) in message and axes in message, message
+    assert any(why in message for why in ("named twice", "overlap", "used twice")), message
+
