@@ -11,7 +11,7 @@ from functools import cached_property
 from redist import plan_file
 from redist import steps as S
 from redist.blocks import DeviceClasses
-from redist.bounds import lower_bound_bytes
+from redist.bounds import check_pair, lower_bound_bytes
 from redist.errors import ShardingError, shown
 from redist.picture import MAX_BLOCKS, format_bytes
 from redist.plan_picture import plan_picture, summary
@@ -24,13 +24,29 @@ def _number(x: Fraction) -> int | float:
     return int(x) if x.denominator == 1 else float(x)
 
 
+def _check_redistribution(steps: tuple, types: tuple) -> None:
+    """Raise :class:`ShardingError` unless typed ``steps`` (with their ``len(steps) + 1`` types) are a
+    redistribution, whichever way the plan is built (its constructor, :meth:`Plan.from_steps`,
+    :meth:`Plan.from_json`): its destination is a possible target of its source
+    (:func:`redist.bounds.check_pair`: the same shape, dtype and mesh axes, sub-axes of one factorization, no
+    change of reduction kind), which the steps' typing rules do not ensure (``pad`` then ``unpad`` to another
+    shape; ``all_reduce(max)`` then ``replicate_to_partial``), and its collectives run on one device order
+    (:func:`redist.program.collective_mesh`)."""
+    try:
+        check_pair(types[0], types[-1])
+    except ShardingError as e:
+        raise ShardingError(f"the steps turn {types[0]} into {types[-1]}, which is no redistribution of it: "
+                            f"{e}") from None
+    collective_mesh(steps, types)
+
+
 @dataclass(frozen=True)
 class Plan:
     """``steps[i]`` turns ``types[i]`` into ``types[i + 1]``; ``types[0]`` is the source, ``types[-1]`` the
     destination. Construction checks every step's typing rule and raises :class:`ShardingError` for anything
     else: not one type more than steps, something that is no :class:`redist.ShardingType` or no step of
-    :mod:`redist.steps`, a step that does not turn its type into the next, or collectives on two device
-    orders (:func:`redist.program.collective_mesh`)."""
+    :mod:`redist.steps`, a step that does not turn its type into the next, or steps that are no
+    redistribution (:func:`_check_redistribution`)."""
 
     steps: tuple
     types: tuple
@@ -52,7 +68,7 @@ class Plan:
             out = step.apply(t)
             if out != t_next:
                 raise ShardingError(f"step {i} of the plan, {step}, turns {t} into {out}, not into {t_next}")
-        collective_mesh(self.steps, self.types)
+        _check_redistribution(self.steps, self.types)
 
     @classmethod
     def from_steps(cls, src: ShardingType, steps: Iterable[S.Step]) -> Plan:
@@ -61,8 +77,9 @@ class Plan:
         No steps: the plan from ``src`` to itself.
 
         Raises :class:`~redist.errors.ShardingError` if ``src`` is not a :class:`~redist.types.ShardingType`,
-        ``steps`` is not a sequence of steps, or a step does not fit the type before it (the message gives
-        the step's position, the step and that type).
+        ``steps`` is not a sequence of steps, a step does not fit the type before it (the message gives
+        the step's position, the step and that type), or the steps are no redistribution: the checks of the
+        constructor and of :meth:`from_json` (:func:`_check_redistribution`).
         """
         if not isinstance(src, ShardingType):
             raise ShardingError(f"Plan.from_steps: src must be a redist.ShardingType, got {type(src).__name__} "
@@ -80,19 +97,22 @@ class Plan:
                 types.append(step.apply(types[-1]))
             except ShardingError as e:
                 raise ShardingError(f"Plan.from_steps: step {n} of {len(steps)}: {e}") from None
-        return cls._typed(steps, tuple(types))
+        try:
+            return cls._typed(steps, tuple(types))
+        except ShardingError as e:
+            raise ShardingError(f"Plan.from_steps: {e}") from None
 
     @classmethod
     def _typed(cls, steps: tuple, types: tuple) -> Plan:
         """The plan of ``steps`` (a tuple of steps) and ``types``: the source, then the type each step's typing rule
         gave (``types[i + 1]`` is ``steps[i].apply(types[i])``, as :meth:`from_steps` made them). All that the
-        constructor checks holds by construction but the device orders of the collectives, checked here: the
+        constructor checks holds by construction but :func:`_check_redistribution`, checked here: the
         steps are not applied a second time (a step's typing rule is a function of the step and its type, so it
         would give these types again). Synthesis builds every plan it keeps through :meth:`from_steps`."""
         plan = object.__new__(cls)
         object.__setattr__(plan, "steps", steps)
         object.__setattr__(plan, "types", types)
-        collective_mesh(steps, types)
+        _check_redistribution(steps, types)
         return plan
 
     @property
@@ -198,6 +218,9 @@ class Plan:
         the steps. Raises :class:`~redist.errors.ShardingError` naming the first field that is wrong. It does
         not prove the plan: :func:`redist.verify` does."""
         read = plan_file.parse(text)
-        plan = cls(read.steps, read.types)
+        try:
+            plan = cls(read.steps, read.types)
+        except ShardingError as e:
+            raise ShardingError(f"plan file: {e}") from None
         read.check_figures(plan.step_bytes(), plan.to_dict())
         return plan

@@ -31,7 +31,8 @@ What the reader builds from: ``mesh`` (``Mesh.parse``), ``src`` (``ShardingType.
     =================================  ===========================================================
 
 Each step goes through its typing rule from the type before it (``steps[i].apply(types[i])``), so a step
-that does not fit is refused. Every other field is derived and optional; where present it must agree with
+that does not fit is refused, and the steps are then checked as every plan's are (:class:`~redist.plan.Plan`:
+a redistribution of the source, its collectives on one device order). Every other field is derived and optional; where present it must agree with
 what the steps give: a step's ``step`` (its text), ``type`` (the type after it) and ``bytes_received``; the
 plan's ``dst`` (required: the type the steps must end at), ``peak_bytes``, ``bytes_received``,
 ``memory_bound_bytes`` (``max(src, dst)`` local bytes) and ``lower_bound_bytes``

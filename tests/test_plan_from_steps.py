@@ -1,11 +1,14 @@
 """``Plan.from_steps``: a plan from a source type and steps, each step typed by its own rule."""
 
+import json
+
 import pytest
 from hypothesis import given, settings
 
 from redist import Mesh, Plan, ShardingError, ShardingType, synthesize
+from redist.plan_file import FORMAT, step_args
 from redist.steps import (AllGather, AllReduce, AllSlice, AllToAll, Exchange, MultiAllToAll, Pad, Permute,
-                          ReduceScatter, ReplicateToPartial, ShardToPartial)
+                          ReduceScatter, ReplicateToPartial, ShardToPartial, Unpad)
 from tests.strategies import type_pairs
 
 MESH = Mesh({"x": 2, "y": 4})
@@ -98,3 +101,32 @@ def test_a_step_that_names_an_axis_twice_or_overlapping_axes_is_refused(src, ste
     assert "step 0 of 1" in message and str(step) in message and axes in message, message
     assert any(why in message for why in ("named twice", "overlap", "used twice")), message
 
+
+def _file(src: ShardingType, steps) -> tuple[str, tuple]:
+    """A plan file with only the fields the reader requires, for steps that make no plan, and their types."""
+    types = [src]
+    for step in steps:
+        types.append(step.apply(types[-1]))
+    return json.dumps({"format": FORMAT, "mesh": str(src.mesh), "src": str(src), "dst": str(types[-1]),
+                       "steps": [{"kind": s.kind, "args": step_args(s)} for s in steps]}), tuple(types)
+
+
+@pytest.mark.parametrize("src, steps, reason", [
+    (_t("f32[7{y}]"), [Pad(), Unpad((5,))], "source shape [7] differs from destination shape [5]"),
+    (_t("f32[8] partial(max){x}"), [AllReduce(("x",), "max"), ReplicateToPartial(("x",))],
+     "cannot convert between reduction kinds"),
+    (ShardingType.parse("f32[6{z:(1)2}]", Mesh({"z": 6})), [AllGather(0, ("z:(1)2",)), AllSlice(0, ("z:(3)2",))],
+     "not factors of one decomposition"),
+])
+def test_steps_that_are_no_redistribution_are_refused_however_the_plan_is_built(src, steps, reason):
+    """Each step fits, but the plan changes the array's shape or its reduction kind, or uses sub-axes of no one
+    factorization: no redistribution. ``from_steps``, the constructor and ``from_json`` refuse it alike."""
+    text, types = _file(src, steps)
+    for build in (lambda: Plan.from_steps(src, steps), lambda: Plan(tuple(steps), types),
+                  lambda: Plan.from_json(text)):
+        with pytest.raises(ShardingError) as info:
+            build()
+        message = str(info.value)
+        assert f"turn {src} into {types[-1]}, which is no redistribution of it" in message and reason in message
+    with pytest.raises(ShardingError, match=r"^plan file: the steps turn"):
+        Plan.from_json(text)
