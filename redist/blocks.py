@@ -25,7 +25,8 @@ coordinates (:func:`rank`), so what a layout change does is stated per dim and p
   as a map of coordinates (a few groups of axes, whatever the device count);
 - :func:`exchange_segments`: for an exchange (any two layouts with the same partial axes), per dim, which
   interval of which source block lands where in which destination block (:class:`Segment`): ``O(k_in + k_out)``
-  entries per dim; a device's copies (:class:`Copy`) are the product of its dims' segments.
+  entries per dim; a device's copies (:class:`Copy`) are the product of its dims' segments, and how many of
+  them come from other devices is counted from its own blocks alone (:func:`remote_copies`).
 
 Functions named ``…_on`` and :func:`rank` take device coordinates as numpy arrays (one entry per class of
 devices, see :class:`DeviceClasses`) or as plain integers: the same arithmetic serves one device or many.
@@ -514,6 +515,24 @@ def exchange_segments(t_in: ShardingType, t_out: ShardingType) -> tuple[tuple[Se
                 segs.append(Segment(b, s, a - s * Ls, a - lo, z - a))
         out.append(tuple(segs))
     return tuple(out)
+
+
+def remote_copies(t_in: ShardingType, t_out: ShardingType, device: int) -> int:
+    """How many copies of elements ``device`` receives from other devices in an exchange from ``t_in`` to
+    ``t_out`` (on one device order), from its own blocks alone in ``O(rank)``, whatever the block counts: per
+    dim, its block under ``t_out`` has one segment (:func:`exchange_segments`) per source block that shares
+    elements with it, its own block under ``t_in`` among them or not; a copy is a segment of each dim, and it
+    comes from the device itself exactly when every one of them is its own."""
+    c = device_coords(t_in.mesh, device)
+    every = own = 1
+    for n, Ls, Lt, a_in, a_out in zip(t_in.shape, t_in.local_shape, t_out.local_shape, t_in.dims, t_out.dims):
+        b, mine = rank(c, a_out), rank(c, a_in)
+        lo, hi = min(n, b * Lt), min(n, (b + 1) * Lt)
+        if hi <= lo:
+            return 0
+        every *= -(-hi // Ls) - lo // Ls  # the source blocks lo // Ls, …, ceil(hi / Ls) - 1
+        own *= mine * Ls < hi and lo < (mine + 1) * Ls
+    return every - own
 
 
 @lru_cache(maxsize=256)

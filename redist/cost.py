@@ -66,8 +66,8 @@ import numpy as np
 
 from redist import program as P
 from redist import steps as S
-from redist.axes import axis_name
-from redist.blocks import DeviceClasses, exchange_segments, permute_groups, rank, with_ranks
+from redist.axes import axis_name, split_common
+from redist.blocks import DeviceClasses, exchange_segments, permute_groups, rank, remote_copies
 from redist.errors import ShardingError, shown
 from redist.mesh import Mesh
 from redist.plan import Plan
@@ -263,9 +263,9 @@ def collective_time(axes: Iterable[str], nbytes: float, topo: Topology, kind: st
 
 def step_axes(step, t_in) -> tuple[str, ...]:
     """The axes a step communicates over: its own axes, or for a permute or an exchange the mesh axes along
-    which some device's source device differs from it (in mesh order), found per class of devices
-    (:class:`redist.blocks.DeviceClasses` of the axes the step's layouts use), never per device. An exchange
-    is priced as one collective over them (one latency)."""
+    which some device's source device differs from it (in mesh order), never found device by device: for a
+    permute from its groups' axes, for an exchange per class of devices (:class:`redist.blocks.DeviceClasses`
+    of the axes the step's layouts use). An exchange is priced as one collective over them (one latency)."""
     if isinstance(step, (S.Permute, S.Exchange)) and step.apply(t_in).mesh != t_in.mesh:
         return _reordered_axes(step, t_in)
     if isinstance(step, S.Permute):
@@ -293,13 +293,31 @@ def _reordered_axes(step, t_in) -> tuple[str, ...]:
 
 
 def _permute_axes(t_in, t_out) -> tuple[str, ...]:
-    """The mesh axes on which some device's source in a permute differs from it: the source's coordinates,
-    computed on a representative of each class of the groups' axes."""
-    groups = permute_groups(t_in, t_out)
-    classes = DeviceClasses(t_in.mesh, [a for g in groups for side in g for a in side])
-    c = classes.coords
-    source = with_ranks(c, [(s, rank(c, a)) for s, a in groups])
-    return tuple(n for n in t_in.mesh.names if np.any(source[n] != c[n]))
+    """The mesh axes on which some device's source in a permute differs from it, from the axes of its groups
+    (:func:`redist.blocks.permute_groups`) alone, visiting no device. In a group ``(source_axes, axes)``, both
+    cut into common pieces, the source's digit on a piece ``p`` of ``source_axes`` is the digit at ``p``'s place
+    value ``v`` (the product of the sizes of the pieces after it) of the device's rank over ``axes``. It is the
+    device's own digit on ``p`` everywhere if ``axes`` has ``p`` at place value ``v`` too; else some device's
+    differs: one whose digit on ``p`` is free of that rank if ``axes`` lacks ``p``; the one whose rank is ``v``
+    (digit 0 on ``p``, taking 1) if ``axes`` has ``p`` at a larger place value; the one whose only nonzero
+    digit is a 1 on ``p`` (taking 0) if at a smaller one."""
+    moved = set()
+    for source_axes, axes in permute_groups(t_in, t_out):
+        source_pieces, pieces = split_common([source_axes, axes])
+        at = dict(_place_values(pieces))
+        moved |= {p[0] for p, v in _place_values(source_pieces) if at.get(p) != v}
+    return tuple(n for n in t_in.mesh.names if n in moved)
+
+
+def _place_values(pieces) -> list[tuple[tuple[str, int, int], int]]:
+    """Each piece ``(name, lo, hi)`` of a list (major to minor) that has more than one coordinate, with its place
+    value in the mixed-radix rank over the list: the product of the sizes of the pieces after it."""
+    out, below = [], 1
+    for p in reversed(pieces):
+        if p[2] > p[1]:
+            out.append((p, below))
+            below *= p[2] // p[1]
+    return out
 
 
 def _exchange_axes(t_in, t_out) -> tuple[str, ...]:
@@ -357,10 +375,10 @@ _CHEAP_COPIES = 1 << 18
 
 def _most_copies(step: S.Exchange, t_in) -> int:
     """The most copies from other devices that one of a few devices (the first, middle and last) receives in an
-    exchange: at most one arrives per round, so the exchange runs at least that many rounds."""
-    mesh = t_in.mesh
-    (ins,) = P.lower_step(step, t_in)
-    return max(ins.remote_copies(mesh, d) for d in {0, mesh.size // 2, mesh.size - 1})
+    exchange (:func:`redist.blocks.remote_copies`, from their blocks, without the exchange's tables): at most
+    one arrives per round, so the exchange runs at least that many rounds."""
+    mesh, t_out = t_in.mesh, step.apply(t_in)
+    return max(remote_copies(t_in, t_out, d) for d in {0, mesh.size // 2, mesh.size - 1})
 
 
 def exchange_time_lower_bound(step: S.Exchange, t_in, topo: Topology) -> float:

@@ -296,21 +296,6 @@ class Exchange:
                             tuple(s.size for s in segs)))
         return tuple(out)
 
-    def remote_copies(self, mesh: Mesh, device: int) -> int:
-        """How many copies of elements :meth:`copies` gives ``device`` from other devices, counted per dim
-        without listing them: the source axes of the dims are distinct, so a copy comes from the device itself
-        exactly when each of its segments comes from the device's own source block."""
-        if isinstance(self.dims, CopyTable):
-            return sum(1 for c in self.dims.copies[device] if c.source != device and math.prod(c.size))
-        c = device_coords(mesh, device)
-        every = own = 1
-        for x in self.dims:
-            segs = [s for s in x.by_block.get(rank(c, mesh.axes_of(x.axes)), ()) if s.size]
-            mine = rank(c, mesh.axes_of(x.source_axes))
-            every *= len(segs)
-            own *= sum(1 for s in segs if s.source_block == mine)
-        return every - own
-
     def copies_from(self, mesh: Mesh, device: int) -> list[tuple[int, Copy]]:
         """``(receiver, copy)`` for every copy whose source is ``device`` and whose receiver is another device, by
         receiver, each receiver's in the order of :meth:`copies`. Only the devices that differ from ``device``

@@ -13,6 +13,7 @@ from proofs.common import oracle
 from redist import cost
 from redist import program as P
 from redist import steps as S
+from redist.blocks import remote_copies
 from redist.bounds import lower_bound_bytes
 from redist.data import poisoned_source, unshard
 from redist.execute import execute
@@ -185,7 +186,7 @@ def test_exchange_round_stats_are_those_of_its_rounds(pair):
 @given(type_pairs(max_rank=3, sub_axes=0.3, uneven=True))
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_an_exchange_is_priced_no_lower_than_its_lower_bound(pair):
-    """Exchange.remote_copies counts, per dim, the copies a device gets from others (what listing them gives),
+    """blocks.remote_copies counts, per dim, the copies a device gets from others (what listing them gives),
     and cost.exchange_time_lower_bound, built on it, never exceeds the time of the rounds it runs."""
     src, dst = pair
     src = src.replace(partial=dst.partial)
@@ -194,7 +195,7 @@ def test_an_exchange_is_priced_no_lower_than_its_lower_bound(pair):
     m = src.mesh
     for d in range(m.size):
         want = sum(1 for c in ins.copies(m, d) if c.source != d and math.prod(c.size))
-        assert ins.remote_copies(m, d) == want
+        assert remote_copies(src, step.apply(src), d) == want
     for preset in ("2x8-nodes", "tpu-v4"):
         topo = cost.topology(preset, m)
         assert cost.exchange_time_lower_bound(step, src, topo) <= cost.exchange_time(step, src, topo) * (1 + 1e-12)

@@ -7,6 +7,9 @@ fast, with generous limits (the machine may be busy)."""
 
 import itertools
 import math
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -322,6 +325,47 @@ def test_groups_to_axes_on_1024_devices_is_linear():
     groups = _mesh_groups(mesh.axes, np.arange(mesh.size), [("z", 2, 8), ("x", 1, 4), ("y", 1, 16), ("z", 1, 2)])
     axes, seconds = _timed(lambda: groups_to_axes(mesh, groups))
     assert axes == ("z:(2)8", "x", "y", "z:(1)2") and seconds < 2, seconds
+
+
+# ---------------------------------------------------------------------- the largest meshes, within 4 GiB
+_UNDER_4_GIB = """if True:
+    import resource, sys
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+    import redist
+    from redist import Mesh, Plan, ShardingType, cost
+    from redist import steps as S
+    mesh = Mesh.parse(sys.argv[1])
+    T = lambda text: ShardingType.parse(text, mesh)
+    try:
+        print(repr(eval(sys.argv[2])))
+    except redist.ShardingError as e:
+        print("refused:", e)
+"""
+
+XY = "x=32768,y=32768"  # 2^30 devices
+PRIME = "x=2147483647"  # 2^31 - 1 devices, the most a mesh may have
+LARGEST = [
+    # (mesh, what runs (T reads a type on the mesh), its repr)
+    # the permute of a swap: its axes from the groups, not from 2^30 classes of devices (16 GiB)
+    (XY, "cost.step_axes(S.Permute((('y',), ('x',))), T('f32[65536{x}, 65536{y}]'))", "('x', 'y')"),
+    # an exchange's copies counted from three devices' blocks, not from segment tables of 2^31 - 1 blocks
+    # (hours, then the memory)
+    (PRIME, "cost.exchange_time_lower_bound(S.Exchange(((),)), T('f32[2147483647{x}]'), "
+            "cost.topology('tpu-v4', mesh)) > 0", "True"),
+]
+
+
+@pytest.mark.parametrize("mesh_text, expression, expected", LARGEST)
+def test_the_largest_meshes_are_accounted_within_4_gib(mesh_text, expression, expected):
+    """On meshes of 2^30 to 2^31 - 1 devices, the accounting stays symbolic (a permute's axes, an exchange's
+    copies per device). Before, numpy arrays of 16 GiB (MemoryError) or tables of billions of segments. Each
+    runs in a child capped at 4 GiB of address space, so that a regression fails rather than takes the
+    machine's memory, and within the 120 s bound."""
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")  # no thread buffers under the cap
+    out = subprocess.run([sys.executable, "-c", _UNDER_4_GIB, mesh_text, expression], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == expected
 
 
 # ---------------------------------------------------------------------- the verifier reads the compact forms
