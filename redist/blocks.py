@@ -28,6 +28,10 @@ coordinates (:func:`rank`), so what a layout change does is stated per dim and p
   entries per dim; a device's copies (:class:`Copy`) are the product of its dims' segments, and how many of
   them come from other devices is counted from its own blocks alone (:func:`remote_copies`).
 
+Where the classes of devices or the blocks of the dims still number about as many as the devices, listing
+them is per-device work: beyond :data:`MAX_LISTED` of them (meshes of millions of devices split finely by the
+layouts) a :class:`ShardingError` says so, rather than numpy arrays or tables of gigabytes being built.
+
 Functions named ``…_on`` and :func:`rank` take device coordinates as numpy arrays (one entry per class of
 devices, see :class:`DeviceClasses`) or as plain integers: the same arithmetic serves one device or many.
 """
@@ -47,6 +51,21 @@ from redist.errors import ShardingError
 if TYPE_CHECKING:  # types calls this module: a runtime import would be a cycle
     from redist.mesh import Mesh
     from redist.types import ShardingType
+
+MAX_LISTED = 2**22
+"""The most entries the accounting lists one by one: classes of devices (:class:`DeviceClasses`), blocks of an
+exchange's dims (:func:`exchange_segments`), pairs of a device and a copy slot of an exchange priced round by
+round (:meth:`redist.program.Exchange.round_stats`). An array of this many int64 entries takes 32 MiB, and
+the accounting holds a few dozen."""
+
+
+def check_listed(count: int, what: str) -> None:
+    """Raise :class:`ShardingError` if ``count`` entries of ``what`` (a phrase naming them and why they are
+    listed) exceed :data:`MAX_LISTED`."""
+    if count > MAX_LISTED:
+        raise ShardingError(f"{what} would be listed one by one: {count:,} of them, over the limit of "
+                            f"{MAX_LISTED:,} (redist.blocks.MAX_LISTED); on so large a mesh this needs per-device "
+                            "work that redist does not do")
 
 
 # ---------------------------------------------------------------------- blocks and boxes of one device
@@ -138,12 +157,13 @@ class DeviceClasses:
     ``coords[name]`` (a numpy array, one entry per class) is the coordinate on mesh axis ``name`` of the
     class's *representative*, its member whose other digits are 0. A mesh axis whose boundaries are no chain
     of factors (sub-axes of two decompositions) is taken whole. Raises :class:`ShardingError` for an axis that
-    is not of ``mesh``.
+    is not of ``mesh``, or if there are more than :data:`MAX_LISTED` classes.
     """
 
     def __init__(self, mesh: Mesh, axes):
+        axes = mesh.axes_of(tuple(axes))
         used: dict[str, list[Axis]] = {}
-        for a in mesh.axes_of(tuple(axes)):
+        for a in axes:
             used.setdefault(a.name, []).append(a)
         self.mesh = mesh
         self.pieces: list[tuple[str, int, int]] = []  # (mesh axis, lo, hi): a factor range of it
@@ -158,6 +178,7 @@ class DeviceClasses:
                             if any(a.pre <= lo and hi <= a.stop for a in used[name])]
         sizes = [hi // lo for _, lo, hi in self.pieces]
         self.size = math.prod(sizes)
+        check_listed(self.size, f"the classes of devices that agree on {{{','.join(dict.fromkeys(axes))}}}")
         digits = np.indices(sizes, dtype=np.int64).reshape(len(sizes), self.size)
         self.coords = {name: np.zeros(self.size, np.int64) for name in mesh.names}
         for (name, _, hi), digit in zip(self.pieces, digits):
@@ -193,7 +214,8 @@ def max_missing_elements(src: ShardingType, dst: ShardingType) -> int:
     components that share mesh axes; a component of even dims of which one can miss its overlap entirely
     contributes ``(Π lt, 0)``, any other is evaluated over its classes of devices (:class:`DeviceClasses` of its
     axes, at most the devices its axes span). Components are independent: the Pareto-best ``(Π lt, Π o)`` of
-    each are combined. Cost: polynomial in the rank and the number of axes, plus those classes.
+    each are combined. Cost: polynomial in the rank and the number of axes, plus those classes (at most
+    :data:`MAX_LISTED`, else :class:`ShardingError`).
     """
     if src.mesh != dst.mesh:  # two device orders: a device's two positions differ, so count per device
         return int(np.max(_missing_by_device(src, dst), initial=0))
@@ -503,8 +525,11 @@ def exchange_segments(t_in: ShardingType, t_out: ShardingType) -> tuple[tuple[Se
     A device's copies in an exchange are the products of one segment per dim (for its blocks under ``t_out``),
     each from the device that differs from it only in its coordinates on ``t_in``'s dim axes, which are those of
     the segments' source blocks: a device that holds a block takes it from itself, and a sender shares every
-    other coordinate (partial ones included) with its receiver.
+    other coordinate (partial ones included) with its receiver. Raises :class:`ShardingError` if the dims have
+    more than :data:`MAX_LISTED` blocks in all.
     """
+    check_listed(sum(t.blocks(i) for t in (t_in, t_out) for i in range(t_in.rank)),
+                 f"the blocks of the dims of an exchange from {t_in} to {t_out} (its segment tables)")
     out = []
     for n, Ls, Lt, kt in zip(t_in.shape, t_in.local_shape, t_out.local_shape, map(t_out.blocks, range(t_out.rank))):
         segs = []

@@ -26,7 +26,8 @@ def lower_bound_bytes(src: ShardingType, dst: ShardingType) -> int:
     receive less (between two device orders a device may have to take another summand, so a plan may not reach the
     bound there, but it still holds). Computed from the block structure
     (:func:`redist.blocks.max_missing_elements`), in time independent of the device count on one device order;
-    the creating bound visits each summand group of the destination once.
+    the creating bound visits each summand group of the destination once. Where that takes more classes of
+    devices than :data:`redist.blocks.MAX_LISTED`, :class:`ShardingError` says so.
     """
     check_pair(src, dst)
     if difference(dst.partial, src.partial):

@@ -412,20 +412,35 @@ def fastest(plans, topo: Topology, times: dict | None = None) -> tuple[Plan, flo
     first. Branch and bound: plans are priced exactly in order of :func:`plan_time_lower_bound`, and the search
     stops at the first whose bound exceeds the best time found, so an exchange of thousands of rounds that a
     collective plan beats is never listed round by round. ``times`` (keyed by ``id(plan)``) keeps the exact
-    times across calls."""
+    times across calls. A plan that cannot be priced without listing more than
+    :data:`redist.blocks.MAX_LISTED` entries (an exchange on a mesh of millions of devices, whose rounds are
+    read device by device) is passed over; if no plan can be priced, that :class:`ShardingError` is raised."""
     times = {} if times is None else times
-    bounds = [times.get(id(p)) for p in plans]
-    bounds = [plan_time_lower_bound(p, topo) if b is None else b for p, b in zip(plans, bounds)]
+    bounds, refused = [], None
+    for p in plans:
+        try:
+            bounds.append(times[id(p)] if id(p) in times else plan_time_lower_bound(p, topo))
+        except ShardingError as e:
+            bounds.append(math.inf)
+            refused = refused or e
     best = None
     for i in sorted(range(len(plans)), key=bounds.__getitem__):
         p = plans[i]
         if best is not None and bounds[i] > best[0][0] * (1 + 1e-9):  # not a tie that rounding hides
             break
-        if id(p) not in times:
-            times[id(p)] = plan_time(p, topo)
-        key = (times[id(p)], p.bytes_received, len(p.steps), i)
+        if bounds[i] == math.inf:  # its lower bound could not be priced
+            continue
+        try:
+            if id(p) not in times:
+                times[id(p)] = plan_time(p, topo)
+            key = (times[id(p)], p.bytes_received, len(p.steps), i)
+        except ShardingError as e:
+            refused = refused or e
+            continue
         if best is None or key < best[0]:
             best = (key, p)
+    if best is None:
+        raise refused
     return best[1], best[0][0]
 
 

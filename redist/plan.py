@@ -152,7 +152,9 @@ class Plan:
 
     @property
     def bytes_received(self) -> int | float:
-        """The largest, over devices, of the bytes a device receives over the whole plan."""
+        """The largest, over devices, of the bytes a device receives over the whole plan. Raises
+        :class:`ShardingError` where counting it would list more than :data:`redist.blocks.MAX_LISTED` classes of
+        devices (point-to-point steps on a mesh of millions of devices that both layouts split finely)."""
         return _number(self._received)
 
     def step_bytes(self) -> tuple[int | float, ...]:

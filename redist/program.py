@@ -82,8 +82,8 @@ import numpy as np
 
 from redist import steps as S
 from redist.axes import Axis, check_factorization
-from redist.blocks import (Copy, DeviceClasses, Segment, device_coords, device_id, exchange_copies, exchange_segments,
-                           local_box, permute_groups, permute_sources, rank, with_ranks)
+from redist.blocks import (Copy, DeviceClasses, Segment, check_listed, device_coords, device_id, exchange_copies,
+                           exchange_segments, local_box, permute_groups, permute_sources, rank, with_ranks)
 from redist.errors import ShardingError
 from redist.mesh import Mesh
 from redist.types import REDUCTIONS
@@ -344,13 +344,18 @@ class Exchange:
         """Per round of :meth:`rounds` (copies within a device left out), in order: the round's slab (the
         largest copy of the round along each dim) and the mesh axes along which its senders and receivers
         differ, in mesh order. The same figures as read from :meth:`rounds`, computed with numpy over every
-        device at once from the segment tables (what :func:`redist.cost.exchange_time` prices)."""
+        device at once from the segment tables (what :func:`redist.cost.exchange_time` prices): an array per copy
+        slot over the devices, so :class:`ShardingError` where there are more than
+        :data:`redist.blocks.MAX_LISTED` pairs of a device and a slot."""
         if isinstance(self.dims, CopyTable):
             return tuple((tuple(max(c.size[i] for _, _, c in moves) for i in range(len(self.shape))),
                           mesh.varying_axes((s, d) for s, d, _ in moves)) for _, moves in self.rounds(mesh))
         if not self.dims:  # rank 0: each device copies its own scalar
             return ()
         n = mesh.size
+        check_listed(n * math.prod(max((len(v) for v in x.by_block.values()), default=0) for x in self.dims),
+                     f"the pairs of a device and a copy slot of {self} on a mesh of {n:,} devices, priced round "
+                     "by round")
         ids = np.arange(n, dtype=np.int64)
         c = device_coords(mesh, ids)
         tables = []  # per dim: the receiver block of each device, and per block its k-th segment's fields

@@ -344,28 +344,52 @@ _UNDER_4_GIB = """if True:
 
 XY = "x=32768,y=32768"  # 2^30 devices
 PRIME = "x=2147483647"  # 2^31 - 1 devices, the most a mesh may have
+REFUSED = None
 LARGEST = [
-    # (mesh, what runs (T reads a type on the mesh), its repr)
+    # (mesh, what runs (T reads a type on the mesh), its repr, or REFUSED: a ShardingError naming the limit)
     # the permute of a swap: its axes from the groups, not from 2^30 classes of devices (16 GiB)
     (XY, "cost.step_axes(S.Permute((('y',), ('x',))), T('f32[65536{x}, 65536{y}]'))", "('x', 'y')"),
-    # an exchange's copies counted from three devices' blocks, not from segment tables of 2^31 - 1 blocks
-    # (hours, then the memory)
+    (XY, "[str(s) for s in redist.synthesize(T('f32[65536{x}, 65536{y}]'), T('f32[65536{y}, 65536{x}]'), "
+         "topology='2x8-nodes').steps]", "['permute(to [{y}, {x}])']"),
+    ("x=1073741824", "[str(s) for s in redist.synthesize(T('f32[2147483648{x:(1)32768}]'), "
+                     "T('f32[2147483648{x:(32768)32768}]'), topology='tpu-v4').steps]",
+     "['permute(to [{x:(32768)32768}])']"),
+    # the exchange candidate of an all-gather: its copies counted from three devices' blocks, not from segment
+    # tables of 2^31 - 1 blocks (hours, then the memory)
+    (PRIME, "[str(s) for s in redist.synthesize(T('f32[2147483647{x}]'), T('f32[2147483647]'), "
+            "topology='tpu-v4').steps]", "['all_gather(dim 0, {x})']"),
     (PRIME, "cost.exchange_time_lower_bound(S.Exchange(((),)), T('f32[2147483647{x}]'), "
             "cost.topology('tpu-v4', mesh)) > 0", "True"),
+    # a candidate whose bytes need 2^31 classes of devices (32 GiB) is passed over
+    ("x=46341,y=46340", "[str(s) for s in redist.synthesize(T('f32[100000, 100000] partial{x}'), "
+                        "T('f32[100000{y}, 100000{x}]')).steps]",
+     "['reduce_scatter(dim 1, {x})', 'exchange(to [{y}, {x}])']"),
+    # per class of devices or per device, where the classes are the devices: refused (16 or 8 GiB)
+    (XY, "redist.lower_bound_bytes(T('f32[65536{x,y}]'), T('f32[65536{y,x}]'))", REFUSED),
+    (XY, "redist.lower_bound_bytes(T('f32[65536{x}, 65536]'), T('f32[65536, 65536] partial{x,y}'))", REFUSED),
+    (XY, "Plan.from_steps(T('f32[65536{x}, 65536{y}]'), [S.Permute((('y',), ('x',))), "
+         "S.Exchange((('x',), ('y',)))]).bytes_received", REFUSED),
+    (XY, "cost.exchange_time(S.Exchange((('y',), ('x',))), T('f32[65536{x}, 65536{y}]'), "
+         "cost.topology('tpu-v4', mesh))", REFUSED),
 ]
 
 
 @pytest.mark.parametrize("mesh_text, expression, expected", LARGEST)
-def test_the_largest_meshes_are_accounted_within_4_gib(mesh_text, expression, expected):
-    """On meshes of 2^30 to 2^31 - 1 devices, the accounting stays symbolic (a permute's axes, an exchange's
-    copies per device). Before, numpy arrays of 16 GiB (MemoryError) or tables of billions of segments. Each
-    runs in a child capped at 4 GiB of address space, so that a regression fails rather than takes the
-    machine's memory, and within the 120 s bound."""
+def test_the_largest_meshes_are_accounted_or_refused_within_4_gib(mesh_text, expression, expected):
+    """On meshes of 2^30 to 2^31 - 1 devices, the accounting stays symbolic where it can (a permute's axes, an
+    exchange's copies per device, candidates it can count) and refuses with a ShardingError naming the limit
+    where it would list the devices or classes of them one by one. Before, numpy arrays of 8 to 32 GiB
+    (MemoryError) or tables of billions of segments. Each runs in a child capped at 4 GiB of address space,
+    so that a regression fails rather than takes the machine's memory, and within the 120 s bound."""
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")  # no thread buffers under the cap
     out = subprocess.run([sys.executable, "-c", _UNDER_4_GIB, mesh_text, expression], capture_output=True,
                          text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == expected
+    if expected is REFUSED:
+        assert out.stdout.startswith("refused: ") and "over the limit of 4,194,304 (redist.blocks.MAX_LISTED)" in \
+            out.stdout, out.stdout
+    else:
+        assert out.stdout.strip() == expected
 
 
 # ---------------------------------------------------------------------- the verifier reads the compact forms

@@ -185,9 +185,19 @@ def _across_device_orders(src: ShardingType, dst: ShardingType, topology) -> Pla
 
 def _cheapest(candidates, topology, mesh: Mesh) -> Plan:
     """The fewest-bytes candidate (ties: fewest steps, then the first), or with ``topology`` the fastest (ties:
-    fewest bytes, then steps)."""
+    fewest bytes, then steps). A candidate whose bytes cannot be counted (or time priced,
+    :func:`redist.cost.fastest`) without listing more than :data:`redist.blocks.MAX_LISTED` entries is passed
+    over; if none can be, that :class:`ShardingError` is raised."""
     if topology is None:
-        return min(candidates, key=lambda p: (p.bytes_received, len(p.steps)))
+        counted, refused = [], None
+        for p in candidates:
+            try:
+                counted.append(((p.bytes_received, len(p.steps)), p))
+            except ShardingError as e:
+                refused = refused or e
+        if not counted:
+            raise refused
+        return min(counted, key=lambda c: c[0])[1]
 
     return cost.fastest(candidates, cost.as_topology(topology, mesh))[0]
 
