@@ -46,7 +46,9 @@ class Plan:
     destination. Construction checks every step's typing rule and raises :class:`ShardingError` for anything
     else: not one type more than steps, something that is no :class:`redist.ShardingType` or no step of
     :mod:`redist.steps`, a step that does not turn its type into the next, or steps that are no
-    redistribution (:func:`_check_redistribution`)."""
+    redistribution: steps whose destination is no possible target of their source (another shape, dtype or
+    mesh axes, another reduction kind, sub-axes of no one factorization), or whose collectives do not run on
+    one device order."""
 
     steps: tuple
     types: tuple
@@ -79,7 +81,7 @@ class Plan:
         Raises :class:`~redist.errors.ShardingError` if ``src`` is not a :class:`~redist.types.ShardingType`,
         ``steps`` is not a sequence of steps, a step does not fit the type before it (the message gives
         the step's position, the step and that type), or the steps are no redistribution: the checks of the
-        constructor and of :meth:`from_json` (:func:`_check_redistribution`).
+        constructor and of :meth:`from_json`.
         """
         if not isinstance(src, ShardingType):
             raise ShardingError(f"Plan.from_steps: src must be a redist.ShardingType, got {type(src).__name__} "
