@@ -6,7 +6,9 @@
         partir_core.ManualPartition({"params/w1": 1, "params/w2": 0}, axis="model"),
     ])
     out = pf(params, x)                  # runs on mesh.size JAX devices, equals train_step(params, x)
-    lowered = pf.lower(params, x)        # types, collectives, .after(k), conflicts, .simulate()
+    lowered = pf.lower(params, x)        # types, shardings, collectives, .after(k), .explain(), .simulate()
+
+The mesh may be a JAX mesh (``jax.make_mesh((2, 4), ("batch", "model"))``): the program then runs on its devices.
 
 Modules, in dependency order: ``keys`` (random keys as key data), ``ir`` (trace and inline), ``registry``
 (factor rules and their local forms), ``factors`` (the factor algebra: dims ↔ factor axes), ``propagation``
@@ -14,7 +16,8 @@ Modules, in dependency order: ``keys`` (random keys as key data), ``ir`` (trace 
 (per-op sharding choice), ``program`` (the local program and its run under one ``shard_map``), ``lowering``
 (choice → program), ``simulator`` (redist's cost model for collectives), ``tactics``, ``analysis`` (dim
 groups), ``automatic`` (the search: ``actions``, ``evaluation``, ``ranking``, ``tree``, ``goals``, ``local``,
-``result``), ``partition`` (``jit``), ``models``, ``schedules``.
+``result``), ``arguments`` (binding a call), ``explain`` (conflicts in words), ``partition`` (``jit``),
+``models``, ``schedules``.
 """
 
 from redist.extras import missing_extra
@@ -24,9 +27,9 @@ try:
 except ModuleNotFoundError as e:
     raise missing_extra(e, "partir_core", "jax") from e
 
-from partir_core.partition import Partitioned, PartitionedFunction, jit
+from partir_core.partition import Partitioned, PartitionedFunction, input_paths, jit
 from partir_core.simulator import HARDWARE, Hardware, Simulation
 from partir_core.tactics import AutomaticPartition, ManualPartition, PartitionError
 
-__all__ = ["jit", "ManualPartition", "AutomaticPartition", "PartitionError", "Partitioned",
+__all__ = ["jit", "input_paths", "ManualPartition", "AutomaticPartition", "PartitionError", "Partitioned",
            "PartitionedFunction", "Hardware", "HARDWARE", "Simulation"]

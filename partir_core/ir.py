@@ -45,6 +45,7 @@ from typing import Any
 import jax
 import numpy as np
 from jax.extend import core as jcore
+from jax.extend import source_info_util
 
 from partir_core import keys
 
@@ -91,16 +92,25 @@ class Eqn:
     ...}``: an enter's ties are ``(operand, result, stacked)`` (the outer operand becomes that body parameter;
     ``stacked``: a scan's ``xs``, whose leading dim the body iterates over); an exit's are ``(result, operands,
     stacked)`` (the operands, body results and carry parameters, that become that outer result; ``stacked``: a
-    scan's ``ys``, which gain a leading dim)."""
+    scan's ``ys``, which gain a leading dim). ``sources``: the jaxpr equation's source info, then those of the
+    calls inlined around it, innermost first (none for a boundary)."""
 
     prim: Any
     invars: list[int]
     outvars: list[int]
     params: dict
+    sources: tuple = field(default=(), repr=False, compare=False)
 
     @property
     def name(self) -> str:
         return self.prim.name
+
+    @property
+    def source(self) -> str | None:
+        """Where the user's code applied it, ``file:line:column (function)``: its own frame, or that of the
+        innermost call around it that has one (a ``jnp`` function's ops have none of their own); None where JAX
+        kept no frame."""
+        return next(filter(None, map(source_info_util.summarize, self.sources)), None)
 
 
 @dataclass
@@ -300,8 +310,9 @@ class _Builder:
             return self.const(atom.val, atom.aval)
         return env[atom]
 
-    def emit(self, jaxpr, consts, invals: list[int]) -> list[int]:
-        """Splice ``jaxpr`` (an open jaxpr with ``consts``) reading ``invals``; returns its output values."""
+    def emit(self, jaxpr, consts, invals: list[int], callers: tuple = ()) -> list[int]:
+        """Splice ``jaxpr`` (an open jaxpr with ``consts``) reading ``invals``; returns its output values.
+        ``callers``: the source info of the calls inlined around it, innermost first."""
         env: dict = {}
         for var, c in zip(jaxpr.constvars, consts):
             env[var] = self.const(c, var.aval)
@@ -313,12 +324,12 @@ class _Builder:
             if inner is not None:
                 sub, sub_consts, skip = inner
                 self.inlined.append(e.primitive.name)
-                outs = self.emit(sub, sub_consts, ins[skip:] if skip else ins)
+                outs = self.emit(sub, sub_consts, ins[skip:] if skip else ins, (e.source_info, *callers))
             elif e.primitive.name in CONTROL_FLOW:
                 outs = self.control_flow(e, ins)
             else:
                 outs = [self.new(o.aval) for o in e.outvars]
-                self.eqns.append(Eqn(e.primitive, ins, outs, dict(e.params)))
+                self.eqns.append(Eqn(e.primitive, ins, outs, dict(e.params), (e.source_info, *callers)))
             for var, v in zip(e.outvars, outs):
                 if not isinstance(var, _DROP_VAR):
                     env[var] = v

@@ -1,38 +1,44 @@
 """The entry point: ``partir_core.jit(fn, mesh, schedule)`` and the partitioned program it lowers to.
 
 ``pf = partir_core.jit(fn, mesh, schedule)`` has ``fn``'s signature: ``pf(*args, **kwargs)`` binds its
-arguments as ``fn`` would (a missing or extra argument is a :class:`~partir_core.PartitionError` naming it),
-traces ``fn`` on the arguments' shapes, applies the tactics in order (each followed by propagation to a fixed
-point), lowers to one ``jax.shard_map`` program over the ``mesh.size`` first JAX devices, runs it and returns
-what ``fn`` returns. ``pf`` can itself be traced by ``jax.jit``. Lowerings are cached per argument structure and shapes.
+arguments as ``fn`` would (:mod:`partir_core.arguments`: static and donated arguments as ``jax.jit``'s), traces
+``fn`` on the arguments' shapes, applies the tactics in order (each followed by propagation to a fixed point),
+lowers to one ``jax.shard_map`` program over the mesh's devices (a JAX mesh's own, in its order; a
+``redist.Mesh``'s among the first JAX devices), runs it and returns what ``fn`` returns. ``pf`` can itself be
+traced by ``jax.jit``. Lowerings are cached per argument structure, static values, shapes and dtypes.
+``pf.place(*args, **kwargs)`` puts the arguments in their types once, so that calls on them move no input.
 
 ``pf.lower(*args, **kwargs)`` returns the :class:`Partitioned` program: input/output sharding types (pytrees of
-``redist.ShardingType``), collectives, text after each tactic, conflicts, unsupported primitives,
-``simulate()``, and ``automatic`` (what an ``AutomaticPartition`` found, as pasteable manual tactics).
+``redist.ShardingType``) and their ``NamedSharding``s, collectives, text after each tactic, conflicts and
+unsupported primitives (``explain()`` says them in words), ``simulate()``, and ``automatic`` (what an
+``AutomaticPartition`` found, as pasteable manual tactics). :func:`input_paths` names a function's inputs.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
+from dataclasses import replace
 
 import jax
 import numpy as np
 
 import redist
 from redist.errors import shown
+from redist.jax import redist_mesh
 from redist.mesh import Mesh
 
 from partir_core import ir, keys
+from partir_core.arguments import Arguments, Call
 from partir_core.automatic import search
 from partir_core.choice import analyze
+from partir_core.explain import explain as _explain
 from partir_core.lowering import lower
 from partir_core.program import LocalProgram
 from partir_core.propagation import State, propagate
 from partir_core.registry import rule_for
 from partir_core.simulator import simulate as _simulate
 from partir_core.summary import summary
-from partir_core.tactics import AutomaticPartition, PartitionError, check_schedule
+from partir_core.tactics import AutomaticPartition, PartitionError, check_schedule, nearest_inputs
 
 
 class Partitioned:
@@ -63,11 +69,27 @@ class Partitioned:
     def out_types(self):
         return jax.tree_util.tree_unflatten(self.graph.out_tree, self.program.out_types)
 
+    @property
+    def in_shardings(self):
+        """Where each input lies when it has its type: a pytree of ``jax.sharding.NamedSharding`` on the JAX mesh
+        the program runs on, shaped as :attr:`in_types` (``jax.device_put(args, in_shardings)`` places them, as
+        ``PartitionedFunction.place`` does). A dim split unevenly is whole there (JAX shards only dims that
+        divide; the program splits it itself); a type naming a sub-axis is on the mesh refined for it (the
+        same devices in the same order). Inputs are never pending sums."""
+        return jax.tree_util.tree_unflatten(self.graph.in_tree,
+                                            self.program.layouts(self.graph.invars, self.program.in_types))
+
+    @property
+    def out_shardings(self):
+        """Where the outputs lie: a pytree of ``jax.sharding.NamedSharding`` shaped as :attr:`out_types`, as
+        :attr:`in_shardings` (outputs are never pending sums: lowering reduces them)."""
+        return jax.tree_util.tree_unflatten(self.graph.out_tree,
+                                            self.program.layouts(self.graph.outvars, self.program.out_types))
+
     def input_type(self, path: str) -> redist.ShardingType:
         """The type of the input named ``path``."""
         if path not in self.graph.in_paths:
-            shown_paths = ", ".join(self.graph.in_paths[:12]) + (", …" if len(self.graph.in_paths) > 12 else "")
-            raise PartitionError(f"no input is named {shown(path)}; inputs are {shown_paths}")
+            raise PartitionError(f"no input is named {shown(path)}; {nearest_inputs(path, self.graph.in_paths)}")
         return self.program.in_types[self.graph.in_paths.index(path)]
 
     @property
@@ -83,11 +105,14 @@ class Partitioned:
 
     @property
     def conflicts(self):
+        """Every :class:`~partir_core.propagation.Conflict`: a tactic's request not honoured (:meth:`explain`
+        says them in words)."""
         return list(self.states[-1].conflicts)
 
     @property
     def unsupported(self):
-        """``(eqn index, primitive, why)`` for every op run replicated for lack of a rule."""
+        """Every op run replicated for lack of a rule: :class:`~partir_core.choice.Unsupported` ``(eqn,
+        primitive, why)``."""
         return list(self.program.analysis.unsupported)
 
     @property
@@ -115,6 +140,13 @@ class Partitioned:
         """The mesh and the collectives, then each input's and output's path, sharding type and bytes per device
         (see :mod:`partir_core.summary`)."""
         return summary(self)
+
+    def explain(self, hardware=None) -> str:
+        """The conflicts and unsupported ops in words: for each conflict, the op (primitive and line of code)
+        or input, what each tactic asked (its text, the value's path and dim), what was kept and why, and the
+        reshards it costs (bytes per device and simulated time on ``hardware``, default ``"cpu-host"``); for
+        each op without a rule, what running it replicated moves (see :mod:`partir_core.explain`)."""
+        return _explain(self, hardware)
 
     def simulate(self, hardware=None):
         """Per-device step time, peak memory, communication and FLOPs (see :mod:`partir_core.simulator`)."""
@@ -171,42 +203,25 @@ def _refuse_unknown_calls(graph: ir.Graph) -> None:
 
 
 class PartitionedFunction:
-    """What :func:`jit` returns: call it like ``fn``; ``lower(*args, **kwargs)`` gives the :class:`Partitioned`."""
+    """What :func:`jit` returns: call it like ``fn``; ``lower(*args, **kwargs)`` gives the :class:`Partitioned`,
+    ``place(*args, **kwargs)`` puts the arguments where the program wants them."""
 
-    def __init__(self, fn, mesh: Mesh, schedule):
+    def __init__(self, fn, mesh, schedule, static_argnums=(), static_argnames=(), donate_argnums=(),
+                 donate_argnames=()):
         if not callable(fn):
             raise PartitionError(f"partir_core.jit needs a function to partition, got {type(fn).__name__} {shown(fn)}")
-        if not isinstance(mesh, Mesh):
-            raise PartitionError(f"partir_core.jit needs a redist.Mesh, got {type(mesh).__name__}")
         self.fn = fn
-        self.mesh = mesh
-        self.schedule = check_schedule(schedule, mesh)
-        try:
-            self._signature = inspect.signature(fn)
-        except (TypeError, ValueError):  # some builtins have none: arguments are then taken as given
-            self._signature = None
+        self.mesh, self.devices = meshes(mesh)
+        self.schedule = check_schedule(schedule, self.mesh)
+        self.arguments = Arguments(fn, static_argnums, static_argnames, donate_argnums, donate_argnames)
         self._cache: dict = {}
         functools.update_wrapper(self, fn)
 
-    def _bind(self, args, kwargs) -> tuple[tuple, dict]:
-        """``(args, kwargs)`` as ``fn`` binds them: every argument that can be positional is, and the keyword
-        ones follow ``fn``'s parameter order. Raises :class:`PartitionError` naming a missing or extra argument."""
-        name = getattr(self.fn, "__name__", "fn")
-        if self._signature is None:
-            if kwargs:
-                raise PartitionError(f"{name} has no signature to bind keyword arguments to; pass them positionally")
-            return args, kwargs
-        try:
-            bound = self._signature.bind(*args, **kwargs)
-        except TypeError as e:
-            given = f"{len(args)} positional" + (f" and keywords {', '.join(kwargs)}" if kwargs else "")
-            raise PartitionError(f"arguments do not fit {name}{self._signature}: {e} (given {given})") from None
-        return bound.args, bound.kwargs
-
-    def _key(self, args, kwargs):
-        """What a lowering depends on: the argument structure and every input's shape and dtype. Raises
+    def _key(self, call: Call):
+        """What a lowering depends on: the argument structure, the static arguments and every input's shape and
+        dtype (as JAX takes it: ``float64`` is ``float32`` unless 64-bit types are enabled). Raises
         :class:`PartitionError` for an input that is neither an array nor a number, or a masked array."""
-        paths, leaves, tree = ir.input_paths(self.fn, args, kwargs)
+        paths, leaves, tree = ir.input_paths(self.fn, call.args, call.kwargs)
         specs = []
         for path, x in zip(paths, leaves):
             if isinstance(x, np.ma.MaskedArray):
@@ -220,22 +235,26 @@ class PartitionedFunction:
                 raise PartitionError(f"input {path!r} is {type(x).__name__} {shown(x)}; inputs are arrays or numbers: "
                                      "pass a module's arrays and close over the rest (equinox: params, static = "
                                      "eqx.partition(model, eqx.is_array))")
-            if isinstance(dtype, np.dtype) and dtype.kind in "OSUV":
-                raise PartitionError(f"input {path!r} has dtype {dtype}; inputs are arrays of numbers")
+            if isinstance(dtype, np.dtype):
+                if dtype.kind in "OSUV":
+                    raise PartitionError(f"input {path!r} has dtype {dtype}; inputs are arrays of numbers")
+                dtype = jax.dtypes.canonicalize_dtype(dtype)
             specs.append((tuple(np.shape(x)), str(dtype)))
-        return tuple(kwargs), tree, tuple(specs)
+        return tuple(call.kwargs), tree, tuple(specs), call.static
 
     def lower(self, *args, **kwargs) -> Partitioned:
-        return self._lowered(*self._bind(args, kwargs))
+        """The :class:`Partitioned` program for these arguments (cached per argument structure, static values,
+        shapes and dtypes)."""
+        return self._lowered(self.arguments.bind(args, kwargs))
 
-    def _lowered(self, args, kwargs) -> Partitioned:
-        key = self._key(args, kwargs)
+    def _lowered(self, call: Call) -> Partitioned:
+        key = self._key(call)
         if key not in self._cache:
-            self._cache[key] = self._lower(args, kwargs)
+            self._cache[key] = self._lower(call)
         return self._cache[key]
 
-    def _lower(self, args, kwargs) -> Partitioned:
-        graph = ir.trace(self.fn, args, kwargs)
+    def _lower(self, call: Call) -> Partitioned:
+        graph = ir.trace(call.function(self.fn), call.args, call.kwargs)
         _refuse_unknown_calls(graph)
         for t in self.schedule:  # every error before anything runs
             t.validate(graph, self.mesh)
@@ -253,16 +272,80 @@ class PartitionedFunction:
                 tactic.apply(graph, state, self.mesh, k)
             propagate(graph, rules, state, self.mesh, k)
             states.append(state.copy())
-        program = lower(graph, analyze(graph, rules, state, self.mesh), self.mesh)
+        program = replace(lower(graph, analyze(graph, rules, state, self.mesh), self.mesh), devices=self.devices)
         return Partitioned(graph, rules, self.mesh, self.schedule, states, program, automatic)
 
+    def place(self, *args, **kwargs) -> tuple[tuple, dict]:
+        """``(args, kwargs)``: the arguments as ``fn`` binds them (those that can be positional in ``args``),
+        each array put in its input's type (``jax.device_put`` to :attr:`Partitioned.in_shardings`). Calling
+        this function on them moves no input: place a training step's parameters once, not at every step.
+        Static arguments and Python numbers are returned as they are. A placed array may share its buffer with
+        the argument it came from (as ``jax.device_put``'s do), except a donated one, which is a copy."""
+        call = self.arguments.bind(args, kwargs)
+        low = self._lowered(call)
+        values, tree = jax.tree_util.tree_flatten((*call.args, *call.kwargs.values()))
+        shardings = low.program.layouts(low.graph.invars, low.program.in_types)
+        placed = [jax.device_put(x, s) if hasattr(x, "dtype") else x for x, s in zip(values, shardings)]
+        for i in call.donated:  # copies: a placed array may share the caller's buffer, which donating deletes
+            if hasattr(placed[i], "dtype"):
+                placed[i] = placed[i].copy()
+        placed = jax.tree_util.tree_unflatten(tree, placed)
+        return call.restored(placed[:len(call.args)], dict(zip(call.kwargs, placed[len(call.args):])))
+
     def __call__(self, *args, **kwargs):
-        args, kwargs = self._bind(args, kwargs)
-        return self._lowered(args, kwargs).run(*args, *kwargs.values())
+        call = self.arguments.bind(args, kwargs)
+        low = self._lowered(call)
+        outs = low.program.run(*call.leaves, donate=call.donated)
+        return jax.tree_util.tree_unflatten(low.graph.out_tree, list(outs))
 
 
-def jit(fn, mesh: Mesh, schedule=()) -> PartitionedFunction:
-    """Partition ``fn`` over ``mesh`` with ``schedule`` (a list of tactics); see the module docstring. Raises
-    :class:`PartitionError` for a ``fn`` that is not callable, a ``mesh`` that is not a :class:`redist.Mesh`, a
-    schedule that is not a list of tactics, or a tactic naming an axis the mesh lacks."""
-    return PartitionedFunction(fn, mesh, schedule)
+def meshes(mesh) -> tuple[Mesh, jax.sharding.Mesh | None]:
+    """``(the redist mesh, the JAX mesh to run on)`` of :func:`jit`'s ``mesh``: a :class:`redist.Mesh` runs on
+    the JAX devices its device ids name (None here: :meth:`partir_core.program.LocalProgram.jax_mesh`); a
+    ``jax.sharding.Mesh`` on its own devices in its own order (its axes as ``Auto`` axes, whatever their type:
+    the ``shard_map`` manages them all), its redist mesh the one of :func:`redist.jax.redist_mesh`; an
+    ``AbstractMesh`` (axes and no devices) as the redist mesh of its axes."""
+    if isinstance(mesh, Mesh):
+        return mesh, None
+    if isinstance(mesh, (jax.sharding.Mesh, jax.sharding.AbstractMesh)):
+        axes = tuple(zip(mesh.axis_names, mesh.axis_sizes))
+        try:
+            if isinstance(mesh, jax.sharding.AbstractMesh):
+                return Mesh(axes), None
+            auto = (jax.sharding.AxisType.Auto,) * len(axes)  # the shard_map program manages every axis
+            return redist_mesh(mesh), jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=auto)
+        except redist.ShardingError as e:
+            raise PartitionError(f"partir_core.jit cannot partition over the JAX mesh {mesh}: {e}") from None
+    raise PartitionError(f"partir_core.jit needs a mesh (redist.Mesh, jax.sharding.Mesh or AbstractMesh), got "
+                         f"{type(mesh).__name__}")
+
+
+def jit(fn, mesh, schedule=(), *, static_argnums=(), static_argnames=(), donate_argnums=(),
+        donate_argnames=()) -> PartitionedFunction:
+    """Partition ``fn`` over ``mesh`` with ``schedule`` (a list of tactics); see the module docstring.
+
+    ``mesh``: a :class:`redist.Mesh` (the program runs on the JAX devices its ``device_ids`` name, by default
+    the first ``mesh.size``), a ``jax.sharding.Mesh`` (``jax.make_mesh(...)``: the program runs on exactly its
+    devices, in its order) or a ``jax.sharding.AbstractMesh`` (as the ``redist.Mesh`` of its axes).
+    ``static_argnums``/``static_argnames``: arguments that are not arrays but hashable values ``fn`` is traced
+    with, as ``jax.jit``'s (each value lowers a program of its own). ``donate_argnums``/``donate_argnames``:
+    arguments whose arrays the call may reuse for its outputs and deletes, as ``jax.jit``'s.
+
+    Raises :class:`PartitionError` for a ``fn`` that is not callable, a ``mesh`` of none of those kinds, a
+    schedule that is not a list of tactics, a tactic naming an axis the mesh lacks, or static and donated
+    arguments that are not ``fn``'s."""
+    return PartitionedFunction(fn, mesh, schedule, static_argnums, static_argnames, donate_argnums, donate_argnames)
+
+
+def input_paths(fn, *args, **kwargs) -> list[str]:
+    """The path of every input of ``fn(*args, **kwargs)``, in input order: the names tactics match (the
+    parameter name, then pytree keys joined by ``/``: ``["params/w1", "params/w2", "x"]``). ``fn`` may be what
+    :func:`jit` returns (its static arguments are no inputs). The arguments may be arrays or
+    ``jax.ShapeDtypeStruct``s; nothing is traced. Raises :class:`PartitionError` for arguments that do not bind."""
+    if isinstance(fn, PartitionedFunction):
+        arguments = fn.arguments
+    elif callable(fn):
+        arguments = Arguments(fn)
+    else:
+        raise PartitionError(f"input_paths needs a function, got {type(fn).__name__} {shown(fn)}")
+    return arguments.paths(arguments.bind(args, kwargs))

@@ -31,6 +31,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
 import redist
+from redist.backends.jax_backend import jax_mesh_of
 from redist.types import ShardingType
 
 from partir_core import keys, reshard
@@ -129,8 +130,9 @@ class LocalProgram:
     """Instructions over per-device buffers (value ids, or ``("r", n)`` for resharded copies) and what they
     were lowered from: the ``graph``, its ``mesh``, the per-op choices (``analysis``), the types of the inputs
     and outputs, the buffers that hold the outputs, every buffer's local bytes, the reshards that use the
-    gather-then-slice fallback (``(where, src, dst, why)``), and the loop carries moved back at the end of
-    their body (:class:`CarryReshard`)."""
+    gather-then-slice fallback (``(where, src, dst, why)``), the loop carries moved back at the end of
+    their body (:class:`CarryReshard`), and the JAX mesh it runs on (``devices``: one with the mesh's axes;
+    None: :meth:`jax_mesh`'s default)."""
 
     graph: Graph
     mesh: object
@@ -145,6 +147,7 @@ class LocalProgram:
     # where each equation's instructions lie, for lowering a similar analysis from this program (a program
     # without control flow: partir_core.lowering.Segments; None otherwise)
     segments: object = field(default=None, repr=False, compare=False)
+    devices: jax.sharding.Mesh | None = field(default=None, repr=False, compare=False)
 
     @property
     def collectives(self) -> list[reshard.Collective]:
@@ -164,13 +167,16 @@ class LocalProgram:
         return tuple(sorted(tokens))
 
     def jax_mesh(self) -> jax.sharding.Mesh:
-        """The mesh on the first ``mesh.size`` JAX devices. Raises :class:`redist.ShardingError` if JAX has
-        fewer devices."""
-        devs = np.array(jax.devices()[: self.mesh.size])
-        if devs.size < self.mesh.size:
+        """The JAX mesh the program runs on: :attr:`devices`, or else the mesh's device order over the first
+        ``mesh.size`` JAX devices (the device at position ``p`` is ``jax.devices()[mesh.device_ids[p]]``).
+        Raises :class:`redist.ShardingError` if JAX has fewer devices."""
+        if self.devices is not None:
+            return self.devices
+        available = len(jax.devices())
+        if available < self.mesh.size:
             raise redist.ShardingError(f"the mesh {self.mesh} needs {self.mesh.size} JAX devices, "
-                                       f"only {devs.size} are available")
-        return jax.sharding.Mesh(devs.reshape(self.mesh.shape), self.mesh.names)
+                                       f"only {available} are available")
+        return jax_mesh_of(self.mesh)
 
     @functools.cached_property
     def _refined(self) -> tuple[jax.sharding.Mesh, reshard.AxisNames]:
@@ -245,17 +251,21 @@ class LocalProgram:
             return bind(ctx, *vals)
         return op.rule.local(ctx, *vals)
 
-    def run(self, *flat_args):
-        return self.executable()(*flat_args)
+    def run(self, *flat_args, donate: tuple[int, ...] = ()):
+        """The outputs on the inputs ``flat_args`` (the flattened arguments); the buffers of the inputs at the
+        positions ``donate`` are given to the program (deleted after the call, as ``jax.jit`` donates)."""
+        return self.executable(donate)(*flat_args)
 
-    def executable(self):
-        """The jitted program on global arrays. ``shard_map`` needs dims that divide their axes, so inputs
+    def executable(self, donate: tuple[int, ...] = ()):
+        """The jitted program on global arrays, donating the inputs at positions ``donate`` (one per donation
+        asked for). ``shard_map`` needs dims that divide their axes, so inputs
         with uneven dims are padded (with zeros) to their ``padded_shape`` first, whose blocks are exactly
         the padded local buffers, and outputs are cut back to their shape. Key arrays cross the boundary as
         their key data (their types' arrays). On a refined mesh, the outputs are laid out on the mesh itself
         where their types name whole axes only, and on the refined mesh where they name a sub-axis
-        (:meth:`_out_shardings`: the same devices and blocks either way, so no data moves)."""
-        if not hasattr(self, "_exe"):
+        (:meth:`layouts`: the same devices and blocks either way, so no data moves)."""
+        donate = tuple(donate)
+        if donate not in self._executables:
             mesh, names = self._refined
             mapped = jax.shard_map(self.body, mesh=mesh, in_specs=tuple(names.spec(t) for t in self.in_types),
                                    out_specs=tuple(names.spec(t) for t in self.out_types), check_vma=False)
@@ -270,17 +280,25 @@ class LocalProgram:
                 return tuple(keys.from_data(y, self.graph.dtype(v)) for y, v in zip(outs, self.graph.outvars))
 
             refined = tuple(mesh.axis_names) != tuple(self.mesh.names)
-            self._exe = jax.jit(run, out_shardings=self._out_shardings() if refined else None)
-        return self._exe
+            out_shardings = self.layouts(self.graph.outvars, self.out_types) if refined else None
+            self._executables[donate] = jax.jit(run, out_shardings=out_shardings, donate_argnums=donate)
+        return self._executables[donate]
 
-    def _out_shardings(self) -> tuple[NamedSharding, ...]:
-        """The outputs' layouts: their types' specs over the value's own dims (a key array's, without its
-        key-data dims), an uneven dim whole (as XLA lays out the cut output); on :meth:`jax_mesh` where the type
-        names whole axes only, else on the refined mesh (a sub-axis has no name on the mesh itself)."""
+    @functools.cached_property
+    def _executables(self) -> dict:
+        """The jitted programs made so far, by the positions of their donated inputs."""
+        return {}
+
+    def layouts(self, values: list, types: list) -> tuple[NamedSharding, ...]:
+        """The ``NamedSharding`` of each of ``values`` in its type of ``types``: the type's spec over the value's
+        own dims (a key array's, without its key-data dims), a dim split unevenly whole (JAX shards only dims
+        that divide; the program pads and cuts such a dim itself); on :meth:`jax_mesh` where the type names
+        whole axes only, else on the refined mesh (a sub-axis has no name on the mesh itself). Pending sums
+        have no ``NamedSharding``: a program's inputs and outputs have none."""
         jax_mesh = self.jax_mesh()
         refined, names = self._refined
         out = []
-        for v, t in zip(self.graph.outvars, self.out_types):
+        for v, t in zip(values, types):
             whole = all(a.is_whole for axes in t.dims for a in axes)
             spec = t.partition_spec() if whole else names.spec(t)
             spec = [e if t.is_even(d) else None for d, e in enumerate(spec)]

@@ -22,15 +22,17 @@ same order; :mod:`partir_core.reshard`).
 Errors (:class:`PartitionError`, a ``ShardingError``/``ValueError``) are raised before anything runs: arguments of
 the wrong kind when a tactic is made (dims not a dict, a time budget that is not a positive number), an unknown
 axis when the schedule meets the mesh (:func:`check_schedule`), a path matching no input or a dim out of range
-by :meth:`validate`; an axis is named in the user's terms (the token, its mesh axis and that axis's size, for a
-malformed token, an unknown axis or a sub-axis that does not divide its axis). A dim need not divide by the
-axis size: it is then split by XLA's padding rule (ceil-sized blocks, padded local buffers; docs/spec.md §2), and ops
-that reduce over it count its data only. ``AutomaticPartition`` searches for the tactics (see
-:mod:`partir_core.automatic`).
+by :meth:`validate`. An axis is named in the user's terms (the token, its mesh axis and that axis's size, for a
+malformed token, an unknown axis or a sub-axis that does not divide its axis; for an unknown axis, the mesh's axes
+and the nearest of them), a path that matches nothing by the input paths nearest to it (:func:`nearest_inputs`).
+A dim need not divide by the axis size: it is then split by XLA's padding rule (ceil-sized blocks, padded local
+buffers; docs/spec.md §2), and ops that reduce over it count its data only. ``AutomaticPartition`` searches for
+the tactics (see :mod:`partir_core.automatic`).
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -83,8 +85,8 @@ class ManualPartition:
         for pattern, dim in self.dims.items():
             hits = graph.inputs_matching(pattern)
             if not hits:
-                shown = ", ".join(graph.in_paths[:12]) + (", …" if len(graph.in_paths) > 12 else "")
-                raise PartitionError(f"ManualPartition: path {pattern!r} matches no input; inputs are {shown}")
+                raise PartitionError(f"ManualPartition: path {pattern!r} matches no input; "
+                                     f"{nearest_inputs(pattern, graph.in_paths)}")
             for p, v in hits:
                 if dim is None:
                     out.append((p, v, None))
@@ -223,14 +225,26 @@ def mesh_axis(tactic: str, token: str, mesh) -> Axis:
     name, pre, size = parts
     if name not in mesh.names:
         which = "mesh axis" if pre is None else f"mesh axis {name!r} in sub-axis"
+        close = difflib.get_close_matches(name, mesh.names, n=1)
         raise PartitionError(f"{tactic}: unknown {which} {shown(token) if pre is not None else repr(name)}; the "
-                             f"mesh has axes {', '.join(mesh.names)}")
+                             f"mesh has axes {', '.join(mesh.names) or '(none)'}"
+                             + (f"; did you mean {close[0]!r}?" if close else ""))
     try:
         return mesh.axis(token)
     except ShardingError:
         full = mesh.axis_size(name)
         raise PartitionError(f"{tactic}: sub-axis {token!r} does not fit mesh axis {name!r} of size {full}: a "
                              f"sub-axis {name}:(PRE)SIZE needs SIZE >= 2 and PRE·SIZE dividing {full}") from None
+
+
+def nearest_inputs(path: str, paths: list[str], n: int = 4) -> str:
+    """What to tell a user whose ``path`` names no input: the ``n`` input paths nearest to it
+    (``difflib.get_close_matches``), or, where none is near, the first of them."""
+    close = difflib.get_close_matches(path, paths, n=n)
+    if close:
+        return (f"the nearest input paths are {', '.join(close)} (of {len(paths)}; partir_core.input_paths(fn, "
+                "*args) lists them all)")
+    return "inputs are " + ", ".join(paths[:12]) + (f", … ({len(paths)} in all)" if len(paths) > 12 else "")
 
 
 def _finite(x) -> bool:

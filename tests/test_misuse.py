@@ -268,7 +268,8 @@ def test_bad_schedules(schedule, match):
 
 def test_bad_jit_arguments():
     _raises(lambda: pc.jit(3, PMESH, []), r"partir_core.jit needs a function to partition, got int 3", pc.PartitionError)
-    _raises(lambda: pc.jit(f, {"batch": 2}, []), r"partir_core.jit needs a redist.Mesh, got dict", pc.PartitionError)
+    _raises(lambda: pc.jit(f, {"batch": 2}, []),
+            r"partir_core.jit needs a mesh \(redist.Mesh, jax.sharding.Mesh or AbstractMesh\), got dict", pc.PartitionError)
 
 
 def test_bad_calls_of_a_partitioned_function():
