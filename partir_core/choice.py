@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from redist.types import ShardingType
 
@@ -43,6 +44,18 @@ class OpSharding:
     new_partial: tuple
 
 
+class Unsupported(NamedTuple):
+    """An op run replicated for lack of a factor rule: equation ``eqn``, its ``primitive``, and ``why``. It runs
+    whole on every device: its operands are gathered to replicated first, its results are replicated."""
+
+    eqn: int
+    primitive: str
+    why: str
+
+    def __str__(self):
+        return f"eqn {self.eqn} ({self.primitive}): {self.why}; it runs whole on every device, its results replicated"
+
+
 @dataclass
 class Analysis:
     """The choice for a whole program: one :class:`OpSharding` per equation, every value's type as its
@@ -50,7 +63,7 @@ class Analysis:
 
     ops: list[OpSharding]
     types: dict[int, ShardingType]  # every value's type as produced
-    unsupported: list[tuple[int, str, str]]  # (eqn, primitive, why)
+    unsupported: list[Unsupported]
     state: State | None = None  # the propagated state the choices were made from
 
 
@@ -93,7 +106,7 @@ def _analyze_once(graph: Graph, rules: list, state: State, mesh, choose: bool, t
     ops, unsupported = [], []
     for i, (eqn, rule) in enumerate(zip(graph.eqns, rules)):
         if rule is None:
-            unsupported.append((i, eqn.name, "no factor rule: kept replicated"))
+            unsupported.append(Unsupported(i, eqn.name, "no factor rule: kept replicated"))
         op = choose_op(graph, rules, i, state, types, mesh, choose, targets)
         ops.append(op)
         for v, t in zip(eqn.outvars, op.out_types):

@@ -27,7 +27,11 @@ from partir_core.registry import Rule
 
 @dataclass(frozen=True)
 class Conflict:
-    """Incompatible demands at one op. ``demands``: ``(value, dim, axes, tactic)`` per dim involved."""
+    """Incompatible demands, found while applying tactic ``tactic``: at equation ``eqn`` (its ``primitive``) on
+    its ``factor``, or, where ``eqn`` is -1, at an input a tactic asks to split (``primitive`` ``"input
+    PATH"``, ``factor`` ``"dim D"``). ``demands``: ``(value, dim, axes, tactic)`` per dim involved (``tactic``:
+    the provenance of the demand, None where undecided); ``kept``: the axes that stay; ``reason``: why.
+    :meth:`partir_core.Partitioned.explain` says the same with paths, tactics' texts and costs."""
 
     tactic: int
     eqn: int
@@ -38,9 +42,14 @@ class Conflict:
     reason: str
 
     def __str__(self):
-        ds = "; ".join(f"%{v} dim {d} {{{','.join(a)}}} (tactic {t})" for v, d, a, t in self.demands)
-        return (f"conflict at eqn {self.eqn} ({self.primitive}), factor {self.factor}: {self.reason}; "
-                f"demands {ds}; op uses {{{','.join(self.kept)}}}")
+        if self.eqn < 0:
+            axes = ",".join(a for _, _, ax, _ in self.demands for a in ax)
+            return (f"tactic {self.tactic:g}: {self.primitive} {self.factor} not split on {{{axes}}}: {self.reason}; "
+                    "the input is left as it is")
+        asks = "; ".join(f"%{v} dim {d} on {{{','.join(a)}}} (from tactic {'none' if t is None else f'{t:g}'})"
+                         for v, d, a, t in self.demands)
+        return (f"tactic {self.tactic:g}: conflict at eqn {self.eqn} ({self.primitive}), factor {self.factor}: {asks} "
+                f"not honoured: {self.reason}; the op keeps {{{','.join(self.kept)}}} (earlier tactics win)")
 
 
 @dataclass
