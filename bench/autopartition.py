@@ -146,10 +146,10 @@ def run_auto(m, ins, want, mesh, budget, args):
     sim, res = low.simulate(), low.automatic
     st = res.stats
     return {"tactics": [str(t) for t in res.tactics], "step_time_s": sim.step_time_s, "peak_bytes": sim.peak_bytes,
-            "search_s": st["seconds"], "evaluations": st["evaluations"], "evals_per_s": st["evals_per_s"],
-            "evals_per_cpu_s": st["evals_per_cpu_s"],
-            "scoring_ms": st["scoring_ms"], "stopped": st["stopped"], "local": st["local"],
-            "templates": st["templates"], "refinements": st["refinements"], "load_average": os.getloadavg()[0],
+            "search_s": st.seconds, "evaluations": st.evaluations, "evals_per_s": st.evals_per_s,
+            "evals_per_cpu_s": st.evals_per_cpu_s,
+            "scoring_ms": st.scoring_ms, "stopped": st.stopped, "local": st.local,
+            "templates": st.templates, "refinements": st.refinements, "load_average": os.getloadavg()[0],
             "megatron": megatron(low, m), "correct": equal(pf(*ins), want), "action_space": res.action_space}
 
 

@@ -77,8 +77,8 @@ def cell(model: str, mesh_name: str, args) -> dict:
     finally:
         redist.synthesize = timed.inner
     st = res.stats
-    return {"model": model, "mesh": mesh_name, "devices": mesh.size, "evaluations": st["evaluations"],
-            "evals_per_s": st["evals_per_s"], "stopped": st["stopped"], "search_s": st["seconds"], "lower_s": lower_s,
+    return {"model": model, "mesh": mesh_name, "devices": mesh.size, "evaluations": st.evaluations,
+            "evals_per_s": st.evals_per_s, "stopped": st.stopped, "search_s": st.seconds, "lower_s": lower_s,
             "synthesize_calls": timed.calls, "synthesize_s": timed.seconds, "step_time_s": res.step_time_s,
             "start_time_s": res.start_time_s, "tactics": [str(t) for t in res.tactics]}
 

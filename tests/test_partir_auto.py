@@ -108,8 +108,8 @@ def test_deterministic_for_a_seed():
         t = auto(axes=["batch", "model", "z"], memory_budget_bytes=budget, seed=seed, max_evals=25,
                  patience=1000, time_budget_s=600)
         res = pc.jit(m.step, MESH3, [t]).lower(*ins).automatic
-        return [str(x) for x in res.tactics], res.step_time_s, res.stats["evaluations"], \
-            [h[1:] for h in res.stats["history"]]
+        return [str(x) for x in res.tactics], res.step_time_s, res.stats.evaluations, \
+            [h[1:] for h in res.stats.history]
 
     a, b = run(0), run(0)
     assert a == b and a[2] <= 25
@@ -152,8 +152,8 @@ def test_a_small_time_budget_ends_the_search():
     m, ins, _ = model_and_inputs("transformer")
     low = pc.jit(m.step, MESH, [auto(axes=["batch", "model"], time_budget_s=2.0, patience=10 ** 6)]).lower(*ins)
     st = low.automatic.stats
-    assert st["stopped"] == "time budget" and st["local"]["stopped"] in ("time budget", "local optimum")
-    assert st["evaluations"] > 1 and st["seconds"] < 60
+    assert st.stopped == "time budget" and st.local["stopped"] in ("time budget", "local optimum")
+    assert st.evaluations > 1 and st.seconds < 60
 
 
 def test_manual_bp_before_stays_intact():
@@ -221,9 +221,9 @@ def test_budget_error_names_the_smallest_peak_and_the_buffers_that_dominate_it()
 def test_stats_report_the_evaluation_rate():
     m, ins, _ = model_and_inputs("transformer")
     st = pc.jit(m.step, MESH, [auto(max_evals=40)]).lower(*ins).automatic.stats
-    assert st["evaluations"] == 40 and st["evals_per_s"] > 0 and st["evals_per_cpu_s"] > 0
-    assert st["scoring_ms"] > 0 and st["op_choice_hits"] > 0 and st["templates"] > 0 and st["refinements"] > 0
-    assert st["op_choice_shared"] > 0  # the layers' ops share their choices
+    assert st.evaluations == 40 and st.evals_per_s > 0 and st.evals_per_cpu_s > 0
+    assert st.scoring_ms > 0 and st.op_choice_hits > 0 and st.templates > 0 and st.refinements > 0
+    assert st.op_choice_shared > 0  # the layers' ops share their choices
 
 
 def test_result_is_a_local_optimum_over_single_group_moves():
@@ -233,7 +233,7 @@ def test_result_is_a_local_optimum_over_single_group_moves():
     budget = bp_budget("mlp", MESH, 0.5)
     low = pc.jit(m.step, MESH, [auto(memory_budget_bytes=budget, **SETTLED)]).lower(*ins)
     res = low.automatic
-    assert res.stats["local"]["stopped"] == "local optimum"
+    assert res.stats.local["stopped"] == "local optimum"
     actions = build_actions(res.groups, low.graph, MESH, ["batch", "model"])
     ev = Evaluator(low.graph, low.rules, MESH, low.states[0].copy(), 1, actions, None, budget)
     best_key = ev.key(res.actions)
@@ -376,7 +376,7 @@ def test_programs_of_fewer_than_two_values_are_searched_and_run(name):
                "one op": (lambda a: a * 2, (x,))}[name]
     pf = pc.jit(f, MESH, [auto(max_evals=20)])
     res = pf.lower(*args).automatic
-    assert res.stats["evaluations"] >= 1 and res.step_time_s <= res.start_time_s
+    assert res.stats.evaluations >= 1 and res.step_time_s <= res.start_time_s
     assert_same(pf(*args), f(*args))
 
 

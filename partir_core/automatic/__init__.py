@@ -50,12 +50,12 @@ from partir_core.automatic.evaluation import Evaluation, Evaluator
 from partir_core.automatic.goals import LOCAL_STARTS, goal_phase, templates
 from partir_core.automatic.local import improve
 from partir_core.automatic.ranking import Found, by_promise, ranked
-from partir_core.automatic.result import AutoResult, peak_report
+from partir_core.automatic.result import AutoResult, Candidate, SearchStats, candidates, peak_report
 from partir_core.automatic.tree import Tree, priors, stop_reason
 from partir_core.propagation import State
 from partir_core.tactics import AutomaticPartition, PartitionError
 
-__all__ = ["search", "AutoResult"]
+__all__ = ["search", "AutoResult", "Candidate", "SearchStats"]
 
 MCTS_SHARE = 0.6  # of the time budget and of max_evals, for the goals and the tree; the local pass gets the rest
 
@@ -147,15 +147,14 @@ def _search(graph, rules, state: State, mesh, index: int, tactic: AutomaticParti
     progress.close()
     seconds, cpu_s = time.perf_counter() - t_start, time.process_time() - cpu_start
     best_key, best = found.key, found.best
-    stats = {"evaluations": ev.n_sim, "evals_per_s": ev.n_sim / seconds if seconds > 0 else 0.0,
-             "evals_per_cpu_s": ev.n_sim / cpu_s if cpu_s > 0 else 0.0,
-             "scoring_ms": 1e3 * ev.sim_s / max(ev.n_sim, 1), "cache_hits": ev.n_hits,
-             "same_state_hits": ev.n_fp_hits, "op_choice_hits": ev.estimator.memo.hits,
-             "op_choice_shared": ev.estimator.memo.shared, "op_choice_misses": ev.estimator.memo.misses,
-             "iterations": iterations, "nodes": len(tree.nodes),
-             "seconds": seconds, "templates": seeded, "refinements": refined, "stopped": stopped, "local": local,
-             "best_reward": best.reward,
-             "history": found.history, "max_depth": max_depth, "patience": patience}
+    stats = SearchStats(
+        evaluations=ev.n_sim, evals_per_s=ev.n_sim / seconds if seconds > 0 else 0.0,
+        evals_per_cpu_s=ev.n_sim / cpu_s if cpu_s > 0 else 0.0, scoring_ms=1e3 * ev.sim_s / max(ev.n_sim, 1),
+        cache_hits=ev.n_hits, same_state_hits=ev.n_fp_hits, op_choice_hits=ev.estimator.memo.hits,
+        op_choice_shared=ev.estimator.memo.shared, op_choice_misses=ev.estimator.memo.misses,
+        iterations=iterations, nodes=len(tree.nodes), seconds=seconds, templates=seeded, refinements=refined,
+        stopped=stopped, local=local, best_reward=best.reward, history=found.history, max_depth=max_depth,
+        patience=patience)
     if not best.feasible:
         raise PartitionError(
             f"AutomaticPartition: no sharding found within memory_budget_bytes={tactic.memory_budget_bytes} after "
@@ -163,7 +162,7 @@ def _search(graph, rules, state: State, mesh, index: int, tactic: AutomaticParti
             f"budget, add mesh axes to axes={axes}, or give more time_budget_s")
     return AutoResult([a.tactic for a in best_key], list(best_key), best.step_time_s, best.peak_bytes,
                       tactic.memory_budget_bytes, space, groups, stats, root_eval.step_time_s, root_eval.peak_bytes,
-                      state=ev.state(best_key).copy())
+                      candidates(ev, best_key), state=ev.state(best_key).copy())
 
 
 class _Progress:

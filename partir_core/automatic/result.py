@@ -1,4 +1,5 @@
-"""What the automatic search reports: its result (:class:`AutoResult`), or why no set fit the memory budget
+"""What the automatic search reports: its result (:class:`AutoResult`: the chosen set, its runners-up
+(:func:`candidates`) and how the search went (:class:`SearchStats`)), or why no set fit the memory budget
 (:func:`peak_report`: the smallest peak found and the buffers that dominate it)."""
 
 from __future__ import annotations
@@ -7,13 +8,72 @@ from dataclasses import dataclass, field
 
 import jax
 
+from redist.picture import format_bytes
+
 from partir_core.analysis import DimGroups
 from partir_core.automatic.evaluation import Evaluation, Evaluator
+from partir_core.automatic.ranking import ranked
 from partir_core.choice import analyze
 from partir_core.ir import key_name
 from partir_core.lowering import lower
 from partir_core.propagation import State
 from partir_core.simulator import simulate
+
+
+RUNNERS_UP = 4  # the sets AutoResult.summary shows beside the chosen one that fit the budget
+FASTER_OVER_BUDGET = 2  # and those faster than it that do not
+
+
+@dataclass
+class SearchStats:
+    """How an automatic search went (``AutoResult.stats``).
+
+    ``evaluations``: action sets simulated; ``evals_per_s`` over the search's wall time, ``evals_per_cpu_s`` over
+    its process time; ``scoring_ms``: mean milliseconds per evaluation; ``cache_hits``: sets asked for again;
+    ``same_state_hits``: new sets whose propagated state was one scored before; ``op_choice_hits``,
+    ``op_choice_shared``, ``op_choice_misses``: per-op choices remembered for the op, shared with another op of
+    its signature, or made; ``iterations`` of the tree search and its ``nodes``; ``templates`` (goal sets seeded)
+    and their ``refinements``; ``seconds`` of wall time; ``stopped``: why the tree search stopped (``"time
+    budget"``, ``"max_evals"``, ``"patience"``, ``"exhausted"``); ``local``: the local pass, ``{"evaluations",
+    "moves", "starts", "stopped"}``; ``best_reward``; ``history``: the improvements, ``(seconds, step time or None
+    while over budget, evaluations)``; ``max_depth`` and ``patience`` as used."""
+
+    evaluations: int
+    evals_per_s: float
+    evals_per_cpu_s: float
+    scoring_ms: float
+    cache_hits: int
+    same_state_hits: int
+    op_choice_hits: int
+    op_choice_shared: int
+    op_choice_misses: int
+    iterations: int
+    nodes: int
+    seconds: float
+    templates: int
+    refinements: int
+    stopped: str
+    local: dict
+    best_reward: float
+    history: list
+    max_depth: int
+    patience: int
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One action set the search evaluated: its ``actions`` (canonical order), simulated ``step_time_s`` and
+    ``peak_bytes``, and whether it ``fits`` the memory budget."""
+
+    actions: tuple
+    step_time_s: float
+    peak_bytes: int
+    fits: bool
+
+    @property
+    def tactics(self) -> list:
+        """Its actions as manual tactics, in the order they apply."""
+        return [a.tactic for a in self.actions]
 
 
 @dataclass
@@ -22,12 +82,11 @@ class AutoResult:
 
     ``tactics``: the chosen actions as manual tactics, in the order they apply (paste them into a schedule
     in place of the ``AutomaticPartition``); ``code``: the same as Python source; ``text``: the program after
-    them; ``action_space``: sizes before and after grouping; ``groups``: the analysis; ``stats``: search
-    statistics (evaluations, ``evals_per_s`` over the search's wall time and ``evals_per_cpu_s`` over its
-    process time, ``scoring_ms`` per evaluation, cache hits, per-op choices remembered for the op
-    (``op_choice_hits``), shared with another op of its signature (``op_choice_shared``) or made
-    (``op_choice_misses``), templates, iterations, the local pass, seconds,
-    why it stopped, best over time)."""
+    them; ``step_time_s`` and ``peak_bytes``: their simulated step time and per-device peak, against
+    ``start_time_s`` and ``start_peak_bytes`` before them; ``candidates``: the chosen set first, then the
+    runners-up (:class:`Candidate`: the best others that fit the memory budget, then the fastest that do not
+    and are faster), which :meth:`summary` compares; ``action_space``: sizes before and after grouping;
+    ``groups``: the analysis; ``stats``: how the search went (:class:`SearchStats`)."""
 
     tactics: list
     actions: list
@@ -36,9 +95,10 @@ class AutoResult:
     memory_budget_bytes: int | None
     action_space: dict
     groups: DimGroups
-    stats: dict
+    stats: SearchStats
     start_time_s: float
     start_peak_bytes: int
+    candidates: list = field(default_factory=list)
     text: str = ""
     state: State | None = field(default=None, repr=False)
 
@@ -46,15 +106,85 @@ class AutoResult:
     def code(self) -> str:
         return "[\n" + "".join(f"    {t},\n" for t in self.tactics) + "]"
 
+    def summary(self) -> str:
+        """The chosen strategy and why it won: its simulated step time and peak against the start's, its
+        tactics, then each runner-up with its step time and peak, why it lost (slower; as fast with more
+        actions or a larger peak; over the memory budget) and how it differs from the chosen set."""
+        budget = self.memory_budget_bytes
+        st = self.stats
+        lines = [f"chosen: {len(self.tactics)} tactic{'s' * (len(self.tactics) != 1)}, simulated step "
+                 f"{_ms(self.step_time_s)}, peak {format_bytes(self.peak_bytes)}"
+                 + (f" (budget {format_bytes(budget)})" if budget else "")
+                 + f"; before them {_ms(self.start_time_s)}, peak {format_bytes(self.start_peak_bytes)}"
+                 + (" (over the budget)" if budget and self.start_peak_bytes > budget else "")]
+        lines += [f"  {t}" for t in self.tactics]
+        others = self.candidates[1:]
+        lines.append(f"runners-up ({len(others) or 'none'} of {st.evaluations} sets evaluated in {st.seconds:.1f} s; "
+                     f"search stopped by {st.stopped}, local pass by {st.local['stopped']}):")
+        chosen = set(self.actions)
+        for n, c in enumerate(others, start=1):
+            lines.append(f"  {n}. {_ms(c.step_time_s)}, peak {format_bytes(c.peak_bytes)}: {self._lost(c)}")
+            lines += [f"     + {_short(a)}" for a in c.actions if a not in chosen]
+            lines += [f"     - {_short(a)}" for a in self.actions if a not in set(c.actions)]
+        return "\n".join(lines)
+
+    def _lost(self, c: Candidate) -> str:
+        """Why ``c`` lost to the chosen set (the order of :func:`partir_core.automatic.ranking.better`)."""
+        if not c.fits:
+            faster = " (faster, but" if c.step_time_s < self.step_time_s else " ("
+            return (f"over the memory budget{faster} peak {format_bytes(c.peak_bytes)} > "
+                    f"{format_bytes(self.memory_budget_bytes)})")
+        if c.step_time_s > self.step_time_s:
+            return f"slower by {100 * (c.step_time_s / self.step_time_s - 1):.1f}%"
+        if len(c.actions) > len(self.actions):
+            return "as fast, with more actions"
+        return "as fast, with a larger peak"
+
     def __str__(self):
         st = self.stats
         return (f"AutomaticPartition: {len(self.tactics)} tactic(s), simulated step "
                 f"{self.step_time_s * 1e3:.4f} ms, peak {self.peak_bytes} B"
                 + (f" (budget {self.memory_budget_bytes} B)" if self.memory_budget_bytes else "")
                 + f"; from {self.start_time_s * 1e3:.4f} ms / {self.start_peak_bytes} B; "
-                f"{st['evaluations']} evaluations in {st['seconds']:.1f} s ({st['stopped']}); "
+                f"{st.evaluations} evaluations in {st.seconds:.1f} s ({st.stopped}); "
                 f"action space {self.action_space['values_dims_axes']} → {self.action_space['decisions_axes']}\n"
                 + self.code)
+
+
+def candidates(ev: Evaluator, key: tuple) -> list[Candidate]:
+    """The chosen set ``key`` and its runners-up among the sets ``ev`` evaluated: the best :data:`RUNNERS_UP`
+    others that fit the budget (:func:`~partir_core.automatic.ranking.ranked`), then the :data:`FASTER_OVER_BUDGET`
+    fastest that do not and are faster than it; a set that reaches the program of one before it is left out."""
+    best = ev.evals[key]
+    shown = {id(best)}
+    # the best few, with room for sets that reach a program shown before (ranked reads peaks only among these)
+    fits = [k for k in ranked(ev, list(ev.evals), 8 * (RUNNERS_UP + 1)) if ev.evals[k].feasible]
+    over = sorted((k for k, e in ev.evals.items() if e is not None and not e.feasible and e.error is None
+                   and e.step_time_s < best.step_time_s), key=lambda k: (ev.evals[k].step_time_s, ev.rank_of(k)))
+    out = [key, *_distinct(ev, fits, shown, RUNNERS_UP), *_distinct(ev, over, shown, FASTER_OVER_BUDGET)]
+    return [Candidate(k, ev.evals[k].step_time_s, ev.evals[k].peak_bytes, ev.evals[k].feasible) for k in out]
+
+
+def _distinct(ev: Evaluator, keys: list, shown: set, n: int) -> list:
+    """The first ``n`` of ``keys`` whose evaluations (one per program) are not in ``shown``, which gains them."""
+    out = []
+    for k in keys:
+        if len(out) == n:
+            break
+        if id(ev.evals[k]) not in shown:
+            shown.add(id(ev.evals[k]))
+            out.append(k)
+    return out
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.4g} ms"
+
+
+def _short(action, width: int = 110) -> str:
+    """An action's tactic as text, cut at ``width`` characters."""
+    text = str(action.tactic)
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 def peak_report(ev: Evaluator, key: tuple, best: Evaluation, top: int = 4) -> str:
