@@ -11,7 +11,7 @@ the axis. For each, the explanation says
 - what was kept and why: the dims that hold the axis, and the tactic that decided them (earlier tactics win);
 - what it costs: the reshards the lowered program runs into that op (each a redist plan: its source and
   destination types, its collectives, the bytes a device receives and their simulated time on ``hardware``,
-  each collective priced alone by :func:`redist.cost.collective_time`), or that it moves nothing.
+  :func:`partir_core.simulator.collectives_time`), or that it moves nothing.
 
 An *unsupported* op (a primitive without a factor rule, :class:`partir_core.choice.Unsupported`) runs whole on
 every device: its operands are gathered to replicated first and its results are replicated.
@@ -22,13 +22,13 @@ from __future__ import annotations
 import fnmatch
 from typing import TYPE_CHECKING
 
-from redist import cost
 from redist.picture import format_bytes
 
+from partir_core.automatic.evaluation import STEP
 from partir_core.factors import overlap
 from partir_core.program import Compute, Reshard, walk
 from partir_core.propagation import op_slots
-from partir_core.simulator import hardware_profile
+from partir_core.simulator import collectives_time, hardware_profile
 from partir_core.tactics import AutomaticPartition, ManualPartition
 
 if TYPE_CHECKING:  # partition calls this module
@@ -58,8 +58,7 @@ class _Words:
 
     def __init__(self, p: Partitioned, hardware):
         self.p, self.graph, self.mesh = p, p.graph, p.mesh
-        self.topology = hardware.topology(p.mesh)
-        self.hardware = hardware.name
+        self.hardware = hardware
         self.producer = {v: i for i, e in enumerate(self.graph.eqns) for v in e.outvars}
         self.inputs = dict(zip(self.graph.invars, self.graph.in_paths))
         self.moves: dict = {}  # equation -> [(operand, Reshard)] the program runs into it
@@ -93,23 +92,30 @@ class _Words:
         ``AutomaticPartition``'s action also by its text."""
         if t is None or t >= UNDECIDED:
             return "no tactic (undecided)"
+        k, j, manual = self.decided_by(t)
+        if k not in self.automatic:
+            return f"tactic {k}"
+        return f"tactic {k}'s action {j + 1}, {manual or 'an action it tried'}"
+
+    def decided_by(self, t) -> tuple[int, int, ManualPartition | None]:
+        """``(k, j, tactic)`` of provenance ``t``: the schedule's tactic ``k``, the ``j``-th action of an
+        ``AutomaticPartition`` (its provenance is ``k + j·STEP``, :data:`partir_core.automatic.evaluation.STEP`), and
+        the manual tactic that decided it (None for an action the search tried and did not keep)."""
         k = int(t)
         result = self.automatic.get(k)
         if result is None:
-            return f"tactic {k}"
-        j = round((t - k) * 1000)  # the j-th action's provenance: k + j·STEP (partir_core.automatic.evaluation)
-        action = result.tactics[j] if j < len(result.tactics) else "an action it tried"
-        return f"tactic {k}'s action {j + 1}, {action}"
+            tactic = self.p.schedule[k - 1]
+            return k, 0, tactic if isinstance(tactic, ManualPartition) else None
+        j = round((t - k) / STEP)
+        return k, j, result.tactics[j] if j < len(result.tactics) else None
 
     def asked(self, v: int, d: int, axes, t) -> str:
         """What a demand asked: the tactic, the value and dim, and the tactic's entry that names the input (or
         that propagation carried it there)."""
-        tactic = self.p.schedule[int(t) - 1] if t is not None and t < UNDECIDED else None
-        how = "through propagation"
-        if v in self.inputs and isinstance(tactic, ManualPartition):
-            entries = [f"{pattern!r}: {dim}" for pattern, dim in tactic.dims.items()
-                       if fnmatch.fnmatchcase(self.inputs[v], pattern)]
-            how = f"its entry {entries[0]}" if entries else how
+        manual = self.decided_by(t)[2] if t is not None and t < UNDECIDED else None
+        entries = [f"{pattern!r}: {dim}" for pattern, dim in (manual.dims.items() if manual else ())
+                   if v in self.inputs and fnmatch.fnmatchcase(self.inputs[v], pattern)]
+        how = f"its entry {entries[0]}" if entries else "through propagation"
         return f"{self.tactic(t)} splits {self.value(v)} dim {d} on {_axes(axes)} ({how})"
 
     # ------------------------------------------------------------------ conflicts
@@ -158,12 +164,10 @@ class _Words:
         """``moves f32[8{batch}, 16] -> f32[8, 16]: all_gather over batch, 256 B per device, 0.004 ms ...``."""
         steps = ", ".join(f"{c.kind} over {','.join(c.axes)}" for c in ins.collectives) or "local slices only"
         received = sum(c.bytes * c.trips for c in ins.collectives)
-        seconds = sum(c.trips * cost.collective_time(c.axes, c.bytes, self.topology, kind=c.kind,
-                                                     group=self.mesh.group_size(tuple(c.axes)))
-                      for c in ins.collectives)
+        seconds = collectives_time(ins.collectives, self.hardware, self.mesh)
         plan = "" if ins.move.fallback is None else " (gather-then-slice: redist found no plan)"
         return (f"moves {ins.src} -> {ins.dst}{plan}: {steps}; {format_bytes(received)} received per device, "
-                f"{seconds * 1e3:.4g} ms simulated ({self.hardware})")
+                f"{seconds * 1e3:.4g} ms simulated ({self.hardware.name})")
 
     # ------------------------------------------------------------------ unsupported ops
     def replicated(self, i: int) -> str:

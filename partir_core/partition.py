@@ -24,7 +24,6 @@ import numpy as np
 
 import redist
 from redist.errors import shown
-from redist.jax import redist_mesh
 from redist.mesh import Mesh
 
 from partir_core import ir, keys
@@ -36,6 +35,7 @@ from partir_core.lowering import lower
 from partir_core.program import LocalProgram
 from partir_core.propagation import State, propagate
 from partir_core.registry import rule_for
+from partir_core.reshard import mesh_of
 from partir_core.simulator import simulate as _simulate
 from partir_core.summary import summary
 from partir_core.tactics import AutomaticPartition, PartitionError, check_schedule, nearest_inputs
@@ -56,8 +56,9 @@ class Partitioned:
     @property
     def automatic(self):
         """The result of the (last) ``AutomaticPartition`` in the schedule, or None: its ``tactics`` (manual
-        tactics to paste in its place), ``code``, ``text`` (the program after it), ``action_space`` sizes,
-        ``groups`` and search ``stats`` (see :class:`partir_core.automatic.AutoResult`)."""
+        tactics to paste in its place), ``code``, ``text`` (the program after it), ``candidates`` and
+        ``summary()`` (the choice against its runners-up), ``action_space`` sizes, ``groups`` and search
+        ``stats`` (see :class:`partir_core.automatic.AutoResult`)."""
         return self.automatic_results[-1] if self.automatic_results else None
 
     # ---------------------------------------------------------------- types
@@ -211,7 +212,7 @@ class PartitionedFunction:
         if not callable(fn):
             raise PartitionError(f"partir_core.jit needs a function to partition, got {type(fn).__name__} {shown(fn)}")
         self.fn = fn
-        self.mesh, self.devices = meshes(mesh)
+        self.mesh, self._jax_mesh = meshes(mesh)
         self.schedule = check_schedule(schedule, self.mesh)
         self.arguments = Arguments(fn, static_argnums, static_argnames, donate_argnums, donate_argnames)
         self._cache: dict = {}
@@ -272,7 +273,8 @@ class PartitionedFunction:
                 tactic.apply(graph, state, self.mesh, k)
             propagate(graph, rules, state, self.mesh, k)
             states.append(state.copy())
-        program = replace(lower(graph, analyze(graph, rules, state, self.mesh), self.mesh), devices=self.devices)
+        program = lower(graph, analyze(graph, rules, state, self.mesh), self.mesh)
+        program = replace(program, device_mesh=self._jax_mesh)
         return Partitioned(graph, rules, self.mesh, self.schedule, states, program, automatic)
 
     def place(self, *args, **kwargs) -> tuple[tuple, dict]:
@@ -303,7 +305,7 @@ def meshes(mesh) -> tuple[Mesh, jax.sharding.Mesh | None]:
     """``(the redist mesh, the JAX mesh to run on)`` of :func:`jit`'s ``mesh``: a :class:`redist.Mesh` runs on
     the JAX devices its device ids name (None here: :meth:`partir_core.program.LocalProgram.jax_mesh`); a
     ``jax.sharding.Mesh`` on its own devices in its own order (its axes as ``Auto`` axes, whatever their type:
-    the ``shard_map`` manages them all), its redist mesh the one of :func:`redist.jax.redist_mesh`; an
+    the ``shard_map`` manages them all), its redist mesh the one of :func:`partir_core.reshard.mesh_of`; an
     ``AbstractMesh`` (axes and no devices) as the redist mesh of its axes."""
     if isinstance(mesh, Mesh):
         return mesh, None
@@ -313,7 +315,7 @@ def meshes(mesh) -> tuple[Mesh, jax.sharding.Mesh | None]:
             if isinstance(mesh, jax.sharding.AbstractMesh):
                 return Mesh(axes), None
             auto = (jax.sharding.AxisType.Auto,) * len(axes)  # the shard_map program manages every axis
-            return redist_mesh(mesh), jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=auto)
+            return mesh_of(mesh), jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=auto)
         except redist.ShardingError as e:
             raise PartitionError(f"partir_core.jit cannot partition over the JAX mesh {mesh}: {e}") from None
     raise PartitionError(f"partir_core.jit needs a mesh (redist.Mesh, jax.sharding.Mesh or AbstractMesh), got "

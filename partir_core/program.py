@@ -30,8 +30,6 @@ import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
-import redist
-from redist.backends.jax_backend import jax_mesh_of
 from redist.types import ShardingType
 
 from partir_core import keys, reshard
@@ -131,8 +129,8 @@ class LocalProgram:
     were lowered from: the ``graph``, its ``mesh``, the per-op choices (``analysis``), the types of the inputs
     and outputs, the buffers that hold the outputs, every buffer's local bytes, the reshards that use the
     gather-then-slice fallback (``(where, src, dst, why)``), the loop carries moved back at the end of
-    their body (:class:`CarryReshard`), and the JAX mesh it runs on (``devices``: one with the mesh's axes;
-    None: :meth:`jax_mesh`'s default)."""
+    their body (:class:`CarryReshard`), and the JAX mesh it runs on (``device_mesh``: one with the mesh's
+    axes; None: :meth:`jax_mesh`'s default)."""
 
     graph: Graph
     mesh: object
@@ -147,7 +145,7 @@ class LocalProgram:
     # where each equation's instructions lie, for lowering a similar analysis from this program (a program
     # without control flow: partir_core.lowering.Segments; None otherwise)
     segments: object = field(default=None, repr=False, compare=False)
-    devices: jax.sharding.Mesh | None = field(default=None, repr=False, compare=False)
+    device_mesh: jax.sharding.Mesh | None = field(default=None, repr=False, compare=False)
 
     @property
     def collectives(self) -> list[reshard.Collective]:
@@ -167,16 +165,10 @@ class LocalProgram:
         return tuple(sorted(tokens))
 
     def jax_mesh(self) -> jax.sharding.Mesh:
-        """The JAX mesh the program runs on: :attr:`devices`, or else the mesh's device order over the first
+        """The JAX mesh the program runs on: :attr:`device_mesh`, or else the mesh's device order over the first
         ``mesh.size`` JAX devices (the device at position ``p`` is ``jax.devices()[mesh.device_ids[p]]``).
         Raises :class:`redist.ShardingError` if JAX has fewer devices."""
-        if self.devices is not None:
-            return self.devices
-        available = len(jax.devices())
-        if available < self.mesh.size:
-            raise redist.ShardingError(f"the mesh {self.mesh} needs {self.mesh.size} JAX devices, "
-                                       f"only {available} are available")
-        return jax_mesh_of(self.mesh)
+        return self.device_mesh if self.device_mesh is not None else reshard.device_mesh(self.mesh)
 
     @functools.cached_property
     def _refined(self) -> tuple[jax.sharding.Mesh, reshard.AxisNames]:

@@ -19,6 +19,9 @@ that any of its plans or of its values' types uses (a tactic may name a sub-axis
 :func:`refine`), and wherever partir_core names mesh axes (specs, ``axis_index``, ``pmax``) it names their
 refined pieces (:class:`AxisNames`). A group over a whole axis is the group over all its pieces, ranked
 row-major, so nothing else changes; a program that names no sub-axis runs on the mesh itself.
+
+Meshes. A program runs on the JAX mesh it is given, or on the devices its redist mesh's device ids name
+(:func:`device_mesh`); :func:`mesh_of` is the redist mesh of a JAX mesh.
 """
 
 from __future__ import annotations
@@ -29,13 +32,14 @@ from dataclasses import dataclass
 from typing import Mapping
 
 import jax
+import numpy as np
 from jax.sharding import PartitionSpec
 
 import redist
 from redist import steps as S
 from redist.axes import difference
 from redist.bounds import check_pair, lower_bound_bytes
-from redist.jax import refine_mesh, run_program
+from redist.jax import redist_mesh, refine_mesh, run_program
 from redist.types import ShardingType
 
 from partir_core import keys
@@ -258,3 +262,19 @@ def refine(jax_mesh: jax.sharding.Mesh, tokens) -> tuple[jax.sharding.Mesh, Axis
     names each mesh axis and token."""
     mesh, mapping = refine_mesh(jax_mesh, tuple(tokens))
     return mesh, AxisNames(mapping)
+
+
+def device_mesh(mesh: redist.Mesh) -> jax.sharding.Mesh:
+    """The JAX mesh a program over ``mesh`` runs on when it is given none: the device at position ``p`` is
+    ``jax.devices()[mesh.device_ids[p]]`` (redist's device ids are JAX's, as :mod:`redist.jax` runs plans).
+    Raises :class:`redist.ShardingError` if JAX has fewer devices."""
+    devices = jax.devices()
+    if len(devices) < mesh.size:
+        raise redist.ShardingError(f"the mesh {mesh} needs {mesh.size} JAX devices, only {len(devices)} are available")
+    return jax.sharding.Mesh(np.array([devices[d] for d in mesh.device_ids]).reshape(mesh.shape), mesh.names)
+
+
+def mesh_of(jax_mesh: jax.sharding.Mesh) -> redist.Mesh:
+    """The redist mesh of a JAX mesh: its axes and its device order (:func:`redist.jax.redist_mesh`). Raises
+    :class:`redist.ShardingError` for axes redist cannot name."""
+    return redist_mesh(jax_mesh)

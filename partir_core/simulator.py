@@ -340,6 +340,16 @@ def _combined(steps: list) -> list:
     return groups
 
 
+def collectives_time(collectives, hardware, mesh: Mesh) -> float:
+    """Seconds ``collectives`` (:class:`~partir_core.reshard.Collective`) take one after another on ``hardware``
+    (a :class:`Hardware`) over ``mesh``, each priced alone by :func:`redist.cost.collective_time` and run its
+    ``trips`` times: what one reshard costs, where :func:`simulate` prices the program's collectives as XLA
+    combines them."""
+    topology = hardware.topology(mesh)
+    return sum(c.trips * cost.collective_time(c.axes, c.bytes, topology, kind=c.kind,
+                                              group=mesh.group_size(tuple(c.axes))) for c in collectives)
+
+
 def simulate(program, hardware=None, memory: bool = True) -> Simulation:
     """Simulate a :class:`partir_core.program.LocalProgram` on ``hardware`` (a preset name or a Hardware). With
     ``memory`` False, the live ranges are not worked out: the step time and the other figures are the same, the

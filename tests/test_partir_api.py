@@ -122,6 +122,20 @@ def test_place_then_call_moves_nothing():
         assert a.sharding.is_equivalent_to(s, a.ndim)
 
 
+def test_a_sub_axis_type_is_placed_on_the_refined_mesh():
+    params, x = mlp_inputs()
+    pf = pc.jit(mlp, MESH, [MP({"x": 0}, axis="model:(1)2"), MP({"params/w1": 1}, axis="model:(2)2")])
+    low = pf.lower(params, x)
+    assert str(low.input_type("x")) == "f32[8{model:(1)2}, 16]"
+    x_sharding = low.in_shardings[1]
+    assert x_sharding.mesh.axis_names == ("batch", "model:(1)2", "model:(2)2")
+    assert x_sharding.spec == P("model:(1)2", None)
+    args, _ = pf.place(params, x)
+    with jax.transfer_guard("disallow"):
+        y = pf(*args)
+    assert_same(y, mlp(params, x))
+
+
 # ------------------------------------------------------------------------------------------------ arguments
 def test_static_arguments_are_traced_with_their_values():
     def step(w, x, n, *, lr):
@@ -223,7 +237,8 @@ def test_explain_names_an_unsupported_op_and_what_it_moves():
 def test_automatic_summary_shows_the_choice_and_why_the_runners_up_lost():
     m, ins, _ = model_and_inputs("mlp")
     budget = 20_000
-    res = pc.jit(m.step, MESH, [pc.AutomaticPartition(memory_budget_bytes=budget, max_evals=30)]).lower(*ins).automatic
+    low = pc.jit(m.step, MESH, [pc.AutomaticPartition(memory_budget_bytes=budget, max_evals=30)]).lower(*ins)
+    res = low.automatic
     assert isinstance(res.stats, SearchStats) and res.stats.evaluations <= 30
     chosen, *others = res.candidates
     assert list(chosen.actions) == res.actions and chosen.step_time_s == res.step_time_s and chosen.fits
@@ -237,6 +252,8 @@ def test_automatic_summary_shows_the_choice_and_why_the_runners_up_lost():
     assert "  1. " in text and ("slower by" in text or "as fast" in text)
     if any(not c.fits for c in others):
         assert "over the memory budget (faster, but peak" in text
+    if low.conflicts:  # a conflict between the search's actions names the action
+        assert f"asked: tactic 1's action 1, {res.tactics[0]}" in low.explain()
 
 
 # ------------------------------------------------------------------------------------------------ errors
