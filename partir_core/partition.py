@@ -212,7 +212,7 @@ class PartitionedFunction:
         if not callable(fn):
             raise PartitionError(f"partir_core.jit needs a function to partition, got {type(fn).__name__} {shown(fn)}")
         self.fn = fn
-        self.mesh, self._jax_mesh = meshes(mesh)
+        self.mesh, self._jax_mesh = _meshes(mesh)
         self.schedule = check_schedule(schedule, self.mesh)
         self.arguments = Arguments(fn, static_argnums, static_argnames, donate_argnums, donate_argnames)
         self._cache: dict = {}
@@ -301,7 +301,7 @@ class PartitionedFunction:
         return jax.tree_util.tree_unflatten(low.graph.out_tree, list(outs))
 
 
-def meshes(mesh) -> tuple[Mesh, jax.sharding.Mesh | None]:
+def _meshes(mesh) -> tuple[Mesh, jax.sharding.Mesh | None]:
     """``(the redist mesh, the JAX mesh to run on)`` of :func:`jit`'s ``mesh``: a :class:`redist.Mesh` runs on
     the JAX devices its device ids name (None here: :meth:`partir_core.program.LocalProgram.jax_mesh`); a
     ``jax.sharding.Mesh`` on its own devices in its own order (its axes as ``Auto`` axes, whatever their type:
