@@ -343,7 +343,7 @@ def input_paths(fn, *args, **kwargs) -> list[str]:
     """The path of every input of ``fn(*args, **kwargs)``, in input order: the names tactics match (the
     parameter name, then pytree keys joined by ``/``: ``["params/w1", "params/w2", "x"]``). ``fn`` may be what
     :func:`jit` returns (its static arguments are no inputs). The arguments may be arrays or
-    ``jax.ShapeDtypeStruct``s; nothing is traced. Raises :class:`PartitionError` for arguments that do not bind."""
+    ``jax.ShapeDtypeStruct`` values; nothing is traced. Raises :class:`PartitionError` for arguments that do not bind."""
     if isinstance(fn, PartitionedFunction):
         arguments = fn.arguments
     elif callable(fn):
