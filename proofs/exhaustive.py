@@ -3,8 +3,8 @@
 - exhaustive: every (src, dst) pair of whole-axis types (partial types included, dst.partial ⊆ src.partial)
   of rank 0–3 on every mesh of at most 8 devices (axis sizes >= 2), each dim the smallest size both
   sides divide; and, apart, every such pair whose destination creates pending sums (dst.partial ⊄
-  src.partial: docs/spec.md §3; ``python -m proofs`` runs them to rank 2, where the proofs, which enumerate each
-  group sum's contributors, take minutes rather than the better part of an hour);
+  src.partial: docs/spec.md §3; ``python -m proofs`` runs them to rank 2, as the proofs enumerate each group
+  sum's contributors, whose number grows steeply with the rank);
 - random: a seeded sample of pairs on 16-device meshes (1–4 axes, sub-axes, partial types, dims up to 3×
   the smallest legal size);
 - random uneven: a seeded sample of pairs with non-divisible dims (XLA's padding rule, docs/spec.md §2) on meshes
@@ -13,7 +13,7 @@
 - random creating: a seeded sample of pairs whose destination creates pending sums, on meshes of 2–16
   devices (sub-axes, partial sources, a third uneven), also checked by the numpy oracle;
 - exhaustive features: every whole-axis pair of rank 0–2 on every mesh of at most 8 devices once more,
-  each with the reduction kinds, device orders and dtypes of issue 15 in turn: a partial source takes the
+  each with the reduction kinds, device orders and dtypes in turn: a partial source takes the
   next kind of max, min, prod, sum; the destination the next device order of the default one and those of
   :func:`proofs.common.device_orders`; the dtype the next of c64, f32, c128, bool (f32 where a complex
   dtype has no such reduction);
@@ -136,8 +136,8 @@ def _chunk_features(pairs):
 
 
 def features(src, dst) -> list[str]:
-    """The issue-15 features of a pair: its reduction kind (partial sources), a change of device order, a
-    source mesh in another device order than the default, and its dtype if complex or bool."""
+    """The features a pair exercises beyond the defaults: its reduction kind (partial sources), a change of
+    device order, a source mesh in another device order than the default, and its dtype if complex or bool."""
     out = [f"partial({src.reduction})"] if src.partial else []
     out += ["another device order"] * (src.mesh != dst.mesh) + ["reordered mesh"] * (not src.mesh.is_row_major)
     return out + [src.dtype] * (src.dtype in ("c64", "c128", "bool"))

@@ -72,7 +72,7 @@ Not covered: an off-by-one slice bound. The instruction set cannot express it (a
 chunk ``r`` of ``k`` equal chunks), and the backends refuse a mutant-only subclass (they run the
 instructions of :mod:`redist.program` only), so no backend could witness it; the operator is skipped.
 
-The random plans are drawn with the features of issue 15: partial sources of every reduction kind, source
+The random plans are drawn with every feature of the types: partial sources of every reduction kind, source
 meshes and destinations in random device orders, complex and bool dtypes among the real ones.
 
 A mutant the verifier proves correct (a survivor) must be equivalent: the numpy backend, run on random

@@ -1,36 +1,35 @@
 """The device-side programs of :func:`redist.jax.reshard`: how one array moves (a :class:`Move`), which program
 moves it (:func:`route`), and one jitted program for all the arrays of a call, cached (:func:`program`).
 
-Route. Two correct programs can move an array from ``src`` to ``dst``: redist's plan, run as a ``jax.shard_map``
-of the plan's lowered program (:mod:`redist.backends.jax_backend`), and XLA's own resharding, the semantics
-of ``jax.jit(lambda a: a, out_shardings=dst)`` (a sharding constraint; ``jax.sharding.reshard`` on Explicit
-axes). :func:`route` runs redist's plan where XLA's resharding falls back to gathering the whole array (its
-"involuntary full rematerialization": where XLA cannot go from ``src`` to ``dst`` directly, every device
-receives all of the array it lacks and slices its block out of it, e.g. jax-ml/jax#21562 and FSDP ->
-Megatron) and the plan receives fewer bytes; everywhere else it runs XLA's resharding. There the plan
-brings a k-fold saving in bytes and never holds the whole array (``bench/jax_reshard.py``: 1.7-3.6x less
-memory held, and faster). Elsewhere XLA has a direct program (the plan's own all-gathers, slices,
-all-to-alls or permutes, or its collectives for a swap of axes), which runs as fast or faster than a
-``shard_map`` (XLA fuses its collectives with the local copies that a ``shard_map`` keeps apart), costs less
-to compile and under the caller's ``jax.jit`` may fuse with the neighbours; that holds also where the plan
-receives somewhat fewer bytes by an exchange, which the JAX backend runs as rounds of ``ppermute`` with a
-gather and a scatter each (a swap of two axes on 2x4 devices: 2/3 of XLA's bytes, but 9x XLA's time and 4x
-its memory on host devices). The decision takes no timing, so it is the same on every run: where the plan
-is empty or made of ``all_slice`` steps alone or of ``all_gather`` steps alone, XLA emits the same local
-slices or the same all-gathers (the same bytes, the same buffers; ``tests/test_jax_reshard.py`` checks this
-on XLA's compiled HLO), known without compiling; for any other plan XLA's resharding of the pair is compiled
-once per (source type, destination type, mesh) for an abstract input and the bytes its collectives receive
-per device are read from the HLO (:func:`redist.hlo.parse_hlo`). Where XLA would gather the whole array, that
-compile logs XLA's "involuntary full rematerialization" warning, about the program redist then does not run:
-the line is kept off standard error (:mod:`redist.xla_log`).
+Route. Two correct programs can move an array from ``src`` to ``dst``: redist's plan, run as a
+``jax.shard_map`` of the plan's lowered program (:mod:`redist.backends.jax_backend`), and XLA's own resharding,
+the semantics of ``jax.jit(lambda a: a, out_shardings=dst)`` (a sharding constraint; ``jax.sharding.reshard``
+on Explicit axes). :func:`route` runs redist's plan where XLA's resharding falls back to gathering the whole
+array (its "involuntary full rematerialization": where XLA cannot go from ``src`` to ``dst`` directly, every
+device receives all of the array it lacks and slices its block out of it, e.g. jax-ml/jax#21562 and FSDP ->
+Megatron) and the plan receives fewer bytes; everywhere else it runs XLA's resharding. There the plan brings a
+k-fold saving in bytes and never holds the whole array, so it holds less memory and runs faster
+(``bench/jax_reshard.py`` measures both: ``bench/results/jax_reshard.json``). Elsewhere XLA has a direct
+program (the plan's own all-gathers, slices, all-to-alls or permutes, or its collectives for a swap of axes),
+which runs as fast or faster than a ``shard_map`` (XLA fuses its collectives with the local copies that a
+``shard_map`` keeps apart), costs less to compile and under the caller's ``jax.jit`` may fuse with the
+neighbours; that holds also where the plan receives somewhat fewer bytes by an exchange, which the JAX backend
+runs as rounds of ``ppermute`` with a gather and a scatter each (a swap of two axes: fewer bytes than XLA's,
+but several times XLA's time and memory on host devices). The decision takes no timing, so it is the same on
+every run: where the plan is empty or made of ``all_slice`` steps alone or of ``all_gather`` steps alone, XLA
+emits the same local slices or the same all-gathers (the same bytes, the same buffers;
+``tests/test_jax_reshard.py`` checks this on XLA's compiled HLO), known without compiling; for any other plan
+XLA's resharding of the pair is compiled once per (source type, destination type, mesh) for an abstract input
+and the bytes its collectives receive per device are read from the HLO (:func:`redist.hlo.parse_hlo`). Where
+XLA would gather the whole array, that compile logs XLA's "involuntary full rematerialization" warning, about
+the program redist then does not run: the line is kept off standard error (:mod:`redist.xla_log`).
 
-Batching. The arrays of one call that take redist's route move in one ``shard_map``, and those of one type
-pair (a parameter tree holds many arrays of one shape and layout: a model's layers) move stacked: each
-collective of their plan runs once for all of them (``jax.vmap`` of the plan's program batches its
-collectives). On a tree of small arrays a collective's latency, not its bytes, is the cost, so one
-collective for 25 arrays takes a fraction of 25 collectives' time (``bench/jax_reshard.py``'s 101-leaf
-tree: 0.7x), for a stacked copy of those arrays in memory. (XLA's CPU compiler is slow on a stacked
-all-to-all: seconds for 25 arrays; the compile is a first call's, cached after.)
+Batching. The arrays of one call that take redist's route move in one ``shard_map``, and those of one type pair
+(a parameter tree holds many arrays of one shape and layout: a model's layers) move stacked: each collective of
+their plan runs once for all of them (``jax.vmap`` of the plan's program batches its collectives). On a tree of
+small arrays a collective's latency, not its bytes, is the cost, so one collective for 25 arrays takes a
+fraction of 25 collectives' time (``bench/jax_reshard.py``'s 101-leaf tree), for a stacked copy of those arrays
+in memory. (XLA's CPU compiler is slow on a stacked all-to-all; the compile is a first call's, cached after.)
 
 Meshes. A plan over sub-axes runs on the refined mesh of :func:`~redist.backends.jax_backend.refine_mesh`.
 ``jax.shard_map`` wants its mesh to be the context mesh (``jax.set_mesh``), so the shard_map is traced under

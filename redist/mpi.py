@@ -180,8 +180,8 @@ def abort_on_error(comm=None, errorcode: int = 1):
 
 
 # MPICH's process manager may end the job on MPI_Abort before it has forwarded what the aborting rank just
-# wrote: the traceback was lost in 1 of 30 aborts here with the cores busy (and in 2 of about 60 test runs). The
-# rank waits this long after flushing, so that the output is read from its pipes first.
+# wrote, and the traceback is then lost (the more likely, the busier the cores). The rank waits this long after
+# flushing, so that the output is read from its pipes first.
 ABORT_GRACE_S = 0.2
 
 

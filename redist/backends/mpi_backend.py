@@ -7,25 +7,24 @@ and :func:`run_program`, here and re-exported there):
 - The result is always a new array; the caller's buffer is never returned, aliased or written to.
 - Data travels in numpy buffers through the buffer (uppercase) methods of mpi4py, never pickled. What a rank sends
   is contiguous bytes: chunks are packed along a leading dim with numpy before a transfer (a send described by an
-  MPI derived datatype measured up to 3.9x slower here, :data:`~redist.backends.mpi_placement.STRIDED_RUN_MIN`); an
+  MPI derived datatype is slower than packing, :data:`~redist.backends.mpi_placement.STRIDED_RUN_MIN`); an
   all-to-all comes lowered to that form (:class:`redist.program.AllToAll`) and runs out of place, straight from the
-  packed (or the caller's) buffer into the next one (MPICH's in-place ``Alltoall`` measured 1.4-3.7x slower at 16-64
-  MiB per rank, -n 2 and 4). What a rank receives lands in its final place where that place's contiguous runs are at
-  least :data:`~redist.backends.mpi_placement.STRIDED_RUN_MIN` bytes, described by a derived datatype
+  packed (or the caller's) buffer into the next one (MPICH's in-place ``Alltoall`` is slower). What a rank receives
+  lands in its final place where that place's contiguous runs are at least
+  :data:`~redist.backends.mpi_placement.STRIDED_RUN_MIN` bytes, described by a derived datatype
   (:func:`~redist.backends.mpi_transfers.place`): an all-gather's chunks in each row of the result, and the rows of
   an all-to-all that a transpose unpacks (a pencil transpose) in the transpose's result, so that no unpacking copy
-  remains (at -n 2 and 4, 16-64 MiB per rank: a gather along an inner dim 0.8x the time of the hand-written
-  ``Allgather`` and interleave, a pencil transpose 0.5-0.75x the hand-written ``Alltoall`` and unpacking). Shorter
-  runs arrive packed and are merged into place by numpy. There, this rank's own row of an all-to-all from the
-  caller's buffer is not copied into the result: the transpose that unpacks it reads it where the caller holds it
-  (:class:`_Buffer`'s deferred row), which saves ``1/k`` of the data's copies; and a transpose that packs an
-  all-to-all's rows from the caller's buffer leaves that row there for the all-to-all to copy once (a slab
-  transpose: about 1.0x the hand-written program before, 0.79-0.91x after).
+  remains (``bench/mpi.py`` times both against the hand-written ``Allgather`` and interleave, and ``Alltoall`` and
+  unpacking: ``bench/results/mpi.json``). Shorter runs arrive packed and are merged into place by numpy. There, this
+  rank's own row of an all-to-all from the caller's buffer is not copied into the result: the transpose that
+  unpacks it reads it where the caller holds it (:class:`_Buffer`'s deferred row), which saves ``1/k`` of the
+  data's copies; and a transpose that packs an all-to-all's rows from the caller's buffer leaves that row there for
+  the all-to-all to copy once (a slab transpose).
 - The personalised exchanges within a group (``AllGather``, ``AllToAll``, an even ``ReduceScatter``) run as
   point-to-point transfers between the members, posted at once, :data:`WINDOW` peers at a time at most
-  (:meth:`MpiBackend._exchange_rows`: faster here than MPICH's step-by-step collective algorithms whenever ranks
-  share cores), except an all-gather into contiguous places in a result smaller than
-  :data:`~redist.backends.mpi_placement.ALLGATHER_MAX_BYTES` on a node of at most
+  (:meth:`MpiBackend._exchange_rows`: faster than MPICH's step-by-step collective algorithms whenever ranks
+  share cores, as no step waits for a peer to be scheduled), except an all-gather into contiguous places in a
+  result smaller than :data:`~redist.backends.mpi_placement.ALLGATHER_MAX_BYTES` on a node of at most
   :data:`~redist.backends.mpi_placement.ALLGATHER_RANKS_PER_CORE` ranks per core, which is MPI's ``Iallgather``
   (MPICH passes such chunks around a ring; :meth:`MpiBackend._allgather`; a program of that one all-gather, once
   :func:`redist.mpi.reshard` has agreed on it, runs without the interpreter:
@@ -33,8 +32,8 @@ and :func:`run_program`, here and re-exported there):
   ``Allreduce``, ``Reduce_scatter``) or one ``Sendrecv`` (a permute).
 - Memory: buffers of at most ``2 · max(src.local_bytes, dst.local_bytes)`` bytes in all are alive at once besides
   the caller's input (never written to). One of them may be the rank's *scratch* buffer, kept between calls so that
-  a packing copy does not pay for fresh pages on every call (a copy into a fresh buffer of 64-256 MiB measured
-  1.8-2.6x slower here than into a reused one): in a program of one data-moving instruction (besides reshapes) that
+  a packing copy does not pay for fresh pages on every call (a copy into a large fresh buffer first faults in its
+  pages, a copy into a reused one does not): in a program of one data-moving instruction (besides reshapes) that
   instruction's temporary lives there (the gathered rows of an ``AllGather`` along an inner dim whose chunks arrive
   packed, the received chunks of a ``ReduceScatter``), in a program of two the first one's result (the packed chunks
   of a slab transpose, the received rows of a pencil transpose that arrive packed) when the second needs no
@@ -337,8 +336,8 @@ class MpiBackend(interpreter.Backend):
         """Group member ``j`` gets chunk ``j`` along ``dim`` of every other member's buffer
         (:func:`~redist.backends.mpi_transfers.post_rows`) and reduces the ``k`` chunks it then holds with numpy, in
         group order, straight into its result: the reduction numpy's backend computes, bit for bit. (MPICH's
-        ``Reduce_scatter_block`` measured 1.1-4x slower here, 16-256 MiB per rank at -n 2 and 4: it reduces through
-        a temporary it allocates per call, where the received chunks land in the scratch buffer.) The chunks go from
+        ``Reduce_scatter_block`` is slower: it reduces through a temporary it allocates per call, where the received
+        chunks land in the scratch buffer; ``bench/mpi.py``'s ``pending_sum`` case times the two.) The chunks go from
         the input itself where the dims before ``dim`` hold one element, else from a copy that brings them to the
         front (an owned input is dropped as soon as the copy exists). Where ``k`` does not divide the dim:
         :meth:`_reduce_scatter_counts`.

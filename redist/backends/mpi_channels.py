@@ -258,7 +258,7 @@ def wait(ctx: Context, verdict: Verdict | None, requests: list) -> None:
     """Wait for ``requests``, transfers already posted; with a ``verdict`` in flight, for the verdict first
     (:meth:`Verdict.settle`, which raises :class:`Disagreement` leaving ``requests`` to ``ctx``), the data
     progressing meanwhile. (All of them together: on an oversubscribed host MPICH waits for *all* of several
-    requests as fast as for one, for *any* of them 3-4x slower.)"""
+    requests as fast as for one, and for *any* of them much slower.)"""
     if verdict is not None:
         verdict.settle(ctx, requests)
     MPI.Request.Waitall(requests)
@@ -269,9 +269,9 @@ def direct(ctx: Context, channel: Channel, program: P.Program):
     the program's one data-moving instruction (reshapes aside) is an all-gather by MPI's ``Iallgather``
     (:func:`~redist.backends.mpi_placement.gathers_with_allgather`); else None. Per call it makes the result
     array, posts the ``Iallgather``, settles the verdict and waits for the data, as
-    :meth:`~redist.backends.mpi_backend.MpiBackend.all_gather` would, and nothing else. Such a gather takes
-    about 1 ms at 16 MiB and -n 2 here, and the Python before its data runs with caches the data has just
-    flushed, 5-10x slower than warm: the interpreter's set-up and dispatch cost about 10 us of it."""
+    :meth:`~redist.backends.mpi_backend.MpiBackend.all_gather` would, and nothing else: such a gather is short,
+    and the Python before its data runs with caches the data has just flushed, so that the interpreter's set-up
+    and dispatch are a visible share of it."""
     moving = [t for t, ins in enumerate(program.instructions) if not isinstance(ins, P.Reshape)]
     if len(moving) != 1 or not isinstance(program.instructions[moving[0]], P.AllGather):
         return None

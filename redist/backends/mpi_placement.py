@@ -34,29 +34,22 @@ __all__ = ["STRIDED_RUN_MIN", "ALLGATHER_RANKS_PER_CORE", "ALLGATHER_MAX_BYTES",
 
 # A receive whose place in its destination is strided (an all-gather's chunk in each row of the result, a pencil
 # transpose's received row in the unpacked result) lands there directly, described by an MPI derived datatype,
-# where the place's contiguous runs hold at least this many bytes; shorter runs arrive packed and numpy moves them.
-# Measured here (bench/mpi_datatypes.py, 16 MiB per rank, -n 2 and 4, three runs, bench/results/mpi_datatypes_n*):
-# the direct receive took 0.64-0.92x the packed receive's time at runs of 1-16 KiB, 0.84-1.64x at 512 bytes and
-# 1.4-3x at 32-128 bytes. Sends stay packed: a send described by a datatype (a slab transpose's rows, 1-4 KiB
-# runs) took 0.97-3.9x the packed send's time, and 2.4x at 64 MiB per rank.
+# where the place's contiguous runs hold at least this many bytes; shorter runs arrive packed and numpy moves them:
+# a receive described by a datatype saves the unpacking copy, but for short runs costs more than that copy. Sends
+# stay packed: a send described by a datatype is no faster than packing at any run length, and mostly slower.
+# bench/mpi_datatypes.py measures both (bench/results/mpi_datatypes_n*.json).
 STRIDED_RUN_MIN = 1024
 # An all-gather whose chunks' places in the result are contiguous is MPI's ``Iallgather`` (for large messages MPICH
 # passes the chunks around a ring: k - 1 steps, each sending the chunk received last to the next member) where the
 # node runs at most ALLGATHER_RANKS_PER_CORE ranks per core and the result is smaller than ALLGATHER_MAX_BYTES;
 # elsewhere it posts every transfer at once (mpi_transfers.post_rows). glibc maps an allocation of 32 MiB or more
 # afresh from the system, so such a result's pages are new on every call, and receiving every chunk at once overlaps
-# their faults; a smaller result reuses mapped pages. Measured here (2 cores, 16-64 MiB per rank, medians of paired
-# rounds against ``Allgather``): with the result's pages mapped, a ring took 1.00-1.02x the ``Allgather``'s time at
-# -n 2 and 4 and posting at once 1.03-1.23x; with fresh pages, the ring 1.00-1.01x and posting at once 0.69-0.87x; at
-# -n 8 (4 ranks per core), where each step of the ring waits for a neighbour to be scheduled, the ring 1.01x and
-# posting at once 0.86-0.90x with mapped pages, 0.50-0.64x with fresh ones. The ring was first stepped from Python,
-# each step's transfers posted and completed in turn; MPI's blocking ``Allgather`` after the verdict, in one call,
-# measured 3-5% faster than that (whole ``reshard`` calls, 16 MiB results, paired medians against the hand-written
-# ``Allgather``: -n 4 1.04-1.09x against 1.07-1.11x, -n 2 1.06x against 1.09-1.10x), as the ranks sharing a core no
-# longer come back to Python between steps; and ``Iallgather`` posted before the verdict is waited for, so that the
-# two travel together, as fast as that at -n 2 and 0.3-7% faster in five paired comparisons at -n 4 (medians of
-# 200-300 rounds: 1.05-1.09x against 1.07-1.17x), where ranks sharing a core made the verdict one more point at which
-# all must be scheduled.
+# their faults; a smaller result reuses mapped pages, and there the ring is the faster.
+# With more ranks per core, each step of the ring waits for a neighbour to be scheduled, and posting at once is
+# faster. The ring runs inside MPI, in one call, so that ranks sharing a core do not come back to Python between its
+# steps; and ``Iallgather`` is posted before the verdict is waited for, so that the two travel together rather than
+# the verdict being one more point at which all ranks must be scheduled. bench/mpi.py's ``gather`` case times it
+# against the hand-written ``Allgather`` (bench/results/mpi.json).
 ALLGATHER_RANKS_PER_CORE = 2
 ALLGATHER_MAX_BYTES = 32 * 2**20
 

@@ -41,10 +41,9 @@ def post_rows(sub, me: int, k: int, shifts, send, recv) -> list:
     and a send of ``send(j)`` to member ``j = me + s`` (mod ``k``; arrays or buffers, :func:`message`), all at
     once; returns the requests. Every member posting the same shifts makes each send meet its receive among
     them. (MPICH's ``Ialltoall`` and ``Iallgather`` pass the data in k - 1 dependent steps, each waiting for a
-    peer to be scheduled: measured here, interleaved, at 16-64 MiB per rank, they took 1.2-1.8x as long as
-    this at -n 4 and 2.8x at -n 8, and the same at -n 2.) A caller does its local copies after the transfers
-    complete, not between posting and waiting: a rank busy copying answers no handshake, and measured at -n 2
-    that cost up to 15% at 16 MiB."""
+    peer to be scheduled, which is slower than this once ranks share cores.) A caller does its local copies
+    after the transfers complete, not between posting and waiting: a rank busy copying answers no handshake,
+    which would hold its peers' transfers back."""
     return ([sub.Irecv(message(recv((me - s) % k)), (me - s) % k, TAG) for s in shifts]
             + [sub.Isend(message(send((me + s) % k)), (me + s) % k, TAG) for s in shifts])
 
