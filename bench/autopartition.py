@@ -17,7 +17,7 @@ of ``bench/flax_lm.py``) and mesh ((2,4) and (4,2) with axes batch, model; (2,2,
 - "Megatron": every layer's MLP split on its hidden dim over a common axis of both matmuls' weights (and on
   the flax LM, the attention's heads: query and output kernels), as the result's input types show.
 
-Times are the simulator's (default hardware profile, ``cpu-host``), per device per step. Targets (issue 18): auto
+Times are the simulator's (default hardware profile, ``cpu-host``), per device per step. Targets: auto
 <= 1.00x the best fitting preset on every cell where one fits, < 1.0x on at least a third of the cells, each
 search <= 60 s. Search times and evaluations per second are wall-clock on the machine that runs it: say how
 loaded it was. A progress bar over the cells is drawn on stderr while it runs, on a terminal.

@@ -35,23 +35,21 @@ Contenders, each returning a new array as ``reshard`` does (rank r is device r):
   (partial sources: ``Allreduce``, then the block); left out where the global array on every rank would not
   fit in memory.
 
-Method: per case, the first call of ``redist`` is timed alone after :func:`redist.mpi.clear_cache` (full
-agreement, synthesis, the channel and its sub-communicators, the scratch buffer); then two warm-up calls of every
-contender and ``--repeats`` rounds (times ``256 // S`` below 256 MiB: a millisecond cell's minimum over the 84
-rounds of ``64 // S`` moved by up to 0.15 from run to run, where the minima of two contenders making the same
-``Allgather`` differed by up to 14%), the contenders in a random order per round (the same on every rank; a
-rotation made each contender always follow the same one and pay for what it left behind); each call is
-``Barrier``, time, call, and the round's time of a contender is the maximum over ranks. All of this runs in
-``--jobs`` separate ``mpiexec`` jobs per rank count, whose rounds are pooled: on 2 shared cores a millisecond
-cell's ratio moves by up to 30% from one job to the next (where the ranks land, the state of the allocator), more
-than within a job. Reported: the minimum over all rounds (and the median), per contender the median over rounds of
-its time divided by ``hand``'s in the same round (``paired``: the two ran moments apart under the same load, so
-this ratio is steadier than the ratio of minima on a shared machine, where one quiet round decides a minimum), and
-the lowest and highest of the jobs' own ratios of minima. ``redist``, ``program``, ``hand`` and ``gather_slice``
-results are checked exactly against the destination block of the global array (entries are the flat index mod
-65521, exact in f32; a partial source's summands are the array on the ranks at partial coordinate 0 and zeros
-elsewhere); the replay moves placeholder data and is not checked. The load average is recorded before and after
-each job.
+Method: per case, the first call of ``redist`` is timed alone after :func:`redist.mpi.clear_cache` (full agreement,
+synthesis, the channel and its sub-communicators, the scratch buffer); then two warm-up calls of every contender
+and ``--repeats`` rounds (times ``256 // S`` below 256 MiB, as a millisecond cell's minimum over fewer rounds moves
+from run to run by more than the differences it compares), the contenders in a random order per round (the same on
+every rank; in a rotation each contender would always follow the same one and pay for what it left behind); each
+call is ``Barrier``, time, call, and the round's time of a contender is the maximum over ranks. All of this runs in
+``--jobs`` separate ``mpiexec`` jobs per rank count, whose rounds are pooled: on shared cores a millisecond cell's
+ratio moves more from one job to the next (where the ranks land, the state of the allocator) than within a job.
+Reported: the minimum over all rounds (and the median), per contender the median over rounds of its time divided by
+``hand``'s in the same round (``paired``: the two ran moments apart under the same load, so this ratio is steadier
+than the ratio of minima on a shared machine, where one quiet round decides a minimum), and the lowest and highest
+of the jobs' own ratios of minima. ``redist``, ``program``, ``hand`` and ``gather_slice`` results are checked
+exactly against the destination block of the global array (entries are the flat index mod 65521, exact in f32; a
+partial source's summands are the array on the ranks at partial coordinate 0 and zeros elsewhere); the replay moves
+placeholder data and is not checked. The load average is recorded before and after each job.
 """
 
 from __future__ import annotations

@@ -12,17 +12,17 @@ rotating order (A/B alternation), each call as ``Barrier``; time; call; time is 
   collective is called (these isolate what redist's way of posting costs);
 - ``redist``: ``redist.mpi.reshard`` (agreed combination: the verdict travels while the plan runs);
 - ``program``: ``redist.mpi.run_program`` (no agreement);
-- ``collectives``: ``reshard`` with the transport of commit 7f5d3ea (before issue 16's third round): MPI's
-  ``Iallgather``, ``Ialltoall`` and ``Ireduce_scatter_block`` where redist now posts point-to-point transfers
-  and reduces with numpy (:class:`CollectiveBackend`), for a before/after comparison in one run;
+- ``collectives``: ``reshard`` with MPI's ``Iallgather``, ``Ialltoall`` and ``Ireduce_scatter_block`` where
+  redist posts point-to-point transfers and reduces with numpy (:class:`CollectiveBackend`), to compare the two
+  transports in one run;
 - ``phases``: the steps of ``reshard`` one after the other, each timed on this rank (plan lookup, input
   validation, verdict start, then per instruction of the program the wait for its transfers and the rest of
   it (allocation, packing, posting, unpacking), then the result's hand-over).
 
 Rank 0 prints per contender the min and median time, and the median and quartiles of its per-round ratio to
 ``hand`` (a paired comparison: the two ran within moments of each other, under the same load), and the
-median of each phase (max over ranks). Not part of ``./dev bench``: a diagnostic for issue 16, to run at the
-lowest load available (the load average is printed with each case).
+median of each phase (max over ranks). Not part of ``./dev bench``: a diagnostic of the MPI backend's overhead,
+to run at the lowest load available (the load average is printed with each case).
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ class TimedBackend(B.MpiBackend):
 
 
 class CollectiveBackend(B.MpiBackend):
-    """The MPI backend with the data movement of commit 7f5d3ea for ``AllGather``, ``AllToAll`` and an even
+    """The MPI backend with MPI's collectives moving the data of ``AllGather``, ``AllToAll`` and an even
     ``ReduceScatter``: one nonblocking MPI collective each."""
 
     def _collective(self, request) -> None:

@@ -137,8 +137,8 @@ def timed(fns: dict, repeats: int, seed: int = 0) -> dict[str, list[float]]:
     """Two warm-up calls of each, then ``repeats`` rounds, each in a random order, the same on every rank
     (``random.Random(seed)``); per call the max over ranks. Random, not rotating: in a rotation each contender
     always follows the same one and pays for what that one leaves behind (pages a large buffer gave back to
-    the system, evicted caches). Rotating, ``reshard`` always ran after the XLA replay or gather-then-slice and
-    measured 10-20% slower than ``run_program`` even with its verdict removed, the same code."""
+    the system, evicted caches): in a rotation ``reshard`` always runs after the XLA replay or
+    gather-then-slice and pays for them."""
     names = list(fns)
     for _ in range(2):
         for name in names:

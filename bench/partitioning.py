@@ -16,7 +16,7 @@ their compositions (EMB only for the transformers, which have embeddings). Per m
   timed together (``interleaved_times``): 2 warm-up calls each, then ``--rounds`` rounds in which every program
   runs a burst of ``--repeats`` calls (each timed with ``time.perf_counter`` around the call and
   ``block_until_ready``), the order reversed every other round; a program's time is the minimum over rounds of
-  its per-round median (the host's speed drifts by tens of percent over seconds; programs timed in the same
+  its per-round median (the host's speed drifts over seconds; programs timed in the same
   round share its state, and the minimum keeps the undisturbed rounds); ratio = ours / XLA.
 - (d) memory: the simulator's ``peak_bytes`` (argument + output + peak temporaries, per device) against
   ``compiled.memory_analysis()`` argument + output + temp - alias of OUR compiled program (the target: the
@@ -34,8 +34,8 @@ one-kernel program (``x + 1``, 8 elements) less one kernel; FLOP/s = the margina
 of 16 ``tanh(x @ w)`` at the two ``SIZES["matmul"]``; bytes/s = the marginal cost of bytes between 16 rounds of
 ``a = a*0.5 + sum(a)*1e-6`` (a reduction and an elementwise pass each: 3 passes over ``a``) at the two
 ``SIZES["stream"]``, sizes spanning these models' larger local ops and both split over XLA's CPU thread pool
-(at 1024 f32 the fusions are not split, and the pool dispatch, not bytes, made most of the difference: ~10 GB/s
-rather than ~3 GB/s); the two programs of a pair have the same kernels,
+(at 1024 f32 the fusions are not split, and the pool's dispatch, not the bytes, would make most of the
+difference); the two programs of a pair have the same kernels,
 so per-kernel costs cancel. In-program collective latency per kind (``calibrate_collectives``): the slope of
 chains of 0 and 16 collectives of 2 KB on the mesh's axis groups (2, 4, 8 devices), fitted as
 ``a0 + per_peer * (k - 1)``; a collective inside one program costs far less than the profile's one-collective
@@ -115,7 +115,7 @@ def median_time(fn, args, repeats=9, warmup=2):
 
 
 def interleaved_times(calls, rounds, burst, warmup=2):
-    """Robust step times of several programs on a 2-core host whose speed drifts over seconds.
+    """Robust step times of several programs on a host whose speed drifts over seconds.
 
     ``calls``: ``[(fn, args), ...]``. After ``warmup`` calls each, ``rounds`` rounds; in every round each
     program runs a burst of ``burst`` calls (each timed with ``perf_counter`` around the call and

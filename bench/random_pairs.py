@@ -1,5 +1,5 @@
 """The benchmarks' seeded sample of (source, destination) pairs: :mod:`redist.testing`'s generator with the
-options the published figures were drawn with (same seed, same pairs as before the generator was shared)."""
+options the published figures were drawn with (same seed, same pairs)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Scale: synthesis, accounting, lowering and verification on meshes of 8 to 65,536 devices (issue 14).
+"""Scale: synthesis, accounting, lowering and verification on meshes of 8 to 65,536 devices.
 
 Method. Groups of pairs, each group in a fresh Python process (so that its peak memory is its own):
 
@@ -6,8 +6,8 @@ Method. Groups of pairs, each group in a fresh Python process (so that its peak 
   :data:`MESHES` (8, 64, 105 = 3x5x7, 216 = 6x6x6, 512, 4,096, 8,192 and 65,536 devices, 8 to 16 axes of
   size 2 among them), ranks 1 to the mesh's ``max_rank`` (4, or 8 on the meshes of axes of size 2), sources
   partial over some axes (30%), sub-axes (30% of the splittable axes) and uneven dims (30% of the pairs);
-- named groups: each pair of :data:`NAMED` (the pairs issue 14 names) alone, and each of
-  :data:`HARD_TO_VERIFY` (the plans the verifier found slowest, rarely drawn at random) alone.
+- named groups: each pair of :data:`NAMED` (large transposes, rank-8 shifts, uneven exchanges, permutes) alone, and
+  each of :data:`HARD_TO_VERIFY` (the plans the verifier found slowest, rarely drawn at random) alone.
 
 For each pair, every ``functools`` cache of ``redist`` is cleared, then each of these is timed with
 ``time.perf_counter``: ``synthesize``; ``lower_bound_bytes``; ``bytes_received`` of a fresh
@@ -26,7 +26,7 @@ least-squares fit of log(median time) against log(devices) over the random group
 Output: a table on stdout (progress bars on stderr while running, on a terminal), JSON in
 ``bench/results/scale.json`` and a PNG of median time against devices on log axes
 (``bench/results/scale_time.png``, drawn by ``bench/plots.py``). ``--quick`` runs three small groups and one
-named pair with 3 pairs each in this process (a smoke test, well under 30 s) and writes only where ``--out``
+named pair with 3 pairs each in this process (a smoke test) and writes only where ``--out``
 says.
 
     python bench/scale.py [--pairs 20] [--seed 0] [--quick] [--out PATH.json] [--no-progress]
@@ -103,8 +103,8 @@ NAMED = {  # label: (mesh, src, dst)
     "x=4,y=8,z=8 {x,y}->{y,z}": ("x=4,y=8,z=8", "f32[64{x,y}]", "f32[64{y,z}]"),
 }
 
-# Plans that random groups rarely draw and that were the verifier's slowest found (each proved in more than
-# 30 s by an earlier verifier): exchanges with thousands of segments per block, and a group sum before one.
+# Plans that random groups rarely draw and that are the slowest known to verify: exchanges with thousands of
+# segments per block, and a group sum before one.
 HARD_TO_VERIFY = {  # label: (mesh, src, dst)
     "verify: 2,048 segments per block": ("x=256,y=256", "f32[65536{y,x}, 128]",
                                          "f32[65536{y:(2)32}, 128{x:(16)8,x:(4)4,x:(2)2,x:(1)2}]"),
@@ -260,7 +260,7 @@ def growth(summaries: list[dict]) -> dict:
 
 
 def targets(summaries: list[dict]) -> list[tuple[str, str, bool]]:
-    """Issue 14's targets: (target, measured, met)."""
+    """The benchmark's targets: (target, measured, met)."""
     at_4096 = [s for s in summaries if not s["named"] and s["devices"] == 4096 and s["synthesize_s"]]
     out = []
     for s in at_4096:

@@ -1,20 +1,19 @@
 """How the synthesizer's search scales with the mesh: time, states and bytes against the lower bound.
 
-Method: for each mesh below, ``--pairs`` seeded random even pairs (:func:`redist.testing.draw_pair`: ranks 1 to
-4, or 1 to 8 on the meshes marked so, partial sources, sub-axes with probability 0.25), plus the pairs named
-in issue 14 and four reductions that the automatic partitioner prices on meshes of 1,024 devices. Each pair is
-synthesized once with the plan cache cleared, timed in CPU seconds of this process
+Method: for each mesh below, ``--pairs`` seeded random even pairs (:func:`redist.testing.draw_pair`: ranks 1 to 4,
+or 1 to 8 on the meshes marked so, partial sources, sub-axes with probability 0.25), plus the pairs of ``NAMED``
+(large transposes, axis shifts, rank-8 layouts) and four reductions that the automatic partitioner prices on meshes
+of 1,024 devices. Each pair is synthesized once with the plan cache cleared, timed in CPU seconds of this process
 (``time.process_time``: the search is single-threaded, and other processes on a shared machine do not count):
-``synthesize`` is the whole call, ``search`` the time spent inside the searches (``redist.synthesis.search``,
-which never enumerates devices; the rest of the call is the typing of the plan, the same at any mesh size). The
-byte accounting that does enumerate devices today (``lower_bound_bytes``, ``Plan.bytes_received``) runs after
-the clock, for the quality figures only (on meshes of up to 4,096 devices): for pairs without a reduction,
-the share of plans at the lower bound and the geometric mean and maximum of bytes / bound. ``states`` is
-what the searches generated (their budget is deterministic). Memory: the process's peak resident set
-(``ru_maxrss``) at the end. Targets (issue 14): on 4,096 devices with rank <= 4, synthesis median <= 20 ms
-and max <= 1 s; every named pair <= 1 s, and <= 2 s for rank 8 on 16 axes; bytes / bound at scale no worse
-than on 8 devices; a few hundred MB at most. A progress bar over the pairs is drawn on stderr while it runs,
-on a terminal.
+``synthesize`` is the whole call, ``search`` the time spent inside the searches (``redist.synthesis.search``, which
+never enumerates devices; the rest of the call is the typing of the plan, the same at any mesh size). The byte
+accounting (``lower_bound_bytes``, ``Plan.bytes_received``) runs after the clock, for the quality figures only (on
+meshes of up to 4,096 devices): for pairs without a reduction, the share of plans at the lower bound and the
+geometric mean and maximum of bytes / bound. ``states`` is what the searches generated (their budget is
+deterministic). Memory: the process's peak resident set (``ru_maxrss``) at the end. Targets: on 4,096 devices with
+rank <= 4, synthesis median <= 20 ms and max <= 1 s; every named pair <= 1 s, and <= 2 s for rank 8 on 16 axes;
+bytes / bound at scale no worse than on 8 devices; a few hundred MB at most. A progress bar over the pairs is drawn
+on stderr while it runs, on a terminal.
 
     python bench/search_scale.py [--pairs 100] [--seed 0] [--quick] [--no-progress]
 """
@@ -40,7 +39,8 @@ from redist.synthesis import cases  # noqa: E402
 from redist.testing import SeededDraw, draw_pair  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "search_scale.json")
-# The device-by-device byte accounting takes seconds per pair beyond this (issue 14, item 1).
+# The quality figures are taken on meshes of at most this many devices: the byte accounting costs more per pair
+# on larger ones.
 _QUALITY_DEVICES = 4096
 
 
@@ -78,8 +78,8 @@ NAMED = [
      "f32[8{a15,a0,a2},8{a1,a4},8{a3,a5},8{a6},8{a7,a8,a10},8{a9,a12},8{a11},8{a13,a14}]"),
     ("gather-slice 4096", {"dp": 16, "fsdp": 16, "tp": 16}, "f32[256{dp}, 256{fsdp,tp}, 32]",
      "f32[256{tp,fsdp}, 256, 32{dp}]"),
-    # reductions the automatic partitioner prices on large meshes (the search over prime atoms ran its whole
-    # budget on each before the reduction bound, 0.3-0.8 s)
+    # reductions the automatic partitioner prices on large meshes (without the reduction bound, the search over
+    # prime atoms would run its whole budget on each)
     ("all-reduce 16x64", {"batch": 16, "model": 64}, "f32[8,16] partial{model}", "f32[8,16]"),
     ("reduce-scatter, all-reduce", {"batch": 16, "model": 64}, "f32[1,1,32] partial{batch,model}",
      "f32[1,1,32{batch}]"),
