@@ -201,7 +201,7 @@ def creation_pairs(seed: int, count: int) -> list[tuple[redist.ShardingType, red
 
 # ------------------------------------------------------------------------------------ modes
 KINDS: dict[str, int] = {}
-FEATURES: dict[str, int] = {}  # issue-15 features of the cases run (reduction kinds, device orders, complex)
+FEATURES: dict[str, int] = {}  # features of the cases run (reduction kinds, device orders, complex)
 
 
 def run_case(src, dst, rng, failures: list, label: str) -> tuple[bool, bool]:

@@ -1,4 +1,4 @@
-"""bench/scale.py --quick: the smoke run of the scale benchmark (issue 14, item 4)."""
+"""bench/scale.py --quick: the smoke run of the scale benchmark."""
 
 import json
 

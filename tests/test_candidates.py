@@ -1,4 +1,4 @@
-"""Candidate plans around the search (issue 15 items 4 and 7): reduce-scatters with uneven counts, and one
+"""Candidate plans around the search: reduce-scatters with uneven counts, and one
 exchange on even dims where the collectives miss the lower bound; the exchange priced as the rounds it runs."""
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ def T(text, mesh):
 
 
 # ---------------------------------------------------------------------------------- uneven reduce-scatter
-# (mesh, src, dst, bytes before this change (all_reduce + exchange, or reduce-scatter on the padded view
-# + exchange), bytes now)
+# (mesh, src, dst, bytes without an uneven reduce-scatter (all_reduce + exchange, or reduce-scatter on the
+# padded view + exchange), bytes of the plan)
 UNEVEN_REDUCTIONS = [
     ("x=4", "f32[13, 3] partial{x}", "f32[13{x}, 3]", 234, 144),     # counts (4, 4, 4, 1) rows
     ("x=4", "f32[5, 3] partial{x}", "f32[5{x}, 3]", 90, 72),

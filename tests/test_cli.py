@@ -122,7 +122,7 @@ def run_redist(*args):
 ])
 def test_every_error_is_one_line_on_stderr_and_exit_2(args, words):
     """Usage errors, bad meshes and bad types alike: exit 2, one line naming the problem, no traceback, and
-    nothing run (``demo --backends bogus`` used to print "all checks passed")."""
+    nothing run (``demo --backends bogus`` does not print "all checks passed")."""
     r = run_redist(*args)
     assert r.returncode == 2, r
     assert r.stdout == ""
@@ -209,8 +209,8 @@ def test_version_prints_the_package_s_version(capsys):
 
 
 def test_help_is_plain_text_for_users(capsys):
-    """``redist --help`` lists every form of the command, in plain text (it used to print the module docstring's
-    reST markup and a reference to the SPEC, which an installed user does not have)."""
+    """``redist --help`` lists every form of the command, in plain text: no reST markup from the module docstring,
+    and no reference to the SPEC, which an installed user does not have."""
     with pytest.raises(SystemExit) as exit:
         main(["--help"])
     out = capsys.readouterr().out
@@ -220,7 +220,7 @@ def test_help_is_plain_text_for_users(capsys):
 
 
 def test_demo_fails_when_a_requested_backend_cannot_run(monkeypatch, tmp_path):
-    """MPI asked for but no mpiexec: every case fails on it (it used to be shown as skipped, and passed)."""
+    """MPI asked for but no mpiexec: every case fails on it (not skipped, which would pass)."""
     from redist import demo
 
     monkeypatch.setattr(sys, "prefix", str(tmp_path))
@@ -235,7 +235,7 @@ def _proofs(*args):
 
 
 def test_proofs_help_runs_nothing():
-    """``--help`` used to start the whole five-minute run; now it prints the usage and the parts, and exits."""
+    """``--help`` prints the usage and the parts, and exits, without starting a run."""
     r = _proofs("--help")
     assert r.returncode == 0 and r.stdout.startswith("usage: python -m proofs [-h] [--quick] [--workers N] [PART ...]")
     assert "step_rules, exhaustive, creating, random, uneven, features, mutation, speed64" in " ".join(r.stdout.split())
@@ -248,7 +248,7 @@ def test_proofs_help_runs_nothing():
     (["--workers", "0"], "error: --workers must be at least 1, got 0"),
 ])
 def test_proofs_refuses_unknown_arguments(args, words):
-    """Unknown flags used to be ignored silently (and a full run started)."""
+    """Unknown flags, unknown parts and bad values are refused (exit 2), never ignored with a full run started."""
     r = _proofs(*args)
     assert r.returncode == 2 and words in r.stderr and r.stdout == "", r
 

@@ -1,4 +1,4 @@
-"""Complex dtypes c64 and c128 (docs/spec.md §2 and §4, issue 15.5): plans with pending complex sums on the numpy and
+"""Complex dtypes c64 and c128 (docs/spec.md §2 and §4): plans with pending complex sums on the numpy and
 JAX backends, proved by the verifier; the lossless rule for complex data. The MPI counterparts run under
 mpiexec in tests/test_mpi_backend.py (its worker draws c64 and c128)."""
 

@@ -1,4 +1,4 @@
-"""Device orders (docs/spec.md §1, issue 15.3): ``Mesh(axes, device_ids)``, reshards between meshes that differ only in
+"""Device orders (docs/spec.md §1): ``Mesh(axes, device_ids)``, reshards between meshes that differ only in
 their device order (planned, run on numpy and JAX, proved), claims on another device order refuted. The MPI
 counterparts run under mpiexec in tests/test_mpi_backend.py (its worker draws device orders on both sides)."""
 
@@ -52,9 +52,9 @@ def test_a_change_of_device_order_alone_is_one_permute():
 
 
 def test_a_partial_group_on_the_same_devices_keeps_its_buffers():
-    """Regression: a destination group made of the devices of a source group (in another rank order) took
-    another group's buffers (128 bytes received for a reversed f32[8, 4] partial{x,y}); any order of a group's
-    summands reduces to its value, so it keeps its own and nothing moves."""
+    """A destination group made of the devices of a source group (in another rank order) keeps its own buffers,
+    rather than taking another group's (128 bytes received for a reversed f32[8, 4] partial{x,y}): any order of
+    a group's summands reduces to its value, so nothing moves."""
     src = ShardingType.parse("f32[8, 4] partial{x,y}", MESH)
     for ids in ([3, 2, 1, 0], [1, 0, 3, 2], [2, 3, 0, 1]):
         plan = synthesize(src, src.replace(mesh=MESH.reordered(ids)))

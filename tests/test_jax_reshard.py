@@ -219,7 +219,7 @@ def test_partition_specs_under_set_mesh_eager_and_jitted(kind):
 
 @pytest.mark.parametrize("kind", [AUTO, EXPLICIT])
 def test_sub_axis_plans_under_set_mesh_eager_and_jitted(kind, monkeypatch):
-    """P('x') -> P('y') on 2x4 needs sub-axes of y: the shard_map runs on a refined mesh, which used to clash
+    """P('x') -> P('y') on 2x4 needs sub-axes of y: the shard_map runs on a refined mesh, which must not clash
     with the context mesh of jax.set_mesh ("The context mesh ... should match the mesh passed to
     shard_map"), eagerly and under jit. XLA moves this pair as well as the plan (a permute), so the route is
     pinned to redist's plan here to run the plan itself."""

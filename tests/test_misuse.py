@@ -1,8 +1,8 @@
 """Misuse of the public API raises ``ShardingError`` (``PartitionError`` for partir_core's tactics) in the user's
-terms, never a TypeError, AttributeError, IndexError or a bare ValueError from inside (issue 12, item 9).
+terms, never a TypeError, AttributeError, IndexError or a bare ValueError from inside.
 
 Each case names what was given and what is expected; the match strings below are those words. Keyword calls of
-a partitioned function, which used to be refused, are supported (``pf`` has ``fn``'s signature)."""
+a partitioned function are supported (``pf`` has ``fn``'s signature)."""
 
 import math
 import subprocess

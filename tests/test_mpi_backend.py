@@ -197,7 +197,7 @@ def test_reshards_of_numpys_largest_rank_and_a_program_past_it_refused_on_every_
 @pytest.mark.parametrize("n, rank, code, status", [(2, 1, "0", 0), (3, 0, "none", 0), (4, 3, "3", 3)])
 def test_a_rank_that_exits_inside_abort_on_error_aborts_every_rank(n, rank, code, status):
     """An SPMD program where one rank exits early is an error whatever its status: the others would wait for
-    it in a collective forever (sys.exit(0) used to pass through abort_on_error and hang the job)."""
+    it in a collective forever (sys.exit(0) too, which would otherwise pass through abort_on_error and hang the job)."""
     proc, seconds = mpirun(n, "exit_in_block", str(rank), code, timeout=60)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out

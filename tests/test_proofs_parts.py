@@ -14,9 +14,9 @@ def test_each_pair_check_runs_on_a_tiny_sample():
 
 
 def test_the_oracle_sums_bf16_summands_exactly_in_any_order():
-    """Regression: ``python -m proofs`` reported a proved bf16 plan as wrong. Its summands reached 340, and
-    bf16 holds the integers exactly only up to 256, so the all-reduce, which sums in another order than the
-    oracle, rounded 112 to 111. The summands now stay within what the dtype sums exactly."""
+    """The oracle's summands stay within what the dtype sums exactly: bf16 holds the integers exactly only up
+    to 256, and with larger summands an all-reduce, which sums in another order than the oracle, rounds
+    differently (112 to 111), so that ``python -m proofs`` would report a proved bf16 plan as wrong."""
     from proofs.common import oracle
     from redist import Mesh, ShardingType, synthesize
 

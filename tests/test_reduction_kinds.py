@@ -1,4 +1,4 @@
-"""Reduction kinds of pending values (docs/spec.md §2, issue 15.2): ``partial(max|min|prod){…}`` types, plans that
+"""Reduction kinds of pending values (docs/spec.md §2): ``partial(max|min|prod){…}`` types, plans that
 keep the kind, and the kinds on the numpy and JAX backends and in the verifier. The MPI counterparts run
 under mpiexec in tests/test_mpi_backend.py (its worker draws every kind)."""
 
@@ -121,9 +121,9 @@ def test_claim_of_another_kind_is_refuted_with_a_counterexample():
 
 
 def test_oracle_sees_a_product_taken_twice():
-    """Regression: the mutation oracle's value of a scalar was 1, which a product that squares its summands
-    (an all-reduce by product run twice) leaves as it is; the verifier refuted that mutant and the run
-    counted a false alarm."""
+    """The mutation oracle tells a product taken twice (an all-reduce by product run twice, which squares the
+    summands) from one taken once: a scalar's value of 1 would be left as it is, the oracle would pass the
+    mutant the verifier refutes, and the run would count a false alarm."""
     mesh = Mesh({"a0": 2, "a1": 2, "a2": 2})
     src, dst = T("f32[] partial(prod){a0,a1,a2}", mesh), T("f32[] partial(prod){a0,a1}", mesh)
     prog = synthesize(src, dst).program
@@ -134,10 +134,10 @@ def test_oracle_sees_a_product_taken_twice():
 
 
 def test_oracle_refuses_a_claim_of_another_kind_whatever_the_values():
-    """Regression: the mutation run counted a false alarm on the claim ``partial(max)`` for a program that
-    keeps a pending product of a scalar: on some data the max of the product's summands equals the product.
-    Another kind is another type, which the verifier rightly refutes. On bool, a pending min and a pending
-    prod (both a logical and) agree on every datum: only the kind check tells them apart."""
+    """The oracle refuses the claim ``partial(max)`` for a program that keeps a pending product of a scalar,
+    although on some data the max of the product's summands equals the product: another kind is another type,
+    which the verifier rightly refutes. On bool, a pending min and a pending prod (both a logical and) agree on
+    every datum: only the kind check tells them apart."""
     mesh = Mesh({"a0": 2, "a1": 2, "a2": 2})
     src = T("bool[3] partial(min){a0,a2}", mesh)
     prog = synthesize(src, src).program

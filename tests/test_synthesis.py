@@ -330,7 +330,7 @@ UNEVEN = [
     # reduce-scatter x onto the whole dim 0 (uneven: 4 and 3 rows), then y onto dim 1: 128 + 64 = 192 B,
     # where reduce-scatter onto the even dim + exchange takes 232 B and all_reduce + exchange 336 B
     (Mesh({"x": 2, "y": 2}), "f32[7, 8] partial{x,y}", "f32[7{x}, 8{y}]", ["reduce_scatter", "reduce_scatter"]),
-    # the uneven reduce-scatter of issue 15: counts (4, 4, 4, 1) rows; 144 B, where all_reduce + exchange took 234 B
+    # an uneven reduce-scatter: counts (4, 4, 4, 1) rows; 144 B, where all_reduce + exchange takes 234 B
     (Mesh({"x": 4}), "f32[13, 3] partial{x}", "f32[13{x}, 3]", ["reduce_scatter"]),
 ]
 

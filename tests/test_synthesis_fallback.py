@@ -48,8 +48,8 @@ HARD = [
     (_mesh_of_twos(7), "f32[16{a1,a5,a6,a2}]", "f32[16{a5,a0,a2,a1}]", ["permute"]),
     # Sub-axes of different factorizations on each side; found by a random search over such pairs.
     (Mesh({"a0": 4, "a1": 6, "a2": 12}), "f32[12{a1,a0:(1)2}]", "f32[12{a0:(1)2,a2:(1)2,a2:(4)3}]", ["permute"]),
-    # The search ran out of its budget on these (2-3 s). No plan of collectives meets the lower bound (the
-    # best receives 160 B in 4 steps), so the search stops at the bound and the exchange receives 128 B.
+    # No plan of collectives meets the lower bound (the best receives 160 B in 4 steps), and a search for one
+    # would run out of its budget; the search stops at the bound, and the exchange receives 128 B.
     (_mesh_of_twos(5), "f32[4, 4, 4{a1}, 4{a4,a3}, 2{a2}]", "f32[4{a3}, 4{a1}, 4{a2}, 4{a0}, 2]", ["exchange"]),
     # 176 B, where the fallback (two reduce-scatters and an exchange) receives 224 B.
     (_mesh_of_twos(5), "f32[4{a4}, 2, 1, 4{a2}, 2, 2] partial{a0,a3}", "f32[4{a0}, 2, 1, 4, 2, 2{a1}]",
@@ -73,7 +73,8 @@ def test_hard_pairs_get_a_plan_that_is_bounded_exact_and_proved(mesh, a, b, kind
 
 
 def test_five_axis_shift_is_one_permute_at_the_lower_bound():
-    """Each dim's axes move on by one: the search found a four-step plan receiving 2.5x the bound."""
+    """Each dim's axes move on by one: one permute at the bound, where a four-step plan receives 2.5x the
+    bound."""
     mesh = Mesh({"dp": 2, "fsdp": 2, "tp": 2, "sp": 2, "ep": 2})
     a, b = "bf16[{}{{dp,fsdp}}, {}{{tp,sp}}, {}{{ep}}]", "bf16[{}{{fsdp,tp}}, {}{{sp,ep}}, {}{{dp}}]"
     src, dst = ShardingType.parse(a.format(4096, 1024, 128), mesh), ShardingType.parse(b.format(4096, 1024, 128), mesh)

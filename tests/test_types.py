@@ -201,9 +201,9 @@ def _cpu_seconds(work, repeat=3) -> float:
 
 
 def test_parse_and_construction_take_time_linear_in_the_rank():
-    """Issue 12, item 11: parsing a rank-8,000 type took 0.2-0.7 s and rank 100,000 over 30 s (the error context
-    quoted the whole text once per dim), and ``is_even()`` recomputed every dim's padded size once per dim (40 s
-    at rank 8,000). This compares the CPU time of the same work at ranks n and 8n (the least of 3 runs): linear
+    """Parsing and construction are linear in the rank: an error context that quoted the whole text once per
+    dim, or an ``is_even()`` that recomputed every dim's padded size once per dim, would make them quadratic.
+    This compares the CPU time of the same work at ranks n and 8n (the least of 3 runs): linear
     work gives a ratio near 8, quadratic work 64; the bound 20 leaves room for a busy machine. It measures a
     ratio, not a time, so it holds on slow and fast machines alike."""
     mesh = Mesh({"x": 2, "y": 4})

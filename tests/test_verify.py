@@ -146,7 +146,7 @@ def _mut(plan, instructions, shapes=None):
 def test_mutants_are_killed():
     mesh = Mesh({"x": 2, "y": 4})
     src, dst = T("f32[8{x}, 16{y}]", mesh), T("f32[8{y}, 16{x}]", mesh)
-    # The collectives' plan (synthesize now takes one exchange here, which receives fewer bytes).
+    # The collectives' plan (synthesize takes one exchange here, which receives fewer bytes).
     plan = Plan.from_steps(src, (S.AllToAll(1, 0, ("y:(2)2",)), S.Permute((("y",), ("x",)))))
     assert plan.dst == dst
     ins = list(plan.program.instructions)
@@ -287,7 +287,7 @@ def _on(t, mesh, dtype=None, shape=None):
 
 @pytest.mark.parametrize("dtype", ["f64", "i32", "u32", "bf16", "f16", "i8", "bool"])
 def test_claim_with_another_dtype_is_refuted(dtype):
-    """Regression (issue 12.1): f64, i32 and bf16 claims for an f32 plan were proved."""
+    """A claim of another dtype than the plan's (f64, i32, bf16, ... for an f32 plan) is refuted, not proved."""
     _, plan = _classic()
     v = verify(plan, _on(plan.dst, plan.dst.mesh, dtype=dtype))
     assert v.status == "refuted" and not v.ok
@@ -296,8 +296,8 @@ def test_claim_with_another_dtype_is_refuted(dtype):
 
 
 def test_claim_on_the_mesh_with_axes_in_another_order_is_refuted_with_a_real_counterexample():
-    """Regression (issue 12.1): ``Mesh({"y": 2, "x": 4})`` for a plan on ``x=4,y=2`` was proved, though device 1
-    then holds another block than the claim says."""
+    """``Mesh({"y": 2, "x": 4})`` for a plan on ``x=4,y=2`` is refuted, not proved: device 1 then holds another
+    block than the claim says."""
     mesh, plan = _classic()
     claim = _on(plan.dst, Mesh({"y": 2, "x": 4}))
     v = verify(plan, claim)
@@ -402,8 +402,8 @@ def _random_permutation_and_back(mesh, seed=0):
 
 
 def test_timeout_bounds_the_wall_time_of_a_hard_query():
-    """Regression (issue 12.2): the constraints were built without a bound and Z3 was given the whole budget
-    after them (136 s for timeout_s=60 on 65,536 devices). This query is not decided in 120 s."""
+    """``timeout_s`` bounds the whole call: building the constraints counts against it, and Z3 gets only what
+    is left of it, not the whole budget after them. This query is not decided in 120 s."""
     import time
 
     prog, src = _random_permutation_and_back(Mesh({"x": 256, "y": 256}))
@@ -466,7 +466,7 @@ def test_a_transpose_table_has_one_leaf_per_row():
 
 # ---------------------------------------------------------------------------- misuse
 def test_verify_misuse_raises_sharding_error_naming_the_argument():
-    """Regression (issue 12.9): garbage arguments gave AttributeError/TypeError from inside."""
+    """Garbage arguments raise ShardingError naming the argument, not AttributeError/TypeError from inside."""
     mesh, plan = _classic()
     bad = [
         (lambda: verify("plan"), "plan"),
@@ -570,10 +570,9 @@ def test_the_verifier_accepts_a_token_exactly_when_the_backends_do(token):
                                                 ("y:(１)2", "y:(1)2", "f32[8{y:(1)2}, 4]"),
                                                 ("y:(2)1", None, "f32[8, 4]")])
 def test_a_program_over_an_axis_the_backends_refuse_is_not_proved(token, twin, claim):
-    """Regression: the verifier read a sub-axis's numbers with ``\\d``, which matches any Unicode digit, and
-    proved a hand-built program that slices over ``y:(١)2`` (read as ``y:(1)2``), as it did one over the
-    sub-axis of size 1 ``y:(2)1``, although every backend refuses to run them. The same program over the ASCII
-    ``twin`` is proved, and runs."""
+    """A hand-built program that slices over ``y:(١)2`` (a non-ASCII digit, which ``\\d`` would read as
+    ``y:(1)2``) or over the sub-axis of size 1 ``y:(2)1`` is not proved, as every backend refuses to run it. The
+    same program over the ASCII ``twin`` is proved, and runs."""
     mesh = Mesh({"x": 2, "y": 4})
     src, dst = T("f32[8, 4]", mesh), T(claim, mesh)
     program = P.Program(mesh, src.np_dtype, (P.Slice(0, (token,)),), (src.local_shape, dst.local_shape))
@@ -587,8 +586,8 @@ def test_a_program_over_an_axis_the_backends_refuse_is_not_proved(token, twin, c
 
 
 def test_claim_mutants_are_refuted_with_counterexamples_and_are_wrong():
-    """The claim-side operators of proofs/mutation.py (issue 12.3, device order: 15.3), on a plan with partial axes and sub-axes
-    in its mesh's reach: every mutant is refuted, with a counterexample, and the numpy oracle agrees."""
+    """The claim-side operators of proofs/mutation.py (device order included), on a plan with partial axes and
+    sub-axes in its mesh's reach: every mutant is refuted, with a counterexample, and the numpy oracle agrees."""
     from proofs.mutation import claim_mutants
 
     mesh = Mesh({"x": 2, "y": 4, "z": 1})
@@ -603,9 +602,9 @@ def test_claim_mutants_are_refuted_with_counterexamples_and_are_wrong():
 
 
 def test_every_dropped_exchange_copy_is_refuted_with_a_counterexample():
-    """Regression (issue 15.3): with one copy of an exchange dropped, the counterexample's source device was
-    looked up at coordinates the model left free, and verify raised IndexError instead of refuting (e.g.
-    device 2's first copy here). Exchanges are segment tables now: each segment dropped in turn."""
+    """With one copy of an exchange dropped, verify refutes with a counterexample, never an IndexError from
+    looking the source device up at coordinates the model left free (e.g. device 2's first copy here).
+    Exchanges are segment tables: each segment dropped in turn."""
     mesh = Mesh({"x": 2, "y": 4})
     plan = synthesize(T("f32[7{x}, 5{y}]", mesh), T("f32[7{y}, 5{x}]", mesh))
     prog = plan.program

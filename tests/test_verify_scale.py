@@ -1,5 +1,5 @@
 """The verifier on large meshes whose plans use many sub-axes of one mesh axis, and the digit encoding of mesh
-coordinates that makes their queries linear (issue 14 item 3: every plan up to 65,536 devices within 30 s)."""
+coordinates that makes their queries linear (every plan up to 65,536 devices within 30 s)."""
 
 from __future__ import annotations
 
@@ -21,15 +21,15 @@ from redist.verify.walk import Walk
 
 BIG = Mesh({"x": 256, "y": 256})
 
-# Plans of bench/scale.py's 65,536-device group whose coordinates use many sub-axes of x and y. Before the
-# digits, Z3 read each sub-axis coordinate as (c // stride) % size: the first was undecided after 120 s, the
-# second proved in 18 s (undecided at 60 s under load), the third in 5.5 s; now each takes about 0.1 s.
+# Plans of bench/scale.py's 65,536-device group whose coordinates use many sub-axes of x and y. Read as
+# (c // stride) % size per sub-axis, their coordinates make nonlinear queries that Z3 decides slowly or not at
+# all within the timeout; as digits, linear ones.
 MANY_SUB_AXES = [
     ("f32[64{y:(1)64}, 12, 8{y:(64)4}]", "f32[64{x:(2)2}, 12{x:(8)4}, 8{x:(64)2}]"),  # slice, permute, 2 gathers
     ("f32[131072{x,y}]", "f32[131072{x:(1)8,x:(64)4,y,x:(8)2}]"),  # permute, gather
     ("f32[512{y:(4)4,y:(64)4}, 2]", "f32[512{y}, 2]"),  # slice, permute
-    # an exchange of 16,384 segments whose source block is set on three digits of x: 18.6 s before, 13 s with
-    # the digits but a free quotient on the source block (unneeded: a segment names a block that exists), 1 s
+    # an exchange of 16,384 segments whose source block is set on three digits of x, with no free quotient on
+    # the source block (a segment names a block that exists)
     ("f32[32768{x}]", "f32[32768{x:(1)32,y,x:(32)2}]"),
 ]
 
@@ -137,10 +137,10 @@ def test_the_digit_encoding_is_the_meaning(case, data):
     assert s.check() == z3.unsat  # the definitions have one solution
 
 
-# Exchanges whose receiver blocks each have many segments. Before the runs of segments and the periodic tables,
-# each block's j-th segment was one case with four tables over the blocks: the first (2,048 segments of one row
-# per block, 65,536 in all) proved in 3.9 s idle and was undecided at 60 s under load, the second (a table of
-# b // 19 and 2·(b % 19) over 65,536 blocks: 2,020 runs each) in 16.6 s idle, undecided at 30 s under load.
+# Exchanges whose receiver blocks each have many segments, encoded as runs of segments and periodic tables:
+# with each block's j-th segment as one case with four tables over the blocks, a busy machine leaves them
+# undecided within the timeout. The first has 2,048 segments of one row per block, 65,536 in all; the second
+# a table of b // 19 and 2·(b % 19) over 65,536 blocks, 2,020 runs each.
 MANY_SEGMENTS = [
     ("f32[65536{y,x}, 128]", "f32[65536{y:(2)32}, 128{x:(16)8,x:(4)4,x:(2)2,x:(1)2}]"),
     ("f32[76756{x:(4)32,x:(2)2,y:(4)32}, 2, 3{x:(128)2,y:(128)2}]", "f32[76756{y,x}, 2, 3]"),
@@ -169,7 +169,7 @@ def _exchange_terms(plan) -> int:
 @pytest.mark.parametrize("src_text, dst_text", MANY_SEGMENTS)
 def test_exchanges_with_thousands_of_segments_per_block_are_proved_with_few_terms(src_text, dst_text):
     """Proved within 60 s; the encoding of the exchange has 92 and 140 terms, not one case per segment or per
-    run of blocks (before: 26,687 and 14,148)."""
+    run of blocks (tens of thousands of terms)."""
     plan = synthesize(ShardingType.parse(src_text, BIG), ShardingType.parse(dst_text, BIG))
     assert any(isinstance(ins, P.Exchange) for ins in plan.program.instructions)
     assert _exchange_terms(plan) < 1000
@@ -296,10 +296,10 @@ def test_the_runs_of_segments_are_the_segments(case):
 
 
 # A plan with pending sums on 65,536 devices: an all-reduce, then an exchange of 37,336 segments (uneven blocks of
-# 145 -> 2 rows). Before, it was proved in 154 s at load 3.5 and undecided after 300 s at load 8-11: the value
-# query took 59 s there (the tables of the exchange's second segments, over 65,536 blocks of which 1 in 145 has
-# one, were cut into hundreds of runs by the blocks without), and the summation query, which held two copies of
-# the exchange for Z3 to prove equal, over 240 s. Now 4-6 s at load 7-11, nearly all of it building the tables.
+# 145 -> 2 rows). Its proof stays in reach only as long as the value query's tables of the exchange's second
+# segments (over 65,536 blocks, of which 1 in 145 has one) are not cut into hundreds of runs by the blocks
+# without, and the summation query does not hold two copies of the exchange for Z3 to prove equal; nearly all
+# of its time is building the tables.
 PENDING = ("f32[74160{y:(1)4,y:(8)2,x:(16)16,x:(1)2,y:(4)2}] partial{x:(2)8}",
            "f32[74160{x:(4)4,y:(2)2,y:(32)2,y:(1)2,x:(16)16,x:(1)2,y:(64)4,x:(2)2,y:(4)8}]")
 
