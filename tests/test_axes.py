@@ -107,9 +107,9 @@ def test_mesh_axis_errors(token, match):
         MESH.axis(token)
 
 
-def test_types_hold_axes_that_compare_as_before():
+def test_types_hold_axes_that_compare_equal_to_token_strings():
     """docs/spec.md §2: dims and partial compare equal to tuples of token strings and hash like them; strings are taken
-    wherever they were (constructor, replace, from_partition_spec, steps)."""
+    wherever axes are (constructor, replace, from_partition_spec, steps)."""
     t = ShardingType.parse("f32[8{x}, 24{y:(1)2, z}] partial{y:(2)2}", MESH)
     assert t.dims == (("x",), ("y:(1)2", "z")) and t.partial == ("y:(2)2",)
     assert hash(t.dims) == hash((("x",), ("y:(1)2", "z")))

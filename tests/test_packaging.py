@@ -140,7 +140,7 @@ def test_core_install_plans_and_names_the_missing_extras(tmp_path, wheel):
                              "pip install 'redist[verify]'\n")
 
 
-def test_an_extra_that_is_present_imports_as_before():
+def test_an_extra_that_is_present_imports_unchanged():
     """The guards change nothing when the dependency is installed (this environment has every extra)."""
     code = ("import sys, redist.jax, redist.mpi, partir_core; "
             "print(type(sys.modules['redist.verify.solver'].z3).__name__)")
