@@ -21,6 +21,14 @@ Groups are reached through *inputs*: a group is actionable if some input dim (a 
 or data dim) is in it. *Layer grouping* then merges groups whose input dims coincide up to layer indices
 (``params/layers/0/w1:1`` and ``params/layers/1/w1:1``): one decision for every layer, as experts make it.
 
+*Input kinds* (:func:`input_kinds`) come from the program too, not from names: an input the step *updates*
+(an output is its new value: same shape and dtype, computed from it by a short chain of ops of its shape, as
+``p - lr·m`` or ``b1·mu + (1 - b1)·g`` are) is a *parameter* if it is a floating-point value that reaches an
+output other than the updates (the loss, metrics), else *optimizer state* (momenta, Adam's ``mu``/``nu``,
+step counters); an input the step does not update is *data*. A program that updates none of its inputs (a
+forward pass) gives no such evidence, and ``x @ w`` cannot tell a weight from an example: the kinds then
+follow the inputs' names (:func:`named_kind`).
+
 :func:`analyze_groups` returns :class:`DimGroups`, with the action space sizes before and after grouping.
 """
 
@@ -30,9 +38,14 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from partir_core.ir import Graph
+import jax
+import numpy as np
+
+from partir_core.ir import Graph, is_enter, is_exit
 
 KIND_ORDER = {"param": 0, "state": 1, "data": 2}
+# the longest chain of same-shape ops from an input to its new value (Adam's parameter update is 1, its moments 2)
+UPDATE_DEPTH = 8
 
 
 class _UnionFind:
@@ -60,15 +73,98 @@ class _UnionFind:
             self.parent[rb] = ra
 
 
-def input_kind(path: str) -> str:
-    """``param`` (``params/...``), ``state`` (optimizer state: ``momentum/...``, ``opt_state/...``, ...) or
-    ``data`` (everything else)."""
+def named_kind(path: str) -> str:
+    """The kind by name, for a program that updates none of its inputs: ``param`` (``params/...``), ``state``
+    (``momentum/...``, ``opt_state/...``, ...) or ``data`` (everything else)."""
     head = path.split("/", 1)[0]
     if head in ("params", "param", "weights", "variables"):
         return "param"
     if "/" in path and head not in ("batch", "data", "inputs"):
         return "state"
     return "data"
+
+
+def dependencies(graph: Graph) -> dict[int, int]:
+    """Every value's inputs as a bit mask (bit ``i``: ``graph.invars[i]``): the inputs it is computed from.
+    Across a region's boundary along its ties (a body parameter depends on the outer value it becomes, an outer
+    result on the body results it is made of); a loop carry inside its body counts its initial value's."""
+    deps = {v: 1 << i for i, v in enumerate(graph.invars)}
+    for e in graph.eqns:
+        if is_enter(e):
+            for i, o, _ in e.params["ties"]:
+                deps[e.outvars[o]] = deps.get(e.invars[i], 0)
+        elif is_exit(e):
+            for o, members, _ in e.params["ties"]:
+                mask = 0
+                for m in members:
+                    mask |= deps.get(e.invars[m], 0)
+                deps[e.outvars[o]] = mask
+        else:
+            mask = 0
+            for v in e.invars:
+                mask |= deps.get(v, 0)
+            for v in e.outvars:
+                deps[v] = mask
+    return deps
+
+
+def updates(graph: Graph) -> dict[int, int]:
+    """The inputs the program updates: input position → the position of the output that is its new value. An
+    output qualifies for an input when it has the input's shape and dtype and a chain of 1 to
+    :data:`UPDATE_DEPTH` ops, each with a result of that shape, leads from the input to it; the shortest chains
+    are matched first, each input and output at most once."""
+    readers = graph.readers()
+    positions: dict = {}
+    for k, v in enumerate(graph.outvars):
+        positions.setdefault(v, []).append(k)
+    found = []
+    for i, v in enumerate(graph.invars):
+        shape, dtype = graph.shape(v), graph.dtype(v)
+        seen, frontier = {v}, [v]
+        for dist in range(1, UPDATE_DEPTH + 1):
+            nxt = []
+            for u in frontier:
+                for j in readers.get(u, ()):
+                    e = graph.eqns[j]
+                    if is_enter(e) or is_exit(e):
+                        continue
+                    for r in e.outvars:
+                        if r in seen or graph.shape(r) != shape:
+                            continue
+                        seen.add(r)
+                        nxt.append(r)
+                        if graph.dtype(r) == dtype:
+                            found += [(dist, i, k) for k in positions.get(r, ())]
+            frontier = nxt
+    out: dict = {}
+    taken: set = set()
+    for _, i, k in sorted(found):
+        if i not in out and k not in taken:
+            out[i] = k
+            taken.add(k)
+    return out
+
+
+def input_kinds(graph: Graph) -> dict[str, str]:
+    """Every input's kind, ``param``, ``state`` or ``data``, by the program's dataflow (see the module
+    docstring); by :func:`named_kind` where the program updates none of its inputs. Without an output other
+    than the updates, a parameter is an updated input that reaches an output of another shape (another
+    parameter's update, through the gradients)."""
+    new = updates(graph)
+    if not new:
+        return {p: named_kind(p) for p in graph.in_paths}
+    deps = dependencies(graph)
+    others = [v for k, v in enumerate(graph.outvars) if k not in set(new.values())]
+    kinds = {}
+    for i, (p, v) in enumerate(zip(graph.in_paths, graph.invars)):
+        if i not in new:
+            kinds[p] = "data"
+            continue
+        reached = others or [o for o in graph.outvars if graph.shape(o) != graph.shape(v)]
+        reaches = any(deps.get(o, 0) >> i & 1 for o in reached)
+        floating = jax.dtypes.issubdtype(graph.dtype(v), np.inexact)
+        kinds[p] = "param" if reaches and floating else "state"
+    return kinds
 
 
 def layer_pattern(path: str) -> str:
@@ -126,6 +222,7 @@ class DimGroups:
     n_dims: int
     n_input_dims: int
     group_of: dict
+    kinds: dict  # input path → "param", "state" or "data" (:func:`input_kinds`)
 
     def action_space(self, mesh, axes) -> dict:
         """Sizes of the action space "shard X on axis a" for ``axes``:
@@ -162,6 +259,7 @@ class DimGroups:
 
 def analyze_groups(graph: Graph, rules: list) -> DimGroups:
     """Union-find over the registry's factors across ``graph`` (see the module docstring)."""
+    kinds = input_kinds(graph)
     uf = _UnionFind()
     values = [v for v in graph.invars] + [v for e in graph.eqns for v in e.outvars]
     values = [v for v in dict.fromkeys(values) if v not in graph.consts]
@@ -206,7 +304,7 @@ def analyze_groups(graph: Graph, rules: list) -> DimGroups:
         if ins:
             def key(pd):
                 v = value_of[pd[0]]
-                return (KIND_ORDER[input_kind(pd[0])], -math.prod(graph.shape(v)), order[v], pd[1])
+                return (KIND_ORDER[kinds[pd[0]]], -math.prod(graph.shape(v)), order[v], pd[1])
             rep = min(ins, key=key)
         size = graph.shape(ms[0][0])[ms[0][1]]
         if rep is not None:
@@ -232,10 +330,10 @@ def analyze_groups(graph: Graph, rules: list) -> DimGroups:
         by_sig.setdefault(sig, []).append(g)
     macro = []
     for gs in sorted(by_sig.values(), key=lambda gs: gs[0].id):
-        kind = min((input_kind(p) for g in gs for p, _ in g.inputs), key=KIND_ORDER.get)
+        kind = min((kinds[p] for g in gs for p, _ in g.inputs), key=KIND_ORDER.get)
         macro.append(MacroGroup(len(macro), gs, [g.rep for g in gs], min(g.size for g in gs),
                                 sum(g.bytes for g in gs), kind))
     conflicts = [c for g in groups for c in g.conflicts]
     n_dims = sum(len(graph.shape(v)) for v in values)
     n_input_dims = sum(len(graph.shape(v)) for v in graph.invars)
-    return DimGroups(groups, macro, conflicts, len(values), n_dims, n_input_dims, group_of)
+    return DimGroups(groups, macro, conflicts, len(values), n_dims, n_input_dims, group_of, kinds)

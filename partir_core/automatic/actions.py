@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from redist.mesh import prime_factors
 
-from partir_core.analysis import DimGroups, input_kind
+from partir_core.analysis import DimGroups
 from partir_core.tactics import AutomaticPartition, ManualPartition
 
 
@@ -103,7 +103,7 @@ def build_actions(groups: DimGroups, graph, mesh, axes) -> list[Action]:
     sizes = {a: mesh.axis_size(a) for a in axes}
 
     def data_first(m):
-        has_data = any(input_kind(p) == "data" for g in m.groups for p, _ in g.inputs)
+        has_data = any(groups.kinds[p] == "data" for g in m.groups for p, _ in g.inputs)
         return (0 if has_data else 1, m.id)
 
     out = []
@@ -113,17 +113,17 @@ def build_actions(groups: DimGroups, graph, mesh, axes) -> list[Action]:
             fits = all(graph.shape(graph.invars[graph.in_paths.index(p)])[d] >= sizes[a] for p, d in m.reps)
             if fits and sizes[a] > 1:
                 out.append(Action(m.id, a, dims))
-    return out + zero_actions(len(groups.macro), graph, mesh, axes)
+    return out + zero_actions(len(groups.macro), graph, groups.kinds, mesh, axes)
 
 
-def zero_actions(first_id: int, graph, mesh, axes) -> list[Action]:
+def zero_actions(first_id: int, graph, kinds: dict, mesh, axes) -> list[Action]:
     """Composite actions that no single group reaches, as ZeRO shards weights (Automap's inductive tactics,
-    read off the inputs' kinds, not their names): per axis, *ZeRO-3* (decision ``first_id``: every
-    parameter and optimizer-state input split on its largest dim that divides by the axis) and *ZeRO-2*
-    (decision ``first_id + 1``: the optimizer state split so, the parameters pinned as they are). They come
-    last in canonical order, as ZeRO is composed last by hand (``BP+MP+Z2``)."""
+    read off the inputs' ``kinds``, :func:`partir_core.analysis.input_kinds`): per axis, *ZeRO-3* (decision
+    ``first_id``: every parameter and optimizer-state input split on its largest dim that divides by the
+    axis) and *ZeRO-2* (decision ``first_id + 1``: the optimizer state split so, the parameters pinned as they
+    are). They come last in canonical order, as ZeRO is composed last by hand (``BP+MP+Z2``)."""
     sizes = {a: mesh.axis_size(a) for a in axes}
-    leaves = [(p, graph.shape(v)) for p, v in zip(graph.in_paths, graph.invars) if input_kind(p) != "data"]
+    leaves = [(p, graph.shape(v)) for p, v in zip(graph.in_paths, graph.invars) if kinds[p] != "data"]
     out = []
     for a in axes:
         if sizes[a] <= 1:
@@ -133,11 +133,11 @@ def zero_actions(first_id: int, graph, mesh, axes) -> list[Action]:
             ok = [d for d, n in enumerate(shape) if n % sizes[a] == 0 and n >= sizes[a]]
             if ok:
                 largest[p] = max(ok, key=lambda d: shape[d])
-        state = {p: d for p, d in largest.items() if input_kind(p) == "state"}
+        state = {p: d for p, d in largest.items() if kinds[p] == "state"}
         if largest:
             out.append(Action(first_id, a, compress(list(largest.items()), graph.in_paths)))
         if state:
-            pins = [(p, None) for p, _ in leaves if input_kind(p) == "param"]
+            pins = [(p, None) for p, _ in leaves if kinds[p] == "param"]
             out.append(Action(first_id + 1, a, compress(pins + list(state.items()), graph.in_paths)))
     return out
 
@@ -145,7 +145,7 @@ def zero_actions(first_id: int, graph, mesh, axes) -> list[Action]:
 def weight_actions(actions: list, groups: DimGroups) -> list[Action]:
     """The actions over decisions that reach parameters and no data input (weight dims), in canonical order."""
     weights = {m.id for m in groups.macro if m.kind == "param" and not any(
-        input_kind(p) == "data" for g in m.groups for p, _ in g.inputs)}
+        groups.kinds[p] == "data" for g in m.groups for p, _ in g.inputs)}
     return [a for a in actions if a.decision in weights]
 
 

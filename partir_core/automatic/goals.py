@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from partir_core.analysis import DimGroups, input_kind
+from partir_core.analysis import DimGroups
 from partir_core.automatic.evaluation import Evaluator
 from partir_core.automatic.ranking import Found, by_promise
 from partir_core.automatic.tree import Tree, stop_reason
@@ -35,7 +35,7 @@ def templates(actions: list, groups: DimGroups) -> list[tuple]:
     with one ZeRO action (:func:`~partir_core.automatic.actions.zero_actions`) on one axis. Read off the
     inputs' kinds and the analysis, not off names."""
     batch_ids = [m.id for m in groups.macro
-                 if any(input_kind(p) == "data" and d == 0 for g in m.groups for p, d in g.inputs)]
+                 if any(groups.kinds[p] == "data" and d == 0 for g in m.groups for p, d in g.inputs)]
     axes = list(dict.fromkeys(a.axis for a in actions))
     zero = [b for b in actions if b.decision >= len(groups.macro)]
     out = []

@@ -20,7 +20,7 @@ import math
 import random
 import time
 
-from partir_core.analysis import DimGroups, input_kind
+from partir_core.analysis import DimGroups
 from partir_core.automatic.evaluation import Evaluator
 
 
@@ -139,7 +139,7 @@ def priors(actions: list, groups: DimGroups, axes: list) -> dict:
         if m is None:  # a composite (ZeRO) action: after batch parallelism, with the heaviest groups
             out[a] = 0.4 + 0.1 * (1 - axes.index(a.axis) / len(axes))
             continue
-        data = any(input_kind(p) == "data" for g in m.groups for p, _ in g.inputs)
+        data = any(groups.kinds[p] == "data" for g in m.groups for p, _ in g.inputs)
         out[a] = (0.5 if data else 0.0) + 0.4 * m.bytes / heavy + 0.1 * (1 - axes.index(a.axis) / len(axes))
     return out
 
