@@ -3,7 +3,8 @@
 Each model is a :class:`Model`: ``init(key)`` gives its inputs (a tuple of pytrees: parameters, optimizer
 state, data), ``step(*inputs)`` is its training step (forward, loss, ``jax.grad``, momentum-SGD update), and
 ``batch_inputs`` maps input paths to the dim that batch parallelism splits. Nothing here knows about
-partitioning; schedules (:mod:`partir_core.schedules`) name the inputs by path.
+partitioning; the presets (:mod:`partir_core.presets`, by name: :mod:`partir_core.schedules`) find the rest
+by analysis of the step.
 
 - :func:`mlp`: a two-layer MLP regression step, inputs ``(params, momentum, x, y)``.
 - :func:`transformer`: a decoder-only transformer LM step (token embedding by gather, learned positions,
@@ -15,7 +16,7 @@ partitioning; schedules (:mod:`partir_core.schedules`) name the inputs by path.
   by one ``lax.scan``, inputs ``(params, momentum, x, y)``.
 - :func:`scanned_transformer`: the transformer with its layers' weights stacked (``params/layers/w1`` of shape
   ``(layers, d_model, hidden)``) and run by one ``lax.scan`` over them, as MaxText and ``flax.linen.scan``
-  do; cross-entropy by ``take_along_axis``. Its ``stacked`` paths say which inputs carry the layer dim first.
+  do; cross-entropy by ``take_along_axis``.
 """
 
 from __future__ import annotations
@@ -33,18 +34,12 @@ BETA = 0.9
 
 @dataclass(frozen=True)
 class Model:
-    """A training step with example inputs. ``batch_inputs``: input path → dim split by batch parallelism;
-    ``stacked``: path prefixes of the inputs whose leading dim is a stacked layer dim (scanned over)."""
+    """A training step with example inputs. ``batch_inputs``: input path → dim split by batch parallelism."""
 
     name: str
     step: Callable
     init: Callable[[Any], tuple]
     batch_inputs: dict
-    stacked: tuple = ()
-
-    def is_stacked(self, path: str) -> bool:
-        """Whether input ``path`` is a stacked weight (its dim 0 the layer)."""
-        return any(path.startswith(prefix + "/") for prefix in self.stacked)
 
 
 def sgd_momentum(params, momentum, grads):
@@ -183,7 +178,7 @@ def scanned_mlp(batch=32, d=64, hidden=256, layers=4) -> Model:
                   "w2": jax.random.normal(k[1], (layers, hidden, d)) / np.sqrt(hidden) / layers}
         return params, _zeros_like(params), jax.random.normal(k[2], (batch, d)), jax.random.normal(k[3], (batch, d))
 
-    return Model("scanned_mlp", step, init, {"x": 0, "y": 0}, stacked=("params", "momentum"))
+    return Model("scanned_mlp", step, init, {"x": 0, "y": 0})
 
 
 # ------------------------------------------------------------------------------ transformer, scanned
@@ -213,8 +208,7 @@ def scanned_transformer(vocab=64, d_model=32, layers=2, heads=4, seq=16, batch=8
         params = dict(params, layers=jax.tree.map(lambda *ws: jnp.stack(ws), *params["layers"]))
         return params, _zeros_like(params), tokens, targets
 
-    return Model("scanned_transformer", step, init, {"tokens": 0, "targets": 0},
-                 stacked=("params/layers", "momentum/layers"))
+    return Model("scanned_transformer", step, init, {"tokens": 0, "targets": 0})
 
 
 # ---------------------------------------------------------------------------------------------- GNN

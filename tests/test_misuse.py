@@ -309,7 +309,8 @@ def test_bad_preset_schedules():
             pc.PartitionError)
     _raises(lambda: schedules.schedule("MP", m, ins, model_axis="tensor", mesh=PMESH),
             r"unknown mesh axis 'tensor'; the mesh has axes batch, model", pc.PartitionError)
-    _raises(lambda: schedules.schedule("EMB", m, ins), r"EMB needs params/embed or params/unembed", pc.PartitionError)
+    _raises(lambda: schedules.schedule("EMB", m, ins), r"embedding found no embedding table \(a parameter read by a "
+            r"gather of data indices\) in mlp_step", pc.PartitionError)
 
 
 # ------------------------------------------------------------------------------------------------ keyword calls
