@@ -1,26 +1,24 @@
-"""The model zoo: training steps written the way users write them (a flax.linen LM scanning its layers with
-``nn.scan``, with ``nn.Embed``, dropout and an optax optimizer; a flax.nnx model; an equinox model passed
-through ``eqx.partition``; a plain-JAX LM scanning stacked weights with ``lax.scan``), each partitioned under
-BP, MP (Megatron on the layer weights, inside the scan), BP+MP, BP+MP+Z3 and EMB where it has embeddings, and
-equal to its unpartitioned step. Nothing is kept replicated, and inside a scan the Megatron reductions run in
-the loop body. Variants marked ``slow`` repeat what the others already cover (``-m "not slow"`` skips them)."""
+"""The model zoo (``examples/zoo``: training steps written the way flax.linen, flax.nnx, equinox and plain JAX
+with optax write them) under the presets: every preset and composition that applies runs on every model on a
+2x4 mesh and equals the unpartitioned step (loss and updated parameters and state); Megatron, ZeRO-3 and the
+embedding preset shard exactly the weights each model's docstring lists, inside the scan for the scanned
+models; a preset that does not apply says so. Variants marked ``slow`` run a part of a composition that a
+faster case runs whole (``-m "not slow"`` skips them)."""
 
 import fnmatch
 
-import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax")
-flax = pytest.importorskip("flax")
-optax = pytest.importorskip("optax")
+pytest.importorskip("flax")
+pytest.importorskip("optax")
 eqx = pytest.importorskip("equinox")
-import flax.linen as nn  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from flax import nnx  # noqa: E402
 
 import redist  # noqa: E402
 import partir_core as pc  # noqa: E402
-from partir_core import ir, models, schedules  # noqa: E402
+from examples import zoo  # noqa: E402
+from partir_core import models, presets, schedules  # noqa: E402
 from partir_core.program import ControlFlow, Reshard, walk  # noqa: E402
 from tests.partir_helpers import assert_same  # noqa: E402
 
@@ -28,190 +26,58 @@ if len(jax.devices()) < 8:
     pytest.skip("needs 8 JAX devices (tests/conftest.py sets XLA_FLAGS)", allow_module_level=True)
 
 MESH = redist.Mesh({"batch": 2, "model": 4})
-MP = pc.ManualPartition
 slow = pytest.mark.slow
+EMBEDDINGS = ("flax_lm", "jax_lm")  # the models with an embedding table
+STATELESS = ("gnn",)  # plain SGD: no optimizer state for ZeRO-1/2 to shard
+SCANNED = ("flax_lm", "jax_lm")  # layers run by one lax.scan over stacked weights
+UNSUPPORTED = {"convnet": {"conv_general_dilated", "rev"}}  # primitives without a factor rule, run replicated
 
 
-# ------------------------------------------------------------------------------------------ the models
-class Block(nn.Module):
-    """A pre-layernorm decoder block with dropout; ``nn.scan`` stacks its parameters over the layers."""
-
-    heads: int = 4
-    hidden: int = 128
-
-    @nn.compact
-    def __call__(self, x, _):
-        b, s, d = x.shape
-        h = nn.LayerNorm()(x)
-        q, k, v = (nn.Dense(d, use_bias=False, name=n)(h).reshape(b, s, self.heads, d // self.heads)
-                   for n in ("wq", "wk", "wv"))
-        att = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(d // self.heads)
-        att = jnp.where(jnp.tril(jnp.ones((s, s), bool)), att, -1e9)
-        o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(att, -1), v).reshape(b, s, d)
-        x = x + nn.Dropout(0.1, deterministic=False)(nn.Dense(d, name="wo")(o))
-        h = nn.gelu(nn.Dense(self.hidden, name="w1")(nn.LayerNorm()(x)))
-        return x + nn.Dropout(0.1, deterministic=False)(nn.Dense(d, name="w2")(h)), None
+def applies(name) -> list[str]:
+    """The schedules that apply to zoo model ``name``, compositions first."""
+    out = ["BP+MP+Z3"] + (["BP+EMB"] if name in EMBEDDINGS else []) + (["Z2"] if name not in STATELESS else [])
+    return out + ["BP", "MP", "Z3", "BP+MP"] + (["EMB"] if name in EMBEDDINGS else [])
 
 
-class FlaxLM(nn.Module):
-    vocab: int = 128
-    d_model: int = 32
-    layers: int = 2
-
-    @nn.compact
-    def __call__(self, tokens):
-        x = nn.Embed(self.vocab, self.d_model, name="embed")(tokens)
-        scanned = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
-                          length=self.layers)
-        x, _ = scanned(name="layers")(x, None)
-        return nn.Dense(self.vocab, name="unembed")(nn.LayerNorm()(x))
-
-
-def flax_lm():
-    """The flax.linen LM's step ``(params, opt_state, tokens, targets, key)``: Adam, dropout drawn from ``key``,
-    cross-entropy over integer labels."""
-    model, opt = FlaxLM(), optax.adam(1e-2)
-
-    def step(params, opt_state, tokens, targets, key):
-        def loss(p):
-            logits = model.apply(p, tokens, rngs={"dropout": key})
-            return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
-
-        value, grads = jax.value_and_grad(loss)(params)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, value
-
-    k = jax.random.split(jax.random.key(0), 4)
-    tokens = jax.random.randint(k[0], (4, 8), 0, model.vocab)
-    params = model.init({"params": k[1], "dropout": k[2]}, tokens)
-    return step, (params, opt.init(params), tokens, jnp.roll(tokens, -1, 1), k[3])
-
-
-class NnxMLP(nnx.Module):
-    def __init__(self, rngs):
-        self.w1 = nnx.Linear(16, 64, rngs=rngs)
-        self.norm = nnx.LayerNorm(64, rngs=rngs)
-        self.w2 = nnx.Linear(64, 8, rngs=rngs)
-
-    def __call__(self, x):
-        return self.w2(jax.nn.relu(self.norm(self.w1(x))))
-
-
-def nnx_mlp():
-    """A flax.nnx model trained functionally: ``nnx.split`` once, ``nnx.merge`` inside the step; SGD with
-    momentum from optax."""
-    graphdef, params = nnx.split(NnxMLP(nnx.Rngs(0)))
-    opt = optax.sgd(0.1, momentum=0.9)
-
-    def step(params, opt_state, x, y):
-        def loss(p):
-            return jnp.mean((nnx.merge(graphdef, p)(x) - y) ** 2)
-
-        value, grads = jax.value_and_grad(loss)(params)
-        updates, opt_state = opt.update(grads, opt_state)
-        return optax.apply_updates(params, updates), opt_state, value
-
-    k = jax.random.split(jax.random.key(1), 2)
-    return step, (params, opt.init(params), jax.random.normal(k[0], (8, 16)), jax.random.normal(k[1], (8, 8)))
-
-
-def eqx_mlp():
-    """An equinox MLP, passed as its arrays (``eqx.partition(model, eqx.is_array)``) and recombined in the step;
-    Adam from optax."""
-    model = eqx.nn.MLP(16, 8, 64, depth=2, key=jax.random.key(2))
-    params, static = eqx.partition(model, eqx.is_array)
-    opt = optax.adam(1e-2)
-
-    def step(params, opt_state, x, y):
-        def loss(p):
-            return jnp.mean((jax.vmap(eqx.combine(p, static))(x) - y) ** 2)
-
-        value, grads = jax.value_and_grad(loss)(params)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return eqx.apply_updates(params, updates), opt_state, value
-
-    k = jax.random.split(jax.random.key(3), 2)
-    return step, (params, opt.init(params), jax.random.normal(k[0], (8, 16)), jax.random.normal(k[1], (8, 8)))
-
-
-def jax_lm():
-    """The plain-JAX LM scanning stacked layer weights (``partir_core.models.scanned_transformer``)."""
-    m = models.scanned_transformer()
-    return m.step, m.init(jax.random.key(4))
-
-
-# ------------------------------------------------------------------------------------------ the schedules
-def zero3(step, inputs, prefixes, stacked=()):
-    """ZeRO-3 on the batch axis: every parameter and optimizer-state leaf under ``prefixes`` split on its
-    largest dim that 2 divides (never a stacked layer dim, the leading dim of paths matching ``stacked``)."""
-    paths, leaves, _ = ir.input_paths(step, inputs)
-    dims = {}
-    for p, x in zip(paths, leaves):
-        first = int(any(fnmatch.fnmatchcase(p, s) for s in stacked))
-        ok = [d for d in range(first, np.ndim(x)) if np.shape(x)[d] % 2 == 0]
-        if p.split("/")[0] in prefixes and ok:
-            dims[p] = max(ok, key=lambda d: np.shape(x)[d])
-    return [MP(dims, axis="batch")]
-
-
-def flax_schedules(step, inputs):
-    layers = "params/params/layers"
-    bp = [MP({"tokens": 0, "targets": 0}, axis="batch")]
-    mp = [MP({f"{layers}/w[qkv]/kernel": 2, f"{layers}/w1/kernel": 2, f"{layers}/w1/bias": 1,
-              f"{layers}/w[o2]/kernel": 1}, axis="model")]
-    vocab = [MP({"params/params/embed/embedding": 0, "params/params/unembed/kernel": 1,
-                 "params/params/unembed/bias": 0}, axis="model")]
-    z3 = zero3(step, inputs, ("params", "opt_state"), stacked=("*/layers/*",))
-    return {"BP": bp, "MP": mp, "BP+MP": bp + mp, "BP+MP+Z3": bp + mp + z3, "EMB": bp + vocab}
-
-
-def mlp_schedules(step, inputs, column, row):
-    bp = [MP({"x": 0, "y": 0}, axis="batch")]
-    mp = [MP({**column, **row}, axis="model")]
-    z3 = zero3(step, inputs, ("params", "opt_state"))
-    return {"BP": bp, "MP": mp, "BP+MP": bp + mp, "BP+MP+Z3": bp + mp + z3}
-
-
-def jax_lm_schedules(step, inputs):
-    m = models.scanned_transformer()
-    return {name: schedules.schedule(name, m, inputs, mesh=MESH) for name in ("BP", "MP", "BP+MP", "BP+MP+Z3", "EMB")}
-
-
-ZOO = {
-    "flax_lm": (flax_lm, flax_schedules),
-    "nnx_mlp": (nnx_mlp, lambda s, i: mlp_schedules(s, i, {"params/w1/kernel/value": 1, "params/w1/bias/value": 0},
-                                                    {"params/w2/kernel/value": 0})),
-    "eqx_mlp": (eqx_mlp, lambda s, i: mlp_schedules(s, i, {"params/layers/0/weight": 0, "params/layers/0/bias": 0},
-                                                    {"params/layers/1/weight": 1})),
-    "jax_lm": (jax_lm, jax_lm_schedules),
-}
-CASES = [
-    pytest.param("flax_lm", "BP", marks=slow), pytest.param("flax_lm", "MP", marks=slow), ("flax_lm", "BP+MP"),
-    pytest.param("flax_lm", "BP+MP+Z3", marks=slow), ("flax_lm", "EMB"),
-    *[(m, s) for m in ("nnx_mlp", "eqx_mlp") for s in ("BP", "MP", "BP+MP", "BP+MP+Z3")],
-    pytest.param("jax_lm", "BP", marks=slow), pytest.param("jax_lm", "MP", marks=slow), ("jax_lm", "BP+MP"),
-    ("jax_lm", "BP+MP+Z3"), ("jax_lm", "EMB"),
-]
+FAST = ("BP+MP+Z3", "BP+EMB", "Z2")
+CASES = [pytest.param(n, s, marks=() if s in FAST else slow) for n in zoo.NAMES for s in applies(n)]
 _BUILT: dict = {}
 
 
 def built(name):
-    """``(step, inputs, unpartitioned result, schedules)`` of a zoo model, built once per session."""
+    """``(step, inputs, unpartitioned result, traced step)`` of a zoo model, built once per session."""
     if name not in _BUILT:
-        make, plans = ZOO[name]
-        step, inputs = make()
-        _BUILT[name] = (step, inputs, jax.jit(step)(*inputs), plans(step, inputs))
+        step, inputs = zoo.module(name).make()
+        _BUILT[name] = (step, inputs, jax.jit(step)(*inputs), presets.TracedStep(step, inputs))
     return _BUILT[name]
+
+
+def tactics(name, schedule):
+    step, inputs, _, _ = built(name)
+    return schedules.schedule(schedule, step, inputs, mesh=MESH)
+
+
+def dims_of(preset, name) -> dict:
+    """The ``{path: dim}`` of the one tactic ``preset`` makes for zoo model ``name``."""
+    (tactic,) = preset.tactics(built(name)[3], MESH)
+    return tactic.dims
+
+
+def expand(name, patterns) -> list[str]:
+    """The input paths of zoo model ``name`` that one of ``patterns`` matches, arrays of rank 1 or more only."""
+    traced = built(name)[3]
+    return [p for p, shape in traced.leaves if shape and any(fnmatch.fnmatchcase(p, q) for q in patterns)]
 
 
 @pytest.mark.parametrize("name,schedule", CASES)
 def test_zoo_model_partitioned_equals_unpartitioned(name, schedule):
-    step, inputs, want, plans = built(name)
-    pf = pc.jit(step, MESH, plans[schedule])
+    step, inputs, want, _ = built(name)
+    pf = pc.jit(step, MESH, tactics(name, schedule))
     low = pf.lower(*inputs)
-    assert not low.unsupported and not low.fallbacks and not low.carry_reshards
+    assert {u[1] for u in low.unsupported} <= UNSUPPORTED.get(name, set())
+    assert not low.fallbacks and not low.carry_reshards
     assert_same(pf(*inputs), want)
-    if low.graph.regions and "MP" in schedule:
+    if name in SCANNED and "MP" in schedule:
         # Megatron inside the scan: the layers' model-axis collectives run in the loop bodies, every iteration
         # (a pending sum reduced there); nothing split on the model axis is gathered around the loops
         loops = [i for i in walk(low.program.instructions) if isinstance(i, ControlFlow)]
@@ -223,9 +89,53 @@ def test_zoo_model_partitioned_equals_unpartitioned(name, schedule):
                     and c.trips == 1 and c.where.endswith("(scan)")]
 
 
+@pytest.mark.parametrize("name", zoo.NAMES)
+def test_megatron_shards_what_the_docstring_lists(name):
+    want = {p: int(d) for p, d in zoo.listed(name, "Megatron")}
+    assert want and dims_of(presets.megatron(), name) == want
+
+
+@pytest.mark.parametrize("name", zoo.NAMES)
+def test_zero3_shards_what_the_docstring_lists_on_the_largest_dims(name):
+    """Every parameter and optimizer-state array the docstring lists, nothing else, each on its largest dim that
+    the batch axis divides and never on a stacked layer dim."""
+    got = dims_of(presets.zero(3), name)
+    assert sorted(got) == sorted(expand(name, [p for (p,) in zoo.listed(name, "ZeRO-3")]))
+    stacked = expand(name, [p for (p,) in zoo.listed(name, "Stacked layer dims")])
+    assert not stacked or name in SCANNED
+    shapes = dict(built(name)[3].leaves)
+    for p, d in got.items():
+        first = 1 if p in stacked else 0
+        even = [k for k in range(first, len(shapes[p])) if shapes[p][k] % 2 == 0]
+        assert d == max(even, key=lambda k: shapes[p][k]), p
+
+
+@pytest.mark.parametrize("name", EMBEDDINGS)
+def test_embedding_shards_what_the_docstring_lists(name):
+    assert dims_of(presets.embedding(), name) == {p: int(d) for p, d in zoo.listed(name, "Sharded embeddings")}
+
+
+@pytest.mark.parametrize("name", zoo.NAMES)
+def test_presets_that_do_not_apply_say_so(name):
+    """Embeddings where no parameter is read by a gather of data indices, ZeRO-1/2 where no optimizer state; ZeRO-1
+    and ZeRO-2 give the same tactics (see ``presets.zero``)."""
+    traced = built(name)[3]
+    if name not in EMBEDDINGS:
+        with pytest.raises(pc.PartitionError, match=r"embedding found no embedding table \(a parameter read by a "
+                                                    r"gather of data indices\) in step"):
+            presets.embedding().tactics(traced, MESH)
+    if name in STATELESS:
+        with pytest.raises(pc.PartitionError, match=r"zero\(2\) found no optimizer state to shard in step"):
+            presets.zero(2).tactics(traced, MESH)
+    else:
+        assert [str(t) for t in presets.zero(1).tactics(traced, MESH)] == \
+            [str(t) for t in presets.zero(2).tactics(traced, MESH)]
+
+
 def test_a_module_with_non_array_leaves_is_a_clear_error():
     """An equinox module passed whole has functions among its leaves: a PartitionError naming the leaf and
-    saying to pass the arrays (``eqx.partition``), from ``jit`` and from the preset schedules alike."""
+    saying to pass the arrays (``eqx.partition``), from ``jit``, from the preset schedules and from the presets
+    alike."""
     model = eqx.nn.MLP(4, 2, 8, 1, key=jax.random.key(0))
 
     def step(params, x):
@@ -233,8 +143,11 @@ def test_a_module_with_non_array_leaves_is_a_clear_error():
 
     x = jnp.ones((4, 4))
     with pytest.raises(pc.PartitionError, match=r"params/activation.*eqx\.partition"):
-        pc.jit(step, MESH, [MP({"x": 0}, axis="batch")])(model, x)
+        pc.jit(step, MESH, [pc.ManualPartition({"x": 0}, axis="batch")])(model, x)
     as_model = models.Model("eqx", step, None, {"x": 0})
     for preset in ("MP", "BP+MP+Z3"):
         with pytest.raises(pc.PartitionError, match=r"params/activation.*eqx\.partition"):
             schedules.schedule(preset, as_model, (model, x), mesh=MESH)
+    with pytest.raises(pc.PartitionError, match=r"params/activation.*eqx\.partition"):
+        presets.megatron()(step, model, x)
+
