@@ -17,7 +17,8 @@ Modules, in dependency order: ``keys`` (random keys as key data), ``ir`` (trace 
 (choice → program), ``simulator`` (redist's cost model for collectives), ``tactics``, ``analysis`` (dim
 groups), ``automatic`` (the search: ``actions``, ``evaluation``, ``ranking``, ``tree``, ``goals``, ``local``,
 ``result``), ``arguments`` (binding a call), ``explain`` (conflicts in words), ``partition`` (``jit``),
-``models``, ``schedules``.
+``models``, ``presets`` (the experts' strategies, found in any step by analysis of its program), ``schedules``
+(the presets by short names).
 """
 
 from redist.extras import missing_extra

@@ -15,7 +15,8 @@ A preset is made with its settings (``megatron(axis="model")``) and called as ``
 ``args`` are the step's positional arguments (arrays or ``jax.ShapeDtypeStruct``s), as it will be called;
 ``mesh``, when given, checks the preset's axis and gives its size (2 without one). Presets compose with ``+``
 into one that traces the step once and concatenates their tactics in order (earlier tactics win, as in any
-schedule). A preset that finds nothing to act on raises :class:`~partir_core.PartitionError` saying so.
+schedule); ``preset.tactics(TracedStep(step, args), mesh)`` reuses one trace likewise. A preset that finds
+nothing to act on raises :class:`~partir_core.PartitionError` saying so.
 
 What the program tells (kinds: :func:`partir_core.analysis.input_kinds`):
 
@@ -42,7 +43,8 @@ The presets:
   per layer, stacked or not, whatever the weights' layout (``(in, out)`` or ``(out, in)``); a norm over the
   hidden dim is no obstacle (its statistics are all-reduced). Groups are taken in forward order, skipping one
   that shares a weight with a group taken (a chain of three matmuls has two candidate pairs that share the
-  middle weight: the first wins).
+  middle weight: the first wins). Convolutions have no factor rule in partir_core (they run replicated), so
+  their channels are not paired.
 - :func:`zero`: ZeRO's stages: the optimizer state (stages 1, 2) and the parameters too (stage 3) split on
   their largest dim that the axis divides.
 - :func:`embedding`: embedding tables (parameters read by a ``gather`` whose indices are data, as
@@ -66,6 +68,8 @@ from partir_core import ir
 from partir_core.analysis import analyze_groups, dependencies, updates
 from partir_core.registry import rule_for
 from partir_core.tactics import ManualPartition, PartitionError, mesh_axis
+
+__all__ = ["batch_parallel", "megatron", "zero", "embedding", "Preset", "TracedStep"]
 
 MATMULS = ("dot_general",)
 

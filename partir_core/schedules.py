@@ -25,6 +25,8 @@ from partir_core import presets
 from partir_core.models import Model
 from partir_core.tactics import PartitionError, mesh_axis
 
+__all__ = ["schedule", "preset", "PRESETS", "NAMES"]
+
 NAMES = ("BP", "MP", "Z1", "Z2", "Z3", "EMB")
 
 

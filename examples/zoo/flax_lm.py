@@ -48,7 +48,8 @@ class Block(nn.Module):
     @nn.compact
     def __call__(self, x, _):
         mask = nn.make_causal_mask(jnp.ones(x.shape[:2]))
-        h = nn.MultiHeadDotProductAttention(num_heads=self.heads, use_bias=False, deterministic=True)(nn.LayerNorm()(x), mask=mask)
+        attention = nn.MultiHeadDotProductAttention(num_heads=self.heads, use_bias=False, deterministic=True)
+        h = attention(nn.LayerNorm()(x), mask=mask)
         x = x + nn.Dropout(self.dropout, deterministic=False)(h)
         h = nn.Dense(self.mlp_dim)(nn.LayerNorm()(x))
         h = nn.Dense(x.shape[-1])(nn.gelu(h))
