@@ -12,7 +12,8 @@ left to right (``"BP+MP+Z3"``); ``step`` a training step function, or a :class:`
   give the same tactics).
 - ``EMB``: sharded embeddings on ``model_axis`` (:func:`~partir_core.presets.embedding`).
 
-:data:`PRESETS` maps each name to ``f(step, inputs, batch_axis=, model_axis=, mesh=)``, its schedule alone.
+:data:`PRESETS` maps each name to ``f(step, inputs, batch_axis=, model_axis=, mesh=)``, its schedule alone,
+also bound to the name itself (``schedules.BP(step, inputs, batch_axis="model")``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from partir_core import presets
 from partir_core.models import Model
 from partir_core.tactics import PartitionError, mesh_axis
 
-__all__ = ["schedule", "preset", "PRESETS", "NAMES"]
+__all__ = ["schedule", "preset", "PRESETS", "NAMES", "BP", "MP", "Z1", "Z2", "Z3", "EMB"]
 
 NAMES = ("BP", "MP", "Z1", "Z2", "Z3", "EMB")
 
@@ -62,3 +63,4 @@ def schedule(name: str, step, inputs, batch_axis="batch", model_axis="model", me
 
 
 PRESETS = {name: functools.partial(schedule, name) for name in NAMES}
+BP, MP, Z1, Z2, Z3, EMB = (PRESETS[name] for name in NAMES)
