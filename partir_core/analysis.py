@@ -154,7 +154,8 @@ def input_kinds(graph: Graph) -> dict[str, str]:
     if not new:
         return {p: named_kind(p) for p in graph.in_paths}
     deps = dependencies(graph)
-    others = [v for k, v in enumerate(graph.outvars) if k not in set(new.values())]
+    updated = set(new.values())
+    others = [v for k, v in enumerate(graph.outvars) if k not in updated]
     kinds = {}
     for i, (p, v) in enumerate(zip(graph.in_paths, graph.invars)):
         if i not in new:
