@@ -13,9 +13,9 @@ The search, in three phases:
 
 1. *Goals* (:mod:`partir_core.automatic.goals`): data parallelism over every subset of the axes, alone and with
    one ZeRO action, and their Megatron-style refinements, as experts compose strategies. With ``sub_axes``, all
-   this is done first for the goals on the axes asked for, then for those that use a half: a search stopped
-   early has refined the goals of whole axes as one without the halves has. All become children of the tree's
-   root.
+   this is done first for the goals on the axes asked for, refined on those axes, then for those that use a
+   half: a search stopped early has refined the goals of whole axes as one without the halves has. All become
+   children of the tree's root.
 2. *Tree* (:mod:`partir_core.automatic.tree`, until ``MCTS_SHARE`` of the time budget and of ``max_evals``):
    UCT over the sets, with progressive widening, each expansion evaluated directly; it stops early when
    ``patience`` evaluations in a row did not improve the best, or the tree is exhausted.
@@ -109,17 +109,18 @@ def _search(graph, rules, state: State, mesh, index: int, tactic: AutomaticParti
     found = Found((), root_eval, t_start)
     progress = _Progress(tactic, t_start)
     pairs, weights = weight_pairs(actions, groups), weight_actions(actions, groups)
-    # the goals on the axes asked for first, then (sub_axes) those that use a half: a search stopped early has
-    # refined the goals of whole axes, as one without the halves has
+    # the goals on the axes asked for first, refined on those axes, then (sub_axes) those that use a half: a
+    # search stopped early has refined the goals of whole axes, as one without the halves has
     asked = set(search_axes(replace(tactic, sub_axes=False), mesh))
     goal_templates = templates(actions, groups)
-    phases = [[t for t in goal_templates if all(a.axis in asked for a in t)],
-              [t for t in goal_templates if not all(a.axis in asked for a in t)]]
+    phases = [([t for t in goal_templates if all(a.axis in asked for a in t)],
+               [p for p in pairs if p[0].axis in asked], [w for w in weights if w.axis in asked]),
+              ([t for t in goal_templates if not all(a.axis in asked for a in t)], pairs, weights)]
     seeded = refined = 0
     goals: list = []
-    for phase in filter(None, phases):
-        tried, refinements, its_goals = goal_phase(ev, tree, found, phase, len(groups.macro), pairs, weights,
-                                                   tree_limits, progress)
+    for phase, its_pairs, its_weights in (p for p in phases if p[0]):
+        tried, refinements, its_goals = goal_phase(ev, tree, found, phase, len(groups.macro), its_pairs,
+                                                   its_weights, tree_limits, progress)
         seeded, refined, goals = seeded + tried, refined + refinements, goals + its_goals
     goals = by_promise(ev, goals)
     since_improved = iterations = 0
