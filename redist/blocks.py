@@ -12,7 +12,10 @@ Device orders. A device is named by its id, and its block is that of its positio
 :func:`device_id` translate). The two types of a permute or an exchange may lie on meshes with the same axes
 and different device orders, on which a device has two unrelated positions: such a step is a table over the
 devices (as a mesh in another order is one), a permute's sources (:func:`permute_sources`) or an exchange's
-copies per device (:func:`exchange_copies`), each keeping what a device holds where it can.
+copies per device (:func:`exchange_copies`), each keeping what a device holds where it can. Between meshes of
+other devices or axes (a transfer) the table is of the copies of every device of the new mesh from devices of
+the old one (:func:`transfer_copies`). Device ids are any distinct numbers (:class:`redist.Mesh`): tables by
+device id run up to the mesh's ``id_bound``, empty (or the identity) at a number that is no device.
 
 Scale. Nothing below enumerates devices. A block index is a mixed-radix number over the digits of a device's
 coordinates (:func:`rank`), so what a layout change does is stated per dim and per axis:
@@ -38,6 +41,8 @@ devices, see :class:`DeviceClasses`) or as plain integers: the same arithmetic s
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -128,10 +133,14 @@ def device_id(mesh: Mesh, coords: dict):
 
 
 def device_coords(mesh: Mesh, devices) -> dict:
-    """The coordinates of the positions of device ids ``devices`` (an int or a numpy array), by mesh axis
-    name."""
+    """The coordinates of the positions of device ids ``devices`` (an int or a numpy array of ids of devices
+    of ``mesh``), by mesh axis name."""
     if not mesh.is_row_major:
-        devices = _order(mesh)[1][devices] if isinstance(devices, np.ndarray) else mesh.position(devices)
+        if isinstance(devices, np.ndarray):
+            _, ids, positions = _order(mesh)
+            devices = positions[np.searchsorted(ids, devices)]
+        else:
+            devices = mesh.position(devices)
     out = {}
     for name, size in reversed(mesh.axes):
         devices, out[name] = divmod(devices, size)
@@ -139,12 +148,12 @@ def device_coords(mesh: Mesh, devices) -> dict:
 
 
 @lru_cache(maxsize=64)
-def _order(mesh: Mesh) -> tuple[np.ndarray, np.ndarray]:
-    """The device id at each position of ``mesh`` and the position of each device id, as arrays."""
+def _order(mesh: Mesh) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The device id at each position of ``mesh``; its device ids in increasing order, and the position of
+    each of them (arrays: device ids are any distinct numbers, so positions are found by search)."""
     ids = np.asarray(mesh.device_ids, np.int64)
-    positions = np.empty_like(ids)
-    positions[ids] = np.arange(ids.size, dtype=np.int64)
-    return ids, positions
+    by_id = np.argsort(ids, kind="stable")
+    return ids, ids[by_id], by_id
 
 
 class DeviceClasses:
@@ -188,6 +197,18 @@ class DeviceClasses:
         """Per class, its devices' rank over ``axes`` (which must be among, or made of pieces of, the axes the
         classes were made for)."""
         return np.broadcast_to(rank(self.coords, self.mesh.axes_of(axes)), (self.size,))
+
+    def group_ids(self, axes) -> np.ndarray:
+        """Per class, the id of the first device of its group over ``axes`` (which must be among the axes the
+        classes were made for): the member whose coordinates on the pieces of ``axes`` are 0. Classes with one
+        group id are in one group."""
+        axes = self.mesh.axes_of(tuple(axes))
+        key = {name: self.coords[name].copy() for name in self.mesh.names}
+        for name, lo, hi in self.pieces:
+            if any(a.name == name and a.pre <= lo and hi <= a.stop for a in axes):
+                stride = self.mesh.axis_size(name) // hi
+                key[name] -= key[name] // stride % (hi // lo) * stride
+        return np.broadcast_to(np.asarray(device_id(self.mesh, key), np.int64), (self.size,))
 
     def around(self, device: int) -> np.ndarray:
         """Per class, the id of its member that agrees with ``device`` outside the classes' pieces."""
@@ -242,7 +263,7 @@ def max_missing_elements(src: ShardingType, dst: ShardingType) -> int:
 def _missing_by_device(src: ShardingType, dst: ShardingType) -> np.ndarray:
     """Per device id, the elements of its box under ``dst`` it does not hold under ``src``, each box read at
     the device's position on its type's mesh (the meshes may differ in device order): ``O(devices · rank)``."""
-    ids = np.arange(src.mesh.size, dtype=np.int64)
+    ids = np.asarray(src.mesh.devices, dtype=np.int64)
     cs, ct = device_coords(src.mesh, ids), device_coords(dst.mesh, ids)
     want = have = 1
     for n, Ls, Lt, a_s, a_t in zip(src.shape, src.local_shape, dst.local_shape, src.dims, dst.dims):
@@ -359,6 +380,30 @@ def _pareto_pairs(pairs) -> list[tuple[int, int]]:
     return out
 
 
+def needed_by_group(src: ShardingType, dst: ShardingType, axes) -> np.ndarray:
+    """Per group over ``axes`` (on one device order; the groups in order of their first device): the elements
+    of its members' block under ``dst`` that no member holds under ``src`` (``dst`` places none of ``axes`` in
+    its dims, so the members share one block). Computed per class of the axes the layouts and ``axes`` use
+    (:class:`DeviceClasses`), not per device: a group is the classes that agree outside the pieces of ``axes``,
+    and its members' source blocks are the distinct source-block ranks among them (blocks of one layout are
+    equal or disjoint)."""
+    mesh = src.mesh
+    axes = mesh.axes_of(tuple(axes))
+    classes = DeviceClasses(mesh, [a for t in (src, dst) for d in t.dims for a in d] + list(axes))
+    c = classes.coords
+    lt, o = box_overlaps_on(src, dst, range(src.rank), c)
+    lt, o = np.broadcast_to(lt, (classes.size,)), np.broadcast_to(o, (classes.size,))
+    group = classes.group_ids(axes)
+    blocks = np.stack([group] + [np.broadcast_to(rank(c, d), (classes.size,)) for d in src.dims])
+    _, first = np.unique(blocks, axis=1, return_index=True)  # one class per (group, source block)
+    groups, at = np.unique(group, return_inverse=True)
+    held = np.zeros(groups.size, o.dtype)
+    np.add.at(held, at[first], o[first])
+    need = np.zeros(groups.size, lt.dtype)
+    need[at] = lt  # the members share one block
+    return need - held
+
+
 # ---------------------------------------------------------------------- permutes
 def permute_groups(t_in: ShardingType, t_out: ShardingType) -> tuple[tuple[tuple[Axis, ...], tuple[Axis, ...]], ...]:
     """The source of each device in a permute from ``t_in`` to ``t_out`` (same block count in every dim, same
@@ -472,7 +517,7 @@ def permute_sources(t_in: ShardingType, t_out: ShardingType) -> tuple[int, ...]:
     for g in groups_in:
         if frozenset(g) not in kept:
             spare.setdefault(_blocks(t_in, g[0]), {})[g] = None
-    sources = list(range(t_in.mesh.size))
+    sources = list(range(t_in.mesh.id_bound))  # a number that is no device of the mesh keeps its (empty) place
     for g in groups_out:
         if frozenset(g) in kept:
             continue
@@ -575,14 +620,15 @@ def exchange_copies(t_in: ShardingType, t_out: ShardingType) -> tuple[tuple[Copy
     group is the holder that shares the most devices with the destination group (itself, where the
     destination group is a source group holding the block: its members copy from themselves), then the one
     whose first member shares the most mesh coordinates (on ``t_in``'s mesh) with the destination group's
-    first member, then the one of lowest device id.
+    first member, then the one of lowest device id. Indexed by device id up to the mesh's
+    :attr:`~redist.Mesh.id_bound` (no copies at a number that is no device of the mesh).
     """
     mesh = t_in.mesh
-    coords = [tuple(mesh.coords(d).values()) for d in range(mesh.size)]
+    coords = {d: tuple(mesh.coords(d).values()) for d in mesh.devices}
     holders: dict = {}  # source box -> the source groups that hold it, in order of lowest device id
     for g in mesh.groups(t_in.partial):
         holders.setdefault(tuple((s.start, s.stop) for s in local_box(t_in, g[0])), []).append(tuple(g))
-    out: list = [()] * mesh.size
+    out: list = [()] * mesh.id_bound
     for group in t_out.mesh.groups(t_out.partial):
         group = tuple(group)
         want = local_box(t_out, group[0])
@@ -619,3 +665,105 @@ def check_factors(t_in: ShardingType, t_out: ShardingType, where: str) -> None:
             check_factorization(name, axes)
         except ShardingError as e:
             raise ShardingError(f"{where}: {e}") from None
+
+
+# ---------------------------------------------------------------------- transfers between meshes
+@lru_cache(maxsize=256)
+def transfer_copies(t_in: ShardingType, t_out: ShardingType) -> tuple[tuple[Copy, ...], ...]:
+    """For each device of ``t_out``'s mesh (indexed by device id up to its :attr:`~redist.Mesh.id_bound`; no
+    copies at a number that is no device of it), the copies that assemble its buffer under ``t_out`` from the
+    buffers under ``t_in`` of the devices of ``t_in``'s mesh: a transfer between any two meshes, which may share
+    devices or not (``O(devices)``, as :func:`exchange_copies`).
+
+    Summands move group to group where the two types' summand groups (the devices that differ only on the
+    partial axes; one device each without them) have one size: for each source block that meets a destination
+    group's block, one source group holding it is chosen, and member ``r`` of the destination group copies from
+    the member of that source group that :func:`_members` pairs it with (a device in both copies from itself).
+    Where the source has no pending values and the destination's groups are larger (pending sums created),
+    each such piece of a group's block goes to one member, the others keeping zeros there: a member that holds
+    it already, else the member that has received the fewest elements so far (then the first in rank order),
+    so that the group shares what it receives.
+
+    Senders, in this order of preference: the holder that shares the most devices with the destination group
+    (a device in both meshes keeps what it holds); the holder whose busiest member has sent the fewest elements
+    so far, so that replicas share the sending (greedy, destination groups in order of lowest device id, as
+    Alpa's cross-mesh resharding picks the least-loaded sender); the holder of lowest device id.
+    """
+    senders = _Senders(t_in)
+    creates = t_in.mesh.group_size(t_in.partial) < t_out.mesh.group_size(t_out.partial)
+    out: list = [()] * t_out.mesh.id_bound
+    for group in t_out.mesh.groups(t_out.partial):
+        group = tuple(group)
+        want = local_box(t_out, group[0])
+        members = set(group)
+        received = dict.fromkeys(group, 0)
+        copies: dict[int, list[Copy]] = {d: [] for d in group}
+        ranges = [range(w.start // L, -(-w.stop // L)) if w.stop > w.start else range(0)
+                  for w, L in zip(want, t_in.local_shape)]
+        for blocks in itertools.product(*ranges):
+            lo = [max(w.start, b * L) for w, b, L in zip(want, blocks, t_in.local_shape)]
+            hi = [min(w.stop, (b + 1) * L) for w, b, L in zip(want, blocks, t_in.local_shape)]
+            src = senders.pick(blocks, group)
+            size = tuple(h - l for l, h in zip(lo, hi))
+            src_start = tuple(l - b * L for l, b, L in zip(lo, blocks, t_in.local_shape))
+            dst_start = tuple(l - w.start for l, w in zip(lo, want))
+            if creates:  # one member takes the piece: the sender itself if it is a member
+                d = src[0] if src[0] in members else min(group, key=received.__getitem__)
+                pairs = [(d, src[0])]
+            else:
+                pairs = _members(group, src)
+            for d, s in pairs:
+                copies[d].append(Copy(s, src_start, dst_start, size))
+                if s != d:
+                    senders.sent[s] += math.prod(size)
+                    received[d] += math.prod(size)
+        for d, cs in copies.items():
+            out[d] = tuple(sorted(cs, key=lambda c: c.source != d))
+    return tuple(out)
+
+
+class _Senders:
+    """The source groups of a transfer from ``t_in`` (the devices that differ only on its partial axes) by the
+    blocks they hold, and the elements each source device has sent to others so far: :meth:`pick` chooses a
+    block's sender group by :func:`transfer_copies`' rule, without a pass over all the block's holders (a lazy
+    heap by load: loads only grow, so a stale entry is never above its true load)."""
+
+    def __init__(self, t_in: ShardingType):
+        self.blocks_of: dict[tuple, tuple] = {}  # source group -> the blocks it holds
+        self.group_of: dict[int, tuple] = {}
+        self.heaps: dict[tuple, list] = {}  # blocks -> [(load when pushed, first device, group)]
+        for g in t_in.mesh.groups(t_in.partial):
+            g = tuple(g)
+            blocks = _blocks(t_in, g[0])
+            self.blocks_of[g] = blocks
+            self.group_of.update(dict.fromkeys(g, g))
+            self.heaps.setdefault(blocks, []).append((0, g[0], g))  # in order of lowest device id: a heap
+        self.sent = dict.fromkeys(t_in.mesh.devices, 0)
+
+    def load(self, g: tuple) -> int:
+        return max(self.sent[s] for s in g)
+
+    def pick(self, blocks: tuple, group: tuple) -> tuple:
+        """The holder of ``blocks`` that shares the most devices with the destination ``group``, then the least
+        loaded (the most its busiest member has sent), then the one of lowest device id."""
+        shared: dict[tuple, int] = {}
+        for d in group:
+            g = self.group_of.get(d)
+            if g is not None and self.blocks_of[g] == blocks:
+                shared[g] = shared.get(g, 0) + 1
+        if shared:
+            return min(shared, key=lambda g: (-shared[g], self.load(g), g[0]))
+        heap = self.heaps[blocks]
+        while True:
+            load, first, g = heap[0]
+            now = self.load(g)
+            if now == load:
+                return g
+            heapq.heapreplace(heap, (now, first, g))
+
+
+def copied_elements(copies: tuple[tuple[Copy, ...], ...]) -> np.ndarray:
+    """Per device id of a copy table (:func:`transfer_copies`, :func:`exchange_copies`), the elements it copies
+    from other devices."""
+    return np.array([sum(math.prod(c.size) for c in cs if c.source != d) for d, cs in enumerate(copies)],
+                    dtype=np.int64)

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from redist.axes import difference, remove_axes
-from redist.blocks import (DeviceClasses, box_overlaps_on, box_size, check_factors, device_id, local_box,
-                           max_missing_elements, rank)
+from redist.blocks import box_size, check_factors, local_box, max_missing_elements, needed_by_group
 from redist.errors import ShardingError, shown
 from redist.types import ShardingType
 
@@ -24,12 +21,15 @@ def lower_bound_bytes(src: ShardingType, dst: ShardingType) -> int:
     ``Π min(N, L)``. When the destination creates pending sums, ``max_G ceil(m_G / |G|) · itemsize`` over its
     summand groups ``G`` (``m_G``: the elements of ``G``'s block that must reach it from outside). No plan can
     receive less (between two device orders a device may have to take another summand, so a plan may not reach the
-    bound there, but it still holds). Computed from the block structure
+    bound there, but it still holds). Between two meshes of other devices or axes, :func:`_bound_across_meshes`.
+    Computed from the block structure
     (:func:`redist.blocks.max_missing_elements`), in time independent of the device count on one device order;
     the creating bound visits each summand group of the destination once. Where that takes more classes of
     devices than :data:`redist.blocks.MAX_LISTED`, :class:`ShardingError` says so.
     """
     check_pair(src, dst)
+    if not src.mesh.is_reordering_of(dst.mesh):
+        return _bound_across_meshes(src, dst)
     if difference(dst.partial, src.partial):
         return _creating_bound(src, dst)
     reduced = remove_axes(src.partial, dst.partial)
@@ -55,35 +55,7 @@ def _creating_bound(src: ShardingType, dst: ShardingType) -> int:
         return -(-math.prod(min(n, L) for n, L in zip(dst.shape, dst.local_shape)) // members) * dst.itemsize
     if src.mesh != dst.mesh:  # two device orders: the groups' members, device by device
         return _creating_bound_by_device(src, dst)
-    return -(-int(_needed_by_group(src, dst).max(initial=0)) // members) * dst.itemsize
-
-
-def _needed_by_group(src: ShardingType, dst: ShardingType) -> np.ndarray:
-    """Per summand group of ``dst`` (without reductions, on one device order): the elements of its block that no
-    member holds under ``src``. Computed per class of the axes the layouts and ``dst``'s partial axes use
-    (:class:`redist.blocks.DeviceClasses`), not per device: a group is the classes that agree outside the
-    partial pieces, and its members' source blocks are the distinct source-block ranks among them (blocks of
-    one layout are equal or disjoint)."""
-    mesh = src.mesh
-    partial = mesh.axes_of(dst.partial)
-    classes = DeviceClasses(mesh, [a for t in (src, dst) for d in t.dims for a in d] + list(partial))
-    c = classes.coords
-    lt, o = box_overlaps_on(src, dst, range(src.rank), c)
-    lt, o = np.broadcast_to(lt, (classes.size,)), np.broadcast_to(o, (classes.size,))
-    key = {name: c[name].copy() for name in mesh.names}  # the class's coordinates with partial pieces zeroed
-    for name, lo, hi in classes.pieces:
-        if any(a.name == name and a.pre <= lo and hi <= a.stop for a in partial):
-            stride = mesh.axis_size(name) // hi
-            key[name] -= key[name] // stride % (hi // lo) * stride
-    group = np.asarray(device_id(mesh, key), np.int64)
-    blocks = np.stack([group] + [np.broadcast_to(rank(c, d), (classes.size,)) for d in src.dims])
-    _, first = np.unique(blocks, axis=1, return_index=True)  # one class per (group, source block)
-    groups, at = np.unique(group, return_inverse=True)
-    held = np.zeros(groups.size, o.dtype)
-    np.add.at(held, at[first], o[first])
-    need = np.zeros(groups.size, lt.dtype)
-    need[at] = lt  # the members share one block
-    return need - held
+    return -(-int(needed_by_group(src, dst, dst.partial).max(initial=0)) // members) * dst.itemsize
 
 
 def _creating_bound_by_device(src: ShardingType, dst: ShardingType) -> int:
@@ -98,23 +70,48 @@ def _creating_bound_by_device(src: ShardingType, dst: ShardingType) -> int:
     return worst * dst.itemsize
 
 
+def _bound_across_meshes(src: ShardingType, dst: ShardingType) -> int:
+    """The bound between meshes that differ in their devices or axes: ``max_G ceil(m_G / |G|) · itemsize`` over
+    the destination's summand groups ``G`` (one device each without partial axes), device by device (a mesh of
+    other devices is a table of them).
+
+    ``m_G`` is the number of elements of ``G``'s block ``B`` of which no source summand group lying wholly
+    inside ``G`` holds a summand (one device each without partial axes; a device in both meshes is a member of
+    both). Each such element's value depends on a summand held outside ``G``, so at least one value enters
+    ``G`` for it, and some member receives ``1/|G|`` of them. Without partial axes on either side this is
+    ``max_d (|T_d| − |T_d ∩ S_d|)``: what a device lacks, which a transfer receives exactly; a partial source
+    and a destination without partial axes give ``max_d |T_d|`` (a device can hold one summand of its
+    elements, not their reduction)."""
+    src_group = {d: tuple(g) for g in src.mesh.groups(src.partial) for d in g}
+    worst = 0
+    for group in dst.mesh.groups(dst.partial):
+        block = local_box(dst, group[0])
+        members = set(group)
+        held = {tuple((s.start, s.stop) for s in local_box(src, d)) for d in group
+                if d in src_group and members.issuperset(src_group[d])}
+        need = box_size(block) - sum(math.prod(max(0, min(hi, b.stop) - max(lo, b.start))
+                                               for (lo, hi), b in zip(box, block)) for box in held)
+        worst = max(worst, -(-need // len(group)))
+    return worst * dst.itemsize
+
+
 def check_pair(src: ShardingType, dst: ShardingType) -> None:
-    """Raise :class:`ShardingError` unless ``dst`` is a possible redistribution target of ``src``: the same mesh
-    axes (the device orders may differ), shape and dtype, sub-axes that fit one factorization of each axis,
-    and the same reduction kind where both are partial. Pending values may be reduced, kept or created
+    """Raise :class:`ShardingError` unless ``dst`` is a possible redistribution target of ``src``: the same shape
+    and dtype, the same reduction kind where both are partial, and, on one mesh or two device orders of it,
+    sub-axes that fit one factorization of each axis (any two meshes are a pair: across meshes of other
+    devices or axes, :func:`_check_pair_across_meshes`). Pending values may be reduced, kept or created
     (docs/spec.md §3); creating them needs the identity of the reduction (zeros for a sum), so a destination that
     creates a pending max, min or product is refused: this is the one place that decides it."""
     for what, t in (("source", src), ("destination", dst)):
         if not isinstance(t, ShardingType):
             raise ShardingError(f"the {what} must be a redist.ShardingType (e.g. ShardingType.parse('f32[8{{x}}]', "
                                 f"mesh)), got {type(t).__name__} {shown(t)}")
-    if not src.mesh.same_axes(dst.mesh):
-        raise ShardingError(f"source and destination are on different meshes ({src.mesh} and {dst.mesh}); only "
-                            "the device order may differ")
     if src.shape != dst.shape:
         raise ShardingError(f"source shape {list(src.shape)} differs from destination shape {list(dst.shape)}")
     if src.dtype != dst.dtype:
         raise ShardingError(f"source dtype {src.dtype} differs from destination dtype {dst.dtype}")
+    if not src.mesh.is_reordering_of(dst.mesh):
+        return _check_pair_across_meshes(src, dst)
     check_factors(src, dst, f"source {src} and destination {dst}")
     if src.partial and dst.partial and src.reduction != dst.reduction:
         raise ShardingError(f"source {src} is a pending {src.reduction} but destination {dst} a pending "
@@ -123,3 +120,20 @@ def check_pair(src: ShardingType, dst: ShardingType) -> None:
         raise ShardingError(f"destination {dst} creates a pending {dst.reduction} over "
                             f"{{{','.join(difference(dst.partial, src.partial))}}}, which the source {src} does not "
                             "have: only pending sums can be created (their summands are zeros but one)")
+
+
+def _check_pair_across_meshes(src: ShardingType, dst: ShardingType) -> None:
+    """:func:`check_pair` between meshes of other devices or axes (shape and dtype checked): pending values are
+    kept (moved summand group to summand group, groups of one size and one reduction kind), reduced, or
+    created; only sums are created."""
+    if not dst.partial:
+        return
+    kept = src.partial and src.mesh.group_size(src.partial) == dst.mesh.group_size(dst.partial)
+    if src.partial and src.reduction != dst.reduction:
+        raise ShardingError(f"source {src} is a pending {src.reduction} but destination {dst} a pending "
+                            f"{dst.reduction}: a redistribution cannot convert between reduction kinds")
+    if dst.reduction != "sum" and not kept:
+        raise ShardingError(f"destination {dst} on mesh {dst.mesh} holds a pending {dst.reduction} that the source "
+                            f"{src} on mesh {src.mesh} cannot hand over (its summand groups have "
+                            f"{src.mesh.group_size(src.partial)} devices, the destination's "
+                            f"{dst.mesh.group_size(dst.partial)}): only pending sums can be created")

@@ -38,7 +38,7 @@ import numpy as np
 
 from redist.errors import ShardingError, first_line
 
-__all__ = ["lossless", "as_array", "local_buffer", "device_buffers", "describe", "check_unmasked"]
+__all__ = ["lossless", "as_array", "local_buffer", "device_buffers", "mesh_buffers", "describe", "check_unmasked"]
 
 
 def _kind(dtype: np.dtype) -> str | None:
@@ -179,17 +179,42 @@ def is_local_buffer(data, shape: tuple, dtype) -> bool:
             and data.flags.c_contiguous)
 
 
-def device_buffers(shards, n: int, shape, dtype, copy: bool = False) -> list[np.ndarray]:
-    """Per-device buffers (index = device id) as ``n`` numpy arrays of ``shape`` and ``dtype``.
+def device_buffers(shards, n: int, shape, dtype, copy: bool = False, devices=None) -> list[np.ndarray | None]:
+    """Per-device buffers (index = device id) as a list of ``n`` entries: numpy arrays of ``shape`` and
+    ``dtype`` at the ids of ``devices`` (a collection of ids below ``n``; None: every id below ``n``), ``None``
+    at every other number.
 
-    ``shards`` is a list or tuple (or an array whose leading dim indexes the devices) of ``n`` buffers, each
-    taken by :func:`local_buffer`: fresh arrays if ``copy``, else the caller's own where they already are
-    C-contiguous arrays of ``dtype``. Raises :class:`ShardingError` naming the device for a wrong container,
-    count, dtype or shape.
+    ``shards`` is a list or tuple (or an array whose leading dim indexes the devices) of ``n`` entries: at each
+    device a buffer taken by :func:`local_buffer` (fresh arrays if ``copy``, else the caller's own where they
+    already are C-contiguous arrays of ``dtype``), and ``None`` at every other number. Raises
+    :class:`ShardingError` naming the device for a wrong container, count, dtype or shape, or an entry at a
+    number that is no device.
     """
     if isinstance(shards, (str, bytes)) or not (
             isinstance(shards, Sequence) or isinstance(shards, np.ndarray) and shards.ndim):
         raise ShardingError(f"shards must be a list of {n} arrays, one per device id; got {describe(shards)}")
+    if devices is None:
+        if len(shards) != n:
+            raise ShardingError(f"expected {n} shards (one per device), got {len(shards)}")
+        return [local_buffer(x, shape, dtype, f"shard of device {d}", copy) for d, x in enumerate(shards)]
     if len(shards) != n:
-        raise ShardingError(f"expected {n} shards (one per device), got {len(shards)}")
-    return [local_buffer(x, shape, dtype, f"shard of device {d}", copy) for d, x in enumerate(shards)]
+        raise ShardingError(f"expected {n} shards (a list indexed by device id, with None at the numbers below {n} "
+                            f"that are no device of the mesh), got {len(shards)}")
+    devices = set(devices)
+    out: list[np.ndarray | None] = [None] * n
+    for d, x in enumerate(shards):
+        if d in devices:
+            out[d] = local_buffer(x, shape, dtype, f"shard of device {d}", copy)
+        elif x is not None:
+            raise ShardingError(f"shard {d} is {describe(x)}, but {d} is no device of the mesh: its entry must be "
+                                "None")
+    return out
+
+
+def mesh_buffers(shards, mesh, shape, dtype, copy: bool = False) -> list[np.ndarray | None]:
+    """:func:`device_buffers` of the devices of ``mesh`` (a :class:`redist.Mesh`): a list of
+    ``mesh.id_bound`` entries, a buffer at each device, ``None`` elsewhere (for the default numbering, one
+    buffer per device id, as it always was)."""
+    if mesh.id_bound == mesh.size:
+        return device_buffers(shards, mesh.size, shape, dtype, copy)
+    return device_buffers(shards, mesh.id_bound, shape, dtype, copy, devices=mesh.devices)

@@ -1,7 +1,8 @@
 """redist: synthesize memory-bounded redistribution plans, prove them with Z3, run them.
 
-    redist plan SRC DST --mesh x=2,y=4 [--topology NAME] [--json | --program] [--show] [--plot FILE]
-    redist verify SRC DST --mesh x=2,y=4 [--topology NAME] [--claim TYPE] [--timeout SECONDS]
+    redist plan SRC DST --mesh x=2,y=4 [--dst-mesh MESH] [--topology NAME] [--json | --program] [--show]
+                [--plot FILE]
+    redist verify SRC DST --mesh x=2,y=4 [--dst-mesh MESH] [--topology NAME] [--claim TYPE] [--timeout SECONDS]
     redist verify --plan FILE [--claim TYPE] [--timeout SECONDS]
     redist demo [--backends numpy,jax,mpi]
     redist --version
@@ -9,6 +10,8 @@
 'plan --json' writes a plan file that 'verify --plan' reads back ('-' reads standard input), so a plan can
 be computed once, checked in, reviewed and verified again. 'plan --show' draws which block every device holds
 after each step; '--plot FILE' draws the same as a figure (.png or .svg; needs matplotlib, redist[bench]).
+'--dst-mesh' reads DST on another mesh (another device order, other devices, other axes: a pipeline stage's,
+a resized job's), for a plan that moves the array there; its default is --mesh.
 
 A plan file is at most 64 MiB. Exit status: 0 done ('verify': proved), 1 'verify' refuted (or a demo check
 failed), 2 a usage error, bad input or output that cannot be written (standard output closed, a full disk),
@@ -50,21 +53,21 @@ def cmd_plan(args) -> int:
     if args.json:
         _write(file_text(plan))
         return 0
-    _say(f"mesh {plan.src.mesh}", plan.show() if args.show else plan)
+    _say(*_meshes(plan), plan.show() if args.show else plan)
     if args.topology is not None:
         _say(f"modeled time    {plan_time(plan, args.topology) * 1e6:.1f} us on {args.topology}")
     if args.plot is not None:
         _say(f"figure          {args.plot}")
     if args.program:
-        _say(plan.program)
+        _say(*plan.stages)
     return 0
 
 
 def cmd_verify(args) -> int:
     if args.plan is not None:
-        if args.src is not None or args.mesh is not None or args.topology is not None:
-            raise _UsageError("redist verify: error: give either SRC DST --mesh MESH [--topology NAME] or "
-                              "--plan FILE, not both (a plan file names its own mesh)")
+        if args.src is not None or args.mesh is not None or args.dst_mesh is not None or args.topology is not None:
+            raise _UsageError("redist verify: error: give either SRC DST --mesh MESH [--dst-mesh MESH] "
+                              "[--topology NAME] or --plan FILE, not both (a plan file names its own meshes)")
         plan = _read_plan_file(args.plan)
     elif args.dst is None or args.mesh is None:
         raise _UsageError("redist verify: error: give SRC DST --mesh MESH, or --plan FILE")
@@ -78,7 +81,7 @@ def cmd_verify(args) -> int:
             raise ShardingError(f"--claim: {e}") from None
     verdict = verify(plan, claim_type, timeout_s=args.timeout)
     claim = f" the claim {args.claim}" if args.claim is not None else ""
-    _say(f"mesh {plan.src.mesh}", plan, f"verify: {verdict.status}{claim} in {verdict.seconds:.2f} s",
+    _say(*_meshes(plan), plan, f"verify: {verdict.status}{claim} in {verdict.seconds:.2f} s",
          f"  {verdict.reason}")
     if verdict.counterexample is not None:
         _say("counterexample: " + ", ".join(f"{k} {v}" for k, v in verdict.counterexample.items()))
@@ -89,9 +92,24 @@ def cmd_demo(args) -> int:
     return demo.main(backends=args.backends, say=_say)
 
 
+def _meshes(plan: Plan) -> list[str]:
+    """``mesh MESH``, and ``dst mesh MESH`` where the destination is on another mesh."""
+    lines = [f"mesh {plan.src.mesh}"]
+    return lines + [f"dst mesh {plan.dst.mesh}"] if plan.dst.mesh != plan.src.mesh else lines
+
+
 def _synthesize(args) -> Plan:
     mesh = Mesh.parse(args.mesh)
-    return synthesize(ShardingType.parse(args.src, mesh), ShardingType.parse(args.dst, mesh), topology=args.topology)
+    dst_mesh = mesh if args.dst_mesh is None else _dst_mesh(args.dst_mesh)
+    return synthesize(ShardingType.parse(args.src, mesh), ShardingType.parse(args.dst, dst_mesh),
+                      topology=args.topology)
+
+
+def _dst_mesh(text: str) -> Mesh:
+    try:
+        return Mesh.parse(text)
+    except ShardingError as e:
+        raise ShardingError(f"--dst-mesh: {e}") from None
 
 
 def _read_plan_file(path: str) -> Plan:
@@ -220,10 +238,13 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     topology = dict(metavar="NAME", help="choose the fastest plan under this cost model preset (tpu-v4, nvlink-8, "
                                          "2x8-nodes, cpu-host) instead of the one that receives the fewest bytes")
+    dst_mesh = dict(metavar="MESH", help="the mesh DST is on (default: --mesh), e.g. x=4,device_ids=[4,5,6,7] or "
+                                         "a=2,b=4: the array moves to other devices or another arrangement")
     p = sub.add_parser("plan", help="synthesize and print a redistribution plan")
     p.add_argument("src", help="source type, e.g. 'f32[1024{x}, 512]'")
     p.add_argument("dst", help="destination type, e.g. 'f32[1024, 512{x}]'")
     p.add_argument("--mesh", required=True, help="mesh axes, e.g. x=2,y=4")
+    p.add_argument("--dst-mesh", **dst_mesh)
     p.add_argument("--topology", **topology)
     p.add_argument("--json", action="store_true", help="print the plan as a plan file (redist verify --plan reads it)")
     p.add_argument("--program", action="store_true", help="also print the lowered buffer program")
@@ -238,6 +259,7 @@ def _build_parser() -> argparse.ArgumentParser:
     v.add_argument("src", nargs="?", help="source type (with DST and --mesh)")
     v.add_argument("dst", nargs="?", help="destination type")
     v.add_argument("--mesh", help="mesh axes, e.g. x=2,y=4")
+    v.add_argument("--dst-mesh", **dst_mesh)
     v.add_argument("--topology", **topology)
     v.add_argument("--plan", metavar="FILE", help="verify a plan file written by 'redist plan --json' (- for stdin)")
     v.add_argument("--claim", metavar="TYPE", help="check the claim that the plan turns its source into TYPE "

@@ -230,19 +230,24 @@ def topology(name: str, mesh: Mesh) -> Topology:
     return Topology(name, build(mesh))
 
 
-def as_topology(value, mesh: Mesh) -> Topology | None:
-    """A ``topology=`` argument as the :class:`Topology` it names on ``mesh``: None stays None (no cost
-    model), a preset name is laid over ``mesh`` (:func:`topology`), and a :class:`Topology` must give a link
-    to every axis of ``mesh``. Anything else raises :class:`ShardingError`."""
+def as_topology(value, mesh: Mesh, *more: Mesh) -> Topology | None:
+    """A ``topology=`` argument as the :class:`Topology` it names on ``mesh`` (and the meshes ``more``, for a
+    plan across meshes): None stays None (no cost model), a preset name is laid over each mesh
+    (:func:`topology`; an axis name on two meshes takes its link on the first), and a :class:`Topology` must
+    give a link to every axis of every mesh. Anything else raises :class:`ShardingError`."""
     if value is None:
         return None
     if isinstance(value, str):
-        return topology(value, mesh)
+        laid = [topology(value, m) for m in (mesh, *more)]
+        if len(laid) == 1 or all(m == mesh for m in more):
+            return laid[0]
+        return Topology(value, tuple({n: link for t in reversed(laid) for n, link in t.links}.items()))
     if not isinstance(value, Topology):
         raise ShardingError(f"topology must be a preset name ({', '.join(PRESETS)}) or a redist.cost.Topology, "
                             f"got {type(value).__name__} {shown(value)}")
-    for name in mesh.names:
-        value.link(name)  # raises, naming the axis it lacks
+    for m in (mesh, *more):
+        for name in m.names:
+            value.link(name)  # raises, naming the axis it lacks
     return value
 
 
@@ -265,15 +270,19 @@ def step_axes(step, t_in) -> tuple[str, ...]:
     """The axes a step communicates over: its own axes, or for a permute or an exchange the mesh axes along
     which some device's source device differs from it (in mesh order), never found device by device: for a
     permute from its groups' axes, for an exchange per class of devices (:class:`redist.blocks.DeviceClasses`
-    of the axes the step's layouts use). An exchange is priced as one collective over them (one latency)."""
+    of the axes the step's layouts use). An exchange is priced as one collective over them (one latency). A
+    transfer runs between meshes, over links no axis of either names: it is priced as one collective over every
+    axis of both (their slowest link, one latency)."""
     if isinstance(step, (S.Permute, S.Exchange)) and step.apply(t_in).mesh != t_in.mesh:
         return _reordered_axes(step, t_in)
     if isinstance(step, S.Permute):
         return _permute_axes(t_in, step.apply(t_in))
     if isinstance(step, S.Exchange):
         return _exchange_axes(t_in, step.apply(t_in))
-    if isinstance(step, (S.AllSlice, S.Pad, S.Unpad, S.ReplicateToPartial, S.ShardToPartial)):
+    if isinstance(step, (S.AllSlice, S.Pad, S.Unpad, S.ReplicateToPartial, S.ShardToPartial, S.SelectToPartial)):
         return ()
+    if isinstance(step, S.Transfer):
+        return tuple(dict.fromkeys(t_in.mesh.names + step.mesh.names))
     return t_in.mesh.axes_of(step.axes)
 
 
@@ -284,7 +293,7 @@ def _reordered_axes(step, t_in) -> tuple[str, ...]:
     mesh = t_in.mesh
     pairs = []
     for ins in P.lower_step(step, t_in):
-        for d in range(mesh.size):
+        for d in mesh.devices:
             if isinstance(ins, P.CollectivePermute):
                 pairs.append((d, ins.source_of(mesh, d)))
             else:
@@ -377,8 +386,8 @@ def _most_copies(step: S.Exchange, t_in) -> int:
     """The most copies from other devices that one of a few devices (the first, middle and last) receives in an
     exchange (:func:`redist.blocks.remote_copies`, from their blocks, without the exchange's tables): at most
     one arrives per round, so the exchange runs at least that many rounds."""
-    mesh, t_out = t_in.mesh, step.apply(t_in)
-    return max(remote_copies(t_in, t_out, d) for d in {0, mesh.size // 2, mesh.size - 1})
+    devices, t_out = t_in.mesh.devices, step.apply(t_in)
+    return max(remote_copies(t_in, t_out, devices[i]) for i in {0, len(devices) // 2, len(devices) - 1})
 
 
 def exchange_time_lower_bound(step: S.Exchange, t_in, topo: Topology) -> float:
@@ -445,13 +454,13 @@ def fastest(plans, topo: Topology, times: dict | None = None) -> tuple[Plan, flo
 
 
 def plan_time(plan, topo: Topology | str) -> float:
-    """Modeled seconds of a :class:`redist.Plan` on ``topo`` (a :class:`Topology` or a preset name): the sum of
-    its steps' times."""
+    """Modeled seconds of a :class:`redist.Plan` on ``topo`` (a :class:`Topology` or a preset name, laid over
+    every mesh the plan runs on: :func:`as_topology`): the sum of its steps' times."""
     if not isinstance(plan, Plan):
         raise ShardingError(f"plan_time() takes a redist.Plan, got {type(plan).__name__} {shown(plan)}")
     if topo is None:
         raise ShardingError(f"plan_time() needs a topology: a preset name ({', '.join(PRESETS)}) or a Topology")
-    topo = as_topology(topo, plan.src.mesh)
+    topo = as_topology(topo, *dict.fromkeys(t.mesh for t in plan.types))
     return sum(step_time(s, t, topo) for s, t in zip(plan.steps, plan.types))
 
 

@@ -8,14 +8,16 @@ import math
 import ml_dtypes
 import numpy as np
 
-from redist.buffers import as_array, device_buffers
+from redist.buffers import as_array, mesh_buffers
 from redist.errors import ShardingError, shown
 from redist.types import REDUCERS, ShardingType
 
 
-def shard(t: ShardingType, global_array) -> list[np.ndarray]:
+def shard(t: ShardingType, global_array) -> list[np.ndarray | None]:
     """The local buffer of every device (index = device id) for ``global_array`` laid out as ``t``: new
-    arrays of ``t.local_shape`` and ``t``'s dtype, padding (uneven dims) zero.
+    arrays of ``t.local_shape`` and ``t``'s dtype, padding (uneven dims) zero, in a list of
+    ``t.mesh.id_bound`` entries (one past the largest device id; ``t.mesh.size`` where the ids are
+    ``0 … size−1``), ``None`` at the numbers that are no device of ``t.mesh``.
 
     ``global_array`` is converted to ``t``'s dtype only without loss (:mod:`redist.buffers`): an array of that
     dtype or of one whose every value it holds (``i8`` data for ``i32``), or Python numbers that it holds
@@ -28,11 +30,11 @@ def shard(t: ShardingType, global_array) -> list[np.ndarray]:
     x = as_array(global_array, t.np_dtype, f"the global array for {t}")
     if x.shape != t.shape:
         raise ShardingError(f"array of shape {x.shape} does not match the type {t}")
-    out = []
-    for d in range(t.mesh.size):
+    out: list[np.ndarray | None] = [None] * t.mesh.id_bound
+    for d in t.mesh.devices:
         local = np.zeros(t.local_shape, t.np_dtype)  # padding (uneven dims) is zero
         local[t.data_box(d)] = x[t.local_box(d)]
-        out.append(local)
+        out[d] = local
     return out
 
 
@@ -65,7 +67,7 @@ def summands(t: ShardingType, value, rng: np.random.Generator, low: int = -4, hi
     kind = "min" if t.dtype == "bool" and t.reduction == "prod" else t.reduction
     if kind == "sum":
         low, high = _exact_sum_range(t, value, low, high)
-    bufs = [random_array(rng, x.shape, x.dtype, low, high) for x in whole]
+    bufs = [None if x is None else random_array(rng, x.shape, x.dtype, low, high) for x in whole]
     for group in t.mesh.groups(t.partial):
         members = _GROUP_SUMMANDS[kind]([bufs[d] for d in group], whole[group[0]], rng)
         for d, b in zip(group, members):
@@ -138,12 +140,14 @@ def unshard(t: ShardingType, shards) -> np.ndarray:
     Only the data part of each buffer is read (padding is not). Each group of devices that differ only in the
     partial axes contributes the reduction of its buffers (in rank order) to its block. Replicas must agree:
     if two groups that hold the same block disagree, this raises :class:`ShardingError` rather than pick
-    one. The shards are taken as :func:`redist.buffers.device_buffers` takes them (one per device,
-    ``t.local_shape``, ``t``'s dtype or one that converts without loss), else :class:`ShardingError`.
+    one. The shards are taken as :func:`redist.buffers.device_buffers` takes them (a list of
+    ``t.mesh.id_bound`` entries indexed by device id: a buffer of ``t.local_shape`` in ``t``'s dtype, or one
+    that converts without loss, per device of ``t.mesh``, ``None`` at every other number), else
+    :class:`ShardingError`.
     """
     _check_type(t, "unshard")
     mesh = t.mesh
-    shards = device_buffers(shards, mesh.size, t.local_shape, t.np_dtype)
+    shards = mesh_buffers(shards, mesh, t.local_shape, t.np_dtype)
     out = np.zeros(t.shape, dtype=t.np_dtype)
     seen: dict = {}
     reduce = REDUCERS[t.reduction]
@@ -170,12 +174,11 @@ def poison_padding(t: ShardingType, bufs) -> list[np.ndarray]:
     gives a wrong value."""
     kind = t.np_dtype.kind
     fill = np.iinfo(t.np_dtype).max if kind in "iu" else True if kind == "b" else np.nan
-    out = []
-    for d, b in enumerate(device_buffers(bufs, t.mesh.size, t.local_shape, t.np_dtype, copy=True)):
-        data = np.zeros(b.shape, bool)
+    out = mesh_buffers(bufs, t.mesh, t.local_shape, t.np_dtype, copy=True)
+    for d in t.mesh.devices:
+        data = np.zeros(out[d].shape, bool)
         data[t.data_box(d)] = True
-        b[~data] = fill
-        out.append(b)
+        out[d][~data] = fill
     return out
 
 

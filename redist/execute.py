@@ -23,7 +23,11 @@ def execute(plan: Plan, shards, backend: str = "numpy") -> list[np.ndarray]:
     source, any summands whose group sums are the value give the value's destination layout (summed where
     the destination is not partial).
 
-    ``shards`` is a list or tuple of ``mesh.size`` arrays of ``plan.src.local_shape``. No value is converted
+    ``shards`` is a list or tuple indexed by device id, as :func:`redist.shard` makes it: ``plan.src.mesh.id_bound``
+    entries (``mesh.size`` where the device ids are ``0 … size−1``), an array of ``plan.src.local_shape`` at
+    each device of the source's mesh and ``None`` at every other number. The result is such a list for
+    ``plan.dst``'s mesh. A plan across meshes (:attr:`Plan.stages`) or on a mesh numbered otherwise runs on
+    the numpy backend only, for now (the JAX backend raises :class:`ShardingError`). No value is converted
     with loss (:mod:`redist.buffers`): each shard has the plan's dtype, or one whose every value the plan's
     dtype holds (``i8`` for ``i32``, ``f32`` for ``f64``), or is Python numbers that it holds exactly;
     ``f64``, ``i64`` or complex shards for an ``f32`` plan raise. Raises :class:`ShardingError` for a
@@ -32,7 +36,7 @@ def execute(plan: Plan, shards, backend: str = "numpy") -> list[np.ndarray]:
     if not isinstance(plan, Plan):
         raise ShardingError(f"execute needs a redist.Plan (from redist.synthesize(src, dst)), got {describe(plan)}")
     if backend == "numpy":
-        return numpy_backend.run(plan.program, shards)
+        return numpy_backend.run_stages(plan.stages, shards)
     if backend == "jax":
         from redist.backends.jax_backend import run_on_buffers  # the [jax] extra: imported when asked for
 

@@ -1,13 +1,17 @@
 """Device meshes: ordered named axes, and the device at each mesh position (row-major by default).
 
 Positions and devices. A mesh's positions are numbered row-major over its axes (the last axis varies
-fastest), and ``device_ids[p]`` is the id of the device at position ``p`` (docs/spec.md §1): a permutation of
-``range(size)``, the identity by default. Sharding types speak of positions (a device holds the block of its
-position); buffers, ranks and everything that runs speak of device ids. So every method that takes or returns
-a ``device`` (``coords``, ``device``, ``group_index``, ``groups``) means a device id, read through
-``device_ids``; with the default order an id is its position. Two meshes are the same when their axes,
-sizes and device ids agree. Text form: ``x=2,y=4`` for the default order, ``x=2,y=2,device_ids=[3,2,1,0]``
-(Shardy's ``device_ids`` list) otherwise.
+fastest), and ``device_ids[p]`` is the id of the device at position ``p`` (docs/spec.md §1): any distinct device
+numbers below :data:`MAX_DEVICES`, ``range(size)`` by default. A device id is a *global* device number: two
+meshes may hold the same devices in another order or arrangement, some of them, or others (the stages of a
+pipeline, a job resized from 8 devices to 6), and a redistribution may move an array between any two
+(docs/spec.md §3). Sharding types speak of positions (a device holds the block of its position); buffers,
+ranks and everything that runs speak of device ids. So every method that takes or returns a ``device``
+(``coords``, ``device``, ``group_index``, ``groups``) means a device id, read through ``device_ids``; with
+the default order an id is its position. Buffers indexed by device id are lists of :attr:`Mesh.id_bound`
+entries (one past the largest id), ``None`` at the numbers that are no device of the mesh. Two meshes are
+the same when their axes, sizes and device ids agree. Text form: ``x=2,y=4`` for the default order,
+``x=2,y=2,device_ids=[3,2,1,0]`` or ``x=4,device_ids=[4,5,6,7]`` (Shardy's ``device_ids`` list) otherwise.
 
 A mesh is where axis tokens become values: :meth:`Mesh.axis` reads ``"y"`` or ``"y:(2)2"`` into a
 :class:`redist.axes.Axis` (once per mesh and token), and the group arithmetic (``group_index``, ``groups``,
@@ -36,7 +40,8 @@ _AXIS_TEXT = re.compile(r"(?P<name>[^=]*)=(?P<size>[0-9]+)\Z")
 _DEVICE_IDS = "device_ids="  # the mesh text's last part, ``device_ids=[3,2,1,0]``, after the axes and a comma
 
 MAX_DEVICES = 2**31 - 1
-"""The most devices a mesh may have: MPI ranks and JAX/XLA device ids are 32-bit integers."""
+"""The most devices a mesh may have, and the bound below every device id (a list indexed by device id has at
+most this many entries): MPI ranks and JAX/XLA device ids are 32-bit integers."""
 
 
 def read_decimal(digits: str, what: str, limit: int) -> int:
@@ -83,8 +88,8 @@ class Mesh:
     def __init__(self, axes: Mapping[str, int] | tuple[tuple[str, int], ...], device_ids=None):
         """``axes``: a mapping from axis name to size, or ``(name, size)`` pairs, in mesh order. Names are
         identifiers, sizes integers >= 1, at most :data:`MAX_DEVICES` devices in all. ``device_ids``: None (the
-        default order) or a sequence giving the device id at each row-major position, a permutation of
-        ``range(size)``. Anything else raises :class:`ShardingError`."""
+        default order, ``range(size)``) or a sequence giving the device id at each row-major position: distinct
+        integers from 0 to ``MAX_DEVICES - 1``. Anything else raises :class:`ShardingError`."""
         items = _axis_items(axes)
         seen = set()
         for name, n in items:
@@ -150,27 +155,66 @@ class Mesh:
         """Whether device ``p`` is at position ``p`` for every ``p`` (the default order)."""
         return self._device_ids is None
 
+    @cached_property
+    def devices(self):
+        """The device ids of the mesh in increasing order: ``range(size)`` where they are ``0 … size−1`` (in any
+        order), else a tuple (not part of equality or hashing)."""
+        if self._device_ids is None or self.id_bound == self.size:
+            return range(self.size)
+        return tuple(sorted(self._device_ids))
+
+    @cached_property
+    def id_bound(self) -> int:
+        """One past the largest device id: the length of a list indexed by device id that holds a buffer for
+        every device of the mesh (``size`` where the ids are ``0 … size−1``)."""
+        return self.size if self._device_ids is None else max(self._device_ids) + 1
+
+    def has_device(self, device) -> bool:
+        """Whether ``device`` (an int) is the id of a device of this mesh."""
+        if isinstance(device, bool) or not isinstance(device, (int, np.integer)):
+            return False
+        if self._device_ids is None:
+            return 0 <= device < self.size
+        return int(device) in self._positions
+
+    def same_devices(self, other: "Mesh") -> bool:
+        """Whether ``other`` holds exactly these devices, in whatever order or arrangement."""
+        if not isinstance(other, Mesh) or (self.size, self.id_bound) != (other.size, other.id_bound):
+            return False
+        return self.id_bound == self.size or set(self._device_ids) == set(other._device_ids)
+
+    def is_reordering_of(self, other: "Mesh") -> bool:
+        """Whether ``other`` is this mesh or its axes on its devices in another order (a *device order* of it):
+        a redistribution between the two runs its collectives on either. Between any other two meshes (other
+        devices or other axes) an array moves by a transfer (:class:`redist.steps.Transfer`)."""
+        return self.same_axes(other) and self.same_devices(other)
+
     def reordered(self, device_ids) -> "Mesh":
-        """This mesh's axes with the device order ``device_ids`` (None: the default order); see :class:`Mesh`."""
+        """This mesh's axes on the devices ``device_ids``, one per position (None: the default order); see
+        :class:`Mesh`."""
         return Mesh(self.axes, device_ids)
 
     def same_axes(self, other: "Mesh") -> bool:
-        """Whether ``other`` has these axes (names, sizes, order), whatever the device orders."""
+        """Whether ``other`` has these axes (names, sizes, order), whatever its devices and their order."""
         return isinstance(other, Mesh) and self.axes == other.axes
 
     def position(self, device: int) -> int:
         """The row-major position of device ``device`` (:class:`ShardingError` for no device of this mesh)."""
-        if isinstance(device, bool) or not isinstance(device, (int, np.integer)) or not 0 <= device < self.size:
-            raise ShardingError(f"device {shown(device)} is not a device of mesh {self} (ids 0 to {self.size - 1})")
-        return int(device) if self._device_ids is None else self._positions[device]
+        if not self.has_device(device):
+            raise ShardingError(f"device {shown(device)} is not a device of mesh {self} ({self._ids_text()})")
+        return int(device) if self._device_ids is None else self._positions[int(device)]
+
+    def _ids_text(self) -> str:
+        """The mesh's device ids in a message: ``ids 0 to 7``, or the first few of them."""
+        ids = self.devices
+        if isinstance(ids, range):
+            return f"ids 0 to {self.size - 1}"
+        return f"ids {', '.join(map(str, ids[:8]))}{', …' if len(ids) > 8 else ''}"
 
     @cached_property
-    def _positions(self) -> tuple[int, ...]:
+    def _positions(self) -> dict[int, int]:
         """The inverse of ``_device_ids``: the position of each device id (not part of equality or hashing)."""
-        out = [0] * self.size
-        for p, d in enumerate(self._device_ids):
-            out[d] = p
-        return tuple(out)
+        return {d: p for p, d in enumerate(self._device_ids)}
 
     def axis(self, token: str) -> Axis:
         """The :class:`~redist.axes.Axis` that ``token`` names: a mesh axis name (``"y"``, the whole axis) or a
@@ -307,7 +351,7 @@ class Mesh:
         except ShardingError as e:
             raise ShardingError(f"on mesh {self}: {e}") from None
         by_key: dict[tuple[int, ...], dict[int, int]] = {}
-        for d in range(self.size):  # device ids in order, so that groups come in the order of their lowest id
+        for d in self.devices:  # device ids in order, so that groups come in the order of their lowest id
             c = self.coords(d)
             key = dict(c)
             for a in axes:
@@ -343,27 +387,30 @@ def _axis_items(axes) -> tuple:
 
 
 def _device_order(device_ids, size: int, axes) -> tuple[int, ...] | None:
-    """``device_ids`` as a tuple of ints, None for the default order (given as None or as the identity), or
-    :class:`ShardingError` unless it is a permutation of ``range(size)``."""
+    """``device_ids`` as a tuple of ints, None for the default order (given as None or as ``0 … size−1`` in
+    order), or :class:`ShardingError` unless it is ``size`` distinct integers from 0 to ``MAX_DEVICES - 1``."""
     if device_ids is None:
         return None
     where = f"device_ids of mesh {','.join(f'{n}={s}' for n, s in axes)}"
     if isinstance(device_ids, (str, bytes, Mapping)) or not hasattr(device_ids, "__len__"):
-        raise ShardingError(f"{where} must be a sequence of {size} device ids (a permutation of 0 to {size - 1}), "
+        raise ShardingError(f"{where} must be a sequence of {size} distinct device ids, one per mesh position, "
                             f"got {type(device_ids).__name__} {shown(device_ids)}")
     ids = tuple(device_ids)
     if len(ids) != size:
         raise ShardingError(f"{where}: expected {size} device ids, one per mesh position, got {len(ids)}")
-    bad = next((d for d in ids if isinstance(d, bool) or not isinstance(d, (int, np.integer))
-                or not 0 <= d < size), None)
+    bad = next((d for d in ids if isinstance(d, bool) or not isinstance(d, (int, np.integer))), None)
     if bad is not None:
-        raise ShardingError(f"{where}: {shown(bad)} is not a device id of a mesh of {size} devices (0 to {size - 1})")
+        raise ShardingError(f"{where}: {shown(bad)} is not a device id (an integer from 0 to {MAX_DEVICES - 1})")
+    bad = next((d for d in ids if not 0 <= d < MAX_DEVICES), None)
+    if bad is not None:
+        raise ShardingError(f"{where}: device id {shown(bad)} is out of range: device ids are integers from 0 to "
+                            f"{MAX_DEVICES - 1} (redist.mesh.MAX_DEVICES - 1), so that a list indexed by them can be "
+                            "made")
     ids = tuple(int(d) for d in ids)
     if len(set(ids)) != size:
         seen = set()
         twice = next(d for d in ids if d in seen or seen.add(d))
-        raise ShardingError(f"{where}: device {twice} is listed twice; device_ids must be a permutation of 0 to "
-                            f"{size - 1}")
+        raise ShardingError(f"{where}: device {twice} is listed twice; a mesh holds each device once")
     return None if ids == tuple(range(size)) else _DeviceOrder(ids)
 
 
@@ -403,7 +450,7 @@ def _read_ids(text: str, whole: str) -> tuple[int, ...]:
     for part in text.split(","):
         if not part.isascii() or not part.isdigit():
             raise ShardingError(f"cannot read device id {shown(part)} in {shown(whole)}; expected digits 0-9")
-        out.append(read_decimal(part, "device id", MAX_DEVICES))
+        out.append(read_decimal(part, "device id", MAX_DEVICES - 1))
     return tuple(out)
 
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
 
+import numpy as np
+
 from redist import plan_file
 from redist import steps as S
 from redist.blocks import DeviceClasses
@@ -16,7 +18,7 @@ from redist.errors import ShardingError, shown
 from redist.picture import MAX_BLOCKS, format_bytes
 from redist.plan_picture import plan_picture, summary
 from redist.plot import plot_plan
-from redist.program import Program, collective_mesh, lower, point_to_point_bytes
+from redist.program import Program, Transfer, check_meshes, lower_stages, point_to_point_bytes, segments
 from redist.types import ShardingType
 
 
@@ -30,14 +32,14 @@ def _check_redistribution(steps: tuple, types: tuple) -> None:
     :meth:`Plan.from_json`): its destination is a possible target of its source
     (:func:`redist.bounds.check_pair`: the same shape, dtype and mesh axes, sub-axes of one factorization, no
     change of reduction kind), which the steps' typing rules do not ensure (``pad`` then ``unpad`` to another
-    shape; ``all_reduce(max)`` then ``replicate_to_partial``), and its collectives run on one device order
-    (:func:`redist.program.collective_mesh`)."""
+    shape; ``all_reduce(max)`` then ``replicate_to_partial``), and the collectives of each run of steps
+    between transfers run on one device order (:func:`redist.program.check_meshes`)."""
     try:
         check_pair(types[0], types[-1])
     except ShardingError as e:
         raise ShardingError(f"the steps turn {types[0]} into {types[-1]}, which is no redistribution of it: "
                             f"{e}") from None
-    collective_mesh(steps, types)
+    check_meshes(steps, types)
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,8 @@ class Plan:
         several are added up per class of devices (:class:`redist.blocks.DeviceClasses` of the axes that
         decide what a device receives in them), so that no device is counted at two different maxima. A plan
         that changes the device order adds them up per device, from its program's tables
-        (:func:`redist.program.point_to_point_bytes`)."""
+        (:func:`redist.program.point_to_point_bytes`), and so does a plan across meshes
+        (:meth:`_received_across_meshes`)."""
         uniform, p2p = Fraction(0), []
         for step, t in zip(self.steps, self.types):
             b = step.bytes_received(t)
@@ -145,12 +148,37 @@ class Plan:
                 p2p.append((step, t, b))
             else:
                 uniform += b
+        if self.crosses_meshes:
+            return self._received_across_meshes()
         if p2p and any(t.mesh != self.src.mesh for t in self.types):
-            return uniform + int(point_to_point_bytes(self.program).max())
+            return uniform + int(point_to_point_bytes(self.stages[0]).max())
         if len(p2p) <= 1:
             return uniform + sum(b for _, _, b in p2p)
         classes = DeviceClasses(self.src.mesh, [a for s, t, _ in p2p for a in s.class_axes(t)])
         return uniform + int(max(sum(s.class_bytes(t, classes.coords) for s, t, _ in p2p)))
+
+    def _received_across_meshes(self) -> Fraction:
+        """:attr:`_received` of a plan with transfers, device by device over every device of its meshes: the
+        collectives of a run of steps on one mesh add their bytes on its devices, its permutes and exchanges
+        and the transfers their tables' (:func:`redist.program.point_to_point_bytes`,
+        :meth:`redist.program.Transfer.received_bytes`)."""
+        total: dict[int, Fraction] = {}
+        for (run, run_types), stage in zip(segments(self.steps, self.types), self.stages):
+            if isinstance(stage, Transfer):
+                per_device = stage.received_bytes(self.src.itemsize)
+                uniform = Fraction(0)
+            else:
+                p2p = [hasattr(s, "class_bytes") for s in run]
+                uniform = sum((s.bytes_received(t) for s, t, x in zip(run, run_types, p2p) if not x), Fraction(0))
+                per_device = point_to_point_bytes(stage) if any(p2p) else np.zeros(stage.mesh.id_bound, np.int64)
+            for d in stage.mesh.devices:
+                total[d] = total.get(d, Fraction(0)) + uniform + int(per_device[d])
+        return max(total.values(), default=Fraction(0))
+
+    @property
+    def crosses_meshes(self) -> bool:
+        """Whether the plan moves the array to another mesh (a transfer: other devices or other axes)."""
+        return any(isinstance(s, S.Transfer) for s in self.steps)
 
     @property
     def bytes_received(self) -> int | float:
@@ -164,9 +192,32 @@ class Plan:
         return tuple(_number(s.bytes_received(t)) for s, t in zip(self.steps, self.types))
 
     @cached_property
+    def stages(self) -> tuple:
+        """The plan lowered for the numpy backend (:func:`redist.program.lower_stages`): a
+        :class:`~redist.program.Program` per run of steps on one mesh and a :class:`~redist.program.Transfer` per
+        transfer between meshes, in order; for a plan within one mesh, its one program."""
+        return lower_stages(self.steps, self.types)
+
+    @property
     def program(self) -> Program:
-        """The lowered buffer program that the backends execute and :func:`redist.verify` proves."""
-        return lower(self.steps, self.types)
+        """The lowered buffer program that the backends execute and :func:`redist.verify` proves.
+
+        Raises :class:`ShardingError` for a plan across meshes, which has a program per mesh and transfers
+        between them (:attr:`stages`), and for a plan on a mesh whose device ids are other than ``0 … size−1``:
+        :func:`redist.verify` and the JAX and MPI runtimes do not take those yet; :func:`redist.execute` runs
+        them on numpy."""
+        if self.crosses_meshes:
+            raise ShardingError(f"the plan moves the array from mesh {self.src.mesh} to mesh {self.dst.mesh}: it "
+                                "lowers to a program per mesh and a transfer between them (plan.stages), not to one "
+                                "program. Proofs of plans across meshes (redist.verify) and the JAX and MPI runtimes "
+                                "do not support them yet; redist.execute(plan, shards) runs them on numpy")
+        mesh = next((t.mesh for t in self.types if t.mesh.id_bound != t.mesh.size), None)
+        if mesh is not None:
+            raise ShardingError(f"the plan runs on mesh {mesh}, whose device ids are not 0 to {mesh.size - 1}: "
+                                "redist.verify and the JAX and MPI runtimes take such meshes only numbered from 0 "
+                                "for now (its program is plan.stages[0]); redist.execute(plan, shards) runs it on "
+                                "numpy")
+        return self.stages[0]
 
     def __str__(self) -> str:
         lines = [f"{self.src}"]
@@ -191,8 +242,8 @@ class Plan:
     def to_dict(self) -> dict:
         """The plan as a plan file's JSON object (format in :mod:`redist.plan_file`): the source, each step's
         kind and ``args`` (what :meth:`from_json` rebuilds it from), text, type after it and bytes, and the
-        plan's figures against its two bounds. ``dst_mesh`` is there only when the plan changes the device
-        order."""
+        plan's figures against its two bounds. ``dst_mesh`` is there only when the destination's mesh is another
+        (another device order, or other devices or axes after a transfer)."""
         out: dict = {"format": plan_file.FORMAT, "mesh": str(self.src.mesh)}
         if self.dst.mesh != self.src.mesh:
             out["dst_mesh"] = str(self.dst.mesh)

@@ -10,8 +10,9 @@ The file for ``f32[8{x}, 4] -> f32[8, 4{x}]`` on ``x=2``::
      "peak_bytes": 64, "bytes_received": 32, "memory_bound_bytes": 64, "lower_bound_bytes": 32}
 
 What the reader builds from: ``mesh`` (``Mesh.parse``), ``src`` (``ShardingType.parse`` on it), ``dst_mesh``
-(only in the file of a plan that changes the device order; ``dst`` is read on it) and each step's
-``kind`` and ``args``, through the public step classes of :mod:`redist.steps`:
+(only in the file of a plan whose destination is on another mesh: another device order, or other devices or
+axes after a transfer; ``dst`` is read on it) and each step's ``kind`` and ``args``, through the public step
+classes of :mod:`redist.steps`:
 
     =================================  ===========================================================
     kind                               args
@@ -28,6 +29,10 @@ What the reader builds from: ``mesh`` (``Mesh.parse``), ``src`` (``ShardingType.
                                        the device order after it (null: unchanged)
     pad                                (none)
     unpad                              ``shape``: the array's shape after the step
+    select_to_partial                  ``dims``: the axes of every dim after the step; ``axes``: the
+                                       pending sums it creates
+    transfer                           ``mesh``: the mesh the array moves to (its text, ``Mesh.parse``);
+                                       ``dims`` and ``partial``: its axes there
     =================================  ===========================================================
 
 Each step goes through its typing rule from the type before it (``steps[i].apply(types[i])``), so a step
@@ -90,6 +95,10 @@ def step_args(step) -> dict[str, Any]:
             return {}
         case S.Unpad():
             return {"shape": list(step.shape)}
+        case S.SelectToPartial():
+            return {"dims": [_tokens(d) for d in step.dims], "axes": _tokens(step.axes)}
+        case S.Transfer():
+            return {"mesh": str(step.mesh), "dims": [_tokens(d) for d in step.dims], "partial": _tokens(step.partial)}
     raise ShardingError(f"a plan file cannot hold the step {step!r}: its kind has no entry in redist.plan_file")
 
 
@@ -263,6 +272,10 @@ def _reduction(value, where: str) -> str:
     return value
 
 
+def _mesh(value, where: str) -> Mesh:
+    return _field(where, lambda: Mesh.parse(value))
+
+
 def _device_ids(value, where: str) -> tuple[int, ...] | None:
     if value is None:
         return None
@@ -274,7 +287,8 @@ def _device_ids(value, where: str) -> tuple[int, ...] | None:
 _ARGS = {"all_slice": ("dim", "axes"), "all_gather": ("dim", "axes"), "reduce_scatter": ("dim", "axes", "reduction"),
          "all_reduce": ("axes", "reduction"), "replicate_to_partial": ("axes",), "shard_to_partial": ("dim", "axes"),
          "all_to_all": ("moves",), "permute": ("dims", "device_ids"),
-         "exchange": ("dims", "device_ids"), "pad": (), "unpad": ("shape",)}
+         "exchange": ("dims", "device_ids"), "pad": (), "unpad": ("shape",),
+         "select_to_partial": ("dims", "axes"), "transfer": ("mesh", "dims", "partial")}
 _BUILDERS: dict[str, Callable[[dict, str], Any]] = {
     "all_slice": lambda a, w: S.AllSlice(_int(a["dim"], f"{w}: dim"), _axes(a["axes"], f"{w}: axes")),
     "all_gather": lambda a, w: S.AllGather(_int(a["dim"], f"{w}: dim"), _axes(a["axes"], f"{w}: axes")),
@@ -291,4 +305,7 @@ _BUILDERS: dict[str, Callable[[dict, str], Any]] = {
                                         _device_ids(a["device_ids"], f"{w}: device_ids")),
     "pad": lambda a, w: S.Pad(),
     "unpad": lambda a, w: S.Unpad(_shape(a["shape"], f"{w}: shape")),
+    "select_to_partial": lambda a, w: S.SelectToPartial(_dims(a["dims"], f"{w}: dims"), _axes(a["axes"], f"{w}: axes")),
+    "transfer": lambda a, w: S.Transfer(_mesh(a["mesh"], f"{w}: mesh"), _dims(a["dims"], f"{w}: dims"),
+                                        _axes(a["partial"], f"{w}: partial")),
 }

@@ -44,10 +44,13 @@ def plan_picture(plan: Plan, blocks: bool | None = None, limit: int = MAX_BLOCKS
     check_limit(limit)
     src, dst, mesh = plan.src, plan.dst, plan.src.mesh
     if blocks is None:
-        blocks = mesh.size <= BLOCKS_UP_TO
+        blocks = max(t.mesh.size for t in plan.types) <= BLOCKS_UP_TO
     n = len(plan.steps)
-    lines = [f"plan on mesh {mesh or '(no axes)'} ({mesh.size} device{'s' * (mesh.size != 1)}): {src} -> {dst}, "
-             f"{n} step{'s' * (n != 1)}", "", f"source  {src}", f"  {format_bytes(src.local_bytes)} per device"]
+    where = f"on mesh {_mesh(mesh)}"
+    if not mesh.is_reordering_of(dst.mesh):
+        where = f"from mesh {_mesh(mesh)} to mesh {_mesh(dst.mesh)}"
+    lines = [f"plan {where}: {src} -> {dst}, {n} step{'s' * (n != 1)}", "", f"source  {src}",
+             f"  {format_bytes(src.local_bytes)} per device"]
     if blocks:
         lines += _indented(blocks_picture(src, limit))
     peak = src.local_bytes
@@ -56,13 +59,20 @@ def plan_picture(plan: Plan, blocks: bool | None = None, limit: int = MAX_BLOCKS
         lines += ["", f"step {i}  {step}", f"  -> {t}",
                   f"  {format_bytes(t.local_bytes)} per device; the busiest device receives {format_bytes(b)}; "
                   f"peak so far {format_bytes(peak)}"]
-        if t.mesh != plan.types[i - 1].mesh:
+        if not t.mesh.is_reordering_of(plan.types[i - 1].mesh):
+            lines.append(f"  moved to mesh {t.mesh}")
+        elif t.mesh != plan.types[i - 1].mesh:
             lines.append(f"  devices reordered: mesh {t.mesh}")
         if blocks:
             lines += _indented(blocks_picture(t, limit))
     if not plan.steps:
         lines += ["", "(no steps: the types are equal)"]
     return "\n".join(lines + ["", summary(plan)])
+
+
+def _mesh(mesh) -> str:
+    """A mesh and its device count, as the picture's first line names it."""
+    return f"{mesh or '(no axes)'} ({mesh.size} device{'s' * (mesh.size != 1)})"
 
 
 def _indented(lines: list[str]) -> list[str]:

@@ -63,6 +63,16 @@ device order, which it does by a permute or an exchange; every collective of a p
 ``mesh``). Lowered, such a change is a permute's table, or an exchange on ``mesh`` next to a table that
 relabels whole buffers between ``mesh`` and the other order.
 
+Device ids are any distinct numbers (:class:`redist.Mesh`): tables by device id (a permute's table, a
+:class:`CopyTable`) have an entry for every number up to the mesh's ``id_bound``, the identity or no copies at
+a number that is no device of it.
+
+Stages. A plan across meshes (a ``transfer`` step, :class:`redist.steps.Transfer`) lowers to *stages*
+(:func:`lower_stages`): a :class:`Program` per run of steps on one mesh, and a :class:`Transfer` between two
+runs, the per-device copies (naming global device ids) that move the buffers from the devices of one mesh to
+those of the next. A plan within one mesh is one program. Each runtime runs a program as it is; a transfer
+is point to point between whichever devices the copies name.
+
 The backends (:mod:`redist.backends`) execute these, and :mod:`redist.verify` proves these same instructions
 correct. Lowering is one instruction per plan step, except that an all-to-all step (of one move or several)
 becomes one ``AllToAll`` between local reshapes and transposes that bring its chunks to the front and the
@@ -82,8 +92,9 @@ import numpy as np
 
 from redist import steps as S
 from redist.axes import Axis, check_factorization
-from redist.blocks import (Copy, DeviceClasses, Segment, check_listed, device_coords, device_id, exchange_copies,
-                           exchange_segments, local_box, permute_groups, permute_sources, rank, with_ranks)
+from redist.blocks import (Copy, DeviceClasses, Segment, check_listed, copied_elements, device_coords, device_id,
+                           exchange_copies, exchange_segments, local_box, permute_groups, permute_sources, rank,
+                           transfer_copies, with_ranks)
 from redist.errors import ShardingError
 from redist.mesh import Mesh
 from redist.types import REDUCTIONS
@@ -215,9 +226,13 @@ class CollectivePermute:
         return self.sources.index(device)
 
     def source_table(self, mesh: Mesh) -> tuple[int, ...]:
-        """The source of every device, by device id (a table of the mesh's size: for runtimes that need one)."""
+        """The source of every device, by device id (a table of the mesh's :attr:`~redist.Mesh.id_bound`
+        entries, each number that is no device its own source: for runtimes that need one)."""
         if isinstance(self.sources, CoordinateMap):
-            return tuple(self.sources.sources(mesh, np.arange(mesh.size, dtype=np.int64)).tolist())
+            table = np.arange(mesh.id_bound, dtype=np.int64)
+            devices = np.asarray(mesh.devices, dtype=np.int64)
+            table[devices] = self.sources.sources(mesh, devices)
+            return tuple(table.tolist())
         return self.sources
 
     def moves(self) -> bool:
@@ -327,10 +342,11 @@ class Exchange:
         how-many-th copy of such a pair it is, in the order of (shift, that count). The JAX backend runs each
         round of a nonzero shift as one ``ppermute``, and the cost model charges each its latency. Copies of no
         elements are left out, and so are copies within a device (shift 0) unless ``local``. This visits every
-        device of ``mesh`` (a ``ppermute`` takes its pairs device by device)."""
-        n = mesh.size
+        device of ``mesh`` (a ``ppermute`` takes its pairs device by device). ``n`` is the mesh's
+        :attr:`~redist.Mesh.id_bound` (its size where its devices are ``0 … size−1``)."""
+        n = mesh.id_bound
         rounds: dict[tuple[int, int], list[tuple[int, int, Copy]]] = {}
-        for d in range(n):
+        for d in mesh.devices:
             seen: dict[int, int] = {}
             for c in self.copies(mesh, d):
                 if (c.source == d and not local) or math.prod(c.size) == 0:
@@ -356,7 +372,7 @@ class Exchange:
         check_listed(n * math.prod(max((len(v) for v in x.by_block.values()), default=0) for x in self.dims),
                      f"the pairs of a device and a copy slot of {self} on a mesh of {n:,} devices, priced round "
                      "by round")
-        ids = np.arange(n, dtype=np.int64)
+        ids = np.asarray(mesh.devices, dtype=np.int64)
         c = device_coords(mesh, ids)
         tables = []  # per dim: the receiver block of each device, and per block its k-th segment's fields
         for x in self.dims:
@@ -384,12 +400,12 @@ class Exchange:
             sources.append(source)
             sizes.append(np.stack(size_k))
             valid.append(live & (source != ids))
-        slot, dest = np.nonzero(np.stack(valid))  # the moves between devices, by copy slot then receiver
-        source = np.stack(sources)[slot, dest]
-        rounds, at = np.unique((((dest - source) % n) * len(sources) + _occurrence(dest, source)),
+        slot, at_device = np.nonzero(np.stack(valid))  # the moves between devices, by copy slot then receiver
+        source, dest = np.stack(sources)[slot, at_device], ids[at_device]
+        rounds, at = np.unique((((dest - source) % mesh.id_bound) * len(sources) + _occurrence(dest, source)),
                                return_inverse=True)  # round key order: (shift, j)
         slab = np.zeros((len(tables), rounds.size), np.int64)
-        np.maximum.at(slab, (slice(None), at), np.stack(sizes)[slot, :, dest].T)
+        np.maximum.at(slab, (slice(None), at), np.stack(sizes)[slot, :, at_device].T)
         src_c, dst_c = device_coords(mesh, source), device_coords(mesh, dest)
         varying = np.zeros((len(mesh.names), rounds.size), bool)
         np.logical_or.at(varying, (slice(None), at), np.stack([src_c[m] != dst_c[m] for m in mesh.names]))
@@ -406,6 +422,32 @@ class Exchange:
 
 Instruction = (Reshape | Transpose | Slice | AllGather | AllToAll | ReduceScatter | AllReduce | KeepRoot | EmbedChunk
                | CollectivePermute | Exchange)
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """The buffers move from the devices of ``src_mesh`` to those of ``mesh`` (any two meshes; they may share
+    devices): every device ``d`` of ``mesh`` gets a new buffer of ``shape``, zero where no copy writes
+    (padding), filled by its copies ``copies.copies[d]`` (:class:`~redist.blocks.Copy`, each from the buffer of
+    shape ``src_shape`` of device ``c.source`` of ``src_mesh``, named by its global id); the devices of
+    ``src_mesh`` that are not devices of ``mesh`` drop their buffers. Point to point, like an :class:`Exchange`
+    between device orders, but across meshes: it is a stage of its own between two programs
+    (:func:`lower_stages`), not an instruction of one. The copy table is indexed by device id up to
+    ``mesh.id_bound``."""
+
+    src_mesh: Mesh
+    mesh: Mesh
+    src_shape: tuple[int, ...]
+    shape: tuple[int, ...]
+    copies: CopyTable
+
+    def received_bytes(self, itemsize: int) -> np.ndarray:
+        """Per device id of ``mesh`` (up to its ``id_bound``), the bytes it copies from other devices."""
+        return copied_elements(self.copies.copies) * itemsize
+
+    def __str__(self) -> str:
+        moved = sum(c.source != d for d, cs in enumerate(self.copies.copies) for c in cs)
+        return f"Transfer({self.src_mesh} -> {self.mesh}, shape={self.shape}, {moved} copies between devices)"
 
 
 @dataclass(frozen=True)
@@ -445,12 +487,31 @@ def _embed_in_place(t_in, t_out) -> Exchange:
     """An exchange of one local copy per device (none for a device without elements): its elements under
     ``t_in`` placed where its block under ``t_out`` holds them, which contains them (a ``shard_to_partial`` onto
     a whole dim); the rest of the buffer is zero."""
-    copies = []
-    for d in range(t_in.mesh.size):
+    copies: list = [()] * t_in.mesh.id_bound
+    for d in t_in.mesh.devices:
         have, want = local_box(t_in, d), local_box(t_out, d)
         size = tuple(h.stop - h.start for h in have)
         at = tuple(h.start - w.start for h, w in zip(have, want))
-        copies.append((Copy(d, (0,) * len(size), at, size),) if all(size) else ())
+        copies[d] = (Copy(d, (0,) * len(size), at, size),) if all(size) else ()
+    return Exchange(t_out.local_shape, CopyTable(tuple(copies)))
+
+
+def _select_in_place(t_in, t_out, axes) -> Exchange:
+    """An exchange of local copies for a ``select_to_partial`` over ``axes``: in each group over them, each member
+    whose block under ``t_in`` no member before it holds copies the part of its box that lies in the group's box
+    under ``t_out`` to where that box holds it; the rest of every buffer is zero."""
+    copies: list = [()] * t_in.mesh.id_bound
+    for group in t_in.mesh.groups(axes):
+        seen = set()
+        for d in group:
+            have, want = local_box(t_in, d), local_box(t_out, d)
+            block = tuple((h.start, h.stop) for h in have)
+            lo = [max(h.start, w.start) for h, w in zip(have, want)]
+            hi = [min(h.stop, w.stop) for h, w in zip(have, want)]
+            if block not in seen and all(h > l for l, h in zip(lo, hi)):
+                copies[d] = (Copy(d, tuple(l - h.start for l, h in zip(lo, have)),
+                                  tuple(l - w.start for l, w in zip(lo, want)), tuple(h - l for l, h in zip(lo, hi))),)
+            seen.add(block)
     return Exchange(t_out.local_shape, CopyTable(tuple(copies)))
 
 
@@ -461,6 +522,8 @@ def lower_step(step, t_in, mesh: Mesh | None = None) -> tuple[Instruction, ...]:
         return _point_to_point(step, t_in, step.apply(t_in), mesh or t_in.mesh)
     if isinstance(step, S.ShardToPartial) and not (t_in.is_even(step.dim) and step.apply(t_in).is_even(step.dim)):
         return (_embed_in_place(t_in, step.apply(t_in)),)
+    if isinstance(step, S.SelectToPartial):
+        return (_select_in_place(t_in, step.apply(t_in), t_in.mesh.axes_of(step.axes)),)
     if isinstance(step, S.AllToAll):
         return _all_to_all(((step.src_dim, step.dst_dim, t_in.mesh.axes_of(step.axes)),), t_in, step.apply(t_in))
     if isinstance(step, S.MultiAllToAll):
@@ -565,9 +628,44 @@ def collective_mesh(steps, types) -> Mesh:
     return meshes.pop() if meshes else types[0].mesh
 
 
+def segments(steps, types) -> list[tuple[tuple, tuple]]:
+    """``steps`` (with their ``len(steps) + 1`` types) cut at every transfer: the runs of steps on one mesh
+    (each with its types) and the transfers, in order, each a ``(steps, types)`` pair (a transfer alone with its
+    two types). A plan within one mesh is one run."""
+    out, start = [], 0
+    for i, step in enumerate(steps):
+        if isinstance(step, S.Transfer):
+            out += [(tuple(steps[start:i]), tuple(types[start:i + 1])), ((step,), tuple(types[i:i + 2]))]
+            start = i + 1
+    return out + [(tuple(steps[start:]), tuple(types[start:]))]
+
+
+def check_meshes(steps, types) -> None:
+    """Raise :class:`ShardingError` unless the collectives of each run of ``steps`` between transfers run on
+    one device order (:func:`collective_mesh`)."""
+    for run, run_types in segments(steps, types):
+        if not (run and isinstance(run[0], S.Transfer)):
+            collective_mesh(run, run_types)
+
+
+def lower_stages(steps, types) -> tuple[Program | Transfer, ...]:
+    """Lower typed steps to their *stages*: a :class:`Program` per run of steps on one mesh and a
+    :class:`Transfer` per transfer step between them (:func:`segments`), in order; a plan within one mesh is one
+    program."""
+    return tuple(_transfer(run[0], run_types[0]) if run and isinstance(run[0], S.Transfer) else lower(run, run_types)
+                 for run, run_types in segments(steps, types))
+
+
+def _transfer(step: S.Transfer, t_in) -> Transfer:
+    """The lowered form of a transfer step from buffers of type ``t_in``."""
+    t_out = step.apply(t_in)
+    return Transfer(t_in.mesh, t_out.mesh, t_in.local_shape, t_out.local_shape,
+                    CopyTable(transfer_copies(t_in, t_out)))
+
+
 def lower(steps, types) -> Program:
-    """Lower typed steps (with their ``len(steps) + 1`` types) to a buffer program; its ``mesh`` is
-    :func:`collective_mesh`, its ``src_mesh`` and ``dst_mesh`` the first and last types'."""
+    """Lower typed steps (with their ``len(steps) + 1`` types) on one mesh (no transfer) to a buffer program;
+    its ``mesh`` is :func:`collective_mesh`, its ``src_mesh`` and ``dst_mesh`` the first and last types'."""
     t0 = types[0]
     mesh = collective_mesh(steps, types)
     instructions, shapes = [], [t0.local_shape]
@@ -583,21 +681,22 @@ def lower(steps, types) -> Program:
 
 
 def point_to_point_bytes(program: Program) -> np.ndarray:
-    """Per device id, the bytes the program's permutes and exchanges bring it from other devices, all devices
-    at once (numpy): a permute its whole buffer where its source is another device; an exchange the product
-    over dims of the sizes of the segments of its blocks, less the product of those it reads from itself
-    (whose source block is its own rank over the dim's source axes)."""
+    """Per device id (up to the mesh's :attr:`~redist.Mesh.id_bound`; 0 at a number that is no device), the bytes
+    the program's permutes and exchanges bring it from other devices, all devices at once (numpy): a permute its
+    whole buffer where its source is another device; an exchange the product over dims of the sizes of the
+    segments of its blocks, less the product of those it reads from itself (whose source block is its own rank
+    over the dim's source axes)."""
     mesh, item = program.mesh, np.dtype(program.dtype).itemsize
-    ids = np.arange(mesh.size, dtype=np.int64)
+    ids = np.asarray(mesh.devices, dtype=np.int64)
     c = device_coords(mesh, ids)
-    total = np.zeros(mesh.size, np.int64)
+    total = np.zeros(mesh.id_bound, np.int64)
     for ins, shape in zip(program.instructions, program.shapes):
         if isinstance(ins, CollectivePermute):
-            sources = ins.sources.sources(mesh, ids) if isinstance(ins.sources, CoordinateMap) else ins.sources
-            total += np.where(np.asarray(sources) != ids, math.prod(shape) * item, 0)
+            sources = ins.sources.sources(mesh, ids) if isinstance(ins.sources, CoordinateMap) else \
+                np.asarray(ins.sources)[ids]
+            total[ids] += np.where(sources != ids, math.prod(shape) * item, 0)
         elif isinstance(ins, Exchange) and isinstance(ins.dims, CopyTable):
-            total += np.array([sum(math.prod(c.size) for c in cs if c.source != d) for d, cs in
-                               enumerate(ins.dims.copies)], np.int64) * item
+            total += copied_elements(ins.dims.copies) * item
         elif isinstance(ins, Exchange):
             every, own = 1, 1
             for x in ins.dims:
@@ -611,7 +710,7 @@ def point_to_point_bytes(program: Program) -> np.ndarray:
                     by_pair[g.block * k_in + g.source_block] = by_pair.get(g.block * k_in + g.source_block, 0) + g.size
                 every = every * _sizes_at(by_block, block)
                 own = own * _sizes_at(by_pair, block * k_in + rank(c, source_axes))
-            total += (every - own) * item
+            total[ids] += (every - own) * item
     return total
 
 
@@ -665,7 +764,8 @@ def shape_after(ins: Instruction, shape, mesh: Mesh) -> tuple[int, ...]:
                 ins.sources.check(mesh)
             except ShardingError as e:
                 raise ShardingError(f"{where}: {e}") from None
-        elif sorted(ins.sources) != list(range(mesh.size)):
+        elif sorted(ins.sources) != list(range(mesh.id_bound)) or any(
+                s != d for d, s in enumerate(ins.sources) if not mesh.has_device(d)):
             raise ShardingError(f"{where}: sources are not a permutation of the {mesh.size} devices")
         return shape
     if isinstance(ins, Exchange):
@@ -700,7 +800,7 @@ def _check_exchange(ins: Exchange, shape, mesh: Mesh, where: str) -> None:
     buffers, and the segments of one receiver block not overlapping (so neither do a device's copies). A
     :class:`CopyTable`: :func:`_check_copies`."""
     if isinstance(ins.dims, CopyTable):
-        return _check_copies(ins, shape, mesh.size, where)
+        return _check_copies(ins, shape, mesh, where)
     tables = isinstance(ins.dims, tuple) and all(
         isinstance(x, ExchangeDim) and isinstance(x.segments, tuple)
         and all(isinstance(g, tuple) and len(g) == 5 and all(isinstance(v, int) for v in g) for g in x.segments)
@@ -732,18 +832,27 @@ def _check_exchange(ins: Exchange, shape, mesh: Mesh, where: str) -> None:
                 raise ShardingError(f"{where}: segments of block {b} of dim {i} overlap")
 
 
-def _check_copies(ins: Exchange, shape, n_dev: int, where: str) -> None:
-    """A copy table: copies for every device, each from a device that exists, inside both buffers, and no
-    two copies of a device writing one element (which of them wins would be the backend's choice)."""
-    table = ins.dims.copies
-    if not isinstance(table, tuple) or len(table) != n_dev or len(ins.shape) != len(shape):
+def _check_copies(ins: Exchange, shape, mesh: Mesh, where: str) -> None:
+    """An exchange's copy table (:func:`check_copy_table`, from and to the devices of ``mesh``)."""
+    check_copy_table(ins.dims.copies, shape, ins.shape, mesh, mesh, where)
+
+
+def check_copy_table(table, shape, new_shape, senders: Mesh, mesh: Mesh, where: str) -> None:
+    """Raise :class:`ShardingError` unless ``table`` holds copies for every device id up to ``mesh``'s
+    :attr:`~redist.Mesh.id_bound` (none at a number that is no device of it), each from a device of ``senders``,
+    inside both buffers (``shape`` and ``new_shape``), and no two copies of a device writing one element (which
+    of them wins would be the backend's choice): an exchange's (``senders`` its mesh) or a transfer's."""
+    n_dev = mesh.id_bound
+    if not isinstance(table, tuple) or len(table) != n_dev or len(new_shape) != len(shape):
         raise ShardingError(f"{where}: expected copies for {n_dev} devices into a buffer of rank {len(shape)}, "
-                            f"got {len(table) if isinstance(table, tuple) else table!r} into shape {tuple(ins.shape)}")
+                            f"got {len(table) if isinstance(table, tuple) else table!r} into shape {tuple(new_shape)}")
     for d, copies in enumerate(table):
+        if copies and not mesh.has_device(d):
+            raise ShardingError(f"{where}: {d} is no device of mesh {mesh}, but has copies")
         for c in copies:
             fits = all(n >= 0 and 0 <= a and a + n <= cap_in and 0 <= b and b + n <= cap_out
-                       for a, b, n, cap_in, cap_out in zip(c.src_start, c.dst_start, c.size, shape, ins.shape))
-            if not (isinstance(c, Copy) and 0 <= c.source < n_dev and len(c.size) == len(shape) and fits):
+                       for a, b, n, cap_in, cap_out in zip(c.src_start, c.dst_start, c.size, shape, new_shape))
+            if not (isinstance(c, Copy) and senders.has_device(c.source) and len(c.size) == len(shape) and fits):
                 raise ShardingError(f"{where}: copy {c} of device {d} does not fit the buffers")
         for i, c in enumerate(copies):
             for e in copies[:i]:

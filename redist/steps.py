@@ -23,6 +23,10 @@ product of the sizes of the step's axes).
 | all_reduce(axes)              | remove ``axes`` from partial                       | same       | 2(k−1)/k · L     |
 | replicate_to_partial(axes)    | add unused ``axes`` to partial                     | same       | 0                |
 | shard_to_partial(dim, axes)   | move minor-end suffix ``axes`` of dim to partial   | × k        | 0                |
+| select_to_partial(to dims,    | any ``dims``, unused ``axes`` added to partial,    | any        | 0                |
+|   axes)                       | where each group over ``axes`` holds its block     |            |                  |
+| transfer(to dims partial{P}   | the array on another ``mesh`` (other devices or    | any        | what a device    |
+|   on mesh)                    | axes); summand groups of one size, or created sums |            | lacks            |
 
 A reduce-scatter onto a dim that no axis splits before it may leave that dim uneven: the chunks then follow the
 padding rule (chunk ``r`` is elements ``[min(N, r·L), min(N, (r+1)·L))``, ``L = ceil(N / k)``, at the start of a
@@ -37,6 +41,12 @@ the others; ``shard_to_partial`` places each member's block of ``dim`` as chunk 
 buffer ``k`` times longer, so the group's buffers are disjoint zero-padded pieces of the gathered block (an
 all-gather without the communication: the buffer grows as in a gather). Onto a dim left whole, the blocks
 may be uneven: each member's block sits where the dim holds it (``5{x} -> 5 partial{x}`` on ``x=4``).
+
+``select_to_partial`` creates sums where the members of each group over its axes hold their new block between
+them already (a source replicated over them, or one that splits a dim over them where the destination splits
+it over other axes of the same sizes): each member keeps the part of the block its own block holds, unless a
+member before it holds the same block, and zeros elsewhere (:func:`redist.blocks.needed_by_group` says
+whether the members hold it; the typing rule refuses the step otherwise).
 
 A permute sends whole buffers between devices: device ``d`` receives the buffer of the device that
 :func:`redist.blocks.permute_groups` names by coordinates, which holds exactly the block (and, for a partial
@@ -58,7 +68,19 @@ order (``device_ids``, docs/spec.md §1): each device then gets the block its po
 the devices that hold it on the old one: a table of sources (:func:`redist.blocks.permute_sources`) or of
 copies per device (:func:`redist.blocks.exchange_copies`), as :mod:`redist.program` lowers them, and their
 bytes are counted per device from those tables (``O(devices)``, as a mesh in another order is a table of its
-devices). No other step changes the mesh.
+devices). A transfer moves the array to another mesh (below); no other step changes the mesh.
+
+Across meshes. ``transfer`` moves the array to another mesh (:class:`redist.Mesh`: any devices and axes; the two
+meshes may share devices): every device of the new mesh assembles its block from devices of the old one that
+hold it, point to point (:func:`redist.blocks.transfer_copies`: a device in both meshes keeps what it holds, and
+the holders of one block share the sending); a device of the old mesh only drops its buffer. Its typing rule:
+the output is the same shape and dtype on the new mesh, with any ``dims`` and ``partial`` axes there, and its
+summand groups (the devices that differ only on partial axes) have the input's size, so that each output group
+takes the summands of one input group; or the input has no pending values and the output pending sums, each
+output group receiving each piece of its block once, on one member. Its bytes, like an exchange's between
+device orders, are counted per device from its copies: the most elements a device copies from others, times
+the item size (what it lacks, where no pending values move). The steps before a transfer run on the old mesh,
+those after it on the new one; a plan may hold several.
 
 Steps hold their axes as given (token strings or :class:`~redist.axes.Axis` values); applying a step reads them
 on the type's mesh (:meth:`redist.Mesh.axis`).
@@ -73,9 +95,10 @@ from fractions import Fraction
 import numpy as np
 
 from redist.axes import Axis, check_group, remove_axes, strip_suffix
-from redist.blocks import (check_factors, exchange_copies, max_missing_elements, missing_elements_on, permute_groups,
-                           permute_sources, rank)
+from redist.blocks import (check_factors, copied_elements, exchange_copies, max_missing_elements, missing_elements_on,
+                           needed_by_group, permute_groups, permute_sources, rank, transfer_copies)
 from redist.errors import ShardingError
+from redist.mesh import Mesh
 from redist.types import REDUCTIONS, ShardingType
 
 
@@ -152,13 +175,17 @@ def _kind(reduction: str) -> str:
 
 def _target_mesh(step, t: ShardingType):
     """The mesh ``step`` (a permute or exchange) moves ``t`` to: ``t.mesh`` in the order ``step.device_ids``
-    (None: ``t.mesh`` as it is)."""
+    (None: ``t.mesh`` as it is), which must hold the same devices (other devices: a transfer)."""
     if step.device_ids is None:
         return None
     try:
-        return t.mesh.reordered(step.device_ids)
+        mesh = t.mesh.reordered(step.device_ids)
     except ShardingError as e:
         raise ShardingError(f"{step} does not fit {t}: {e}") from None
+    if not mesh.same_devices(t.mesh):
+        raise ShardingError(f"{step} does not fit {t}: its device_ids are not the devices of mesh {t.mesh} in "
+                            "another order; a transfer moves an array to other devices")
+    return mesh
 
 
 def _order(device_ids) -> str:
@@ -508,5 +535,87 @@ class Unpad:
         return f"unpad(to {list(self.shape)})"
 
 
+@dataclass(frozen=True)
+class SelectToPartial:
+    """Make ``axes`` pending sums and lay the blocks out as ``dims``, moving no data: in each group over
+    ``axes``, every member keeps the part of the group's block under ``dims`` that its own block holds, unless
+    a member before it in rank order holds the same block (then zeros there); the rest of every buffer is zero.
+    Local; the group's sum is the block. The members must hold the whole block between them: a source
+    replicated over ``axes`` (then the first member keeps it all, as ``replicate_to_partial`` does), or one
+    whose blocks the group's members hold side by side (``f32[8{x}] -> f32[8{y}] partial{x}`` on ``x=2,y=2``,
+    where the member whose ``x`` is its ``y`` holds the block; ``f32[16{y,x}] -> f32[16] partial{x,y}``)."""
+
+    dims: tuple[tuple[str, ...], ...]
+    axes: tuple[str, ...]
+    kind = "select_to_partial"
+
+    def apply(self, t: ShardingType) -> ShardingType:
+        _check_named(self, self.axes)
+        _group_axes(self, t, self.axes)
+        _check_creates_sum(self, t)
+        if len(self.dims) != t.rank:
+            raise ShardingError(f"{self} does not fit {t}: it names {len(self.dims)} dims")
+        out = _rebuild(self, t, tuple(tuple(d) for d in self.dims), t.partial + tuple(self.axes))
+        check_factors(t, out, f"{self} does not fit {t}")
+        if needed_by_group(t, out, self.axes).max(initial=0):
+            raise ShardingError(f"{self} does not fit {t}: the devices of some group over {_axes(self.axes)} do not "
+                                "hold its new block between them; select_to_partial moves no data")
+        return out
+
+    def bytes_received(self, t: ShardingType) -> Fraction:
+        return Fraction(0)
+
+    def __str__(self):
+        return "select_to_partial(to [" + ", ".join(_axes(d) for d in self.dims) + f"], {_axes(self.axes)})"
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """Move the array to another mesh: every device of ``mesh`` gets its block under ``dims`` (and
+    ``partial``) from devices of the input's mesh that hold it, point to point; the devices of the input's mesh
+    that are not devices of ``mesh`` drop their buffers. The two meshes may hold the same devices (in another
+    arrangement, ``x=8`` to ``a=2,b=4``), some of them, or others, and have any axes.
+
+    Summands move group to group: the input's and the output's summand groups (the devices that differ only on
+    the partial axes) have one size, and each output group takes the summands of one input group that holds
+    its block (:func:`redist.blocks.transfer_copies`: a device in both meshes keeps what it holds, and replicas
+    share the sending). Or the input has no pending values and the output pending sums: each output group
+    receives every piece of its block once, on one member (one that holds it already, else the one that has
+    received least), the others holding zeros there. Other pending values are reduced before a transfer by the
+    steps on the input's mesh. ``partial`` names the output's pending axes; their kind is the input's (a sum
+    where the input has none)."""
+
+    mesh: Mesh
+    dims: tuple[tuple[str, ...], ...]
+    partial: tuple[str, ...] = ()
+    kind = "transfer"
+
+    def apply(self, t: ShardingType) -> ShardingType:
+        if not isinstance(self.mesh, Mesh):
+            raise ShardingError(f"{self.kind} needs a redist.Mesh to move to, got {type(self.mesh).__name__}")
+        if len(self.dims) != t.rank:
+            raise ShardingError(f"{self} does not fit {t}: it names {len(self.dims)} dims")
+        try:
+            out = ShardingType(self.mesh, t.shape, t.dtype, tuple(tuple(d) for d in self.dims), tuple(self.partial),
+                               t.reduction)
+        except ShardingError as e:
+            raise ShardingError(f"{self} does not fit {t}: {e}") from None
+        k_in, k_out = t.mesh.group_size(t.partial), out.mesh.group_size(out.partial)
+        if k_in != k_out and not (k_in == 1 and out.reduction == "sum"):
+            raise ShardingError(f"{self} does not fit {t}: it moves summands group to group, but the input's "
+                                f"summand groups have {k_in} devices and the output's {k_out}; reduce the pending "
+                                f"{t.reduction} first, or create pending sums from values that have none")
+        return out
+
+    def bytes_received(self, t: ShardingType) -> Fraction:
+        """The most elements a device copies from other devices (:func:`redist.blocks.transfer_copies`)."""
+        return Fraction(int(copied_elements(transfer_copies(t, self.apply(t))).max(initial=0)) * t.itemsize)
+
+    def __str__(self):
+        dims = "[" + ", ".join(_axes(d) for d in self.dims) + "]"
+        pending = f" partial{_axes(self.partial)}" if self.partial else ""
+        return f"transfer(to {dims}{pending} on {self.mesh})"
+
+
 Step = (AllSlice | AllGather | AllToAll | MultiAllToAll | Permute | ReduceScatter | AllReduce | ReplicateToPartial
-        | ShardToPartial | Exchange | Pad | Unpad)
+        | ShardToPartial | Exchange | Pad | Unpad | SelectToPartial | Transfer)

@@ -312,6 +312,85 @@ def draw_pair(draw: Draw, mesh: Mesh, *, max_rank: int = 3, partial: float = 0.3
             return src, dst
 
 
+# ----------------------------------------------------------------------------------------- across meshes
+MESH_RELATIONS = ("same devices", "disjoint", "overlapping", "other sizes")
+"""How the two meshes of :func:`draw_mesh_pair` relate: the same devices in another arrangement (``x=8`` and
+``a=2,b=4``); as many other devices (a pipeline's next stage); some devices of both (a stage that shares
+devices, a resized job that keeps some); another number of devices, sharing some or none."""
+
+
+def draw_mesh_pair(draw: Draw, *, max_axes: int = 3, max_devices: int = 8, min_devices: int = 1,
+                   relations: Sequence[str] = MESH_RELATIONS) -> tuple[Mesh, Mesh]:
+    """Two meshes of :func:`draw_mesh` (at most ``max_axes`` axes and ``max_devices`` devices each), the second
+    on other devices or axes than the first (never merely a device order of it), related as one of
+    ``relations`` (:data:`MESH_RELATIONS`, drawn uniformly) says. The first mesh's devices are ``0 … n−1`` or,
+    half the time, other numbers; device ids in both are in random orders."""
+    relations = tuple(relations)
+    if not relations or any(r not in MESH_RELATIONS for r in relations):
+        raise ShardingError(f"relations must be some of {MESH_RELATIONS}, got {shown(relations)}")
+    while True:
+        relation = draw.choice(relations)
+        first = draw_mesh(draw, max_axes=max_axes, max_devices=max_devices, min_devices=min_devices)
+        n = first.size
+        offset = draw.choice((0, n))
+        ids = draw.permutation(range(offset, offset + n))
+        first = first.reordered(ids)
+        if relation == "same devices":
+            second = draw_mesh(draw, max_axes=max_axes, devices=n)
+            pool = ids
+        else:
+            m = n if relation in ("disjoint", "overlapping") else draw_mesh(
+                draw, max_axes=1, max_devices=max_devices, min_devices=min_devices).size
+            lo, hi = (0, 0) if relation == "disjoint" else (1, min(n, m) - 1) if relation == "overlapping" else \
+                (0, min(n, m))
+            if not draw.accept(lo <= hi):
+                continue
+            second = draw_mesh(draw, max_axes=max_axes, devices=m)
+            shared = draw.integers(lo, hi)
+            fresh = [d for d in range(offset + n + m) if not offset <= d < offset + n][:m - shared]
+            pool = draw.permutation(ids)[:shared] + fresh
+        second = second.reordered(draw.permutation(pool))
+        if draw.accept(not first.is_reordering_of(second)):
+            return first, second
+
+
+def draw_cross_mesh_pair(draw: Draw, meshes: tuple[Mesh, Mesh], *, max_rank: int = 3, partial: float = 0.3,
+                         dst_partial: float = 0.2, dtype: str = "f32", reductions: Sequence[str] = ("sum",),
+                         uneven: float = 0.0, multipliers: Sequence[int] = (1, 1, 2, 3)) -> tuple[ShardingType,
+                                                                                                  ShardingType]:
+    """A valid (source, destination) pair on the two ``meshes`` (``redist.bounds.check_pair`` accepts it): one
+    shape and dtype; layouts from :func:`draw_layout` on each mesh, the source partial with probability
+    ``partial`` (its kind drawn from ``reductions``), the destination with probability ``dst_partial`` (a
+    pending sum created, or the source's kind where its summand groups have the source's size); each dim a
+    multiple of both sides' block counts (``multipliers`` times their lcm) or, with probability ``uneven``,
+    any size from 0 to twice the larger count plus one."""
+    src_mesh, dst_mesh = meshes
+    while True:
+        rank = draw.integers(0, max_rank)
+        d1, p1 = draw_layout(draw, src_mesh, rank, partial=draw.boolean(partial))
+        d2, p2 = draw_layout(draw, dst_mesh, rank, partial=draw.boolean(dst_partial))
+        kind = draw.choice(tuple(reductions)) if p1 else "sum"
+        if p2 and p1 and src_mesh.group_size(p1) == dst_mesh.group_size(p2):
+            kind2 = kind
+        else:
+            kind2 = "sum"
+        ragged = draw.boolean(uneven)
+        shape = []
+        for a, b in zip(d1, d2):
+            k1, k2 = src_mesh.group_size(a), dst_mesh.group_size(b)
+            shape.append(draw.integers(0, 2 * max(k1, k2) + 1) if ragged
+                         else math.lcm(k1, k2) * draw.choice(multipliers))
+        try:
+            src = ShardingType(src_mesh, tuple(shape), dtype, d1, p1, kind)
+            dst = ShardingType(dst_mesh, tuple(shape), dtype, d2, p2, kind2)
+            check_pair(src, dst)
+            valid = True
+        except ShardingError:
+            valid = False
+        if draw.accept(valid):
+            return src, dst
+
+
 def _overlaps(mesh: Mesh, token: str, dims) -> bool:
     """Whether axis or sub-axis ``token`` is one of the axes in ``dims`` or shares a factor with one (a
     sub-axis ``(pre)size`` spans the factors from ``pre`` to ``pre * size`` of its axis)."""

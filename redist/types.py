@@ -290,11 +290,13 @@ class ShardingType:
         return redist.blocks.data_box(self, device)
 
     def replace(self, dims=None, partial=None, mesh=None, reduction=None) -> "ShardingType":
-        """This type with the given fields changed (None: kept). A ``mesh`` other than one with the same axes in
-        another device order is refused (:class:`ShardingError`): the axes would mean something else."""
+        """This type with the given fields changed (None: kept). A ``mesh`` without these axes (names, sizes,
+        order; its devices may be any) is refused (:class:`ShardingError`): the axes would mean something
+        else."""
         if mesh is not None and not self.mesh.same_axes(mesh):
             raise ShardingError(f"cannot move {self} from mesh {self.mesh} to mesh {shown(mesh)}: a type keeps its "
-                                "mesh's axes, only the device order may change")
+                                "mesh's axes, only the devices may change (build a type on the other mesh to "
+                                "move the array there)")
         return ShardingType(
             self.mesh if mesh is None else mesh, self.shape, self.dtype, self.dims if dims is None else dims,
             self.partial if partial is None else partial, self.reduction if reduction is None else reduction,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from redist.testing import HypothesisDraw, draw_layout, draw_mesh, draw_pair
+from redist.testing import HypothesisDraw, draw_cross_mesh_pair, draw_layout, draw_mesh, draw_mesh_pair, draw_pair
 
 
 @st.composite
@@ -29,3 +29,11 @@ def type_pairs(draw, mesh=None, max_rank=4, partial=True, padded=False, **option
     them would make Hypothesis discard most of the examples it starts from."""
     mesh = mesh or draw(meshes())
     return draw_pair(HypothesisDraw(draw), mesh, max_rank=max_rank, partial=partial, padded=padded, **options)
+
+
+@st.composite
+def cross_mesh_pairs(draw, max_devices=8, **options):
+    """Pairs of :func:`redist.testing.draw_cross_mesh_pair` on two meshes of
+    :func:`redist.testing.draw_mesh_pair` (other devices or other axes)."""
+    hd = HypothesisDraw(draw)
+    return draw_cross_mesh_pair(hd, draw_mesh_pair(hd, max_devices=max_devices), **options)

@@ -29,16 +29,25 @@ def test_text_repr_equality_and_hash():
     assert REVERSED.device({"x": 0, "y": 0}) == 3 and REVERSED.coords(3) == {"x": 0, "y": 0}
 
 
-@pytest.mark.parametrize("ids, words", [([0, 1, 2], "4"), ([0, 1, 1, 3], "twice"), ([0, 1, 2, 4], "0 to 3"),
-                                        ("0123", "str"), ([0, 1, 2, 3.5], "3.5")])
+@pytest.mark.parametrize("ids, words", [([0, 1, 2], "4"), ([0, 1, 1, 3], "twice"), ([0, 1, 2, -1], "0 to 2147483646"),
+                                        ([0, 1, 2, 2**31 - 1], "out of range"), ("0123", "str"),
+                                        ([0, 1, 2, 3.5], "3.5")])
 def test_bad_device_ids_raise(ids, words):
     with pytest.raises(ShardingError, match=words):
         Mesh({"x": 2, "y": 2}, device_ids=ids)
 
 
-def test_other_mesh_mismatches_still_raise():
-    with pytest.raises(ShardingError, match="different meshes"):
-        synthesize(ShardingType.parse("f32[8{x}]", MESH), ShardingType.parse("f32[8{x}]", Mesh({"x": 4})))
+def test_other_devices_and_axes_are_other_meshes_not_device_orders():
+    """Device ids are any distinct numbers (docs/spec.md §1): ``x=2,y=2`` on devices 0, 1, 2, 4 is a mesh, and
+    no device order of the default one; a pair between it and ``x=4`` plans (a transfer, tests/test_cross_mesh.py)
+    and only a pair of other shapes is refused."""
+    other = MESH.reordered([0, 1, 2, 4])
+    assert other.same_axes(MESH) and not other.same_devices(MESH) and not other.is_reordering_of(MESH)
+    assert REVERSED.is_reordering_of(MESH)
+    assert synthesize(ShardingType.parse("f32[8{x}]", MESH), ShardingType.parse("f32[8{x}]", Mesh({"x": 4}))).dst.mesh \
+        == Mesh({"x": 4})
+    with pytest.raises(ShardingError, match="shape"):
+        synthesize(ShardingType.parse("f32[8{x}]", MESH), ShardingType.parse("f32[4{x}]", Mesh({"x": 4})))
 
 
 def test_a_change_of_device_order_alone_is_one_permute():

@@ -108,6 +108,17 @@ def check_program(program, entry: str) -> None:
                                 f"{np.dtype(program.dtype).name} values; complex numbers have none")
 
 
+def check_numbered_from_zero(program, entry: str) -> None:
+    """Raise :class:`ShardingError` unless the checked ``program``'s meshes hold the devices ``0 … size−1`` (in
+    any order): the JAX and MPI backends take device ids as JAX devices' ranks and MPI ranks, and run no other
+    numbering yet (the numpy backend runs any); ``entry`` names the caller in the message."""
+    mesh = next((m for m in (program.mesh, program.src_mesh, program.dst_mesh) if m.id_bound != m.size), None)
+    if mesh is not None:
+        raise ShardingError(f"{entry}: the program runs on mesh {mesh}, whose device ids are not 0 to "
+                            f"{mesh.size - 1}; this runtime takes device ids as ranks 0 to size-1 (the numpy "
+                            "backend runs any numbering)")
+
+
 #: The most dims a numpy array has (numpy 2's ``NPY_MAXDIMS``): the numpy and MPI backends hold every buffer as one.
 NUMPY_MAX_RANK = 64
 

@@ -162,10 +162,12 @@ def run_on_buffers(program: P.Program, shards, jax_mesh=None) -> list[np.ndarray
 
     ``shards`` are taken by :func:`redist.buffers.device_buffers` (no lossy conversion). Raises
     :class:`ShardingError` for a ``program`` that is not a well-formed :class:`~redist.program.Program`, for
-    shards that do not fit, for a mesh larger than JAX's device count, for a ``jax_mesh`` whose axes or device
+    shards that do not fit, for a mesh larger than JAX's device count or whose device ids are not
+    ``0 … size−1``, for a ``jax_mesh`` whose axes or device
     order are not the program mesh's, or for a reduction JAX cannot run (:class:`JaxBackend`).
     """
     interpreter.check_program(program, "run_on_buffers")
+    interpreter.check_numbered_from_zero(program, "run_on_buffers")
     mesh = program.mesh
     bufs = device_buffers(shards, mesh.size, program.shapes[0], program.dtype)
     if jax_mesh is None:

@@ -97,12 +97,14 @@ def run_program(program: P.Program, local, comm=None) -> np.ndarray:
     raises on this rank only. ``local`` is converted to the program's dtype only without loss
     (:mod:`redist.buffers`). The input buffer is never written to; the result is a new array. Raises
     :class:`~redist.errors.ShardingError` for a ``program`` that is not a well-formed
-    :class:`~redist.program.Program` or holds buffers of more dims than numpy has, a ``comm`` that is no
-    intracommunicator, or a ``local`` that does not fit the program.
+    :class:`~redist.program.Program` or holds buffers of more dims than numpy has or runs on a mesh whose device
+    ids are not ``0 … size−1``, a ``comm`` that is no intracommunicator, or a ``local`` that does not fit the
+    program.
     """
     comm = communicator(comm)
     interpreter.check_program(program, "run_program")
     interpreter.check_numpy_rank(program, "run_program")
+    interpreter.check_numbered_from_zero(program, "run_program")
     x = local_buffer(local, program.shapes[0], program.dtype, f"rank {comm.Get_rank()}: the local buffer")
     return run(program, x, local, context(comm))
 

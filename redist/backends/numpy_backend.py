@@ -1,4 +1,5 @@
-"""The reference interpreter: all devices' buffers in one process, one numpy array per device id."""
+"""The reference interpreter: all devices' buffers in one process, one numpy array per device id (``None`` at the
+numbers that are no device of the mesh); it also runs the stages of a plan across meshes."""
 
 from __future__ import annotations
 
@@ -6,25 +7,58 @@ import numpy as np
 
 from redist import program as P
 from redist.backends import interpreter
-from redist.buffers import device_buffers
+from redist.buffers import mesh_buffers
 from redist.mesh import Mesh
 from redist.types import REDUCERS
 
 
-def run(program: P.Program, shards) -> list[np.ndarray]:
+def run(program: P.Program, shards) -> list[np.ndarray | None]:
     """Execute ``program`` on per-device buffers (index = device id); returns the new buffers.
 
-    ``shards`` are taken by :func:`redist.buffers.device_buffers` (one per device, of ``program.shapes[0]``,
-    of ``program.dtype`` or one that converts without loss; else :class:`~redist.errors.ShardingError`, as
-    for a ``program`` that is no :class:`~redist.program.Program` or whose buffers have more dims than numpy
-    holds, :func:`~redist.backends.interpreter.check_numpy_rank`). The program runs on copies: the results
-    are new arrays, never the caller's (not even for devices whose buffer stays put), and the caller's arrays
-    are never written to.
+    ``shards`` are taken by :func:`redist.buffers.mesh_buffers` (a list indexed by device id: one buffer per
+    device of the program's mesh, of ``program.shapes[0]``, of ``program.dtype`` or one that converts without
+    loss, ``None`` at the numbers that are no device of it; else :class:`~redist.errors.ShardingError`, as for
+    a ``program`` that is no :class:`~redist.program.Program` or whose buffers have more dims than numpy holds,
+    :func:`~redist.backends.interpreter.check_numpy_rank`). The program runs on copies: the results are new
+    arrays, never the caller's (not even for devices whose buffer stays put), and the caller's arrays are never
+    written to.
     """
-    interpreter.check_program(program, "the numpy backend")
-    interpreter.check_numpy_rank(program, "the numpy backend")
-    bufs = device_buffers(shards, program.mesh.size, program.shapes[0], program.dtype, copy=True)
-    return interpreter.run(program, NumpyBackend(program.mesh), bufs)
+    return run_stages((program,), shards)
+
+
+def run_stages(stages, shards) -> list[np.ndarray | None]:
+    """Execute a plan's stages (:attr:`redist.Plan.stages`: programs on meshes and the transfers between them)
+    on per-device buffers of the first stage's mesh, as :func:`run` runs one program; returns the buffers of
+    the last stage's mesh (a list indexed by device id up to its ``id_bound``, ``None`` at the numbers that are
+    no device of it)."""
+    for stage in stages:
+        if isinstance(stage, P.Transfer):
+            P.check_copy_table(stage.copies.copies, stage.src_shape, stage.shape, stage.src_mesh, stage.mesh,
+                               f"the numpy backend: {stage}")
+        else:
+            interpreter.check_program(stage, "the numpy backend")
+            interpreter.check_numpy_rank(stage, "the numpy backend")
+    first = stages[0]  # a program: the stages begin and end with one (lower_stages)
+    bufs = mesh_buffers(shards, first.src_mesh, first.shapes[0], first.dtype, copy=True)
+    for stage in stages:
+        if isinstance(stage, P.Transfer):
+            bufs = _transfer(stage, bufs)
+        else:
+            bufs = interpreter.run(stage, NumpyBackend(stage.mesh), bufs)
+    return bufs
+
+
+def _transfer(stage: P.Transfer, bufs) -> list[np.ndarray | None]:
+    """The buffers after a transfer: each device of ``stage.mesh`` assembles its new buffer from its copies
+    (zeros where none writes); every other number holds None."""
+    dtype = next(b.dtype for b in bufs if b is not None)
+    out: list[np.ndarray | None] = [None] * stage.mesh.id_bound
+    for d in stage.mesh.devices:
+        new = np.zeros(stage.shape, dtype)
+        for c in stage.copies.copies[d]:
+            new[c.dst_box] = bufs[c.source][c.src_box]
+        out[d] = new
+    return out
 
 
 class NumpyBackend(interpreter.Backend):
@@ -38,10 +72,10 @@ class NumpyBackend(interpreter.Backend):
         self.mesh = mesh
 
     def reshape(self, ins: P.Reshape, bufs):
-        return [x.reshape(ins.shape) for x in bufs]
+        return [None if x is None else x.reshape(ins.shape) for x in bufs]
 
     def transpose(self, ins: P.Transpose, bufs):
-        return [np.ascontiguousarray(np.transpose(x, ins.perm)) for x in bufs]
+        return [None if x is None else np.ascontiguousarray(np.transpose(x, ins.perm)) for x in bufs]
 
     def slice(self, ins: P.Slice, bufs):
         out = list(bufs)
@@ -104,12 +138,12 @@ class NumpyBackend(interpreter.Backend):
         return [bufs[s].copy() if s != d else bufs[d] for d, s in enumerate(ins.source_table(self.mesh))]
 
     def exchange(self, ins: P.Exchange, bufs):
-        out = []
-        for d in range(self.mesh.size):
-            new = np.zeros(ins.shape, bufs[0].dtype)
+        out = list(bufs)
+        for d in self.mesh.devices:
+            new = np.zeros(ins.shape, bufs[d].dtype)
             for c in ins.copies(self.mesh, d):
                 new[c.dst_box] = bufs[c.source][c.src_box]
-            out.append(new)
+            out[d] = new
         return out
 
 

@@ -1,12 +1,13 @@
 """Plan synthesis: the cheapest memory-bounded sequence of collectives from one sharding type to another.
 
-Parts. :func:`synthesize` (:mod:`redist.synthesis.cases`) sends a pair to its case: two device orders,
-pending sums created, uneven dims, mesh axes of size 1, or even types, which get one ``permute`` where that
-is the whole plan, else the searches' plan. A search runs over the states of :mod:`redist.synthesis.space`
-(the array sharded over atoms of the mesh axes), by the moves of :mod:`redist.synthesis.moves` (one per kind
-of collective, and a memory-efficient normal form), forward from the source and backward from the
-destination, meeting at one ``permute`` (:mod:`redist.synthesis.search`). When the searches give up, the
-plan is the fallback exchange of :mod:`redist.synthesis.fallback`, whose cost also prunes them.
+Parts. :func:`synthesize` (:mod:`redist.synthesis.cases`) sends a pair to its case: two meshes (steps on each and
+a ``transfer`` between them), two device orders, pending sums created, uneven dims, mesh axes of size 1, or even
+types, which get one ``permute`` where that is the whole plan, else the searches' plan. A search runs over the
+states of :mod:`redist.synthesis.space` (the array sharded over atoms of the mesh axes), by the moves of
+:mod:`redist.synthesis.moves` (one per kind of collective, and a memory-efficient normal form), forward from the
+source and backward from the destination, meeting at one ``permute`` (:mod:`redist.synthesis.search`). When the
+searches give up, the plan is the fallback exchange of :mod:`redist.synthesis.fallback`, whose cost also prunes
+them.
 
 Choice. When source and destination have the same block count in every dim and the same partial axes, the
 plan is one ``permute``, with no search: it receives exactly the lower bound, in one step. Otherwise the

@@ -1,6 +1,7 @@
 """The cases of :func:`synthesize`: which plan each kind of pair gets.
 
-Types on two device orders get the plan on one order and a ``permute`` ("Device orders" below); a
+Types on two meshes of other devices or axes get steps on each mesh and a ``transfer`` between them ("Across
+meshes" below); types on two device orders get the plan on one order and a ``permute`` ("Device orders"); a
 destination partial over axes the source is not (pending sums created), the plan to a type before the
 creation, then the steps that create them (:func:`_synthesize_creating`); uneven dims, a plan between padded
 views or ending in an ``exchange`` (:func:`_synthesize_uneven`). Between even types the mesh axes of size 1
@@ -14,11 +15,27 @@ Device orders. Between the same axes on two device orders (docs/spec.md §1), th
 ``permute`` to the other, either after all its steps or before them (the plan from the source moved to the
 destination's order); where that end of the plan is a ``permute`` or an ``exchange`` already, that step moves
 the blocks to the other order too, at no extra cost. The fewer bytes (with a topology: the faster) of the
-two is returned. Every collective of the plan thus runs on one device order.
+two is returned, or, where both miss the lower bound, one ``exchange`` between the orders if it receives fewer
+bytes than both (without pending sums it receives exactly what each device lacks: ``f32[16{x}, 16] -> f32[16,
+16{x}]`` onto the reversed order of ``x=4`` receives 192 B per device, not the all-to-all's and the permute's
+448 B). Every collective of the plan thus runs on one device order.
+
+Across meshes. Between meshes of other devices or other axes (docs/spec.md §3), the plan is steps on the
+source's mesh, one ``transfer`` (:class:`redist.steps.Transfer`), steps on the destination's mesh. The
+candidates pair the types the source may be brought to on its own mesh (:func:`_source_ends`: itself, or its
+pending values reduced there) with the types the destination may be reached from on its mesh
+(:func:`_destination_starts`: itself, a share of it to be gathered there, or its values as pending sums to be
+reduced there), wherever a transfer can join them; a destination with pending sums also gets the plans that
+create them after the transfer (:func:`_synthesize_creating`). The fewest bytes (with a topology: the
+fastest), then the fewest steps, wins. Without pending values on either side the one transfer receives exactly
+what each device lacks, the lower bound, in one step. Each end is at most its mesh's bound (the source's local
+size on the source's mesh, the destination's on its), so a device never holds more than the larger of what it
+holds at the two ends, and nothing where it is in neither mesh.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from functools import lru_cache
 
@@ -38,15 +55,17 @@ from redist.types import ShardingType
 def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
     """The cheapest memory-bounded plan from ``src`` to ``dst``.
 
-    ``plan.peak_bytes <= max(src.local_bytes, dst.local_bytes)`` always holds, and every valid pair gets a
+    ``plan.peak_bytes <= max(src.local_bytes, dst.local_bytes)`` always holds (per device: at most the larger of
+    its bytes at the two ends, where the types are on meshes of other devices), and every valid pair gets a
     plan (see "Budget and fallback" in :mod:`redist.synthesis`). Without a topology the plan receives the fewest
     bytes (then has the fewest steps) that the search finds within its budget. With ``topology`` (a
-    :class:`redist.cost.Topology` or a preset name of :mod:`redist.cost`, laid over the source's mesh) the
+    :class:`redist.cost.Topology` or a preset name of :mod:`redist.cost`, laid over the meshes) the
     candidates (the fewest-bytes plans and the plans found by searching on modeled time, over whole axes
     and over sub-axes) are compared by :func:`redist.cost.plan_time` and the fastest is returned (ties:
     fewer bytes, then fewer steps; :func:`redist.cost.fastest`).
 
-    The types may lie on two device orders of the same mesh axes ("Device orders" in the module header). A
+    The types may lie on two device orders of the same mesh axes ("Device orders" in the module header), or on
+    any two meshes, of other devices or other axes ("Across meshes"). A
     destination partial over axes the source is not (creating pending sums) gets a plan that reduces what it
     must first, then creates the summands; uneven dims, a plan between padded views or ending in an
     ``exchange`` (both in the module header). Between even types the search's
@@ -54,16 +73,18 @@ def synthesize(src: ShardingType, dst: ShardingType, topology=None) -> Plan:
     bound: the exchange is taken where it receives fewer bytes (with ``topology``: where it is faster, its
     rounds priced by :func:`redist.cost.plan_time`).
 
-    Raises :class:`ShardingError` if the types are on different mesh axes, have different shapes or dtypes,
-    pending reductions of different kinds, or a destination that creates a pending reduction other than a
-    sum, or split a mesh axis into sub-axes of two different decompositions.
+    Raises :class:`ShardingError` if the types have different shapes or dtypes, pending reductions of
+    different kinds, or a destination that creates a pending reduction other than a sum, or split a mesh axis
+    into sub-axes of two different decompositions.
     """
     check_pair(src, dst)
-    topo = None if topology is None else cost.as_topology(topology, src.mesh)  # refused before any path runs
+    topo = None if topology is None else cost.as_topology(topology, src.mesh, dst.mesh)  # refused before any path
+    if not src.mesh.is_reordering_of(dst.mesh):
+        return _across_meshes(src, dst, topology)
     if src.mesh != dst.mesh:
         return _across_device_orders(src, dst, topology)
     if difference(dst.partial, src.partial):
-        return _synthesize_creating(src, dst, topology)
+        return _synthesize_creating(src, dst, topology, difference(dst.partial, src.partial))
     if not (src.is_even() and dst.is_even()):
         return _synthesize_uneven(src, dst, topology)
     core_src, core_dst = without_unit_axes(src, dst.partial), without_unit_axes(dst, dst.partial)
@@ -106,19 +127,21 @@ def _fewest_bytes(src: ShardingType, dst: ShardingType) -> Plan:
     return exchange if exchange.bytes_received < plan.bytes_received else plan
 
 
-def _synthesize_creating(src: ShardingType, dst: ShardingType, topology) -> Plan:
-    """A plan to a destination partial over axes ``C`` that the source is not (docs/spec.md §3: pending sums created).
+def _synthesize_creating(src: ShardingType, dst: ShardingType, topology, created) -> Plan:
+    """A plan to a destination partial over axes ``created`` that the source is not (docs/spec.md §3: pending
+    sums created; across meshes every partial axis of the destination that is not handed over).
 
     Creating a sum moves no data: the plan runs to ``dst`` with ``C`` placed in dims or replicated (a type
     no larger than ``dst``, partial over the rest of ``dst``'s axes), then makes ``C`` partial:
     ``replicate_to_partial`` for the replicated ones, ``shard_to_partial`` for those at the minor end of a dim
     (each member's block becomes its zero-padded summand, where a gather would receive the others'). The
     candidates place ``C`` (see :func:`_creation_placements`) and each synthesizes the plan to that type;
-    the fewest bytes (with ``topology``: the fastest), then the fewest steps, is returned. Peak: the plan
-    before the creation stays within ``max(src, type before)``, and the creation only grows the buffer to
-    ``dst``'s.
+    the fewest bytes (with ``topology``: the fastest), then the fewest steps, is returned. Where every one of
+    them receives bytes, one ``select_to_partial`` from the source, which receives none, is taken if it fits
+    (on one mesh, nothing reduced: the members of each group over ``C`` hold the group's block between them; the
+    placements cannot say which member keeps which part). Peak: the plan before the creation stays within
+    ``max(src, type before)``, and the creation only grows the buffer to ``dst``'s.
     """
-    created = difference(dst.partial, src.partial)
     kept = difference(dst.partial, created)
     candidates = []
     for placed in _creation_placements(src, dst, created):
@@ -134,7 +157,20 @@ def _synthesize_creating(src: ShardingType, dst: ShardingType, topology) -> Plan
         except ShardingError:  # a dim that the created axes would leave uneven: their blocks do not nest
             continue
         candidates.append(Plan.from_steps(src, synthesize(src, before, topology).steps + tuple(steps)))
-    return _cheapest(candidates, topology, src.mesh)
+    if src.mesh == dst.mesh and not difference(src.partial, dst.partial) and all(map(_receives, candidates)):
+        try:
+            candidates = [Plan.from_steps(src, (S.SelectToPartial(dst.dims, created),))]
+        except ShardingError:  # some group holds its block on no device
+            pass
+    return _cheapest(candidates, topology, src.mesh, dst.mesh)
+
+
+def _receives(plan: Plan) -> bool:
+    """Whether ``plan`` receives bytes (or they cannot be counted: :data:`redist.blocks.MAX_LISTED`)."""
+    try:
+        return plan.bytes_received > 0
+    except ShardingError:
+        return True
 
 
 def _creation_placements(src: ShardingType, dst: ShardingType, created) -> list[dict[int, tuple[Axis, ...]]]:
@@ -144,8 +180,11 @@ def _creation_placements(src: ShardingType, dst: ShardingType, created) -> list[
     in that dim (the reduction before the creation then moves a smaller buffer); then, for each dim, every
     axis in that dim (where the source's dim of an axis cannot take it, another dim can: ``[4096{x}, 4096{y}]
     -> [4096{y}, 4096] partial{x}`` on 256x256 goes through ``[4096{y}, 4096{x}]``, one permute of the source's
-    blocks, instead of gathering a 256 times larger buffer). Duplicates are dropped."""
+    blocks, instead of gathering a 256 times larger buffer). Duplicates are dropped. The source's dims are read
+    only on a mesh with the destination's axes."""
     def home(a: Axis) -> int | None:
+        if not src.mesh.same_axes(dst.mesh):
+            return None
         return next((i for i, d in enumerate(src.dims) for b in d if a.overlaps(b)), None)
 
     options: list[dict[int, tuple[Axis, ...]]] = []
@@ -180,14 +219,32 @@ def _across_device_orders(src: ShardingType, dst: ShardingType, topology) -> Pla
     if before.steps and isinstance(before.steps[0], (S.Permute, S.Exchange)):
         first = [replace(before.steps[0], device_ids=ids)] + list(before.steps[1:])
     candidates = [Plan.from_steps(src, steps), Plan.from_steps(src, first)]
+    if set(src.partial) == set(dst.partial) and _all_miss_bound(candidates, src, dst):
+        exchange = Plan.from_steps(src, (S.Exchange(dst.dims, ids),))  # one exchange between the orders
+        try:
+            if exchange.bytes_received < min(p.bytes_received for p in candidates):
+                candidates.append(exchange)
+        except ShardingError:  # its copies cannot be counted (redist.blocks.MAX_LISTED)
+            pass
     return _cheapest(candidates, topology, src.mesh)
 
 
-def _cheapest(candidates, topology, mesh: Mesh) -> Plan:
-    """The fewest-bytes candidate (ties: fewest steps, then the first), or with ``topology`` the fastest (ties:
-    fewest bytes, then steps). A candidate whose bytes cannot be counted (or time priced,
-    :func:`redist.cost.fastest`) without listing more than :data:`redist.blocks.MAX_LISTED` entries is passed
-    over; if none can be, that :class:`ShardingError` is raised."""
+def _all_miss_bound(plans, src: ShardingType, dst: ShardingType) -> bool:
+    """Whether every one of ``plans`` is known to receive more than the lower bound from ``src`` to ``dst``:
+    only then is an exchange between device orders, whose copy tables are built device by device, worth
+    building (False where bytes cannot be counted: :data:`redist.blocks.MAX_LISTED`)."""
+    try:
+        bound = lower_bound_bytes(src, dst)
+        return all(p.bytes_received > bound for p in plans)
+    except ShardingError:
+        return False
+
+
+def _cheapest(candidates, topology, *meshes: Mesh) -> Plan:
+    """The fewest-bytes candidate (ties: fewest steps, then the first), or with ``topology`` (laid over
+    ``meshes``) the fastest (ties: fewest bytes, then steps). A candidate whose bytes cannot be counted (or time
+    priced, :func:`redist.cost.fastest`) without listing more than :data:`redist.blocks.MAX_LISTED` entries is
+    passed over; if none can be, that :class:`ShardingError` is raised."""
     if topology is None:
         counted, refused = [], None
         for p in candidates:
@@ -199,7 +256,7 @@ def _cheapest(candidates, topology, mesh: Mesh) -> Plan:
             raise refused
         return min(counted, key=lambda c: c[0])[1]
 
-    return cost.fastest(candidates, cost.as_topology(topology, mesh))[0]
+    return cost.fastest(candidates, cost.as_topology(topology, *meshes))[0]
 
 
 def _synthesize_uneven(src: ShardingType, dst: ShardingType, topology) -> Plan:
@@ -363,3 +420,69 @@ def _single_permute(src: ShardingType, dst: ShardingType) -> Plan | None:
     if src.partial != dst.partial or any(src.blocks(i) != dst.blocks(i) for i in range(src.rank)):
         return None
     return Plan.from_steps(src, () if src == dst else (S.Permute(dst.dims),))
+
+
+# ---------------------------------------------------------------------- across meshes
+def _across_meshes(src: ShardingType, dst: ShardingType, topology) -> Plan:
+    """A plan between meshes of other devices or other axes ("Across meshes" in the module header)."""
+    before = {a: _steps_between(src, a, topology) for a in _source_ends(src, dst)}
+    candidates = []
+    for b in _destination_starts(src, dst):
+        after = _steps_between(b, dst, topology)
+        for a, first in before.items():
+            k_a, k_b = src.mesh.group_size(a.partial), dst.mesh.group_size(b.partial)
+            if k_a == k_b or (k_a == 1 and b.reduction == "sum"):
+                candidates.append(Plan.from_steps(src, first + (_transfer_to(b),) + after))
+    if dst.partial and dst.reduction == "sum":
+        candidates.append(_synthesize_creating(src, dst, topology, dst.partial))
+    return _cheapest(candidates, topology, src.mesh, dst.mesh)
+
+
+def _steps_between(src: ShardingType, dst: ShardingType, topology) -> tuple:
+    """The steps of the plan from ``src`` to ``dst`` on one mesh: none where they are equal."""
+    return () if src == dst else synthesize(src, dst, topology).steps
+
+
+def _transfer_to(t: ShardingType) -> S.Transfer:
+    return S.Transfer(t.mesh, t.dims, t.partial)
+
+
+def _source_ends(src: ShardingType, dst: ShardingType) -> list[ShardingType]:
+    """The types on the source's mesh that a plan to ``dst`` may transfer from: the source itself; with pending
+    values, the source with its partial axes appended to one dim (reduce-scattered onto it), the source reduced
+    (every device its whole block: all-reduced), and ``dst``'s layout on the source's mesh where the two meshes
+    have the same axes (reduced into it). Each is at most the source's size, so the source's devices stay
+    within their bound."""
+    out = [src]
+    if src.partial:
+        for i in range(src.rank):
+            out.append(_type_or_none(src, src.dims[:i] + (src.dims[i] + src.partial,) + src.dims[i + 1:], ()))
+        out.append(src.replace(partial=()))
+        if src.mesh.same_axes(dst.mesh):
+            out.append(_type_or_none(src, dst.dims, ()))
+    return [t for t in dict.fromkeys(out) if t is not None and t.local_bytes <= src.local_bytes]
+
+
+def _destination_starts(src: ShardingType, dst: ShardingType) -> list[ShardingType]:
+    """The types on ``dst``'s mesh that a plan may transfer to: ``dst`` itself; for a ``dst`` without pending
+    values also ``dst`` with the mesh axes it replicates over appended to one dim that stays even (the transfer
+    then sends each device a share, and an all-gather on the destination's mesh completes the blocks, as Alpa's
+    local all-gather does: no fewer bytes received, but the gather may run on faster links); and, for a partial
+    source, ``dst`` partial over replicated axes whose group has the source's summand count (the summands
+    handed over and reduced on the destination's mesh). Each is at most ``dst``'s size."""
+    out = [dst]
+    if dst.partial:
+        return out
+    used = {a.name for d in dst.dims for a in d}
+    replicated = tuple(n for n, size in dst.mesh.axes if size > 1 and n not in used)
+    for i in range(dst.rank):
+        t = _type_or_none(dst, dst.dims[:i] + (dst.dims[i] + replicated,) + dst.dims[i + 1:], ())
+        if replicated and t is not None and t.is_even(i) and dst.is_even(i):
+            out.append(t)
+    k = src.mesh.group_size(src.partial)
+    if k > 1:
+        for r in range(1, len(replicated) + 1):
+            for axes in itertools.combinations(replicated, r):
+                if dst.mesh.group_size(axes) == k:
+                    out.append(ShardingType(dst.mesh, dst.shape, dst.dtype, dst.dims, axes, src.reduction))
+    return list(dict.fromkeys(out))
