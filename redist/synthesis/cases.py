@@ -430,8 +430,7 @@ def _across_meshes(src: ShardingType, dst: ShardingType, topology) -> Plan:
     for b in _destination_starts(src, dst):
         after = _steps_between(b, dst, topology)
         for a, first in before.items():
-            k_a, k_b = src.mesh.group_size(a.partial), dst.mesh.group_size(b.partial)
-            if k_a == k_b or (k_a == 1 and b.reduction == "sum"):
+            if _joins(a, b):
                 candidates.append(Plan.from_steps(src, first + (_transfer_to(b),) + after))
     if dst.partial and dst.reduction == "sum":
         candidates.append(_synthesize_creating(src, dst, topology, dst.partial))
@@ -445,6 +444,15 @@ def _steps_between(src: ShardingType, dst: ShardingType, topology) -> tuple:
 
 def _transfer_to(t: ShardingType) -> S.Transfer:
     return S.Transfer(t.mesh, t.dims, t.partial)
+
+
+def _joins(a: ShardingType, b: ShardingType) -> bool:
+    """Whether one transfer turns ``a`` into ``b`` (its typing rule: summand groups of one size and one
+    reduction kind, or sums created from values without pending ones)."""
+    try:
+        return _transfer_to(b).apply(a) == b
+    except ShardingError:
+        return False
 
 
 def _source_ends(src: ShardingType, dst: ShardingType) -> list[ShardingType]:
