@@ -21,7 +21,9 @@ def lower_bound_bytes(src: ShardingType, dst: ShardingType) -> int:
     ``Π min(N, L)``. When the destination creates pending sums, ``max_G ceil(m_G / |G|) · itemsize`` over its
     summand groups ``G`` (``m_G``: the elements of ``G``'s block that must reach it from outside). No plan can
     receive less (between two device orders a device may have to take another summand, so a plan may not reach the
-    bound there, but it still holds). Between two meshes of other devices or axes, :func:`_bound_across_meshes`.
+    bound there, but it still holds). Between two meshes of other devices or axes: ``max_G ceil(m_G / |G|) ·
+    itemsize`` over the destination's summand groups ``G`` (one device each without partial axes), ``m_G`` the
+    elements of ``G``'s block that no source summand group lying wholly inside ``G`` holds.
     Computed from the block structure
     (:func:`redist.blocks.max_missing_elements`), in time independent of the device count on one device order;
     the creating bound visits each summand group of the destination once. Where that takes more classes of
