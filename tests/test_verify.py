@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -491,6 +495,21 @@ def test_verify_misuse_raises_sharding_error_naming_the_argument():
     assert verify(plan, None, 30).status == "proved"  # docs/spec.md §4: verify(plan, dst=None, timeout_s=None)
 
 
+def test_huge_and_infinite_timeouts_are_no_bound_and_print_nothing(monkeypatch):
+    """Regression (issue: soundness and robustness, second round): ``timeout_s=1e10`` printed a traceback from
+    the watchdog's thread (``threading.Timer`` overflows past ``threading.TIMEOUT_MAX``). A bound longer than
+    Z3's timer counts leaves Z3 unbounded; infinity, and an integer too large for a float, are no bound."""
+    import threading
+
+    failures = []
+    monkeypatch.setattr(threading, "excepthook", failures.append)
+    _, plan = _classic()
+    for timeout_s in (1e10, 2.0**62, 10**400, float("inf"), np.float64(1e300), 4 * 10**6):
+        v = verify(plan, "f32[16, 16{y,x}, 16]", timeout_s=timeout_s)
+        assert v.status == "refuted", (timeout_s, v.reason)
+    assert not failures, [f.exc_value for f in failures]
+
+
 def test_malformed_instructions_are_refuted_not_raised():
     mesh, plan = _classic()
     prog = plan.program
@@ -619,3 +638,154 @@ def test_every_dropped_exchange_copy_is_refuted_with_a_counterexample():
             # Only the devices whose block in dim i the segment served lack its elements.
             assert v.status == "refuted" and mesh.group_index(v.counterexample["device"], dim.axes) == seg.block, \
                 (i, j, v.reason)
+
+
+# ---------------------------------------------------------------------------- threads
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Cases for the thread tests, as (name, call of timeout_s): proved and refuted plans, a partial source, uneven
+# dims, and a query that no budget here decides (a random permutation of 256 devices and back: the watchdog
+# interrupts it).
+_THREAD_CASES = """
+import random
+from redist import program as P
+from redist.mesh import Mesh
+from redist.synthesis import synthesize
+from redist.types import ShardingType
+from redist.verify import verify, verify_program
+
+mesh = Mesh({"x": 4, "y": 2})
+T = lambda text: ShardingType.parse(text, mesh)
+classic = synthesize(T("f32[16{y}, 16, 16{x}]"), T("f32[16, 16{x,y}, 16]"))
+partial = synthesize(T("f32[8, 6] partial{x}"), T("f32[8{y}, 6{x}]"))
+uneven = synthesize(T("f32[7{x}, 5{y}]"), T("f32[7{y}, 5{x}]"))
+big = Mesh({"x": 16, "y": 16})
+there = list(range(big.size))
+random.Random(0).shuffle(there)
+back = [there.index(d) for d in range(big.size)]
+hard_src = ShardingType(big, (big.size,), "f32", (big.names,))
+hard = P.Program(big, hard_src.np_dtype, (P.CollectivePermute(tuple(there)), P.CollectivePermute(tuple(back))),
+                 ((1,), (1,), (1,)))
+CASES = {
+    "proved": lambda t: verify(classic, timeout_s=t),
+    "refuted": lambda t: verify(classic, "f32[16, 16{y,x}, 16]", timeout_s=t),
+    "partial": lambda t: verify(partial, timeout_s=t),
+    "partial_refuted": lambda t: verify(partial, "f32[8{x}, 6{y}]", timeout_s=t),
+    "uneven": lambda t: verify(uneven, timeout_s=t),
+    "hard": lambda t: verify_program(hard, hard_src, hard_src, timeout_s=0.3 if t is None else t),
+}
+"""
+
+
+def _python(script: str, timeout: float) -> subprocess.CompletedProcess:
+    """Run ``script`` in a fresh interpreter on this checkout: a crash there is a failed test, not a dead pytest."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env=env)
+
+
+def test_verify_calls_in_threads_at_once_each_give_the_single_threaded_verdict():
+    """Regression (issue: soundness and robustness, second round): verify calls in several threads shared Z3's
+    global context, and crashed the interpreter (SIGSEGV, double free, Z3 assertion) in most runs. Eight threads
+    verify proved, refuted and undecided cases at once, some with budgets so small that the deadline or the
+    watchdog ends them, in rounds, in fresh processes: each verdict is the single-threaded one (or undecided, for
+    a call with a small budget)."""
+    script = _THREAD_CASES + """
+import threading
+names = sorted(CASES)
+alone = {name: CASES[name](None).status for name in names}
+wrong = []
+
+def work(i):
+    for r in range(4):
+        name = names[(i + r) % len(names)]
+        small = (i + r) % 3 == 0
+        try:
+            status = CASES[name](0.02 if small else None).status
+        except Exception as e:
+            status = repr(e)
+        if status != alone[name] and not (small and status == "undecided"):
+            wrong.append((name, small, status, alone[name]))
+
+threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(alone["hard"], sorted(set(alone.values())), wrong)
+"""
+    for _ in range(3):
+        out = _python(script, timeout=600)
+        assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+        assert out.stdout.split("\n")[0] == "undecided ['proved', 'refuted', 'undecided'] []", out.stdout
+        assert "Traceback" not in out.stderr, out.stderr[-2000:]
+
+
+def test_a_deadline_in_another_thread_cancels_no_verify_call():
+    """Regression (same issue): the watchdog of a call interrupted Z3's one global context, so a verify call
+    beside another whose deadline ran out was cancelled (``Z3Exception('canceled')`` or an undecided verdict).
+    One thread verifies again and again, beside threads whose calls the watchdog interrupts and a thread of
+    numpy work: every one of its verdicts is the verdict."""
+    script = _THREAD_CASES + """
+import threading
+import numpy as np
+stop = threading.Event()
+
+def interrupted(seed):
+    rng = random.Random(seed)
+    while not stop.is_set():
+        CASES["hard"](rng.uniform(0.01, 0.1))
+
+def numpy_work():
+    a = np.random.default_rng(0).random((300, 300))
+    while not stop.is_set():
+        a = np.tanh(a @ a.T)
+
+others = [threading.Thread(target=interrupted, args=(i,)) for i in range(3)] + [threading.Thread(target=numpy_work)]
+for t in others:
+    t.start()
+seen = []
+try:
+    for r in range(12):
+        for name in ("proved", "refuted", "partial"):
+            try:
+                v = CASES[name](None if r % 2 else 600)
+                seen.append(v.status if v.status == "undecided" else name if v.status == "proved" or
+                            name == "refuted" else v.status)
+            except Exception as e:
+                seen.append(repr(e))
+finally:
+    stop.set()
+    for t in others:
+        t.join()
+print(sorted(set(seen)))
+"""
+    out = _python(script, timeout=600)
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    assert out.stdout.strip() == "['partial', 'proved', 'refuted']", out.stdout
+
+
+def test_the_verifier_never_uses_z3s_global_context(monkeypatch):
+    """Each call works in a Z3 context of its own: nothing of it is made in Z3's global context (which every
+    thread of the process shares), whatever the query: values, sums, coverage, creation, permute tables."""
+    import z3
+
+    def refuse(*args):
+        raise AssertionError("the verifier used Z3's global context")
+
+    monkeypatch.setattr(z3.z3, "main_ctx", refuse)
+    mesh, plan = _classic()
+    assert verify(plan).status == "proved"
+    assert verify(plan, "f32[16, 16{y,x}, 16]").status == "refuted"
+    assert verify(synthesize(T("f32[8, 6] partial{x}", mesh), T("f32[8{y}, 6{x}]", mesh))).status == "proved"
+    assert verify(synthesize(T("f32[8, 6] partial(max){x,y}", mesh), T("f32[8{x}, 6]", mesh))).status == "proved"
+    assert verify(synthesize(T("f32[7{x}, 5]", mesh), T("f32[7, 5] partial{x}", mesh))).status == "proved"
+    reversed_mesh = Mesh({"x": 4, "y": 2}, device_ids=list(range(7, -1, -1)))
+    assert verify(synthesize(T("f32[7{x}, 5{y}]", mesh), T("f32[7{y}, 5{x}]", reversed_mesh))).status == "proved"
+    maxima = T("f32[8] partial(max){x}", mesh)
+    twice = P.Program(mesh, maxima.np_dtype, (P.AllReduce(("x",), "max"),) * 2, ((8,),) * 3)
+    v = verify_program(twice, maxima, T("f32[8]", mesh))
+    assert v.status == "proved" and v.details["queries"] == 3
+    prog, src = _random_permutation_and_back(Mesh({"x": 4, "y": 2}))
+    assert verify_program(prog, src, src, timeout_s=60).status == "proved"
+    assert verify_program(prog, src, src, timeout_s=1e-9).status == "undecided"

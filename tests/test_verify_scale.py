@@ -103,7 +103,8 @@ def axis_and_sub_axes(draw):
 def _walk(size: int) -> Walk:
     mesh = Mesh({"x": size})
     src = ShardingType.parse(f"f32[{size}]", mesh)
-    return Walk(P.Program(mesh, src.np_dtype, (), ((size,),)), Digits({"x": size}, []), "t", Deadline(None, 0.0))
+    return Walk(P.Program(mesh, src.np_dtype, (), ((size,),)), Digits({"x": size}, [], z3.main_ctx()), "t",
+                Deadline(None, 0.0))
 
 
 @settings(max_examples=80, deadline=None)
@@ -113,7 +114,7 @@ def test_the_digit_encoding_is_the_meaning(case, data):
     and setting the rank over a list of sub-axes to j (taken modulo the group's size, as a remainder would)
     gives the coordinate that replaces those sub-axis coordinates of c with the digits of j, and only it."""
     size, axes = case
-    digits = Digits({"x": size}, axes)
+    digits = Digits({"x": size}, axes, z3.main_ctx())
     c = data.draw(st.integers(0, size - 1))
     at = {"x": tuple(z3.IntVal(c // w % r) for r, w in zip(digits.radix["x"], digits.weight["x"]))}
     assert z3.simplify(digits.value(at, "x")).as_long() == c
@@ -152,7 +153,7 @@ def _exchange_terms(plan) -> int:
     (ins,) = [ins for ins in plan.program.instructions if isinstance(ins, P.Exchange)]
     t = plan.program.instructions.index(ins)
     sizes = dict(plan.src.mesh.axes)
-    w = Walk(plan.program, Digits(sizes, named_axes(plan.program, sizes, plan.src, plan.dst)), "t",
+    w = Walk(plan.program, Digits(sizes, named_axes(plan.program, sizes, plan.src, plan.dst), z3.main_ctx()), "t",
              Deadline(None, 0.0))
     c = w.digits.fresh(w.fresh)
     idx = [w.fresh(f"i{d}", 0, n) for d, n in enumerate(plan.program.shapes[t + 1])]

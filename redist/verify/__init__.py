@@ -80,6 +80,7 @@ in any of them is refuted (status ``"refuted"``, with a counterexample in the st
 
 from __future__ import annotations
 
+import math
 import numbers
 import time
 
@@ -94,7 +95,7 @@ from redist.verify import accounting
 from redist.verify.accounting import program_bytes
 from redist.verify.encoding import Digits, named_axes, read_axes, type_meaning
 from redist.verify.queries import creation_queries, sum_query, value_query
-from redist.verify.solver import Deadline
+from redist.verify.solver import Deadline, new_context
 from redist.verify.verdict import STATUSES, Refuted, Undecided, Verdict
 from redist.verify.wellformed import IDEMPOTENT, check_fields, check_reductions, derive_shapes, field_cx, is_ints
 
@@ -109,12 +110,14 @@ def verify(plan, dst=None, timeout_s: float | None = None, *, check_costs: bool 
 
     ``dst`` may be a :class:`~redist.types.ShardingType` or its text (read on the plan's mesh). A claim that
     differs from what the program computes in anything — layout, partial axes, dtype, shape, mesh — is
-    refuted, with a counterexample (module header). ``timeout_s`` (seconds, None: no bound) bounds the wall
-    time of the call; when it runs out the verdict is ``"undecided"``.
+    refuted, with a counterexample (module header). ``timeout_s`` (seconds; None or ``inf``: no bound) bounds the
+    wall time of the call; when it runs out the verdict is ``"undecided"``. (Z3's own timer counts to
+    ``2**32 − 1`` ms, about 49.7 days: a longer bound still bounds building the queries, but not Z3.) Calls may run
+    in several threads at once: each works in a Z3 context of its own.
 
     Raises :class:`~redist.errors.ShardingError` if ``plan`` is not a Plan, ``dst`` is not a type (or text
-    that parses) on a mesh of the plan's number of devices, ``timeout_s`` is not a positive number or None, or
-    ``check_costs`` is not a bool."""
+    that parses) on a mesh of the plan's number of devices, ``timeout_s`` is not a number > 0 or None (NaN, a
+    bool), or ``check_costs`` is not a bool."""
     start = time.perf_counter()
     if not isinstance(plan, Plan):
         raise ShardingError(f"verify: plan must be a redist.Plan (from redist.synthesize), got {_show(plan)}")
@@ -138,7 +141,7 @@ def verify_program(program, src, dst, *, costs=None, timeout_s: float | None = N
     ``costs``: optional ``(peak_bytes, bytes_received)`` to check against the instructions. Raises
     :class:`~redist.errors.ShardingError` if ``program`` is not a :class:`~redist.program.Program` (with
     tuples of instructions and shapes, a mesh and a dtype), ``src`` or ``dst`` is not a type on a mesh of the
-    program's number of devices, or ``timeout_s`` is not a positive number or None."""
+    program's number of devices, or ``timeout_s`` is not a number > 0 or None (as for :func:`verify`)."""
     start = time.perf_counter()
     timeout_s = _check_timeout(timeout_s)
     _check_arguments(program, src, dst)
@@ -151,12 +154,18 @@ def _show(x) -> str:
 
 
 def _check_timeout(timeout_s) -> float | None:
+    """``timeout_s`` in seconds, None for no bound (None or infinity; an integer too large for a float is
+    infinity too); ShardingError for anything else than a real number > 0 (NaN, a bool)."""
     if timeout_s is None:
         return None
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not timeout_s > 0:
-        raise ShardingError(f"verify: timeout_s must be a number of seconds > 0, or None for no bound; "
+        raise ShardingError(f"verify: timeout_s must be a number of seconds > 0, or None (or inf) for no bound; "
                             f"got {_show(timeout_s)}")
-    return float(timeout_s)
+    try:
+        seconds = float(timeout_s)
+    except OverflowError:
+        return None
+    return None if seconds == math.inf else seconds
 
 
 def _check_arguments(program, src, dst) -> None:
@@ -223,7 +232,7 @@ def _verify(program, src, dst, costs, deadline: Deadline, details: dict) -> None
         raise Refuted(f"the program or the claim {dst} creates pending values (zeros where a summand lacks "
                       f"data), but zeros are the identity of a sum only, and its values are a pending {created}",
                       field_cx(mesh_sizes, "reduction", created, "sum"))
-    digits = Digits(mesh_sizes, named_axes(program, mesh_sizes, src, dst))
+    digits = Digits(mesh_sizes, named_axes(program, mesh_sizes, src, dst), new_context())
     value_query(program, digits, src, dst, dst_local, deadline, details, zeros)
     if zeros:
         creation_queries(program, digits, src, dst, dst_local, deadline, details)

@@ -127,10 +127,13 @@ class Digits:
     on an axis of 12), the axis is one digit and its sub-axes are read by division and remainder, as the
     meaning states them.
 
-    Coordinates are a dict from each mesh axis name to the tuple of its digit terms, major first."""
+    Coordinates are a dict from each mesh axis name to the tuple of its digit terms, major first. ``ctx`` is the
+    Z3 context of the call (:func:`~redist.verify.solver.new_context`): every term of the encoding is made in
+    it."""
 
-    def __init__(self, mesh_sizes: dict[str, int], axes):
+    def __init__(self, mesh_sizes: dict[str, int], axes, ctx: z3.Context):
         self.mesh_sizes = mesh_sizes
+        self.ctx = ctx
         points = {name: {1, size} for name, size in mesh_sizes.items()}
         for ax in axes:
             if ax.size != 1:  # a sub-axis of size 1 is coordinate 0, whatever its place
@@ -149,7 +152,7 @@ class Digits:
 
     def value(self, c: dict, name: str):
         """The coordinate on mesh axis ``name``."""
-        return horner(c[name], self.radix[name])
+        return horner(c[name], self.radix[name], self.ctx)
 
     def _span(self, ax: Axis) -> range | None:
         """The digits of ``ax`` (None: it does not lie on cut points)."""
@@ -159,10 +162,10 @@ class Digits:
     def sub(self, c: dict, ax: Axis):
         """The coordinate on (sub-)axis ``ax``: (c[name] // stride) % size."""
         if ax.size == 1:
-            return z3.IntVal(0)
+            return z3.IntVal(0, self.ctx)
         span = self._span(ax)
         if span is not None:
-            return horner([c[ax.name][k] for k in span], [self.radix[ax.name][k] for k in span])
+            return horner([c[ax.name][k] for k in span], [self.radix[ax.name][k] for k in span], self.ctx)
         v = self.value(c, ax.name)
         if ax.stride != 1:
             v = v / ax.stride
@@ -170,7 +173,7 @@ class Digits:
 
     def rank(self, c: dict, axes):
         """The rank over ``axes`` (row-major, the last varying fastest)."""
-        return horner([self.sub(c, ax) for ax in axes], [ax.size for ax in axes])
+        return horner([self.sub(c, ax) for ax in axes], [ax.size for ax in axes], self.ctx)
 
     def key(self, c: dict, partial) -> list:
         """Which partial group over ``partial`` a device is in: its digits with those of ``partial`` zeroed."""
@@ -183,7 +186,7 @@ class Digits:
                 out[ax.name] = [self.value(out, ax.name) - self.sub(out, ax) * ax.stride]
             else:
                 for k in span:
-                    out[ax.name][k] = z3.IntVal(0)
+                    out[ax.name][k] = z3.IntVal(0, self.ctx)
         return [d for n in self.mesh_sizes for d in out[n]]
 
     def with_rank(self, w, c: dict, axes, j, bounded: bool) -> dict:
@@ -209,7 +212,7 @@ class Digits:
                 out[ax.name][k] = w.fresh(f"{ax.name}_{k}", 0, self.radix[ax.name][k])
                 digits.append(out[ax.name][k])
                 radices.append(self.radix[ax.name][k])
-        number = horner(digits, radices)
+        number = horner(digits, radices, self.ctx)
         if not bounded and digits:
             number = number + w.var("q") * math.prod(radices)
         w.defs.append(j == number)
@@ -229,14 +232,15 @@ class Digits:
         if len(self.radix[name]) == 1:
             return (value,)
         digits = tuple(w.fresh(f"{name}_{k}", 0, r) for k, r in enumerate(self.radix[name]))
-        w.defs.append(value == horner(digits, self.radix[name]))
+        w.defs.append(value == horner(digits, self.radix[name], self.ctx))
         return digits
 
 
-def horner(digits, radices):
-    """The mixed-radix number of ``digits`` (major first) with ``radices``."""
+def horner(digits, radices, ctx: z3.Context):
+    """The mixed-radix number of ``digits`` (major first) with ``radices`` (0 in context ``ctx`` if there are
+    none)."""
     if not digits:
-        return z3.IntVal(0)
+        return z3.IntVal(0, ctx)
     r = digits[0]
     for d, n in zip(digits[1:], radices[1:]):
         r = r * n + d
@@ -265,7 +269,7 @@ def type_meaning(mesh_sizes, t, digits: Digits | None = None, c: dict | None = N
     coordinates ``c`` (written by ``digits``) under type ``t``, whether it is data (not padding), and the
     device's summand coordinates (its coordinates on the partial axes). Returns ``(global index exprs, local
     shape, summand exprs, partial axes, data condition)``; without ``idx`` only the local shape and partial axes
-    (the rest empty)."""
+    (the rest empty, the data condition None)."""
     g, local, data = [], [], []
     for d, (n, tokens) in enumerate(zip(t.shape, t.dims)):
         axes = read_axes(mesh_sizes, tokens, f"dim {d} of {t}")
@@ -280,4 +284,4 @@ def type_meaning(mesh_sizes, t, digits: Digits | None = None, c: dict | None = N
     used = [a for d, toks in enumerate(t.dims) for a in read_axes(mesh_sizes, toks, f"dim {d} of {t}")]
     read_axes(mesh_sizes, tuple(a.token for a in used) + tuple(a.token for a in partial), f"{t}")
     summands = [] if idx is None else [digits.sub(c, a) for a in partial]
-    return g, tuple(local), summands, partial, conjunction(data)
+    return g, tuple(local), summands, partial, None if idx is None else conjunction(data, digits.ctx)

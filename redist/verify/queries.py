@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 from redist import program as P
 from redist.verify.encoding import Digits, device_order, horner, ksize, position_coords, read_axes, type_meaning
-from redist.verify.solver import Deadline, conjunction, model_int, solve, z3
+from redist.verify.solver import Deadline, conjunction, disjunction, model_int, solve, z3
 from redist.verify.verdict import Refuted, Undecided
 from redist.verify.walk import Walk
 
@@ -75,10 +75,10 @@ def value_query(program, digits: Digits, src, dst, dst_local, deadline: Deadline
     want, _, _, _, is_data = type_meaning(mesh_sizes, dst, digits, c, idx)
     c0, i0 = _walk_between_orders(w, program, c, idx)
     got, _, summand, _, from_data = type_meaning(mesh_sizes, src, digits, c0, i0)
-    live = conjunction(w.live)
+    live = conjunction(w.live, digits.ctx)
     wrong = [z3.Not(from_data)] + [a != b for a, b in zip(got, want)]
     bad = z3.And(live, z3.Or(wrong)) if zeros else z3.Or([z3.Not(live)] + wrong)
-    s, res = solve(w.ranges + w.defs + [is_data, bad], deadline, "value query")
+    s, res = solve(w.ranges + w.defs + [is_data, bad], deadline, "value query", digits.ctx)
     details["queries"] = 1
     if res == z3.unsat:
         return
@@ -150,11 +150,12 @@ def _pair_query(program, digits: Digits, base: _Base, walks, src_partial, deadli
     source partial groups? True where they cannot; where they can, refutes with them (:func:`_refute_pair`) if
     ``refute``, else returns False."""
     (w1, m1, s1, cs1, g1), (w2, m2, s2, cs2, g2) = walks
-    differ = z3.Or([a != b for a, b in zip(m1, m2)])
-    same = z3.And([a == b for a, b in zip(s1, s2)])
-    other_group = z3.Or([a != b for a, b in zip(g1, g2)])
+    ctx = digits.ctx
+    differ = disjunction([a != b for a, b in zip(m1, m2)], ctx)
+    same = conjunction([a == b for a, b in zip(s1, s2)], ctx)
+    other_group = disjunction([a != b for a, b in zip(g1, g2)], ctx)
     s, res = solve(base.constraints + w1.ranges + w1.defs + w1.live + w2.ranges + w2.defs + w2.live
-                   + [differ, z3.Or(same, other_group)], deadline, "summation query")
+                   + [differ, z3.Or(same, other_group)], deadline, "summation query", ctx)
     if res == z3.unsat:
         return True
     if refute:
@@ -189,7 +190,7 @@ def _base_position(program, digits: Digits, dst, dst_local, deadline: Deadline) 
     ranges: list = []
 
     def new(base, lo, hi):
-        v = z3.Int(f"base_{base}")
+        v = z3.Int(f"base_{base}", digits.ctx)
         ranges.append(z3.And(v >= lo, v < hi))
         return v
 
@@ -215,7 +216,8 @@ def _contributor(program, digits: Digits, tag, base: _Base, src, src_partial, ds
     wk = Walk(program, digits, tag, deadline)
     if base.fork is None:
         qs = [wk.fresh("grp", 0, ax.size) for ax in dst_partial]
-        cc = digits.with_rank(wk, base.c, dst_partial, horner(qs, [ax.size for ax in dst_partial]), bounded=True)
+        cc = digits.with_rank(wk, base.c, dst_partial, horner(qs, [ax.size for ax in dst_partial], digits.ctx),
+                              bounded=True)
         cs, ii = _walk_between_orders(wk, program, cc, list(base.idx))
     else:
         qs = []
@@ -260,7 +262,7 @@ def _coverage_query(program, digits: Digits, src, src_partial, dst_partial, base
     choices = list(itertools.product(*(range(k) for k in sizes)))
     details["queries"] = 3
     details["coverage_walks"] = len(choices)
-    missing = [z3.Int(f"missing_{a.token}") for a in src_partial]
+    missing = [z3.Int(f"missing_{a.token}", digits.ctx) for a in src_partial]
     constraints = list(base.constraints) + [z3.And(v >= 0, v < a.size) for v, a in zip(missing, src_partial)]
     witness, covered = None, []
     for j, choice in enumerate(choices):
@@ -270,8 +272,9 @@ def _coverage_query(program, digits: Digits, src, src_partial, dst_partial, base
         constraints += wk.ranges + wk.defs + wk.live + [v == x for v, x in zip(members, choice)]
         if witness is None:
             witness = group
-        covered.append(z3.And([a == b for a, b in zip(group, witness)] + [a == b for a, b in zip(summ, missing)]))
-    s, res = solve(constraints + [z3.Not(z3.Or(covered))], deadline, "coverage query")
+        covered.append(conjunction([a == b for a, b in zip(group, witness)] + [a == b for a, b in zip(summ, missing)],
+                                   digits.ctx))
+    s, res = solve(constraints + [z3.Not(disjunction(covered, digits.ctx))], deadline, "coverage query", digits.ctx)
     if res == z3.unsat:
         return
     mdl = s.model()
@@ -314,16 +317,17 @@ def _onto_query(program, digits: Digits, src, src_partial, dst_partial, base: _B
     if count > _MAX_CONTRIBUTORS:
         raise Undecided(f"the onto query of a creating claim would walk {count} contributors per group sum, "
                         f"more than {_MAX_CONTRIBUTORS}")
-    sigma = [z3.Int(f"sigma_{a.token}") for a in src_partial]
+    sigma = [z3.Int(f"sigma_{a.token}", digits.ctx) for a in src_partial]
     constraints = list(base.constraints) + [z3.And(v >= 0, v < a.size) for v, a in zip(sigma, src_partial)]
     for j, choice in enumerate(itertools.product(*(range(k) for k in sizes))):
         deadline.check(f"encoding contributor {j} of {count} for the onto query")
         wk, members, summ, _, _ = _contributor(program, digits, f"o{j}", base, src, src_partial, dst_partial,
                                                deadline)
         constraints += wk.ranges + wk.defs + [v == x for v, x in zip(members, choice)]
-        constraints.append(z3.Not(z3.And([conjunction(wk.live)] + [a == b for a, b in zip(summ, sigma)])))
+        constraints.append(z3.Not(conjunction([conjunction(wk.live, digits.ctx)] + [a == b for a, b in zip(summ, sigma)],
+                                              digits.ctx)))
     details["queries"] = 3
-    s, res = solve(constraints, deadline, "onto query")
+    s, res = solve(constraints, deadline, "onto query", digits.ctx)
     if res == z3.unsat:
         return
     mdl = s.model()

@@ -11,7 +11,14 @@ Time
 is left, with a timer that interrupts it at the deadline (its own ``timeout`` is checked late in some
 phases); running out gives status ``"undecided"`` and a reason saying what was not finished. The plan's own
 work — lowering (``plan.program``) and ``plan.bytes_received``, each computed once per plan and cached —
-happens before the first check and cannot be cut short.
+happens before the first check and cannot be cut short. A ``timeout_s`` longer than Z3's timer counts
+(``Z3_MAX_MS``, about 49.7 days) still bounds the building of the constraints, but leaves Z3 unbounded.
+
+Threads
+-------
+Each call works in a Z3 context of its own (:func:`new_context`): every term, sort and solver of the call is
+made in it, and the watchdog interrupts only the call's solver. Calls in several threads at once share no Z3
+state (Z3's global context is never used), and a call's deadline cuts short no other call.
 """
 
 from __future__ import annotations
@@ -27,6 +34,18 @@ try:
     import z3
 except ModuleNotFoundError as e:  # no [verify] extra: `import redist` works, and verify() says what to install
     z3 = MissingModule(e, "redist.verify", "verify")
+
+
+# The longest timeout, in milliseconds, that Z3's timer takes (an unsigned 32-bit count).
+Z3_MAX_MS = 2**32 - 1
+
+
+def new_context() -> z3.Context:
+    """A Z3 context for one call. Python may free another call's terms in this thread (a garbage collection
+    runs in whichever thread triggers it), so the context takes reference decrements from any thread."""
+    ctx = z3.Context()
+    z3.Z3_enable_concurrent_dec_ref(ctx.ref())
+    return ctx
 
 
 class Deadline:
@@ -47,22 +66,31 @@ class Deadline:
             raise Undecided(f"timeout_s={self.timeout_s:g} ran out while {doing}")
 
     def ms_left(self) -> int | None:
-        if self.end == math.inf:
-            return None
-        return max(1, int((self.end - time.perf_counter()) * 1000))
+        """The milliseconds left for Z3 (at least 1); None for no bound, or for more than Z3's timer counts
+        (``Z3_MAX_MS``)."""
+        ms = (self.end - time.perf_counter()) * 1000
+        return None if ms > Z3_MAX_MS else max(1, int(ms))
 
 
-def conjunction(conds) -> z3.BoolRef:
-    """The conjunction of ``conds`` (true if there are none)."""
-    return z3.And(conds) if conds else z3.BoolVal(True)
+def conjunction(conds, ctx: z3.Context) -> z3.BoolRef:
+    """The conjunction of ``conds`` in context ``ctx`` (true if there are none)."""
+    return z3.And(list(conds), ctx)
 
 
-def solve(constraints, deadline: Deadline, query: str):
-    """Check ``constraints`` with the time that is left; ``unknown`` (time out, or Z3 gives up) is undecided.
+def disjunction(conds, ctx: z3.Context) -> z3.BoolRef:
+    """The disjunction of ``conds`` in context ``ctx`` (false if there are none)."""
+    return z3.Or(list(conds), ctx)
+
+
+def solve(constraints, deadline: Deadline, query: str, ctx: z3.Context):
+    """Check ``constraints`` (terms of context ``ctx``) with the time that is left; ``unknown`` (time out, or Z3
+    gives up) is undecided.
 
     Besides Z3's own ``timeout``, which some of its phases check late (a 35,000-copy exchange overran it by
-    18 s), a timer interrupts the solver at the deadline; an interrupt after ``check`` returned does nothing."""
-    s = z3.SolverFor("QF_LIA")
+    18 s), a timer interrupts this solver at the deadline (only it: not the context, nor another thread's
+    solver); an interrupt after ``check`` returned does nothing."""
+    # z3.SolverFor would name the logic in Z3's global context: the solver is made in ``ctx`` alone.
+    s = z3.Solver(z3.Z3_mk_solver_for_logic(ctx.ref(), z3.to_symbol("QF_LIA", ctx)), ctx)
     for start in range(0, len(constraints), 4096):
         deadline.check(f"handing the {query} to Z3")
         s.add(*constraints[start:start + 4096])
@@ -70,7 +98,7 @@ def solve(constraints, deadline: Deadline, query: str):
     watchdog = None
     if ms is not None:
         s.set("timeout", ms)
-        watchdog = threading.Timer(ms / 1000, s.ctx.interrupt)
+        watchdog = threading.Timer(ms / 1000, s.interrupt)
         watchdog.daemon = True
         watchdog.start()
     try:

@@ -48,7 +48,7 @@ def affine(key, slope: int, offset: int):
     """``slope·key + offset``, without the terms that are 0 or the factor that is 1."""
     out = key if slope == 1 else slope * key if slope else None
     if out is None:
-        return z3.IntVal(offset)
+        return z3.IntVal(offset, key.ctx)
     return out + offset if offset else out
 
 

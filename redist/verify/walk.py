@@ -53,7 +53,7 @@ from typing import Sequence
 
 from redist import program as P
 from redist.verify.encoding import Digits, device_order, horner, ksize, position_coords, positions, read_axes
-from redist.verify.solver import Deadline, z3
+from redist.verify.solver import Deadline, disjunction, z3
 from redist.verify.tables import COUNT, DST, SHIFT, SIZE, SOURCE, affine, lookup, periodic_pieces, segment_runs
 from redist.verify.verdict import Refuted
 
@@ -64,6 +64,7 @@ class Walk:
     def __init__(self, program, digits: Digits, tag: str, deadline: Deadline):
         self.program = program
         self.digits = digits
+        self.ctx = digits.ctx  # the call's Z3 context
         self.mesh_sizes = digits.mesh_sizes
         self.names = list(self.mesh_sizes)
         self.ids = device_order(program.mesh)  # the device at each position of the program's mesh
@@ -79,19 +80,19 @@ class Walk:
 
     def fresh(self, base: str, lo: int, hi: int):
         self.n += 1
-        v = z3.Int(f"{self.tag}_{base}_{self.n}")
+        v = z3.Int(f"{self.tag}_{base}_{self.n}", self.ctx)
         self.ranges.append(z3.And(v >= lo, v < hi))
         return v
 
     def var(self, base: str):
         """A fresh variable of any value (a quotient)."""
         self.n += 1
-        return z3.Int(f"{self.tag}_{base}_{self.n}")
+        return z3.Int(f"{self.tag}_{base}_{self.n}", self.ctx)
 
     def position(self, c):
         """The row-major position of coordinates ``c``."""
         return horner([self.digits.value(c, name) for name in self.names],
-                       [self.mesh_sizes[name] for name in self.names])
+                       [self.mesh_sizes[name] for name in self.names], self.ctx)
 
     def from_values(self, t, values: dict) -> dict:
         """Named coordinates whose value on each mesh axis is ``values[name]`` (in range)."""
@@ -139,7 +140,7 @@ class Walk:
                 # multiply to the same number map onto each other (a split or a merge of dims).
                 before = [None] * len(n_in)
                 for dims_in, dims_out in _reshape_groups(n_in, n_out):
-                    flat = z3.IntVal(0)
+                    flat = z3.IntVal(0, self.ctx)
                     for d in dims_out:
                         flat = flat * n_out[d] + idx[d]
                     stride = math.prod(n_in[d] for d in dims_in)
@@ -174,7 +175,7 @@ class Walk:
                     if n_in[ins.dim] % ksize(axes):  # the padding rule: past the input, a zero
                         self.live.append(idx[ins.dim] < n_in[ins.dim])
                 members = [self.fresh(f"sum{t}", 0, ax.size) for ax in axes]
-                c = D.with_rank(self, c, axes, horner(members, [ax.size for ax in axes]), bounded=True)
+                c = D.with_rank(self, c, axes, horner(members, [ax.size for ax in axes], self.ctx), bounded=True)
                 self.sum_vars.append((t, members, axes))
             else:
                 raise Refuted(f"instruction {t}: unknown instruction {type(ins).__name__}")
@@ -229,10 +230,10 @@ class Walk:
             by_block, uniform = segment_runs(x.segments, ksize(axes), self.deadline, doing)
             slots = max(map(len, by_block))
             k = self.fresh(f"seg{t}_{i}", 0, slots + 1)
-            block = z3.Int(f"{self.tag}_b{t}_{i}")
+            block = z3.Int(f"{self.tag}_b{t}_{i}", self.ctx)
             self.defs.append(block == self.digits.rank(c, axes))
-            source_block = z3.Int(f"{self.tag}_sb{t}_{i}")
-            index = z3.Int(f"{self.tag}_i{t}_{i}")
+            source_block = z3.Int(f"{self.tag}_sb{t}_{i}", self.ctx)
+            index = z3.Int(f"{self.tag}_i{t}_{i}", self.ctx)
 
             def slot(r: int, field: int):
                 """Per block, ``field`` of its r-th run, as a table over the block. Where a block has no r-th run,
@@ -258,7 +259,7 @@ class Walk:
                     offset = slot(r, SHIFT) + (d_src - size) * q
                 covers.append(inside)
                 self.defs.append(z3.Implies(k == r, z3.And(inside, source_block == src, index == idx[i] + offset)))
-            self.defs.append(z3.Implies(k == slots, z3.Not(z3.Or(covers)) if covers else z3.BoolVal(True)))
+            self.defs.append(z3.Implies(k == slots, z3.Not(disjunction(covers, self.ctx))))
             self.live.append(k < slots)
             i2.append(index)
             settings.append((source_axes, source_block))
@@ -321,7 +322,7 @@ class Walk:
         n_copies = sum(len(copies) for copies in table)
         k = self.fresh(f"copy{t}", 0, n_copies + 1)
         c2 = self.digits.fresh(lambda base, lo, hi: self.fresh(f"x{t}_{base}", lo, hi))
-        i2 = [z3.Int(f"{self.tag}_i{t}_{d}") for d in range(len(idx))]
+        i2 = [z3.Int(f"{self.tag}_i{t}_{d}", self.ctx) for d in range(len(idx))]
         covers, j = [], 0
         for d, copies in enumerate(table):
             if d % 256 == 0:
@@ -339,7 +340,7 @@ class Walk:
                        for a, i, lo_in, lo_out in zip(i2, idx, cp.src_start, cp.dst_start)])))
                 j += 1
         self.deadline.check(doing)
-        self.defs.append(z3.Implies(k == n_copies, z3.Not(z3.Or(covers)) if covers else z3.BoolVal(True)))
+        self.defs.append(z3.Implies(k == n_copies, z3.Not(disjunction(covers, self.ctx))))
         self.live.append(k < n_copies)
         return c2, i2
 
@@ -347,7 +348,7 @@ class Walk:
         """Fresh names for the index before instruction ``t`` (keeps the solver's terms small)."""
         out = []
         for d, e in enumerate(idx):
-            v = z3.Int(f"{self.tag}_i{t}_{d}")
+            v = z3.Int(f"{self.tag}_i{t}_{d}", self.ctx)
             self.defs.append(v == e)
             out.append(v)
         return out
@@ -360,7 +361,7 @@ class Walk:
             digits = []
             for k, e in enumerate(c[name]):
                 if not z3.is_const(e):
-                    v = z3.Int(f"{self.tag}_c{t}_{name}_{k}")
+                    v = z3.Int(f"{self.tag}_c{t}_{name}_{k}", self.ctx)
                     self.defs.append(v == e)
                     e = v
                 digits.append(e)
