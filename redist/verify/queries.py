@@ -35,8 +35,10 @@ source element (summand), or no data, a zero. Queries (``unsat`` = proved):
 *Creating* pending sums (docs/spec.md §3: the destination may be partial over axes the source is not; the program
 then holds zeros where a summand lacks data: ``KeepRoot``, ``EmbedChunk``, an exchange or a padded chunk
 that writes none) makes some contributors zeros, and the counting in 2 no longer holds. When the claim
-is partial over a factor of the mesh that the source is not, or the program has a creating instruction,
-the *summand-bijection* queries replace 1 and 2:
+is partial over a factor of the mesh that the source is not, or the program has a creating instruction, or
+query 1 finds an element no instruction writes (an exchange that copies nothing there, as an uneven
+``shard_to_partial`` lowers) where the values are sums that a reduction or the claim adds up (a zero may be a
+summand of them), the *summand-bijection* queries replace 1 and 2:
 
 1'. *values*: as 1, except that a contributor may be no data (a zero adds nothing to a sum);
 2'. *injective*: two different contributors at one (device, index), both data, with the same source summand
