@@ -797,8 +797,8 @@ def _from_steps(mesh_text, src, steps):
     return Plan.from_steps(T(src, mesh), steps)
 
 
-# Plans that the numpy backend runs right, which verify refuted with an element "never written" (issue: soundness
-# and robustness, second round).
+# Plans that the numpy backend runs right, which verify refuted with an element "never written" or "one value has
+# one reduction kind" (issue: soundness and robustness, second round).
 RIGHT_PLANS = [
     ("x=2", "i32[5{x}]", [S.ShardToPartial(0, ("x",)), S.AllReduce(("x",))]),
     ("x=2", "i32[5{x}]", [S.ShardToPartial(0, ("x",)), S.ReduceScatter(0, ("x",))]),
@@ -806,14 +806,64 @@ RIGHT_PLANS = [
     ("x=3,y=2", "f32[7{x}, 3]", [S.ShardToPartial(0, ("x",)), S.ReduceScatter(1, ("x",))]),
     ("x=3,y=2", "f32[7{x,y}, 3]", [S.ShardToPartial(0, ("x", "y")), S.ReduceScatter(0, ("y",)),
                                     S.AllReduce(("x",))]),
+    ("x=2", "i32[5] partial(prod){x}", [S.ReduceScatter(0, ("x",), "prod"), S.ShardToPartial(0, ("x",)),
+                                        S.AllReduce(("x",))]),
+    ("x=2", "i32[4] partial(prod){x}", [S.ReduceScatter(0, ("x",), "prod"), S.ShardToPartial(0, ("x",)),
+                                        S.AllReduce(("x",))]),
+    ("x=3,y=2", "i64[7, 3] partial(max){x,y}", [S.ReduceScatter(0, ("x",), "max"), S.AllReduce(("y",), "max"),
+                                                 S.ShardToPartial(0, ("x",)), S.AllReduce(("x",))]),
+    ("x=2,y=2", "i32[4] partial(min){x}", [S.AllReduce(("x",), "min"), S.ReplicateToPartial(("x", "y"))]),
 ]
 
 
 @pytest.mark.parametrize("mesh_text,src,steps", RIGHT_PLANS)
 def test_plans_that_numpy_runs_right_are_proved(mesh_text, src, steps):
     """An uneven shard_to_partial lowers to an exchange that writes no data where a member lacks its rows:
-    zeros that the reduction after it adds up, as a creating claim's. Each plan is right on numpy, and proved."""
+    zeros that the reduction after it adds up, as a creating claim's. A pending product (max, min) reduced whole
+    and then made pending sums is two stages: its reductions, then sums. Each plan is right on numpy, and
+    proved."""
     plan = _from_steps(mesh_text, src, steps)
     assert oracle(plan.program, plan.src, plan.dst)[0]
     v = verify(plan)
     assert v.status == "proved", (str(plan), v.reason)
+
+
+def test_two_stage_programs_that_compute_something_else_are_refuted():
+    """The two-stage queries keep refuting: the sum taken twice (no zeros where the created sum needs them), the
+    product not taken, too few of its summands, a claim of another kind or other partial axes; each with a
+    counterexample, and numpy agrees that each is wrong."""
+    plan = _from_steps("x=2,y=2", "i32[4] partial(prod){x,y}",
+                       [S.ReduceScatter(0, ("x",), "prod"), S.AllReduce(("y",), "prod"), S.ReplicateToPartial(("y",)),
+                        S.AllReduce(("y",))])
+    prog, (rs, ar, keep, total) = plan.program, plan.program.instructions
+    assert (type(keep), verify(plan).status) == (P.KeepRoot, "proved")
+
+    def program(*instructions):
+        shapes = [prog.shapes[0]]
+        for ins in instructions:
+            shapes.append(prog.shapes[1] if isinstance(ins, P.ReduceScatter) else shapes[-1])
+        return dataclasses.replace(prog, instructions=instructions, shapes=tuple(shapes))
+
+    mesh = plan.src.mesh
+    wrong = [(program(rs, ar, total), plan.dst, "twice"),  # no zeros: the sum takes the element twice
+             (program(rs, keep, total), plan.dst, "summand"),  # the product over y is never taken
+             (program(ar, keep, total), T("i32[4]", mesh), "summand"),  # nor over x
+             (prog, T("i32[4{x}] partial{y}", mesh), "twice"),  # the sum over y is taken
+             (prog, T("i32[4{x}] partial(prod){y}", mesh), "pending sums")]
+    for mutant, claim, word in wrong:
+        v = verify_program(mutant, plan.src, claim)
+        assert v.status == "refuted" and v.counterexample is not None and word in v.reason, (mutant, claim, v.reason)
+        assert not oracle(mutant, plan.src, claim)[0]
+
+
+def test_the_coverage_query_enumerates_the_members_it_names():
+    """Regression (same issue): where the claim's partial group has one device (an axis of size 1), the coverage
+    query listed its size among the member values but had no variable for it, so each value went to the wrong
+    member: a maximum over replicas, then over the summands, was refuted ("never takes source summand")."""
+    mesh = Mesh({"x": 1, "y": 2, "z": 2})
+    src = T("i32[4] partial(max){y}", mesh)
+    prog = P.Program(mesh, src.np_dtype, (P.AllReduce(("z",), "max"), P.AllReduce(("y",), "max")), ((4,),) * 3)
+    for claim in ("i32[4] partial(max){x}", "i32[4]"):
+        v = verify_program(prog, src, T(claim, mesh))
+        assert v.status == "proved" and v.details["queries"] == 3, (claim, v.reason)
+        assert oracle(prog, src, T(claim, mesh))[0]

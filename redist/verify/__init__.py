@@ -74,8 +74,10 @@ in any of them is refuted (status ``"refuted"``, with a counterexample in the st
   that exist and do not overlap, and source axes that do not overlap) and read by the walk.
 - ``ShardingType.reduction`` and the instructions' ``reduction``: every reduction instruction of the program
   must take one kind, the source's where the source is partial, and a partial claim must be of the
-  source's kind (:func:`~redist.verify.wellformed.check_reductions`); the maximum or minimum of complex
-  numbers is refuted. The kind decides query 2 (exactly once, or covered).
+  source's kind (:func:`~redist.verify.wellformed.check_reductions`) — but for a source pending in another
+  kind than a sum, reduced whole and then made pending sums: its reductions come first, then sums only, and
+  a partial claim is a sum (two stages, queries 1''-4'' of :mod:`~redist.verify.queries`); the maximum or
+  minimum of complex numbers is refuted. The kind decides query 2 (exactly once, or covered).
 """
 
 from __future__ import annotations
@@ -222,9 +224,16 @@ def _verify(program, src, dst, costs, deadline: Deadline, details: dict) -> None
         raise Refuted(f"the program ends with local shape {shapes[-1]}, but {dst} has local shape {dst_local}",
                       field_cx(mesh_sizes, "local_shape", shapes[-1], dst_local))
     accounting.check_costs(program, shapes, mesh_sizes, costs, details)
-    kind = check_reductions(program, src, dst)
+    kind, cut = check_reductions(program, src, dst)
     if any(n == 0 for n in dst_local):
         return  # no elements: nothing to prove
+    digits = Digits(mesh_sizes, named_axes(program, mesh_sizes, src, dst), new_context())
+    idempotent = kind in IDEMPOTENT or np.dtype(program.dtype) == np.dtype(np.bool_)
+    if cut is not None:  # two stages: the source's pending value reduced whole before `cut`, sums from it on
+        value_query(program, digits, src, dst, dst_local, deadline, details, zeros_from=cut)
+        creation_queries(program, digits, src, dst, dst_local, deadline, details, stop=cut)
+        sum_query(program, digits, src, dst, dst_local, deadline, details, idempotent, cut=cut)
+        return
     zeros = _creates(mesh_sizes, src, dst) or any(isinstance(ins, (P.KeepRoot, P.EmbedChunk))
                                                   for ins in program.instructions)
     created = kind or (dst.reduction if dst.partial else "sum")
@@ -232,7 +241,6 @@ def _verify(program, src, dst, costs, deadline: Deadline, details: dict) -> None
         raise Refuted(f"the program or the claim {dst} creates pending values (zeros where a summand lacks "
                       f"data), but zeros are the identity of a sum only, and its values are a pending {created}",
                       field_cx(mesh_sizes, "reduction", created, "sum"))
-    digits = Digits(mesh_sizes, named_axes(program, mesh_sizes, src, dst), new_context())
     if not zeros:
         try:
             value_query(program, digits, src, dst, dst_local, deadline, details)
@@ -244,10 +252,9 @@ def _verify(program, src, dst, costs, deadline: Deadline, details: dict) -> None
                 raise
             zeros = True
     if zeros:
-        value_query(program, digits, src, dst, dst_local, deadline, details, zeros=True)
+        value_query(program, digits, src, dst, dst_local, deadline, details, zeros_from=0)
         creation_queries(program, digits, src, dst, dst_local, deadline, details)
         return
-    idempotent = kind in IDEMPOTENT or np.dtype(program.dtype) == np.dtype(np.bool_)
     sum_query(program, digits, src, dst, dst_local, deadline, details, idempotent)
 
 

@@ -50,6 +50,23 @@ summand of them), the *summand-bijection* queries replace 1 and 2:
 ``unsat`` of all three proves that each destination group sum adds every summand of one source group
 exactly once, and zeros elsewhere. Zeros are the identity of a sum only: a program or claim that creates
 pending values of another reduction kind is refuted before these queries.
+
+*Two stages*: a source pending in another kind than a sum may be reduced whole before instruction ``cut``,
+then made pending sums and summed again from ``cut`` on (:func:`~redist.verify.wellformed.check_reductions`).
+The element at a position of the result is then a sum, over the contributors followed back to ``cut`` (the
+claim's Q-coordinates and the members of the sums), of the element before ``cut``, which is a reduction in the
+source's kind over the members before it. Zeros may be written from ``cut`` on only (one in a product, a
+maximum or a minimum is wrong):
+
+1''. *values*: as 1, except that a contributor may be a zero that an instruction at or after ``cut`` wrote;
+2''. *once*: two different contributors followed back to ``cut`` that are both data (the element before
+   ``cut`` is one value: the sum must take it once);
+3''. *onto*: a position where none of them is data (each enumerated, as in 3');
+4''. the reduction before ``cut``, at the data contributor after it (that walk is shared): query 2, and 3
+   for an idempotent kind, over the members before ``cut``.
+
+``unsat`` of all four proves that each destination group sum is one element before ``cut``, which is the
+reduction of one source group's summands.
 """
 
 from __future__ import annotations
@@ -66,9 +83,10 @@ from redist.verify.walk import Walk
 
 
 def value_query(program, digits: Digits, src, dst, dst_local, deadline: Deadline, details: dict,
-                zeros: bool = False) -> None:
-    """Query 1 of the module header (1' with ``zeros``: a contributor may be a zero): every data position of
-    the result holds the claimed element."""
+                zeros_from: int | None = None) -> None:
+    """Query 1 of the module header: every data position of the result holds the claimed element. With
+    ``zeros_from`` (1' and 1''), a contributor may be a zero that an instruction at or after that index wrote
+    (those before it must write none)."""
     mesh_sizes = digits.mesh_sizes
     src_partial = type_meaning(mesh_sizes, src)[3]
     w = Walk(program, digits, "a", deadline)
@@ -77,9 +95,10 @@ def value_query(program, digits: Digits, src, dst, dst_local, deadline: Deadline
     want, _, _, _, is_data = type_meaning(mesh_sizes, dst, digits, c, idx)
     c0, i0 = _walk_between_orders(w, program, c, idx)
     got, _, summand, _, from_data = type_meaning(mesh_sizes, src, digits, c0, i0)
-    live = conjunction(w.live, digits.ctx)
-    wrong = [z3.Not(from_data)] + [a != b for a, b in zip(got, want)]
-    bad = z3.And(live, z3.Or(wrong)) if zeros else z3.Or([z3.Not(live)] + wrong)
+    since = len(program.instructions) if zeros_from is None else zeros_from
+    live = conjunction(w.alive(before=since), digits.ctx)  # a zero before ``since`` is wrong
+    wrong = [z3.Not(live), z3.Not(from_data)] + [a != b for a, b in zip(got, want)]
+    bad = z3.And(conjunction(w.alive(since=since), digits.ctx), z3.Or(wrong))
     s, res = solve(w.ranges + w.defs + [is_data, bad], deadline, "value query", digits.ctx)
     details["queries"] = 1
     if res == z3.unsat:
@@ -114,14 +133,15 @@ def _walk_between_orders(w: Walk, program, c: dict, idx: list):
 
 
 def sum_query(program, digits: Digits, src, dst, dst_local, deadline: Deadline, details: dict,
-              idempotent: bool) -> None:
+              idempotent: bool, cut: int | None = None) -> None:
     """Query 2 of the module header: each group reduction takes every summand of one source group exactly
-    once, or (``idempotent``) at least once."""
+    once, or (``idempotent``) at least once. With ``cut`` (4''), the reductions before instruction ``cut``, at
+    the one contributor after it that is data (2'' and 3'')."""
     mesh_sizes = digits.mesh_sizes
     src_partial = type_meaning(mesh_sizes, src)[3]
-    dst_partial = type_meaning(mesh_sizes, dst)[3]
+    dst_partial = () if cut is not None else type_meaning(mesh_sizes, dst)[3]
     n_members = math.prod(ksize(read_axes(mesh_sizes, ins.axes, f"instruction {t}"))
-                          for t, ins in enumerate(program.instructions)
+                          for t, ins in enumerate(program.instructions[:cut])
                           if isinstance(ins, (P.ReduceScatter, P.AllReduce)))
     n_q = ksize(dst_partial)
     n_summands = ksize(src_partial)
@@ -136,7 +156,7 @@ def sum_query(program, digits: Digits, src, dst, dst_local, deadline: Deadline, 
         return  # one summand: every contributor holds the value (query 1), and each is taken once or, if
         # idempotent, any number of times
     details["queries"] = 2
-    base = _base_position(program, digits, dst, dst_local, deadline)
+    base = _base_position(program, digits, dst, dst_local, deadline, shared_to=cut)
     walks = [_contributor(program, digits, tag, base, src, src_partial, dst_partial, deadline) for tag in ("p", "q")]
     bijection = n_members * n_q == n_summands
     if (bijection or not idempotent) and _pair_query(program, digits, base, walks, src_partial, deadline,
@@ -146,7 +166,7 @@ def sum_query(program, digits: Digits, src, dst, dst_local, deadline: Deadline, 
 
 
 def _pair_query(program, digits: Digits, base: _Base, walks, src_partial, deadline: Deadline,
-                refute: bool) -> bool:
+                refute: bool, stop: int = 0) -> bool:
     """The summation query (2 and 2' of the module header) on two contributors ``walks`` to the group reduction
     at ``base`` (:func:`_contributor`): can two different members take one source summand, or summands of two
     source partial groups? True where they cannot; where they can, refutes with them (:func:`_refute_pair`) if
@@ -156,12 +176,12 @@ def _pair_query(program, digits: Digits, base: _Base, walks, src_partial, deadli
     differ = disjunction([a != b for a, b in zip(m1, m2)], ctx)
     same = conjunction([a == b for a, b in zip(s1, s2)], ctx)
     other_group = disjunction([a != b for a, b in zip(g1, g2)], ctx)
-    s, res = solve(base.constraints + w1.ranges + w1.defs + w1.live + w2.ranges + w2.defs + w2.live
+    s, res = solve(base.constraints + w1.ranges + w1.defs + w1.alive() + w2.ranges + w2.defs + w2.alive()
                    + [differ, z3.Or(same, other_group)], deadline, "summation query", ctx)
     if res == z3.unsat:
         return True
     if refute:
-        _refute_pair(s.model(), digits, program, base, (cs1, cs2), (s1, s2), src_partial)
+        _refute_pair(s.model(), digits, program, base, (cs1, cs2), (s1, s2), src_partial, stop)
     return False
 
 
@@ -187,8 +207,13 @@ class _Base:
     fork: tuple | None
 
 
-def _base_position(program, digits: Digits, dst, dst_local, deadline: Deadline) -> _Base:
-    """A symbolic data position of the result, and the walk its contributors share (:class:`_Base`)."""
+def _base_position(program, digits: Digits, dst, dst_local, deadline: Deadline, stop: int = 0,
+                   shared_to: int | None = None) -> _Base:
+    """A symbolic data position of the result, and the walk its contributors share (:class:`_Base`): with
+    ``shared_to``, down to that instruction, from one member of the claim's partial group (its Q-coordinates,
+    and the members of the reductions from ``shared_to`` on, are one for all the contributors); else, where the
+    claim has no partial group of more than one device, down to the last reduction at or after instruction
+    ``stop`` (to which the contributors walk)."""
     ranges: list = []
 
     def new(base, lo, hi):
@@ -200,36 +225,59 @@ def _base_position(program, digits: Digits, dst, dst_local, deadline: Deadline) 
     idx = [new(f"i{d}", 0, L) for d, L in enumerate(dst_local)]
     meaning = type_meaning(digits.mesh_sizes, dst, digits, c, idx)
     ranges.append(meaning[4])  # data positions only
-    if ksize(meaning[3]) > 1:
+    dst_partial = meaning[3]
+    if shared_to is None and ksize(dst_partial) > 1:
         return _Base(c, idx, ranges, None)
-    reductions = [t for t, ins in enumerate(program.instructions) if isinstance(ins, (P.ReduceScatter, P.AllReduce))]
-    below = reductions[-1] + 1 if reductions else 0
     w = Walk(program, digits, "tail", deadline)
-    c_fork = w.reorder(c, device_order(program.dst_mesh), w.ids, "claim")
+    c_fork = c
+    if shared_to is None:
+        reductions = [t for t, ins in enumerate(program.instructions)
+                      if t >= stop and isinstance(ins, (P.ReduceScatter, P.AllReduce))]
+        below = reductions[-1] + 1 if reductions else stop
+    else:
+        below = shared_to
+        qs = [w.fresh("grp", 0, ax.size) for ax in dst_partial]
+        c_fork = digits.with_rank(w, c, dst_partial, horner(qs, [ax.size for ax in dst_partial], digits.ctx),
+                                  bounded=True)
+    c_fork = w.reorder(c_fork, device_order(program.dst_mesh), w.ids, "claim")
     c_fork, idx_fork = w.run(c_fork, idx, stop=below)
     return _Base(c, idx, ranges + w.ranges + w.defs, (c_fork, idx_fork, below, w.live))
 
 
-def _contributor(program, digits: Digits, tag, base: _Base, src, src_partial, dst_partial, deadline):
+def _contributor(program, digits: Digits, tag, base: _Base, src, src_partial, dst_partial, deadline, stop: int = 0):
     """One symbolic contributor to the group reduction at the base device and index: a walk from the member
     of the base's destination group given by fresh Q-coordinates (or from the base's fork, which the walk's
-    liveness then includes). Returns ``(walk, member variables (Q-coordinates, then each reduction's), source
-    summand coordinates, source device coordinates, source group key)``."""
+    liveness then includes) back to instruction ``stop``. Returns ``(walk, member variables (Q-coordinates,
+    then each reduction's), source summand coordinates, source device coordinates, source group key)``; with
+    ``stop`` > 0, the element before instruction ``stop`` is one value (the source's pending value, reduced
+    whole before it): no summand coordinates nor group key, and the device's coordinates on the program's
+    mesh."""
     wk = Walk(program, digits, tag, deadline)
     if base.fork is None:
         qs = [wk.fresh("grp", 0, ax.size) for ax in dst_partial]
         cc = digits.with_rank(wk, base.c, dst_partial, horner(qs, [ax.size for ax in dst_partial], digits.ctx),
                               bounded=True)
-        cs, ii = _walk_between_orders(wk, program, cc, list(base.idx))
+        cc = wk.reorder(cc, device_order(program.dst_mesh), wk.ids, "claim")
+        cs, ii = wk.run(cc, list(base.idx), stop=stop)
     else:
         qs = []
         c_fork, idx_fork, below, live = base.fork
         wk.live += live
-        cs, ii = wk.run(c_fork, idx_fork, below=below)
-        cs = wk.reorder(cs, wk.ids, device_order(program.src_mesh), "source")
-    _, _, summ, _, _ = type_meaning(digits.mesh_sizes, src, digits, cs, ii)
+        cs, ii = wk.run(c_fork, idx_fork, below=below, stop=stop)
     members = qs + [v for _, vs, _ in wk.sum_vars for v in vs]
+    if stop:
+        return wk, members, [], cs, []
+    cs = wk.reorder(cs, wk.ids, device_order(program.src_mesh), "source")
+    _, _, summ, _, _ = type_meaning(digits.mesh_sizes, src, digits, cs, ii)
     return wk, members, summ, cs, digits.key(cs, src_partial)
+
+
+def _member_sizes(base: _Base, dst_partial, template: Walk) -> list[int]:
+    """The number of values of each member variable of a contributor (:func:`_contributor`, of which
+    ``template`` is the walk): its Q-coordinates (none where the base's fork holds them), then each of its
+    reductions' members."""
+    return ([] if base.fork else [ax.size for ax in dst_partial]) + [
+        ax.size for _, _, axes in template.sum_vars for ax in axes]
 
 
 def _model_position(mdl, digits: Digits, program, base: _Base) -> dict:
@@ -240,14 +288,19 @@ def _model_position(mdl, digits: Digits, program, base: _Base) -> dict:
             "index": tuple(model_int(mdl, v) for v in base.idx)}
 
 
-def _refute_pair(mdl, digits: Digits, program, base: _Base, cs, ss, src_partial) -> None:
-    """Refute with the model of query 2: two contributors that take one summand, or two source groups."""
+def _refute_pair(mdl, digits: Digits, program, base: _Base, cs, ss, src_partial, stop: int) -> None:
+    """Refute with the model of query 2: two contributors that take one summand, or two source groups (with
+    ``stop``, 2'': two contributors that are data before instruction ``stop``)."""
     summ = [{a.token: model_int(mdl, e) for a, e in zip(src_partial, x)} for x in ss]
-    from_devs = [_device_at(program.src_mesh, _model_coords(mdl, digits, cc), digits.mesh_sizes) for cc in cs]
+    from_devs = [_device_at(program.mesh if stop else program.src_mesh, _model_coords(mdl, digits, cc),
+                            digits.mesh_sizes) for cc in cs]
     cx = {**_model_position(mdl, digits, program, base),
           "holds": {"summands": summ, "added_from_devices": from_devs},
-          "expected": {"summands": "each summand of one source partial group, exactly once"}}
-    if summ[0] == summ[1]:
+          "expected": {"summands": "the element once" if stop else
+                       "each summand of one source partial group, exactly once"}}
+    if stop:
+        why = f"adds the element twice (from devices {from_devs}, before instruction {stop})"
+    elif summ[0] == summ[1]:
         why = f"adds source summand {summ[0]} twice (from devices {from_devs})"
     else:
         why = (f"mixes summands of different source partial groups (devices {from_devs} are in different "
@@ -260,7 +313,7 @@ def _coverage_query(program, digits: Digits, src, src_partial, dst_partial, base
     """Query 3 of the module header (idempotent reductions): one walk per concrete choice of the members
     (Q-coordinates, then each reduction's members, as in ``template``); the contributor of all-zero members
     names the witness group, and the query asks for a summand coordinate of it that no contributor takes."""
-    sizes = [ax.size for ax in dst_partial] + [ax.size for _, _, axes in template.sum_vars for ax in axes]
+    sizes = _member_sizes(base, dst_partial, template)
     choices = list(itertools.product(*(range(k) for k in sizes)))
     details["queries"] = 3
     details["coverage_walks"] = len(choices)
@@ -271,7 +324,7 @@ def _coverage_query(program, digits: Digits, src, src_partial, dst_partial, base
         deadline.check(f"encoding contributor {j} of {len(choices)} for the coverage query")
         wk, members, summ, _, group = _contributor(program, digits, f"m{j}", base, src, src_partial, dst_partial,
                                                    deadline)
-        constraints += wk.ranges + wk.defs + wk.live + [v == x for v, x in zip(members, choice)]
+        constraints += wk.ranges + wk.defs + wk.alive() + [v == x for v, x in zip(members, choice)]
         if witness is None:
             witness = group
         covered.append(conjunction([a == b for a, b in zip(group, witness)] + [a == b for a, b in zip(summ, missing)],
@@ -291,30 +344,33 @@ def _coverage_query(program, digits: Digits, src, src_partial, dst_partial, base
 _MAX_CONTRIBUTORS = 1024
 
 
-def creation_queries(program, digits: Digits, src, dst, dst_local, deadline: Deadline, details: dict) -> None:
-    """Queries 2' and 3' of the module header (after 1', :func:`value_query` with ``zeros``): no two data
+def creation_queries(program, digits: Digits, src, dst, dst_local, deadline: Deadline, details: dict,
+                     stop: int = 0) -> None:
+    """Queries 2' and 3' of the module header (after 1', :func:`value_query` with ``zeros_from``): no two data
     contributors to one group sum hold one source summand or come from two source partial groups, and every
-    summand of the group reaches it."""
-    src_partial = type_meaning(digits.mesh_sizes, src)[3]
+    summand of the group reaches it. With ``stop`` (2'' and 3''), the contributors are followed back to
+    instruction ``stop`` only, where the element is one value: exactly one of them is data."""
+    src_partial = () if stop else type_meaning(digits.mesh_sizes, src)[3]
     dst_partial = type_meaning(digits.mesh_sizes, dst)[3]
-    base = _base_position(program, digits, dst, dst_local, deadline)
-    walks = [_contributor(program, digits, tag, base, src, src_partial, dst_partial, deadline) for tag in ("p", "q")]
+    base = _base_position(program, digits, dst, dst_local, deadline, stop=stop)
+    walks = [_contributor(program, digits, tag, base, src, src_partial, dst_partial, deadline, stop)
+             for tag in ("p", "q")]
     if walks[0][1]:  # more than one contributor per group sum: compare two of them
         details["queries"] = 2
-        _pair_query(program, digits, base, walks, src_partial, deadline, refute=True)
-    _onto_query(program, digits, src, src_partial, dst_partial, base, walks[0][0], deadline, details)
+        _pair_query(program, digits, base, walks, src_partial, deadline, refute=True, stop=stop)
+    _onto_query(program, digits, src, src_partial, dst_partial, base, walks[0][0], deadline, details, stop)
 
 
 def _onto_query(program, digits: Digits, src, src_partial, dst_partial, base: _Base, template: Walk,
-                deadline: Deadline, details: dict) -> None:
+                deadline: Deadline, details: dict, stop: int = 0) -> None:
     """Query 3' of the module header: every summand of the source reaches each group sum of the result.
 
     Every contributor is enumerated: one walk per value of (Q-coordinates, summation members, as in
     ``template``), all from the symbolic ``base`` position; the query asks for a base position and a source
     summand coordinate ``σ`` that no data contributor holds. With 2' (all data contributors hold distinct
     summands of one source group) its ``unsat`` makes the data contributors a bijection onto that group's
-    summands."""
-    sizes = [ax.size for ax in dst_partial] + [ax.size for _, _, axes in template.sum_vars for ax in axes]
+    summands. ``stop``: as for :func:`creation_queries`."""
+    sizes = _member_sizes(base, dst_partial, template)
     count = math.prod(sizes)
     if count > _MAX_CONTRIBUTORS:
         raise Undecided(f"the onto query of a creating claim would walk {count} contributors per group sum, "
@@ -324,10 +380,10 @@ def _onto_query(program, digits: Digits, src, src_partial, dst_partial, base: _B
     for j, choice in enumerate(itertools.product(*(range(k) for k in sizes))):
         deadline.check(f"encoding contributor {j} of {count} for the onto query")
         wk, members, summ, _, _ = _contributor(program, digits, f"o{j}", base, src, src_partial, dst_partial,
-                                               deadline)
+                                               deadline, stop)
         constraints += wk.ranges + wk.defs + [v == x for v, x in zip(members, choice)]
-        constraints.append(z3.Not(conjunction([conjunction(wk.live, digits.ctx)] + [a == b for a, b in zip(summ, sigma)],
-                                              digits.ctx)))
+        held = wk.alive() + [a == b for a, b in zip(summ, sigma)]
+        constraints.append(z3.Not(conjunction(held, digits.ctx)))
     details["queries"] = 3
     s, res = solve(constraints, deadline, "onto query", digits.ctx)
     if res == z3.unsat:

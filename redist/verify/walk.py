@@ -74,7 +74,7 @@ class Walk:
         self.defs: list = []  # definitional constraints (each has exactly one solution per input)
         self.ranges: list = []  # ranges of the free variables
         self.sum_vars: list = []  # (instruction index, fresh member coordinate vars)
-        self.live: list = []  # conditions: the element is data, not a zero that an instruction wrote there
+        self.live: list = []  # (instruction, condition): the element is data, not a zero the instruction wrote
         self.quotients: dict = {}  # (key, lo, period) -> the quotient variable of :meth:`quotient`
         self.n = 0
 
@@ -83,6 +83,11 @@ class Walk:
         v = z3.Int(f"{self.tag}_{base}_{self.n}", self.ctx)
         self.ranges.append(z3.And(v >= lo, v < hi))
         return v
+
+    def alive(self, since: int = 0, before: float = math.inf) -> list:
+        """The conditions under which the element is data, not a zero, at the instructions ``since`` up to
+        ``before`` (default: all)."""
+        return [cond for t, cond in self.live if since <= t < before]
 
     def var(self, base: str):
         """A fresh variable of any value (a quotient)."""
@@ -164,16 +169,16 @@ class Walk:
                 idx[0] = D.rank(c, axes)
                 c = D.with_rank(self, c, axes, j, bounded=False)
             elif isinstance(ins, P.KeepRoot):
-                self.live.append(D.rank(c, axes) == 0)
+                self.live.append((t, D.rank(c, axes) == 0))
             elif isinstance(ins, P.EmbedChunk):
                 start = D.rank(c, axes) * n_in[ins.dim]
-                self.live.append(z3.And(idx[ins.dim] >= start, idx[ins.dim] < start + n_in[ins.dim]))
+                self.live.append((t, z3.And(idx[ins.dim] >= start, idx[ins.dim] < start + n_in[ins.dim])))
                 idx[ins.dim] = idx[ins.dim] - start
             elif isinstance(ins, (P.ReduceScatter, P.AllReduce)):
                 if isinstance(ins, P.ReduceScatter):
                     idx[ins.dim] = idx[ins.dim] + D.rank(c, axes) * n_out[ins.dim]
                     if n_in[ins.dim] % ksize(axes):  # the padding rule: past the input, a zero
-                        self.live.append(idx[ins.dim] < n_in[ins.dim])
+                        self.live.append((t, idx[ins.dim] < n_in[ins.dim]))
                 members = [self.fresh(f"sum{t}", 0, ax.size) for ax in axes]
                 c = D.with_rank(self, c, axes, horner(members, [ax.size for ax in axes], self.ctx), bounded=True)
                 self.sum_vars.append((t, members, axes))
@@ -260,7 +265,7 @@ class Walk:
                 covers.append(inside)
                 self.defs.append(z3.Implies(k == r, z3.And(inside, source_block == src, index == idx[i] + offset)))
             self.defs.append(z3.Implies(k == slots, z3.Not(disjunction(covers, self.ctx))))
-            self.live.append(k < slots)
+            self.live.append((t, k < slots))
             i2.append(index)
             settings.append((source_axes, source_block))
         out = dict(c)
@@ -341,7 +346,7 @@ class Walk:
                 j += 1
         self.deadline.check(doing)
         self.defs.append(z3.Implies(k == n_copies, z3.Not(disjunction(covers, self.ctx))))
-        self.live.append(k < n_copies)
+        self.live.append((t, k < n_copies))
         return c2, i2
 
     def _named(self, t: int, idx: list) -> list:

@@ -308,19 +308,50 @@ def field_cx(mesh_sizes: dict, what: str, holds, expected) -> dict:
             "holds": {what: holds}, "expected": {what: expected}}
 
 
-def check_reductions(program, src, dst) -> str | None:
-    """The reduction kind of the program (None if nothing is reduced or pending), after checking it against
-    the types (the audit in the header of :mod:`redist.verify`): the instructions take one kind, the source's
-    where it is partial; a partial claim is of the source's kind; the maximum or minimum of complex numbers is
-    refused."""
+def check_reductions(program, src, dst) -> tuple[str | None, int | None]:
+    """The reduction kinds of the program, checked against the types (the audit in the header of
+    :mod:`redist.verify`): ``(kind, cut)``.
+
+    One stage (``cut`` None): the instructions take one kind, ``kind`` (None if nothing is reduced or
+    pending), the source's where it is partial, and a partial claim is of that kind. Two stages: a source
+    pending in another kind than a sum, reduced whole and then made pending sums (SPEC 3: creating writes
+    zeros, the identity of a sum only) and summed again: the instructions before ``cut`` (the one after the
+    last of the source's kind) take the source's kind, ``kind``, those from it on take sums, and a partial
+    claim is a sum. The maximum or minimum of complex numbers is refused."""
     mesh_sizes = dict(program.mesh.axes)
     taken = [(t, ins.reduction) for t, ins in enumerate(program.instructions)
              if isinstance(ins, (P.ReduceScatter, P.AllReduce))]
+    pending = src.reduction if src.partial else None
+    cut = None
+    if pending not in (None, "sum") and ("sum" in {k for _, k in taken} or dst.partial and dst.reduction == "sum"):
+        cut = max((t + 1 for t, k in taken if k == pending), default=0)
+        wrong = next(((t, k) for t, k in taken if t < cut and k != pending or t >= cut and k != "sum"), None)
+        if wrong is not None:
+            t, k = wrong
+            want = pending if t < cut else "sum"
+            raise Refuted(f"instruction {t} takes the {k} of its group, but the values there are a pending {want}"
+                          + (f" (the source {src} is reduced by instruction {cut - 1})" if t >= cut else ""),
+                          field_cx(mesh_sizes, "reduction", k, want))
+        if dst.partial and dst.reduction != "sum":
+            raise Refuted(f"the claim {dst} is a pending {dst.reduction}, but the program's values are pending sums "
+                          f"(the source {src} is reduced by instruction {cut - 1})",
+                          field_cx(mesh_sizes, "reduction", "sum", dst.reduction))
+        kind = pending
+    else:
+        kind = _one_kind(taken, pending, src, dst, mesh_sizes)
+    if kind in IDEMPOTENT and np.dtype(program.dtype).kind == "c":
+        raise Refuted(f"the program takes the {kind} of complex numbers, which have none",
+                      field_cx(mesh_sizes, "reduction", kind, "sum or prod"))
+    return kind, cut
+
+
+def _one_kind(taken, pending, src, dst, mesh_sizes) -> str | None:
+    """The one kind of a program of one stage (:func:`check_reductions`): its reductions ``taken`` (instruction,
+    kind) and the source's ``pending`` kind (None if it is not partial)."""
     kinds = {k for _, k in taken}
     if len(kinds) > 1:
         raise Refuted(f"the program reduces by {' and '.join(sorted(kinds))}: one value has one reduction kind",
                       field_cx(mesh_sizes, "reduction", sorted(kinds), sorted(kinds)[0]))
-    pending = src.reduction if src.partial else None
     kind = pending or (kinds.pop() if kinds else None)
     if pending is not None:
         wrong = next(((t, k) for t, k in taken if k != pending), None)
@@ -330,7 +361,4 @@ def check_reductions(program, src, dst) -> str | None:
     if dst.partial and kind is not None and dst.reduction != kind:
         raise Refuted(f"the claim {dst} is a pending {dst.reduction}, but the program's values are a pending "
                       f"{kind}", field_cx(mesh_sizes, "reduction", kind, dst.reduction))
-    if kind in IDEMPOTENT and np.dtype(program.dtype).kind == "c":
-        raise Refuted(f"the program takes the {kind} of complex numbers, which have none",
-                      field_cx(mesh_sizes, "reduction", kind, "sum or prod"))
     return kind
