@@ -57,7 +57,8 @@ in any of them is refuted (status ``"refuted"``, with a counterexample in the st
   ``{x: 1}`` on one and ``{x: 0}`` on the other). The program's own three meshes must have the same axes
   (only their device orders may differ), else it is refuted. A type on another number of devices is no
   claim about these devices: ``ShardingError``. ``device_ids`` are read as data (a permutation, inverted
-  here); no method of ``Mesh`` is called.
+  here; the default order, ``Mesh.is_row_major``, is the identity and is not listed:
+  :class:`~redist.verify.encoding.DeviceOrder`); no method of ``Mesh`` is called.
 - ``Program.dtype`` must be the source type's dtype, and the claim's ``dtype`` the source's
   (:func:`~redist.verify.wellformed.check_fields`). The names' meaning is ``ShardingType.np_dtype``: the dtype
   table, not block arithmetic, is the one thing read from the type class beyond its fields.
@@ -213,7 +214,7 @@ def _run(program, src, dst, costs, deadline: Deadline) -> Verdict:
 
 def _verify(program, src, dst, costs, deadline: Deadline, details: dict) -> None:
     mesh_sizes = dict(program.mesh.axes)
-    check_fields(program, src, dst)
+    check_fields(program, src, dst, deadline)
     _, src_local, _, src_partial, _ = type_meaning(mesh_sizes, src)
     _, dst_local, _, dst_partial, _ = type_meaning(mesh_sizes, dst)
     if tuple(program.shapes[0]) != src_local:
@@ -223,7 +224,7 @@ def _verify(program, src, dst, costs, deadline: Deadline, details: dict) -> None
     if shapes[-1] != dst_local:
         raise Refuted(f"the program ends with local shape {shapes[-1]}, but {dst} has local shape {dst_local}",
                       field_cx(mesh_sizes, "local_shape", shapes[-1], dst_local))
-    accounting.check_costs(program, shapes, mesh_sizes, costs, details)
+    accounting.check_costs(program, shapes, mesh_sizes, costs, details, deadline)
     kind, cut = check_reductions(program, src, dst)
     if any(n == 0 for n in dst_local):
         return  # no elements: nothing to prove

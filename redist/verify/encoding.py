@@ -5,9 +5,8 @@ device coordinates written as digits, and the meaning of a type.
   mesh axis, size, stride and factor range, derived here from the text alone); a token that the backends'
   reader refuses (one grammar, :func:`redist.axes.read_token`, for both), and axes of one group that overlap
   (:func:`read_axes`), are refuted.
-- Device orders: a mesh's ``device_ids`` read as data: the device at each position (:func:`device_order`),
-  the position of each device (:func:`positions`), and the coordinates of a position, row-major
-  (:func:`position_coords`).
+- Device orders: a mesh's ``device_ids`` read as data, the default order listing nothing
+  (:class:`DeviceOrder`), and the coordinates of a position, row-major (:func:`position_coords`).
 - Coordinates as digits: :class:`Digits`, over the cut points of the (sub-)axes that a program and its two
   types name (:func:`named_axes`).
 - The meaning of a type (stated in the package header): :func:`type_meaning`, in Z3 terms.
@@ -18,7 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from redist import program as P
 from redist.axes import read_token
@@ -89,17 +88,41 @@ def ksize(axes) -> int:
 
 
 # ----------------------------------------------------------------------------- device orders
-def device_order(mesh) -> tuple[int, ...]:
-    """The device id at each row-major position of ``mesh``: its ``device_ids``, read as data."""
-    return tuple(mesh.device_ids)
+class DeviceOrder:
+    """A mesh's device order, read as data: the device at each position and the position of each device.
+    The default order (``Mesh.is_row_major``: device p at position p) is the identity, and lists nothing, so
+    that a mesh of 2**31 devices costs no memory; another order is its ``device_ids`` (a permutation), inverted
+    on first use."""
 
+    def __init__(self, mesh):
+        self.size = mesh.size
+        self.ids = None if mesh.is_row_major else tuple(mesh.device_ids)
+        self._positions = None
 
-def positions(ids: Sequence[int]) -> list[int]:
-    """The position of each device id, given the device id at each position (a permutation)."""
-    out = [0] * len(ids)
-    for p, d in enumerate(ids):
-        out[d] = p
-    return out
+    def __eq__(self, other) -> bool:
+        return isinstance(other, DeviceOrder) and (self.size, self.ids) == (other.size, other.ids)
+
+    @property
+    def is_identity(self) -> bool:
+        return self.ids is None
+
+    def device(self, p: int) -> int:
+        """The device at position ``p``."""
+        return p if self.ids is None else self.ids[p]
+
+    def position(self, d: int) -> int:
+        """The position of device ``d``."""
+        if self.ids is None:
+            return d
+        if self._positions is None:
+            self._positions = [0] * self.size
+            for p, dev in enumerate(self.ids):
+                self._positions[dev] = p
+        return self._positions[d]
+
+    def devices(self):
+        """The device at each position, in position order."""
+        return range(self.size) if self.ids is None else self.ids
 
 
 def position_coords(mesh_sizes: dict, device: int) -> dict[str, int]:

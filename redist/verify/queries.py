@@ -76,7 +76,7 @@ import math
 from dataclasses import dataclass
 
 from redist import program as P
-from redist.verify.encoding import Digits, device_order, horner, ksize, position_coords, read_axes, type_meaning
+from redist.verify.encoding import DeviceOrder, Digits, horner, ksize, position_coords, read_axes, type_meaning
 from redist.verify.solver import Deadline, conjunction, disjunction, model_int, solve, z3
 from redist.verify.verdict import Refuted, Undecided
 from redist.verify.walk import Walk
@@ -126,10 +126,9 @@ def _walk_between_orders(w: Walk, program, c: dict, idx: list):
     """Walk back from coordinates ``c`` on the claim's device order (``program.dst_mesh``) and local index
     ``idx`` to the source: returns the source device's coordinates on the source's device order
     (``program.src_mesh``) and its local index."""
-    ids = w.ids
-    c = w.reorder(c, device_order(program.dst_mesh), ids, "claim")
+    c = w.reorder(c, DeviceOrder(program.dst_mesh), w.order, "claim")
     c0, i0 = w.run(c, idx)
-    return w.reorder(c0, ids, device_order(program.src_mesh), "source"), i0
+    return w.reorder(c0, w.order, DeviceOrder(program.src_mesh), "source"), i0
 
 
 def sum_query(program, digits: Digits, src, dst, dst_local, deadline: Deadline, details: dict,
@@ -239,7 +238,7 @@ def _base_position(program, digits: Digits, dst, dst_local, deadline: Deadline, 
         qs = [w.fresh("grp", 0, ax.size) for ax in dst_partial]
         c_fork = digits.with_rank(w, c, dst_partial, horner(qs, [ax.size for ax in dst_partial], digits.ctx),
                                   bounded=True)
-    c_fork = w.reorder(c_fork, device_order(program.dst_mesh), w.ids, "claim")
+    c_fork = w.reorder(c_fork, DeviceOrder(program.dst_mesh), w.order, "claim")
     c_fork, idx_fork = w.run(c_fork, idx, stop=below)
     return _Base(c, idx, ranges + w.ranges + w.defs, (c_fork, idx_fork, below, w.live))
 
@@ -257,7 +256,7 @@ def _contributor(program, digits: Digits, tag, base: _Base, src, src_partial, ds
         qs = [wk.fresh("grp", 0, ax.size) for ax in dst_partial]
         cc = digits.with_rank(wk, base.c, dst_partial, horner(qs, [ax.size for ax in dst_partial], digits.ctx),
                               bounded=True)
-        cc = wk.reorder(cc, device_order(program.dst_mesh), wk.ids, "claim")
+        cc = wk.reorder(cc, DeviceOrder(program.dst_mesh), wk.order, "claim")
         cs, ii = wk.run(cc, list(base.idx), stop=stop)
     else:
         qs = []
@@ -267,7 +266,7 @@ def _contributor(program, digits: Digits, tag, base: _Base, src, src_partial, ds
     members = qs + [v for _, vs, _ in wk.sum_vars for v in vs]
     if stop:
         return wk, members, [], cs, []
-    cs = wk.reorder(cs, wk.ids, device_order(program.src_mesh), "source")
+    cs = wk.reorder(cs, wk.order, DeviceOrder(program.src_mesh), "source")
     _, _, summ, _, _ = type_meaning(digits.mesh_sizes, src, digits, cs, ii)
     return wk, members, summ, cs, digits.key(cs, src_partial)
 
@@ -407,7 +406,7 @@ def _device_at(mesh, coords: dict, mesh_sizes: dict) -> int | None:
         if not 0 <= coords[n] < size:
             return None
         p = p * size + coords[n]
-    return device_order(mesh)[p]
+    return DeviceOrder(mesh).device(p)
 
 
 def _cex(mdl, w, program, c, idx, want, c0, i0, got, summand, src_partial) -> dict:

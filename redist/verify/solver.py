@@ -65,6 +65,14 @@ class Deadline:
         if time.perf_counter() >= self.end:
             raise Undecided(f"timeout_s={self.timeout_s:g} ran out while {doing}")
 
+    def each(self, items, doing: str, every: int = 65536):
+        """``items``, checking the deadline before the first and then every ``every`` of them (for loops over
+        devices or segments, which may number 2**31)."""
+        for n, item in enumerate(items):
+            if n % every == 0:
+                self.check(doing)
+            yield item
+
     def ms_left(self) -> int | None:
         """The milliseconds left for Z3 (at least 1); None for no bound, or for more than Z3's timer counts
         (``Z3_MAX_MS``)."""

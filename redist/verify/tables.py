@@ -3,9 +3,10 @@ walk reads its tables over.
 
 A table ``values[key]`` (a permute's source coordinate per position, an exchange's field per block) would be a
 chain of as many if-then-elses as entries; structure makes it small. :func:`lookup` is a balanced tree over the
-runs of keys on which the value is affine in the key; :func:`periodic_pieces` cuts a table into pieces that
-repeat a period shifted, which :meth:`redist.verify.walk.Walk.table` reads with one quotient each;
-:func:`segment_runs` groups the segments of each receiver block of an exchange into runs that tile an interval
+runs of keys on which the value is affine in the key (:func:`run_tree`), and :func:`sparse_lookup` the same
+for a table given at a few keys (the blocks of an exchange that receive something, of 2**31);
+:func:`periodic_pieces` cuts a table into pieces that repeat a period shifted, which
+:meth:`redist.verify.walk.Walk.table` reads with one quotient each; :func:`segment_runs` groups the segments of each receiver block of an exchange into runs that tile an interval
 with one size and affine source blocks and starts, so that its tables are over runs, not segments.
 """
 
@@ -32,6 +33,27 @@ def lookup(key, values: Sequence[int], deadline: Deadline, doing: str):
             end += 1
         runs.append((start, slope, values[start] - slope * start))
         start = end
+    return run_tree(key, runs, deadline, doing)
+
+
+def sparse_lookup(key, points: dict[int, int], gap: str, deadline: Deadline, doing: str):
+    """As :func:`lookup`, for a table over keys from 0 given only at ``points`` (key: value): between them (and
+    after the last) it is 0 where ``gap`` is ``"zero"``, else the value of the point before (the first point's
+    before it). Its runs are those of the points and of the gaps, however many keys the gaps span: a table
+    over the 2**31 blocks of an exchange to 7 of them is a few leaves, not a list of 2**31 values."""
+    runs, at, last = [], 0, None
+    for k, v in deadline.each(sorted(points.items()), doing):
+        if k > at:  # the gap before this point
+            runs.append((at, 0, 0 if gap == "zero" else v if last is None else last))
+        runs.append((k, 0, v))
+        at, last = k + 1, v
+    runs.append((at, 0, 0 if gap == "zero" or last is None else last))  # the gap after the last point
+    return run_tree(key, runs, deadline, doing)
+
+
+def run_tree(key, runs, deadline: Deadline, doing: str):
+    """A balanced tree of ``If(key < start, …, …)`` over ``runs`` (``(start, slope, offset)``, by start: from
+    ``start`` to the next run's, the value is ``slope·key + offset``)."""
 
     def tree(lo: int, hi: int):
         if hi - lo == 1:
@@ -105,22 +127,23 @@ def periodic_pieces(values: Sequence[int], deadline: Deadline, doing: str) -> li
 DST, SIZE, COUNT, SOURCE, SHIFT = range(5)
 
 
-def segment_runs(segments, n_blocks: int, deadline: Deadline, doing: str):
+def segment_runs(segments, deadline: Deadline, doing: str):
     """The non-empty segments of each receiver block, in order of their destination start, grouped into runs:
     maximal sequences of one size ``z`` whose q-th segment starts at ``dst + q·z`` and takes source block
     ``source + q·d_source`` from ``src + q·d_src``.
 
-    Returns ``(by_block, uniform)``: per block, its runs as ``(dst, z, count, source, src − dst)`` (field order
-    ``DST`` …), and per slot ``r`` (a block's r-th run) ``(z, d_source, d_src)`` where every block's r-th run
-    has size ``z`` and every one of more than one segment those slopes, so that one quotient selects the
-    segment in all blocks; else ``None``, and every run of the blocks is split into single segments (one
-    case per segment, as before any grouping) when some r-th run of several segments breaks that."""
-    blocks: list[list] = [[] for _ in range(n_blocks)]
-    for seg in segments:
+    Returns ``(by_block, uniform)``: per block that has segments (a dict by block), its runs as ``(dst, z,
+    count, source, src − dst)`` (field order ``DST`` …), and per slot ``r`` (a block's r-th run) ``(z, d_source,
+    d_src)`` where every block's r-th run has size ``z`` and every one of more than one segment those slopes,
+    so that one quotient selects the segment in all blocks; else ``None``, and every run of the blocks is split
+    into single segments (one case per segment, as before any grouping) when some r-th run of several segments
+    breaks that."""
+    blocks: dict[int, list] = {}
+    for seg in deadline.each(segments, doing):
         if seg.size:
-            blocks[seg.block].append(seg)
-    by_block, slopes = [], []
-    for segs in blocks:
+            blocks.setdefault(seg.block, []).append(seg)
+    by_block, slopes = {}, []
+    for block, segs in sorted(blocks.items()):
         deadline.check(doing)
         segs.sort(key=lambda g: g.dst_start)
         runs, j = [], 0
@@ -137,18 +160,18 @@ def segment_runs(segments, n_blocks: int, deadline: Deadline, doing: str):
             runs.append(((g.dst_start, g.size, m, g.source_block, g.src_start - g.dst_start),
                          (d_source, d_src) if m > 1 else None))
             j += m
-        by_block.append([run for run, _ in runs])
+        by_block[block] = [run for run, _ in runs]
         slopes.append([d for _, d in runs])
     uniform = []
-    for r in range(max(map(len, by_block), default=0)):
-        sizes = {runs[r][SIZE] for runs in by_block if r < len(runs)}
+    for r in range(max(map(len, by_block.values()), default=0)):
+        sizes = {runs[r][SIZE] for runs in by_block.values() if r < len(runs)}
         ds = {d[r] for d in slopes if r < len(d) and d[r] is not None}
         if not ds:
             uniform.append(None)  # single segments
         elif len(sizes) == 1 and len(ds) == 1:
             uniform.append((sizes.pop(), *ds.pop()))
         else:  # no common quotient: one case per segment
-            singles = [[(g.dst_start, g.size, 1, g.source_block, g.src_start - g.dst_start) for g in segs]
-                       for segs in blocks]
-            return singles, [None] * max(map(len, singles), default=0)
+            singles = {block: [(g.dst_start, g.size, 1, g.source_block, g.src_start - g.dst_start) for g in segs]
+                       for block, segs in blocks.items()}
+            return singles, [None] * max(map(len, singles.values()), default=0)
     return by_block, uniform

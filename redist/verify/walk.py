@@ -39,7 +39,8 @@ permute's sources, an exchange's copies) name device ids, read through the progr
   blocks. An index no segment of some dim covers is *unwritten* (the walk records that it must not be). The
   terms grow with the runs and with the pieces of their tables (runs of blocks on which a field is affine, or
   periods that repeat shifted: a few for blocks of equal size, even uneven ones), not with the segments, the
-  devices or their copies. A copy table (an exchange between two device orders, ``CopyTable``): a selector
+  devices or their copies; over more than ``DENSE_BLOCKS`` blocks, a table is read from the blocks that have
+  segments alone. A copy table (an exchange between two device orders, ``CopyTable``): a selector
   over every device's copies, linear in them.
 - ``Transpose(perm)``: same device; input index ``perm[a]`` is output index ``a``.
 - ``Reshape(shape)``: same device; the index with the same row-major position in the input shape.
@@ -52,10 +53,15 @@ import math
 from typing import Sequence
 
 from redist import program as P
-from redist.verify.encoding import Digits, device_order, horner, ksize, position_coords, positions, read_axes
+from redist.verify.encoding import DeviceOrder, Digits, horner, ksize, position_coords, read_axes
 from redist.verify.solver import Deadline, disjunction, z3
-from redist.verify.tables import COUNT, DST, SHIFT, SIZE, SOURCE, affine, lookup, periodic_pieces, segment_runs
+from redist.verify.tables import (COUNT, DST, SHIFT, SIZE, SOURCE, affine, lookup, periodic_pieces, segment_runs,
+                                  sparse_lookup)
 from redist.verify.verdict import Refuted
+
+
+# Blocks of an exchange's dim up to which its tables are listed block by block (and their periods found).
+DENSE_BLOCKS = 2**20
 
 
 class Walk:
@@ -67,8 +73,7 @@ class Walk:
         self.ctx = digits.ctx  # the call's Z3 context
         self.mesh_sizes = digits.mesh_sizes
         self.names = list(self.mesh_sizes)
-        self.ids = device_order(program.mesh)  # the device at each position of the program's mesh
-        self.pos = positions(self.ids)  # the position of each device id
+        self.order = DeviceOrder(program.mesh)  # the device order of the program's mesh
         self.tag = tag
         self.deadline = deadline
         self.defs: list = []  # definitional constraints (each has exactly one solution per input)
@@ -104,14 +109,14 @@ class Walk:
         return self._named_coords(t, {name: self.digits.from_value(self, name, values[name])
                                       for name in self.names})
 
-    def reorder(self, c: dict, from_ids, to_ids, what: str) -> dict:
-        """The coordinates, on the device order ``to_ids``, of the device at coordinates ``c`` on the device
-        order ``from_ids`` (both: the device at each position); ``c`` itself where the orders agree."""
-        if from_ids == to_ids:
+    def reorder(self, c: dict, from_order: DeviceOrder, to_order: DeviceOrder, what: str) -> dict:
+        """The coordinates, on the device order ``to_order``, of the device at coordinates ``c`` on the device
+        order ``from_order``; ``c`` itself where the orders agree."""
+        if from_order == to_order:
             return c
-        at = positions(to_ids)
         doing = f"encoding the device order of the {what} for the {self.tag!r} walk"
-        targets = [position_coords(self.mesh_sizes, at[d]) for d in from_ids]
+        targets = [position_coords(self.mesh_sizes, to_order.position(d))
+                   for d in self.deadline.each(from_order.devices(), doing)]
         key = self.position(c)
         out = {name: lookup(key, [x[name] for x in targets], self.deadline, doing) for name in self.names}
         self.n += 1
@@ -206,7 +211,8 @@ class Walk:
         if all(s == d for d, s in enumerate(ins.sources)):
             return c
         did, doing = self.position(c), f"encoding the source table of instruction {t}"
-        sources = [position_coords(self.mesh_sizes, self.pos[ins.sources[d]]) for d in self.ids]
+        sources = [position_coords(self.mesh_sizes, self.order.position(ins.sources[d]))
+                   for d in self.deadline.each(self.order.devices(), doing)]
         return self.from_values(t, {name: lookup(did, [s[name] for s in sources], self.deadline, doing)
                                     for name in self.names})
 
@@ -232,8 +238,9 @@ class Walk:
             self.deadline.check(doing)
             axes = read_axes(self.mesh_sizes, x.axes, f"instruction {t}")
             source_axes = read_axes(self.mesh_sizes, x.source_axes, f"instruction {t}")
-            by_block, uniform = segment_runs(x.segments, ksize(axes), self.deadline, doing)
-            slots = max(map(len, by_block))
+            by_block, uniform = segment_runs(x.segments, self.deadline, doing)
+            n_blocks = ksize(axes)
+            slots = max(map(len, by_block.values()), default=0)
             k = self.fresh(f"seg{t}_{i}", 0, slots + 1)
             block = z3.Int(f"{self.tag}_b{t}_{i}", self.ctx)
             self.defs.append(block == self.digits.rank(c, axes))
@@ -243,8 +250,14 @@ class Walk:
             def slot(r: int, field: int):
                 """Per block, ``field`` of its r-th run, as a table over the block. Where a block has no r-th run,
                 its count and size are 0 (no index is inside it) and its other fields are never read: they
-                repeat a neighbour's (:func:`_filled`), which keeps the table's runs and periods whole."""
-                values = [runs[r][field] if r < len(runs) else None for runs in by_block]
+                repeat a neighbour's (:func:`_filled`), which keeps the table's runs and periods whole. Over more
+                than ``DENSE_BLOCKS`` blocks, the table is read from the blocks that have an r-th run alone
+                (:func:`~redist.verify.tables.sparse_lookup`), not listed block by block."""
+                points = {b: runs[r][field] for b, runs in by_block.items() if r < len(runs)}
+                if n_blocks > DENSE_BLOCKS:
+                    return sparse_lookup(block, points, "zero" if field in (SIZE, COUNT) else "previous",
+                                         self.deadline, doing)
+                values = [points.get(b) for b in range(n_blocks)]
                 return self.table(block, [0 if v is None else v for v in values] if field in (SIZE, COUNT)
                                   else _filled(values), doing)
 
@@ -334,11 +347,11 @@ class Walk:
                 self.deadline.check(doing)
             if not copies:
                 continue
-            on_d = did == self.pos[d]
+            on_d = did == self.order.position(d)
             for cp in copies:
                 inside = z3.And([on_d] + [z3.And(i >= lo, i < lo + n) for i, lo, n in zip(idx, cp.dst_start, cp.size)])
                 covers.append(inside)
-                source = position_coords(self.mesh_sizes, self.pos[cp.source])
+                source = position_coords(self.mesh_sizes, self.order.position(cp.source))
                 self.defs.append(z3.Implies(k == j, z3.And(
                     [inside] + [self.digits.value(c2, name) == source[name] for name in self.names]
                     + [a == (i if lo_in == lo_out else i + (lo_in - lo_out))

@@ -16,7 +16,7 @@ import numbers
 import numpy as np
 
 from redist import program as P
-from redist.verify.encoding import Axis, device_order, ksize, position_coords, positions, read_axes
+from redist.verify.encoding import Axis, DeviceOrder, ksize, position_coords, read_axes
 from redist.verify.solver import Deadline
 from redist.verify.verdict import Refuted
 
@@ -35,7 +35,7 @@ def derive_shapes(program, mesh_sizes, deadline: Deadline) -> list[tuple[int, ..
         x = list(shapes[-1])
         where = f"instruction {t} ({_brief(ins)})"
         deadline.check(f"checking {where}")
-        bad = _malformed(ins, len(x))
+        bad = _malformed(ins, len(x), deadline, f"checking {where}")
         if bad:
             raise Refuted(f"{where}: {bad}")
 
@@ -110,7 +110,7 @@ def is_ints(x, n: int | None = None) -> bool:
     return isinstance(x, tuple) and (n is None or len(x) == n) and all(_is_int(v) for v in x)
 
 
-def _malformed(ins, rank: int) -> str | None:
+def _malformed(ins, rank: int, deadline: Deadline, doing: str) -> str | None:
     """What is wrong with the kinds of an instruction's fields (None: nothing), before any is used; ``rank``
     is the rank of the buffer it reads."""
     if isinstance(ins, P.CollectivePermute):
@@ -131,7 +131,7 @@ def _malformed(ins, rank: int) -> str | None:
             table = ins.dims.copies
             if not isinstance(table, tuple) or not all(isinstance(cs, tuple) for cs in table):
                 return "its copy table is not a tuple of copies per device"
-            for d, copies in enumerate(table):
+            for d, copies in deadline.each(enumerate(table), doing):
                 for c in copies:
                     if not (_is_int(getattr(c, "source", None))
                             and all(is_ints(getattr(c, f, None), rank) for f in ("src_start", "dst_start", "size"))):
@@ -142,7 +142,8 @@ def _malformed(ins, rank: int) -> str | None:
         for i, x in enumerate(ins.dims):
             if not (_is_tokens(getattr(x, "source_axes", None)) and _is_tokens(getattr(x, "axes", None))
                     and isinstance(getattr(x, "segments", None), tuple)
-                    and all(is_ints(tuple(seg) if isinstance(seg, tuple) else seg, 5) for seg in x.segments)):
+                    and all(is_ints(tuple(seg) if isinstance(seg, tuple) else seg, 5)
+                            for seg in deadline.each(x.segments, doing))):
                 return f"the table of dim {i} ({x!r:.80}) is not axes and segments of five integers"
         return None
     if isinstance(ins, (P.Slice, P.AllGather, P.ReduceScatter, P.EmbedChunk)) and not _is_int(ins.dim):
@@ -235,7 +236,7 @@ def _check_exchange(ins, shape_in, mesh_sizes, where: str, deadline: Deadline) -
         k_out = ksize(read_axes(mesh_sizes, x.axes, where))
         k_in = ksize(read_axes(mesh_sizes, x.source_axes, where))
         spans: dict[int, list[tuple[int, int]]] = {}
-        for seg in x.segments:
+        for seg in deadline.each(x.segments, f"checking the segments of {where}"):
             block, source_block, src_start, dst_start, size = seg
             if not (0 <= block < k_out and 0 <= source_block < k_in and size >= 0 and src_start >= 0
                     and dst_start >= 0 and src_start + size <= cap_in and dst_start + size <= cap_out):
@@ -251,7 +252,7 @@ def _check_exchange(ins, shape_in, mesh_sizes, where: str, deadline: Deadline) -
 
 
 # ----------------------------------------------------------------------------- fields no query reads
-def check_fields(program, src, dst) -> None:
+def check_fields(program, src, dst, deadline: Deadline) -> None:
     """Meshes, dtypes and shapes must agree exactly (the audit in the header of :mod:`redist.verify`): the
     source type's mesh is the program's ``src_mesh`` and the claim's its ``dst_mesh``, whose axes are those of
     the program's ``mesh``; the program's dtype is the source type's, and the claim's dtype and shape are the
@@ -260,11 +261,11 @@ def check_fields(program, src, dst) -> None:
     for which in ("src_mesh", "dst_mesh"):
         if tuple(getattr(program, which).axes) != tuple(program.mesh.axes):
             raise Refuted(f"the program's {which} {getattr(program, which)!r} does not have the axes of the mesh "
-                          f"{program.mesh!r} its collectives run on", _mesh_difference(program.mesh,
-                                                                                       getattr(program, which)))
+                          f"{program.mesh!r} its collectives run on",
+                          _mesh_difference(program.mesh, getattr(program, which), deadline))
     for what, t, have, role in (("source type", src, program.src_mesh, "the program reads its input on"),
                                 ("claim", dst, program.dst_mesh, "the program leaves its result on")):
-        cx = _mesh_difference(have, t.mesh)
+        cx = _mesh_difference(have, t.mesh, deadline)
         if cx is not None:
             raise Refuted(f"the {what} {t} is on mesh {t.mesh!r}, but {role} mesh {have!r}: device "
                           f"{cx['device']} is at {cx['holds']['coords']} on the program's mesh and at "
@@ -281,7 +282,7 @@ def check_fields(program, src, dst) -> None:
                       field_cx(mesh_sizes, "shape", tuple(src.shape), tuple(dst.shape)))
 
 
-def _mesh_difference(have, want) -> dict | None:
+def _mesh_difference(have, want, deadline: Deadline) -> dict | None:
     """None if ``have`` and ``want`` (meshes of the same number of devices) are the same mesh, else a
     counterexample: the first device id whose position (coordinates by axis name, through each mesh's
     ``device_ids``) differs, or device 0 when every position agrees (axes of size 1 in another order). The
@@ -289,16 +290,37 @@ def _mesh_difference(have, want) -> dict | None:
     if have == want:
         return None
     sizes_have, sizes_want = dict(have.axes), dict(want.axes)
-    at_have, at_want = positions(device_order(have)), positions(device_order(want))
+    order_have, order_want = DeviceOrder(have), DeviceOrder(want)
 
-    def where(sizes, at, d):
-        return position_coords(sizes, at[d])
+    def where(sizes, order, d):
+        return position_coords(sizes, order.position(d))
 
-    n = len(at_have)
-    d = next((d for d in range(n) if where(sizes_have, at_have, d) != where(sizes_want, at_want, d)), 0)
-    return {"device": d, "coords": where(sizes_have, at_have, d), "index": None,
-            "holds": {"mesh": repr(have), "coords": where(sizes_have, at_have, d)},
-            "expected": {"mesh": repr(want), "coords": where(sizes_want, at_want, d)}}
+    def differs(d):
+        return where(sizes_have, order_have, d) != where(sizes_want, order_want, d)
+
+    n = order_have.size
+    if order_have.is_identity and order_want.is_identity:
+        d = next((d for d in _carries(sizes_have, sizes_want, n) if differs(d)), 0)
+    else:  # a device order is a table of the devices: read it whole
+        d = next((d for d in deadline.each(range(n), "comparing the device orders of two meshes") if differs(d)), 0)
+    return {"device": d, "coords": where(sizes_have, order_have, d), "index": None,
+            "holds": {"mesh": repr(have), "coords": where(sizes_have, order_have, d)},
+            "expected": {"mesh": repr(want), "coords": where(sizes_want, order_want, d)}}
+
+
+def _carries(sizes_have: dict, sizes_want: dict, n: int) -> list[int]:
+    """Position 0 and the positions below ``n`` at which a coordinate carries into the next axis on one of two
+    meshes of the default order (the products of their minor axes' sizes, 1 included), in order: the
+    coordinates of two row-major numberings change alike between them, so that the first position where they
+    differ is one of these (a scan of every position would take minutes on 2**31 devices)."""
+    out = {0, 1} if n > 1 else {0}
+    for sizes in (sizes_have, sizes_want):
+        w = 1
+        for size in reversed(list(sizes.values())):
+            w *= size
+            if w < n:
+                out.add(w)
+    return sorted(out)
 
 
 def field_cx(mesh_sizes: dict, what: str, holds, expected) -> dict:
