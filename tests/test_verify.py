@@ -797,8 +797,8 @@ def _from_steps(mesh_text, src, steps):
     return Plan.from_steps(T(src, mesh), steps)
 
 
-# Plans that the numpy backend runs right, which verify refuted with an element "never written" or "one value has
-# one reduction kind" (issue: soundness and robustness, second round).
+# Plans that the numpy backend runs right, and that an element "never written" or "one value has one reduction
+# kind" must not make verify refute.
 RIGHT_PLANS = [
     ("x=2", "i32[5{x}]", [S.ShardToPartial(0, ("x",)), S.AllReduce(("x",))]),
     ("x=2", "i32[5{x}]", [S.ShardToPartial(0, ("x",)), S.ReduceScatter(0, ("x",))]),
@@ -812,7 +812,8 @@ RIGHT_PLANS = [
                                         S.AllReduce(("x",))]),
     ("x=3,y=2", "i64[7, 3] partial(max){x,y}", [S.ReduceScatter(0, ("x",), "max"), S.AllReduce(("y",), "max"),
                                                  S.ShardToPartial(0, ("x",)), S.AllReduce(("x",))]),
-    ("x=2,y=2", "i32[4] partial(min){x}", [S.AllReduce(("x",), "min"), S.ReplicateToPartial(("x", "y"))]),
+    ("x=2,y=2", "i32[4] partial(min){x}", [S.AllReduce(("x",), "min"), S.ReplicateToPartial(("x", "y")),
+                                           S.AllReduce(("x", "y"))]),
 ]
 
 
