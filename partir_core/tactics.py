@@ -145,7 +145,7 @@ class AutomaticPartition:
     evaluations thinner. ``memory_budget_bytes``: per-device simulated peak
     (None: no limit). ``time_budget_s``: wall-clock limit of the search: it starts no evaluation it expects to
     end past the limit (as long as the slowest of its last 32), so it ends by then unless an evaluation is
-    slower than those (on 1,024 devices, one ended 0.22 s past 20 s). ``seed``: tie-breaking; the search
+    slower than those. ``seed``: tie-breaking; the search
     is deterministic for a seed when it stops by ``max_evals``, ``patience`` or exhaustion rather than by
     time. ``hardware``: the simulator profile (None: the default). ``progress``: a progress bar on stderr
     (None: when stderr is a terminal). The result (``Partitioned.automatic``) lists the chosen actions as

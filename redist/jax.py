@@ -213,7 +213,7 @@ def _on_context_mesh(spec: PartitionSpec) -> NamedSharding:
 
     mesh = get_concrete_mesh()
     if mesh.empty:
-        raise ShardingError(f"the target {spec} is a PartitionSpec but no mesh is set: call reshard inside "
+        raise ShardingError(f"the target {_spec_text(spec)} is a PartitionSpec but no mesh is set: call reshard inside "
                             "`with jax.set_mesh(mesh):`, or give a NamedSharding(mesh, spec)")
     return _named(mesh, spec, "the target")
 
@@ -237,7 +237,14 @@ def _named(mesh, spec: PartitionSpec, what: str) -> NamedSharding:
         why = f"uses axis {shown(twice[0])} twice (a mesh axis splits one dim, once)"
     else:
         why = f"does not fit the mesh ({reason})"
-    raise ShardingError(f"{what} {spec} {why}; the mesh's axes are {', '.join(map(repr, axes)) or 'none'}")
+    raise ShardingError(f"{what} {_spec_text(spec)} {why}; the mesh's axes are {', '.join(map(repr, axes)) or 'none'}")
+
+
+def _spec_text(spec) -> str:
+    """``spec`` as ``P('x', None)`` on every JAX version (older ones print ``PartitionSpec(...)``)."""
+    if not isinstance(spec, PartitionSpec):
+        return repr(spec)
+    return "P" + repr(tuple(spec)) if not getattr(spec, "unreduced", None) else repr(spec)
 
 
 def _on_mesh(leaf) -> bool:

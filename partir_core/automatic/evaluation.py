@@ -30,9 +30,8 @@ from partir_core.estimate import Estimator, propagate_changes, ranked
 from partir_core.propagation import State
 
 STEP = 1e-3  # provenance step between the actions of one AutomaticPartition
-# held sets (the closest in actions) whose states are compared to pick the base a set is scored from: on the
-# transformer at 2x4 (one sitting, a shared 2-core host), 8 gave 92 evaluations/s, 2 and 4 gave 90, 16 gave 89,
-# all 64 held 77 (comparing states costs more than it saves)
+# held sets (the closest in actions) whose states are compared to pick the base a set is scored from: a few
+# closest ones find a near base; comparing with every held set costs more than it saves
 BASE_TRIES = 8
 RECENT = 32  # evaluations (cache hits aside) whose slowest the deadline allows for: Evaluator.expected_s
 

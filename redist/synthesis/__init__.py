@@ -36,10 +36,9 @@ them would take longer than the search); the candidates are then compared by :fu
 which prices exactly only those whose lower bound may win. A search over sub-axes also stops after
 ``MAX_REFINED_EXPANSIONS`` expansions, except when the search over whole axes found no plan by bytes and the
 pair reduces (the fallback then misses the bound). The budget counts states, not seconds, so that every MPI
-rank, synthesizing on its own, gets the same plan. It bounds the searches of a call to about 1 s of CPU and
-250 MB (``bench/search_scale.py``, on meshes of up to 65,536 devices, rank 8 on 16 axes, measured on a
-shared 2-core machine). In the samples (the 1,200 pairs of ``bench/synthesis_speed.py`` and the pairs of the
-tests) no call that finds a plan of collectives generates more than about 13,000 states. When no search
+rank, synthesizing on its own, gets the same plan. It bounds the CPU time and memory of a call's searches
+(``bench/search_scale.py`` measures both on meshes of up to 65,536 devices, rank 8 on 16 axes, and counts the
+states of the calls that find a plan of collectives, which stay well inside the budget). When no search
 finds a plan within the budget, or none exists in normal form, ``synthesize`` still returns a plan, and
 never raises for a valid pair: the pending sums that the destination does not keep are reduced
 (reduce-scattered onto dims they divide, else all-reduced), then one ``exchange`` receives exactly what each

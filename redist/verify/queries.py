@@ -29,8 +29,8 @@ source element (summand), or no data, a zero. Queries (``unsat`` = proved):
    element, and the instructions after the program's last reduction move it as one value whatever the
    members are: that part is walked once and shared (:class:`_Base`), and each contributor walks only from
    the last reduction back. The queries then hold one copy of an exchange or permute that follows the
-   reductions, not one per contributor for Z3 to prove equal (an all-reduce before an exchange of 37,336
-   segments on 65,536 devices: the summation query was undecided after 240 s, and takes 0.02 s).
+   reductions, not one per contributor for Z3 to prove equal (with one copy per contributor, the summation
+   query of an all-reduce before an exchange of tens of thousands of segments is out of Z3's reach).
 
 *Creating* pending sums (docs/spec.md §3: the destination may be partial over axes the source is not; the program
 then holds zeros where a summand lacks data: ``KeepRoot``, ``EmbedChunk``, an exchange or a padded chunk
