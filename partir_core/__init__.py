@@ -29,8 +29,9 @@ except ModuleNotFoundError as e:
     raise missing_extra(e, "partir_core", "jax") from e
 
 from partir_core.partition import Partitioned, PartitionedFunction, input_paths, jit
+from partir_core.pipeline import Pipeline
 from partir_core.simulator import HARDWARE, Hardware, Simulation
 from partir_core.tactics import AutomaticPartition, ManualPartition, PartitionError
 
-__all__ = ["jit", "input_paths", "ManualPartition", "AutomaticPartition", "PartitionError", "Partitioned",
-           "PartitionedFunction", "Hardware", "HARDWARE", "Simulation"]
+__all__ = ["jit", "input_paths", "ManualPartition", "AutomaticPartition", "Pipeline", "PartitionError",
+           "Partitioned", "PartitionedFunction", "Hardware", "HARDWARE", "Simulation"]

@@ -152,7 +152,8 @@ class Region:
 class Graph:
     """A flat program. ``outvars`` are values (inputs, equation results or constants). ``regions``: the
     control flow inlined into ``eqns`` (see the module docstring); ``names``: what a value inside a body is
-    called after (the input a body parameter comes from: ``params/layers/w1[i]``)."""
+    called after (the input a body parameter comes from: ``params/layers/w1[i]``); ``pipelines``: the
+    schedules of the layer scans traced as pipelined loops (:mod:`partir_core.pipeline`)."""
 
     invars: list[int]
     outvars: list[int]
@@ -165,6 +166,7 @@ class Graph:
     inlined: list[str] = field(default_factory=list)
     regions: list[Region] = field(default_factory=list)
     names: dict[int, str] = field(default_factory=dict)
+    pipelines: list = field(default_factory=list)  # partir_core.pipeline_schedule.Schedule of each pipelined scan
     _innermost: list | None = field(default=None, repr=False, compare=False)
     _primitives: list | None = field(default=None, repr=False, compare=False)
     _readers: tuple | None = field(default=None, repr=False, compare=False)

@@ -96,7 +96,7 @@ class _Lowering:
                 reads = reads or list(eqn.invars)
                 reads[k] = self.move(v, types[v], t, f"eqn {i} ({eqn.name})", out, made, trips)
         out.append(compute if reads is None else Compute(compute.eqn_index, reads, compute.writes, compute.masks,
-                                                         compute.flops))
+                                                         compute.flops, compute.collectives))
         for kind, axes, b in finishes:
             out.append(Finish(eqn.outvars[0], kind, axes,
                               [reshard.Collective("all_reduce_" + kind, axes, b, f"eqn {i} ({eqn.name})", trips)]))
@@ -162,7 +162,7 @@ class _Lowering:
         f = flops(eqn.name, local_shapes(g, eqn.invars, op.in_types), local_shapes(g, eqn.outvars, op.out_types),
                   eqn.params)
         finishes = [(kind, tuple(axes), reshard.finish_bytes(axes, op.out_types)) for kind, axes in op.finish]
-        parts = (Compute(i, list(eqn.invars), list(eqn.outvars), _masks(op), f), finishes)
+        parts = (Compute(i, list(eqn.invars), list(eqn.outvars), _masks(op), f, _collectives(g, i, op)), finishes)
         if len(known) >= OP_MEMO_SIZE:
             known.clear()
         known[id(op)] = (op, parts)
@@ -236,6 +236,15 @@ def lower(graph: Graph, analysis: Analysis, mesh, state: State | None = None,
     in_types = [analysis.types[v] for v in graph.invars]
     return LocalProgram(graph, mesh, analysis, instructions, in_types, out_types, out_bufs, low.buf_bytes,
                         low.fallbacks, low.carry_reshards, segments)
+
+
+def _collectives(graph: Graph, i: int, op: OpSharding) -> tuple:
+    """The collectives the local form of equation ``i`` runs as ``op`` (a rule's ``collectives``), located."""
+    if op.rule is None or op.rule.collectives is None:
+        return ()
+    eqn = graph.eqns[i]
+    return tuple(reshard.Collective(kind, axes, b, f"eqn {i} ({eqn.name})", graph.read_trips(i))
+                 for kind, axes, b in op.rule.collectives(eqn, op.in_types))
 
 
 def _masks(op: OpSharding) -> list:

@@ -26,7 +26,7 @@ import redist
 from redist.errors import shown
 from redist.mesh import Mesh
 
-from partir_core import ir, keys
+from partir_core import ir, keys, pipeline
 from partir_core.arguments import Arguments, Call
 from partir_core.automatic import search
 from partir_core.choice import analyze
@@ -255,7 +255,7 @@ class PartitionedFunction:
         return self._cache[key]
 
     def _lower(self, call: Call) -> Partitioned:
-        graph = ir.trace(call.function(self.fn), call.args, call.kwargs)
+        graph = pipeline.trace(call.function(self.fn), call.args, call.kwargs, self.schedule, self.mesh)
         _refuse_unknown_calls(graph)
         for t in self.schedule:  # every error before anything runs
             t.validate(graph, self.mesh)

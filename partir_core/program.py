@@ -6,7 +6,8 @@ named by value ids, or ``("r", n)`` for resharded copies:
 - :class:`Reshard`: a buffer moved to another type by a redist plan (:mod:`partir_core.reshard`).
 - :class:`Compute`: one equation on local shards, through its registry rule's local form (local shapes, block
   offsets); ops with no rule run on replicated operands with their original parameters. Operand dims that are
-  split unevenly and reduced over first get their padding set to the reduction's identity.
+  split unevenly and reduced over first get their padding set to the reduction's identity. A local form that
+  communicates (a static permutation's ``ppermute``) lists its collectives.
 - :class:`Finish`: ``pmax``/``pmin`` after a max/min reduction over a split dim.
 - :class:`ControlFlow`: a control-flow region (:class:`partir_core.ir.Region`) run as one ``lax.scan`` /
   ``lax.while_loop`` / ``lax.switch`` on local shards, each body a list of these instructions of its own.
@@ -62,13 +63,15 @@ class Compute:
     """Run equation ``eqn_index`` on local shards: read buffers ``reads``, write ``writes``. ``masks``:
     ``(operand, dim, kind)`` for every operand dim that is split unevenly and that the op reduces over (a
     contraction, a reduction, the summed dims of a scatter-add): its padding is replaced by the reduction's
-    identity first (see :func:`_mask_padding`). ``flops``: per device."""
+    identity first (see :func:`_mask_padding`). ``flops``: per device. ``collectives``: those its local form
+    runs (:attr:`partir_core.registry.Rule.collectives`), located in the program."""
 
     eqn_index: int
     reads: list
     writes: list
     masks: list
     flops: float
+    collectives: tuple = ()
 
 
 @dataclass
@@ -151,7 +154,8 @@ class LocalProgram:
     def collectives(self) -> list[reshard.Collective]:
         """Every collective, in program order, those inside loops once each (their ``trips`` say how often
         they run per call)."""
-        return [c for ins in walk(self.instructions) if isinstance(ins, (Reshard, Finish)) for c in ins.collectives]
+        return [c for ins in walk(self.instructions) if isinstance(ins, (Reshard, Finish, Compute))
+                for c in ins.collectives]
 
     @property
     def axis_tokens(self) -> tuple[str, ...]:

@@ -25,7 +25,9 @@ for any other op, one mesh axis splits at most one factor.
 same axes, e.g. ``add``), ``"one"`` (exactly one operand pending, e.g. ``mul``, ``dot_general``), or None.
 
 ``local(ctx, *xs)`` runs the op on local shards (default: the primitive with its own params); ``ctx`` is a
-:class:`LocalContext` giving local shapes and block offsets. :func:`rule_for` returns None for a primitive
+:class:`LocalContext` giving local shapes and block offsets. A local form that communicates itself (the
+static permutation of :mod:`partir_core.permutation`, whose rows move by ``lax.ppermute``) says what a device
+receives in it: ``collectives(eqn, in_types)`` gives ``(kind, axes, bytes)`` per collective. :func:`rule_for` returns None for a primitive
 with no rule; the partitioner then runs it on replicated operands and reports it.
 
 Gathers and scatter-adds (every form ``jnp.take``, ``x[idx]``, ``take_along_axis``, ``nn.Embed`` and their
@@ -57,7 +59,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from partir_core import keys
+from partir_core import keys, permutation
 from partir_core.ir import CONTROL_FLOW, ENTER
 
 Dims = list  # per dim: tuple of factor names
@@ -93,6 +95,7 @@ class Rule:
     local: Callable | None = None
     independent: bool = False
     proposed: frozenset = frozenset()
+    collectives: Callable | None = None
 
     def factors(self) -> list[str]:
         """All factors, in order of first appearance (results first)."""
@@ -628,6 +631,16 @@ def _along_axis(param):
     return rule
 
 
+def _permute_dim(eqn, shapes, out_shapes):
+    """A static permutation of one dim (:mod:`partir_core.permutation`): the result laid out as its operand,
+    the rows moved between devices by its local form."""
+    n = _Names()
+    dims = [n(s) for s in shapes[0]]
+    return Rule([dims], [list(dims)], n.sizes, linear="all", local=permutation.local,
+                collectives=lambda eqn, in_types: permutation.receives(eqn.params["perm"], eqn.params["dim"],
+                                                                       in_types[0]))
+
+
 RULES: dict[str, Callable] = {
     "dot_general": _dot_general,
     "broadcast_in_dim": _broadcast_in_dim,
@@ -657,6 +670,7 @@ RULES: dict[str, Callable] = {
     "random_split": _random_draw,
     "random_wrap": _random_wrap,
     "random_unwrap": _random_unwrap,
+    "permute_dim": _permute_dim,
     **{f"{k}_{side}": _boundary for k in CONTROL_FLOW for side in ("enter", "exit")},
 }
 for _name in ELEMENTWISE | IDENTITY:

@@ -40,7 +40,15 @@ materialized.
   runs. The loop's results (carries and stacked ``ys``) are written when it starts (XLA's while loop keeps its
   state in one set of buffers for its whole life, the stacked results' filled in place); like any temporary
   they may share an output's allocation once dead. Collectives in a body combine among themselves and run as
-  often as it does.
+  often as it does. A local form that communicates (a static permutation's ``ppermute``,
+  :mod:`partir_core.permutation`) adds its collectives where it runs.
+- Pipelines (:class:`partir_core.Pipeline`): a loop whose body rotates its state by a stage (a static
+  permutation of a dim, at the top of the body) is a pipelined loop, the forward one or its transpose. Its
+  time, kernels and collectives included, is :attr:`Simulation.pipeline_time_s`; of each of its ``T`` ticks,
+  every stage idles in ``S - 1`` (``S``: the rotated dim), which is the bubble (:attr:`Simulation.bubble_time_s`,
+  :attr:`Simulation.bubble_fraction`; :mod:`partir_core.pipeline_schedule` derives it). The microbatch
+  activations the backward pass reads are the forward loop's stacked residuals, live from that loop to the
+  backward one like any loop result.
 
 Presets (:data:`HARDWARE`): ``"cpu-host"`` (the default; JAX host devices, from redist's calibration profile
 in use, :func:`redist.cost.profile`: its compute figures, and its in-program collective latencies, read when the
@@ -177,10 +185,29 @@ class Simulation:
     argument_bytes: int | None = 0
     output_bytes: int | None = 0
     temp_bytes: int | None = 0
+    pipeline_time_s: float = 0.0
+    bubble_time_s: float = 0.0
+    pipeline: object = None
+
+    @property
+    def bubble_fraction(self) -> float:
+        """The share of the pipelined loops' time that stages idle in the bubble (0 without a pipeline;
+        :mod:`partir_core.pipeline_schedule` derives its value, ``(S - 1) / (M·R + S - 1)``)."""
+        return self.bubble_time_s / self.pipeline_time_s if self.pipeline_time_s else 0.0
+
+    def schedule_picture(self) -> str:
+        """Which stage runs which microbatch at each tick of the pipelined loop
+        (:meth:`partir_core.pipeline_schedule.Schedule.picture`). Raises :class:`redist.ShardingError` for a
+        program without a pipeline."""
+        if self.pipeline is None:
+            raise ShardingError("this program has no pipeline (partir_core.Pipeline) to picture")
+        return self.pipeline.picture()
 
     def __str__(self):
+        bubble = (f", pipeline {self.pipeline_time_s * 1e3:.3f} ms of which bubble {100 * self.bubble_fraction:.1f}%"
+                  if self.pipeline_time_s else "")
         return (f"{self.hardware}: step {self.step_time_s * 1e3:.3f} ms (compute {self.compute_time_s * 1e3:.3f}, "
-                f"comm {self.comm_time_s * 1e3:.3f}), peak {self.peak_bytes} B (args {self.argument_bytes}, "
+                f"comm {self.comm_time_s * 1e3:.3f}{bubble}), peak {self.peak_bytes} B (args {self.argument_bytes}, "
                 f"outputs {self.output_bytes}, temp {self.temp_bytes}), comm {self.comm_bytes:.0f} B, "
                 f"{self.flops:.3g} FLOPs")
 
@@ -306,7 +333,7 @@ def _combined(steps: list) -> list:
     n = 0
     get = deps.get
     for ins in steps:
-        if type(ins) is Compute:  # the common case, inline: its results depend on what its operands do
+        if type(ins) is Compute and not ins.collectives:  # the common case, inline: its results depend on its operands
             mask = 0
             for b in ins.reads:
                 mask |= get(b, 0)
@@ -321,7 +348,7 @@ def _combined(steps: list) -> list:
         mask = 0
         for b in _reads(ins):
             mask |= deps.get(b, 0)
-        if isinstance(ins, (Reshard, Finish)):
+        if isinstance(ins, (Reshard, Finish, Compute)):
             for c in ins.collectives:
                 bit = 1 << n
                 n += 1
@@ -361,23 +388,44 @@ def simulate(program, hardware=None, memory: bool = True) -> Simulation:
     ins_set, out_set = set(g.invars), set(program.out_bufs)
     outs = [b for b in out_set if b not in ins_set]
     blk = walker.block(program.instructions, ins_set, outs)
-    comm_t = 0.0
     topo = hw.topology(program.mesh)
-    for group in combined_collectives(program):
-        c = group[0]
-        comm_t += c.trips * cost.collective_time(c.axes, sum(m.bytes for m in group), topo, kind=c.kind,
-                                                 group=program.mesh.group_size(tuple(c.axes)), operands=len(group))
+    comm_t = _comm_time(combined_collectives(program), topo, program.mesh)
     compute_t = blk.compute_s + blk.kernels * hw.op_overhead_s + hw.launch_s
+    pipelined = _pipelined(walker, topo)
     if not memory:
         return Simulation(compute_t + comm_t, None, blk.comm_bytes, blk.flops, compute_t, comm_t, hw.name,
-                          blk.kernels, None, None, None)
+                          blk.kernels, None, None, None, *pipelined)
     # memory: arguments all program long; outputs and temporaries by liveness (see the module docstring)
     arg_bytes = sum(walker.size.get(v, 0) for v in g.invars)
     out_bytes = sum(walker.size.get(b, 0) for b in outs)
     if len(program.out_bufs) > 1:
         out_bytes += 8 * len(program.out_bufs)  # the output tuple's table of pointers
     return Simulation(compute_t + comm_t, int(arg_bytes + out_bytes + blk.heap), blk.comm_bytes, blk.flops,
-                      compute_t, comm_t, hw.name, blk.kernels, int(arg_bytes), int(out_bytes), int(blk.heap))
+                      compute_t, comm_t, hw.name, blk.kernels, int(arg_bytes), int(out_bytes), int(blk.heap),
+                      *pipelined)
+
+
+def _comm_time(groups: list, topo, mesh) -> float:
+    """Seconds of the combined collectives ``groups`` (:func:`combined_collectives`), each as often as it runs."""
+    total = 0.0
+    for group in groups:
+        c = group[0]
+        total += c.trips * cost.collective_time(c.axes, sum(m.bytes for m in group), topo, kind=c.kind,
+                                                group=mesh.group_size(tuple(c.axes)), operands=len(group))
+    return total
+
+
+def _pipelined(walker: "_Walker", topo) -> tuple:
+    """``(pipeline_time_s, bubble_time_s, schedule)`` of the program's pipelined loops (see the module
+    docstring; ``schedule``: the graph's first :class:`partir_core.pipeline_schedule.Schedule`, or None)."""
+    hw, program = walker.hw, walker.program
+    total = bubble = 0.0
+    for ins, stages, blk in walker.pipelined:
+        t = blk.compute_s + blk.kernels * hw.op_overhead_s
+        t += _comm_time([g for body in ins.bodies for g in _combined(body)], topo, program.mesh)
+        total += t
+        bubble += t * (stages - 1) / max(ins.trips, 1)
+    return total, bubble, next(iter(program.graph.pipelines), None)
 
 
 @dataclass
@@ -406,6 +454,7 @@ class _Walker:
         self.mat = materialized(program)
         self.consts = set(program.graph.consts)
         self.sources: dict = {}  # a fused value -> the materialized buffers its readers read instead
+        self.pipelined: list = []  # (ControlFlow, stages, its _Block) of every pipelined loop (_pipelined)
 
     def srcs(self, b):
         if b in self.consts:
@@ -456,6 +505,9 @@ class _Walker:
                 flops += ins.flops
                 if writes:
                     kernels += 1
+                if ins.collectives:
+                    kernels += len(ins.collectives)
+                    comm_bytes += sum(c.bytes for c in ins.collectives)
                 if memory:
                     for b in reads:
                         last[b] = t
@@ -501,9 +553,24 @@ class _Walker:
             worst = max(bodies, key=lambda b: (b.compute_s, b.kernels))
             return _Block(worst.compute_s, worst.flops, worst.kernels, worst.comm_bytes, heap)
         n = ins.trips
-        return _Block(n * sum(b.compute_s for b in bodies), n * sum(b.flops for b in bodies),
-                      n * (sum(b.kernels for b in bodies) + LOOP_KERNELS), n * sum(b.comm_bytes for b in bodies),
-                      heap)
+        blk = _Block(n * sum(b.compute_s for b in bodies), n * sum(b.flops for b in bodies),
+                     n * (sum(b.kernels for b in bodies) + LOOP_KERNELS), n * sum(b.comm_bytes for b in bodies), heap)
+        stages = self.rotated_stages(ins)
+        if stages:
+            self.pipelined.append((ins, stages, blk))
+        return blk
+
+    def rotated_stages(self, ins: ControlFlow) -> int:
+        """The stages a pipelined loop rotates its state over (the size of the dim a static permutation at the
+        top of its body permutes), or 0 for any other region."""
+        if ins.kind != "scan":
+            return 0
+        g = self.program.graph
+        for step in ins.bodies[0]:
+            if type(step) is Compute and self.names[step.eqn_index] == "permute_dim":
+                eqn = g.eqns[step.eqn_index]
+                return g.shape(eqn.invars[0])[eqn.params["dim"]]
+        return 0
 
     def heap(self, steps, first: dict, last: dict, in_place: list, outs: list, scratch: dict) -> int:
         """Peak bytes of the temporaries of one block (see the module docstring), from the live ranges

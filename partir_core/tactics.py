@@ -255,20 +255,29 @@ def _finite(x) -> bool:
 TACTICS = (ManualPartition, AutomaticPartition)
 
 
+def tactic_types() -> tuple:
+    """The tactics a schedule holds: :data:`TACTICS` and :class:`partir_core.Pipeline` (whose module builds on
+    this one)."""
+    from partir_core.pipeline import Pipeline
+
+    return TACTICS + (Pipeline,)
+
+
 def check_schedule(schedule, mesh) -> list:
     """``schedule`` as a list of tactics whose axes are on ``mesh``; :class:`PartitionError` for anything else (a
     single tactic, a preset's name, None, or an element that is not a tactic)."""
-    if isinstance(schedule, TACTICS):
+    tactics = tactic_types()
+    if isinstance(schedule, tactics):
         raise PartitionError(f"a schedule is a list of tactics; put the single tactic in a list: [{schedule}]")
     if isinstance(schedule, str):
         raise PartitionError(f"a schedule is a list of tactics, got the string {schedule!r}; preset strategies are "
                              "built by partir_core.schedules.schedule(name, model, inputs)")
     if not isinstance(schedule, (list, tuple)):
-        raise PartitionError(f"a schedule is a list of tactics (ManualPartition, AutomaticPartition), got "
+        raise PartitionError(f"a schedule is a list of tactics (ManualPartition, AutomaticPartition, Pipeline), got "
                              f"{type(schedule).__name__} {shown(schedule)}")
     for k, tactic in enumerate(schedule):
-        if not isinstance(tactic, TACTICS):
+        if not isinstance(tactic, tactics):
             raise PartitionError(f"schedule entry {k} is {type(tactic).__name__} {shown(tactic)}, not a tactic "
-                                 "(ManualPartition or AutomaticPartition)")
+                                 "(ManualPartition, AutomaticPartition or Pipeline)")
         tactic.check_mesh(mesh)
     return list(schedule)
