@@ -10,15 +10,17 @@
 
 The mesh may be a JAX mesh (``jax.make_mesh((2, 4), ("batch", "model"))``): the program then runs on its devices.
 
-Modules, in dependency order: ``keys`` (random keys as key data), ``ir`` (trace and inline), ``registry``
-(factor rules and their local forms), ``factors`` (the factor algebra: dims ↔ factor axes), ``propagation``
-(to a fixed point), ``reshard`` (the one bridge to redist: plans, their bytes, running them), ``choice``
-(per-op sharding choice), ``program`` (the local program and its run under one ``shard_map``), ``lowering``
-(choice → program), ``simulator`` (redist's cost model for collectives), ``tactics``, ``analysis`` (dim
-groups), ``automatic`` (the search: ``actions``, ``evaluation``, ``ranking``, ``tree``, ``goals``, ``local``,
-``result``), ``arguments`` (binding a call), ``explain`` (conflicts in words), ``partition`` (``jit``),
-``models``, ``presets`` (the experts' strategies, found in any step by analysis of its program), ``schedules``
-(the presets by short names).
+Modules, in dependency order: ``keys`` (random keys as key data), ``ir`` (trace and inline), ``permutation`` (a
+static permutation of one dim, moved by ``lax.ppermute``), ``registry`` (factor rules and their local forms),
+``factors`` (the factor algebra: dims ↔ factor axes), ``propagation`` (to a fixed point), ``reshard`` (the one
+bridge to redist: plans, their bytes, running them), ``choice`` (per-op sharding choice), ``program`` (the local
+program and its run under one ``shard_map``), ``lowering`` (choice → program), ``pipeline_schedule`` (pipeline
+ticks, bubble, picture), ``simulator`` (redist's cost model for collectives), ``tactics``, ``analysis`` (dim
+groups), ``pipeline`` (the ``Pipeline`` tactic: a layer scan traced as a pipelined loop), ``automatic`` (the
+search: ``actions``, ``evaluation``, ``ranking``, ``tree``, ``goals``, ``local``, ``result``, ``pipelines``),
+``arguments`` (binding a call), ``explain`` (conflicts in words), ``partition`` (``jit``), ``models``,
+``presets`` (the experts' strategies, found in any step by analysis of its program), ``schedules`` (the presets
+by short names).
 """
 
 from redist.extras import missing_extra

@@ -28,7 +28,7 @@ from redist.mesh import Mesh
 
 from partir_core import ir, keys, pipeline
 from partir_core.arguments import Arguments, Call
-from partir_core.automatic import search
+from partir_core.automatic import pipelines, search
 from partir_core.choice import analyze
 from partir_core.explain import explain as _explain
 from partir_core.lowering import lower
@@ -251,19 +251,19 @@ class PartitionedFunction:
     def _lowered(self, call: Call) -> Partitioned:
         key = self._key(call)
         if key not in self._cache:
-            self._cache[key] = self._lower(call)
+            self._cache[key] = pipelines.lower(self, call, lambda schedule: self._lower(call, schedule))
         return self._cache[key]
 
-    def _lower(self, call: Call) -> Partitioned:
-        graph = pipeline.trace(call.function(self.fn), call.args, call.kwargs, self.schedule, self.mesh)
+    def _lower(self, call: Call, schedule) -> Partitioned:
+        graph = pipeline.trace(call.function(self.fn), call.args, call.kwargs, schedule, self.mesh)
         _refuse_unknown_calls(graph)
-        for t in self.schedule:  # every error before anything runs
+        for t in schedule:  # every error before anything runs
             t.validate(graph, self.mesh)
         rules = [rule_for(e, graph) for e in graph.eqns]
         state = State.empty(graph)
         states = [state.copy()]
         automatic = []
-        for k, tactic in enumerate(self.schedule, start=1):
+        for k, tactic in enumerate(schedule, start=1):
             if isinstance(tactic, AutomaticPartition):
                 result = search(graph, rules, state, self.mesh, k, tactic)
                 state, result.state = result.state, None  # the Partitioned keeps it as states[k]
@@ -275,7 +275,7 @@ class PartitionedFunction:
             states.append(state.copy())
         program = lower(graph, analyze(graph, rules, state, self.mesh), self.mesh)
         program = replace(program, device_mesh=self._jax_mesh)
-        return Partitioned(graph, rules, self.mesh, self.schedule, states, program, automatic)
+        return Partitioned(graph, rules, self.mesh, schedule, states, program, automatic)
 
     def place(self, *args, **kwargs) -> tuple[tuple, dict]:
         """``(args, kwargs)``: the arguments as ``fn`` binds them (those that can be positional in ``args``),

@@ -24,13 +24,16 @@ and ``K = L / (S·R)`` layers per stage and repeat:
   ``(r·S + s)·K + k``) by a static permutation of the layer dim and viewed as ``[S, R, K, ...]``;
 - the carry ``[..., B, ...]`` becomes microbatches ``[M, ..., B/M, ...]`` (microbatch ``m`` holds examples
   ``m, m + M, ...``, so a batch split over devices stays split within every microbatch);
-- the loop state has a leading stage dim ``[S, ..., B/M, ...]``, split over ``axis`` like the layers. Each of
-  the ``M·R + S - 1`` ticks runs ``vmap(stage)`` over the stages, each on its current microbatch (the ``K``
-  layers of the user's scan body, in an inner scan; with ``remat``, under ``jax.checkpoint``), then rotates the
-  state by one stage: a static permutation of the stage dim (:mod:`partir_core.permutation`), which lowers to
-  one ``lax.ppermute`` over ``axis``, never a gather. Stage 0 then takes the next microbatch, or in a later
-  repeat the one the last stage finished, kept in a buffer with a stage dim of its own; at the end that buffer's
-  row of stage 0 holds every microbatch's output, which a sum over the stage dim (one all-reduce) hands to the
+- the loop state has a leading stage dim ``[S, ..., B/M, ...]``, split over ``axis`` like the layers, and so
+  has a buffer of the microbatches ``[S, M, ..., B/M, ...]`` (every stage's row starts as the microbatches).
+  Each of the ``M·R + S - 1`` ticks runs ``vmap(stage)`` over the stages, each on its current microbatch (the
+  ``K`` layers of the user's scan body, in an inner scan; with ``remat``, under ``jax.checkpoint``), then
+  rotates the state by one stage: a static permutation of the stage dim (:mod:`partir_core.permutation`), which
+  lowers to one ``lax.ppermute`` over ``axis``, never a gather. The microbatch the last stage finished is now
+  at stage 0, which writes it into its row of the buffer, from where it takes its next input: a new microbatch,
+  or in a later repeat the one finished ``M - S + 1`` ticks before. Every tick's data stays on its device but
+  for the rotation; at the end the buffer's row of stage 0 holds every microbatch's output, which a sum over the
+  stage dim (one all-reduce, and in the backward pass one for the gradient of the microbatches) hands to the
   rest of the step.
 
 Only the stacked layers and the loop state are split over ``axis``: the rest of the step (an embedding, the
@@ -373,19 +376,18 @@ def _pipelined_scan(plan: _Plan, scan, f, init, xs, unroll):
 
     def tick(state, _):
         t, shift, buf = state
-        m = t % M
-        new = [jnp.where(t < M, jnp.broadcast_to(lax.dynamic_index_in_dim(x, m, 0, keepdims=False), (S,) + x.shape[1:]),
-                         lax.dynamic_index_in_dim(b, m, 1, keepdims=False)) for x, b in zip(inputs, buf)]
-        stage_in = [jnp.where(first_stage(sh), n, sh) for n, sh in zip(new, shift)]
+        stage_in = [jnp.where(first_stage(sh), lax.dynamic_index_in_dim(b, t % M, 1, keepdims=False), sh)
+                    for sh, b in zip(shift, buf)]
         ws = staged if R == 1 else [_repeat_of(w, jnp.clip((t - index) // M, 0, R - 1)) for w in staged]
-        out = jax.vmap(stage)(ws, stage_in)
-        shift = [permute(o, rotation(S, 1), 0) for o in out]
-        done = (t - (S - 1)) % M
-        buf = [lax.dynamic_update_index_in_dim(b, sh, done, 1) for b, sh in zip(buf, shift)]
+        shift = [permute(o, rotation(S, 1), 0) for o in jax.vmap(stage)(ws, stage_in)]
+        done = (t - (S - 1)) % M  # the microbatch the last stage finished, now at stage 0
+        kept = [lax.dynamic_index_in_dim(b, done, 1, keepdims=False) for b in buf]
+        buf = [lax.dynamic_update_index_in_dim(b, jnp.where(t >= S - 1, sh, k), done, 1)
+               for b, sh, k in zip(buf, shift, kept)]
         return (t + 1, shift, buf), None
 
-    start = (jnp.int32(0), [jnp.broadcast_to(x[0], (S,) + x.shape[1:]) for x in inputs],
-             [jnp.broadcast_to(x, (S,) + x.shape) for x in inputs])
+    buf = [jnp.broadcast_to(x, (S,) + x.shape) for x in inputs]  # [S, M, ...]: microbatches in, results out
+    start = (jnp.int32(0), [b[:, 0] for b in buf], buf)
     (_, _, buf), _ = scan(tick, start, None, length=sched.ticks)
     outs = [_merged(jnp.sum(jnp.where(first_stage(b), b, jnp.zeros_like(b)), axis=0), d) for b, d in zip(buf, bdims)]
     tree, through = outputs[0]

@@ -50,6 +50,7 @@ key-data dims stay replicated.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -117,7 +118,18 @@ class Rule:
         ``independent`` and no value has dims of both."""
         if not self.independent:
             return True
-        return any(f in fs and g in gs for dims in self.operands + self.results for fs in dims for gs in dims)
+        holders = self._holders
+        return not holders.get(f, frozenset()).isdisjoint(holders.get(g, frozenset()))
+
+    @functools.cached_property
+    def _holders(self) -> dict:
+        """Per factor, the values (operands, then results, by position) with a dim carrying it."""
+        out: dict = {}
+        for k, dims in enumerate(self.operands + self.results):
+            for fs in dims:
+                for f in fs:
+                    out.setdefault(f, set()).add(k)
+        return out
 
     def __str__(self) -> str:
         def side(lst):

@@ -257,7 +257,7 @@ def test_bad_tactics(build, match):
     (AP(), r"put the single tactic in a list: \[AutomaticPartition"),
     ("BP", r"a schedule is a list of tactics, got the string 'BP'; preset strategies are built by "
            r"partir_core.schedules.schedule"),
-    (None, r"a schedule is a list of tactics \(ManualPartition, AutomaticPartition\), got NoneType None"),
+    (None, r"a schedule is a list of tactics \(ManualPartition, AutomaticPartition, Pipeline\), got NoneType None"),
     ([MP({"x": 0}, axis="batch"), "MP"], r"schedule entry 1 is str 'MP', not a tactic"),
     ([MP({"x": 0}, axis="nope")], r"ManualPartition: unknown mesh axis 'nope'; the mesh has axes batch, model"),
     ([AP(axes=["batch", "nope"])], r"AutomaticPartition: unknown mesh axis 'nope'"),

@@ -30,8 +30,11 @@ when the next evaluation, if it took as long as the slowest of the last ``RECENT
 and base must be rebuilt takes several times the mean, and the first ones, which plan most reshards afresh,
 far longer: on a mesh of a thousand devices, as long as half the budget), would end past ``time_budget_s``.
 
-When no set fits the budget, the error names the smallest peak found and the buffers that dominate it
-(:mod:`partir_core.automatic.result`).
+When no set fits the budget, the error (:class:`MemoryBudgetError`) names the smallest peak found and the
+buffers that dominate it (:mod:`partir_core.automatic.result`).
+
+Pipelines (:mod:`partir_core.automatic.pipelines`) change the traced program, so they are tried around this
+search, composed with its result, by :func:`partir_core.jit`.
 """
 
 from __future__ import annotations
@@ -50,12 +53,12 @@ from partir_core.automatic.evaluation import Evaluation, Evaluator
 from partir_core.automatic.goals import LOCAL_STARTS, goal_phase, templates
 from partir_core.automatic.local import improve
 from partir_core.automatic.ranking import Found, by_promise, ranked
-from partir_core.automatic.result import AutoResult, Candidate, SearchStats, candidates, peak_report
+from partir_core.automatic.result import AutoResult, Candidate, MemoryBudgetError, SearchStats, candidates, peak_report
 from partir_core.automatic.tree import Tree, priors, stop_reason
 from partir_core.propagation import State
-from partir_core.tactics import AutomaticPartition, PartitionError
+from partir_core.tactics import AutomaticPartition
 
-__all__ = ["search", "AutoResult", "Candidate", "SearchStats"]
+__all__ = ["search", "AutoResult", "Candidate", "SearchStats", "MemoryBudgetError"]
 
 MCTS_SHARE = 0.6  # of the time budget and of max_evals, for the goals and the tree; the local pass gets the rest
 
@@ -64,7 +67,7 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
     """Run the search for ``tactic`` from ``state`` (after the tactics before it, ``index`` its place in the
     schedule); returns the :class:`AutoResult`, whose ``state`` is the propagated state after the chosen
     tactics. Does not modify ``state``. ``log(iterations, evaluations, best)`` is called after each
-    iteration that evaluated a new set. Raises :class:`PartitionError` if no state found fits the budget,
+    iteration that evaluated a new set. Raises :class:`MemoryBudgetError` if no state found fits the budget,
     naming the smallest peak found and the tensors that dominate it.
 
     Python's cyclic garbage collector is paused while it runs (:func:`_collector_paused`): a search makes no
@@ -156,14 +159,15 @@ def _search(graph, rules, state: State, mesh, index: int, tactic: AutomaticParti
         iterations=iterations, nodes=len(tree.nodes), seconds=seconds, templates=seeded, refinements=refined,
         stopped=stopped, local=local, best_reward=best.reward, history=found.history, max_depth=max_depth,
         patience=patience)
+    result = AutoResult([a.tactic for a in best_key], list(best_key), best.step_time_s, best.peak_bytes,
+                        tactic.memory_budget_bytes, space, groups, stats, root_eval.step_time_s, root_eval.peak_bytes,
+                        candidates(ev, best_key), state=ev.state(best_key).copy())
     if not best.feasible:
-        raise PartitionError(
+        raise MemoryBudgetError(
             f"AutomaticPartition: no sharding found within memory_budget_bytes={tactic.memory_budget_bytes} after "
             f"{ev.n_sim} evaluations ({seconds:.1f} s, {stopped}){peak_report(ev, best_key, best)}; raise the "
-            f"budget, add mesh axes to axes={axes}, or give more time_budget_s")
-    return AutoResult([a.tactic for a in best_key], list(best_key), best.step_time_s, best.peak_bytes,
-                      tactic.memory_budget_bytes, space, groups, stats, root_eval.step_time_s, root_eval.peak_bytes,
-                      candidates(ev, best_key), state=ev.state(best_key).copy())
+            f"budget, add mesh axes to axes={axes}, or give more time_budget_s", result)
+    return result
 
 
 class _Progress:

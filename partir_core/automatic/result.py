@@ -1,6 +1,7 @@
 """What the automatic search reports: its result (:class:`AutoResult`: the chosen set, its runners-up
 (:func:`candidates`) and how the search went (:class:`SearchStats`)), or why no set fit the memory budget
-(:func:`peak_report`: the smallest peak found and the buffers that dominate it)."""
+(:class:`MemoryBudgetError`, whose message :func:`peak_report` ends: the smallest peak found and the buffers that
+dominate it)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ from partir_core.automatic.ranking import ranked
 from partir_core.choice import analyze
 from partir_core.ir import key_name
 from partir_core.lowering import lower
+from partir_core.pipeline import Pipeline
 from partir_core.propagation import State
 from partir_core.simulator import simulate
+from partir_core.tactics import PartitionError
 
 
 RUNNERS_UP = 4  # the sets AutoResult.summary shows beside the chosen one that fit the budget
@@ -36,7 +39,10 @@ class SearchStats:
     and their ``refinements``; ``seconds`` of wall time; ``stopped``: why the tree search stopped (``"time
     budget"``, ``"max_evals"``, ``"patience"``, ``"exhausted"``); ``local``: the local pass, ``{"evaluations",
     "moves", "starts", "stopped"}``; ``best_reward``; ``history``: the improvements, ``(seconds, step time or None
-    while over budget, evaluations)``; ``max_depth`` and ``patience`` as used."""
+    while over budget, evaluations)``; ``max_depth`` and ``patience`` as used; ``pipelines``: the pipelines
+    tried around the search (:mod:`partir_core.automatic.pipelines`), ``(pipeline, simulated step time, peak
+    bytes)`` each, and ``spmd``: ``(step time, peak bytes)`` of the search's own result beside them (empty and
+    None where none was tried)."""
 
     evaluations: int
     evals_per_s: float
@@ -58,22 +64,27 @@ class SearchStats:
     history: list
     max_depth: int
     patience: int
+    pipelines: list = field(default_factory=list)
+    spmd: tuple | None = None
 
 
 @dataclass(frozen=True)
 class Candidate:
     """One action set the search evaluated: its ``actions`` (canonical order), simulated ``step_time_s`` and
-    ``peak_bytes``, and whether it ``fits`` the memory budget."""
+    ``peak_bytes``, and whether it ``fits`` the memory budget; ``pipeline``: the :class:`~partir_core.Pipeline`
+    the actions are composed with, for a pipeline tried around the search (:mod:`partir_core.automatic.pipelines`),
+    else None."""
 
     actions: tuple
     step_time_s: float
     peak_bytes: int
     fits: bool
+    pipeline: Pipeline | None = None
 
     @property
     def tactics(self) -> list:
-        """Its actions as manual tactics, in the order they apply."""
-        return [a.tactic for a in self.actions]
+        """Its tactics in the order they apply: its pipeline if any, then its actions as manual tactics."""
+        return [self.pipeline] * (self.pipeline is not None) + [a.tactic for a in self.actions]
 
 
 @dataclass
@@ -122,8 +133,12 @@ class AutoResult:
         lines.append(f"runners-up ({len(others) or 'none'} of {st.evaluations} sets evaluated in {st.seconds:.1f} s; "
                      f"search stopped by {st.stopped}, local pass by {st.local['stopped']}):")
         chosen = set(self.actions)
+        pipeline = self.candidates[0].pipeline if self.candidates else None
         for n, c in enumerate(others, start=1):
             lines.append(f"  {n}. {_ms(c.step_time_s)}, peak {format_bytes(c.peak_bytes)}: {self._lost(c)}")
+            if c.pipeline != pipeline:
+                lines += [f"     + {_short(c.pipeline)}"] * (c.pipeline is not None)
+                lines += [f"     - {_short(pipeline)}"] * (pipeline is not None)
             lines += [f"     + {_short(a)}" for a in c.actions if a not in chosen]
             lines += [f"     - {_short(a)}" for a in self.actions if a not in set(c.actions)]
         return "\n".join(lines)
@@ -181,10 +196,20 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.4g} ms"
 
 
-def _short(action, width: int = 110) -> str:
-    """An action's tactic as text, cut at ``width`` characters."""
-    text = str(action.tactic)
+def _short(tactic, width: int = 110) -> str:
+    """A tactic (or an action, as its tactic) as text, cut at ``width`` characters."""
+    text = str(tactic)
     return text if len(text) <= width else text[:width - 1] + "…"
+
+
+class MemoryBudgetError(PartitionError):
+    """No set the automatic search evaluated fits its memory budget; ``result``: the search's :class:`AutoResult`
+    for the set of the smallest peak found, with its ``candidates`` and :meth:`~AutoResult.summary` (what a
+    pipeline may be composed with, :mod:`partir_core.automatic.pipelines`)."""
+
+    def __init__(self, message: str, result: AutoResult):
+        super().__init__(message)
+        self.result = result
 
 
 def peak_report(ev: Evaluator, key: tuple, best: Evaluation, top: int = 4) -> str:
