@@ -268,6 +268,13 @@ BENCHMARKS = (
     _partitioning("Partitioning scanned models", "partitioning_scanned",
                   "./dev bench partitioning --models scanned_mlp,scanned_transformer "
                   "--out bench/results/partitioning_scanned.json"),
+    Benchmark("Pipeline parallelism", "pipeline.json", "pipeline.py", "./dev bench pipeline",
+              cases=lambda d: d["cases"],
+              columns=(col("case", "case"), col("exact", "exact"), col("simulated ms", "sim_step_s", 1e3),
+                       col("bubble", "sim_bubble"), col("formula", "bubble_formula"),
+                       col("measured ms", "time_ours_s", 1e3), col("XLA ms", "time_xla_s", 1e3),
+                       col("simulated peak", "sim_peak_bytes"), col("compiled peak", "mem_ours"),
+                       col("XLA peak", "mem_xla"), col("stacked layers B/device", "stacked_bytes_per_device"))),
     Benchmark("Automatic partitioning against the expert presets", "autopartition.json", "autopartition.py",
               "./dev bench autopartition", cases=lambda d: d["rows"],
               columns=(col("model", "model"), col("mesh", "mesh"), col("budget", "budget_fraction"),

@@ -1,10 +1,11 @@
 """The IR: a function's jaxpr, flattened into one list of equations over numbered values.
 
 :func:`trace` runs ``jax.make_jaxpr`` on the function with its inputs flattened, and *inlines* every call-like
-primitive (``jit``/``pjit``, ``closed_call``, ``core_call``, ``remat``/``checkpoint``, ``custom_jvp_call``,
-``custom_vjp_call``) by splicing in its inner jaxpr, so that partitioning sees one flat program. Any other
-primitive that JAX binds with functions made from its jaxprs (``shard_map``) stays one equation, which
-:func:`binds_functions` tells apart: ``partir_core.jit`` refuses it.
+primitive (``jit``/``pjit``, ``closed_call``, ``core_call``, ``jax.checkpoint``'s ``remat2`` (``remat`` and
+``checkpoint`` in other JAX releases), ``custom_jvp_call``, ``custom_vjp_call``) by splicing in its inner jaxpr,
+so that partitioning sees one flat program. Any other primitive that JAX binds with functions made from its
+jaxprs (``shard_map``) stays one equation, which :func:`binds_functions` tells apart: ``partir_core.jit``
+refuses it.
 
 Control flow (``scan``, ``while``, ``cond``) is *inlined with markers*: the choice made here. Its bodies are
 spliced into the same flat list of equations, between two boundary equations of its own (:data:`ENTER`,
@@ -52,7 +53,7 @@ from partir_core import keys
 # jax.extend.core exports DropVar from JAX 0.10; JAX 0.8 and 0.9 have it only in jax.core (deprecated in 0.10)
 _DROP_VAR = getattr(jcore, "DropVar", None) or jax.core.DropVar
 
-INLINED = ("pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
+INLINED = ("pjit", "jit", "closed_call", "core_call", "remat", "remat2", "checkpoint", "custom_jvp_call",
            "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin")
 CONTROL_FLOW = ("scan", "while", "cond")
 

