@@ -74,8 +74,9 @@ class Schedule:
         """A text picture: per stage (one row each), the microbatch it works on at each tick of the forward loop
         (a letter after it names the repeat in a circular schedule), ``.`` in the bubble."""
         name = SCHEDULES[self.kind]
-        head = (f"{name} pipeline over {self.axis or 'the stage axis'}: {self.stages} stages, {self.microbatches} "
-                f"microbatches" + (f", {self.repeats} repeats" if self.repeats > 1 else "")
+        head = (f"{name} pipeline over {self.axis or 'the stage axis'}: {self.stages} stages, "
+                f"{_count(self.microbatches, 'microbatch', 'microbatches')}"
+                + (f", {self.repeats} repeats" if self.repeats > 1 else "")
                 + f", {self.layers} layers; {self.ticks} ticks per pass, bubble {100 * self.bubble_fraction:.1f}% "
                 f"({self.stages - 1} of {self.ticks} ticks per stage)")
         cells = [[self._cell(t, s) for t in range(self.ticks)] for s in range(self.stages)]
@@ -93,6 +94,10 @@ class Schedule:
             return "."
         m, r = job
         return f"{m}{chr(ord('a') + r % 26)}" if self.repeats > 1 else str(m)
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
 
 
 def _ranges(rs: list[range]) -> str:

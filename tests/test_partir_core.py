@@ -208,6 +208,23 @@ def test_inlines_calls_and_custom_jvp():
     assert_same(pf(x), f(x))
 
 
+def test_inlines_checkpoint():
+    """``jax.checkpoint`` (``remat2`` on JAX 0.10) is inlined: its body and its recomputation in the backward
+    pass are partitioned like the rest."""
+    @jax.checkpoint
+    def layer(x, w):
+        return jnp.tanh(x @ w)
+
+    def f(x, w):
+        return jax.grad(lambda w: layer(x, w).sum())(w)
+
+    x, w = jax.random.normal(jax.random.key(3), (8, 16)), jax.random.normal(jax.random.key(4), (16, 16))
+    pf = pc.jit(f, MESH, [MP({"x": 0}, axis="batch")])
+    low = pf.lower(x, w)
+    assert not low.unsupported and {"remat2", "checkpoint", "remat"} & set(low.graph.inlined)
+    assert_same(pf(x, w), f(x, w))
+
+
 def test_sharded_iota_and_reductions():
     def f(x):
         pos = lax.broadcasted_iota(jnp.float32, x.shape, 1)
