@@ -282,15 +282,17 @@ SLOW_NETWORK = pc.Hardware("slow network", peak_flops=1e10, hbm_bw=1e11, network
                            op_overhead_s=1e-6)
 
 
-@pytest.mark.parametrize("hardware", [SLOW_NETWORK, pytest.param(None, marks=slow)])
+@pytest.mark.parametrize("hardware", [SLOW_NETWORK, None])
 def test_automatic_partition_pipelines_where_the_simulator_ranks_a_pipeline_best(hardware):
     """The search tries pipelines (stage axis, microbatches, schedule) beside its SPMD result: its result is a
     pipeline exactly when one simulates faster. Over a network slow against the compute (Megatron's and batch
-    parallelism's collectives cost more than a bubble) it is, and the result runs and equals the step."""
+    parallelism's collectives cost more than a bubble) it is, and the result runs and equals the step; on the
+    host's own profile Megatron is faster."""
     m = models.scanned_transformer(vocab=32, d_model=64, layers=8, seq=8, batch=8)
     ins = m.init(jax.random.key(0))
     mesh = redist.Mesh({"batch": 2, "model": 4})
-    pf = pc.jit(m.step, mesh, [pc.AutomaticPartition(max_evals=30, progress=False, hardware=hardware)])
+    pf = pc.jit(m.step, mesh, [pc.AutomaticPartition(axes=["model"], max_evals=15, progress=False,
+                                                     hardware=hardware)])
     low = pf.lower(*ins)
     res = low.automatic
     fastest = min(t for _, t, _ in res.stats.pipelines)
@@ -302,7 +304,7 @@ def test_automatic_partition_pipelines_where_the_simulator_ranks_a_pipeline_best
         assert res.code.splitlines()[1].strip().startswith("Pipeline(layers='params/layers/*'")
         assert res.candidates[0].pipeline == res.tactics[0] and res.candidates[0].tactics == res.tactics
         assert "     - Pipeline(layers='params/layers/*'" in res.summary().split("runners-up")[1]
-        assert_same(pf(*ins), m.step(*ins))
+        assert_same(pf(*ins), jax.jit(m.step)(*ins))
 
 
 def test_memory_budget_error_carries_the_search_result():
