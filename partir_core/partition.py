@@ -38,7 +38,7 @@ from partir_core.registry import rule_for
 from partir_core.reshard import mesh_of
 from partir_core.simulator import simulate as _simulate
 from partir_core.summary import summary
-from partir_core.tactics import AutomaticPartition, PartitionError, check_schedule, nearest_inputs
+from partir_core.tactics import AutomaticPartition, ManualPartition, PartitionError, check_schedule, nearest_inputs
 
 
 class Partitioned:
@@ -213,7 +213,7 @@ class PartitionedFunction:
             raise PartitionError(f"partir_core.jit needs a function to partition, got {type(fn).__name__} {shown(fn)}")
         self.fn = fn
         self.mesh, self._jax_mesh = _meshes(mesh)
-        self.schedule = check_schedule(schedule, self.mesh)
+        self.schedule = check_schedule(schedule, self.mesh, (ManualPartition, AutomaticPartition, pipeline.Pipeline))
         self.arguments = Arguments(fn, static_argnums, static_argnames, donate_argnums, donate_argnames)
         self._cache: dict = {}
         functools.update_wrapper(self, fn)

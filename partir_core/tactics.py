@@ -252,21 +252,11 @@ def _finite(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
 
 
-TACTICS = (ManualPartition, AutomaticPartition)
-
-
-def tactic_types() -> tuple:
-    """The tactics a schedule holds: :data:`TACTICS` and :class:`partir_core.Pipeline` (whose module builds on
-    this one)."""
-    from partir_core.pipeline import Pipeline
-
-    return TACTICS + (Pipeline,)
-
-
-def check_schedule(schedule, mesh) -> list:
-    """``schedule`` as a list of tactics whose axes are on ``mesh``; :class:`PartitionError` for anything else (a
-    single tactic, a preset's name, None, or an element that is not a tactic)."""
-    tactics = tactic_types()
+def check_schedule(schedule, mesh, tactics: tuple) -> list:
+    """``schedule`` as a list of tactics (instances of the classes ``tactics``: :class:`ManualPartition`,
+    :class:`AutomaticPartition` and :class:`partir_core.Pipeline`, whose module builds on this one) whose axes
+    are on ``mesh``; :class:`PartitionError` for anything else (a single tactic, a preset's name, None, or an
+    element that is not a tactic)."""
     if isinstance(schedule, tactics):
         raise PartitionError(f"a schedule is a list of tactics; put the single tactic in a list: [{schedule}]")
     if isinstance(schedule, str):
