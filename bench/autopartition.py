@@ -7,7 +7,7 @@ of ``bench/flax_lm.py``) and mesh ((2,4) and (4,2) with axes batch, model; (2,2,
   on the flax LM, MP is ``bench.flax_lm.megatron``, EMB does not apply) and BP+MP+Z3+EMB, each also with one
   extra tactic on a spare axis (``+BP@model`` on the 2-D meshes: data parallel over all devices;
   ``+BP@z``, ``+MP@z``, ``+Z3@z`` on (2,2,2)); each is scored by ``partir_core.estimate.Estimator``, which
-  ``tests/test_partir_estimate.py`` checks equal to ``pf.lower(...).simulate()``;
+  ``tests/partir_core/test_estimate.py`` checks equal to ``pf.lower(...).simulate()``;
 - memory budgets: none, 0.8x and 0.5x the simulated per-device peak of plain BP; "best preset" is the fastest
   expert whose simulated peak fits (none may fit at 0.5x);
 - ``auto``: ``[AutomaticPartition(axes=all, memory_budget_bytes=budget, time_budget_s=--time-budget,

@@ -7,7 +7,7 @@ One section per benchmark: the command that writes its JSON, the method (the JSO
 ``timing`` where it records one, else the docstring of the script that wrote it), the machine and load as
 the JSON records them, its summary, a table per case and the figures ``bench/plots.py`` draws beside it.
 The page is committed, so that it reads on any Markdown viewer and its links work from a clean clone;
-tests/test_docs.py fails when a result changes and the page was not written again.
+tests/project/test_docs.py fails when a result changes and the page was not written again.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Scoring a state the plain way (:func:`partir_core.propagation.propagate`, :func:
 several times for every candidate; on the reference transformer that is a third of a second. The search's
 candidates differ from a state it has already scored (its parent: one more group action) in a part of the
 program only, so an :class:`Estimator` scores a state *relative to a scored base*, giving the same figures as
-the plain way (``tests/test_partir_estimate.py`` checks equality on every preset of every model and on
+the plain way (``tests/partir_core/test_estimate.py`` checks equality on every preset of every model and on
 random action sets):
 
 1. Propagation (:func:`propagate_changes`): the same sweeps as :func:`~partir_core.propagation.propagate`

@@ -175,7 +175,7 @@ def visit(graph: Graph, rule, i: int, state: State, mesh, tactic: int, seen: set
     values whose dims it changed, once per dim written. ``slots`` and ``shardable``: the op's :func:`op_slots`
     and :func:`shardable_factors`, when the caller keeps them. A second visit right after this one
     changes nothing (what it wrote is what it resolved; resolving again reads it back), which
-    :func:`partir_core.estimate.propagate_changes` relies on and ``tests/test_partir_estimate_incremental.py``
+    :func:`partir_core.estimate.propagate_changes` relies on and ``tests/partir_core/test_estimate_incremental.py``
     checks on every visit of full propagation from random states."""
     if rule is None:
         return []

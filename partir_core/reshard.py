@@ -101,7 +101,7 @@ def _synthesized(src: ShardingType, dst: ShardingType) -> redist.Plan:
     through which of the types' splits divide which dim, and every split is a product of (sub-)axes that divides
     ``N``, so ``d`` splits evenly exactly where ``gcd(d, N)`` does; and every candidate's bytes and peak scale
     with the global size alike, so the search ranks them alike. The pattern's steps are therefore the shape's
-    (``tests/test_partir_reshard_pattern.py`` checks the plans equal on random pairs), and pairs that differ in
+    (``tests/partir_core/test_reshard_pattern.py`` checks the plans equal on random pairs), and pairs that differ in
     shape only share one search: the automatic search's new pairs on the reference transformer fall from about
     790 to about 420."""
     key = _pattern_key(src, dst)
@@ -194,7 +194,7 @@ def _at_bound(src: ShardingType, dst: ShardingType) -> bool:
     """Whether :func:`move`'s plan receives exactly :func:`redist.lower_bound_bytes`: between even types on one
     device order with the same pending axes (nothing to reduce, nothing created), :func:`redist.synthesize`
     keeps its search's plan only where that plan is at the bound, and otherwise takes the one ``exchange``, which
-    receives exactly the bound (``tests/test_synthesis.py`` checks this on random pairs; the pattern's plan that
+    receives exactly the bound (``tests/redist/test_synthesis.py`` checks this on random pairs; the pattern's plan that
     :func:`move` runs is the pair's own, :func:`_synthesized`)."""
     return src.mesh == dst.mesh and set(src.partial) == set(dst.partial) and src.is_even() and dst.is_even()
 

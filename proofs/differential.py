@@ -23,7 +23,7 @@ Backends:
   for even pairs without pending sums or sub-axes also ``redist.jax.reshard`` of a placed array (a 64-bit
   array placed under x64, resharded with it off);
 - mpi: ``redist.mpi.reshard`` on every rank, under ``mpiexec -n N`` for N = 2 … 8 on meshes of exactly N
-  devices (mode ``differential`` of ``tests/mpi_worker.py``, launched by ``tests/mpi_launch.py``).
+  devices (mode ``differential`` of ``tests/redist/mpi_worker.py``, launched by ``tests/redist/mpi_launch.py``).
 
 Case ``i`` of a backend depends only on ``(seed, backend, i)``; a failure prints them, with the pair.
 """
@@ -240,7 +240,7 @@ def _reshard(src: ShardingType, dst: ShardingType, value: np.ndarray) -> list[np
 def run_mpi(n: int, seed: int) -> Tally:
     """``n`` cases spread over one ``mpiexec`` job per size in :data:`MPI_SIZES`; a job that fails or hangs
     counts its cases as exceptions."""
-    from tests.mpi_launch import mpirun
+    from tests.redist.mpi_launch import mpirun
 
     tally, t0 = Tally("mpi"), time.perf_counter()
     first = 0
@@ -267,7 +267,7 @@ def run_mpi(n: int, seed: int) -> Tally:
 
 def mpi_cases(seed: int, first: int, count: int, comm) -> Tally | None:
     """The cases ``first … first + count - 1`` of the MPI run, on every rank of ``comm`` (called by
-    ``tests/mpi_worker.py differential``): ``redist.mpi.reshard`` of each rank's buffer, every rank's result
+    ``tests/redist/mpi_worker.py differential``): ``redist.mpi.reshard`` of each rank's buffer, every rank's result
     gathered and judged on rank 0, whose :class:`Tally` is returned (None on the other ranks)."""
     import redist.mpi
 

@@ -7,7 +7,7 @@
     out = redist.execute(plan, redist.shard(src, array))
 
 Layers, from the bottom up; a module imports only from its own layer and those below it (the table is ``LAYERS``
-in tests/test_layers.py, which checks every import): the vocabulary (errors, extras, axes, mesh, types, blocks,
+in tests/project/test_layers.py, which checks every import): the vocabulary (errors, extras, axes, mesh, types, blocks,
 buffers, data, picture); steps, bounds and the lowered program; plans, plan files and their pictures
 (plan_picture, plot); the cost model; synthesis and the verifier; the runtimes (execute, backends, hlo,
 xla_log, jax_programs, jax, mpi); this namespace and show; the tools (cli, demo, testing, xla_baseline). The verifier

@@ -18,7 +18,7 @@ runs as rounds of ``ppermute`` with a gather and a scatter each (a swap of two a
 but several times XLA's time and memory on host devices). The decision takes no timing, so it is the same on
 every run: where the plan is empty or made of ``all_slice`` steps alone or of ``all_gather`` steps alone, XLA
 emits the same local slices or the same all-gathers (the same bytes, the same buffers;
-``tests/test_jax_reshard.py`` checks this on XLA's compiled HLO), known without compiling; for any other plan
+``tests/redist/test_jax_reshard.py`` checks this on XLA's compiled HLO), known without compiling; for any other plan
 XLA's resharding of the pair is compiled once per (source type, destination type, mesh) for an abstract input
 and the bytes its collectives receive per device are read from the HLO (:func:`redist.hlo.parse_hlo`). Where
 XLA would gather the whole array, that compile logs XLA's "involuntary full rematerialization" warning, about

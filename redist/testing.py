@@ -7,7 +7,7 @@ valid input serves two kinds of randomness:
 - :class:`SeededDraw` over a seeded :class:`random.Random`: a reproducible sample, a function of the seed
   alone (the proofs, the published benchmark figures, every MPI rank drawing the same cases);
 - :class:`HypothesisDraw` over the ``draw`` of a ``@hypothesis.strategies.composite`` strategy
-  (``tests/strategies.py``): Hypothesis explores the same space and shrinks a failing pair to a small one.
+  (``tests/redist/strategies.py``): Hypothesis explores the same space and shrinks a failing pair to a small one.
   Hypothesis is imported only when such an adapter is made, so that importing this module needs no
   Hypothesis.
 

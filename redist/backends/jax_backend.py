@@ -15,7 +15,7 @@ piece of axis ``y`` is named by its token, e.g. ``"y:(1)2"``; an axis that is no
 names contain ``:`` and so never clash with a mesh axis name (those are identifiers).
 
 Group order. A multi-axis collective over ``("c", "a")`` ranks its members row-major over the tuple as
-given, which is ``Mesh.group_index``; ``tests/test_jax_backend.py`` checks this.
+given, which is ``Mesh.group_index``; ``tests/redist/test_jax_backend.py`` checks this.
 
 Entry points: :func:`run_program` (inside a ``shard_map`` of the caller's) and :func:`run_on_buffers`
 (per-device numpy buffers, behind ``redist.execute(plan, shards, backend="jax")``); :mod:`redist.jax`

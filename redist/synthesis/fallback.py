@@ -100,7 +100,7 @@ def reduction_bound(src: ShardingType, dst: ShardingType) -> int:
 
     The search over prime atoms is skipped where the plan over named atoms meets this bound (``_final`` in
     :mod:`redist.synthesis.cases`): on meshes of a thousand devices it would run its whole budget of states
-    on such reductions and find nothing better. ``tests/test_synthesis_scale.py`` checks the bound
+    on such reductions and find nothing better. ``tests/redist/test_synthesis_scale.py`` checks the bound
     against searches run to the end on random pairs, and that plans are the same with and without the second
     search."""
     if not difference(src.partial, dst.partial):  # nothing to reduce: no atoms to work out
