@@ -59,6 +59,7 @@ def test_a_small_run_passes_on_numpy_and_jax(capsys):
     assert "jax: 4 cases, 4 passed" in out
 
 
+@pytest.mark.mpi
 @pytest.mark.skipif(not os.path.exists(MPIEXEC), reason=f"no mpiexec in this environment ({MPIEXEC})")
 def test_a_small_run_passes_under_mpi(capsys):
     assert differential.main(["--mpi", "3", "--seed", "11"]) == 0

@@ -108,8 +108,11 @@ def test_the_readme_is_the_front_door():
     assert "redist plan" in console and "redist verify" in console
 
 
-@pytest.mark.parametrize("block", [pytest.param(b, marks=pytest.mark.slow) if b in SLOW else b for b in PYTHON],
-                         ids=lambda b: b.name)
+def _marks(block: Block) -> list:
+    return [pytest.mark.slow] * (block in SLOW) + [pytest.mark.mpi] * (_launch(block) is not None)
+
+
+@pytest.mark.parametrize("block", [pytest.param(b, marks=_marks(b)) for b in PYTHON], ids=lambda b: b.name)
 def test_python_block_runs(block, tmp_path):
     launch = _launch(block)
     if launch is None:

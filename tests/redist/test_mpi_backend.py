@@ -15,9 +15,8 @@ import pytest
 from tests.redist.mpi_launch import MPIEXEC, ROOT
 from tests.redist.mpi_launch import mpirun as launch
 
-pytestmark = pytest.mark.skipif(
-    not os.path.exists(MPIEXEC), reason=f"no mpiexec in this environment ({MPIEXEC}); install the mpich wheel"
-)
+pytestmark = [pytest.mark.mpi, pytest.mark.skipif(
+    not os.path.exists(MPIEXEC), reason=f"no mpiexec in this environment ({MPIEXEC}); install the mpich wheel")]
 
 
 def mpirun(n: int, *args: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess, float]:
