@@ -69,6 +69,7 @@ from redist import steps as S
 from redist.axes import axis_name, split_common
 from redist.blocks import DeviceClasses, exchange_segments, permute_groups, rank, remote_copies
 from redist.errors import ShardingError, shown
+from redist.lowering import lower_step
 from redist.mesh import Mesh
 from redist.plan import Plan
 
@@ -292,7 +293,7 @@ def _reordered_axes(step, t_in) -> tuple[str, ...]:
     order is a table of its devices)."""
     mesh = t_in.mesh
     pairs = []
-    for ins in P.lower_step(step, t_in):
+    for ins in lower_step(step, t_in):
         for d in mesh.devices:
             if isinstance(ins, P.CollectivePermute):
                 pairs.append((d, ins.source_of(mesh, d)))
@@ -372,7 +373,7 @@ def exchange_time(step: S.Exchange, t_in, topo: Topology) -> float:
     ``ppermute`` each in the JAX backend) one after the other, each a collective over the mesh axes along which
     its senders and receivers differ, moving the round's slab: the largest copy of the round along each dim
     (the static shape every sender of the round sends). One latency per round, not one in all."""
-    (ins,) = P.lower_step(step, t_in)
+    (ins,) = lower_step(step, t_in)
     return sum(collective_time(axes, math.prod(slab) * t_in.itemsize, topo)
                for slab, axes in ins.round_stats(t_in.mesh))
 

@@ -18,7 +18,8 @@ from redist.errors import ShardingError, shown
 from redist.picture import MAX_BLOCKS, format_bytes
 from redist.plan_picture import plan_picture, summary
 from redist.plot import plot_plan
-from redist.program import Program, Transfer, check_meshes, lower_stages, point_to_point_bytes, segments
+from redist.lowering import check_meshes, lower_stages, segments
+from redist.program import Program, Transfer, point_to_point_bytes
 from redist.types import ShardingType
 
 
@@ -33,7 +34,7 @@ def _check_redistribution(steps: tuple, types: tuple) -> None:
     (:func:`redist.bounds.check_pair`: the same shape, dtype and mesh axes, sub-axes of one factorization, no
     change of reduction kind), which the steps' typing rules do not ensure (``pad`` then ``unpad`` to another
     shape; ``all_reduce(max)`` then ``replicate_to_partial``), and the collectives of each run of steps
-    between transfers run on one device order (:func:`redist.program.check_meshes`)."""
+    between transfers run on one device order (:func:`redist.lowering.check_meshes`)."""
     try:
         check_pair(types[0], types[-1])
     except ShardingError as e:
@@ -193,7 +194,7 @@ class Plan:
 
     @cached_property
     def stages(self) -> tuple:
-        """The plan lowered for the numpy backend (:func:`redist.program.lower_stages`): a
+        """The plan lowered for the numpy backend (:func:`redist.lowering.lower_stages`): a
         :class:`~redist.program.Program` per run of steps on one mesh and a :class:`~redist.program.Transfer` per
         transfer between meshes, in order; for a plan within one mesh, its one program."""
         return lower_stages(self.steps, self.types)

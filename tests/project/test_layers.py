@@ -34,7 +34,7 @@ PACKAGES = ("redist.synthesis", "redist.verify")
 LAYERS = (
     ("vocabulary", {"redist.errors", "redist.extras", "redist.axes", "redist.mesh", "redist.types", "redist.blocks",
                     "redist.buffers", "redist.data", "redist.picture"}),
-    ("steps", {"redist.steps", "redist.bounds", "redist.program"}),
+    ("steps", {"redist.steps", "redist.bounds", "redist.program", "redist.lowering"}),
     ("plans", {"redist.plan", "redist.plan_file", "redist.plan_picture", "redist.plot"}),
     # the cost model prices plans and steps; the synthesizer ranks its candidates with it
     ("cost", {"redist.cost"}),

@@ -17,6 +17,7 @@ from redist.blocks import remote_copies
 from redist.bounds import lower_bound_bytes
 from redist.data import poisoned_source, unshard
 from redist.execute import execute
+from redist.lowering import lower_step
 from redist.mesh import Mesh
 from redist.plan import Plan
 from redist.synthesis import synthesize
@@ -155,7 +156,7 @@ def test_exchange_is_priced_one_latency_per_round():
     topo = cost.topology("2x8-nodes", m)
     src, dst = T("f32[8{x}, 16{y}]", m), T("f32[8{y}, 16{x}]", m)
     step = S.Exchange(dst.dims)
-    (ins,) = P.lower_step(step, src)
+    (ins,) = lower_step(step, src)
     rounds = ins.rounds(m)
     assert len(rounds) > 1
     want = 0.0
@@ -176,7 +177,7 @@ def test_exchange_round_stats_are_those_of_its_rounds(pair):
     round's slab and the axes its moves vary along are what the rounds the JAX backend runs give."""
     src, dst = pair
     step = S.Exchange(dst.dims)
-    (ins,) = P.lower_step(step, src.replace(partial=dst.partial))
+    (ins,) = lower_step(step, src.replace(partial=dst.partial))
     m = src.mesh
     want = tuple((tuple(max(c.size[i] for _, _, c in moves) for i in range(src.rank)),
                   m.varying_axes((s, d) for s, d, _ in moves)) for _, moves in ins.rounds(m))
@@ -191,7 +192,7 @@ def test_an_exchange_is_priced_no_lower_than_its_lower_bound(pair):
     src, dst = pair
     src = src.replace(partial=dst.partial)
     step = S.Exchange(dst.dims)
-    (ins,) = P.lower_step(step, src)
+    (ins,) = lower_step(step, src)
     m = src.mesh
     for d in range(m.size):
         want = sum(1 for c in ins.copies(m, d) if c.source != d and math.prod(c.size))
