@@ -416,9 +416,9 @@ def _device_order(device_ids, size: int, axes) -> tuple[int, ...] | None:
 
 class _DeviceOrder(tuple):
     """A mesh's device order: a tuple of ints that hashes once. A mesh is hashed wherever a type is looked up
-    (:func:`redist.mpi.reshard` looks its arguments up on every call), and hashing thousands of ids on
-    each lookup would cost more than the lookup. The hash is the tuple's own (equal to an equal plain tuple's); a pickled order carries
-    only its ids, and a copy hashes again on first use."""
+    (:func:`redist.mpi.reshard` looks its arguments up on every call), and hashing thousands of ids on each
+    lookup would cost more than the lookup. The hash is the tuple's own (equal to an equal plain tuple's); a
+    pickled order carries only its ids, and a copy hashes again on first use."""
 
     def __hash__(self) -> int:
         h = self.__dict__.get("hash")
