@@ -6,16 +6,15 @@
     plan = redist.synthesize(src, dst)           # typed steps; plan.peak_bytes <= max of the two
     out = redist.execute(plan, redist.shard(src, array))
 
-Layers, from the bottom up; a module imports only from its own layer and those below it (the table is ``LAYERS``
-in tests/project/test_layers.py, which checks every import): the vocabulary (errors, extras, axes, mesh, types, blocks,
-buffers, data, picture); steps, bounds, the lowered program and the lowering of steps to it; plans, plan files
-and their pictures (plan_picture, plot); the cost model; synthesis and the verifier; the runtimes (execute,
-backends, hlo, xla_log, jax_programs, jax, mpi); this namespace and show; the tools (cli, demo, testing, xla_baseline). The verifier
-imports nothing of steps, blocks or synthesis: it checks a plan's lowered program against the types' semantics,
-not against the rules that made the plan. partir_core reaches redist through the vocabulary and this namespace,
-and beyond them through partir_core.reshard (steps, bounds, redist.jax) and partir_core.simulator (cost) only;
-redist never imports partir_core.
-"""
+Layers, from the bottom up; a module imports only from its own layer and those below it (the table is ``LAYERS`` in
+tests/project/test_layers.py, which checks every import): the vocabulary (errors, extras, axes, mesh, types,
+blocks, buffers, data, picture); steps, bounds, the lowered program and the lowering of steps to it; plans, plan
+files and their pictures (plan_picture, plot); the cost model; synthesis and the verifier; the runtimes (execute,
+backends, hlo, xla_log, jax_programs, jax, mpi); this namespace and show; the tools (cli, demo, testing,
+xla_baseline). The verifier imports nothing of steps, blocks or synthesis: it checks a plan's lowered program
+against the types' semantics, not against the rules that made the plan. partir_core reaches redist through the
+vocabulary and this namespace, and beyond them through partir_core.reshard (steps, bounds, redist.jax) and
+partir_core.simulator (cost) only; redist never imports partir_core. """
 
 __version__ = "0.1.0"  # the one place the version is written: pyproject.toml reads it (tool.setuptools.dynamic)
 
