@@ -15,10 +15,12 @@ BACKENDS = ("numpy", "jax")
 def execute(plan: Plan, shards, backend: str = "numpy") -> list[np.ndarray]:
     """Execute ``plan`` on ``shards`` (one local buffer per device id, of type ``plan.src``).
 
-    ``backend``: ``"numpy"`` (the reference, in this process) or ``"jax"`` (JAX collectives on the first
-    ``mesh.size`` JAX devices, in the plan's dtype whatever JAX's x64 mode; the plan's program is compiled on
-    its first call and kept, so that later calls of the plan only dispatch, until
-    :func:`redist.jax.clear_cache`; see :func:`redist.jax.run_on_buffers`). MPI runs one process per device: use :func:`redist.mpi.reshard` on
+    ``backend``: ``"numpy"`` (the reference, in this process) or ``"jax"`` (JAX collectives on JAX devices,
+    device ``d`` the one whose ``id`` is ``d``, in the plan's dtype whatever JAX's x64 mode; the plan's program is
+    compiled on its first call and kept, so that later calls of the plan only dispatch, until
+    :func:`redist.jax.clear_cache`; see :func:`redist.jax.run_on_buffers`; a plan across meshes runs its stages
+    on the devices of each mesh, the transfer as copies from device to device:
+    :mod:`redist.backends.jax_stages`). MPI runs one process per device: use :func:`redist.mpi.reshard` on
     every rank. Returns new arrays (never the caller's), the buffers of type ``plan.dst``. For a partial
     source, any summands whose group sums are the value give the value's destination layout (summed where
     the destination is not partial).
@@ -26,8 +28,7 @@ def execute(plan: Plan, shards, backend: str = "numpy") -> list[np.ndarray]:
     ``shards`` is a list or tuple indexed by device id, as :func:`redist.shard` makes it: ``plan.src.mesh.id_bound``
     entries (``mesh.size`` where the device ids are ``0 … size−1``), an array of ``plan.src.local_shape`` at
     each device of the source's mesh and ``None`` at every other number. The result is such a list for
-    ``plan.dst``'s mesh. A plan across meshes (:attr:`Plan.stages`) or on a mesh numbered otherwise runs on
-    the numpy backend only, for now (the JAX backend raises :class:`ShardingError`). No value is converted
+    ``plan.dst``'s mesh, whatever devices the two meshes share. No value is converted
     with loss (:mod:`redist.buffers`): each shard has the plan's dtype, or one whose every value the plan's
     dtype holds (``i8`` for ``i32``, ``f32`` for ``f64``), or is Python numbers that it holds exactly;
     ``f64``, ``i64`` or complex shards for an ``f32`` plan raise. Raises :class:`ShardingError` for a
@@ -39,7 +40,9 @@ def execute(plan: Plan, shards, backend: str = "numpy") -> list[np.ndarray]:
         return numpy_backend.run_stages(plan.stages, shards)
     if backend == "jax":
         from redist.backends.jax_backend import run_on_buffers  # the [jax] extra: imported when asked for
+        from redist.backends.jax_stages import execute_stages
 
-        return run_on_buffers(plan.program, shards)
+        stages = plan.stages
+        return run_on_buffers(stages[0], shards) if len(stages) == 1 else execute_stages(stages, shards)
     raise ShardingError(f"unknown backend {backend!r}; execute() runs {', '.join(BACKENDS)} "
                         "(MPI runs one process per device: call redist.mpi.reshard on every rank)")

@@ -10,7 +10,9 @@ Arguments follow ``jax.device_put``'s rules: ``x`` is any pytree; ``sharding`` (
 ``NamedSharding`` or ``PartitionSpec`` for every leaf, or a pytree prefix of ``x`` of them (``None``: leave the
 leaf as ``jax.device_put(leaf)`` leaves it); a ``PartitionSpec`` is taken on the context mesh of
 ``jax.set_mesh``. Every array of a call that already lies on the mesh moves in one jitted program (one
-dispatch); host data, Python scalars and single-device arrays are placed as ``jax.device_put`` places them.
+dispatch); an array whose target lies on another mesh (other devices or axes, or another device order) moves
+eagerly, device to device; host data, Python scalars and single-device arrays are placed as ``jax.device_put``
+places them.
 
 Which program moves each array (redist's plan or XLA's own resharding, by a documented rule), the cache of
 programs and how sub-axis plans meet ``jax.set_mesh`` are in :mod:`redist.jax_programs`; the JAX interpreter
@@ -78,16 +80,20 @@ def reshard(x, sharding, *, src=None, donate=False):
     the real layout differs, XLA moves the data to ``src`` first (correct, but not by redist's plan). Eagerly,
     ``src`` must agree with the arrays' shardings.
 
-    Device order: an array's mesh and its target's may hold the same devices in different orders (the same
-    axes; ``jax.make_mesh`` and a hand-made device array, say): the plan then moves blocks between the two
-    orders (docs/spec.md §1, :func:`redist.synthesize`): it runs on every device's buffer, in a program of its own,
-    and the result's buffers become the target-sharded array where they are. Only eagerly: JAX compiles a
-    computation for one device order (it refuses arguments and constraints on another inside ``jax.jit``),
-    so under a trace such a reshard raises :class:`ShardingError`.
+    Across meshes: an array's mesh and its target's may be two meshes: the same devices in different orders
+    (the same axes; ``jax.make_mesh`` and a hand-made device array, say), or meshes of other devices or axes (a
+    pipeline's next stage, a job's devices less some, ``jax.make_mesh((8,), ("x",))`` and
+    ``jax.make_mesh((2, 4), ("a", "b"))`` on the same devices). Their devices are then numbered by their JAX ids
+    (global device ids, docs/spec.md §1) and the plan between the two types (:func:`redist.synthesize`) runs on
+    every device's buffer: its steps on each mesh as programs of their own, its transfer as copies from device to
+    device of the pieces each destination device lacks, never through the host; the result's buffers become the
+    target-sharded array where they are (:mod:`redist.backends.jax_stages`). Only eagerly: JAX compiles a
+    computation for one mesh in one device order (it refuses arguments and constraints on another inside
+    ``jax.jit``), so under a trace such a reshard raises :class:`ShardingError`.
 
     Raises :class:`ShardingError`, naming the leaf, if ``sharding`` or ``src`` is not a tree prefix of ``x``
     or holds something else than the above, a ``PartitionSpec`` has no context mesh, an array's source
-    layout is unknown or on another mesh than its target (other than in device order, eagerly), the shape
+    layout is unknown or on another mesh than its target under a trace, the shape
     does not fit a sharding (an unknown axis, too many spec entries, a dim that does not divide), a leaf
     cannot be placed, or an input array was deleted (donated before).
     """
@@ -112,8 +118,8 @@ def reshard(x, sharding, *, src=None, donate=False):
 def lower(x, sharding, *, src=None, donate=False) -> jax.stages.Lowered:
     """The program that :func:`reshard` runs for the arrays of ``x`` that lie on a mesh, lowered for them
     (``jax.stages.Lowered``: ``.compile().memory_analysis()``, ``.as_text()``); arrays that move between two
-    device orders run apart and are not in it. Nothing runs and nothing is placed. Raises
-    :class:`ShardingError` as :func:`reshard` does, or if no array of ``x`` needs a program."""
+    meshes (device orders, or other devices or axes) run apart and are not in it. Nothing runs and nothing is
+    placed. Raises :class:`ShardingError` as :func:`reshard` does, or if no array of ``x`` needs a program."""
     if not isinstance(donate, bool):
         raise ShardingError(f"donate must be True or False, got {describe(donate)}")
     leaves, treedef = jax.tree.flatten(x)
@@ -356,13 +362,13 @@ class _Call:
     """One eager call: which leaves the program moves (``moved``, with the program's distinct input arrays
     ``inputs`` and ``index`` from moved leaf to input), and the signature that keys the program cache.
     Building it checks only what identifies the program; the moves are checked on a cache miss. Leaves whose
-    mesh is not the target's (``reordered``: the same devices in another order, else an error) move apart,
-    each by its own program (:func:`redist.jax_programs.between_device_orders`)."""
+    mesh is not the target's (``between``: the same devices in another order, or other devices or axes) move
+    apart, eagerly (:func:`redist.jax_programs.between_meshes`)."""
 
     def __init__(self, x, leaves, targets, sources, donate: bool):
         self.x, self.leaves, self.targets, self.donate = x, leaves, targets, donate
         self.moved, self.inputs, index, signature = [], [], [], []
-        self.rest, self.reordered = [], []  # leaves the program does not move
+        self.rest, self.between = [], []  # leaves the program does not move
         position: dict[int, int] = {}
         for i, (leaf, target, src) in enumerate(zip(leaves, targets, sources)):
             if target is None or not _on_mesh(leaf):
@@ -376,7 +382,7 @@ class _Call:
                 self.rest.append(i)
                 continue
             if have.mesh != target.mesh:
-                self.reordered.append(i)
+                self.between.append(i)
                 continue
             j = position.setdefault(id(leaf), len(self.inputs))
             if j == len(self.inputs):
@@ -413,20 +419,20 @@ class _Call:
         before a program runs, and donated arrays are deleted only after they ran."""
         out = list(self.leaves)
         program, cached = self._program() if self.moved else (None, True)
-        reordered = []
-        for i in self.reordered:
+        between = []
+        for i in self.between:
             leaf = self.leaves[i]
             with _Where(self.x, i).naming():
-                reordered.append(programs.move(leaf.shape, leaf.dtype, leaf.sharding, self.targets[i]))
+                between.append(programs.move(leaf.shape, leaf.dtype, leaf.sharding, self.targets[i]))
         for i in self.rest:
             out[i] = self._rest(i)
-        for i in self.moved + self.reordered:
+        for i in self.moved + self.between:
             if self.leaves[i].is_deleted():
                 raise ShardingError(f"{_Where(self.x, i)}the array has been deleted (was it donated before?)")
-        for i, m in zip(self.reordered, reordered):  # before the program, which may donate their buffers
-            _log.debug("reshard: %sbetween two device orders, eagerly: %s", _Where(self.x, i), m.describe())
+        for i, m in zip(self.between, between):  # before the program, which may donate their buffers
+            _log.debug("reshard: %sbetween two meshes, eagerly: %s", _Where(self.x, i), m.describe())
             with _Where(self.x, i).naming():
-                out[i] = programs.between_device_orders(m, self.leaves[i])
+                out[i] = programs.between_meshes(m, self.leaves[i])
         if program is not None:
             with _wide(program.wide), _quiet_donation() if self.donate and not cached else contextlib.nullcontext():
                 results = program.fn(*self.inputs)
@@ -472,8 +478,8 @@ def _traced(x, leaves, targets, sources) -> list:
             elif isinstance(src, PartitionSpec) and isinstance(target, NamedSharding):
                 src = _named(target.mesh, src, "src")
             m = programs.move(leaf.shape, leaf.dtype, src, target)
-            if m.between_device_orders:
-                raise programs.traced_between_device_orders(m)
+            if m.between_meshes:
+                raise programs.traced_between_meshes(m)
             moves.append(m)
         moved.append(i)
     if _log.isEnabledFor(logging.DEBUG) and moves:

@@ -36,15 +36,17 @@ Meshes. A plan over sub-axes runs on the refined mesh of :func:`~redist.backends
 ``jax.sharding.use_abstract_mesh(refined)``; on Explicit axes the array's type names its mesh, so it is first
 restated on the refined mesh (the same layout: no data moves). Either way the result is then restated on the
 caller's mesh as the target sharding, which again moves nothing. An array's mesh and the target's may also
-hold the same devices in two orders (:func:`move`): the plan then moves blocks between the orders, eagerly
-only (:func:`between_device_orders`: the program runs on every device's buffer), since JAX compiles a
-computation for one device order.
+be two meshes (:func:`move`): the same devices in two orders, or other devices or axes (a pipeline's next stage,
+a mesh of fewer devices, ``jax.make_mesh((8,), ...)`` and ``jax.make_mesh((2, 4), ...)``). Their devices are
+then numbered by their JAX ids (:func:`~redist.backends.jax_backend.global_mesh`), and the plan moves the array
+eagerly only (:func:`between_meshes`: its stages run on every device's buffer, the transfers as copies from
+device to device), since JAX compiles a computation for one mesh in one device order.
 
 Cache. :func:`program` keeps the jitted programs of the last :data:`PROGRAMS` call signatures (least recently
 used first out); plans, routes and shard_maps are cached per (source type, destination type, mesh) in
-bounded caches, and the per-device programs (moves between device orders, ``execute(..., backend="jax")``)
-per (program, JAX mesh) by :func:`~redist.backends.jax_backend.on_devices`. :func:`clear_cache` empties them
-all.
+bounded caches, and the per-device programs (moves between meshes, ``execute(..., backend="jax")``) per
+(program, JAX mesh) by :func:`~redist.backends.jax_backend.on_devices`, with the transfers' per-device copies
+(:func:`~redist.backends.jax_stages.clear_cache`). :func:`clear_cache` empties them all.
 """
 
 from __future__ import annotations
@@ -67,8 +69,8 @@ try:
 except ModuleNotFoundError as e:
     raise missing_extra(e, "redist.jax", "jax") from e
 
-from redist.backends import interpreter
-from redist.backends.jax_backend import JaxBackend, in_dtype, jax_mesh_of, on_devices, redist_mesh, refine_mesh
+from redist.backends import interpreter, jax_stages
+from redist.backends.jax_backend import JaxBackend, global_mesh, in_dtype, on_devices, redist_mesh, refine_mesh
 from redist.errors import ShardingError
 from redist.hlo import HLO_BYTES, parse_hlo
 from redist.mesh import Mesh
@@ -77,8 +79,8 @@ from redist.synthesis import synthesize
 from redist.types import ShardingType
 from redist.xla_log import without_rematerialization_warning
 
-__all__ = ["Move", "move", "route", "xla_bytes_received", "apply", "between_device_orders",
-           "traced_between_device_orders", "Program", "program", "cached", "clear_cache", "sharding_type", "PROGRAMS"]
+__all__ = ["Move", "move", "route", "xla_bytes_received", "apply", "between_meshes", "traced_between_meshes",
+           "Program", "program", "cached", "clear_cache", "sharding_type", "PROGRAMS"]
 
 #: How many jitted programs (one per call signature: arrays' shapes, dtypes, shardings, donation) are kept.
 PROGRAMS = 256
@@ -121,19 +123,18 @@ def _same_mesh(a, b) -> bool:
 
 
 def _redist_meshes(src_jmesh, jmesh) -> tuple[Mesh, Mesh]:
-    """The redist meshes of the array's JAX mesh and of the target's: one mesh, or two device orders of the
-    same axes and devices (:func:`redist_mesh`; both number the devices by the same ranks of their ids).
-    Raises :class:`ShardingError` for anything else."""
+    """The redist meshes of the array's JAX mesh and of the target's: one mesh (:func:`redist_mesh`), or two
+    meshes whose devices are numbered by their JAX ids (:func:`global_mesh`): two device orders of the same axes
+    and devices, or meshes of other devices or axes. Raises :class:`ShardingError` where the array's mesh is
+    another abstract mesh (under a trace), whose devices are unknown."""
     if _same_mesh(src_jmesh, jmesh):
         mesh = redist_mesh(jmesh)
         return mesh, mesh
-    reordered = (isinstance(src_jmesh, jax.sharding.Mesh) and src_jmesh.shape_tuple == jmesh.shape_tuple
-                 and {d.id for d in src_jmesh.devices.flat} == {d.id for d in jmesh.devices.flat})
-    if not reordered:
-        raise ShardingError(f"the array is on mesh {src_jmesh} but the target sharding on mesh {jmesh}; "
-                            "reshard moves data within one mesh, or between two device orders of it (the same "
-                            "axes and devices)")
-    return redist_mesh(src_jmesh), redist_mesh(jmesh)
+    if not isinstance(src_jmesh, jax.sharding.Mesh):
+        raise ShardingError(f"under jax.jit the array is on mesh {src_jmesh} but the target sharding on mesh "
+                            f"{jmesh}; JAX runs a computation on one mesh in one device order, so reshard moves an "
+                            "array between two meshes or device orders only outside jax.jit")
+    return global_mesh(src_jmesh), global_mesh(jmesh)
 
 
 def _explicit(mesh) -> bool:
@@ -143,11 +144,11 @@ def _explicit(mesh) -> bool:
 # ---------------------------------------------------------------------- one array's move
 @dataclass(frozen=True)
 class Move:
-    """One array's reshard: from type ``src`` to type ``dst`` on the JAX ``mesh``; ``source`` is the array's
-    layout and ``sharding`` the target as the result carries it (``dst``'s ``NamedSharding`` as the caller
-    spelled it, ``UNCONSTRAINED`` entries read as replicated). :attr:`plan` is redist's plan and
-    :attr:`route` the program that runs. ``src.mesh`` and ``dst.mesh`` differ where the array's JAX mesh
-    holds the target's devices in another order (:attr:`between_device_orders`)."""
+    """One array's reshard: from type ``src`` to type ``dst`` on the JAX ``mesh`` (the target's); ``source`` is the
+    array's layout and ``sharding`` the target as the result carries it (``dst``'s ``NamedSharding`` as the
+    caller spelled it, ``UNCONSTRAINED`` entries read as replicated). :attr:`plan` is redist's plan and
+    :attr:`route` the program that runs. ``src.mesh`` and ``dst.mesh`` differ where the array's JAX mesh is not
+    the target's (:attr:`between_meshes`): the target's devices in another order, or other devices or axes."""
 
     src: ShardingType
     dst: ShardingType
@@ -164,9 +165,9 @@ class Move:
         return route(self)
 
     @property
-    def between_device_orders(self) -> bool:
-        """Whether the move goes between two device orders of one mesh (eagerly only: JAX compiles a
-        computation for one device order; :func:`between_device_orders`)."""
+    def between_meshes(self) -> bool:
+        """Whether the move goes between two meshes: two device orders of one mesh, or meshes of other devices or
+        axes (eagerly only: JAX compiles a computation for one mesh in one device order; :func:`between_meshes`)."""
         return self.src.mesh != self.dst.mesh
 
     def describe(self) -> str:
@@ -182,9 +183,9 @@ def move(shape, dtype, src: NamedSharding, dst: NamedSharding) -> Move:
     """The :class:`Move` of an array of ``shape``/``dtype`` from layout ``src`` to ``dst``.
 
     Raises :class:`ShardingError` if either is no ``NamedSharding``, the target's mesh is not a concrete
-    ``jax.sharding.Mesh``, the meshes differ other than in device order (the same axes and devices;
-    :attr:`Move.between_device_orders`), ``dtype`` is not one redist moves, or the shape does not fit a
-    sharding (an unknown axis, too many spec entries, a dim that does not divide).
+    ``jax.sharding.Mesh``, the array's mesh is another abstract mesh (under a trace), ``dtype`` is not one redist
+    moves, or the shape does not fit a sharding (an unknown axis, too many spec entries, a dim that does not
+    divide). The two meshes may differ (:attr:`Move.between_meshes`).
     """
     if not isinstance(dst, NamedSharding):
         raise ShardingError(f"reshard needs a NamedSharding or a PartitionSpec as the target, got "
@@ -218,9 +219,9 @@ def route(m: Move) -> str:
     :func:`xla_bytes_received`) while redist's plan receives fewer bytes, else ``"xla"``; a plan of slices
     alone or gathers alone is ``"xla"`` without measuring. Decided once per (source type, destination type,
     mesh); the rule and its reasons are in the module header. A move with pending values (a ``partial`` type
-    of any reduction kind) or between two device orders is always ``"redist"``: XLA's resharding of a
-    ``NamedSharding`` expresses neither."""
-    if m.src.partial or m.dst.partial or m.between_device_orders:
+    of any reduction kind) or between two meshes (device orders, or other devices or axes) is always ``"redist"``:
+    XLA's resharding of a ``NamedSharding`` within one computation expresses neither."""
+    if m.src.partial or m.dst.partial or m.between_meshes:
         return "redist"
     key = (m.src, m.dst, m.mesh)
     decided = _ROUTES.get(key)
@@ -268,8 +269,8 @@ def _xla_resharding_jit(sharding: NamedSharding):
 def apply(moves: tuple[Move, ...], xs) -> list:
     """``xs[j]`` moved by ``moves[j]`` (global arrays inside a trace: the caller's ``jax.jit`` or ``jax.grad``,
     or :func:`program`'s own ``jit``), each restated with the sharding ``moves[j].sharding``. The arrays that
-    take redist's route on one mesh move in one ``shard_map``. No move may go between two device orders (JAX
-    compiles a computation for one; :func:`between_device_orders` moves those eagerly)."""
+    take redist's route on one mesh move in one ``shard_map``. No move may go between two meshes (JAX compiles a
+    computation for one mesh in one device order; :func:`between_meshes` moves those eagerly)."""
     out = list(xs)
     meshes: dict = {}
     for j, m in enumerate(moves):
@@ -337,32 +338,35 @@ def _batched(program, backend: JaxBackend, buffers: list) -> list:
     return list(stacked)
 
 
-# ---------------------------------------------------------------------- between two device orders
-def between_device_orders(m: Move, x):
-    """``x`` (a concrete array laid out as ``m.source``) moved by ``m``, a move between two device orders,
-    eagerly: the plan's program runs on the buffers of every device
-    (:func:`~redist.backends.jax_backend.on_devices`, as ``run_on_buffers`` runs it), and its results become
-    ``m.sharding``'s array where they are. An empty array is the caller's to make. Raises
-    :class:`ShardingError` (:func:`traced_between_device_orders`) if called under a trace, where the program
-    would not run but be traced into the caller's, which has one device order."""
-    program = m.plan.program
+# ---------------------------------------------------------------------- between two meshes
+def between_meshes(m: Move, x):
+    """``x`` (a concrete array laid out as ``m.source``) moved by ``m``, a move between two meshes (two device
+    orders, or meshes of other devices or axes), eagerly: the plan's stages run on the buffers of every device
+    (:func:`~redist.backends.jax_stages.run_stages`: a program per mesh, the transfers as copies from device to
+    device), and their results become ``m.sharding``'s array where they are, new buffers all. An empty array is
+    the caller's to make. Raises :class:`ShardingError` (:func:`traced_between_meshes`) if called under a trace,
+    where nothing would run but be traced into the caller's computation, which has one mesh."""
+    if isinstance(jax.device_put(x, x.sharding), jax.core.Tracer):  # x itself, unless inside jax.jit (closed over)
+        raise traced_between_meshes(m)
+    by_device = {s.device: s.data for s in x.addressable_shards}
     with in_dtype(m.src.np_dtype):
-        devices = sorted(m.mesh.devices.flat, key=lambda d: d.id)
-        run, stacked_sharding = on_devices(program, jax_mesh_of(program.mesh, devices))
-        by_device = {s.device: s.data for s in x.addressable_shards}
-        rows = [by_device[d].reshape(1, -1) for d in stacked_sharding.mesh.devices.flat]
-        if isinstance(rows[0], jax.core.Tracer):  # x is concrete, but the call is inside jax.jit (closed over)
-            raise traced_between_device_orders(m)
-        stacked = jax.make_array_from_single_device_arrays((m.src.mesh.size, rows[0].size), stacked_sharding, rows)
+        buffers = [None] * m.src.mesh.id_bound
+        for d, dev in zip(m.src.mesh.device_ids, x.sharding.mesh.devices.flat):
+            buffers[d] = by_device[dev]
+        out = jax_stages.run_stages(m.plan.stages, buffers)
         return jax.make_array_from_single_device_arrays(
-            x.shape, m.sharding, [s.data.reshape(program.shapes[-1]) for s in run(stacked).addressable_shards])
+            x.shape, m.sharding, [out[d] for d in m.dst.mesh.device_ids])
 
 
-def traced_between_device_orders(m: Move) -> ShardingError:
-    """The error for a move between two device orders under a trace."""
-    return ShardingError(f"under jax.jit, JAX runs a computation on one device order, but the array's mesh "
-                         f"({m.src.mesh}) and the target's ({m.dst.mesh}) order the devices differently; call "
-                         "reshard outside jax.jit to move between them")
+def traced_between_meshes(m: Move) -> ShardingError:
+    """The error for a move between two meshes under a trace."""
+    if m.src.mesh.is_reordering_of(m.dst.mesh):
+        return ShardingError(f"under jax.jit, JAX runs a computation on one device order, but the array's mesh "
+                             f"({m.src.mesh}) and the target's ({m.dst.mesh}) order the devices differently; call "
+                             "reshard outside jax.jit to move between them")
+    return ShardingError(f"under jax.jit, JAX runs a computation on one mesh, but the array's mesh ({m.src.mesh}) and "
+                         f"the target's ({m.dst.mesh}) hold other devices or axes; call reshard outside jax.jit to "
+                         "move between them")
 
 
 # ---------------------------------------------------------------------- all the arrays of one call
@@ -467,4 +471,5 @@ def clear_cache() -> None:
     _ROUTES.clear()
     _xla_resharding_jit.cache_clear()
     on_devices.cache_clear()
+    jax_stages.clear_cache()
     _plan.cache_clear()

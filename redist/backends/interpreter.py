@@ -108,6 +108,24 @@ def check_program(program, entry: str) -> None:
                                 f"{np.dtype(program.dtype).name} values; complex numbers have none")
 
 
+def check_stages(stages, entry: str) -> None:
+    """Raise :class:`ShardingError` unless ``stages`` is a plan's stages (:attr:`redist.Plan.stages`): a non-empty
+    tuple of programs (each :func:`check_program`) and :class:`~redist.program.Transfer` s (each with a copy
+    table that fits its buffers, :func:`redist.program.check_copy_table`), beginning and ending with a program;
+    ``entry`` names the caller in the message."""
+    if not (isinstance(stages, tuple) and stages):
+        raise ShardingError(f"{entry} needs a plan's stages (plan.stages: programs and the transfers between "
+                            f"them), got {describe(stages)}")
+    for stage in stages:
+        if isinstance(stage, P.Transfer):
+            P.check_copy_table(stage.copies.copies, stage.src_shape, stage.shape, stage.src_mesh, stage.mesh,
+                               f"{entry}: {stage}")
+        else:
+            check_program(stage, entry)
+    if isinstance(stages[0], P.Transfer) or isinstance(stages[-1], P.Transfer):
+        raise ShardingError(f"{entry}: a plan's stages begin and end with a program, a transfer between two")
+
+
 def check_numbered_from_zero(program, entry: str) -> None:
     """Raise :class:`ShardingError` unless the checked ``program``'s meshes hold the devices ``0 … size−1`` (in
     any order): the JAX and MPI backends take device ids as JAX devices' ranks and MPI ranks, and run no other

@@ -3,10 +3,14 @@
 Devices. The redist mesh of a JAX mesh (:func:`redist_mesh`) has its axes and its device order: the device at
 position ``p`` (``jax_mesh.devices.flat[p]``, row-major) is redist device ``d``, the rank of its JAX
 ``device.id`` among the mesh's (so ``d`` is the JAX device id itself when the mesh holds devices ``0 … n-1``,
-as ``jax.devices()[:n]`` in any arrangement, ``jax.make_mesh`` or a reversed device array does). Collectives
-work in mesh positions (``lax.axis_index``), exactly as ``NamedSharding`` does; the instructions that name
-devices (a permute's sources, an exchange's copies) are translated from device ids to positions through the
-program mesh's ``device_ids``, which must be the JAX mesh's order (``run_on_buffers`` builds or checks that).
+as ``jax.devices()[:n]`` in any arrangement, ``jax.make_mesh`` or a reversed device array does). Where two
+meshes of other devices meet (a move across meshes, :mod:`redist.backends.jax_stages`), devices are numbered by
+their JAX ids themselves, global device ids (:func:`global_mesh`). Going the other way, redist device ``d`` is the
+JAX device whose ``id`` is ``d`` (:func:`jax_devices`, :func:`jax_mesh_of`), whatever the mesh's numbering.
+Collectives work in mesh positions (``lax.axis_index``), exactly as ``NamedSharding`` does; the instructions
+that name devices (a permute's sources, an exchange's copies) are translated from device ids to positions
+through the program mesh's ``device_ids``, which must be the JAX mesh's order (``run_on_buffers`` builds or
+checks that).
 
 Sub-axes. A program may name sub-axes ``y:(pre)size``. JAX collectives need real axis names, so the program
 runs on a *refined* mesh: the same devices in the same order, every axis split at the boundaries the
@@ -19,7 +23,8 @@ given, which is ``Mesh.group_index``; ``tests/redist/test_jax_backend.py`` check
 
 Entry points: :func:`run_program` (inside a ``shard_map`` of the caller's) and :func:`run_on_buffers`
 (per-device numpy buffers, behind ``redist.execute(plan, shards, backend="jax")``); :mod:`redist.jax`
-re-exports them next to ``reshard``, which plans first.
+re-exports them next to ``reshard``, which plans first. A plan of several stages (across meshes) runs on
+per-device buffers by :mod:`redist.backends.jax_stages`.
 """
 
 from __future__ import annotations
@@ -44,13 +49,13 @@ except ModuleNotFoundError as e:
 
 from redist import program as P
 from redist.backends import interpreter
-from redist.buffers import device_buffers
+from redist.buffers import mesh_buffers
 from redist.errors import ShardingError
 from redist.axes import Axis
 from redist.mesh import Mesh
 
-__all__ = ["run_program", "run_on_buffers", "on_devices", "in_dtype", "refined_axis_names", "refine_mesh",
-           "redist_mesh", "jax_mesh_of", "JaxBackend", "ON_DEVICES"]
+__all__ = ["run_program", "run_on_buffers", "run_on_devices", "on_devices", "in_dtype", "refined_axis_names",
+           "refine_mesh", "redist_mesh", "global_mesh", "jax_devices", "jax_mesh_of", "JaxBackend", "ON_DEVICES"]
 
 #: How many compiled per-device programs (one per program and JAX mesh) :func:`on_devices` keeps.
 ON_DEVICES = 64
@@ -67,24 +72,51 @@ def redist_mesh(jax_mesh) -> Mesh:
         jax_ids = [d.id for d in devices.flat]
         rank = {i: r for r, i in enumerate(sorted(jax_ids))}
         ids = [rank[i] for i in jax_ids]
+    return _redist_mesh(jax_mesh, ids)
+
+
+def global_mesh(jax_mesh) -> Mesh:
+    """The redist mesh with the axes of a (concrete) JAX mesh and, at each position, the JAX ``id`` of the device
+    there: the numbering in which two meshes of other devices (a pipeline's stages, a mesh and a smaller one)
+    name each device alike, so that a plan between them knows which devices they share (global device ids,
+    docs/spec.md §1). It is :func:`redist_mesh` where the mesh holds the devices ``0 … n-1``."""
+    return _redist_mesh(jax_mesh, [d.id for d in jax_mesh.devices.flat])
+
+
+def _redist_mesh(jax_mesh, ids) -> Mesh:
     try:
         return Mesh(tuple(zip(jax_mesh.axis_names, jax_mesh.axis_sizes)), ids)
     except ShardingError as e:
         raise ShardingError(f"the JAX mesh {jax_mesh} cannot be used by redist: {e}") from None
 
 
+def jax_devices(mesh: Mesh, devices=None) -> dict:
+    """The JAX device of each device of ``mesh``, by redist device id: ``devices[d]`` (a list indexed by device
+    id, or a mapping), by default the JAX device whose ``id`` is ``d`` (``jax.devices()[d]`` where JAX numbers
+    its devices ``0 … n-1``, as on one host). Raises :class:`ShardingError` for a device JAX lacks."""
+    if devices is None:
+        devices = {dev.id: dev for dev in jax.devices()}
+    elif not isinstance(devices, Mapping):
+        devices = dict(enumerate(devices))
+    missing = [d for d in mesh.devices if d not in devices]
+    if missing:
+        platform = next(iter(devices.values())).platform if devices else "none"
+        more = (f"run it on a mesh of at most {len(devices)} devices, or give JAX more (on the CPU: "
+                f"XLA_FLAGS=--xla_force_host_platform_device_count={mesh.id_bound} before JAX starts)")
+        if mesh.id_bound == mesh.size:
+            raise ShardingError(f"the plan's mesh has {mesh.size} devices, JAX has {len(devices)} ({platform}); {more}")
+        raise ShardingError(f"the plan's mesh {mesh} has device {missing[0]}, which JAX lacks (it has {len(devices)} "
+                            f"devices, {platform}); {more}")
+    return {d: devices[d] for d in mesh.devices}
+
+
 def jax_mesh_of(mesh: Mesh, devices=None):
     """The JAX mesh of ``mesh``: its axes, and at each position the JAX device of the redist device there,
-    device ``d`` being ``devices[d]`` (default: the first ``mesh.size`` of ``jax.devices()``; any list of
-    devices sorted by id, so that :func:`redist_mesh` gives ``mesh`` back). Raises :class:`ShardingError` if
-    JAX has fewer devices."""
-    devices = jax.devices() if devices is None else list(devices)
-    if len(devices) < mesh.size:
-        raise ShardingError(
-            f"the plan's mesh has {mesh.size} devices, JAX has {len(devices)} ({devices[0].platform}); run "
-            f"it on a mesh of at most {len(devices)} devices, or give JAX more (on the CPU: "
-            f"XLA_FLAGS=--xla_force_host_platform_device_count={mesh.size} before JAX starts)")
-    return jax.sharding.Mesh(np.array([devices[d] for d in mesh.device_ids]).reshape(mesh.shape), mesh.names)
+    :func:`jax_devices` (device ``d`` is ``devices[d]``, by default the JAX device whose ``id`` is ``d``; a list
+    of devices sorted by id, so that :func:`redist_mesh` gives ``mesh`` back). Raises :class:`ShardingError` if
+    JAX lacks a device."""
+    table = jax_devices(mesh, devices)
+    return jax.sharding.Mesh(np.array([table[d] for d in mesh.device_ids]).reshape(mesh.shape), mesh.names)
 
 
 def _refined_axes(mesh: Mesh, tokens) -> dict[str, tuple[Axis, ...]]:
@@ -144,54 +176,71 @@ def run_program(program: P.Program, x, axis_names: Mapping[str, tuple[str, ...]]
     return interpreter.run(program, JaxBackend(program.mesh, axis_names), x)
 
 
-def run_on_buffers(program: P.Program, shards, jax_mesh=None) -> list[np.ndarray]:
+def run_on_buffers(program: P.Program, shards, jax_mesh=None) -> list[np.ndarray | None]:
     """Run ``program`` on arbitrary per-device buffers (index = device id; partial summands, say) with JAX
-    collectives on host or accelerator devices; returns new numpy arrays (writable, never the caller's), in
-    device order, of ``program.dtype``.
+    collectives on host or accelerator devices; returns new numpy arrays (writable, never the caller's) of
+    ``program.dtype`` in a list indexed by device id (``None`` at the numbers that are no device of the mesh).
 
-    ``jax_mesh`` defaults to :func:`jax_mesh_of` the program's mesh (device ``d`` is ``jax.devices()[d]``);
-    one given must have the program mesh's axes and device order (:func:`redist_mesh`). The buffers are
-    placed on their devices as one array with a leading dim of mesh positions (each buffer flattened, so
-    that a buffer of any rank numpy holds fits), and each device runs the program on its own buffer under
-    ``jax.shard_map`` — the per-device counterpart of :func:`reshard`, behind
-    ``redist.execute(plan, shards, backend="jax")``. Types with uneven dims run here, on their padded local
-    buffers (not through :func:`reshard`: JAX does not pad shards). A 64-bit dtype runs with JAX's x64 mode
-    switched on for the call (:func:`in_dtype`), so nothing is narrowed to 32 bits. The compiled program is
-    kept per (program, JAX mesh) (:func:`on_devices`): a later call of the same program on the same devices
+    ``jax_mesh`` defaults to :func:`jax_mesh_of` the program's mesh (device ``d`` is the JAX device whose ``id``
+    is ``d``); one given must have the program mesh's axes and device order (:func:`redist_mesh`: the order of
+    its devices' ids). The buffers are placed on their devices and each device runs the program on its own
+    buffer under ``jax.shard_map`` (:func:`run_on_devices`) — the per-device counterpart of :func:`reshard`,
+    behind ``redist.execute(plan, shards, backend="jax")``. Types with uneven dims run here, on their padded
+    local buffers (not through :func:`reshard`: JAX does not pad shards). A 64-bit dtype runs with JAX's x64
+    mode switched on for the call (:func:`in_dtype`), so nothing is narrowed to 32 bits. The compiled program
+    is kept per (program, JAX mesh) (:func:`on_devices`): a later call of the same program on the same devices
     compiles nothing.
 
-    ``shards`` are taken by :func:`redist.buffers.device_buffers` (no lossy conversion). Raises
-    :class:`ShardingError` for a ``program`` that is not a well-formed :class:`~redist.program.Program`, for
-    shards that do not fit, for a mesh larger than JAX's device count or whose device ids are not
-    ``0 … size−1``, for a ``jax_mesh`` whose axes or device
-    order are not the program mesh's, or for a reduction JAX cannot run (:class:`JaxBackend`).
+    ``shards`` are taken by :func:`redist.buffers.mesh_buffers` (a list indexed by device id; no lossy
+    conversion). Raises :class:`ShardingError` for a ``program`` that is not a well-formed
+    :class:`~redist.program.Program`, for shards that do not fit, for a device JAX lacks, for a ``jax_mesh``
+    whose axes or device order are not the program mesh's, or for a reduction JAX cannot run
+    (:class:`JaxBackend`).
     """
     interpreter.check_program(program, "run_on_buffers")
-    interpreter.check_numbered_from_zero(program, "run_on_buffers")
     mesh = program.mesh
-    bufs = device_buffers(shards, mesh.size, program.shapes[0], program.dtype)
+    bufs = mesh_buffers(shards, mesh, program.shapes[0], program.dtype)
     if jax_mesh is None:
         jax_mesh = jax_mesh_of(mesh)
     elif not redist_mesh(jax_mesh).same_axes(mesh):
         raise ShardingError(f"jax_mesh has axes {dict(zip(jax_mesh.axis_names, jax_mesh.axis_sizes))}, the "
                             f"program runs on mesh {mesh}")
-    elif redist_mesh(jax_mesh) != mesh:
+    elif redist_mesh(jax_mesh) != _ranked(mesh):
         raise ShardingError(f"jax_mesh orders its devices as mesh {redist_mesh(jax_mesh)}, the program runs on "
                             f"mesh {mesh}: the same axes in another device order")
+    out: list[np.ndarray | None] = [None] * mesh.id_bound
     if all(math.prod(s) == 0 for s in program.shapes):
         # Nothing to move (a dim of size 0), and JAX cannot read back shards of no elements made under jit.
-        return [np.zeros(program.shapes[-1], program.dtype) for _ in bufs]
-    run, sharding = on_devices(program, jax_mesh)
-    positions = list(sharding.mesh.devices.flat)
+        for d in mesh.devices:
+            out[d] = np.zeros(program.shapes[-1], program.dtype)
+        return out
+    table = dict(zip(mesh.device_ids, jax_mesh.devices.flat))
     with in_dtype(program.dtype):
-        x = jax.make_array_from_single_device_arrays(
-            (mesh.size, math.prod(program.shapes[0])), sharding,
-            [jax.device_put(bufs[d].reshape(1, -1), dev) for d, dev in zip(mesh.device_ids, positions)])
-        by_device = {s.device: np.array(s.data).reshape(program.shapes[-1]) for s in run(x).addressable_shards}
-    out = [None] * mesh.size
-    for d, dev in zip(mesh.device_ids, positions):
-        out[d] = by_device[dev]
+        placed = {d: jax.device_put(bufs[d], table[d]) for d in mesh.devices}
+        for d, y in run_on_devices(program, placed, jax_mesh).items():
+            out[d] = np.array(y)
     return out
+
+
+def _ranked(mesh: Mesh) -> Mesh:
+    """``mesh`` with each device id replaced by its rank among the mesh's ids (:func:`redist_mesh`'s numbering)."""
+    rank = {d: r for r, d in enumerate(mesh.devices)}
+    return mesh.reordered([rank[d] for d in mesh.device_ids])
+
+
+def run_on_devices(program: P.Program, buffers: Mapping[int, jax.Array], jax_mesh) -> dict[int, jax.Array]:
+    """Run ``program`` on per-device JAX arrays: ``buffers[d]``, of ``program.shapes[0]``, on the device at ``d``'s
+    position in ``jax_mesh`` (which has the program mesh's axes and device order), for every device ``d`` of the
+    program's mesh; returns new arrays by device id, each on its device. The buffers become the rows of one array
+    over the mesh (:func:`on_devices`) without leaving their devices. Call it under :func:`in_dtype` of
+    ``program.dtype``, on buffers that hold elements."""
+    mesh = program.mesh
+    run, sharding = on_devices(program, jax_mesh)
+    rows = [buffers[d].reshape(1, -1) for d in mesh.device_ids]
+    x = jax.make_array_from_single_device_arrays((mesh.size, math.prod(program.shapes[0])), sharding, rows)
+    by_device = {s.device: s.data for s in run(x).addressable_shards}
+    shape = tuple(program.shapes[-1])
+    return {d: by_device[dev].reshape(shape) for d, dev in zip(mesh.device_ids, sharding.mesh.devices.flat)}
 
 
 @lru_cache(maxsize=ON_DEVICES)
@@ -303,7 +352,7 @@ class JaxBackend(interpreter.Backend):
             return x
         at = self.mesh.position
         sources = ins.source_table(self.mesh)
-        return lax.ppermute(x, self.axes(self.mesh.names), perm=[(at(s), at(d)) for d, s in enumerate(sources)])
+        return lax.ppermute(x, self.axes(self.mesh.names), perm=[(at(sources[d]), at(d)) for d in self.mesh.devices])
 
     def exchange(self, ins: P.Exchange, x):
         return _exchange(ins, x, self.axes(self.mesh.names), self.mesh)
@@ -348,7 +397,8 @@ def _all_reduce_prod(x, axes, k: int):
 @dataclass(frozen=True, eq=False)
 class _Round:
     """One round of an :class:`~redist.program.Exchange`: every device sends at most one slab, to device
-    ``(sender + shift) mod n`` (``shift == 0``: a copy within the device, nothing sent).
+    ``(sender + shift) mod n`` (``n`` the mesh's ``id_bound``; ``shift == 0``: a copy within the device, nothing
+    sent).
 
     The slab has the static shape ``slab`` (per dim, the largest copy of the round); a smaller copy fills its
     start and the rest is dropped on arrival. Tables are indexed by device id, with a column per dim:
@@ -369,8 +419,9 @@ class _Round:
 @lru_cache(maxsize=256)
 def _exchange_rounds(ins: P.Exchange, mesh: Mesh) -> tuple[_Round, ...]:
     """The tables of the rounds of :meth:`redist.program.Exchange.rounds` (copies within a device included, as
-    rounds of shift 0), in which each device sends at most once and receives at most once."""
-    n = mesh.size
+    rounds of shift 0), in which each device sends at most once and receives at most once; indexed by device id
+    (up to the mesh's ``id_bound``)."""
+    n = mesh.id_bound
     rank = len(ins.shape)
     out = []
     for shift, moves in ins.rounds(mesh, local=True):
@@ -393,8 +444,9 @@ def _exchange(ins: P.Exchange, x, all_axes, mesh: Mesh):
     slab into the output with ``mode="drop"``, its indices past a copy's size (or all of them, if it receives
     nothing) out of range. The output starts as zeros, which stay where no copy writes. A device's position is
     its linear index over all the mesh axes (row-major), as ``ppermute`` numbers devices; the tables, by
-    device id, are read in position order (``mesh.device_ids``)."""
-    n, order, at = mesh.size, np.asarray(mesh.device_ids), mesh.position
+    device id, are read in position order (``mesh.device_ids``); a round's shift is modulo the mesh's
+    ``id_bound``, as :meth:`~redist.program.Exchange.rounds` counts it."""
+    n, order, at = mesh.id_bound, np.asarray(mesh.device_ids), mesh.position
     me = lax.axis_index(all_axes)
     # A leading unit dim: see _Round. zeros_like keeps x's dtype (jnp.zeros would narrow f64 without x64).
     out = jnp.zeros_like(x, shape=(1,) + tuple(ins.shape))

@@ -31,12 +31,9 @@ def run_stages(stages, shards) -> list[np.ndarray | None]:
     on per-device buffers of the first stage's mesh, as :func:`run` runs one program; returns the buffers of
     the last stage's mesh (a list indexed by device id up to its ``id_bound``, ``None`` at the numbers that are
     no device of it)."""
+    interpreter.check_stages(stages, "the numpy backend")
     for stage in stages:
-        if isinstance(stage, P.Transfer):
-            P.check_copy_table(stage.copies.copies, stage.src_shape, stage.shape, stage.src_mesh, stage.mesh,
-                               f"the numpy backend: {stage}")
-        else:
-            interpreter.check_program(stage, "the numpy backend")
+        if isinstance(stage, P.Program):
             interpreter.check_numpy_rank(stage, "the numpy backend")
     first = stages[0]  # a program: the stages begin and end with one (lower_stages)
     bufs = mesh_buffers(shards, first.src_mesh, first.shapes[0], first.dtype, copy=True)
