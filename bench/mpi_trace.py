@@ -146,21 +146,21 @@ class CollectiveBackend(B.MpiBackend):
         if math.prod(x.shape[: ins.dim]) == 1:
             out, scratch = self._array(ins, "result", shape, x.dtype)
             self._collective(sub.Iallgather([mpi_transfers.raw(x), MPI.BYTE], [mpi_transfers.raw(out), MPI.BYTE]))
-            return B._Buffer(out, not scratch, scratch)
+            return B.Buffer(out, not scratch, scratch)
         got, _ = self._array(ins, "temp", (k,) + x.shape, x.dtype)
         self._collective(sub.Iallgather([mpi_transfers.raw(x), MPI.BYTE], [mpi_transfers.raw(got), MPI.BYTE]))
         del x
         out, scratch = self._array(ins, "result", shape, got.dtype)
         np.copyto(out.reshape(got.shape[1: ins.dim + 1] + (k,) + got.shape[ins.dim + 1:]),
                   np.moveaxis(got, 0, ins.dim))
-        return B._Buffer(out, not scratch, scratch)
+        return B.Buffer(out, not scratch, scratch)
 
     def all_to_all(self, ins, buf):
         x = buf.take()
         sub, _ = self.ch.group(ins.axes)
         out, scratch = self._array(ins, "result", x.shape, x.dtype)
         self._collective(sub.Ialltoall([mpi_transfers.raw(x), MPI.BYTE], [mpi_transfers.raw(out), MPI.BYTE]))
-        return B._Buffer(out, not scratch, scratch)
+        return B.Buffer(out, not scratch, scratch)
 
     def reduce_scatter(self, ins, buf):
         if buf.x.shape[ins.dim] % self.ch.mesh.group_size(ins.axes):
@@ -178,7 +178,7 @@ class CollectiveBackend(B.MpiBackend):
         element, op = mpi_reductions.reduce_op(send.dtype, ins.reduction)
         self._collective(sub.Ireduce_scatter_block(mpi_reductions.reduce_spec(send, element),
                                                    mpi_reductions.reduce_spec(out, element), op))
-        return B._Buffer(out, not scratch, scratch)
+        return B.Buffer(out, not scratch, scratch)
 
 
 def with_collectives(local, src, dst) -> np.ndarray:
@@ -189,7 +189,7 @@ def with_collectives(local, src, dst) -> np.ndarray:
     verdict = mpi_channels.Verdict(ctx.comm, agreement.digest, False, bool(problem))
     program = agreement.program
     backend = CollectiveBackend(ctx, agreement.channel, program, verdict)
-    buf = interpreter.run(program, backend, B._Buffer(x, B._owned(x, local)))
+    buf = interpreter.run(program, backend, B.Buffer(x, B.owned(x, local)))
     backend.settle([])
     return buf.take() if buf.owned else buf.take().copy()
 
@@ -207,7 +207,7 @@ def phased(local, src, dst, phases: dict) -> np.ndarray:
     verdict = mpi_channels.Verdict(ctx.comm, agreement.digest, False, bool(problem))
     t, phases["verdict start"] = time.perf_counter(), time.perf_counter() - t
     backend = TimedBackend(ctx, channel, program, verdict, phases=phases)
-    buf = interpreter.run(program, backend, B._Buffer(x, B._owned(x, local)))
+    buf = interpreter.run(program, backend, B.Buffer(x, B.owned(x, local)))
     backend.settle([])
     t = time.perf_counter()
     out = buf.take() if buf.owned else buf.take().copy()

@@ -9,9 +9,13 @@
 Contracts:
 
 - :func:`reshard` is collective over ``comm``: every rank calls it with its own shard of ``src`` and the same
-  ``src`` and ``dst``. Rank ``r`` is device id ``r``: under ``src`` it holds the block of its position on
-  ``src.mesh``, and it gets the block of its position on ``dst.mesh`` (the device orders, ``device_ids``,
-  of :class:`redist.Mesh`; the two may differ, and then the plan moves blocks between the orders).
+  ``src`` and ``dst``. Rank ``r`` is device id ``r`` (a global device number, :class:`redist.Mesh`): under
+  ``src`` it holds the block of its position on ``src.mesh``, and it gets the block of its position on
+  ``dst.mesh``. The two meshes may be any two: one mesh, two device orders of it, or meshes of other devices
+  or axes (a pipeline's stages on ranks 0-3 and 4-7, a job resized from 8 ranks to 6); ``comm`` has a rank for
+  every device id of both. A rank that is no device of ``src.mesh`` passes None, and one that is no device of
+  ``dst.mesh`` gets None (a rank in neither takes part only in the agreement). The plan's steps on each mesh run
+  on the ranks of its devices, its transfers point to point (:mod:`redist.backends.mpi_stages`).
 - The ranks agree on their arguments, so that a wrong ``comm.size``, arguments that differ between ranks, or
   a local buffer whose shape does not fit ``src`` or whose data does not convert to its dtype without loss
   (:mod:`redist.buffers`) on any rank make *every* rank raise :class:`redist.ShardingError` (none hangs, and
@@ -31,7 +35,8 @@ Contracts:
   asked for it, agrees and runs the plan). The agreed combinations are cached on ``comm`` (at most 64, each
   with its channel, oldest first out). The verdict costs no extra synchronisation on the way of the data: it
   completes while the first transfers move.
-- The result is always a new array; the caller's buffer is never returned, aliased or written to. Extra
+- The result is always a new array (None on a rank that is no device of ``dst.mesh``); the caller's buffer is
+  never returned, aliased or written to. Extra
   memory per rank stays within ``2 · max(src.local_bytes, dst.local_bytes)``, counting the one scratch buffer
   a rank keeps between calls (its size: :func:`held_bytes`; it only grows, so after a larger reshard it
   stays at that one's size until :func:`clear_cache`). Communicators, agreements (with their plans)
@@ -45,9 +50,10 @@ Contracts:
   integer-valued data and integer dtypes agree exactly.
 
 :func:`reshard` agrees on the arguments, plans (:func:`redist.synthesize`, once per agreed combination) and
-runs the plan's program with the MPI interpreter, :mod:`redist.backends.mpi_backend`, whose
-:func:`run_program` this module re-exports, with :func:`clear_cache` and :func:`held_bytes` of the
-communicators and buffers it keeps (:mod:`redist.backends.mpi_channels`).
+runs the plan's stages (:mod:`redist.backends.mpi_stages`: each program with the MPI interpreter,
+:mod:`redist.backends.mpi_backend`, whose :func:`run_program` this module re-exports, and the transfers between
+meshes point to point), with :func:`clear_cache` and :func:`held_bytes` of the communicators and buffers it
+keeps (:mod:`redist.backends.mpi_channels`).
 """
 
 from __future__ import annotations
@@ -62,9 +68,11 @@ from typing import NoReturn
 
 import numpy as np
 
+from redist import program as P
 from redist.backends.interpreter import check_numpy_rank
-from redist.backends.mpi_backend import run, run_program
+from redist.backends.mpi_backend import run_program
 from redist.backends.mpi_channels import Disagreement, Verdict, clear_cache, communicator, context, held_bytes
+from redist.backends.mpi_stages import run_stages
 from redist.buffers import describe, is_local_buffer, local_buffer
 from redist.errors import ShardingError
 from redist.synthesis import synthesize
@@ -74,17 +82,20 @@ __all__ = ["reshard", "run_program", "abort_on_error", "clear_cache", "held_byte
 
 
 # ---------------------------------------------------------------------------------------------- entry point
-def reshard(local, src: ShardingType, dst: ShardingType, comm=None, *, check: bool = False) -> np.ndarray:
+def reshard(local, src: ShardingType, dst: ShardingType, comm=None, *, check: bool = False) -> np.ndarray | None:
     """This rank's shard of type ``dst``, given its shard ``local`` of type ``src``.
 
-    Collective over ``comm`` (default ``MPI.COMM_WORLD``); rank ``r`` is device ``r`` and ``comm.size`` must
-    equal ``src.mesh.size``. The result is always a new C-contiguous array, never ``local`` or a view of it
-    (not even for an empty plan, ``src == dst``, or a rank whose buffer stays put). ``local`` is converted to
-    ``src``'s dtype only without loss (:mod:`redist.buffers`, as :func:`redist.execute` takes shards).
-    ``check=True`` runs the full argument agreement even for a combination the ranks agreed on before.
-    Raises :class:`ShardingError` if ``comm`` is no MPI intracommunicator (on the ranks that passed it), and on
-    every rank if the ranks' arguments disagree, if ``comm.size`` is wrong, if some rank's ``local`` does not
-    have ``src.local_shape`` or does not convert to ``src``'s dtype, or if no plan exists from ``src`` to
+    Collective over ``comm`` (default ``MPI.COMM_WORLD``): every rank calls it. Rank ``r`` is device ``r``, and
+    ``comm`` has a rank for every device id of ``src.mesh`` and ``dst.mesh`` (``comm.size`` at least their
+    :attr:`~redist.Mesh.id_bound`); the two meshes may hold other devices (module docstring). A rank that is no
+    device of ``src.mesh`` passes None as ``local``; one that is no device of ``dst.mesh`` gets None. The result
+    is otherwise always a new C-contiguous array, never ``local`` or a view of it (not even for an empty plan,
+    ``src == dst``, or a rank whose buffer stays put). ``local`` is converted to ``src``'s dtype only without
+    loss (:mod:`redist.buffers`, as :func:`redist.execute` takes shards). ``check=True`` runs the full argument
+    agreement even for a combination the ranks agreed on before. Raises :class:`ShardingError` if ``comm`` is no
+    MPI intracommunicator (on the ranks that passed it), and on every rank if the ranks' arguments disagree, if
+    ``comm`` has too few ranks, if some rank's ``local`` does not have ``src.local_shape`` or does not convert to
+    ``src``'s dtype (or is not None on a rank that is no device of ``src.mesh``), or if no plan exists from ``src`` to
     ``dst`` or its program holds buffers of more dims than numpy has (before any data moves where the
     combination is new to some rank; else as soon as the verdict arrives, with nothing returned and ``local``
     untouched).
@@ -95,14 +106,14 @@ def reshard(local, src: ShardingType, dst: ShardingType, comm=None, *, check: bo
     key = (src, dst) if typed else None
     known = ctx.recall(src, dst) if typed and not check else None
     digest = known.digest if known else _digest(src, dst, typed)
-    if known and is_local_buffer(local, known.shape, known.dtype):
+    if known and (local is None if known.shape is None else is_local_buffer(local, known.shape, known.dtype)):
         x, problem = local, ""  # the common case, in a few comparisons
     else:
-        x, problem = _local(local, src) if typed else (None, "src is no ShardingType")
+        x, problem = _local(local, src, ctx.rank) if typed else (None, "src is no ShardingType")
     verdict = Verdict(ctx.comm, digest, not known, bool(problem))
     if known and not problem:
         try:  # run on while the verdict travels: a verdict against the call raises on every rank
-            return run(known.program, x, local, ctx, known.channel, verdict)
+            return run_stages(known.stages, known.channels, x, local, ctx, verdict)
         except Disagreement:
             ctx.drop(key)
     else:
@@ -110,10 +121,12 @@ def reshard(local, src: ShardingType, dst: ShardingType, comm=None, *, check: bo
     if verdict.disagreed():
         ctx.reset()  # the same on every rank: whatever ran, ran on the wrong assumptions
     _agree_fully(ctx.comm, src, dst, typed, digest, problem)
-    program = synthesize(src, dst).program  # the same on every rank, and so is what it raises
-    check_numpy_rank(program, "redist.mpi.reshard")
-    agreement = ctx.open(key, digest, program)
-    return run(agreement.program, x, local, ctx, agreement.channel)
+    stages = synthesize(src, dst).stages  # the same on every rank, and so is what it raises
+    for stage in stages:
+        if isinstance(stage, P.Program):
+            check_numpy_rank(stage, "redist.mpi.reshard")
+    agreement = ctx.open(key, digest, stages)
+    return run_stages(agreement.stages, agreement.channels, x, local, ctx)
 
 
 # ---------------------------------------------------------------------------------------------- agreement
@@ -125,8 +138,12 @@ def _digest(src, dst, typed: bool) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
 
 
-def _local(local, src: ShardingType) -> tuple[np.ndarray | None, str]:
-    """``(buffer, "")`` for a ``local`` that fits ``src``, else ``(None, what is wrong with it)``."""
+def _local(local, src: ShardingType, rank: int) -> tuple[np.ndarray | None, str]:
+    """``(buffer, "")`` for a ``local`` that fits ``src`` on ``rank`` (None on a rank that is no device of its
+    mesh), else ``(None, what is wrong with it)``."""
+    if not src.mesh.has_device(rank):
+        return None, "" if local is None else (f"rank {rank} is no device of mesh {src.mesh} and passes None, got "
+                                               f"{describe(local)}")
     try:
         return local_buffer(local, src.local_shape, src.np_dtype, "it"), ""
     except ShardingError as e:
@@ -149,15 +166,18 @@ def _agree_fully(comm, src, dst, typed: bool, digest: int, problem: str) -> None
     if not typed:
         raise ShardingError(f"redist.mpi.reshard needs ShardingType src and dst, got {describe(src)} and "
                             f"{describe(dst)}")
-    if size != src.mesh.size:
-        raise ShardingError(f"redist.mpi.reshard: the communicator has {size} ranks but mesh {src.mesh} has "
-                            f"{src.mesh.size} devices; run with one rank per device")
+    short = next((m for m in (src.mesh, dst.mesh) if m.id_bound > size), None)
+    if short is not None:
+        has = f"{short.size} devices" if short.id_bound == short.size else f"device ids up to {short.id_bound - 1}"
+        raise ShardingError(f"redist.mpi.reshard: the communicator has {size} ranks but mesh {short} has {has}; "
+                            "run with a rank per device id (rank r is device r)")
     bad = [r for r in range(size) if not every[r, 1]]
     if bad:
         here = f"; on this rank (rank {rank}) {problem}" if problem else ""
+        outside = "" if src.mesh.devices == range(size) else "; None on the ranks that are no device of its mesh"
         raise ShardingError(
             f"redist.mpi.reshard: the local buffer on rank(s) {bad} does not match src {src} "
-            f"(expected shape {src.local_shape}, dtype {src.np_dtype.name}){here}")
+            f"(expected shape {src.local_shape}, dtype {src.np_dtype.name}{outside}){here}")
 
 
 # ---------------------------------------------------------------------------------------------- failures

@@ -3,7 +3,10 @@
 Contracts (the entry points are :func:`redist.mpi.reshard`, which plans and agrees on the arguments first,
 and :func:`run_program`, here and re-exported there):
 
-- Rank ``r`` of the communicator is device ``r`` of the program's mesh.
+- Rank ``r`` of the user's communicator is device ``r`` (a global device id); a program runs on the communicator
+  of its mesh's ranks (:class:`~redist.backends.mpi_channels.Channel`, ranked in the order of their device ids;
+  :func:`run_program`'s, the user's communicator itself, of a mesh of the devices ``0 … n-1``). A plan across
+  meshes runs its stages by :mod:`~redist.backends.mpi_stages`.
 - The result is always a new array; the caller's buffer is never returned, aliased or written to.
 - Data travels in numpy buffers through the buffer (uppercase) methods of mpi4py, never pickled. What a rank sends
   is contiguous bytes: chunks are packed along a leading dim with numpy before a transfer (a send described by an
@@ -17,7 +20,7 @@ and :func:`run_program`, here and re-exported there):
   remains (``bench/mpi.py`` times both against the hand-written ``Allgather`` and interleave, and ``Alltoall`` and
   unpacking: ``bench/results/mpi.json``). Shorter runs arrive packed and are merged into place by numpy. There, this
   rank's own row of an all-to-all from the caller's buffer is not copied into the result: the transpose that
-  unpacks it reads it where the caller holds it (:class:`_Buffer`'s deferred row), which saves ``1/k`` of the
+  unpacks it reads it where the caller holds it (:class:`Buffer`'s deferred row), which saves ``1/k`` of the
   data's copies; and a transpose that packs an all-to-all's rows from the caller's buffer leaves that row there for
   the all-to-all to copy once (a slab transpose).
 - The personalised exchanges within a group (``AllGather``, ``AllToAll``, an even ``ReduceScatter``) run as
@@ -80,7 +83,7 @@ try:
 except ModuleNotFoundError as e:
     raise missing_extra(e, "redist.mpi", "mpi") from e
 
-__all__ = ["run_program", "run", "MpiBackend", "WINDOW"]
+__all__ = ["run_program", "run", "owned", "Buffer", "MpiBackend", "WINDOW"]
 
 # The most shifts of a personalised exchange in flight at once (:meth:`MpiBackend._exchange_rows`): a rank of a
 # group of thousands then has at most 2 x 32 transfers posted, not thousands (32 is also MPICH's throttle for
@@ -121,19 +124,29 @@ def run(program: P.Program, x: np.ndarray, local, ctx: "Context", channel: "Chan
     :class:`~redist.backends.mpi_channels.Disagreement` (module docstring). ``x`` is overwritten or dropped as soon
     as it is no longer needed when it is an array of its own, and never written to when it is (a view of) the
     caller's memory; the result is copied if it still is, or if it is the scratch buffer (a rank on which the second
-    instruction moved nothing)."""
+    instruction moved nothing). The verdict, if still in flight, is waited for once the result is made: a rank
+    whose buffer stays put copies it while the verdict travels, rather than after (the verdict cannot complete
+    before the other ranks have posted theirs, and their data transfers run meanwhile)."""
     if channel is not None and channel.direct is not None and channel.program is program:
         return channel.direct(x, verdict)
     if channel is None:
         channel = ctx.default
         channel.mesh = program.mesh
     backend = MpiBackend(ctx, channel, program, verdict)
-    buf = interpreter.run(program, backend, _Buffer(x, _owned(x, local)))
-    backend.settle([])
-    return buf.take() if buf.owned else buf.take().copy()
+    return result(interpreter.run(program, backend, Buffer(x, owned(x, local))), ctx, backend.verdict)
 
 
-def _owned(x: np.ndarray, local) -> bool:
+def result(buf: "Buffer | None", ctx: Context, verdict: "Verdict | None") -> np.ndarray | None:
+    """The array to return from the final buffer ``buf`` (None for a rank that holds none): the buffer itself
+    where it is ours, else a copy (the caller's memory, the scratch buffer); then the ``verdict``, if still in
+    flight, settled (:func:`run`)."""
+    out = None if buf is None else buf.take() if buf.owned else buf.take().copy()
+    if verdict is not None:
+        verdict.settle(ctx, [])
+    return out
+
+
+def owned(x: np.ndarray, local) -> bool:
     """Whether ``x``, the caller's ``local`` converted, is a new array that the program may overwrite and
     return: never when it is (a view of) the caller's memory, e.g. ``local`` itself or a JAX buffer."""
     if not x.flags.writeable:
@@ -144,7 +157,7 @@ def _owned(x: np.ndarray, local) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- buffers
-class _Buffer:
+class Buffer:
     """The current buffer; ``owned`` when it is ours to overwrite, drop or return (not the caller's input),
     ``scratch`` when it lives in the scratch buffer (ours to overwrite, never to return). ``row``, when set,
     is ``(j, a)``: row ``j`` of the leading dim is the array ``a`` (a view of the caller's memory), not yet copied
@@ -174,7 +187,7 @@ class _Buffer:
 
 # ---------------------------------------------------------------------------------------------- instructions
 class MpiBackend(interpreter.Backend):
-    """The state is this rank's :class:`_Buffer`; each method takes its array (so that an owned input dies as soon
+    """The state is this rank's :class:`Buffer`; each method takes its array (so that an owned input dies as soon
     as it is used) and returns the next buffer. Every buffer is C-contiguous, except an all-to-all's result that a
     transpose unpacks (:func:`~redist.backends.mpi_placement.unpackings`): that transpose makes it C-contiguous
     without a copy. Collectives run on ``channel``, nonblocking, completed by :meth:`_complete` (which first settles
@@ -226,12 +239,12 @@ class MpiBackend(interpreter.Backend):
 
     def reshape(self, ins: P.Reshape, buf):
         """A view with the new shape (the buffer is C-contiguous)."""
-        return _Buffer(buf.take().reshape(ins.shape), buf.owned, buf.scratch)
+        return Buffer(buf.take().reshape(ins.shape), buf.owned, buf.scratch)
 
     def transpose(self, ins: P.Transpose, buf):
         """A C-contiguous copy of the transposed buffer; an owned input is dropped once the copy exists. Where the
         transpose only moves dims of size 1 the view is the result, held as its input was. Deferred rows
-        (:class:`_Buffer`), each saving ``1/k`` of the copy: an input's deferred row is copied from where it is
+        (:class:`Buffer`), each saving ``1/k`` of the copy: an input's deferred row is copied from where it is
         straight to its place in the result (the rows before it, it, and the rows after it, in three copies);
         packing an all-to-all's rows from the caller's buffer (:func:`~redist.backends.mpi_placement.packings`), the
         row this rank keeps is left where the caller holds it, deferred in the result, for the all-to-all to copy
@@ -242,7 +255,7 @@ class MpiBackend(interpreter.Backend):
         if view.flags.c_contiguous:
             if row is not None:
                 np.copyto(x[row[0]], row[1])
-            return _Buffer(view, buf.owned, buf.scratch)
+            return Buffer(view, buf.owned, buf.scratch)
         y, scratch = self._array(ins, "result", view.shape, x.dtype)
         packing = self.packings.get(id(ins))
         if row is not None:
@@ -252,23 +265,23 @@ class MpiBackend(interpreter.Backend):
             np.copyto(y[at + (j,)], np.transpose(a[None], ins.perm)[at + (0,)])
             np.copyto(y[at + (slice(j + 1, None),)], view[at + (slice(j + 1, None),)])
         elif packing is not None and caller:
-            me = self.ch.mesh.group_index(self.ch.rank, packing)
+            me = self.ch.mesh.group_index(self.ch.device, packing)
             np.copyto(y[:me], view[:me])
             np.copyto(y[me + 1:], view[me + 1:])
-            return _Buffer(y, not scratch, scratch, row=(me, view[me]))
+            return Buffer(y, not scratch, scratch, row=(me, view[me]))
         else:
             np.copyto(y, view)
-        return _Buffer(y, not scratch, scratch)
+        return Buffer(y, not scratch, scratch)
 
     def slice(self, ins: P.Slice, buf):
         """Keep chunk ``r`` of ``k`` along ``dim`` (local; a copy, so the result is contiguous and ours)."""
         x = buf.take()
-        k, r = self.ch.mesh.group_size(ins.axes), self.ch.mesh.group_index(self.ch.rank, ins.axes)
+        k, r = self.ch.mesh.group_size(ins.axes), self.ch.mesh.group_index(self.ch.device, ins.axes)
         n = x.shape[ins.dim] // k
         chunk = x[(slice(None),) * ins.dim + (slice(r * n, (r + 1) * n),)]
         y, scratch = self._array(ins, "result", chunk.shape, x.dtype)
         np.copyto(y, chunk)
-        return _Buffer(y, not scratch, scratch)
+        return Buffer(y, not scratch, scratch)
 
     def all_gather(self, ins: P.AllGather, buf):
         """An all-gather (:func:`~redist.backends.mpi_transfers.post_rows`): member ``j``'s buffer becomes chunk
@@ -292,7 +305,7 @@ class MpiBackend(interpreter.Backend):
                 members = out.reshape(pre, k, chunk)
                 self._exchange_rows(sub, k, lambda j: x, lambda j: place(out, members[:, j]))
                 np.copyto(members[:, me], x.reshape(pre, chunk))
-            return _Buffer(out, not scratch, scratch)
+            return Buffer(out, not scratch, scratch)
         got, _ = self._array(ins, "temp", (k - 1,) + x.shape, x.dtype)
         self._exchange_rows(sub, k, lambda j: x, lambda j: got[j - (j > me)])
         out, scratch = self._array(ins, "result", shape, x.dtype)
@@ -300,7 +313,7 @@ class MpiBackend(interpreter.Backend):
         np.copyto(members[:, :me], rows[:me].swapaxes(0, 1))  # the members before this rank, in one pass
         np.copyto(members[:, me], x.reshape(pre, chunk))
         np.copyto(members[:, me + 1:], rows[me:].swapaxes(0, 1))
-        return _Buffer(out, not scratch, scratch)
+        return Buffer(out, not scratch, scratch)
 
     def all_to_all(self, ins: P.AllToAll, buf):
         """An all-to-all of the leading dim's rows (:func:`~redist.backends.mpi_transfers.post_rows`), out of place:
@@ -310,7 +323,7 @@ class MpiBackend(interpreter.Backend):
         and the result is that array seen before the transpose, so that the transpose has nothing left to copy.
         Otherwise this rank's own row is copied once the others are in; or, where it is in the caller's memory
         (alive anyway: the input is the caller's buffer, or a packing left the row there), not yet: the result
-        defers it (:class:`_Buffer`), so that a transpose after it reads it from there, one copy of ``1/k`` of the
+        defers it (:class:`Buffer`), so that a transpose after it reads it from there, one copy of ``1/k`` of the
         data fewer; anything else copies it in when it takes the buffer."""
         caller = not buf.writable
         x, row = buf.take_parts()
@@ -326,13 +339,13 @@ class MpiBackend(interpreter.Backend):
             places = np.transpose(y, np.argsort(unpacking.perm))  # y as the rows' array before the transpose
             self._exchange_rows(sub, k, lambda j: x[j], lambda j: place(y, places[j]))
             np.copyto(places[me], own)
-            return _Buffer(places, not scratch, scratch)
+            return Buffer(places, not scratch, scratch)
         out, scratch = self._array(ins, "result", x.shape, x.dtype)
         self._exchange_rows(sub, k, lambda j: x[j], lambda j: out[j])
         if caller or row is not None:
-            return _Buffer(out, not scratch, scratch, row=(me, own))
+            return Buffer(out, not scratch, scratch, row=(me, own))
         np.copyto(out[me], own)
-        return _Buffer(out, not scratch, scratch)
+        return Buffer(out, not scratch, scratch)
 
     def reduce_scatter(self, ins: P.ReduceScatter, buf):
         """Group member ``j`` gets chunk ``j`` along ``dim`` of every other member's buffer
@@ -361,7 +374,7 @@ class MpiBackend(interpreter.Backend):
         rows = [send[me] if j == me else got[j - (j > me)] for j in range(k)]
         out, scratch = self._array(ins, "result", out_shape, send.dtype)
         reduce_rows(rows, ins.reduction, out.reshape(-1))
-        return _Buffer(out, not scratch, scratch)
+        return Buffer(out, not scratch, scratch)
 
     def _reduce_scatter_counts(self, ins: P.ReduceScatter, buf):
         """``Reduce_scatter`` with counts, for chunks by the padding rule (``L = ceil(n/k)`` rows of the dim
@@ -381,25 +394,25 @@ class MpiBackend(interpreter.Backend):
         del send
         out = np.zeros((size,) + mine.shape[1:], dtype=mine.dtype)
         out[: len(mine)] = mine
-        return _Buffer(np.ascontiguousarray(np.moveaxis(out, 0, ins.dim)), True)
+        return Buffer(np.ascontiguousarray(np.moveaxis(out, 0, ins.dim)), True)
 
     def keep_root(self, ins: P.KeepRoot, buf):
         """Local: rank 0 of the group keeps the buffer, the others make a zero buffer of its shape."""
-        if self.ch.mesh.group_index(self.ch.rank, ins.axes) == 0:
+        if self.ch.mesh.group_index(self.ch.device, ins.axes) == 0:
             return buf
         x = buf.take()
-        return _Buffer(np.zeros_like(x), True)
+        return Buffer(np.zeros_like(x), True)
 
     def embed_chunk(self, ins: P.EmbedChunk, buf):
         """Local: a zero buffer ``k`` times longer along ``dim``, with this buffer as chunk ``r`` (its rank)."""
         x = buf.take()
-        k, r = self.ch.mesh.group_size(ins.axes), self.ch.mesh.group_index(self.ch.rank, ins.axes)
+        k, r = self.ch.mesh.group_size(ins.axes), self.ch.mesh.group_index(self.ch.device, ins.axes)
         n = x.shape[ins.dim]
         shape = list(x.shape)
         shape[ins.dim] *= k
         out = np.zeros(shape, dtype=x.dtype)
         out[(slice(None),) * ins.dim + (slice(r * n, (r + 1) * n),)] = x
-        return _Buffer(out, True)
+        return Buffer(out, True)
 
     def all_reduce(self, ins: P.AllReduce, buf):
         """``Allreduce`` (by the instruction's reduction), in place when the buffer is ours."""
@@ -408,23 +421,24 @@ class MpiBackend(interpreter.Backend):
         element, op = reduce_op(x.dtype, ins.reduction)
         if buf.writable:
             self._complete(sub.Iallreduce(MPI.IN_PLACE, reduce_spec(x, element), op))
-            return _Buffer(x, buf.owned, buf.scratch)
+            return Buffer(x, buf.owned, buf.scratch)
         out, scratch = self._array(ins, "result", x.shape, x.dtype)
         self._complete(sub.Iallreduce(reduce_spec(x, element), reduce_spec(out, element), op))
-        return _Buffer(out, not scratch, scratch)
+        return Buffer(out, not scratch, scratch)
 
     def collective_permute(self, ins: P.CollectivePermute, buf):
         """One ``Sendrecv``: receive from this rank's source, send to the rank whose source is this one (each
-        computed for this rank alone)."""
-        me, mesh = self.ch.rank, self.ch.mesh
+        computed for this rank alone), straight from the buffer into a new one. A rank whose buffer stays keeps
+        it (copied only when the program ends, while its verdict travels: :func:`run`)."""
+        me, mesh, ch = self.ch.device, self.ch.mesh, self.ch
         source = ins.source_of(mesh, me)
         if source == me:
             return buf
         x = buf.take()
         out, scratch = self._array(ins, "result", x.shape, x.dtype)
-        self._complete(self.ch.comm.Isendrecv(message(x), ins.target_of(mesh, me), TAG,
-                                              message(out), source, TAG))
-        return _Buffer(out, not scratch, scratch)
+        self._complete(ch.comm.Isendrecv(message(x), ch.peer(ins.target_of(mesh, me)), TAG,
+                                         message(out), ch.peer(source), TAG))
+        return Buffer(out, not scratch, scratch)
 
     def exchange(self, ins: P.Exchange, buf):
         """One ``Alltoallv`` over the private communicator, then copies within the rank.
@@ -441,7 +455,7 @@ class MpiBackend(interpreter.Backend):
         together, then the receive buffer and the output (the send buffer is dropped before the output
         exists, an owned input right after the local copies)."""
         x = buf.take()
-        me = self.ch.rank
+        me = self.ch.device
         mine, outgoing, incoming, send_counts, recv_counts, send_at, recv_at = self.ch.layout(
             ins, x.shape, lambda: exchange_layout(ins, self.ch.mesh, me, x.shape))
         if None in send_at:
@@ -472,4 +486,4 @@ class MpiBackend(interpreter.Backend):
                 for c in cs:
                     out[c.dst_box] = recv[at: at + math.prod(c.size)].reshape(c.size)
                     at += math.prod(c.size)
-        return _Buffer(out, True)
+        return Buffer(out, True)

@@ -1,10 +1,14 @@
 """Where an MPI rank's transfers run, and what it keeps between calls over a communicator.
 
-- Transfers run on a :class:`Channel`: a private duplicate of ``comm`` and sub-communicators split from
-  it, one per (mesh, axes) group. :func:`redist.backends.mpi_backend.run_program` uses the communicator's
-  default channel; :func:`redist.mpi.reshard` gives each agreed argument combination (an :class:`Agreement`)
-  a channel of its own, its groups split when it is made. They are cached on ``comm`` (an MPI attribute, in
-  a :class:`Context`: :func:`context`), so repeated calls reuse them; :func:`clear_cache` frees them.
+- A program's transfers run on a :class:`Channel`: a private communicator of the ranks of its mesh's devices
+  (rank ``r`` of ``comm`` is device ``r``) and sub-communicators split from it, one per (mesh, axes) group.
+  :func:`redist.backends.mpi_backend.run_program` uses the communicator's default channel (a duplicate of
+  ``comm``); :func:`redist.mpi.reshard` gives each agreed argument combination (an :class:`Agreement`) channels
+  of its own, made when it is agreed: one per stage of its plan (:attr:`redist.Plan.stages`), a program's on
+  its mesh's ranks (none on a rank that is no device of it), a transfer's a duplicate of ``comm`` with this
+  rank's part of the transfer worked out (:class:`TransferChannel`). They are cached on ``comm`` (an MPI
+  attribute, in a :class:`Context`: :func:`context`), so repeated calls reuse them; :func:`clear_cache` frees
+  them.
 - A :class:`Context` also keeps the rank's scratch buffer (:func:`held_bytes` tells its size) and what a
   disagreement left behind.
 - Every transfer is nonblocking; when the call's :class:`Verdict` is in flight (:func:`redist.mpi.reshard`),
@@ -23,7 +27,7 @@ import os
 import numpy as np
 
 from redist import program as P
-from redist.backends.mpi_placement import gathers_with_allgather, roles
+from redist.backends.mpi_placement import gathers_with_allgather, roles, transfer_layout
 from redist.backends.mpi_transfers import message
 from redist.buffers import describe
 from redist.errors import ShardingError
@@ -35,8 +39,8 @@ try:
 except ModuleNotFoundError as e:
     raise missing_extra(e, "redist.mpi", "mpi") from e
 
-__all__ = ["communicator", "context", "clear_cache", "held_bytes", "Channel", "Verdict", "Disagreement", "Context",
-           "Agreement", "wait", "direct"]
+__all__ = ["communicator", "context", "clear_cache", "held_bytes", "Channel", "TransferChannel", "Verdict",
+           "Disagreement", "Context", "Agreement", "wait", "direct"]
 
 
 def communicator(comm):
@@ -50,15 +54,17 @@ def communicator(comm):
 
 
 class Channel:
-    """A private duplicate of a communicator and the sub-communicators split from it, one per (mesh, axes)
-    group. A channel made for a program (``program`` given) splits every group the program uses at once,
-    collectively, so that running the program calls no blocking collective besides its data movement, and
-    remembers the program's :func:`roles` and this rank's layout of its exchanges; the default channel (no
-    program) splits groups on first use and remembers nothing."""
+    """A program's communicators: ``comm``, a private communicator of the ranks of the mesh's devices, ranked in
+    the order of their device ids (rank ``r`` of the user's communicator is device ``r``; where the devices are
+    ``0 … n-1``, a duplicate of the user's communicator), and the sub-communicators split from it, one per
+    (mesh, axes) group; ``device`` is this rank's device id. A channel made for a program (``program`` given)
+    splits every group the program uses at once, collectively, so that running the program calls no blocking
+    collective besides its data movement, and remembers the program's :func:`roles` and this rank's layout of
+    its exchanges; the default channel (no program) splits groups on first use and remembers nothing."""
 
-    def __init__(self, comm, mesh: Mesh | None = None, program: P.Program | None = None):
-        self.comm = comm.Dup()
-        self.rank = self.comm.Get_rank()
+    def __init__(self, comm, device: int, mesh: Mesh | None = None, program: P.Program | None = None):
+        self.comm = comm
+        self.device = device
         self.mesh = mesh
         self.program = program
         self.groups: dict = {}
@@ -69,12 +75,16 @@ class Channel:
             if isinstance(ins, (P.AllGather, P.AllToAll, P.ReduceScatter, P.AllReduce)):
                 self.group(ins.axes)
 
+    def peer(self, device: int) -> int:
+        """The rank in :attr:`comm` of ``device``, a device of the mesh: its rank among the mesh's device ids."""
+        return self.mesh.devices.index(device)
+
     def group(self, axes) -> tuple:
         """``(sub-communicator, k)`` for this rank's group over ``axes``; created collectively, once."""
         key = (self.mesh, tuple(axes))
         if key not in self.groups:
-            color = next(group[0] for group in self.mesh.groups(tuple(axes)) if self.rank in group)
-            self.groups[key] = self.comm.Split(color, self.mesh.group_index(self.rank, axes))
+            color = next(group[0] for group in self.mesh.groups(tuple(axes)) if self.device in group)
+            self.groups[key] = self.comm.Split(color, self.mesh.group_index(self.device, axes))
         return self.groups[key], self.groups[key].Get_size()
 
     def layout(self, ins, shape, compute):
@@ -90,6 +100,20 @@ class Channel:
     def free(self) -> None:
         for sub in self.groups.values():
             sub.Free()
+        self.comm.Free()
+
+
+class TransferChannel:
+    """A transfer's communicator, a private duplicate of the user's (whose rank ``r`` is device ``r``), and this
+    rank's part of the transfer ``stage`` of buffers of ``dtype``, worked out once
+    (:func:`~redist.backends.mpi_placement.transfer_layout`)."""
+
+    def __init__(self, comm, stage: P.Transfer, dtype: np.dtype):
+        self.comm = comm.Dup()
+        self.dtype = dtype
+        self.layout = transfer_layout(stage, self.comm.Get_rank(), dtype.itemsize)
+
+    def free(self) -> None:
         self.comm.Free()
 
 
@@ -143,7 +167,8 @@ class Context:
         # on this rank's node (the cores the system has, whatever a rank's binding: ALLGATHER_RANKS_PER_CORE)
         self.ranks_per_core = node.Get_size() / (os.cpu_count() or 1)
         node.Free()
-        self.default = Channel(self.comm)
+        self.rank = self.comm.Get_rank()
+        self.default = Channel(self.comm.Dup(), self.rank)
         self.agreed: dict = {}
         self.last: tuple = (None, None, None)  # (src, dst, Agreement or None) of the last lookup (recall)
         self.scratch: np.ndarray | None = None
@@ -168,18 +193,33 @@ class Context:
             self.last = (src, dst, known)
         return known
 
-    def open(self, key, digest: int, program: P.Program) -> "Agreement":
-        """Record an agreed combination: its :class:`Agreement`, with a new channel for ``program``
-        (collective: every rank opens it together, after the full agreement), dropping the oldest beyond
-        :attr:`AGREED_MAX`. A channel it replaces (``check=True``) is set aside, not freed."""
+    def open(self, key, digest: int, stages: tuple) -> "Agreement":
+        """Record an agreed combination: its :class:`Agreement`, with new channels for the plan's ``stages``
+        (:meth:`channels`; collective: every rank opens it together, after the full agreement), dropping the
+        oldest beyond :attr:`AGREED_MAX`. A combination it replaces (``check=True``) is set aside, not freed."""
         self._set_aside(self.agreed.pop(key, None))
-        channel = Channel(self.comm, program.mesh, program)
-        channel.direct = direct(self, channel, program)
-        self.agreed[key] = Agreement(digest, channel, program)
+        channels = self.channels(stages)
+        if len(stages) == 1 and channels[0] is not None:
+            channels[0].direct = direct(self, channels[0], stages[0])
+        self.agreed[key] = Agreement(digest, stages, channels, self.rank)
         self.last = (None, None, None)
         while len(self.agreed) > self.AGREED_MAX:
-            self.agreed.pop(next(iter(self.agreed))).channel.free()
+            self.agreed.pop(next(iter(self.agreed))).free()
         return self.agreed[key]
+
+    def channels(self, stages) -> tuple:
+        """A channel per stage, made collectively by every rank of the communicator: a program's
+        :class:`Channel` on the ranks of its mesh's devices (None on the others), a transfer's
+        :class:`TransferChannel`."""
+        out = []
+        for stage in stages:
+            if isinstance(stage, P.Transfer):
+                out.append(TransferChannel(self.comm, stage, np.dtype(stages[0].dtype)))
+                continue
+            member = stage.mesh.has_device(self.rank)
+            comm = self.comm.Split(0 if member else MPI.UNDEFINED, self.rank)
+            out.append(Channel(comm, self.rank, stage.mesh, stage) if member else None)
+        return tuple(out)
 
     def drop(self, key) -> None:
         """After a verdict against a call that ran on ahead: set aside the combination's channel and the
@@ -199,14 +239,23 @@ class Context:
 
 class Agreement:
     """An argument combination ``(src, dst)`` the ranks agreed on (:func:`redist.mpi.reshard`): the arguments'
-    ``digest``, the ``program`` planned for them and the ``channel`` it runs on, and the shape and dtype of the
-    buffer the program reads (:func:`redist.buffers.is_local_buffer`)."""
+    ``digest``, the ``stages`` of the plan made for them (:attr:`redist.Plan.stages`: one program for a plan within
+    one mesh) and the ``channels`` they run on (:meth:`Context.channels`), and the shape and dtype of the buffer
+    this rank passes (:func:`redist.buffers.is_local_buffer`; a ``shape`` of None where the rank is no device of
+    the source's mesh and passes None)."""
 
-    __slots__ = ("digest", "channel", "program", "shape", "dtype")
+    __slots__ = ("digest", "stages", "channels", "shape", "dtype")
 
-    def __init__(self, digest: int, channel: Channel, program: P.Program):
-        self.digest, self.channel, self.program = digest, channel, program
-        self.shape, self.dtype = tuple(program.shapes[0]), np.dtype(program.dtype)
+    def __init__(self, digest: int, stages: tuple, channels: tuple, rank: int):
+        self.digest, self.stages, self.channels = digest, stages, channels
+        first = stages[0]
+        self.shape = tuple(first.shapes[0]) if first.src_mesh.has_device(rank) else None
+        self.dtype = np.dtype(first.dtype)
+
+    def free(self) -> None:
+        for channel in self.channels:
+            if channel is not None:
+                channel.free()
 
 
 _KEYVAL = None
@@ -241,7 +290,7 @@ def clear_cache(comm=None) -> None:
     comm.Delete_attr(_KEYVAL)
     _LAST_CONTEXT = (None, None)
     for agreement in ctx.agreed.values():
-        agreement.channel.free()
+        agreement.free()
     ctx.default.free()
     ctx.comm.Free()
     ctx.agreed, ctx.scratch = {}, None

@@ -13,7 +13,8 @@ Pure functions of the program (no MPI), so that a channel made for a program wor
 - all-gathers: whether the chunks arrive straight in their places in the result (:func:`gathers_in_place`),
   and whether by MPI's ``Allgather`` (:func:`gathers_with_allgather`, :data:`ALLGATHER_RANKS_PER_CORE`,
   :data:`ALLGATHER_MAX_BYTES`);
-- an ``Exchange``: what this rank sends and receives, and where in its buffers (:func:`exchange_layout`);
+- an ``Exchange``: what this rank sends and receives, and where in its buffers (:func:`exchange_layout`); a
+  ``Transfer`` between meshes likewise (:func:`transfer_layout`);
 - array geometry shared with the transfers: a view as contiguous runs (:func:`runs`), C strides
   (:func:`c_strides`), a permuted shape (:func:`permuted`).
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -29,8 +31,8 @@ from redist import program as P
 from redist.mesh import Mesh
 
 __all__ = ["STRIDED_RUN_MIN", "ALLGATHER_RANKS_PER_CORE", "ALLGATHER_MAX_BYTES", "roles", "scratch_use", "packings",
-           "unpackings", "gathers_in_place", "gathers_with_allgather", "exchange_layout", "offsets", "runs",
-           "c_strides", "permuted"]
+           "unpackings", "gathers_in_place", "gathers_with_allgather", "exchange_layout", "TransferLayout",
+           "transfer_layout", "offsets", "runs", "c_strides", "permuted"]
 
 # A receive whose place in its destination is strided (an all-gather's chunk in each row of the result, a pencil
 # transpose's received row in the unpacked result) lands there directly, described by an MPI derived datatype,
@@ -146,18 +148,68 @@ def runs(shape, strides, itemsize: int) -> tuple[int, list[tuple[int, int]]]:
 
 
 def exchange_layout(ins: P.Exchange, mesh: Mesh, me: int, shape) -> tuple:
-    """What rank ``me`` sends and receives in ``ins`` from its buffer of ``shape``: its own copies; the copies
-    it sends and receives, by rank; their element counts; and where each rank's run starts in the input and
-    in the output (:func:`_run_offset`; None where the boxes are no contiguous run)."""
+    """What device ``me`` sends and receives in ``ins`` from its buffer of ``shape``: its own copies; the copies
+    it sends and receives, by rank in the mesh's communicator (the order of the device ids,
+    :class:`~redist.backends.mpi_channels.Channel`); their element counts; and where each rank's run starts in
+    the input and in the output (:func:`_run_offset`; None where the boxes are no contiguous run)."""
     mine = ins.copies(mesh, me)
-    outgoing = [[] for _ in range(mesh.size)]
+    devices = mesh.devices
+    outgoing = [[] for _ in devices]
     for d, c in ins.copies_from(mesh, me):
-        outgoing[d].append(c)
-    incoming = [[c for c in mine if c.source == s] if s != me else [] for s in range(mesh.size)]
+        outgoing[devices.index(d)].append(c)
+    incoming = [[c for c in mine if c.source == s] if s != me else [] for s in devices]
     return (mine, outgoing, incoming, [sum(math.prod(c.size) for c in cs) for cs in outgoing],
             [sum(math.prod(c.size) for c in cs) for cs in incoming],
             [_run_offset(cs, shape, "src_start") for cs in outgoing],
             [_run_offset(cs, ins.shape, "dst_start") for cs in incoming])
+
+
+@dataclass(frozen=True)
+class TransferLayout:
+    """One rank's part of a :class:`~redist.program.Transfer` (:func:`transfer_layout`). ``shape``: its new
+    buffer's, None where the rank is no device of the destination's mesh; ``zero``: whether some of that buffer
+    is written by no copy (padding, or pending sums created), and starts as zeros. ``receives``: ``(source, box,
+    staged)`` for each copy from another device, in the order of its copies (a source's copies arrive in the
+    order it sends them), ``box`` its place in the new buffer, ``staged`` where that place's contiguous runs are
+    shorter than :data:`STRIDED_RUN_MIN` bytes (the piece arrives packed and is copied into place; else straight
+    into place, :func:`~redist.backends.mpi_transfers.place`); ``sends``: ``(receiver, box)`` for each copy from
+    this rank to another, by receiver, each receiver's in the order of its copies; ``local``: ``(box in the old
+    buffer, box in the new)`` for each copy within the rank."""
+
+    shape: tuple[int, ...] | None
+    zero: bool
+    receives: tuple[tuple[int, tuple[slice, ...], bool], ...]
+    sends: tuple[tuple[int, tuple[slice, ...]], ...]
+    local: tuple[tuple[tuple[slice, ...], tuple[slice, ...]], ...]
+
+
+def transfer_layout(stage: P.Transfer, me: int, itemsize: int) -> TransferLayout:
+    """Device ``me``'s part of the transfer ``stage`` (buffers of ``itemsize`` bytes an element): what it receives,
+    sends and copies within itself (:class:`TransferLayout`), from the copy table (a pass over it: made once
+    per agreed plan)."""
+    table = stage.copies.copies
+    mine = [c for c in table[me] if math.prod(c.size)] if stage.mesh.has_device(me) else []
+    strides = c_strides(stage.shape, itemsize)
+    receives = tuple((c.source, _view(c.dst_box), _short_runs(c.size, strides, itemsize)) for c in mine
+                     if c.source != me)
+    sends = tuple((d, _view(c.src_box)) for d in stage.mesh.devices if d != me for c in table[d]
+                  if c.source == me and math.prod(c.size))
+    covered = sum(math.prod(c.size) for c in mine)
+    return TransferLayout(tuple(stage.shape) if stage.mesh.has_device(me) else None,
+                          covered != math.prod(stage.shape), receives, sends,
+                          tuple((_view(c.src_box), _view(c.dst_box)) for c in mine if c.source == me))
+
+
+def _view(box: tuple) -> tuple:
+    """An index of the box that makes a view, also of a buffer of rank 0 (where ``()`` would read its scalar)."""
+    return box + (Ellipsis,)
+
+
+def _short_runs(size, strides, itemsize: int) -> bool:
+    """Whether a box of ``size`` in a C-contiguous array of byte ``strides`` is a strided place whose contiguous
+    runs are shorter than :data:`STRIDED_RUN_MIN` bytes (a contiguous box never is)."""
+    run, dims = runs(size, strides, itemsize)
+    return bool(dims) and run < STRIDED_RUN_MIN
 
 
 def _run_offset(copies, shape, start: str) -> int | None:
