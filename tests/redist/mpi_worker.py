@@ -30,6 +30,13 @@ tests/redist/mpi_launch.py); each mode prints one summary line.
                        a barrier; abort_on_error must end the job
     differential SEED FIRST COUNT
                        cases FIRST... of ``python -m proofs.differential --mpi``: ``differential {json tally}``
+    cross_mesh SEED COUNT
+                       reshards between meshes of other devices or axes (named cases: stages on disjoint ranks,
+                       overlapping ones, 8 -> 6, 4 -> 8, x=8 -> a=2,b=4, uneven dims, pending sums; then COUNT
+                       random pairs on meshes of device ids below N), each twice (the second on the agreed
+                       combination), every rank calling (None in, None out outside a mesh); then argument
+                       errors: ``cross_mesh cases=C passed=P disjoint=D overlapping=O same_devices=S
+                       other_sizes=Z partial=Q uneven=U idle=I errors=E all_raised=A``
 
 Every rank derives the same cases from the same seed (:mod:`redist.testing`), computes every device's buffer
 (:func:`redist.data.poisoned_source`: summands of a partial source, poisoned padding) and the numpy backend's
@@ -52,7 +59,7 @@ import redist.mpi
 from redist import program as P
 from redist.backends import interpreter, mpi_backend, mpi_channels, mpi_placement
 from redist.data import poisoned_source
-from redist.testing import SeededDraw, draw_device_order, draw_pair
+from redist.testing import SeededDraw, draw_cross_mesh_pair, draw_device_order, draw_mesh_pair, draw_pair
 from redist.types import REDUCTIONS
 
 COMM = MPI.COMM_WORLD
@@ -247,7 +254,8 @@ def communicators() -> int:
     """How many communicators redist.mpi holds on COMM: the default channel's groups, every agreed
     combination's channel and groups."""
     ctx = mpi_channels.context(COMM)
-    return len(ctx.default.groups) + sum(1 + len(a.channel.groups) for a in ctx.agreed.values())
+    return len(ctx.default.groups) + sum(1 + len(getattr(c, "groups", ())) for a in ctx.agreed.values()
+                                         for c in a.channels if c is not None)
 
 
 def mode_cases(seed: int, count: int, uneven: int, create: int) -> None:
@@ -389,7 +397,7 @@ def mode_agreement() -> None:
     reshard(k3)
     expected = 3  # once per combination
     # a gather run by Iallgather, without the interpreter
-    direct = mpi_channels.context(COMM).agreed[k3].channel.direct is not None
+    direct = mpi_channels.context(COMM).agreed[k3].channels[0].direct is not None
     errors = [  # (what, the combinations agreed on again first: a disagreement forgets every agreement, the call)
         ("agreed combinations that differ", (), lambda: reshard(k1 if RANK == 0 else k2)),
         ("agreed combinations that differ, one run directly", (k1, k3), lambda: reshard(k3 if RANK == 0 else k1)),
@@ -615,6 +623,72 @@ def mode_differential(seed: int, first: int, count: int) -> None:
         print("differential " + json.dumps(asdict(tally)), flush=True)
 
 
+CROSS_MESH_NAMED = [  # (source type, its mesh, destination type, its mesh), for 8 ranks
+    ("f32[8{data}, 16{model}]", "data=2,model=2", "f32[8, 16{model}]", "model=4,device_ids=[4,5,6,7]"),
+    ("f32[16{x}, 12]", "x=4", "f32[16{x}, 12]", "x=4,device_ids=[4,5,6,7]"),
+    ("f32[64] partial{x}", "x=4", "f32[64{x}]", "x=4,device_ids=[4,5,6,7]"),
+    ("f64[30{x}, 5] partial{y}", "x=2,y=3", "f64[30, 5{x}]", "x=6,device_ids=[2,3,4,5,6,7]"),
+    ("f32[48{dp}, 4]", "dp=8", "f32[48{dp}, 4]", "dp=6"),
+    ("f32[50{dp}, 3]", "dp=8", "f32[50{dp}, 3]", "dp=6"),
+    ("f32[24{x}, 6]", "x=4", "f32[24, 6{x}]", "x=8"),
+    ("f32[16{x}, 8]", "x=8", "f32[16{a,b}, 8]", "a=2,b=4"),
+    ("f32[16{x}, 8]", "x=8", "f32[16{b}, 8{a}]", "a=2,b=4"),
+    ("f32[16{a}, 12{b}]", "a=2,b=4", "f32[16, 12{x}]", "x=3"),
+    ("f32[13{x}, 7]", "x=6", "f32[13{x}, 7{y}]", "x=2,y=3,device_ids=[2,3,4,5,6,7]"),
+    ("i32[12, 6] partial{x}", "x=2,y=3", "i32[12{a}, 6] partial{b}", "a=2,b=2,device_ids=[4,5,6,7]"),
+    ("f32[8, 4] partial(max){x}", "x=4", "f32[8{x}, 4]", "x=2,device_ids=[6,7]"),
+    ("f32[8{x}]", "x=2", "f32[8]", "x=2,device_ids=[3,5]"),
+]
+
+
+def mode_cross_mesh(seed: int, count: int) -> None:
+    """Reshards between two meshes of the ranks' devices (module docstring), against the numpy backend."""
+    pairs = [(redist.ShardingType.parse(a, redist.Mesh.parse(ma)), redist.ShardingType.parse(b, redist.Mesh.parse(mb)))
+             for a, ma, b, mb in CROSS_MESH_NAMED]
+    draw = SeededDraw(f"mpi_worker:cross_mesh:{seed}")
+    while len(pairs) < len(CROSS_MESH_NAMED) + count:
+        meshes = draw_mesh_pair(draw, max_devices=SIZE)
+        if max(m.id_bound for m in meshes) <= SIZE:
+            pairs.append(draw_cross_mesh_pair(draw, meshes, partial=0.3, dst_partial=0.2, dtype=draw.choice(DTYPES),
+                                              reductions=REDUCTIONS, uneven=0.3))
+    tally = dict.fromkeys(("cases", "passed", "disjoint", "overlapping", "same_devices", "other_sizes", "partial",
+                           "uneven", "idle"), 0)
+    failures = []
+    for i, (src, dst) in enumerate(pairs):
+        plan = redist.synthesize(src, dst)
+        value, shards = poisoned_source(src, np.random.default_rng([seed, i]))
+        expected = redist.execute(plan, shards)
+        mine = shards[RANK] if src.mesh.has_device(RANK) else None
+        want = expected[RANK] if dst.mesh.has_device(RANK) else None
+        ok = True
+        for _ in range(2):  # the first call agrees in full, the second runs on while the verdict travels
+            out = redist.mpi.reshard(None if mine is None else mine.copy(), src, dst, COMM)
+            ok &= (out is None and want is None) or (out is not None and want is not None and out.dtype == want.dtype
+                                                      and np.array_equal(out, want, equal_nan=True))
+        ok = all_true(ok)
+        a, b = set(src.mesh.devices), set(dst.mesh.devices)
+        relation = ("same_devices" if a == b else "disjoint" if not a & b else
+                    "overlapping" if len(a) == len(b) else "other_sizes")
+        for key, on in (("cases", True), ("passed", ok), (relation, True), ("partial", bool(src.partial)),
+                        ("uneven", not (src.is_even() and dst.is_even())), ("idle", len(a | b) < SIZE)):
+            tally[key] += on
+        if not ok and len(failures) < 5:
+            failures.append(f"{src} on {src.mesh} -> {dst} on {dst.mesh}: {plan.steps}")
+    for f in failures:
+        say("FAILED", f)
+    stage = redist.Mesh.parse(f"x=2,device_ids=[{SIZE},{SIZE + 1}]")  # device ids the communicator lacks
+    src, dst = redist.ShardingType.parse("f32[8{x}]", make_mesh((2,))), redist.ShardingType.parse("f32[8]", stage)
+    there = redist.ShardingType.parse("f32[8]", redist.Mesh.parse("x=2,device_ids=[2,3]"))
+    good = np.zeros(4, np.float32) if RANK < 2 else None
+    checks = [("a destination on device ids the communicator lacks", lambda: redist.mpi.reshard(good, src, dst, COMM)),
+              ("a buffer on a rank that is no device of the source",
+               lambda: redist.mpi.reshard(np.zeros(4, np.float32), src, there, COMM)),
+              ("no buffer on a device of the source",
+               lambda: redist.mpi.reshard(None if RANK == 1 else good, src, there, COMM))]
+    raised = sum(expect_error(label, fn) for label, fn in checks)
+    say("cross_mesh " + " ".join(f"{k}={v}" for k, v in tally.items()) + f" errors={len(checks)} all_raised={raised}")
+
+
 def mode_fail() -> None:
     mesh = redist.Mesh.parse("x=2,y=2")
     src = redist.ShardingType.parse("f64[8{x}, 8] partial{y}", mesh)
@@ -669,6 +743,8 @@ if __name__ == "__main__":
             mode_high_rank()
         elif mode == "exit_in_block":
             mode_exit_in_block(int(sys.argv[2]), sys.argv[3])
+        elif mode == "cross_mesh":
+            mode_cross_mesh(int(sys.argv[2]), int(sys.argv[3]))
         elif mode == "differential":
             mode_differential(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
         else:

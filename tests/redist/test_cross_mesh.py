@@ -292,13 +292,6 @@ def test_the_runtimes_and_the_verifier_refuse_plans_across_meshes():
         redist.verify(plan)
 
 
-def test_the_jax_backend_refuses_a_plan_across_meshes():
-    pytest.importorskip("jax")
-    plan = synthesize(T("f32[8{x}]", "x=2"), T("f32[8{y}]", "y=2,device_ids=[2,3]"))
-    with pytest.raises(ShardingError, match="do not support them yet"):
-        redist.execute(plan, redist.shard(plan.src, np.zeros(8, np.float32)), backend="jax")
-
-
 def test_a_plan_across_meshes_is_drawn_step_by_step():
     plan = synthesize(T("f32[8{x}]", "x=2"), T("f32[8{y}]", "y=2,device_ids=[2,3]"))
     picture = plan.show()
