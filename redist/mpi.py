@@ -23,8 +23,11 @@ Contracts:
   communicator, or any call with ``check=True``, runs the full agreement: one small ``Allgather`` of a
   digest of the arguments and of each rank's buffer check, before any data moves; then the plan is made and
   given a *channel* of its own (a duplicate communicator with the sub-communicators of its groups, split
-  there and then). Every call starts a 32-byte verdict, a nonblocking ``Allreduce`` (``MAX``) of (digest,
-  negated digest, "this rank needs the full agreement", "this rank's buffer is wrong"). A rank with an
+  there and then). Every call starts a 32-byte verdict, the maximum over the ranks of (digest, negated digest,
+  "this rank needs the full agreement", "this rank's buffer is wrong"), passed in one round from every rank to
+  every other on a communicator of at most 32 ranks (a nonblocking neighbourhood all-gather), so that no rank's
+  verdict waits for another rank to be done with its own transfers, and by a nonblocking ``Allreduce`` on a
+  larger one (:class:`~redist.backends.mpi_channels.Ballot`). A rank with an
   agreed combination and a good buffer does not wait for it: it runs the plan on the combination's channel
   at once, its transfers nonblocking, and waits for the verdict only once its first transfers are under
   way (both progress together), before waiting for the data. Ranks that run different plans run them on
@@ -110,14 +113,14 @@ def reshard(local, src: ShardingType, dst: ShardingType, comm=None, *, check: bo
         x, problem = local, ""  # the common case, in a few comparisons
     else:
         x, problem = _local(local, src, ctx.rank) if typed else (None, "src is no ShardingType")
-    verdict = Verdict(ctx.comm, digest, not known, bool(problem))
+    verdict = Verdict(ctx.ballot, digest, not known, bool(problem))
     if known and not problem:
         try:  # run on while the verdict travels: a verdict against the call raises on every rank
             return run_stages(known.stages, known.channels, x, local, ctx, verdict)
         except Disagreement:
             ctx.drop(key)
     else:
-        verdict.request.Wait()
+        verdict.wait()
     if verdict.disagreed():
         ctx.reset()  # the same on every rank: whatever ran, ran on the wrong assumptions
     _agree_fully(ctx.comm, src, dst, typed, digest, problem)

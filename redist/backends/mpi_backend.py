@@ -427,17 +427,17 @@ class MpiBackend(interpreter.Backend):
         return Buffer(out, not scratch, scratch)
 
     def collective_permute(self, ins: P.CollectivePermute, buf):
-        """One ``Sendrecv``: receive from this rank's source, send to the rank whose source is this one (each
-        computed for this rank alone), straight from the buffer into a new one. A rank whose buffer stays keeps
-        it (copied only when the program ends, while its verdict travels: :func:`run`)."""
-        me, mesh, ch = self.ch.device, self.ch.mesh, self.ch
-        source = ins.source_of(mesh, me)
+        """One ``Sendrecv``: receive from this rank's source, send to the rank whose source is this one (both
+        worked out for this rank alone, once per channel made for the program), straight from the buffer into a
+        new one. A rank whose buffer stays keeps it (copied only when the program ends, while its verdict
+        travels: :func:`run`)."""
+        ch, me = self.ch, self.ch.device
+        source, target = ch.layout(ins, (), lambda: (ins.source_of(ch.mesh, me), ins.target_of(ch.mesh, me)))
         if source == me:
             return buf
         x = buf.take()
         out, scratch = self._array(ins, "result", x.shape, x.dtype)
-        self._complete(ch.comm.Isendrecv(message(x), ch.peer(ins.target_of(mesh, me)), TAG,
-                                         message(out), ch.peer(source), TAG))
+        self._complete(ch.comm.Isendrecv(message(x), ch.peer(target), TAG, message(out), ch.peer(source), TAG))
         return Buffer(out, not scratch, scratch)
 
     def exchange(self, ins: P.Exchange, buf):

@@ -9,8 +9,8 @@
   rank's part of the transfer worked out (:class:`TransferChannel`). They are cached on ``comm`` (an MPI
   attribute, in a :class:`Context`: :func:`context`), so repeated calls reuse them; :func:`clear_cache` frees
   them.
-- A :class:`Context` also keeps the rank's scratch buffer (:func:`held_bytes` tells its size) and what a
-  disagreement left behind.
+- A :class:`Context` also keeps the rank's scratch buffer (:func:`held_bytes` tells its size), its
+  :class:`Ballot` (how the votes of a call's :class:`Verdict` travel) and what a disagreement left behind.
 - Every transfer is nonblocking; when the call's :class:`Verdict` is in flight (:func:`redist.mpi.reshard`),
   the first instruction's transfers are posted, then the verdict waited for (all progress together,
   :func:`wait`), then the data. A verdict against the call raises :class:`Disagreement`, leaving the
@@ -39,8 +39,8 @@ try:
 except ModuleNotFoundError as e:
     raise missing_extra(e, "redist.mpi", "mpi") from e
 
-__all__ = ["communicator", "context", "clear_cache", "held_bytes", "Channel", "TransferChannel", "Verdict",
-           "Disagreement", "Context", "Agreement", "wait", "direct"]
+__all__ = ["communicator", "context", "clear_cache", "held_bytes", "Channel", "TransferChannel",
+           "VOTES_ONE_ROUND_MAX", "Ballot", "Verdict", "Disagreement", "Context", "Agreement", "wait", "direct"]
 
 
 def communicator(comm):
@@ -88,8 +88,9 @@ class Channel:
         return self.groups[key], self.groups[key].Get_size()
 
     def layout(self, ins, shape, compute):
-        """``compute()``, this rank's layout of the exchange ``ins`` from a buffer of ``shape``; remembered where
-        the channel is made for a program (``ins`` is one of its instructions, alive as long as the channel)."""
+        """``compute()``, this rank's part of the instruction ``ins`` from a buffer of ``shape`` (an exchange's
+        layout, a permute's peers); remembered where the channel is made for a program (``ins`` is one of its
+        instructions, alive as long as the channel)."""
         if self.program is None:
             return compute()
         key = (id(ins), tuple(shape))
@@ -117,16 +118,63 @@ class TransferChannel:
         self.comm.Free()
 
 
-class Verdict:
-    """The ranks' votes on a call of :func:`redist.mpi.reshard`, reduced (``MAX``) by a nonblocking
-    ``Allreduce`` in flight (``request``): per rank its arguments' digest and the digest negated (the two
-    maxima are each other's negation exactly when every rank had the same digest), whether it needs the full
-    agreement (a combination new to it, or ``check=True``), whether its buffer is wrong. Read them once the
-    request has completed."""
+# On a communicator of at most this many ranks the votes of a :class:`Verdict` travel in one round, every rank's to
+# every other at once (:class:`Ballot`: a neighbourhood all-gather over the graph in which every rank neighbours
+# every other, which MPI posts as that many sends and receives): a rank's verdict is complete once every other rank
+# has posted its votes (MPICH sends a message this small as it is posted, eagerly), whatever those ranks do next. An
+# ``Allreduce`` passes them in log2(n) rounds, each waiting for a partner to be in MPI again: a partner busy with a
+# large transfer of its own (MPICH copies it within its progress engine) or with a local copy holds the verdict back
+# until it is done, so that a rank which moves nothing waits for the slowest transfer, and on shared cores for a
+# partner to be scheduled after it (bench/cross_mesh.py times a block swap and transfers between meshes against
+# hand-written ``Sendrecv`` and ``Isend``/``Irecv``). Beyond this many ranks, the allreduce: its messages per rank
+# grow as log2(n), the all-gather's as n.
+VOTES_ONE_ROUND_MAX = 32
 
-    def __init__(self, comm, digest: int, unknown: bool, bad_local: bool):
-        self.votes = np.array([digest, -digest, unknown, bad_local], dtype=np.int64)
-        self.request = comm.Iallreduce(MPI.IN_PLACE, self.votes, op=MPI.MAX)
+
+class Ballot:
+    """How a rank's votes reach the other ranks of ``comm`` (the context's private communicator), made collectively
+    with the context: on at most :data:`VOTES_ONE_ROUND_MAX` ranks a nonblocking ``Neighbor_allgather`` over a graph
+    communicator in which every rank neighbours every other, else a nonblocking ``Allreduce`` (``MAX``)."""
+
+    def __init__(self, comm):
+        size = comm.Get_size()
+        self.comm, self.graph = comm, None
+        if size <= VOTES_ONE_ROUND_MAX:
+            others = [r for r in range(size) if r != comm.Get_rank()]
+            self.graph = comm.Create_dist_graph_adjacent(others, others, reorder=False)
+        self.rows = size if self.graph is not None else 1
+
+    def cast(self, votes: tuple) -> tuple:
+        """Start the exchange of ``votes`` (4 integers, int64) with every other rank: ``(request, rows)``, where,
+        once the request has completed, the maximum of ``rows`` over its first axis is the element-wise maximum of
+        every rank's votes."""
+        rows = np.empty((self.rows, 4), np.int64)
+        rows[-1] = votes  # the others' votes arrive in the rows before
+        if self.graph is None:
+            return self.comm.Iallreduce(MPI.IN_PLACE, rows[-1], op=MPI.MAX), rows
+        return self.graph.Ineighbor_allgather(rows[-1], rows[:-1]), rows
+
+    def free(self) -> None:
+        if self.graph is not None:
+            self.graph.Free()
+
+
+class Verdict:
+    """The ranks' votes on a call of :func:`redist.mpi.reshard`, reduced (``MAX``) over the ranks by the context's
+    :class:`Ballot`, in flight once made: per rank its arguments' digest and the digest negated (the two maxima
+    are each other's negation exactly when every rank had the same digest), whether it needs the full agreement
+    (a combination new to it, or ``check=True``), whether its buffer is wrong. :meth:`wait` (or
+    :meth:`settle`) completes it; the questions read it after that."""
+
+    def __init__(self, ballot: Ballot, digest: int, unknown: bool, bad_local: bool):
+        self.request, self.rows = ballot.cast((digest, -digest, unknown, bad_local))
+        self.votes = None
+
+    def wait(self) -> None:
+        """Wait for every rank's votes (once)."""
+        if self.votes is None:
+            self.request.Wait()
+            self.votes = self.rows.max(axis=0)
 
     def ok(self) -> bool:
         """Whether the call stands: one digest, an agreed combination and a good buffer on every rank."""
@@ -141,7 +189,7 @@ class Verdict:
     def settle(self, ctx: "Context", pending=()) -> None:
         """Wait for the verdict; raise :class:`Disagreement` if it goes against the call, leaving the
         ``pending`` requests (which may never complete, and the buffers they hold) to ``ctx``."""
-        self.request.Wait()
+        self.wait()
         if not self.ok():
             ctx.abandoned += [r for r in pending if r]
             raise Disagreement
@@ -168,6 +216,7 @@ class Context:
         self.ranks_per_core = node.Get_size() / (os.cpu_count() or 1)
         node.Free()
         self.rank = self.comm.Get_rank()
+        self.ballot = Ballot(self.comm)
         self.default = Channel(self.comm.Dup(), self.rank)
         self.agreed: dict = {}
         self.last: tuple = (None, None, None)  # (src, dst, Agreement or None) of the last lookup (recall)
@@ -292,6 +341,7 @@ def clear_cache(comm=None) -> None:
     for agreement in ctx.agreed.values():
         agreement.free()
     ctx.default.free()
+    ctx.ballot.free()
     ctx.comm.Free()
     ctx.agreed, ctx.scratch = {}, None
 
