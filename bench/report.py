@@ -206,6 +206,37 @@ def _ci_runs(d: dict) -> list[dict]:
     return rows
 
 
+_CROSS_MESH_JAX = (col("case", "name"), col("src", "src"), col("dst", "dst"), col("steps", "steps"),
+                   col("bytes received", "bytes_received"), col("bound", "lower_bound_bytes"),
+                   col("peak bytes", "peak_bytes"), col("max(src, dst)", "memory_bound_bytes"),
+                   col("reshard ms", "min_s.redist", 1e3), col("device_put / reshard", "paired_over_redist.device_put"),
+                   col("gather-scatter / reshard", "paired_over_redist.gather_scatter"),
+                   col("device_put via host", "device_put_through_host"),
+                   Column("correct", lambda r: all(r["correct"].values())))
+
+
+def _cross_mesh(d: dict) -> list[str]:
+    """bench/cross_mesh.py's tables: JAX on 8 host devices, MPI's cases at 8 ranks, the permute at 4."""
+    out = []
+    if d.get("jax"):
+        out += ["### JAX, 8 host CPU devices: against `jax.device_put` and gather-then-scatter", ""] + table(
+            [c.header for c in _CROSS_MESH_JAX], [[c.value(r) for c in _CROSS_MESH_JAX] for r in d["jax"]]) + [""]
+    if d.get("mpi"):
+        rows = [[r["name"], r["min_s"]["redist"] * 1e3, r["min_s"]["hand"] * 1e3, r["redist_over"]["hand"],
+                 all(r["correct"].values())] for r in d["mpi"]]
+        out += ["### MPI, 8 ranks: against hand-written `Isend`/`Irecv`", ""] + table(
+            ["case", "reshard ms", "hand-written ms", "reshard / hand-written (within-round median)", "correct"],
+            rows) + [""]
+    if d.get("permute"):
+        rows = [[r["mib"], r["min_s"]["redist"] * 1e3, r["min_s"]["sendrecv"] * 1e3, r["min_s"]["isend"] * 1e3,
+                 r["redist_over"]["sendrecv"], r["redist_over"]["isend"], all(r["correct"].values())]
+                for r in d["permute"]]
+        out += ["### MPI, 4 ranks: a block swap against hand-written `Sendrecv` and `Isend`/`Irecv`", ""] + table(
+            ["MiB/rank", "reshard ms", "Sendrecv ms", "Isend/Irecv ms", "reshard / Sendrecv",
+             "reshard / Isend-Irecv", "correct"], rows) + [""]
+    return out
+
+
 BENCHMARKS = (
     Benchmark("Synthesis speed and plan quality", "synthesis_speed.json", "synthesis_speed.py",
               "./dev bench synthesis_speed", figures=("synthesis_speed_time", "synthesis_speed_bytes")),
@@ -262,6 +293,8 @@ BENCHMARKS = (
                        ratio("reshard / XLA replay", "min_s.redist", "min_s.xla"),
                        col("reshard ms", "min_s.redist", 1e3), col("first call extra ms", "first_call_extra_s", 1e3)),
               figures=("mpi",)),
+    Benchmark("Across meshes: JAX and MPI", "cross_mesh.json", "cross_mesh.py", "./dev bench cross_mesh",
+              summary=lambda d: dict(d["summary"], shape=d["shape"], rounds=d["rounds"]), extra=_cross_mesh),
     _mpi_datatypes(2),
     _mpi_datatypes(4),
     _partitioning("Partitioning against XLA's partitioner", "partitioning", "./dev bench partitioning"),
