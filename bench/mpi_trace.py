@@ -7,9 +7,9 @@ rotating order (A/B alternation), each call as ``Barrier``; time; call; time is 
 
 - ``hand``: the hand-written program of ``bench/mpi_worker.py``;
 - ``hand_nb``: the same with its collective nonblocking (``Iallgather`` ... then ``Wait``);
-  ``hand_verdict``: that, after starting a 32-byte ``Iallreduce`` on another communicator, waited for
-  before the data, as redist's verdict is; ``hand_first``: the verdict completed before the blocking
-  collective is called (these isolate what redist's way of posting costs);
+  ``hand_verdict``: that, after starting a 32-byte verdict on another communicator as redist's is
+  (``redist.backends.mpi_channels.Ballot``), waited for before the data; ``hand_first``: the verdict completed
+  before the blocking collective is called (these isolate what redist's way of posting costs);
 - ``redist``: ``redist.mpi.reshard`` (agreed combination: the verdict travels while the plan runs);
 - ``program``: ``redist.mpi.run_program`` (no agreement);
 - ``collectives``: ``reshard`` with MPI's ``Iallgather``, ``Ialltoall`` and ``Ireduce_scatter_block`` where
@@ -63,8 +63,7 @@ class Posting:
                    "Reduce_scatter_block": "Ireduce_scatter_block"}
 
     def __init__(self, comm):
-        self.comm, self.votes_comm, self.mode = comm, comm.Dup(), "block"
-        self.votes = np.zeros(4, np.int64)
+        self.comm, self.ballot, self.mode = comm, mpi_channels.Ballot(comm.Dup()), "block"
 
     def __getattr__(self, name):
         if name not in self.NONBLOCKING or self.mode == "block":
@@ -72,14 +71,14 @@ class Posting:
 
         if self.mode == "first":
             def first(*args, **kwargs):
-                self.votes_comm.Iallreduce(MPI.IN_PLACE, self.votes, op=MPI.MAX).Wait()
+                self.ballot.cast((0, 0, 0, 0))[0].Wait()
                 getattr(self.comm, name)(*args, **kwargs)
             return first
 
         def post(*args, **kwargs):
             verdict = None
             if self.mode == "verdict":
-                verdict = self.votes_comm.Iallreduce(MPI.IN_PLACE, self.votes, op=MPI.MAX)
+                verdict, _ = self.ballot.cast((0, 0, 0, 0))
             request = getattr(self.comm, self.NONBLOCKING[name])(*args, **kwargs)
             if verdict is not None:
                 verdict.Wait()
@@ -185,10 +184,10 @@ def with_collectives(local, src, dst) -> np.ndarray:
     """``reshard`` on an agreed combination as :func:`redist.mpi.reshard` runs it, on :class:`CollectiveBackend`."""
     ctx = mpi_channels.context(COMM)
     agreement = ctx.agreed[(src, dst)]
-    x, problem = M._local(local, src)
-    verdict = mpi_channels.Verdict(ctx.comm, agreement.digest, False, bool(problem))
-    program = agreement.program
-    backend = CollectiveBackend(ctx, agreement.channel, program, verdict)
+    x, problem = M._local(local, src, ctx.rank)
+    verdict = mpi_channels.Verdict(ctx.ballot, agreement.digest, False, bool(problem))
+    program = agreement.stages[0]
+    backend = CollectiveBackend(ctx, agreement.channels[0], program, verdict)
     buf = interpreter.run(program, backend, B.Buffer(x, B.owned(x, local)))
     backend.settle([])
     return buf.take() if buf.owned else buf.take().copy()
@@ -200,11 +199,11 @@ def phased(local, src, dst, phases: dict) -> np.ndarray:
     comm = mpi_channels.communicator(None)
     ctx = mpi_channels.context(comm)
     agreement = ctx.agreed[(src, dst)]
-    channel, program = agreement.channel, agreement.program
+    channel, program = agreement.channels[0], agreement.stages[0]
     t, phases["lookup"] = time.perf_counter(), time.perf_counter() - t
-    x, problem = M._local(local, src)
+    x, problem = M._local(local, src, ctx.rank)
     t, phases["validate"] = time.perf_counter(), time.perf_counter() - t
-    verdict = mpi_channels.Verdict(ctx.comm, agreement.digest, False, bool(problem))
+    verdict = mpi_channels.Verdict(ctx.ballot, agreement.digest, False, bool(problem))
     t, phases["verdict start"] = time.perf_counter(), time.perf_counter() - t
     backend = TimedBackend(ctx, channel, program, verdict, phases=phases)
     buf = interpreter.run(program, backend, B.Buffer(x, B.owned(x, local)))
