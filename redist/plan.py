@@ -201,23 +201,24 @@ class Plan:
 
     @property
     def program(self) -> Program:
-        """The lowered buffer program that the backends execute and :func:`redist.verify` proves.
+        """The lowered buffer program that :func:`redist.verify` proves and ``run_program`` runs.
 
         Raises :class:`ShardingError` for a plan across meshes, which has a program per mesh and transfers
         between them (:attr:`stages`), and for a plan on a mesh whose device ids are other than ``0 … size−1``:
-        :func:`redist.verify` and the JAX and MPI runtimes do not take those yet; :func:`redist.execute` runs
-        them on numpy."""
+        :func:`redist.verify` does not take those yet; :func:`redist.execute`, :func:`redist.jax.reshard` and
+        :func:`redist.mpi.reshard` run their :attr:`stages`."""
         if self.crosses_meshes:
             raise ShardingError(f"the plan moves the array from mesh {self.src.mesh} to mesh {self.dst.mesh}: it "
                                 "lowers to a program per mesh and a transfer between them (plan.stages), not to one "
-                                "program. Proofs of plans across meshes (redist.verify) and the JAX and MPI runtimes "
-                                "do not support them yet; redist.execute(plan, shards) runs them on numpy")
+                                "program. Proofs of plans across meshes (redist.verify) do not support them yet; "
+                                "redist.execute(plan, shards) (numpy or JAX), redist.jax.reshard and "
+                                "redist.mpi.reshard run plan.stages")
         mesh = next((t.mesh for t in self.types if t.mesh.id_bound != t.mesh.size), None)
         if mesh is not None:
             raise ShardingError(f"the plan runs on mesh {mesh}, whose device ids are not 0 to {mesh.size - 1}: "
-                                "redist.verify and the JAX and MPI runtimes take such meshes only numbered from 0 "
-                                "for now (its program is plan.stages[0]); redist.execute(plan, shards) runs it on "
-                                "numpy")
+                                "redist.verify takes such meshes only numbered from 0 for now (its program is "
+                                "plan.stages[0]); redist.execute(plan, shards) (numpy or JAX), redist.jax.reshard and "
+                                "redist.mpi.reshard run plan.stages")
         return self.stages[0]
 
     def __str__(self) -> str:
