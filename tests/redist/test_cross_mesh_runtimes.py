@@ -17,9 +17,9 @@ import redist
 from redist import Mesh, Plan, ShardingType
 from redist.data import poisoned_source
 from redist.steps import AllGather, Transfer
-from tests.mpi_launch import MPIEXEC
-from tests.mpi_launch import mpirun as launch
-from tests.strategies import cross_mesh_pairs
+from tests.redist.mpi_launch import MPIEXEC
+from tests.redist.mpi_launch import mpirun as launch
+from tests.redist.strategies import cross_mesh_pairs
 
 jax = pytest.importorskip("jax")
 from jax.sharding import NamedSharding  # noqa: E402
@@ -182,6 +182,7 @@ def test_execute_on_jax_names_a_device_jax_lacks():
 
 
 # ---------------------------------------------------------------------- redist.mpi.reshard across meshes
+@pytest.mark.mpi
 @pytest.mark.skipif(not os.path.exists(MPIEXEC), reason=f"no mpiexec in this environment ({MPIEXEC})")
 def test_mpi_reshards_across_meshes_at_8_ranks_every_rank_calling():
     """Named cases (a pipeline's stages on ranks 0-3 and 4-7, ranks 0-5 to 2-7, 8 -> 6, 4 -> 8, x=8 -> a=2,b=4,
