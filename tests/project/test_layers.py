@@ -42,6 +42,7 @@ LAYERS = (
     ("runtimes", {"redist.execute", "redist.backends", "redist.backends.interpreter", "redist.backends.numpy_backend",
                   "redist.backends.jax_backend", "redist.backends.mpi_backend", "redist.backends.mpi_channels",
                   "redist.backends.mpi_placement", "redist.backends.mpi_transfers", "redist.backends.mpi_reductions",
+                  "redist.backends.jax_stages", "redist.backends.mpi_stages",
                   "redist.hlo", "redist.xla_log", "redist.jax_programs", "redist.jax", "redist.mpi"}),
     # redist.show reads a JAX array's type through redist.jax, below it
     ("public namespace", {"redist", "redist.show"}),
