@@ -208,17 +208,29 @@ def main(argv=None) -> int:
     except _OutputError as e:
         if sys.stdout is not None:
             _discard_output()
-        print(f"redist: error: {e}", file=sys.stderr)
+        _complain(f"redist: error: {e}")
     except _UsageError as e:
-        print(_one_line(e), file=sys.stderr)
+        _complain(_one_line(e))
     except (ShardingError, ImportError) as e:  # bad input, or a missing extra (the message names it)
-        print(f"redist: error: {_one_line(e)}", file=sys.stderr)
+        _complain(f"redist: error: {_one_line(e)}")
     except KeyboardInterrupt:
-        print("redist: interrupted", file=sys.stderr)
+        _complain("redist: interrupted")
         return 130
     except Exception as e:  # a bug of ours: still one line, and the words to report it with
-        print(f"redist: error: internal error {type(e).__name__}: {_one_line(e)} (please report this)", file=sys.stderr)
+        _complain(f"redist: error: internal error {type(e).__name__}: {_one_line(e)} (please report this)")
     return 2
+
+
+def _complain(line: str) -> None:
+    """Print ``line`` on stderr, where it can be written: not where stderr is closed (``2>&-``: ``print`` would
+    write it on stdout, into the output the user redirected, a plan file say) or cannot take it (a full disk), so
+    that the exit status still tells."""
+    if sys.stderr is None:
+        return
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def _seconds(text: str) -> float:

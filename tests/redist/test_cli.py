@@ -188,6 +188,19 @@ def test_output_that_cannot_be_written_is_a_one_line_error(args):
     assert r.stderr == "redist: error: cannot write to standard output: [Errno 28] No space left on device\n"
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_an_error_with_stderr_closed_or_full_writes_nothing_on_stdout_and_exits_2():
+    """Regression (issue 39, the adversarial probe): with stderr closed (``2>&-``) the error line went to stdout,
+    into the output the user redirected; with stderr on a full disk the failed print ended the command with
+    exit status 1, which says "refuted"."""
+    bad = [REDIST, "plan", "f32[8{q}]", "f32[8]", "--mesh", "x=2"]
+    r = subprocess.run(["bash", "-c", 'exec "$@" 2>&-', "bash", *bad], capture_output=True, text=True, timeout=300)
+    assert (r.returncode, r.stdout) == (2, ""), r
+    with open("/dev/full", "w") as full:
+        r = subprocess.run(bad, stdout=subprocess.PIPE, stderr=full, text=True, timeout=300)
+    assert (r.returncode, r.stdout) == (2, ""), r
+
+
 @pytest.mark.parametrize("args", [PLAN, PLAN + ["--json"], ["verify", *PLAN[1:]]])
 def test_a_broken_pipe_ends_quietly_with_the_status_of_sigpipe(args):
     """``redist plan ... | head``: the reader went away; nothing on stderr, and 141 as Unix tools (128 + SIGPIPE).
