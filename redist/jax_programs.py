@@ -70,7 +70,8 @@ except ModuleNotFoundError as e:
     raise missing_extra(e, "redist.jax", "jax") from e
 
 from redist.backends import interpreter, jax_stages
-from redist.backends.jax_backend import JaxBackend, global_mesh, in_dtype, on_devices, redist_mesh, refine_mesh
+from redist.backends.jax_backend import (JaxBackend, global_mesh, in_dtype, on_devices, redist_mesh, refine_mesh,
+                                         without_context_mesh)
 from redist.errors import ShardingError
 from redist.hlo import HLO_BYTES, parse_hlo
 from redist.mesh import Mesh
@@ -349,7 +350,7 @@ def between_meshes(m: Move, x):
     if isinstance(jax.device_put(x, x.sharding), jax.core.Tracer):  # x itself, unless inside jax.jit (closed over)
         raise traced_between_meshes(m)
     by_device = {s.device: s.data for s in x.addressable_shards}
-    with in_dtype(m.src.np_dtype):
+    with in_dtype(m.src.np_dtype), without_context_mesh():
         buffers = [None] * m.src.mesh.id_bound
         for d, dev in zip(m.src.mesh.device_ids, x.sharding.mesh.devices.flat):
             buffers[d] = by_device[dev]

@@ -54,8 +54,9 @@ from redist.errors import ShardingError
 from redist.axes import Axis
 from redist.mesh import Mesh
 
-__all__ = ["run_program", "run_on_buffers", "run_on_devices", "on_devices", "in_dtype", "refined_axis_names",
-           "refine_mesh", "redist_mesh", "global_mesh", "jax_devices", "jax_mesh_of", "JaxBackend", "ON_DEVICES"]
+__all__ = ["run_program", "run_on_buffers", "run_on_devices", "on_devices", "in_dtype", "without_context_mesh",
+           "refined_axis_names", "refine_mesh", "redist_mesh", "global_mesh", "jax_devices", "jax_mesh_of", "JaxBackend",
+           "ON_DEVICES"]
 
 #: How many compiled per-device programs (one per program and JAX mesh) :func:`on_devices` keeps.
 ON_DEVICES = 64
@@ -215,7 +216,7 @@ def run_on_buffers(program: P.Program, shards, jax_mesh=None) -> list[np.ndarray
             out[d] = np.zeros(program.shapes[-1], program.dtype)
         return out
     table = dict(zip(mesh.device_ids, jax_mesh.devices.flat))
-    with in_dtype(program.dtype):
+    with in_dtype(program.dtype), without_context_mesh():
         placed = {d: jax.device_put(bufs[d], table[d]) for d in mesh.devices}
         for d, y in run_on_devices(program, placed, jax_mesh).items():
             out[d] = np.array(y)
@@ -262,6 +263,25 @@ def on_devices(program: P.Program, jax_mesh) -> tuple[Callable, NamedSharding]:
     mapped = jax.shard_map(lambda b: interpreter.run(program, backend, b.reshape(shape_in)).reshape(1, -1),
                            mesh=refined, in_specs=spec, out_specs=spec, check_vma=False)
     return jax.jit(mapped), NamedSharding(refined, spec)
+
+
+@contextlib.contextmanager
+def without_context_mesh():
+    """A context without the caller's mesh of ``jax.set_mesh``, for the eager programs that redist runs on
+    meshes of its own (:func:`run_on_buffers`, :func:`redist.backends.jax_stages.run_stages`, moves between
+    meshes): JAX checks eager operations
+    and ``jax.shard_map`` against the context mesh, and refuses arrays and meshes that are not on it. Under a
+    trace, where ``jax.set_mesh`` cannot be called, nothing changes."""
+    if jax.sharding.get_abstract_mesh().empty:
+        yield
+        return
+    try:
+        context = jax.set_mesh(None)
+    except ValueError:  # under a trace
+        yield
+        return
+    with context:
+        yield
 
 
 def in_dtype(dtype):

@@ -43,7 +43,7 @@ except ModuleNotFoundError as e:
 
 from redist import program as P
 from redist.backends import interpreter
-from redist.backends.jax_backend import in_dtype, jax_devices, jax_mesh_of, run_on_devices
+from redist.backends.jax_backend import in_dtype, jax_devices, jax_mesh_of, run_on_devices, without_context_mesh
 from redist.buffers import mesh_buffers
 
 __all__ = ["run_stages", "execute_stages", "result_mesh", "clear_cache"]
@@ -89,15 +89,16 @@ def run_stages(stages, buffers, devices=None) -> list:
     stages' dtype."""
     bufs = {d: buffers[d] for d in stages[0].src_mesh.devices}
     fresh = False
-    for stage in stages:
-        if isinstance(stage, P.Transfer):
-            bufs, fresh = _transfer(stage, bufs, jax_devices(stage.mesh, devices)), True
-        elif stage.instructions:
-            bufs, fresh = run_on_devices(stage, bufs, jax_mesh_of(stage.mesh, devices)), True
-    last = result_mesh(stages[-1])
-    out = [None] * last.id_bound
-    for d in last.devices:
-        out[d] = bufs[d] if fresh else jnp.array(bufs[d], copy=True)
+    with without_context_mesh():
+        for stage in stages:
+            if isinstance(stage, P.Transfer):
+                bufs, fresh = _transfer(stage, bufs, jax_devices(stage.mesh, devices)), True
+            elif stage.instructions:
+                bufs, fresh = run_on_devices(stage, bufs, jax_mesh_of(stage.mesh, devices)), True
+        last = result_mesh(stages[-1])
+        out = [None] * last.id_bound
+        for d in last.devices:
+            out[d] = bufs[d] if fresh else jnp.array(bufs[d], copy=True)
     return out
 
 

@@ -124,6 +124,17 @@ def test_device_order_of_the_mesh_is_respected():
 
 
 # ---------------------------------------------------------------------- jit, host transfers
+def test_execute_under_the_callers_context_mesh():
+    """Regression (issue 39, the adversarial probe): ``execute(plan, shards, backend="jax")`` under the caller's
+    ``jax.set_mesh`` raised JAX's ValueError (its shard_map's mesh is not the context mesh)."""
+    mesh = redist.Mesh({"x": 2, "y": 4})
+    src, dst = redist.ShardingType.parse("f32[8{x}, 8]", mesh), redist.ShardingType.parse("f32[8, 8{y}]", mesh)
+    value = global_array((8, 8))
+    with jax.set_mesh(jax.make_mesh((2, 4), ("x", "y"), devices=jax.devices()[:8])):
+        out = redist.execute(redist.synthesize(src, dst), redist.shard(src, value), backend="jax")
+    np.testing.assert_array_equal(redist.unshard(dst, out), value)
+
+
 def test_traceable_by_jit_with_src():
     mesh = jmesh((4, 2), ("x", "y"))
     a = global_array((4, 8, 4))

@@ -525,6 +525,19 @@ def test_a_pytree_across_two_device_orders_with_donation_eagerly_and_refused_und
         np.testing.assert_array_equal(np.asarray(s.data), host["flipped"][s.index])
 
 
+def test_a_move_between_two_device_orders_under_set_mesh():
+    """Regression (issue 39, the adversarial probe): under ``jax.set_mesh`` a reshard to another device order
+    raised JAX's ValueError, as the eager program of the move ran against the caller's context mesh."""
+    made = jax.make_mesh((2, 4), ("x", "y"), devices=jax.devices()[:8])
+    flipped = jax.sharding.Mesh(np.array(list(made.devices.flat)[::-1]).reshape(2, 4), ("x", "y"))
+    host = values((8, 12))
+    x = jax.device_put(host, NamedSharding(made, P("x")))
+    for target in (NamedSharding(flipped, P()), NamedSharding(flipped, P("y", "x"))):
+        with jax.set_mesh(made):
+            y = rj.reshard(x, target)
+        assert_placed(y, host, target)
+
+
 def test_pending_values_of_any_reduction_kind_take_redist_s_plan():
     """XLA's resharding of a NamedSharding cannot express pending values: a move with a partial(max) source
     runs redist's plan (its identity would leave every device's own buffer), which takes the maximum."""
