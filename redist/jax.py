@@ -298,6 +298,10 @@ def _place(leaf, target, where: _Where):
         if isinstance(leaf, jax.Array) and leaf.is_deleted():
             raise ShardingError("the array has been deleted (was it donated before?)")
         check_unmasked(leaf, "it")
+        rank = getattr(leaf, "ndim", 0 if isinstance(leaf, (int, float, complex)) else None)
+        if isinstance(target, NamedSharding) and rank is not None and len(target.spec) > rank:
+            raise ShardingError(f"partition spec {target.spec} has {len(target.spec)} entries for a rank-{rank} "
+                                f"array ({describe(leaf)})")
         try:
             with _wide(dtype):
                 return jax.device_put(leaf, target)
@@ -451,6 +455,8 @@ class _Call:
         leaf, target, where = self.leaves[i], self.targets[i], _Where(self.x, i)
         if target is None or not _on_mesh(leaf):
             return _place(leaf, target, where)
+        if leaf.is_deleted():
+            raise ShardingError(f"{where}the array has been deleted (was it donated before?)")
         if leaf.size:
             return leaf
         with where.naming():

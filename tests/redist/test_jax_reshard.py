@@ -366,6 +366,18 @@ def test_a_donated_array_cannot_be_used_again_from_the_cache():
         rj.reshard(x, NamedSharding(mesh, P()), donate=True)
 
 
+def test_a_deleted_array_already_laid_out_as_the_target_is_refused():
+    """Regression (issue 39, the adversarial probe): an array whose sharding already is the target was returned
+    as it is even where it had been deleted, so the caller met JAX's error only on reading it."""
+    mesh = jmesh((8,), ("x",))
+    x = jax.device_put(values((16,)), NamedSharding(mesh, P("x")))
+    x.delete()
+    with pytest.raises(redist.ShardingError, match=r"^the array has been deleted"):
+        rj.reshard(x, NamedSharding(mesh, P("x")))
+    with pytest.raises(redist.ShardingError, match=r"^leaf x\['a'\]: the array has been deleted"):
+        rj.reshard({"a": x}, NamedSharding(mesh, P("x")))
+
+
 def test_nothing_is_deleted_when_a_leaf_is_refused():
     mesh = jmesh((2, 4), ("x", "y"))
     good = jax.device_put(values((8, 8)), NamedSharding(mesh, P("x")))
@@ -660,6 +672,16 @@ def test_errors_name_the_argument_and_the_leaf():
         rj.reshard(x, NamedSharding(mesh, P()), donate="yes")
     with pytest.raises(E, match="no array of x needs a program"):
         rj.lower(x["a"], x["a"].sharding)
+
+
+def test_host_data_and_single_device_arrays_under_a_spec_longer_than_their_rank_are_refused():
+    """Regression (issue 39, the adversarial probe): ``jax.device_put`` fails an assertion (AssertionError) on a
+    spec of more entries than the leaf has dims; reshard leaked it."""
+    mesh = jmesh((2, 4), ("x", "y"))
+    for leaf, rank in ((3, 0), (np.float32(3), 0), (values((8,)), 1), (jnp.asarray(3.0), 0)):
+        with pytest.raises(redist.ShardingError, match=rf"^leaf x\['a'\]: partition spec P\('x', 'y'\) has 2 "
+                                                       rf"entries for a rank-{rank} array"):
+            rj.reshard({"a": leaf}, NamedSharding(mesh, P("x", "y")))
 
 
 def test_a_sharding_tree_that_is_no_prefix_of_x_is_refused_in_one_line_naming_where_they_differ():
