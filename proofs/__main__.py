@@ -8,7 +8,9 @@ pending sums: exhaustive to rank 2, and random ones), ``random`` (random pairs o
 (reduction kinds, device orders and complex dtypes: exhaustive small pairs and random ones), ``mutation``
 (mutants of lowered programs and claims must be refuted), ``speed64`` (rank-4 plans on a 64-device mesh),
 ``sequences`` (plans of random step sequences through the typing rules, not synthesized: proved exactly where
-the numpy backend runs them right, and their mutants never proved where it does not).
+the numpy backend runs them right, and their mutants never proved where it does not), ``probe`` (the adversarial
+probe of :mod:`proofs.probe`: hostile text, plan files, claims, threads, JAX misuse, command lines, resource
+bombs and an MPI failure; a row per category).
 """
 
 from __future__ import annotations
@@ -176,15 +178,31 @@ def sequences(quick: bool, workers: int) -> Outcome:
     return Outcome(rows, res["failures"], notes)
 
 
+def probe(quick: bool, workers: int) -> Outcome:
+    """The adversarial probe (:mod:`proofs.probe`), seed 0: a row per category."""
+    from proofs import probe as adversarial
+
+    tallies = adversarial.run(quick=quick)
+    rows = [(f"probe: {t.name}", f"{t.passed}/{t.tried} passed: " + ", ".join(
+        f"{k} {v}" for k, v in sorted(t.outcomes.items(), key=lambda kv: -kv[1]))[:200],
+        "ok" if not t.failures else "FAIL", t.seconds) for t in tallies]
+    notes = [f"probe: {n}" for t in tallies for n in t.notes]
+    notes += [f"probe: {t.name}: largest {measure} {value:.3g}" for t in tallies
+              for measure, (value, _) in t.peaks.items()]
+    return Outcome(rows, [f"probe {t.name}: {f}" for t in tallies for f in t.failures], notes)
+
+
 PARTS: dict[str, Callable[[bool, int], Outcome]] = {
     "step_rules": step_rules, "exhaustive": exhaustive, "creating": creating, "random": random_pairs,
     "uneven": uneven, "features": features, "mutation": mutation, "speed64": speed64, "sequences": sequences,
+    "probe": probe,
 }
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m proofs", description=__doc__.split("\n\n")[1],
-                                     epilog="The full run takes about six minutes on 2 cores; --quick about one.")
+                                     epilog="The full run takes about ten minutes on 2 cores (the probe three or "
+                                            "four of them); --quick about two.")
     parser.add_argument("parts", nargs="*", metavar="PART",
                         help=f"parts to run (default: all): {', '.join(PARTS)}")
     parser.add_argument("--quick", action="store_true", help="smaller samples, for a smoke run")
