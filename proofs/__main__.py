@@ -183,10 +183,11 @@ def probe(quick: bool, workers: int) -> Outcome:
     from proofs import probe as adversarial
 
     tallies = adversarial.run(quick=quick)
-    rows = [(f"probe: {t.name}", f"{t.passed}/{t.tried} passed: " + ", ".join(
-        f"{k} {v}" for k, v in sorted(t.outcomes.items(), key=lambda kv: -kv[1]))[:200],
-        "ok" if not t.failures else "FAIL", t.seconds) for t in tallies]
-    notes = [f"probe: {n}" for t in tallies for n in t.notes]
+    rows = [(f"probe: {t.name}", f"{t.passed}/{t.tried} inputs passed", "ok" if not t.failures else "FAIL", t.seconds)
+            for t in tallies]
+    notes = [f"probe: {t.name}: " + ", ".join(f"{k} {v}" for k, v in sorted(t.outcomes.items(), key=lambda kv: -kv[1]))
+             for t in tallies]
+    notes += [f"probe: {n}" for t in tallies for n in t.notes]
     notes += [f"probe: {t.name}: largest {measure} {value:.3g}" for t in tallies
               for measure, (value, _) in t.peaks.items()]
     return Outcome(rows, [f"probe {t.name}: {f}" for t in tallies for f in t.failures], notes)

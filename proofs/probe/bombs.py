@@ -131,7 +131,8 @@ def _run_line(tally: Tally, line: str, scope: dict, code: str) -> bool:
     else:
         outcome = "answered"
     seconds = time.perf_counter() - t0
-    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss
+    high = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    grown = high - rss
     timeout = re.search(r"timeout_s=([\d.]+)", line)
     bound = float(timeout[1]) + VERIFY_SLACK_S if timeout else BOMB_CALL_S
     if failure is None and grown > BOMB_MEMORY:
@@ -140,5 +141,6 @@ def _run_line(tally: Tally, line: str, scope: dict, code: str) -> bool:
         outcome, failure = "slow", f"took {seconds:.1f} s (bound {bound:.0f} s)"
     tally.add(outcome, None if failure is None else f"after {PRELUDE}:\n{code}\n{failure}")
     tally.peak("MiB of maxrss growth in a call", grown / 2**20, line)
+    tally.peak("MiB of maxrss (the child's high-water mark)", high / 2**20, line)
     tally.peak("seconds of a call", seconds, line)
     return outcome == "answered"
