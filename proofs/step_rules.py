@@ -23,7 +23,7 @@ import time
 import z3
 
 from proofs.common import progress
-from redist import program as P
+from redist.lowering import lower
 
 
 def _prove(name, hyps, goal, timeout_ms=20_000) -> dict:
@@ -168,7 +168,7 @@ def concrete_rules(n_pairs: int = 400, seed: int = 1, n_creating: int = 150) -> 
         for step, t_in, t_out in zip(plan.steps, plan.types, plan.types[1:]):
             if step.kind in ("pad", "unpad"):
                 continue  # views between two shapes, no instruction: proved within whole plans (exhaustive)
-            prog = P.lower((step,), (t_in, t_out))
+            prog = lower((step,), (t_in, t_out))
             v = verify_program(prog, t_in, step.apply(t_in))
             by_kind[step.kind] = by_kind.get(step.kind, 0) + 1
             if not v.ok:

@@ -24,6 +24,7 @@ from redist import steps as S
 from redist.blocks import max_missing_elements, permute_groups
 from redist.errors import ShardingError
 from redist.hlo import _mesh_groups, groups_to_axes
+from redist.lowering import lower_step
 from redist.mesh import prime_factors
 from redist.verify import verify_program
 from tests.redist.strategies import layouts, meshes, type_pairs
@@ -50,7 +51,7 @@ def _varying(mesh: Mesh, pairs) -> tuple[str, ...]:
 
 def _p2p_device_bytes(step, t: ShardingType) -> list[int]:
     """Bytes each device receives in a permute or an exchange, from its lowered instruction."""
-    (ins,) = P.lower_step(step, t) or (None,)
+    (ins,) = lower_step(step, t) or (None,)
     mesh = t.mesh
     if ins is None:
         return [0] * mesh.size
@@ -139,7 +140,7 @@ def test_exchange_copies_are_exactly_what_each_device_lacks(pair):
     src, dst = pair
     mesh = src.mesh
     step = S.Exchange(dst.dims)
-    (ins,) = P.lower_step(step, src)
+    (ins,) = lower_step(step, src)
     assert sum(len(s) for s in ins_segments(ins)) <= sum(src.blocks(i) + dst.blocks(i) for i in range(src.rank))
     sent: dict[int, list] = {d: [] for d in range(mesh.size)}
     for d in range(mesh.size):
@@ -208,7 +209,7 @@ def test_plan_bytes_add_point_to_point_steps_per_device(pair, data):
 def test_exchange_axes_are_those_some_sender_differs_on(pair):
     src, dst = pair
     mesh = src.mesh
-    (ins,) = P.lower_step(S.Exchange(dst.dims), src)
+    (ins,) = lower_step(S.Exchange(dst.dims), src)
     pairs = [(d, c.source) for d in range(mesh.size) for c in ins.copies(mesh, d) if c.source != d]
     assert cost.step_axes(S.Exchange(dst.dims), src) == _varying(mesh, pairs)
 
