@@ -4,7 +4,7 @@
 
 Method: ``git clone`` of the checkout's HEAD into a fresh temporary folder (no venv, nothing cached), then
 ``.ci/run`` there under wall-clock timing; the two pytest summaries it prints (the whole suite on the newest
-JAX, then the tests that use JAX on the lowest) give each pass's test count and pytest's own duration. The
+JAX, then the tests that meet JAX's API on the lowest) give each pass's test count and pytest's own duration. The
 record (commit, date, counts, seconds, the machine's cores and load average at the start) is appended to
 ``bench/results/ci_times.json``, which the benchmarks page (``bench/report.py``) shows.
 """
