@@ -300,8 +300,8 @@ def _place(leaf, target, where: _Where):
         check_unmasked(leaf, "it")
         rank = getattr(leaf, "ndim", 0 if isinstance(leaf, (int, float, complex)) else None)
         if isinstance(target, NamedSharding) and rank is not None and len(target.spec) > rank:
-            raise ShardingError(f"partition spec {target.spec} has {len(target.spec)} entries for a rank-{rank} "
-                                f"array ({describe(leaf)})")
+            raise ShardingError(f"partition spec {_spec_text(target.spec)} has {len(target.spec)} entries for a "
+                                f"rank-{rank} array ({describe(leaf)})")
         try:
             with _wide(dtype):
                 return jax.device_put(leaf, target)

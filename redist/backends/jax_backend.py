@@ -265,18 +265,22 @@ def on_devices(program: P.Program, jax_mesh) -> tuple[Callable, NamedSharding]:
     return jax.jit(mapped), NamedSharding(refined, spec)
 
 
+_EMPTY_MESH = jax.sharding.Mesh(np.empty((), dtype=object), ())  # no devices, no axes
+
+
 @contextlib.contextmanager
 def without_context_mesh():
     """A context without the caller's mesh of ``jax.set_mesh``, for the eager programs that redist runs on
     meshes of its own (:func:`run_on_buffers`, :func:`redist.backends.jax_stages.run_stages`, moves between
-    meshes): JAX checks eager operations
-    and ``jax.shard_map`` against the context mesh, and refuses arrays and meshes that are not on it. Under a
-    trace, where ``jax.set_mesh`` cannot be called, nothing changes."""
+    meshes): JAX checks eager operations and ``jax.shard_map`` against the context mesh, and refuses arrays and
+    meshes that are not on it. The context mesh becomes the empty mesh (what ``jax.set_mesh(None)`` sets, which
+    JAX releases before 0.10 do not take). Under a trace, where ``jax.set_mesh`` cannot be called, nothing
+    changes."""
     if jax.sharding.get_abstract_mesh().empty:
         yield
         return
     try:
-        context = jax.set_mesh(None)
+        context = jax.set_mesh(_EMPTY_MESH)
     except ValueError:  # under a trace
         yield
         return
