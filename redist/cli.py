@@ -76,7 +76,7 @@ def cmd_verify(args) -> int:
     claim_type = None
     if args.claim is not None:
         try:
-            claim_type = ShardingType.parse(args.claim, plan.src.mesh)
+            claim_type = ShardingType.parse(args.claim, plan.dst.mesh)
         except ShardingError as e:
             raise ShardingError(f"--claim: {e}") from None
     verdict = verify(plan, claim_type, timeout_s=args.timeout)
@@ -274,8 +274,9 @@ def _build_parser() -> argparse.ArgumentParser:
     v.add_argument("--dst-mesh", **dst_mesh)
     v.add_argument("--topology", **topology)
     v.add_argument("--plan", metavar="FILE", help="verify a plan file written by 'redist plan --json' (- for stdin)")
-    v.add_argument("--claim", metavar="TYPE", help="check the claim that the plan turns its source into TYPE "
-                                                   "instead; a false claim is refuted with a counterexample")
+    v.add_argument("--claim", metavar="TYPE", help="check the claim that the plan turns its source into TYPE (on "
+                                                   "the destination's mesh) instead; a false claim is refuted with "
+                                                   "a counterexample")
     v.add_argument("--timeout", type=_seconds, metavar="SECONDS", help="give up after this long (exit 3)")
     v.set_defaults(func=cmd_verify)
     d = sub.add_parser("demo", help="plan, verify and run classic reshards on every backend")

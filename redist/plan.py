@@ -201,24 +201,23 @@ class Plan:
 
     @property
     def program(self) -> Program:
-        """The lowered buffer program that :func:`redist.verify` proves and ``run_program`` runs.
+        """The lowered buffer program of a plan within one mesh whose device ids are ``0 … size−1`` (what
+        ``redist.mpi.run_program`` runs): ``stages[0]``.
 
         Raises :class:`ShardingError` for a plan across meshes, which has a program per mesh and transfers
-        between them (:attr:`stages`), and for a plan on a mesh whose device ids are other than ``0 … size−1``:
-        :func:`redist.verify` does not take those yet; :func:`redist.execute`, :func:`redist.jax.reshard` and
-        :func:`redist.mpi.reshard` run their :attr:`stages`."""
+        between them, and for a plan on a mesh numbered otherwise: read :attr:`stages`, which
+        :func:`redist.execute`, :func:`redist.jax.reshard` and :func:`redist.mpi.reshard` run and
+        :func:`redist.verify` proves."""
         if self.crosses_meshes:
             raise ShardingError(f"the plan moves the array from mesh {self.src.mesh} to mesh {self.dst.mesh}: it "
                                 "lowers to a program per mesh and a transfer between them (plan.stages), not to one "
-                                "program. Proofs of plans across meshes (redist.verify) do not support them yet; "
-                                "redist.execute(plan, shards) (numpy or JAX), redist.jax.reshard and "
-                                "redist.mpi.reshard run plan.stages")
+                                "program; redist.execute, redist.jax.reshard and redist.mpi.reshard run plan.stages, "
+                                "and redist.verify proves them")
         mesh = next((t.mesh for t in self.types if t.mesh.id_bound != t.mesh.size), None)
         if mesh is not None:
-            raise ShardingError(f"the plan runs on mesh {mesh}, whose device ids are not 0 to {mesh.size - 1}: "
-                                "redist.verify takes such meshes only numbered from 0 for now (its program is "
-                                "plan.stages[0]); redist.execute(plan, shards) (numpy or JAX), redist.jax.reshard and "
-                                "redist.mpi.reshard run plan.stages")
+            raise ShardingError(f"the plan runs on mesh {mesh}, whose device ids are not 0 to {mesh.size - 1}: its "
+                                "program is plan.stages[0], which redist.execute, redist.jax.reshard and "
+                                "redist.mpi.reshard run and redist.verify proves")
         return self.stages[0]
 
     def __str__(self) -> str:

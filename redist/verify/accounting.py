@@ -1,4 +1,4 @@
-"""What a program's devices hold and receive, counted from its instructions alone.
+"""What a plan's devices hold and receive, counted from its instructions alone.
 
 ``peak_bytes`` and ``bytes_received`` are recomputed from the instructions and buffer shapes (which are the
 same on every device of an SPMD program; the shapes are themselves re-derived from the instructions): the
@@ -12,6 +12,12 @@ give each device is counted exactly, no query:
   it moves a device at all (:func:`_map_moves`). Several point-to-point instructions there, or a table of
   the devices, are not counted: the verdict is undecided, naming the limit (per-device arrays of 2**31
   devices would take 16 GiB each).
+
+A plan across meshes (a chain of programs and transfers, :class:`~redist.verify.chain.Chain`) is counted device
+by device over every device of its meshes, by global id: each program adds what it gives the devices of its
+mesh, each transfer the elements its copies bring a device from other devices (:func:`_received_across`). Its
+*footprint* is checked too (:func:`check_footprint`): no device holds more than the larger of its buffers under
+the source type and under the claim, and a device of neither mesh holds none.
 """
 
 from __future__ import annotations
@@ -49,21 +55,25 @@ def program_bytes(program, mesh_sizes=None) -> Fraction:
     return uniform + most
 
 
-def check_costs(program, shapes, mesh_sizes, costs, details: dict, deadline: Deadline) -> None:
+def check_costs(chain, shapes, costs, details: dict, deadline: Deadline) -> None:
     """Peak bytes and bytes received, from the instructions (SPMD: every device's buffer has the
     instruction's shape at every boundary), against the plan's ``costs`` when given. Undecided where the
     bytes received are not counted (module header) and ``costs`` are given; without them, ``details`` then
     has no ``bytes_received``."""
-    itemsize = np.dtype(program.dtype).itemsize
+    itemsize = np.dtype(chain.dtype).itemsize
     peak = max(math.prod(s) * itemsize for s in shapes)
     details.update(peak_bytes=peak)
     try:
-        uniform, most, device = _received(program, mesh_sizes, deadline)
+        if chain.crosses_meshes:
+            received, device = _received_across(chain, deadline)
+        else:
+            program = chain.programs[0]
+            uniform, most, device = _received(program, dict(program.mesh.axes), deadline)
+            received = uniform + most
     except Undecided:
         if costs is None:
             return
         raise
-    received = uniform + most
     details.update(bytes_received=received)
     if costs is None:
         return
@@ -78,20 +88,49 @@ def check_costs(program, shapes, mesh_sizes, costs, details: dict, deadline: Dea
                       f"{float(received):g} bytes")
 
 
-def _received(program, mesh_sizes, deadline: Deadline) -> tuple[Fraction, int, int | None]:
-    """What every device receives from the collectives (one number), the most a device receives from the
-    point-to-point instructions, and that device's id (None where it is counted per class)."""
+def check_footprint(chain, shapes, deadline: Deadline) -> None:
+    """Across meshes (a chain with transfers): every device holds at most the larger of its buffers under the
+    source type and under the claim (``shapes[0]`` and ``shapes[-1]``, each held by the devices of its mesh
+    only: 0 for a device that is not on it), and a device on neither mesh holds nothing, so that no program
+    runs on it. A program's devices each hold its largest buffer at some point. Refutes, naming the device, the
+    program's mesh and the two figures."""
+    if not chain.crosses_meshes:
+        return
+    item = np.dtype(chain.dtype).itemsize
+    ends = [(DeviceOrder(chain.src_mesh), math.prod(shapes[0]) * item),
+            (DeviceOrder(chain.dst_mesh), math.prod(shapes[-1]) * item)]
+    for k, program in enumerate(chain.programs):
+        held = max(math.prod(s) for s, owner in zip(shapes, chain.owner) if owner == k) * item
+        order = DeviceOrder(program.mesh)
+        for d in deadline.each(order.devices(), f"checking what each device of program {k} holds"):
+            on = [bound for end, bound in ends if end.has(d)]
+            if on and held <= max(on):
+                continue
+            cx = {"device": d, "coords": position_coords(dict(program.mesh.axes), order.position(d)), "index": None,
+                  "holds": {"buffer_bytes": held, "mesh": repr(program.mesh)},
+                  "expected": {"buffer_bytes_at_most": max(on, default=0)}}
+            if not on:
+                raise Refuted(f"program {k} of the plan runs on device {d}, which is on neither the source's mesh "
+                              f"{chain.src_mesh} nor the claim's {chain.dst_mesh}: a device of neither holds "
+                              "nothing", cx)
+            raise Refuted(f"device {d} holds a buffer of {held} bytes in program {k} of the plan, more than the "
+                          f"larger of its buffers under the source type and the claim ({max(on)} bytes)", cx)
+
+
+def _collectives(program, mesh_sizes, first: int = 0) -> tuple[Fraction, list]:
+    """What every device of ``program`` receives from its collectives (one number), and its point-to-point
+    instructions as ``(instruction number, instruction, L_in)`` (``first``: the number of its first)."""
     item = np.dtype(program.dtype).itemsize
     uniform, p2p = Fraction(0), []
     for t, ins in enumerate(program.instructions):
         L_in = math.prod(program.shapes[t]) * item
         L_out = math.prod(program.shapes[t + 1]) * item
         if isinstance(ins, (P.CollectivePermute, P.Exchange)):
-            p2p.append((t, ins, L_in))
+            p2p.append((first + t, ins, L_in))
             continue
         if isinstance(ins, (P.Reshape, P.Transpose)):
             continue
-        k = ksize(read_axes(mesh_sizes, ins.axes, f"instruction {t}"))
+        k = ksize(read_axes(mesh_sizes, ins.axes, f"instruction {first + t}"))
         if isinstance(ins, (P.Slice, P.KeepRoot, P.EmbedChunk)):
             add = Fraction(0)
         elif isinstance(ins, P.AllGather):
@@ -103,8 +142,16 @@ def _received(program, mesh_sizes, deadline: Deadline) -> tuple[Fraction, int, i
         elif isinstance(ins, P.AllReduce):
             add = Fraction(2 * (k - 1), k) * L_in
         else:
-            raise Refuted(f"instruction {t}: unknown instruction {type(ins).__name__}")
+            raise Refuted(f"instruction {first + t}: unknown instruction {type(ins).__name__}")
         uniform += add
+    return uniform, p2p
+
+
+def _received(program, mesh_sizes, deadline: Deadline) -> tuple[Fraction, int, int | None]:
+    """What every device receives from the collectives (one number), the most a device receives from the
+    point-to-point instructions, and that device's id (None where it is counted per class)."""
+    item = np.dtype(program.dtype).itemsize
+    uniform, p2p = _collectives(program, mesh_sizes)
     if not p2p:
         return uniform, 0, None
     n = math.prod(mesh_sizes.values())
@@ -123,6 +170,31 @@ def _received(program, mesh_sizes, deadline: Deadline) -> tuple[Fraction, int, i
     if isinstance(ins, P.Exchange) and not isinstance(ins.dims, P.CopyTable):
         return uniform, _exchange_max(t, ins, mesh_sizes, deadline, why) * item, None
     raise Undecided(f"bytes_received is not counted: instruction {t} is a table of the devices, and {why}")
+
+
+def _received_across(chain, deadline: Deadline) -> tuple[Fraction, int]:
+    """The most bytes a device receives over a chain with transfers, and that device (the lowest id among
+    those that receive the most): per device id, what each program gives the devices of its mesh (its
+    collectives, and its permutes and exchanges device by device) and the elements each transfer's copies bring
+    it from other devices. Undecided for a program on more than ``MAX_COUNTED`` devices."""
+    item = np.dtype(chain.dtype).itemsize
+    total: dict[int, Fraction] = {}
+    for k, program in enumerate(chain.programs):
+        mesh_sizes, order = dict(program.mesh.axes), DeviceOrder(program.mesh)
+        if order.size > MAX_COUNTED:
+            raise Undecided(f"bytes_received is not counted: program {k} of the plan runs on {order.size} devices, "
+                            f"and a plan across meshes is counted device by device up to {MAX_COUNTED} devices")
+        uniform, p2p = _collectives(program, mesh_sizes, chain.first_instruction(k))
+        per_device = _per_device(p2p, mesh_sizes, item, order, deadline) if p2p else np.zeros(order.size, np.int64)
+        for d, own in zip(order.devices(), per_device.tolist()):
+            total[d] = total.get(d, Fraction(0)) + uniform + own
+    for t, transfer in chain.transfers():
+        for d, copies in deadline.each(enumerate(transfer.copies.copies), f"counting the copies of instruction {t}"):
+            moved = sum(math.prod(c.size) for c in copies if c.source != d)
+            if moved:
+                total[d] += moved * item
+    device = min(total, key=lambda d: (-total[d], d))
+    return total[device], device
 
 
 # ----------------------------------------------------------------------------- device by device

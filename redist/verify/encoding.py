@@ -8,7 +8,7 @@ device coordinates written as digits, and the meaning of a type.
 - Device orders: a mesh's ``device_ids`` read as data, the default order listing nothing
   (:class:`DeviceOrder`), and the coordinates of a position, row-major (:func:`position_coords`).
 - Coordinates as digits: :class:`Digits`, over the cut points of the (sub-)axes that a program and its two
-  types name (:func:`named_axes`).
+  types name (:func:`named_axes`); :class:`ChainDigits`, those of each program of a plan across meshes.
 - The meaning of a type (stated in the package header): :func:`type_meaning`, in Z3 terms.
 """
 
@@ -91,8 +91,8 @@ def ksize(axes) -> int:
 class DeviceOrder:
     """A mesh's device order, read as data: the device at each position and the position of each device.
     The default order (``Mesh.is_row_major``: device p at position p) is the identity, and lists nothing, so
-    that a mesh of 2**31 devices costs no memory; another order is its ``device_ids`` (a permutation), inverted
-    on first use."""
+    that a mesh of 2**31 devices costs no memory; another order is its ``device_ids`` (any distinct device ids:
+    a permutation of ``0 … size−1``, or the global numbers of other devices), inverted on first use."""
 
     def __init__(self, mesh):
         self.size = mesh.size
@@ -106,23 +106,39 @@ class DeviceOrder:
     def is_identity(self) -> bool:
         return self.ids is None
 
+    @property
+    def id_bound(self) -> int:
+        """One past the largest device id: the length of a table by device id."""
+        return self.size if self.ids is None else max(self.ids, default=-1) + 1
+
     def device(self, p: int) -> int:
         """The device at position ``p``."""
         return p if self.ids is None else self.ids[p]
 
+    def has(self, d: int) -> bool:
+        """Whether ``d`` is the id of a device of the order."""
+        return 0 <= d < self.size if self.ids is None else d in self._inverse()
+
     def position(self, d: int) -> int:
-        """The position of device ``d``."""
-        if self.ids is None:
-            return d
+        """The position of device ``d`` (one of the order's)."""
+        return d if self.ids is None else self._inverse()[d]
+
+    def _inverse(self) -> dict[int, int]:
         if self._positions is None:
-            self._positions = [0] * self.size
-            for p, dev in enumerate(self.ids):
-                self._positions[dev] = p
-        return self._positions[d]
+            self._positions = {dev: p for p, dev in enumerate(self.ids)}
+        return self._positions
 
     def devices(self):
         """The device at each position, in position order."""
         return range(self.size) if self.ids is None else self.ids
+
+    def same_devices(self, other: "DeviceOrder") -> bool:
+        """Whether ``other`` orders the same devices."""
+        if self.size != other.size:
+            return False
+        if self.ids is None or other.ids is None:
+            return self.id_bound == other.id_bound == self.size
+        return set(self.ids) == set(other.ids)
 
 
 def position_coords(mesh_sizes: dict, device: int) -> dict[str, int]:
@@ -270,10 +286,10 @@ def horner(digits, radices, ctx: z3.Context):
     return r
 
 
-def named_axes(program, mesh_sizes, src, dst) -> list[Axis]:
-    """Every (sub-)axis the program's instructions and the two types name (checked by then): they set the
-    cut points of :class:`Digits`."""
-    tokens = [a for t in (src, dst) for a in (*itertools.chain(*t.dims), *t.partial)]
+def named_axes(program, mesh_sizes, types) -> list[Axis]:
+    """Every (sub-)axis the program's instructions and ``types`` (the types on its mesh) name (checked by then):
+    they set the cut points of :class:`Digits`."""
+    tokens = [a for t in types for a in (*itertools.chain(*t.dims), *t.partial)]
     for ins in program.instructions:
         if isinstance(ins, P.CollectivePermute):
             if isinstance(ins.sources, P.CoordinateMap):
@@ -284,6 +300,41 @@ def named_axes(program, mesh_sizes, src, dst) -> list[Axis]:
         elif not isinstance(ins, (P.Reshape, P.Transpose)):
             tokens += list(ins.axes)
     return [read_axis(mesh_sizes, a) for a in tokens]
+
+
+class ChainDigits:
+    """The :class:`Digits` and :class:`DeviceOrder` of each program of a chain
+    (:class:`~redist.verify.chain.Chain`), all in the one Z3 context ``ctx`` of the call: a program's digits cut
+    its mesh's axes where its instructions name them, the first program's where the source type does too, the
+    last's where the claim does. :meth:`at` gives those of the program a buffer belongs to; ``src`` and ``dst``
+    those the source type and the claim are read with (one and the same for a plan within one mesh)."""
+
+    def __init__(self, chain, src, dst, ctx: z3.Context):
+        last = len(chain.programs) - 1
+        self.ctx = ctx
+        self.owner = chain.owner
+        self.stages = []
+        for k, program in enumerate(chain.programs):
+            sizes = dict(program.mesh.axes)
+            types = [src] * (k == 0) + [dst] * (k == last)
+            self.stages.append(Digits(sizes, named_axes(program, sizes, types), ctx))
+        self.orders = [DeviceOrder(program.mesh) for program in chain.programs]
+
+    @property
+    def src(self) -> Digits:
+        return self.stages[0]
+
+    @property
+    def dst(self) -> Digits:
+        return self.stages[-1]
+
+    def at(self, t: int) -> Digits:
+        """The digits of buffer ``t``'s program."""
+        return self.stages[self.owner[t]]
+
+    def order_at(self, t: int) -> DeviceOrder:
+        """The device order of buffer ``t``'s program's mesh (on which its collectives run)."""
+        return self.orders[self.owner[t]]
 
 
 # ----------------------------------------------------------------------------- the meaning of a type

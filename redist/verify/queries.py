@@ -1,7 +1,9 @@
 """The queries that prove a program computes its claim, and the counterexamples of their models.
 
-Each element of the result is followed back to the source by a walk (:class:`~redist.verify.walk.Walk`). At the
-source, the source type's meaning gives the global index and summand coordinate the element is.
+Each element of the result is followed back to the source by a walk (:class:`~redist.verify.walk.Walk`), through
+the program or, across meshes, the chain of programs and transfers (:class:`~redist.verify.chain.Chain`; the
+claim is read on the last program's mesh, the source type on the first's). At the source, the source type's
+meaning gives the global index and summand coordinate the element is.
 Each (device, index, choice of summation members) is a *contributor* to a group sum of the destination: a
 source element (summand), or no data, a zero. Queries (``unsat`` = proved):
 
@@ -76,26 +78,26 @@ import math
 from dataclasses import dataclass
 
 from redist import program as P
-from redist.verify.encoding import DeviceOrder, Digits, horner, ksize, position_coords, read_axes, type_meaning
+from redist.verify.encoding import (ChainDigits, DeviceOrder, Digits, horner, ksize, position_coords, read_axes,
+                                    type_meaning)
 from redist.verify.solver import Deadline, conjunction, disjunction, model_int, solve, z3
 from redist.verify.verdict import Refuted, Undecided
 from redist.verify.walk import Walk
 
 
-def value_query(program, digits: Digits, src, dst, dst_local, deadline: Deadline, details: dict,
+def value_query(chain, digits: ChainDigits, src, dst, dst_local, deadline: Deadline, details: dict,
                 zeros_from: int | None = None) -> None:
     """Query 1 of the module header: every data position of the result holds the claimed element. With
     ``zeros_from`` (1' and 1''), a contributor may be a zero that an instruction at or after that index wrote
     (those before it must write none)."""
-    mesh_sizes = digits.mesh_sizes
-    src_partial = type_meaning(mesh_sizes, src)[3]
-    w = Walk(program, digits, "a", deadline)
-    c = digits.fresh(lambda base, lo, hi: w.fresh(f"dev_{base}", lo, hi))  # on the claim's device order
+    src_partial = type_meaning(digits.src.mesh_sizes, src)[3]
+    w = Walk(chain, digits, "a", deadline)
+    c = digits.dst.fresh(lambda base, lo, hi: w.fresh(f"dev_{base}", lo, hi))  # on the claim's device order
     idx = [w.fresh(f"idx{d}", 0, L) for d, L in enumerate(dst_local)]
-    want, _, _, _, is_data = type_meaning(mesh_sizes, dst, digits, c, idx)
-    c0, i0 = _walk_between_orders(w, program, c, idx)
-    got, _, summand, _, from_data = type_meaning(mesh_sizes, src, digits, c0, i0)
-    since = len(program.instructions) if zeros_from is None else zeros_from
+    want, _, _, _, is_data = type_meaning(digits.dst.mesh_sizes, dst, digits.dst, c, idx)
+    c0, i0 = _walk_between_orders(w, chain, c, idx)
+    got, _, summand, _, from_data = type_meaning(digits.src.mesh_sizes, src, digits.src, c0, i0)
+    since = len(chain.instructions) if zeros_from is None else zeros_from
     live = conjunction(w.alive(before=since), digits.ctx)  # a zero before ``since`` is wrong
     wrong = [z3.Not(live), z3.Not(from_data)] + [a != b for a, b in zip(got, want)]
     bad = z3.And(conjunction(w.alive(since=since), digits.ctx), z3.Or(wrong))
@@ -104,12 +106,12 @@ def value_query(program, digits: Digits, src, dst, dst_local, deadline: Deadline
     if res == z3.unsat:
         return
     mdl = s.model()
-    cx = _cex(mdl, w, program, c, idx, want, c0, i0, got, summand, src_partial)
+    cx = _cex(mdl, digits, w, chain, c, idx, want, c0, i0, got, summand, src_partial)
     where = f"device {cx['device']} {cx['coords']} at local index {cx['index']}"
     if not z3.is_true(mdl.eval(live, model_completion=True)):
         cx["holds"] = {"unwritten": True}
-        raise Refuted(f"{where} is never written (no exchange copy, padded reduce-scatter chunk or creating "
-                      f"instruction puts data there: it holds a zero), but {dst} puts global element "
+        raise Refuted(f"{where} is never written (no exchange or transfer copy, padded reduce-scatter chunk or "
+                      f"creating instruction puts data there: it holds a zero), but {dst} puts global element "
                       f"{cx['expected']['global_index']} there", cx)
     if not z3.is_true(mdl.eval(from_data, model_completion=True)):
         cx["holds"]["padding"] = True
@@ -122,25 +124,24 @@ def value_query(program, digits: Digits, src, dst, dst_local, deadline: Deadline
         f"{cx['expected']['global_index']} there", cx)
 
 
-def _walk_between_orders(w: Walk, program, c: dict, idx: list):
-    """Walk back from coordinates ``c`` on the claim's device order (``program.dst_mesh``) and local index
+def _walk_between_orders(w: Walk, chain, c: dict, idx: list):
+    """Walk back from coordinates ``c`` on the claim's device order (``chain.dst_mesh``) and local index
     ``idx`` to the source: returns the source device's coordinates on the source's device order
-    (``program.src_mesh``) and its local index."""
-    c = w.reorder(c, DeviceOrder(program.dst_mesh), w.order, "claim")
+    (``chain.src_mesh``) and its local index."""
+    c = w.reorder(c, DeviceOrder(chain.dst_mesh), w.order, "claim")
     c0, i0 = w.run(c, idx)
-    return w.reorder(c0, w.order, DeviceOrder(program.src_mesh), "source"), i0
+    return w.reorder(c0, w.order, DeviceOrder(chain.src_mesh), "source"), i0
 
 
-def sum_query(program, digits: Digits, src, dst, dst_local, deadline: Deadline, details: dict,
+def sum_query(chain, digits: ChainDigits, src, dst, dst_local, deadline: Deadline, details: dict,
               idempotent: bool, cut: int | None = None) -> None:
     """Query 2 of the module header: each group reduction takes every summand of one source group exactly
     once, or (``idempotent``) at least once. With ``cut`` (4''), the reductions before instruction ``cut``, at
     the one contributor after it that is data (2'' and 3'')."""
-    mesh_sizes = digits.mesh_sizes
-    src_partial = type_meaning(mesh_sizes, src)[3]
-    dst_partial = () if cut is not None else type_meaning(mesh_sizes, dst)[3]
-    n_members = math.prod(ksize(read_axes(mesh_sizes, ins.axes, f"instruction {t}"))
-                          for t, ins in enumerate(program.instructions[:cut])
+    src_partial = type_meaning(digits.src.mesh_sizes, src)[3]
+    dst_partial = () if cut is not None else type_meaning(digits.dst.mesh_sizes, dst)[3]
+    n_members = math.prod(ksize(read_axes(digits.at(t).mesh_sizes, ins.axes, f"instruction {t}"))
+                          for t, ins in enumerate(chain.instructions[:cut])
                           if isinstance(ins, (P.ReduceScatter, P.AllReduce)))
     n_q = ksize(dst_partial)
     n_summands = ksize(src_partial)
@@ -149,22 +150,23 @@ def sum_query(program, digits: Digits, src, dst, dst_local, deadline: Deadline, 
             f"each element of the result reduces {n_members} source summand(s) per device "
             f"(x {n_q} over the destination's partial axes), but the source has {n_summands} summand(s) "
             "per element: some summand is dropped" + ("" if idempotent else " or taken more than once"),
-            {"device": 0, "coords": position_coords(mesh_sizes, 0), "index": (0,) * len(dst_local),
+            {"device": DeviceOrder(chain.dst_mesh).device(0), "coords": position_coords(digits.dst.mesh_sizes, 0),
+             "index": (0,) * len(dst_local),
              "holds": {"summands": n_members * n_q}, "expected": {"summands": n_summands}})
     if n_summands == 1:
         return  # one summand: every contributor holds the value (query 1), and each is taken once or, if
         # idempotent, any number of times
     details["queries"] = 2
-    base = _base_position(program, digits, dst, dst_local, deadline, shared_to=cut)
-    walks = [_contributor(program, digits, tag, base, src, src_partial, dst_partial, deadline) for tag in ("p", "q")]
+    base = _base_position(chain, digits, dst, dst_local, deadline, shared_to=cut)
+    walks = [_contributor(chain, digits, tag, base, src, src_partial, dst_partial, deadline) for tag in ("p", "q")]
     bijection = n_members * n_q == n_summands
-    if (bijection or not idempotent) and _pair_query(program, digits, base, walks, src_partial, deadline,
+    if (bijection or not idempotent) and _pair_query(chain, digits, base, walks, src_partial, deadline,
                                                      refute=not idempotent):
         return
-    _coverage_query(program, digits, src, src_partial, dst_partial, base, walks[0][0], deadline, details)
+    _coverage_query(chain, digits, src, src_partial, dst_partial, base, walks[0][0], deadline, details)
 
 
-def _pair_query(program, digits: Digits, base: _Base, walks, src_partial, deadline: Deadline,
+def _pair_query(chain, digits: ChainDigits, base: _Base, walks, src_partial, deadline: Deadline,
                 refute: bool, stop: int = 0) -> bool:
     """The summation query (2 and 2' of the module header) on two contributors ``walks`` to the group reduction
     at ``base`` (:func:`_contributor`): can two different members take one source summand, or summands of two
@@ -180,7 +182,7 @@ def _pair_query(program, digits: Digits, base: _Base, walks, src_partial, deadli
     if res == z3.unsat:
         return True
     if refute:
-        _refute_pair(s.model(), digits, program, base, (cs1, cs2), (s1, s2), src_partial, stop)
+        _refute_pair(s.model(), digits, chain, base, (cs1, cs2), (s1, s2), src_partial, stop)
     return False
 
 
@@ -192,7 +194,7 @@ class _Base:
     ``c`` and ``idx``: device coordinates (on the claim's device order) and local index. Where the claim has
     no partial group of more than one device, every contributor starts at this one element, and the
     instructions after the program's last reduction move it as one value, whatever the members: that part is
-    walked once (the ``fork``: coordinates on the program's mesh and index before instruction ``below``, and
+    walked once (the ``fork``: coordinates on the mesh of buffer ``below``'s program and index before it, and
     the walk's liveness conditions, which each contributor adds to its own), not once per contributor. Each
     contributor then walks only the instructions ``below − 1`` down to 0, so that a query comparing two of
     them (or enumerating them) has one copy of an exchange or permute after the reductions, not one per
@@ -206,7 +208,7 @@ class _Base:
     fork: tuple | None
 
 
-def _base_position(program, digits: Digits, dst, dst_local, deadline: Deadline, stop: int = 0,
+def _base_position(chain, digits: ChainDigits, dst, dst_local, deadline: Deadline, stop: int = 0,
                    shared_to: int | None = None) -> _Base:
     """A symbolic data position of the result, and the walk its contributors share (:class:`_Base`): with
     ``shared_to``, down to that instruction, from one member of the claim's partial group (its Q-coordinates,
@@ -220,43 +222,43 @@ def _base_position(program, digits: Digits, dst, dst_local, deadline: Deadline, 
         ranges.append(z3.And(v >= lo, v < hi))
         return v
 
-    c = digits.fresh(new)
+    c = digits.dst.fresh(new)
     idx = [new(f"i{d}", 0, L) for d, L in enumerate(dst_local)]
-    meaning = type_meaning(digits.mesh_sizes, dst, digits, c, idx)
+    meaning = type_meaning(digits.dst.mesh_sizes, dst, digits.dst, c, idx)
     ranges.append(meaning[4])  # data positions only
     dst_partial = meaning[3]
     if shared_to is None and ksize(dst_partial) > 1:
         return _Base(c, idx, ranges, None)
-    w = Walk(program, digits, "tail", deadline)
+    w = Walk(chain, digits, "tail", deadline)
     c_fork = c
     if shared_to is None:
-        reductions = [t for t, ins in enumerate(program.instructions)
+        reductions = [t for t, ins in enumerate(chain.instructions)
                       if t >= stop and isinstance(ins, (P.ReduceScatter, P.AllReduce))]
         below = reductions[-1] + 1 if reductions else stop
     else:
         below = shared_to
         qs = [w.fresh("grp", 0, ax.size) for ax in dst_partial]
-        c_fork = digits.with_rank(w, c, dst_partial, horner(qs, [ax.size for ax in dst_partial], digits.ctx),
+        c_fork = digits.dst.with_rank(w, c, dst_partial, horner(qs, [ax.size for ax in dst_partial], digits.ctx),
                                   bounded=True)
-    c_fork = w.reorder(c_fork, DeviceOrder(program.dst_mesh), w.order, "claim")
+    c_fork = w.reorder(c_fork, DeviceOrder(chain.dst_mesh), w.order, "claim")
     c_fork, idx_fork = w.run(c_fork, idx, stop=below)
     return _Base(c, idx, ranges + w.ranges + w.defs, (c_fork, idx_fork, below, w.live))
 
 
-def _contributor(program, digits: Digits, tag, base: _Base, src, src_partial, dst_partial, deadline, stop: int = 0):
+def _contributor(chain, digits: ChainDigits, tag, base: _Base, src, src_partial, dst_partial, deadline, stop: int = 0):
     """One symbolic contributor to the group reduction at the base device and index: a walk from the member
     of the base's destination group given by fresh Q-coordinates (or from the base's fork, which the walk's
     liveness then includes) back to instruction ``stop``. Returns ``(walk, member variables (Q-coordinates,
     then each reduction's), source summand coordinates, source device coordinates, source group key)``; with
     ``stop`` > 0, the element before instruction ``stop`` is one value (the source's pending value, reduced
-    whole before it): no summand coordinates nor group key, and the device's coordinates on the program's
-    mesh."""
-    wk = Walk(program, digits, tag, deadline)
+    whole before it): no summand coordinates nor group key, and the device's coordinates on the mesh of the
+    program that instruction belongs to."""
+    wk = Walk(chain, digits, tag, deadline)
     if base.fork is None:
         qs = [wk.fresh("grp", 0, ax.size) for ax in dst_partial]
-        cc = digits.with_rank(wk, base.c, dst_partial, horner(qs, [ax.size for ax in dst_partial], digits.ctx),
+        cc = digits.dst.with_rank(wk, base.c, dst_partial, horner(qs, [ax.size for ax in dst_partial], digits.ctx),
                               bounded=True)
-        cc = wk.reorder(cc, DeviceOrder(program.dst_mesh), wk.order, "claim")
+        cc = wk.reorder(cc, DeviceOrder(chain.dst_mesh), wk.order, "claim")
         cs, ii = wk.run(cc, list(base.idx), stop=stop)
     else:
         qs = []
@@ -266,9 +268,9 @@ def _contributor(program, digits: Digits, tag, base: _Base, src, src_partial, ds
     members = qs + [v for _, vs, _ in wk.sum_vars for v in vs]
     if stop:
         return wk, members, [], cs, []
-    cs = wk.reorder(cs, wk.order, DeviceOrder(program.src_mesh), "source")
-    _, _, summ, _, _ = type_meaning(digits.mesh_sizes, src, digits, cs, ii)
-    return wk, members, summ, cs, digits.key(cs, src_partial)
+    cs = wk.reorder(cs, wk.order, DeviceOrder(chain.src_mesh), "source")
+    _, _, summ, _, _ = type_meaning(digits.src.mesh_sizes, src, digits.src, cs, ii)
+    return wk, members, summ, cs, digits.src.key(cs, src_partial)
 
 
 def _member_sizes(base: _Base, dst_partial, template: Walk) -> list[int]:
@@ -279,21 +281,22 @@ def _member_sizes(base: _Base, dst_partial, template: Walk) -> list[int]:
         ax.size for _, _, axes in template.sum_vars for ax in axes]
 
 
-def _model_position(mdl, digits: Digits, program, base: _Base) -> dict:
+def _model_position(mdl, digits: ChainDigits, chain, base: _Base) -> dict:
     """Where a group-sum query's model puts its destination element: ``device`` (an id on the destination's
     device order), ``coords`` and local ``index``: the head of its counterexample."""
-    dev = _model_coords(mdl, digits, base.c)
-    return {"device": _device_at(program.dst_mesh, dev, digits.mesh_sizes), "coords": dev,
+    dev = _model_coords(mdl, digits.dst, base.c)
+    return {"device": _device_at(chain.dst_mesh, dev, digits.dst.mesh_sizes), "coords": dev,
             "index": tuple(model_int(mdl, v) for v in base.idx)}
 
 
-def _refute_pair(mdl, digits: Digits, program, base: _Base, cs, ss, src_partial, stop: int) -> None:
+def _refute_pair(mdl, digits: ChainDigits, chain, base: _Base, cs, ss, src_partial, stop: int) -> None:
     """Refute with the model of query 2: two contributors that take one summand, or two source groups (with
     ``stop``, 2'': two contributors that are data before instruction ``stop``)."""
     summ = [{a.token: model_int(mdl, e) for a, e in zip(src_partial, x)} for x in ss]
-    from_devs = [_device_at(program.mesh if stop else program.src_mesh, _model_coords(mdl, digits, cc),
-                            digits.mesh_sizes) for cc in cs]
-    cx = {**_model_position(mdl, digits, program, base),
+    at = digits.at(stop)  # the mesh of the program the contributors are followed back to (stop 0: the source's)
+    from_devs = [_device_at(chain.program_at(stop).mesh if stop else chain.src_mesh, _model_coords(mdl, at, cc),
+                            at.mesh_sizes) for cc in cs]
+    cx = {**_model_position(mdl, digits, chain, base),
           "holds": {"summands": summ, "added_from_devices": from_devs},
           "expected": {"summands": "the element once" if stop else
                        "each summand of one source partial group, exactly once"}}
@@ -307,7 +310,7 @@ def _refute_pair(mdl, digits: Digits, program, base: _Base, cs, ss, src_partial,
     raise Refuted(f"the group sum at device {cx['device']} {cx['coords']}, local index {cx['index']} {why}", cx)
 
 
-def _coverage_query(program, digits: Digits, src, src_partial, dst_partial, base: _Base, template: Walk,
+def _coverage_query(chain, digits: ChainDigits, src, src_partial, dst_partial, base: _Base, template: Walk,
                     deadline: Deadline, details: dict) -> None:
     """Query 3 of the module header (idempotent reductions): one walk per concrete choice of the members
     (Q-coordinates, then each reduction's members, as in ``template``); the contributor of all-zero members
@@ -321,7 +324,7 @@ def _coverage_query(program, digits: Digits, src, src_partial, dst_partial, base
     witness, covered = None, []
     for j, choice in enumerate(choices):
         deadline.check(f"encoding contributor {j} of {len(choices)} for the coverage query")
-        wk, members, summ, _, group = _contributor(program, digits, f"m{j}", base, src, src_partial, dst_partial,
+        wk, members, summ, _, group = _contributor(chain, digits, f"m{j}", base, src, src_partial, dst_partial,
                                                    deadline)
         constraints += wk.ranges + wk.defs + wk.alive() + [v == x for v, x in zip(members, choice)]
         if witness is None:
@@ -333,7 +336,7 @@ def _coverage_query(program, digits: Digits, src, src_partial, dst_partial, base
         return
     mdl = s.model()
     summand = {a.token: model_int(mdl, v) for a, v in zip(src_partial, missing)}
-    cx = {**_model_position(mdl, digits, program, base), "holds": {"missing_summand": summand},
+    cx = {**_model_position(mdl, digits, chain, base), "holds": {"missing_summand": summand},
           "expected": {"summands": "every summand of one source partial group, at least once"}}
     raise Refuted(f"the group reduction at device {cx['device']} {cx['coords']}, local index {cx['index']} never "
                   f"takes source summand {summand} of the group of its first contributor", cx)
@@ -343,24 +346,24 @@ def _coverage_query(program, digits: Digits, src, src_partial, dst_partial, base
 _MAX_CONTRIBUTORS = 1024
 
 
-def creation_queries(program, digits: Digits, src, dst, dst_local, deadline: Deadline, details: dict,
+def creation_queries(chain, digits: ChainDigits, src, dst, dst_local, deadline: Deadline, details: dict,
                      stop: int = 0) -> None:
     """Queries 2' and 3' of the module header (after 1', :func:`value_query` with ``zeros_from``): no two data
     contributors to one group sum hold one source summand or come from two source partial groups, and every
     summand of the group reaches it. With ``stop`` (2'' and 3''), the contributors are followed back to
     instruction ``stop`` only, where the element is one value: exactly one of them is data."""
-    src_partial = () if stop else type_meaning(digits.mesh_sizes, src)[3]
-    dst_partial = type_meaning(digits.mesh_sizes, dst)[3]
-    base = _base_position(program, digits, dst, dst_local, deadline, stop=stop)
-    walks = [_contributor(program, digits, tag, base, src, src_partial, dst_partial, deadline, stop)
+    src_partial = () if stop else type_meaning(digits.src.mesh_sizes, src)[3]
+    dst_partial = type_meaning(digits.dst.mesh_sizes, dst)[3]
+    base = _base_position(chain, digits, dst, dst_local, deadline, stop=stop)
+    walks = [_contributor(chain, digits, tag, base, src, src_partial, dst_partial, deadline, stop)
              for tag in ("p", "q")]
     if walks[0][1]:  # more than one contributor per group sum: compare two of them
         details["queries"] = 2
-        _pair_query(program, digits, base, walks, src_partial, deadline, refute=True, stop=stop)
-    _onto_query(program, digits, src, src_partial, dst_partial, base, walks[0][0], deadline, details, stop)
+        _pair_query(chain, digits, base, walks, src_partial, deadline, refute=True, stop=stop)
+    _onto_query(chain, digits, src, src_partial, dst_partial, base, walks[0][0], deadline, details, stop)
 
 
-def _onto_query(program, digits: Digits, src, src_partial, dst_partial, base: _Base, template: Walk,
+def _onto_query(chain, digits: ChainDigits, src, src_partial, dst_partial, base: _Base, template: Walk,
                 deadline: Deadline, details: dict, stop: int = 0) -> None:
     """Query 3' of the module header: every summand of the source reaches each group sum of the result.
 
@@ -378,7 +381,7 @@ def _onto_query(program, digits: Digits, src, src_partial, dst_partial, base: _B
     constraints = list(base.constraints) + [z3.And(v >= 0, v < a.size) for v, a in zip(sigma, src_partial)]
     for j, choice in enumerate(itertools.product(*(range(k) for k in sizes))):
         deadline.check(f"encoding contributor {j} of {count} for the onto query")
-        wk, members, summ, _, _ = _contributor(program, digits, f"o{j}", base, src, src_partial, dst_partial,
+        wk, members, summ, _, _ = _contributor(chain, digits, f"o{j}", base, src, src_partial, dst_partial,
                                                deadline, stop)
         constraints += wk.ranges + wk.defs + [v == x for v, x in zip(members, choice)]
         held = wk.alive() + [a == b for a, b in zip(summ, sigma)]
@@ -389,7 +392,7 @@ def _onto_query(program, digits: Digits, src, src_partial, dst_partial, base: _B
         return
     mdl = s.model()
     missing = {a.token: model_int(mdl, v) for a, v in zip(src_partial, sigma)}
-    cx = {**_model_position(mdl, digits, program, base),
+    cx = {**_model_position(mdl, digits, chain, base),
           "holds": {"missing_summand": missing, "contributors": count},
           "expected": {"summands": "each summand of one source partial group, exactly once"}}
     what = f"source summand {missing}" if missing else "the source element"
@@ -409,20 +412,20 @@ def _device_at(mesh, coords: dict, mesh_sizes: dict) -> int | None:
     return DeviceOrder(mesh).device(p)
 
 
-def _cex(mdl, w, program, c, idx, want, c0, i0, got, summand, src_partial) -> dict:
+def _cex(mdl, digits: ChainDigits, w, chain, c, idx, want, c0, i0, got, summand, src_partial) -> dict:
     """The value query's counterexample: the device (id, and coordinates on the claim's device order), the
     local index, what it holds (global index, source device id and local index, summand, members) and
     what the claim expects there."""
-    coords = _model_coords(mdl, w.digits, c)
-    src_coords = _model_coords(mdl, w.digits, c0)
+    coords = _model_coords(mdl, digits.dst, c)
+    src_coords = _model_coords(mdl, digits.src, c0)
     sums = {f"instruction {t}": [model_int(mdl, v) for v in vs] for t, vs, _ in w.sum_vars}
     out = {
-        "device": _device_at(program.dst_mesh, coords, w.mesh_sizes),
+        "device": _device_at(chain.dst_mesh, coords, digits.dst.mesh_sizes),
         "coords": coords,
         "index": tuple(model_int(mdl, v) for v in idx),
         "holds": {
             "global_index": tuple(model_int(mdl, e) for e in got),
-            "from_device": _device_at(program.src_mesh, src_coords, w.mesh_sizes),
+            "from_device": _device_at(chain.src_mesh, src_coords, digits.src.mesh_sizes),
             "from_local_index": tuple(model_int(mdl, e) for e in i0),
         },
         "expected": {"global_index": tuple(model_int(mdl, e) for e in want)},

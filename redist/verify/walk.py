@@ -1,4 +1,4 @@
-"""The backward walk of one element of the result through a program's instructions (:class:`Walk`).
+"""The backward walk of one element of the result through a plan's instructions (:class:`Walk`).
 
 The proof follows each element of the result backward. For a symbolic device (mesh coordinates are Z3
 integers in range) and a symbolic local index, each instruction, read in reverse, says which device and
@@ -9,6 +9,9 @@ every (sub-)axis coordinate and rank is then a linear term, no division by a con
 order (``Program.dst_mesh``) and the source's (``Program.src_mesh``) are translated to and from it by tables
 over the position, as for a permute (none where the device orders agree). Instructions that name devices (a
 permute's sources, an exchange's copies) name device ids, read through the program mesh's ``device_ids``.
+A plan across meshes is a chain of programs and the transfers between them
+(:class:`~redist.verify.chain.Chain`): the walk writes a device on the mesh of the program it is in, and
+changes meshes at each transfer.
 
 - ``Slice(dim, axes)``: same device; index + r·n_out along ``dim`` (r = the device's rank over ``axes``).
 - ``AllGather(dim, axes)``: the group member of rank i // n_in; index i % n_in along ``dim``.
@@ -42,6 +45,9 @@ permute's sources, an exchange's copies) name device ids, read through the progr
   devices or their copies; over more than ``DENSE_BLOCKS`` blocks, a table is read from the blocks that have
   segments alone. A copy table (an exchange between two device orders, ``CopyTable``): a selector
   over every device's copies, linear in them.
+- ``Transfer`` (between two programs of a chain): as a copy table, to the devices of the program after it
+  from those of the program before it (global device ids, each read through its own program's mesh); from
+  there on the walk is on the mesh of the program before it.
 - ``Transpose(perm)``: same device; input index ``perm[a]`` is output index ``a``.
 - ``Reshape(shape)``: same device; the index with the same row-major position in the input shape.
 
@@ -53,7 +59,7 @@ import math
 from typing import Sequence
 
 from redist import program as P
-from redist.verify.encoding import DeviceOrder, Digits, horner, ksize, position_coords, read_axes
+from redist.verify.encoding import ChainDigits, DeviceOrder, horner, ksize, position_coords, read_axes
 from redist.verify.solver import Deadline, disjunction, z3
 from redist.verify.tables import (COUNT, DST, SHIFT, SIZE, SOURCE, affine, lookup, periodic_pieces, segment_runs,
                                   sparse_lookup)
@@ -65,15 +71,15 @@ DENSE_BLOCKS = 2**20
 
 
 class Walk:
-    """One backward walk of a symbolic element through the program."""
+    """One backward walk of a symbolic element through a chain of programs and transfers
+    (:class:`~redist.verify.chain.Chain`; a plan within one mesh is one program). ``digits``, ``mesh_sizes``,
+    ``names`` and ``order`` are those of the program whose buffer the walk is at (:meth:`enter`): the result's
+    at first."""
 
-    def __init__(self, program, digits: Digits, tag: str, deadline: Deadline):
-        self.program = program
-        self.digits = digits
+    def __init__(self, chain, digits: ChainDigits, tag: str, deadline: Deadline):
+        self.chain = chain
+        self.stage_digits = digits
         self.ctx = digits.ctx  # the call's Z3 context
-        self.mesh_sizes = digits.mesh_sizes
-        self.names = list(self.mesh_sizes)
-        self.order = DeviceOrder(program.mesh)  # the device order of the program's mesh
         self.tag = tag
         self.deadline = deadline
         self.defs: list = []  # definitional constraints (each has exactly one solution per input)
@@ -82,6 +88,14 @@ class Walk:
         self.live: list = []  # (instruction, condition): the element is data, not a zero the instruction wrote
         self.quotients: dict = {}  # (key, lo, period) -> the quotient variable of :meth:`quotient`
         self.n = 0
+        self.enter(len(chain.instructions))
+
+    def enter(self, t: int) -> None:
+        """Write devices as the program of buffer ``t`` does: its digits, and the device order of its mesh."""
+        self.digits = self.stage_digits.at(t)
+        self.mesh_sizes = self.digits.mesh_sizes
+        self.names = list(self.mesh_sizes)
+        self.order = self.stage_digits.order_at(t)
 
     def fresh(self, base: str, lo: int, hi: int):
         self.n += 1
@@ -123,16 +137,23 @@ class Walk:
         return self.from_values(f"o{self.n}", out)
 
     def run(self, c: dict, idx: list, below: int | None = None, stop: int = 0):
-        """Walk back through instructions ``below − 1`` down to ``stop`` (default: the whole program, from the
-        result to the source); returns the device coords and index before instruction ``stop``."""
-        prog = self.program
-        for t in range(len(prog.instructions) - 1 if below is None else below - 1, stop - 1, -1):
+        """Walk back through instructions ``below − 1`` down to ``stop`` (default: the whole chain, from the
+        result to the source) from coordinates ``c`` on the mesh of buffer ``below``'s program; returns the
+        device coords (on the mesh of buffer ``stop``'s program, where the walk is then) and index before
+        instruction ``stop``."""
+        prog = self.chain
+        below = len(prog.instructions) if below is None else below
+        self.enter(below)
+        for t in range(below - 1, stop - 1, -1):
             ins = prog.instructions[t]
             self.deadline.check(f"encoding instruction {t} ({type(ins).__name__}) for the {self.tag!r} walk")
             n_in, n_out = prog.shapes[t], prog.shapes[t + 1]
             idx = list(idx)
             if isinstance(ins, P.CollectivePermute):
                 c = self._permute(t, ins, c)
+                continue
+            if isinstance(ins, P.Transfer):
+                c, idx = self._transfer(t, ins, c, idx)
                 continue
             if isinstance(ins, P.Exchange):
                 read = self._copy_table if isinstance(ins.dims, P.CopyTable) else self._exchange
@@ -326,17 +347,29 @@ class Walk:
         return self.quotients[at]
 
     def _copy_table(self, t: int, ins, c: dict, idx: list):
-        """Read a copy table (an exchange between two device orders) backward: the copy whose destination box
-        (on this device) holds the index.
+        """Read a copy table (an exchange between two device orders) backward: :meth:`_copies`, from and to the
+        devices of the program's mesh."""
+        return self._copies(t, ins.dims.copies, self.position(c), self.order, idx, "exchange")
+
+    def _transfer(self, t: int, ins, c: dict, idx: list):
+        """Read a transfer backward: :meth:`_copies`, to the devices of the program after it (the walk's, at
+        coordinates ``c``) from those of the program before it, whose coordinates the walk takes from here on.
+        The transfer's meshes are those programs' input and output device orders, which hold the devices of
+        their meshes (checked)."""
+        did, receivers = self.position(c), self.order
+        self.enter(t)
+        return self._copies(t, ins.copies.copies, did, receivers, idx, "transfer")
+
+    def _copies(self, t: int, table, did, receivers: DeviceOrder, idx: list, what: str):
+        """The copy whose destination box, on the device at position ``did`` of ``receivers``, holds the index:
+        its source device, written on the walk's mesh (that of the buffer the copies read), and the index there.
 
         A selector ``k`` names that copy (``k == J``, the number of copies: none holds it, the element is
         unwritten). Each copy is one implication, ``k == j → (device and index in its box) ∧ (source device
         and index)``, and ``k == J → no box holds it``; the boxes of one device do not overlap, so ``k`` is a
         function of the device and index: linear in the number of copies (such a table is per device, as a
         mesh in another order is)."""
-        did = self.position(c)
-        doing = f"encoding the copies of instruction {t} (exchange) for the {self.tag!r} walk"
-        table = ins.dims.copies
+        doing = f"encoding the copies of instruction {t} ({what}) for the {self.tag!r} walk"
         n_copies = sum(len(copies) for copies in table)
         k = self.fresh(f"copy{t}", 0, n_copies + 1)
         c2 = self.digits.fresh(lambda base, lo, hi: self.fresh(f"x{t}_{base}", lo, hi))
@@ -347,7 +380,7 @@ class Walk:
                 self.deadline.check(doing)
             if not copies:
                 continue
-            on_d = did == self.order.position(d)
+            on_d = did == receivers.position(d)
             for cp in copies:
                 inside = z3.And([on_d] + [z3.And(i >= lo, i < lo + n) for i, lo, n in zip(idx, cp.dst_start, cp.size)])
                 covers.append(inside)

@@ -1,8 +1,9 @@
-"""Well-formedness: what the verifier checks of a program and the two types before any query.
+"""Well-formedness: what the verifier checks of a plan's instructions and the two types before any query.
 
-Every field of every instruction must be of the right kind and fit the buffer it reads (:func:`derive_shapes`,
-which re-derives the buffer shapes from the instructions alone); the meshes, dtypes and shapes of the program
-and the types must agree (:func:`check_fields`), and so must the reduction kinds (:func:`check_reductions`).
+Every field of every instruction (a transfer between meshes too) must be of the right kind and fit the buffer
+it reads (:func:`derive_shapes`, which re-derives the buffer shapes from the instructions alone); the meshes,
+dtypes and shapes of the programs, the transfers between them and the types must agree (:func:`check_fields`),
+and so must the reduction kinds (:func:`check_reductions`).
 What fails is refuted (:class:`~redist.verify.verdict.Refuted`), naming the instruction or field; a field that
 is the same on every device has a counterexample of its own (:func:`field_cx`). The header of
 :mod:`redist.verify` lists where each field is checked.
@@ -25,13 +26,47 @@ _KINDS = ("sum", "max", "min", "prod")
 IDEMPOTENT = ("max", "min")
 
 
-def derive_shapes(program, mesh_sizes, deadline: Deadline) -> list[tuple[int, ...]]:
-    """The local shape after each instruction, from the instruction semantics alone. Refutes an instruction
-    with a field of the wrong kind, a dim the buffer lacks, axes that are not the mesh's or overlap, a split
-    that does not divide, a permute that is not a permutation, or an exchange whose copies do not fit."""
-    n_dev = math.prod(mesh_sizes.values())
+def derive_shapes(chain, deadline: Deadline) -> list[tuple[int, ...]]:
+    """The local shape after each instruction of the chain (:class:`~redist.verify.chain.Chain`), from the
+    instruction semantics alone: each program's (:func:`_program_shapes`), and each transfer's, which must read
+    the last buffer of the program before it, write the first of the program after it and fit both
+    (:func:`_check_copies`)."""
+    shapes: list[tuple[int, ...]] = []
+    for k, program in enumerate(chain.programs):
+        first = chain.first_instruction(k)
+        if k:
+            _check_transfer(first - 1, chain.instructions[first - 1], shapes[-1], program, deadline)
+        shapes += _program_shapes(program, first, deadline)
+    return shapes
+
+
+def _check_transfer(t: int, ins, shape_in: tuple, after, deadline: Deadline) -> None:
+    """Transfer ``t`` reads buffers of ``shape_in`` and writes the first buffers of program ``after``: its fields
+    of the right kinds, its shapes those, and its copies from devices of its ``src_mesh`` to devices of its
+    ``mesh`` (:func:`_check_copies`)."""
+    where = f"instruction {t} ({_brief(ins)})"
+    bad = _malformed_transfer(ins, len(shape_in), deadline, f"checking {where}")
+    if bad:
+        raise Refuted(f"{where}: {bad}")
+    if tuple(ins.src_shape) != shape_in:
+        raise Refuted(f"{where}: it reads buffers of shape {tuple(ins.src_shape)}, but the program before it leaves "
+                      f"buffers of shape {shape_in}")
+    if tuple(after.shapes[0]) != tuple(ins.shape):
+        raise Refuted(f"{where}: it makes buffers of shape {tuple(ins.shape)}, but the program after it starts from "
+                      f"buffers of shape {tuple(after.shapes[0])}")
+    _check_copies(ins.copies.copies, shape_in, tuple(ins.shape), DeviceOrder(ins.src_mesh), DeviceOrder(ins.mesh),
+                  where, deadline)
+
+
+def _program_shapes(program, first: int, deadline: Deadline) -> list[tuple[int, ...]]:
+    """The local shape after each instruction of ``program`` (whose first instruction is number ``first`` of
+    the chain). Refutes an instruction with a field of the wrong kind, a dim the buffer lacks, axes that are not
+    the mesh's or overlap, a split that does not divide, a permute that is not a permutation of the mesh's
+    devices, or an exchange whose copies do not fit; and shapes other than those the program lists."""
+    mesh_sizes = dict(program.mesh.axes)
+    order = DeviceOrder(program.mesh)
     shapes = [tuple(program.shapes[0])]
-    for t, ins in enumerate(program.instructions):
+    for t, ins in enumerate(program.instructions, first):
         x = list(shapes[-1])
         where = f"instruction {t} ({_brief(ins)})"
         deadline.check(f"checking {where}")
@@ -46,10 +81,10 @@ def derive_shapes(program, mesh_sizes, deadline: Deadline) -> list[tuple[int, ..
         if isinstance(ins, P.CollectivePermute):
             if isinstance(ins.sources, P.CoordinateMap):
                 _check_map(ins.sources, mesh_sizes, where)
-            elif sorted(ins.sources) != list(range(n_dev)):
-                raise Refuted(f"{where}: sources are not a permutation of the {n_dev} devices")
+            elif not _is_permutation(ins.sources, order):
+                raise Refuted(f"{where}: sources are not a permutation of the {order.size} devices")
         elif isinstance(ins, P.Exchange) and isinstance(ins.dims, P.CopyTable):
-            _check_copies(ins, tuple(x), n_dev, where, deadline)
+            _check_copies(ins.dims.copies, tuple(x), tuple(ins.shape), order, order, where, deadline)
             x = list(ins.shape)
         elif isinstance(ins, P.Exchange):
             _check_exchange(ins, tuple(x), mesh_sizes, where, deadline)
@@ -84,6 +119,18 @@ def derive_shapes(program, mesh_sizes, deadline: Deadline) -> list[tuple[int, ..
         raise Refuted(f"the program's buffer shapes {list(map(tuple, program.shapes))} are not what its "
                       f"instructions produce ({shapes})")
     return shapes
+
+
+def _is_permutation(sources: tuple, order: DeviceOrder) -> bool:
+    """Whether a permute's table by device id (``order.id_bound`` entries) takes each device's buffer from a
+    device of ``order``, a different one for each, and is its own number at every number that is no device."""
+    if len(sources) != order.id_bound:
+        return False
+    if order.is_identity:
+        return sorted(sources) == list(range(order.size))
+    devices = order.devices()
+    return (sorted(sources[d] for d in devices) == sorted(devices)
+            and all(s == d for d, s in enumerate(sources) if not order.has(d)))
 
 
 def _brief(ins) -> str:
@@ -128,15 +175,7 @@ def _malformed(ins, rank: int, deadline: Deadline, doing: str) -> str | None:
         if len(ins.shape) != rank:
             return f"shape {ins.shape} has another rank than the buffer it reads ({rank})"
         if isinstance(ins.dims, P.CopyTable):
-            table = ins.dims.copies
-            if not isinstance(table, tuple) or not all(isinstance(cs, tuple) for cs in table):
-                return "its copy table is not a tuple of copies per device"
-            for d, copies in deadline.each(enumerate(table), doing):
-                for c in copies:
-                    if not (_is_int(getattr(c, "source", None))
-                            and all(is_ints(getattr(c, f, None), rank) for f in ("src_start", "dst_start", "size"))):
-                        return f"copy {c!r} of device {d} is not a copy between boxes of rank {rank}"
-            return None
+            return _malformed_copies(ins.dims.copies, rank, deadline, doing)
         if not isinstance(ins.dims, tuple) or len(ins.dims) != rank:
             return f"it has no table for each of the {rank} dims"
         for i, x in enumerate(ins.dims):
@@ -154,6 +193,29 @@ def _malformed(ins, rank: int, deadline: Deadline, doing: str) -> str | None:
                             P.KeepRoot, P.EmbedChunk)):
         return f"unknown instruction {type(ins).__name__}"
     return None
+
+
+def _malformed_copies(table, rank: int, deadline: Deadline, doing: str) -> str | None:
+    """What is wrong with the kinds of a copy table's fields (None: nothing): a tuple per device of copies,
+    each a source device and three boxes' worth of integers of rank ``rank``."""
+    if not isinstance(table, tuple) or not all(isinstance(cs, tuple) for cs in table):
+        return "its copy table is not a tuple of copies per device"
+    for d, copies in deadline.each(enumerate(table), doing):
+        for c in copies:
+            if not (_is_int(getattr(c, "source", None))
+                    and all(is_ints(getattr(c, f, None), rank) for f in ("src_start", "dst_start", "size"))):
+                return f"copy {c!r} of device {d} is not a copy between boxes of rank {rank}"
+    return None
+
+
+def _malformed_transfer(ins, rank: int, deadline: Deadline, doing: str) -> str | None:
+    """What is wrong with the kinds of a transfer's fields (None: nothing); ``rank`` is the rank of the buffer it
+    reads."""
+    if not (is_ints(ins.src_shape, rank) and is_ints(ins.shape, rank)):
+        return f"shapes {ins.src_shape!r} -> {ins.shape!r} are not tuples of {rank} sizes"
+    if not isinstance(ins.copies, P.CopyTable):
+        return f"its copies {ins.copies!r:.80} are not a CopyTable"
+    return _malformed_copies(ins.copies.copies, rank, deadline, doing)
 
 
 def _check_map(cmap, mesh_sizes, where: str) -> None:
@@ -202,24 +264,32 @@ def _check_chain(axes, where: str) -> None:
                           "decomposition")
 
 
-def _check_copies(ins, shape_in, n_dev: int, where: str, deadline: Deadline) -> None:
-    """A copy table (an exchange between two device orders) must name devices, fit both buffers, and not
-    overlap on one device."""
-    table = ins.dims.copies
-    if len(table) != n_dev:
-        raise Refuted(f"{where}: copies for {len(table)} devices, the mesh has {n_dev}")
+def _check_copies(table, shape_in: tuple, shape_out: tuple, senders: DeviceOrder, receivers: DeviceOrder,
+                  where: str, deadline: Deadline) -> None:
+    """A copy table (an exchange between two device orders, from and to the devices of its mesh; a transfer, from
+    the devices of one mesh to those of another) must have a row per device id up to ``receivers``' id bound,
+    copies only at its devices, each from a device of ``senders`` and fitting both buffers, and no two copies
+    of a device overlapping."""
+    doing = f"checking the copies of {where}"
+    stray = next((d for d, copies in deadline.each(enumerate(table), doing) if copies and not receivers.has(d)), None)
+    if stray is not None:
+        raise Refuted(f"{where}: device {stray} is no device of the mesh it writes, but receives copies")
+    if len(table) != receivers.id_bound:
+        raise Refuted(f"{where}: copies for {len(table)} device ids, the mesh it writes has ids up to "
+                      f"{receivers.id_bound - 1}")
     for d, copies in enumerate(table):
-        deadline.check(f"checking the copies of {where}")
+        deadline.check(doing)
         for c in copies:
-            if not 0 <= c.source < n_dev:
-                raise Refuted(f"{where}: device {d} copies from device {c.source}, which does not exist")
-            for lo_in, lo_out, n, cap_in, cap_out in zip(c.src_start, c.dst_start, c.size, shape_in, ins.shape):
+            if not senders.has(c.source):
+                raise Refuted(f"{where}: device {d} copies from device {c.source}, which is no device of the mesh "
+                              "it reads")
+            for lo_in, lo_out, n, cap_in, cap_out in zip(c.src_start, c.dst_start, c.size, shape_in, shape_out):
                 if n < 0 or lo_in < 0 or lo_out < 0 or lo_in + n > cap_in or lo_out + n > cap_out:
-                    raise Refuted(f"{where}: copy {c} of device {d} does not fit buffers {shape_in} -> {ins.shape}")
+                    raise Refuted(f"{where}: copy {c} of device {d} does not fit buffers {shape_in} -> {shape_out}")
         for a in range(len(copies)):
             for b in range(a):
                 if all(x.dst_start[i] < y.dst_start[i] + y.size[i] and y.dst_start[i] < x.dst_start[i] + x.size[i]
-                       for x, y in [(copies[a], copies[b])] for i in range(len(ins.shape))):
+                       for x, y in [(copies[a], copies[b])] for i in range(len(shape_out))):
                     raise Refuted(f"{where}: copies {copies[b]} and {copies[a]} of device {d} overlap")
 
 
@@ -252,59 +322,74 @@ def _check_exchange(ins, shape_in, mesh_sizes, where: str, deadline: Deadline) -
 
 
 # ----------------------------------------------------------------------------- fields no query reads
-def check_fields(program, src, dst, deadline: Deadline) -> None:
-    """Meshes, dtypes and shapes must agree exactly (the audit in the header of :mod:`redist.verify`): the
-    source type's mesh is the program's ``src_mesh`` and the claim's its ``dst_mesh``, whose axes are those of
-    the program's ``mesh``; the program's dtype is the source type's, and the claim's dtype and shape are the
-    source's."""
-    mesh_sizes = dict(program.mesh.axes)
-    for which in ("src_mesh", "dst_mesh"):
-        if tuple(getattr(program, which).axes) != tuple(program.mesh.axes):
-            raise Refuted(f"the program's {which} {getattr(program, which)!r} does not have the axes of the mesh "
-                          f"{program.mesh!r} its collectives run on",
-                          _mesh_difference(program.mesh, getattr(program, which), deadline))
-    for what, t, have, role in (("source type", src, program.src_mesh, "the program reads its input on"),
-                                ("claim", dst, program.dst_mesh, "the program leaves its result on")):
+def check_fields(chain, src, dst, deadline: Deadline) -> None:
+    """Meshes, dtypes and shapes must agree exactly (the audit in the header of :mod:`redist.verify`): each
+    program's ``src_mesh`` and ``dst_mesh`` are its ``mesh``'s axes on its devices (in any order); each transfer
+    reads on the ``dst_mesh`` of the program before it and writes on the ``src_mesh`` of the one after it; the
+    source type's mesh is the first program's ``src_mesh`` and the claim's the last one's ``dst_mesh``; every
+    program's dtype is the source type's, and the claim's dtype and shape are the source's."""
+    named = len(chain.programs) > 1
+    for k, program in enumerate(chain.programs):
+        what = f"program {k} of the plan" if named else "the program"
+        for which in ("src_mesh", "dst_mesh"):
+            other = getattr(program, which)
+            if tuple(other.axes) != tuple(program.mesh.axes) or not DeviceOrder(other).same_devices(
+                    DeviceOrder(program.mesh)):
+                raise Refuted(f"{what}'s {which} {other!r} is not the mesh {program.mesh!r} its collectives run on "
+                              "in some device order", _mesh_difference(program.mesh, other, deadline))
+        dtype = np.dtype(program.dtype)
+        if dtype != src.np_dtype:
+            raise Refuted(f"{what} computes on {dtype.name} buffers, but the source type {src} is {src.dtype}",
+                          field_cx(program.mesh, "dtype", dtype.name, src.dtype))
+    for t, transfer in chain.transfers():
+        for have, want, role in ((transfer.src_mesh, chain.program_at(t).dst_mesh, "reads its buffers on"),
+                                 (transfer.mesh, chain.program_at(t + 1).src_mesh, "leaves its buffers on")):
+            cx = _mesh_difference(have, want, deadline)
+            if cx is not None:
+                raise Refuted(f"instruction {t} (a transfer) {role} mesh {have!r}, but the program "
+                              f"{'before' if have is transfer.src_mesh else 'after'} it has them on {want!r}", cx)
+    for what, t, have, role in (("source type", src, chain.src_mesh, "the plan reads its input on"),
+                                ("claim", dst, chain.dst_mesh, "the plan leaves its result on")):
         cx = _mesh_difference(have, t.mesh, deadline)
         if cx is not None:
             raise Refuted(f"the {what} {t} is on mesh {t.mesh!r}, but {role} mesh {have!r}: device "
-                          f"{cx['device']} is at {cx['holds']['coords']} on the program's mesh and at "
+                          f"{cx['device']} is at {cx['holds']['coords']} on the plan's mesh and at "
                           f"{cx['expected']['coords']} on the {what}'s", cx)
-    dtype = np.dtype(program.dtype)
-    if dtype != src.np_dtype:
-        raise Refuted(f"the program computes on {dtype.name} buffers, but the source type {src} is {src.dtype}",
-                      field_cx(mesh_sizes, "dtype", dtype.name, src.dtype))
     if dst.dtype != src.dtype:
         raise Refuted(f"the claim {dst} has dtype {dst.dtype}, but the program keeps the source's {src.dtype}",
-                      field_cx(mesh_sizes, "dtype", src.dtype, dst.dtype))
+                      field_cx(chain.dst_mesh, "dtype", src.dtype, dst.dtype))
     if tuple(src.shape) != tuple(dst.shape):
         raise Refuted(f"source shape {src.shape} and claimed shape {dst.shape} differ",
-                      field_cx(mesh_sizes, "shape", tuple(src.shape), tuple(dst.shape)))
+                      field_cx(chain.dst_mesh, "shape", tuple(src.shape), tuple(dst.shape)))
 
 
 def _mesh_difference(have, want, deadline: Deadline) -> dict | None:
-    """None if ``have`` and ``want`` (meshes of the same number of devices) are the same mesh, else a
-    counterexample: the first device id whose position (coordinates by axis name, through each mesh's
-    ``device_ids``) differs, or device 0 when every position agrees (axes of size 1 in another order). The
-    whole values are compared, so every field of ``Mesh`` (axes, sizes, their order, device order) is."""
+    """None if ``have`` and ``want`` are the same mesh, else a counterexample: the first device id (of either)
+    that is no device of the other or whose position (coordinates by axis name, through each mesh's
+    ``device_ids``) differs, or ``have``'s lowest id when every position agrees (axes of size 1 in another
+    order); its coordinates are None on a mesh it is not on. The whole values are compared, so every field of
+    ``Mesh`` (axes, sizes, their order, device ids) is."""
     if have == want:
         return None
     sizes_have, sizes_want = dict(have.axes), dict(want.axes)
     order_have, order_want = DeviceOrder(have), DeviceOrder(want)
 
     def where(sizes, order, d):
-        return position_coords(sizes, order.position(d))
+        return position_coords(sizes, order.position(d)) if order.has(d) else None
 
     def differs(d):
         return where(sizes_have, order_have, d) != where(sizes_want, order_want, d)
 
     n = order_have.size
-    if order_have.is_identity and order_want.is_identity:
+    if order_have.is_identity and order_want.is_identity and n == order_want.size:
         d = next((d for d in _carries(sizes_have, sizes_want, n) if differs(d)), 0)
     else:  # a device order is a table of the devices: read it whole
-        d = next((d for d in deadline.each(range(n), "comparing the device orders of two meshes") if differs(d)), 0)
-    return {"device": d, "coords": where(sizes_have, order_have, d), "index": None,
-            "holds": {"mesh": repr(have), "coords": where(sizes_have, order_have, d)},
+        ids = sorted({*order_have.devices(), *order_want.devices()})
+        d = next((d for d in deadline.each(ids, "comparing the device orders of two meshes") if differs(d)),
+                 min(order_have.devices()))
+    coords = where(sizes_have, order_have, d)
+    return {"device": d, "coords": coords if coords is not None else where(sizes_want, order_want, d),
+            "index": None, "holds": {"mesh": repr(have), "coords": coords},
             "expected": {"mesh": repr(want), "coords": where(sizes_want, order_want, d)}}
 
 
@@ -323,15 +408,15 @@ def _carries(sizes_have: dict, sizes_want: dict, n: int) -> list[int]:
     return sorted(out)
 
 
-def field_cx(mesh_sizes: dict, what: str, holds, expected) -> dict:
-    """A counterexample for a field that is the same on every device and at every index: the device at
-    position 0 (device 0 in the default order)."""
-    return {"device": 0, "coords": position_coords(mesh_sizes, 0), "index": None,
+def field_cx(mesh, what: str, holds, expected) -> dict:
+    """A counterexample for a field that is the same on every device of ``mesh`` and at every index: the device
+    at its position 0 (device 0 in the default order)."""
+    return {"device": DeviceOrder(mesh).device(0), "coords": position_coords(dict(mesh.axes), 0), "index": None,
             "holds": {what: holds}, "expected": {what: expected}}
 
 
-def check_reductions(program, src, dst) -> tuple[str | None, int | None]:
-    """The reduction kinds of the program, checked against the types (the audit in the header of
+def check_reductions(chain, src, dst) -> tuple[str | None, int | None]:
+    """The reduction kinds of the chain's instructions, checked against the types (the audit in the header of
     :mod:`redist.verify`): ``(kind, cut)``.
 
     One stage (``cut`` None): the instructions take one kind, ``kind`` (None if nothing is reduced or
@@ -339,9 +424,9 @@ def check_reductions(program, src, dst) -> tuple[str | None, int | None]:
     pending in another kind than a sum, reduced whole and then made pending sums (SPEC 3: creating writes
     zeros, the identity of a sum only) and summed again: the instructions before ``cut`` (the one after the
     last of the source's kind) take the source's kind, ``kind``, those from it on take sums, and a partial
-    claim is a sum. The maximum or minimum of complex numbers is refused."""
-    mesh_sizes = dict(program.mesh.axes)
-    taken = [(t, ins.reduction) for t, ins in enumerate(program.instructions)
+    claim is a sum. The maximum or minimum of complex numbers is refused. A counterexample names a device of
+    the instruction's mesh, or of the claim's."""
+    taken = [(t, ins.reduction) for t, ins in enumerate(chain.instructions)
              if isinstance(ins, (P.ReduceScatter, P.AllReduce))]
     pending = src.reduction if src.partial else None
     cut = None
@@ -353,34 +438,36 @@ def check_reductions(program, src, dst) -> tuple[str | None, int | None]:
             want = pending if t < cut else "sum"
             raise Refuted(f"instruction {t} takes the {k} of its group, but the values there are a pending {want}"
                           + (f" (the source {src} is reduced by instruction {cut - 1})" if t >= cut else ""),
-                          field_cx(mesh_sizes, "reduction", k, want))
+                          field_cx(chain.program_at(t).mesh, "reduction", k, want))
         if dst.partial and dst.reduction != "sum":
             raise Refuted(f"the claim {dst} is a pending {dst.reduction}, but the program's values are pending sums "
                           f"(the source {src} is reduced by instruction {cut - 1})",
-                          field_cx(mesh_sizes, "reduction", "sum", dst.reduction))
+                          field_cx(chain.dst_mesh, "reduction", "sum", dst.reduction))
         kind = pending
     else:
-        kind = _one_kind(taken, pending, src, dst, mesh_sizes)
-    if kind in IDEMPOTENT and np.dtype(program.dtype).kind == "c":
+        kind = _one_kind(chain, taken, pending, src, dst)
+    if kind in IDEMPOTENT and np.dtype(chain.dtype).kind == "c":
         raise Refuted(f"the program takes the {kind} of complex numbers, which have none",
-                      field_cx(mesh_sizes, "reduction", kind, "sum or prod"))
+                      field_cx(chain.dst_mesh, "reduction", kind, "sum or prod"))
     return kind, cut
 
 
-def _one_kind(taken, pending, src, dst, mesh_sizes) -> str | None:
-    """The one kind of a program of one stage (:func:`check_reductions`): its reductions ``taken`` (instruction,
+def _one_kind(chain, taken, pending, src, dst) -> str | None:
+    """The one kind of a chain of one stage (:func:`check_reductions`): its reductions ``taken`` (instruction,
     kind) and the source's ``pending`` kind (None if it is not partial)."""
     kinds = {k for _, k in taken}
     if len(kinds) > 1:
+        t = next(t for t, k in taken if k != taken[0][1])
         raise Refuted(f"the program reduces by {' and '.join(sorted(kinds))}: one value has one reduction kind",
-                      field_cx(mesh_sizes, "reduction", sorted(kinds), sorted(kinds)[0]))
+                      field_cx(chain.program_at(t).mesh, "reduction", sorted(kinds), sorted(kinds)[0]))
     kind = pending or (kinds.pop() if kinds else None)
     if pending is not None:
         wrong = next(((t, k) for t, k in taken if k != pending), None)
         if wrong is not None:
             raise Refuted(f"instruction {wrong[0]} takes the {wrong[1]} of its group, but the source {src} is a "
-                          f"pending {pending}", field_cx(mesh_sizes, "reduction", wrong[1], pending))
+                          f"pending {pending}", field_cx(chain.program_at(wrong[0]).mesh, "reduction", wrong[1],
+                                                         pending))
     if dst.partial and kind is not None and dst.reduction != kind:
         raise Refuted(f"the claim {dst} is a pending {dst.reduction}, but the program's values are a pending "
-                      f"{kind}", field_cx(mesh_sizes, "reduction", kind, dst.reduction))
+                      f"{kind}", field_cx(chain.dst_mesh, "reduction", kind, dst.reduction))
     return kind

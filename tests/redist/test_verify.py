@@ -644,8 +644,8 @@ def test_every_dropped_exchange_copy_is_refuted_with_a_counterexample():
 # ---------------------------------------------------------------------------- threads
 
 # Cases for the thread tests, as (name, call of timeout_s): proved and refuted plans, a partial source, uneven
-# dims, and a query that no budget here decides (a random permutation of 256 devices and back: the watchdog
-# interrupts it).
+# dims, a plan across meshes, and a query that no budget here decides (a random permutation of 256 devices and
+# back: the watchdog interrupts it).
 _THREAD_CASES = """
 import random
 from redist import program as P
@@ -666,6 +666,8 @@ back = [there.index(d) for d in range(big.size)]
 hard_src = ShardingType(big, (big.size,), "f32", (big.names,))
 hard = P.Program(big, hard_src.np_dtype, (P.CollectivePermute(tuple(there)), P.CollectivePermute(tuple(back))),
                  ((1,), (1,), (1,)))
+stage = Mesh.parse("model=4,device_ids=[4,5,6,7]")
+across = synthesize(T("f32[8, 16{y}] partial{x}"), ShardingType.parse("f32[8{model}, 16]", stage))
 CASES = {
     "proved": lambda t: verify(classic, timeout_s=t),
     "refuted": lambda t: verify(classic, "f32[16, 16{y,x}, 16]", timeout_s=t),
@@ -673,6 +675,8 @@ CASES = {
     "partial_refuted": lambda t: verify(partial, "f32[8{x}, 6{y}]", timeout_s=t),
     "uneven": lambda t: verify(uneven, timeout_s=t),
     "hard": lambda t: verify_program(hard, hard_src, hard_src, timeout_s=0.3 if t is None else t),
+    "across": lambda t: verify(across, timeout_s=t),
+    "across_refuted": lambda t: verify(across, "f32[8, 16{model}]", timeout_s=t),
 }
 """
 

@@ -14,7 +14,8 @@ from redist.synthesis import synthesize
 from redist.types import ShardingType
 from redist.blocks import Segment
 from redist.verify import verify, verify_program
-from redist.verify.encoding import Axis, Digits, named_axes
+from redist.verify.chain import Chain
+from redist.verify.encoding import Axis, ChainDigits, Digits
 from redist.verify.solver import Deadline
 from redist.verify.tables import COUNT, SIZE, segment_runs
 from redist.verify.walk import Walk
@@ -104,8 +105,8 @@ def axis_and_sub_axes(draw):
 def _walk(size: int) -> Walk:
     mesh = Mesh({"x": size})
     src = ShardingType.parse(f"f32[{size}]", mesh)
-    return Walk(P.Program(mesh, src.np_dtype, (), ((size,),)), Digits({"x": size}, [], z3.main_ctx()), "t",
-                Deadline(None, 0.0))
+    chain = Chain.read(P.Program(mesh, src.np_dtype, (), ((size,),)))
+    return Walk(chain, ChainDigits(chain, src, src, z3.main_ctx()), "t", Deadline(None, 0.0))
 
 
 @settings(max_examples=80, deadline=None)
@@ -153,9 +154,8 @@ def _exchange_terms(plan) -> int:
     """The number of distinct Z3 terms that the walk makes to read the plan's exchange backward."""
     (ins,) = [ins for ins in plan.program.instructions if isinstance(ins, P.Exchange)]
     t = plan.program.instructions.index(ins)
-    sizes = dict(plan.src.mesh.axes)
-    w = Walk(plan.program, Digits(sizes, named_axes(plan.program, sizes, plan.src, plan.dst), z3.main_ctx()), "t",
-             Deadline(None, 0.0))
+    chain = Chain.read(plan.program)
+    w = Walk(chain, ChainDigits(chain, plan.src, plan.dst, z3.main_ctx()), "t", Deadline(None, 0.0))
     c = w.digits.fresh(w.fresh)
     idx = [w.fresh(f"i{d}", 0, n) for d, n in enumerate(plan.program.shapes[t + 1])]
     w._exchange(t, ins, c, idx)
