@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 
+from redist import program as P
 from redist.backends import numpy_backend
 from redist.data import poison_padding, random_array, summands
 from redist.mesh import Mesh
@@ -89,7 +90,9 @@ def source_buffers(src: ShardingType, rng: np.random.Generator):
 
 
 def oracle(program, src: ShardingType, dst: ShardingType, seed: int = 0, trials: int = 2) -> tuple[bool, str]:
-    """Run ``program`` with the numpy backend on random data of type ``src`` (padding filled by
+    """Run ``program`` (a program, or a plan's stages: programs and the transfers between them, in which each
+    transfer must read the buffers the program before it leaves and make those the program after it reads,
+    as lowering makes them) with the numpy backend on random data of type ``src`` (padding filled by
     :func:`source_buffers`); True iff the result is the same value laid out as ``dst`` (group sums for
     partial ``dst``; replicas must agree), compared at the data positions of ``dst`` only: ``unshard`` reads
     no padding, which may hold anything. A program that raises at run time, or gives the wrong local shape,
@@ -103,26 +106,44 @@ def oracle(program, src: ShardingType, dst: ShardingType, seed: int = 0, trials:
     may create once it has reduced the source whole (SPEC 3)."""
     from redist.data import unshard
 
+    stages = (program,) if isinstance(program, P.Program) else tuple(program)
+    joint = _broken_joint(stages)
+    if joint:
+        return False, joint
     rng = np.random.default_rng(seed)
     for _ in range(trials):
         bufs, value = source_buffers(src, rng)
         try:
-            out = numpy_backend.run(program, bufs)
-            if any(tuple(x.shape) != dst.local_shape for x in out):
+            out = numpy_backend.run_stages(stages, bufs)
+            held = [x for x in out if x is not None]
+            if any(tuple(x.shape) != dst.local_shape for x in held):
                 return False, "wrong local shape"
-            if any(x.dtype != dst.np_dtype for x in out):
-                return False, f"the result is {out[0].dtype}, not {dst.dtype}"
+            if any(x.dtype != dst.np_dtype for x in held):
+                return False, f"the result is {held[0].dtype}, not {dst.dtype}"
             got = unshard(dst, out)
         except Exception as e:  # noqa: BLE001 - a program that raises at run time is wrong
             return False, f"raised {type(e).__name__}: {e}"
         if not np.array_equal(got, value):
             return False, "wrong values"
-    if dst.mesh != program.dst_mesh:
-        return False, f"the result is on mesh {program.dst_mesh!r}, not {dst.mesh!r}"
+    if dst.mesh != stages[-1].dst_mesh:
+        return False, f"the result is on mesh {stages[-1].dst_mesh!r}, not {dst.mesh!r}"
     # no program converts kinds (docs/spec.md §3); a pending sum may follow a source of another kind reduced whole
     if src.partial and dst.partial and src.reduction != dst.reduction != "sum":
         return False, f"the result is a pending {src.reduction}, not a pending {dst.reduction}"
     return True, "equal"
+
+
+def _broken_joint(stages) -> str | None:
+    """Where a transfer of ``stages`` does not fit the programs around it (the buffers' shape or mesh), the numpy
+    backend would copy boxes of buffers it does not describe: what is wrong, else None."""
+    for before, transfer, after in zip(stages[::2], stages[1::2], stages[2::2]):
+        if (before.shapes[-1], before.dst_mesh) != (transfer.src_shape, transfer.src_mesh):
+            return f"{transfer} reads buffers of shape {transfer.src_shape} on {transfer.src_mesh}, not those " \
+                   "the program before it leaves"
+        if (after.shapes[0], after.src_mesh) != (transfer.shape, transfer.mesh):
+            return f"{transfer} makes buffers of shape {transfer.shape} on {transfer.mesh}, not those the program " \
+                   "after it reads"
+    return None
 
 
 # ----------------------------------------------------------------------------- device orders

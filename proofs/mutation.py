@@ -207,10 +207,63 @@ def _copy_table_mutants(x: P.Exchange, shape_in: tuple, mesh):
                 if c.size[k] >= 1:
                     yield ("shrink_copy", f"device {d} copy {j} size[{k}] -1",
                            with_copy(d, j, dataclasses.replace(c, size=moved(c.size, k, -1))))
-            for e in range(mesh.size):
+            for e in mesh.devices:
                 if e != c.source:
                     yield ("copy_source", f"device {d} copy {j} source {c.source} -> {e}",
                            with_copy(d, j, dataclasses.replace(c, source=e)))
+
+
+def _transfer_mutants(x: P.Transfer):
+    """(operator, description, mutated transfer) for the transfer operators of the module docstring."""
+    table = x.copies.copies
+
+    def changed(d, j, new, to=None):
+        """The transfer with copy ``j`` of device ``d`` replaced by ``new`` (None: dropped) or, with ``to``, moved
+        to the end of device ``to``'s copies (rows added up to it)."""
+        rows = [list(r) for r in table]
+        c = rows[d].pop(j)
+        if to is None and new is not None:
+            rows[d].insert(j, new)
+        elif to is not None:
+            rows += [[] for _ in range(len(rows), to + 1)]
+            rows[to].append(c)
+        return dataclasses.replace(x, copies=P.CopyTable(tuple(map(tuple, rows))))
+
+    def moved(start, k, delta):
+        return start[:k] + (start[k] + delta,) + start[k + 1:]
+
+    yield "drop_transfer", "every copy dropped", dataclasses.replace(x, copies=P.CopyTable(((),) * len(table)))
+    outside = next(d for d in itertools.count() if not x.mesh.has_device(d))
+    unknown = next(d for d in itertools.count() if not x.src_mesh.has_device(d))
+    for d, copies in enumerate(table):
+        for j, c in enumerate(copies):
+            yield "transfer_drop_copy", f"device {d} copy {j} ({c}) dropped", changed(d, j, None)
+            for e in x.src_mesh.devices:
+                if e != c.source:
+                    yield ("transfer_source", f"device {d} copy {j} source {c.source} -> {e}",
+                           changed(d, j, dataclasses.replace(c, source=e)))
+            for e in x.mesh.devices:
+                if e != d:
+                    yield "transfer_receiver", f"device {d} copy {j} moved to device {e}", changed(d, j, c, to=e)
+            yield ("transfer_outside", f"device {d} copy {j} moved to {outside}, no device of mesh {x.mesh}",
+                   changed(d, j, c, to=outside))
+            yield ("transfer_outside", f"device {d} copy {j} source {c.source} -> {unknown}, no device of mesh "
+                   f"{x.src_mesh}", changed(d, j, dataclasses.replace(c, source=unknown)))
+            for k in range(len(c.size)):
+                for delta in (1, -1):
+                    for field in ("src_start", "dst_start", "size"):
+                        y = changed(d, j, dataclasses.replace(c, **{field: moved(getattr(c, field), k, delta)}))
+                        op = f"transfer_{field.split('_')[0]}" + ("" if _well_formed_transfer(y) else "_off")
+                        yield op, f"device {d} copy {j} {field}[{k}] {delta:+d}", y
+
+
+def _well_formed_transfer(x: P.Transfer) -> bool:
+    """Whether a transfer's copies name devices of its meshes and fit its buffers without overlapping."""
+    try:
+        P.check_copy_table(x.copies.copies, x.src_shape, x.shape, x.src_mesh, x.mesh, "transfer")
+    except ValueError:  # ShardingError is a ValueError
+        return False
+    return True
 
 
 def _map_mutants(x: P.CollectivePermute, mesh):
@@ -323,6 +376,36 @@ def mutants(prog: P.Program, rng: random.Random, max_per_op: int = 3):
         yield from lst[:max_per_op]
 
 
+def stage_mutants(stages: tuple, rng: random.Random, max_per_op: int = 3):
+    """Yield (operator, description, stages, ill-formed) for mutants of a plan's stages across meshes: each
+    program's (:func:`mutants`, as :func:`reshaped`; one whose result changes shape no longer fits the transfer
+    after it, so it is ill-formed too) and each transfer's (:func:`_transfer_mutants`); at most ``max_per_op``
+    of each operator."""
+    found: dict[str, list] = {}
+    for i, stage in enumerate(stages):
+        if isinstance(stage, P.Transfer):
+            made = [(op, desc, y, not _well_formed_transfer(y)) for op, desc, y in _transfer_mutants(stage)]
+        else:
+            made = [(op, desc, *reshaped(stage, new)) for op, desc, new in mutants(stage, rng, max_per_op)]
+            made = [(op, desc, y, ill or y.shapes[-1] != stage.shapes[-1]) for op, desc, y, ill in made]
+        for op, desc, y, ill in made:
+            found.setdefault(op, []).append((op, f"stage {i}: {desc}", stages[:i] + (y,) + stages[i + 1:], ill))
+    for lst in found.values():
+        rng.shuffle(lst)
+        yield from lst[:max_per_op]
+
+
+def reshaped(prog: P.Program, instructions) -> tuple[P.Program, bool]:
+    """``prog`` with ``instructions`` and their shapes (:func:`derive_shapes`), and whether it is ill-formed: then
+    it keeps the original shapes, padded (the verifier must refute it; the backends refuse it, see the module
+    docstring)."""
+    shapes = derive_shapes(prog, instructions)
+    if shapes is not None:
+        return dataclasses.replace(prog, instructions=instructions, shapes=shapes), False
+    shapes = (tuple(prog.shapes) + (prog.shapes[-1],) * len(instructions))[: len(instructions) + 1]
+    return dataclasses.replace(prog, instructions=instructions, shapes=shapes), True
+
+
 def claim_mutants(dst, rng: random.Random, max_per_op: int = 3):
     """Yield (operator, description, claim) for the claim-side operators of the module docstring: types
     that differ from ``dst`` in its dtype, its mesh's axis order, its mesh's axis sizes, its shape, its
@@ -337,10 +420,10 @@ def claim_mutants(dst, rng: random.Random, max_per_op: int = 3):
         except ShardingError:  # a sub-axis that does not fit the new mesh: not a claim anyone can make
             return None
 
-    axes, sizes = list(dst.mesh.axes), list(dst.mesh.shape)
+    axes, sizes, ids = list(dst.mesh.axes), list(dst.mesh.shape), dst.mesh.device_ids
     found = {
         "claim_dtype": [(f"dtype {dst.dtype} -> {d}", on(dst.mesh, dtype=d)) for d in DTYPES if d != dst.dtype],
-        "claim_mesh_order": [(f"mesh {dst.mesh} -> {Mesh(order)}", on(Mesh(order)))
+        "claim_mesh_order": [(f"mesh {dst.mesh} -> {Mesh(order, ids)}", on(Mesh(order, ids)))
                              for order in itertools.permutations(axes) if list(order) != axes],
         "claim_axis_sizes": [],
         "claim_device_order": [(f"device_ids {list(dst.mesh.device_ids)} -> {list(m.device_ids)}", on(m))
@@ -358,7 +441,7 @@ def claim_mutants(dst, rng: random.Random, max_per_op: int = 3):
             new[i], new[j] = new[i] // p, new[j] * p
             resized.add(tuple(new))
     for new in sorted(resized - {tuple(sizes)}):
-        mesh = Mesh(tuple((name, n) for (name, _), n in zip(axes, new)))
+        mesh = Mesh(tuple((name, n) for (name, _), n in zip(axes, new)), ids)
         found["claim_axis_sizes"].append((f"mesh {dst.mesh} -> {mesh}", on(mesh)))
     for op, lst in found.items():
         lst = [(desc, claim) for desc, claim in lst if claim is not None]
@@ -432,16 +515,35 @@ FIXED_CREATING_PAIRS = [
 # The creating instructions that the run must mutate.
 CREATING_KINDS = ("KeepRoot", "EmbedChunk")
 
+# Pairs across meshes (docs/spec.md §3): a pipeline stage's hand-off, replicas that share the sending, a resize
+# to fewer devices, the same devices as another mesh, a partial source reduced before the transfer, sums created
+# within it and summands handed over, an uneven dim and a transfer that keeps what a shared device holds.
+# Mutated before the random plans across meshes (``n_cross`` of them).
+FIXED_CROSS_MESH_PAIRS = [
+    ("data=2,model=2", "f32[8{data}, 16{model}]", "model=4,device_ids=[4,5,6,7]", "f32[8, 16{model}]"),
+    ("x=2", "f32[8, 4]", "y=4,device_ids=[2,3,4,5]", "f32[8, 4]"),
+    ("dp=8", "f32[48{dp}, 4]", "dp=6", "f32[48{dp}, 4]"),
+    ("x=8", "f32[16{x}, 8]", "a=2,b=4", "f32[16{b}, 8{a}]"),
+    ("x=4", "f32[64] partial{x}", "x=4,device_ids=[4,5,6,7]", "f32[64{x}]"),
+    ("x=2", "f32[8{x}]", "y=2,device_ids=[2,3]", "f32[8] partial{y}"),
+    ("x=2", "f32[8] partial{x}", "y=2,device_ids=[1,2]", "f32[8] partial{y}"),
+    ("x=2,y=2", "f32[7{x}, 5{y}]", "z=3,device_ids=[3,4,5]", "f32[7, 5{z}]"),
+    ("x=4", "f32[16{x}]", "y=2,device_ids=[0,9]", "f32[16{y}]"),
+]
 
-def run(n_plans: int = 300, seed: int = 0, max_per_op: int = 3, uneven: float = 0.3, n_creating: int = 40) -> dict:
+
+def run(n_plans: int = 300, seed: int = 0, max_per_op: int = 3, uneven: float = 0.3, n_creating: int = 40,
+        n_cross: int = 40) -> dict:
     """Mutate the fixed pairs' plans, then random plans (a share ``uneven`` of them uneven) up to ``n_plans``
-    plans, then ``n_creating`` random plans whose destination creates pending sums. ``uneven_plans`` counts
-    the uneven plans mutated by :func:`proofs.exhaustive.plan_shape`, ``creating_instructions`` the creating
-    instructions in mutated programs; ``ok`` also needs each of :data:`UNEVEN_KINDS` and
+    plans, then ``n_creating`` random plans whose destination creates pending sums, then the fixed pairs
+    across meshes and ``n_cross`` random ones (every relation of two meshes of up to 8 devices, partial sources
+    of every kind, created sums, uneven dims). ``uneven_plans`` counts the uneven plans mutated by
+    :func:`proofs.exhaustive.plan_shape`, ``creating_instructions`` the creating instructions in mutated
+    programs, ``cross_mesh_plans`` the plans across meshes; ``ok`` also needs each of :data:`UNEVEN_KINDS` and
     :data:`CREATING_KINDS` in some of them."""
     from proofs.common import progress
     from redist import Mesh, ShardingType
-    from redist.testing import SeededDraw, draw_mesh, draw_pair
+    from redist.testing import SeededDraw, draw_cross_mesh_pair, draw_mesh, draw_mesh_pair, draw_pair
     from redist.types import REDUCTIONS
 
     rng = random.Random(seed)
@@ -449,12 +551,12 @@ def run(n_plans: int = 300, seed: int = 0, max_per_op: int = 3, uneven: float = 
     t0 = time.perf_counter()
     stats = {"plans": 0, "mutants": 0, "ill_formed": 0, "killed_by_verify": 0, "survivors": 0,
              "equivalent_survivors": 0, "unsound": [], "false_alarms": [], "undecided": [], "no_counterexample": [],
-             "by_op": {}, "uneven_plans": {}, "creating_instructions": {}}
+             "by_op": {}, "uneven_plans": {}, "creating_instructions": {}, "cross_mesh_plans": 0}
     from proofs.step_rules import creating_pairs
 
     fixed = FIXED_PAIRS + FIXED_UNEVEN_PAIRS
-    with progress(desc="mutation", total=max(n_plans, len(fixed)) + len(FIXED_CREATING_PAIRS) + n_creating,
-                  unit="plan") as bar:
+    total = max(n_plans, len(fixed)) + len(FIXED_CREATING_PAIRS) + n_creating + len(FIXED_CROSS_MESH_PAIRS) + n_cross
+    with progress(desc="mutation", total=total, unit="plan") as bar:
         for mesh_text, a, b in fixed:
             mesh = Mesh.parse(mesh_text)
             src, dst = ShardingType.parse(a, mesh), ShardingType.parse(b, mesh)
@@ -473,6 +575,13 @@ def run(n_plans: int = 300, seed: int = 0, max_per_op: int = 3, uneven: float = 
         for src, dst in creating + list(creating_pairs(n_creating, seed, max_devices=8)):
             _mutate(synthesize(src, dst), src, dst, rng, max_per_op, stats)
             bar.update()
+        cross = [(ShardingType.parse(a, Mesh.parse(m)), ShardingType.parse(b, Mesh.parse(n)))
+                 for m, a, n, b in FIXED_CROSS_MESH_PAIRS]
+        cross += [draw_cross_mesh_pair(draw, draw_mesh_pair(draw, max_devices=8), partial=0.4, dst_partial=0.3,
+                                       uneven=uneven, reductions=REDUCTIONS) for _ in range(n_cross)]
+        for src, dst in cross:
+            _mutate(synthesize(src, dst), src, dst, rng, max_per_op, stats)
+            bar.update()
     non_equiv = stats["mutants"] - stats["equivalent_survivors"]
     stats["non_equivalent"] = non_equiv
     stats["kill_rate"] = stats["killed_by_verify"] / non_equiv if non_equiv else 1.0
@@ -485,30 +594,34 @@ def run(n_plans: int = 300, seed: int = 0, max_per_op: int = 3, uneven: float = 
 
 
 def _mutate(plan, src, dst, rng, max_per_op, stats) -> None:
-    """Mutate one plan's program, then its claim; count every mutant into ``stats``."""
+    """Mutate one plan's program (across meshes: its stages), then its claim; count every mutant into
+    ``stats``."""
     from proofs.exhaustive import plan_shape
 
     stats["plans"] += 1
     if not (src.is_even() and dst.is_even()):
         shape = plan_shape(plan)
         stats["uneven_plans"][shape] = stats["uneven_plans"].get(shape, 0) + 1
-    prog = plan.program
-    for ins in prog.instructions:
+    programs = [s for s in plan.stages if isinstance(s, P.Program)]
+    for ins in (ins for prog in programs for ins in prog.instructions):
         if isinstance(ins, (P.KeepRoot, P.EmbedChunk)):
             kind = type(ins).__name__
             stats["creating_instructions"][kind] = stats["creating_instructions"].get(kind, 0) + 1
-    for op, desc, new in mutants(prog, rng, max_per_op):
-        shapes = derive_shapes(prog, new)
-        ill_formed = shapes is None
-        if ill_formed:
-            # Ill-formed (a split that does not divide, a dim that does not exist): hand the verifier the
-            # program with the original shapes, padded; it must refute it. The backend raises on it or gives
-            # a wrong result (see the module docstring); if it gave the right one, that is a false alarm below.
-            shapes = (tuple(prog.shapes) + (prog.shapes[-1],) * len(new))[: len(new) + 1]
-        mutant = dataclasses.replace(prog, instructions=new, shapes=shapes)
-        _judge(op, desc, mutant, src, dst, stats, ill_formed=ill_formed)
+    if plan.crosses_meshes:
+        stats["cross_mesh_plans"] += 1
+        target = plan.stages
+        for op, desc, new, ill_formed in stage_mutants(target, rng, max_per_op):
+            _judge(op, desc, new, src, dst, stats, ill_formed=ill_formed)
+    else:
+        target = plan.program
+        for op, desc, new in mutants(target, rng, max_per_op):
+            # Ill-formed (a split that does not divide, a dim that does not exist): the verifier must refute
+            # it. The backend raises on it or gives a wrong result (see the module docstring); if it gave the
+            # right one, that is a false alarm in _judge.
+            mutant, ill_formed = reshaped(target, new)
+            _judge(op, desc, mutant, src, dst, stats, ill_formed=ill_formed)
     for op, desc, claim in claim_mutants(dst, rng, max_per_op):
-        _judge(op, f"claim {claim}: {desc}", prog, src, claim, stats, claim_side=True)
+        _judge(op, f"claim {claim}: {desc}", target, src, claim, stats, claim_side=True)
 
 
 def _judge(op, desc, prog, src, dst, stats, ill_formed: bool = False, claim_side: bool = False) -> None:
