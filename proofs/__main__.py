@@ -6,11 +6,13 @@ alone), ``exhaustive`` (every whole-axis pair on meshes of up to 8 devices), ``c
 pending sums: exhaustive to rank 2, and random ones), ``random`` (random pairs on
 16-device meshes, and the median verify time), ``uneven`` (random pairs with uneven dims), ``features``
 (reduction kinds, device orders and complex dtypes: exhaustive small pairs and random ones), ``mutation``
-(mutants of lowered programs and claims must be refuted), ``speed64`` (rank-4 plans on a 64-device mesh),
-``sequences`` (plans of random step sequences through the typing rules, not synthesized: proved exactly where
-the numpy backend runs them right, and their mutants never proved where it does not), ``probe`` (the adversarial
-probe of :mod:`proofs.probe`: hostile text, plan files, claims, threads, JAX misuse, command lines, resource
-bombs and an MPI failure; a row per category).
+(mutants of lowered programs, transfers between meshes included, and claims must be refuted), ``speed64``
+(rank-4 plans on a 64-device mesh), ``sequences`` (plans of random step sequences through the typing rules, not
+synthesized: proved exactly where the numpy backend runs them right, and their mutants never proved where it
+does not), ``cross_mesh`` (random pairs across meshes: proved, run exactly on numpy, within each device's
+memory bound, at the lower bound without pending values), ``probe`` (the adversarial probe of
+:mod:`proofs.probe`: hostile text, plan files, claims, threads, JAX misuse, command lines, resource bombs and an
+MPI failure; a row per category).
 """
 
 from __future__ import annotations
@@ -103,14 +105,15 @@ def features(quick: bool, workers: int) -> Outcome:
 def mutation(quick: bool, workers: int) -> Outcome:
     from proofs import mutation as mut
 
-    mu = mut.run(n_plans=100 if quick else 300, n_creating=15 if quick else 40)
+    mu = mut.run(n_plans=100 if quick else 300, n_creating=15 if quick else 40, n_cross=10 if quick else 40)
     notes = ["mutation by operator (killed/mutants, ill-formed): "
              + ", ".join(f"{k} {v['killed']}/{v['mutants']} ({v['ill_formed']})" for k, v in mu["by_op"].items()),
              "mutation: uneven plans mutated by shape: "
              + ", ".join(f"{k} {v}" for k, v in sorted(mu["uneven_plans"].items())),
              "mutation: creating instructions in mutated programs: "
              + ", ".join(f"{k} {v}" for k, v in sorted(mu["creating_instructions"].items()))]
-    rows = [(f"mutation: {mu['plans']} plans, {mu['mutants']} mutants ({mu['ill_formed']} ill-formed)",
+    rows = [(f"mutation: {mu['plans']} plans ({mu['cross_mesh_plans']} across meshes), {mu['mutants']} mutants "
+             f"({mu['ill_formed']} ill-formed)",
              f"{mu['killed_by_verify']}/{mu['non_equivalent']} non-equivalent killed "
              f"({100 * mu['kill_rate']:.1f}%), {mu['equivalent_survivors']} equivalent survivors",
              "ok" if mu["ok"] and mu["kill_rate"] == 1.0 else "FAIL", mu["seconds"])]
@@ -178,6 +181,21 @@ def sequences(quick: bool, workers: int) -> Outcome:
     return Outcome(rows, res["failures"], notes)
 
 
+def cross_mesh(quick: bool, workers: int) -> Outcome:
+    """Random pairs across meshes (:mod:`proofs.cross_mesh`), with the count per relation of the two meshes and
+    the verify time per plan."""
+    from proofs import cross_mesh as cm
+
+    res = cm.run(n=300 if quick else 2000, workers=workers)
+    out = _pairs_outcome(res, "pairs proved, numpy exact, memory bounded")
+    out.rows.append(("speed: verify per plan across meshes", f"median {res['median_verify_s'] * 1000:.0f} ms, max "
+                     f"{res['max_verify_s'] * 1000:.0f} ms", "ok", 0.0))
+    by_relation = ", ".join(f"{k} {v}" for k, v in res["by_relation"].items())
+    out.notes.append(f"cross mesh: proved pairs by relation: {by_relation}; {res['at_bound']} without pending values "
+                     "receive exactly lower_bound_bytes")
+    return out
+
+
 def probe(quick: bool, workers: int) -> Outcome:
     """The adversarial probe (:mod:`proofs.probe`), seed 0: a row per category."""
     from proofs import probe as adversarial
@@ -196,7 +214,7 @@ def probe(quick: bool, workers: int) -> Outcome:
 PARTS: dict[str, Callable[[bool, int], Outcome]] = {
     "step_rules": step_rules, "exhaustive": exhaustive, "creating": creating, "random": random_pairs,
     "uneven": uneven, "features": features, "mutation": mutation, "speed64": speed64, "sequences": sequences,
-    "probe": probe,
+    "cross_mesh": cross_mesh, "probe": probe,
 }
 
 

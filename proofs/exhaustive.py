@@ -48,7 +48,7 @@ from redist.types import ShardingType
 from redist.verify import verify
 
 
-def _local_bytes(t) -> int:
+def local_bytes(t) -> int:
     """A device's buffer in bytes, padding included: ceil(N / k) per dim (docs/spec.md §2)."""
     n = 1
     for size, axes in zip(t.shape, t.dims):
@@ -88,7 +88,7 @@ def check_pair(pair, uneven: bool = False) -> dict:
     if not v.ok:
         out["error"] = f"verify {v.status}: {v.reason}; counterexample {v.counterexample}"
         return out
-    bound = max(_local_bytes(src), _local_bytes(dst))
+    bound = max(local_bytes(src), local_bytes(dst))
     if v.details["peak_bytes"] > bound:
         out["error"] = f"memory bound: peak {v.details['peak_bytes']} > max(src, dst) local bytes {bound}"
         return out
@@ -143,7 +143,7 @@ def features(src, dst) -> list[str]:
     return out + [src.dtype] * (src.dtype in ("c64", "c128", "bool"))
 
 
-def _run(pairs, workers: int, desc: str, chunk: int = 64, check=_chunk) -> list[dict]:
+def run_pairs(pairs, workers: int, desc: str, chunk: int = 64, check=_chunk) -> list[dict]:
     """``check`` on every pair, in chunks, over ``workers`` processes, with a progress bar named ``desc``."""
     from proofs.common import progress
 
@@ -238,14 +238,14 @@ def run_exhaustive(workers: int = 2, max_devices: int = 8, max_rank: int = 3, cr
     pairs = exhaustive_pairs(max_devices, max_rank, creating)
     what = "pairs creating pending sums" if creating else "pairs"
     return summarize(f"exhaustive: all whole-axis {what}, meshes <= {max_devices} devices, rank <= {max_rank}",
-                     _run(pairs, workers, f"exhaustive {what}"), time.perf_counter() - t)
+                     run_pairs(pairs, workers, f"exhaustive {what}"), time.perf_counter() - t)
 
 
 def run_random(n: int = 10_000, workers: int = 2, seed: int = 0) -> dict:
     t = time.perf_counter()
     pairs = random_pairs(n, seed)
-    return summarize(f"random: {n} pairs on 16-device meshes, rank <= 4 (sub-axes, partial)", _run(pairs, workers, "random"),
-                     time.perf_counter() - t)
+    return summarize(f"random: {n} pairs on 16-device meshes, rank <= 4 (sub-axes, partial)",
+                     run_pairs(pairs, workers, "random"), time.perf_counter() - t)
 
 
 def run_random_uneven(n: int = 3000, workers: int = 2, seed: int = 0) -> dict:
@@ -253,7 +253,7 @@ def run_random_uneven(n: int = 3000, workers: int = 2, seed: int = 0) -> dict:
     plans per :func:`plan_shape`) and ``at_bound`` (proved exchange plans without a reduction, each
     receiving exactly the lower bound)."""
     t = time.perf_counter()
-    results = _run(random_uneven_pairs(n, seed), workers, "random uneven", check=_chunk_uneven)
+    results = run_pairs(random_uneven_pairs(n, seed), workers, "random uneven", check=_chunk_uneven)
     out = summarize(f"random uneven: {n} pairs on meshes <= 16 devices, rank <= 3 (sub-axes, partial)", results,
                     time.perf_counter() - t)
     proved = [r for r in results if r["ok"]]
@@ -268,7 +268,7 @@ def run_random_creating(n: int = 2000, workers: int = 2, seed: int = 0) -> dict:
     from proofs.step_rules import creating_pairs
 
     t = time.perf_counter()
-    results = _run(creating_pairs(n, seed), workers, "random creating", check=_chunk_uneven)
+    results = run_pairs(creating_pairs(n, seed), workers, "random creating", check=_chunk_uneven)
     out = summarize(f"random creating: {n} pairs creating pending sums, meshes <= 16 devices (sub-axes, partial, "
                     "uneven)", results, time.perf_counter() - t)
     out["by_shape"] = dict(Counter(r["shape"] for r in results if r["ok"]).most_common(8))
@@ -282,7 +282,7 @@ def run_features(workers: int = 2, n_random: int = 2000, seed: int = 0, max_rank
                         (f"random features: {n_random} pairs on meshes <= 16 devices (kinds, device orders, "
                          "complex, uneven)", random_feature_pairs(n_random, seed))):
         t = time.perf_counter()
-        results = _run(pairs, workers, name.split(":")[0], check=_chunk_features)
+        results = run_pairs(pairs, workers, name.split(":")[0], check=_chunk_features)
         res = summarize(name, results, time.perf_counter() - t)
         res["by_feature"] = dict(Counter(f for r in results if r["ok"] for f in r["features"]).most_common())
         out.append(res)
