@@ -44,7 +44,16 @@ and copies before running it):
   removed), ``shift_copy_src`` / ``shift_copy_dst`` (one copy's ``src_start`` / ``dst_start`` moved by ±1
   along one dim, where the table stays well-formed), ``shift_copy_off`` (such a move that leaves it
   ill-formed), ``copy_source`` (one copy reads another device) and ``shrink_copy`` (one copy's size less one
-  along one dim).
+  along one dim);
+- on a transfer between meshes (a plan across meshes: its stages are mutated, each program by the operators
+  above and each transfer by these): ``transfer_source`` (one copy reads another device of the source's mesh),
+  ``transfer_receiver`` (one copy moved to another device of the destination's mesh), ``transfer_src`` /
+  ``transfer_dst`` / ``transfer_size`` (one copy's ``src_start``, ``dst_start`` or size moved by ±1 along one
+  dim: a wrong block offset or size; ``_off`` where that leaves the transfer ill-formed), ``transfer_outside``
+  (one copy moved to, or read from, a device of neither mesh: ill-formed), ``transfer_drop_copy`` (one copy
+  removed) and ``drop_transfer`` (every copy removed: the destination's devices hold zeros). A transfer is
+  ill-formed when a copy names a device outside its meshes, does not fit a buffer or overlaps another copy of
+  its device; a program mutant whose result changes shape no longer fits the transfer after it.
 
 On the claim side (each mutant is the plan's program with a claimed destination type that differs from the
 plan's in one field the value query does not read; claims that are not well-formed types are skipped, as
@@ -73,7 +82,8 @@ chunk ``r`` of ``k`` equal chunks), and the backends refuse a mutant-only subcla
 instructions of :mod:`redist.program` only), so no backend could witness it; the operator is skipped.
 
 The random plans are drawn with every feature of the types: partial sources of every reduction kind, source
-meshes and destinations in random device orders, complex and bool dtypes among the real ones.
+meshes and destinations in random device orders, complex and bool dtypes among the real ones; and, apart, plans
+across meshes of every relation (:data:`FIXED_CROSS_MESH_PAIRS`, then random ones).
 
 A mutant the verifier proves correct (a survivor) must be equivalent: the numpy backend, run on random
 data (distinct elements, random summands per partial group), must give the correct result (in the claimed
