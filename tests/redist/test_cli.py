@@ -190,7 +190,7 @@ def test_output_that_cannot_be_written_is_a_one_line_error(args):
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_an_error_with_stderr_closed_or_full_writes_nothing_on_stdout_and_exits_2():
-    """Regression (issue 39, the adversarial probe): with stderr closed (``2>&-``) the error line went to stdout,
+    """Regression (found by the adversarial probe, proofs/probe): with stderr closed (``2>&-``) the error line went to stdout,
     into the output the user redirected; with stderr on a full disk the failed print ended the command with
     exit status 1, which says "refuted"."""
     bad = [REDIST, "plan", "f32[8{q}]", "f32[8]", "--mesh", "x=2"]

@@ -125,7 +125,7 @@ def test_device_order_of_the_mesh_is_respected():
 
 # ---------------------------------------------------------------------- jit, host transfers
 def test_execute_under_the_callers_context_mesh():
-    """Regression (issue 39, the adversarial probe): ``execute(plan, shards, backend="jax")`` under the caller's
+    """Regression (found by the adversarial probe, proofs/probe): ``execute(plan, shards, backend="jax")`` under the caller's
     ``jax.set_mesh`` raised JAX's ValueError (its shard_map's mesh is not the context mesh)."""
     mesh = redist.Mesh({"x": 2, "y": 4})
     src, dst = redist.ShardingType.parse("f32[8{x}, 8]", mesh), redist.ShardingType.parse("f32[8, 8{y}]", mesh)

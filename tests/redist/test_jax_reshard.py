@@ -367,7 +367,7 @@ def test_a_donated_array_cannot_be_used_again_from_the_cache():
 
 
 def test_a_deleted_array_already_laid_out_as_the_target_is_refused():
-    """Regression (issue 39, the adversarial probe): an array whose sharding already is the target was returned
+    """Regression (found by the adversarial probe, proofs/probe): an array whose sharding already is the target was returned
     as it is even where it had been deleted, so the caller met JAX's error only on reading it."""
     mesh = jmesh((8,), ("x",))
     x = jax.device_put(values((16,)), NamedSharding(mesh, P("x")))
@@ -538,7 +538,7 @@ def test_a_pytree_across_two_device_orders_with_donation_eagerly_and_refused_und
 
 
 def test_a_move_between_two_device_orders_under_set_mesh():
-    """Regression (issue 39, the adversarial probe): under ``jax.set_mesh`` a reshard to another device order
+    """Regression (found by the adversarial probe, proofs/probe): under ``jax.set_mesh`` a reshard to another device order
     raised JAX's ValueError, as the eager program of the move ran against the caller's context mesh."""
     made = jax.make_mesh((2, 4), ("x", "y"), devices=jax.devices()[:8])
     flipped = jax.sharding.Mesh(np.array(list(made.devices.flat)[::-1]).reshape(2, 4), ("x", "y"))
@@ -675,7 +675,7 @@ def test_errors_name_the_argument_and_the_leaf():
 
 
 def test_host_data_and_single_device_arrays_under_a_spec_longer_than_their_rank_are_refused():
-    """Regression (issue 39, the adversarial probe): ``jax.device_put`` fails an assertion (AssertionError) on a
+    """Regression (found by the adversarial probe, proofs/probe): ``jax.device_put`` fails an assertion (AssertionError) on a
     spec of more entries than the leaf has dims; reshard leaked it."""
     mesh = jmesh((2, 4), ("x", "y"))
     for leaf, rank in ((3, 0), (np.float32(3), 0), (values((8,)), 1), (jnp.asarray(3.0), 0)):
