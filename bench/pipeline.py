@@ -18,9 +18,20 @@ and with everything). The SPMD-only baselines are the presets ``BP``, ``MP``, ``
   (``bench/partitioning.py``); the compiled programs' ``memory_analysis`` (argument + output + temp - alias);
 - the stacked layers' bytes per device.
 
-Outputs: a table on stdout and ``bench/results/pipeline.json``.
+The part ``auto``: :class:`partir_core.AutomaticPartition` (which tries pipelines around its SPMD search,
+:mod:`partir_core.automatic.pipelines`) on the same model on each of the pipelines' meshes, with ``AUTO_EVALS``
+evaluations, under three memory budgets derived from the SPMD-only cases' simulated peaks: none; 95% of the
+fastest SPMD-only composition's peak (it does not fit, the others are slower); 95% of the smallest SPMD-only
+peak (none fits). Per mesh and budget: the chosen tactics (``AutoResult.code``), whether they pipeline, the
+simulated step time and peak, exactness, and the measured step time, timed as above together with the program
+of the best expert composition that fits the budget (the fastest measured case, pipelined or not, whose
+simulated peak is within it), rebuilt and compiled again; the pipelines the search tried and its own SPMD
+result (``SearchStats.pipelines``, ``SearchStats.spmd``). It reads the expert cases from the results file.
 
-    python bench/pipeline.py [--quick] [--rounds 4] [--repeats 5]
+Outputs: a table on stdout and ``bench/results/pipeline.json``; a part replaces only its own entries of that
+file (``summary`` and ``cases``; ``auto``).
+
+    python bench/pipeline.py [--part all|expert|auto] [--quick] [--rounds 4] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -48,6 +59,7 @@ import partir_core as pc  # noqa: E402
 import redist  # noqa: E402
 from bench.partitioning import interleaved_times, mem_total, spearman  # noqa: E402
 from partir_core import models, schedules  # noqa: E402
+from partir_core.automatic import MemoryBudgetError  # noqa: E402
 from redist import xla_baseline as xb  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -59,6 +71,8 @@ COMPOSITIONS = {2: ("", "BP", "BP+MP"), 4: ("", "BP"), 8: ("",)}
 MICROBATCHES = (1, 2, 4, 8, 16)
 QUICK_MICROBATCHES = (1, 4, 16)
 SPMD = {"batch=2,model=4": ["BP", "MP", "BP+MP", "BP+MP+Z3"], "batch=8": ["BP", "BP+Z3"]}
+AUTO_EVALS, AUTO_TIME_S = 20, 20  # the part auto's search: evaluations, and seconds at most
+AUTO_BUDGET_FRACTION = 0.95  # of an SPMD-only composition's simulated peak: a budget it does not fit
 
 
 def pipeline_cases(quick: bool) -> list[tuple]:
@@ -85,9 +99,9 @@ def pipeline_schedule(model, inputs, s, m, schedule, repeats, comp):
     return mesh, tactics
 
 
-def measure(model, inputs, want, mesh, tactics, rec) -> list:
-    """Fill ``rec`` for one schedule (exactness, simulation, compiled memory); returns ``[(ours, args),
-    (XLA's, args)]`` for timing."""
+def compiled(model, inputs, want, mesh, tactics, rec):
+    """Fill ``rec`` for one schedule (exactness, simulation, our compiled program's memory); returns its
+    :class:`~partir_core.Partitioned`, our compiled program and its device-resident arguments."""
     t0 = time.perf_counter()
     pf = pc.jit(model.step, mesh, tactics)
     low = pf.lower(*inputs)
@@ -103,18 +117,25 @@ def measure(model, inputs, want, mesh, tactics, rec) -> list:
     rec["stacked_bytes_per_device"] = sum(low.input_type(p).local_bytes for p in low.graph.in_paths
                                           if p.startswith("params/layers/"))
     rec["comm_bytes"] = float(sum(c.bytes * c.trips for c in low.collectives))
-    flat = jax.tree.leaves(inputs)
+    ish = [xb.named_sharding(t) for t in low.program.in_types]
+    args = [jax.device_put(x, s) for x, s in zip(jax.tree.leaves(inputs), ish)]
+    ours = low.program.executable().lower(*args).compile()
+    rec["mem_ours"] = mem_total(xb.MemoryStats.of(ours))
+    rec["mem_err_vs_ours"] = sim.peak_bytes / rec["mem_ours"] - 1
+    return low, ours, args
+
+
+def measure(model, inputs, want, mesh, tactics, rec) -> list:
+    """:func:`compiled`, and XLA's program of the same step with our program's shardings; returns ``[(ours,
+    args), (XLA's, args)]`` for timing."""
+    low, ours, args = compiled(model, inputs, want, mesh, tactics, rec)
     ish = [xb.named_sharding(t) for t in low.program.in_types]
     osh = [xb.named_sharding(t) for t in low.program.out_types]
-    args = [jax.device_put(x, s) for x, s in zip(flat, ish)]
-    ours = low.program.executable().lower(*args).compile()
     xla_fn = jax.jit(model.step, in_shardings=jax.tree_util.tree_unflatten(low.graph.in_tree, ish),
                      out_shardings=jax.tree_util.tree_unflatten(low.graph.out_tree, osh))
     xargs = jax.tree_util.tree_unflatten(low.graph.in_tree, args)
     xla = xla_fn.lower(*xargs).compile()
-    rec["mem_ours"] = mem_total(xb.MemoryStats.of(ours))
     rec["mem_xla"] = mem_total(xb.MemoryStats.of(xla))
-    rec["mem_err_vs_ours"] = sim.peak_bytes / rec["mem_ours"] - 1
     return [(ours, args), (xla, xargs)]
 
 
@@ -130,21 +151,9 @@ def table(rows) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="M = 1, 4, 16; alone and fully composed")
-    ap.add_argument("--rounds", type=int, default=4, help="interleaved timing rounds (default 4)")
-    ap.add_argument("--repeats", type=int, default=5, help="timed calls per program per round (default 5)")
-    ap.add_argument("--out", default=os.path.join(RESULTS, "pipeline.json"))
-    args = ap.parse_args(argv)
-    logging.getLogger("jax").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore")
-    start, load = time.perf_counter(), os.getloadavg()[0]
-    if len(jax.devices()) < 8:
-        raise SystemExit("needs 8 JAX devices")
-    model = models.scanned_transformer(**MODEL)
-    inputs = model.init(jax.random.key(0))
-    want = jax.jit(model.step)(*inputs)
+def expert_part(args, model, inputs, want, start) -> dict:
+    """The pipelined and SPMD-only cases, timed together: ``{"summary", "cases"}``."""
+    load = os.getloadavg()[0]
     rows, calls = [], []
     for s, m, schedule, repeats, comp in pipeline_cases(args.quick):
         rec = {"kind": "pipeline", "stages": s, "microbatches": m, "schedule": schedule, "repeats": repeats,
@@ -191,8 +200,7 @@ def main(argv=None):
                   f"{args.repeats} calls per program, the order reversed every other round; time = the minimum "
                   f"over rounds of the per-round median",
         "quick": args.quick,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-                   f"jax {jax.__version__}",
+        "machine": machine(),
         "load_average_at_start": load,
     }
     summary["runtime_s"] = time.perf_counter() - start
@@ -200,9 +208,160 @@ def main(argv=None):
     print(table(rows))
     print()
     print(json.dumps(summary, indent=1))
-    os.makedirs(RESULTS, exist_ok=True)
+    return {"summary": summary, "cases": rows}
+
+
+# ------------------------------------------------------------------------------------------ the part ``auto``
+def budgets(cases) -> dict:
+    """The memory budgets of the part ``auto`` (see the module docstring), by name: bytes or None."""
+    spmd = [c for c in cases if c["kind"] == "spmd"]
+    fastest = min(spmd, key=lambda c: c["time_ours_s"])
+    return {"none": None,
+            "95% of the fastest SPMD-only peak": int(AUTO_BUDGET_FRACTION * fastest["sim_peak_bytes"]),
+            "95% of the smallest SPMD-only peak": int(AUTO_BUDGET_FRACTION * min(c["sim_peak_bytes"] for c in spmd))}
+
+
+def fastest_within(cases, budget, kinds=("pipeline", "spmd")):
+    """The fastest measured of ``cases`` of ``kinds`` whose simulated peak is within ``budget``, or None."""
+    fit = [c for c in cases if c["kind"] in kinds and (budget is None or c["sim_peak_bytes"] <= budget)]
+    return min(fit, key=lambda c: c["time_ours_s"]) if fit else None
+
+
+def expert_schedule(model, inputs, case):
+    """``(mesh, tactics)`` of an expert case of the results."""
+    if case["kind"] == "spmd":
+        mesh = redist.Mesh.parse(case["mesh"])
+        return mesh, schedules.schedule(case["schedule"], model, inputs, mesh=mesh)
+    comp = "" if case["composed"] == "alone" else case["composed"]
+    return pipeline_schedule(model, inputs, case["stages"], case["microbatches"], case["schedule"],
+                             case["repeats"], comp)
+
+
+def auto_case(model, inputs, want, mesh, name, budget) -> tuple[dict, tuple | None]:
+    """The record of one search (see the module docstring) and our compiled program with its arguments (None
+    where nothing fits the budget)."""
+    rec = {"mesh": str(mesh), "budget": name, "budget_bytes": budget}
+    tactic = pc.AutomaticPartition(memory_budget_bytes=budget, max_evals=AUTO_EVALS, time_budget_s=AUTO_TIME_S,
+                                   hardware="cpu-host", progress=False)
+    try:
+        low, ours, args = compiled(model, inputs, want, mesh, [tactic], rec)
+    except MemoryBudgetError as e:
+        res, call = e.result, None
+        rec["fits"], rec["error"] = False, str(e).split(";")[0]
+    else:
+        res, call = low.automatic, (ours, args)
+        rec["fits"] = True
+    rec["code"] = res.code
+    rec["pipelined"] = bool(res.tactics) and isinstance(res.tactics[0], pc.Pipeline)
+    rec["search_sim_step_s"], rec["search_sim_peak_bytes"] = res.step_time_s, res.peak_bytes
+    rec["evaluations"], rec["search_s"] = res.stats.evaluations, res.stats.seconds
+    rec["pipelines_tried"] = [{"pipeline": p, "sim_step_s": t, "sim_peak_bytes": b} for p, t, b in res.stats.pipelines]
+    rec["spmd_sim_step_s"], rec["spmd_sim_peak_bytes"] = res.stats.spmd or (None, None)
+    return rec, call
+
+
+def auto_part(args, model, inputs, want, cases, start) -> dict:
+    """The part ``auto`` against the expert ``cases``: ``{"summary", "cases"}``."""
+    load = os.getloadavg()[0]
+    rows, calls, experts = [], [], {}
+    for name, budget in budgets(cases).items():
+        expert = fastest_within(cases, budget)
+        spmd = fastest_within(cases, budget, ("spmd",))
+        if expert is not None and expert["case"] not in experts:
+            rec = {}
+            _, ours, eargs = compiled(model, inputs, want, *expert_schedule(model, inputs, expert), rec)
+            experts[expert["case"]] = (rec, len(calls))
+            calls.append((ours, eargs))
+        for mesh in MESHES.values():
+            rec, call = auto_case(model, inputs, want, mesh, name, budget)
+            rec["expert"] = None if expert is None else expert["case"]
+            rec["expert_sim_peak_bytes"] = None if expert is None else expert["sim_peak_bytes"]
+            rec["spmd_only"] = None if spmd is None else spmd["case"]
+            rec["spmd_only_recorded_ms"] = None if spmd is None else spmd["time_ours_s"] * 1e3
+            if call is not None:
+                rec["call"] = len(calls)
+                calls.append(call)
+            rows.append(rec)
+            print(f"  {name:36s} {rec['mesh']:22s} fits={rec['fits']} pipelined={rec['pipelined']} "
+                  f"exact={rec.get('exact')} ({time.perf_counter() - start:.0f}s)", flush=True)
+    times = interleaved_times(calls, args.rounds, args.repeats)
+    for rec in rows:
+        if "call" in rec:
+            rec["time_auto_s"] = times[rec.pop("call")]
+        if rec["expert"] is not None:
+            erec, k = experts[rec["expert"]]
+            rec["time_expert_s"], rec["expert_exact"] = times[k], erec["exact"]
+            if "time_auto_s" in rec:
+                rec["auto_over_expert"] = rec["time_auto_s"] / rec["time_expert_s"]
+    paired = [r["auto_over_expert"] for r in rows if "auto_over_expert" in r]
+    summary = {
+        "max_evals": AUTO_EVALS, "time_budget_s": AUTO_TIME_S,
+        "budgets_bytes": {r["budget"]: r["budget_bytes"] for r in rows},
+        "searches": len(rows),
+        "fit": sum(r["fits"] for r in rows),
+        "pipelined": sum(r["pipelined"] and r["fits"] for r in rows),
+        "all_exact": all(r["exact"] for r in rows if r["fits"]),
+        "geomean_auto_over_best_expert": float(np.exp(np.mean(np.log(paired)))) if paired else None,
+        "auto_faster_than_best_expert": sum(x < 1 for x in paired),
+        "load_average_at_start_auto": load,
+        "runtime_s": time.perf_counter() - start,
+    }
+    print()
+    print(auto_table(rows))
+    print()
+    print(json.dumps(summary, indent=1))
+    return {"summary": summary, "cases": rows}
+
+
+def auto_table(rows) -> str:
+    head = (f"{'budget':36s} {'mesh':22s} {'pipelined':9s} {'exact':5s} {'sim ms':>7s} {'sim MB':>7s} "
+            f"{'auto ms':>8s} {'best expert that fits':34s} {'ms':>8s}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        fits = r["fits"]
+        lines.append(f"{r['budget']:36s} {r['mesh']:22s} {str(r['pipelined'] and fits):9s} "
+                     f"{str(r.get('exact', '-')):5s} {r['sim_step_s'] * 1e3 if fits else float('nan'):7.2f} "
+                     f"{r['search_sim_peak_bytes'] / 1e6:7.3f} {r.get('time_auto_s', float('nan')) * 1e3:8.2f} "
+                     f"{r['expert'] or '-':34s} {r.get('time_expert_s', float('nan')) * 1e3:8.2f}")
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    return (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+            f"jax {jax.__version__}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--part", choices=("all", "expert", "auto"), default="all",
+                    help="expert: the pipelined and SPMD-only cases; auto: AutomaticPartition against them (reads "
+                         "the expert cases from --out); all: both (default)")
+    ap.add_argument("--quick", action="store_true", help="M = 1, 4, 16; alone and fully composed")
+    ap.add_argument("--rounds", type=int, default=4, help="interleaved timing rounds (default 4)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed calls per program per round (default 5)")
+    ap.add_argument("--out", default=os.path.join(RESULTS, "pipeline.json"))
+    args = ap.parse_args(argv)
+    logging.getLogger("jax").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+    start = time.perf_counter()
+    if len(jax.devices()) < 8:
+        raise SystemExit("needs 8 JAX devices")
+    data = {}
+    if os.path.exists(args.out):
+        with open(args.out) as f:
+            data = json.load(f)
+    if args.part == "auto" and "cases" not in data:
+        raise SystemExit(f"--part auto reads the expert cases from {args.out}: run --part expert first")
+    model = models.scanned_transformer(**MODEL)
+    inputs = model.init(jax.random.key(0))
+    want = jax.jit(model.step)(*inputs)
+    if args.part in ("all", "expert"):
+        data.update(expert_part(args, model, inputs, want, start))
+    if args.part in ("all", "auto"):
+        data["auto"] = auto_part(args, model, inputs, want, data["cases"], time.perf_counter())
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"summary": summary, "cases": rows}, f, indent=1)
+        json.dump(data, f, indent=1)
     print(f"wrote {args.out} in {time.perf_counter() - start:.0f}s")
 
 

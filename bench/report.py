@@ -237,6 +237,26 @@ def _cross_mesh(d: dict) -> list[str]:
     return out
 
 
+_PIPELINE_AUTO = (col("budget", "budget"), col("budget B", "budget_bytes"), col("mesh", "mesh"),
+                  Column("chosen tactics", lambda r: " ".join(r["code"].split())), col("fits", "fits"), col("pipelined", "pipelined"),
+                  col("exact", "exact"), col("simulated ms", "search_sim_step_s", 1e3),
+                  col("simulated peak", "search_sim_peak_bytes"), col("measured ms", "time_auto_s", 1e3),
+                  col("best expert that fits", "expert"), col("its simulated peak", "expert_sim_peak_bytes"),
+                  col("its measured ms", "time_expert_s", 1e3), col("auto / expert", "auto_over_expert"),
+                  col("best SPMD-only that fits", "spmd_only"), col("its ms (expert run)", "spmd_only_recorded_ms"))
+
+
+def _pipeline_auto(d: dict) -> list[str]:
+    """bench/pipeline.py's part auto: AutomaticPartition, with its pipeline actions, against the expert cases."""
+    if "auto" not in d:
+        return []
+    return (["### Automatic partitioning with pipeline actions (`--part auto`)", "",
+             "`AutomaticPartition` per mesh and memory budget, its measured time interleaved with that of the "
+             "best expert case that fits the budget; a search that fits nothing shows the smallest peak it found.",
+             ""] + table([c.header for c in _PIPELINE_AUTO], [[c.value(r) for c in _PIPELINE_AUTO]
+                                                              for r in d["auto"]["cases"]]) + [""])
+
+
 BENCHMARKS = (
     Benchmark("Synthesis speed and plan quality", "synthesis_speed.json", "synthesis_speed.py",
               "./dev bench synthesis_speed", figures=("synthesis_speed_time", "synthesis_speed_bytes")),
@@ -302,7 +322,8 @@ BENCHMARKS = (
                   "./dev bench partitioning --models scanned_mlp,scanned_transformer "
                   "--out bench/results/partitioning_scanned.json"),
     Benchmark("Pipeline parallelism", "pipeline.json", "pipeline.py", "./dev bench pipeline",
-              cases=lambda d: d["cases"],
+              summary=lambda d: dict(d["summary"], **({"auto": d["auto"]["summary"]} if "auto" in d else {})),
+              extra=_pipeline_auto, cases=lambda d: d["cases"],
               columns=(col("case", "case"), col("exact", "exact"), col("simulated ms", "sim_step_s", 1e3),
                        col("bubble", "sim_bubble"), col("formula", "bubble_formula"),
                        col("measured ms", "time_ours_s", 1e3), col("XLA ms", "time_xla_s", 1e3),
