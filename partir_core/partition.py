@@ -33,6 +33,7 @@ from partir_core.choice import analyze
 from partir_core.explain import explain as _explain
 from partir_core.lowering import lower
 from partir_core.program import LocalProgram
+from partir_core.proof import verify as _verify
 from partir_core.propagation import State, propagate
 from partir_core.registry import rule_for
 from partir_core.reshard import mesh_of
@@ -44,8 +45,11 @@ from partir_core.tactics import AutomaticPartition, ManualPartition, PartitionEr
 class Partitioned:
     """A partitioned program (see the module docstring)."""
 
-    def __init__(self, graph, rules, mesh, schedule, states, program: LocalProgram, automatic=()):
+    def __init__(self, graph, rules, mesh, schedule, states, program: LocalProgram, automatic=(), function=None,
+                 call=None):
         self.graph = graph
+        self.function = function  # the function traced (without its static arguments)
+        self.call = call  # its arguments as traced (a Call of jax.ShapeDtypeStruct leaves)
         self.rules = rules
         self.mesh = mesh
         self.schedule = list(schedule)
@@ -152,6 +156,15 @@ class Partitioned:
     def simulate(self, hardware=None):
         """Per-device step time, peak memory, communication and FLOPs (see :mod:`partir_core.simulator`)."""
         return _simulate(self.program, hardware)
+
+    def verify(self, reference=None, timeout_s: float | None = None) -> redist.Verdict:
+        """Prove that the local program, run on every device of the mesh, computes ``reference``'s outputs (None:
+        the function it was traced from; else a function of the same signature, traced on the same arguments):
+        a :class:`redist.Verdict` of status ``"proved"``, ``"refuted"`` (its ``counterexample`` names the
+        reference's op where the two part ways, by source location, and an output that differs on random
+        inputs) or ``"undecided"`` (``reason`` names what no proved rule covers), within ``timeout_s`` seconds
+        (None: no bound). See :mod:`partir_core.proof`."""
+        return _verify(self, reference, timeout_s)
 
     def run(self, *args):
         """Run on ``args``: the arguments as lowered, positional ones first, then the values of the keyword ones."""
@@ -275,7 +288,8 @@ class PartitionedFunction:
             states.append(state.copy())
         program = lower(graph, analyze(graph, rules, state, self.mesh), self.mesh)
         program = replace(program, device_mesh=self._jax_mesh)
-        return Partitioned(graph, rules, self.mesh, schedule, states, program, automatic)
+        return Partitioned(graph, rules, self.mesh, schedule, states, program, automatic, self.fn,
+                           _abstract(call))
 
     def place(self, *args, **kwargs) -> tuple[tuple, dict]:
         """``(args, kwargs)``: the arguments as ``fn`` binds them (those that can be positional in ``args``),
@@ -299,6 +313,15 @@ class PartitionedFunction:
         low = self._lowered(call)
         outs = low.program.run(*call.leaves, donate=call.donated)
         return jax.tree_util.tree_unflatten(low.graph.out_tree, list(outs))
+
+
+def _abstract(call: Call) -> Call:
+    """``call`` with every array argument replaced by its ``jax.ShapeDtypeStruct`` (a lowering keeps no array
+    alive)."""
+    def spec(x):
+        return jax.ShapeDtypeStruct(np.shape(x), x.dtype) if hasattr(x, "dtype") else x
+
+    return replace(call, args=jax.tree.map(spec, call.args), kwargs=jax.tree.map(spec, call.kwargs))
 
 
 def _meshes(mesh) -> tuple[Mesh, jax.sharding.Mesh | None]:

@@ -235,17 +235,24 @@ class LocalProgram:
 
     def _compute(self, ins: Compute, vals: list, names: reshard.AxisNames) -> list:
         """The results of ``ins`` on local operands ``vals``."""
-        g = self.graph
-        eqn = g.eqns[ins.eqn_index]
         op = self.analysis.ops[ins.eqn_index]
         for i, d, kind in ins.masks:
             vals[i] = _mask_padding(vals[i], op.in_types[i], d, kind, names)
+        return self.local_op(ins.eqn_index, names)(*vals)
+
+    def local_op(self, i: int, names: reshard.AxisNames):
+        """The function a device runs for equation ``i`` on its local operands (padding already masked), giving
+        the list of its local results: the registry rule's local form, or the primitive with its own
+        parameters (no rule, or a rule without a local form)."""
+        g = self.graph
+        eqn = g.eqns[i]
+        op = self.analysis.ops[i]
         ctx = LocalContext(eqn, local_shapes(g, eqn.invars, op.in_types), local_shapes(g, eqn.outvars, op.out_types),
                            [t.dims for t in op.out_types], self.mesh, op.new_partial, names,
                            [t.dims for t in op.in_types])
         if op.rule is None or op.rule.local is None:
-            return bind(ctx, *vals)
-        return op.rule.local(ctx, *vals)
+            return functools.partial(bind, ctx)
+        return functools.partial(op.rule.local, ctx)
 
     def run(self, *flat_args, donate: tuple[int, ...] = ()):
         """The outputs on the inputs ``flat_args`` (the flattened arguments); the buffers of the inputs at the

@@ -1,0 +1,104 @@
+"""Proofs that a partitioned program computes its function: ``Partitioned.verify(reference=None, timeout_s=None)``.
+
+A translation validation of the lowered local program (:class:`~partir_core.program.LocalProgram`) against a
+reference, by a block invariant: every buffer holds, on every device, the block of one global value that its
+sharding type assigns to the device (a pending type: a summand, a partial maximum or minimum).
+
+- :mod:`~partir_core.proof.lemmas`: the lemmas, proved once with symbolic sizes (Z3);
+- :mod:`~partir_core.proof.rules`: the proved local forms, per primitive, written independently of the
+  registry;
+- :mod:`~partir_core.proof.invariant`: the walk of the instructions that checks the invariant, each reshard
+  by :func:`redist.verify.verify`, each loop body once with its carries' types as the loop invariant;
+- :mod:`~partir_core.proof.reference`: a reference function's alignment with the program's own graph, and the
+  numeric witness a refutation rests on;
+- :mod:`~partir_core.proof.verdict`: the :class:`~redist.verify.Verdict` and how ops are named in it.
+
+:func:`verify`'s answer is ``"proved"`` only when every instruction is covered by a proved rule or a proved
+plan and the reference aligns with the program's graph; ``"refuted"`` only with a witness (random inputs on
+which the partitioned program and the reference differ), naming the reference's op where the two part ways;
+``"undecided"`` otherwise, saying what is not covered.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+
+from redist.verify.solver import Deadline
+from redist.verify.verdict import Undecided
+
+from partir_core import ir
+from partir_core.proof.invariant import Walk
+from partir_core.proof.reference import align, random_inputs, witness
+from partir_core.proof.verdict import NotProved, Verdict, op_name
+
+__all__ = ["verify", "Verdict"]
+
+
+def verify(partitioned, reference=None, timeout_s: float | None = None) -> Verdict:
+    """The verdict on ``partitioned`` (a :class:`~partir_core.Partitioned`) against ``reference`` (None: the
+    function it was traced from; else a function of the same signature, traced on the same arguments), within
+    ``timeout_s`` seconds (None: no bound). See the module docstring."""
+    deadline = Deadline(timeout_s, time.perf_counter())
+    walk = Walk(partitioned.program, deadline)
+    try:
+        details = walk.run()
+        status, reason = "proved", "every device holds the block its type assigns of every value"
+    except NotProved as e:
+        where = "" if e.eqn is None else f"{op_name(partitioned.graph, e.eqn)}: "
+        status, reason, details = "undecided", f"not proved: {where}{e.reason}", {"eqn": e.eqn}
+    except Undecided as e:
+        return Verdict("undecided", e.reason, None, deadline.elapsed(), {})
+    if reference is None:
+        return Verdict(status, reason, None, deadline.elapsed(), details)
+    return _against(partitioned, reference, status, reason, details, deadline)
+
+
+def _against(partitioned, reference, status, reason, details, deadline) -> Verdict:
+    """The verdict against a ``reference`` function, given the walk's (``status``, ``reason``)."""
+    graph = partitioned.graph
+    call = partitioned.call
+    ref = ir.trace(call.function(reference), call.args, call.kwargs)
+    parting = align(graph, ref)
+    if parting is None:
+        return Verdict(status, reason + "; the reference aligns with the program op for op", None,
+                       deadline.elapsed(), details)
+    at = "the outputs" if parting.eqn is None else op_name(ref, parting.eqn)
+    found = _witness(partitioned, reference, status == "proved")
+    if found is None:
+        return Verdict("undecided", f"the reference parts ways with the program at {at}: {parting.why}; but the "
+                       "two agree on random inputs (or could not be run), so nothing is known", None,
+                       deadline.elapsed(), details)
+    cx = {"op": at, "eqn": parting.eqn, "source": None if parting.eqn is None else ref.eqns[parting.eqn].source,
+          "why": parting.why, **found}
+    return Verdict("refuted", f"the partitioned program does not compute the reference: they part ways at {at} "
+                   f"({parting.why}); on random inputs output {found['output']} differs at {found['index']}: "
+                   f"{found['program']} against {found['reference']}", cx, deadline.elapsed(), details)
+
+
+def _witness(partitioned, reference, proved: bool) -> dict | None:
+    """:func:`~partir_core.proof.reference.witness` of the partitioned program against ``reference``: the
+    program itself where JAX has the devices, else the function it was traced from when the walk proved the
+    program computes it; None where neither can run."""
+    graph, call = partitioned.graph, partitioned.call
+    n_args = len(call.args)
+
+    def as_call(leaves):
+        values = jax.tree_util.tree_unflatten(graph.in_tree, leaves)
+        return values[:n_args], dict(zip(call.kwargs, values[n_args:]))
+
+    def run_reference(leaves):
+        args, kwargs = as_call(leaves)
+        return jax.tree_util.tree_leaves(jax.jit(call.function(reference))(*args, **kwargs))
+
+    if len(jax.devices()) >= partitioned.mesh.size:
+        def run_program(leaves):
+            return list(partitioned.program.run(*leaves))
+    elif proved:
+        def run_program(leaves):
+            args, kwargs = as_call(leaves)
+            return jax.tree_util.tree_leaves(jax.jit(call.function(partitioned.function))(*args, **kwargs))
+    else:
+        return None
+    return witness(run_program, run_reference, random_inputs(graph))
