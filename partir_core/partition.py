@@ -221,13 +221,16 @@ class PartitionedFunction:
     ``place(*args, **kwargs)`` puts the arguments where the program wants them."""
 
     def __init__(self, fn, mesh, schedule, static_argnums=(), static_argnames=(), donate_argnums=(),
-                 donate_argnames=()):
+                 donate_argnames=(), verify=False):
         if not callable(fn):
             raise PartitionError(f"partir_core.jit needs a function to partition, got {type(fn).__name__} {shown(fn)}")
         self.fn = fn
         self.mesh, self._jax_mesh = _meshes(mesh)
         self.schedule = check_schedule(schedule, self.mesh, (ManualPartition, AutomaticPartition, pipeline.Pipeline))
         self.arguments = Arguments(fn, static_argnums, static_argnames, donate_argnums, donate_argnames)
+        if not isinstance(verify, bool):
+            raise PartitionError(f"verify must be True or False, got {shown(verify)}")
+        self.verify = verify
         self._cache: dict = {}
         functools.update_wrapper(self, fn)
 
@@ -264,7 +267,14 @@ class PartitionedFunction:
     def _lowered(self, call: Call) -> Partitioned:
         key = self._key(call)
         if key not in self._cache:
-            self._cache[key] = pipelines.lower(self, call, lambda schedule: self._lower(call, schedule))
+            low = pipelines.lower(self, call, lambda schedule: self._lower(call, schedule))
+            if self.verify:
+                v = low.verify()
+                if not v.ok:
+                    raise PartitionError(f"partir_core.jit(verify=True) refuses to run the partitioned program of "
+                                         f"{getattr(self.fn, '__name__', 'the function')}: it is {v.status}: "
+                                         f"{v.reason}")
+            self._cache[key] = low
         return self._cache[key]
 
     def _lower(self, call: Call, schedule) -> Partitioned:
@@ -346,7 +356,7 @@ def _meshes(mesh) -> tuple[Mesh, jax.sharding.Mesh | None]:
 
 
 def jit(fn, mesh, schedule=(), *, static_argnums=(), static_argnames=(), donate_argnums=(),
-        donate_argnames=()) -> PartitionedFunction:
+        donate_argnames=(), verify: bool = False) -> PartitionedFunction:
     """Partition ``fn`` over ``mesh`` with ``schedule`` (a list of tactics); see the module docstring.
 
     ``mesh``: a :class:`redist.Mesh` (the program runs on the JAX devices its ``device_ids`` name, by default
@@ -354,12 +364,15 @@ def jit(fn, mesh, schedule=(), *, static_argnums=(), static_argnames=(), donate_
     devices, in its order) or a ``jax.sharding.AbstractMesh`` (as the ``redist.Mesh`` of its axes).
     ``static_argnums``/``static_argnames``: arguments that are not arrays but hashable values ``fn`` is traced
     with, as ``jax.jit``'s (each value lowers a program of its own). ``donate_argnums``/``donate_argnames``:
-    arguments whose arrays the call may reuse for its outputs and deletes, as ``jax.jit``'s.
+    arguments whose arrays the call may reuse for its outputs and deletes, as ``jax.jit``'s. ``verify``: prove
+    each program as it is lowered (:meth:`Partitioned.verify`) and refuse, with a :class:`PartitionError` saying
+    why, to lower or run one that is not proved.
 
     Raises :class:`PartitionError` for a ``fn`` that is not callable, a ``mesh`` of none of those kinds, a
     schedule that is not a list of tactics, a tactic naming an axis the mesh lacks, or static and donated
     arguments that are not ``fn``'s."""
-    return PartitionedFunction(fn, mesh, schedule, static_argnums, static_argnames, donate_argnums, donate_argnames)
+    return PartitionedFunction(fn, mesh, schedule, static_argnums, static_argnames, donate_argnums, donate_argnames,
+                               verify)
 
 
 def input_paths(fn, *args, **kwargs) -> list[str]:

@@ -78,3 +78,12 @@ def test_a_reference_one_op_away_is_refuted_naming_it(lowered, change, op):
 def test_a_reference_equal_in_value_but_not_in_form_is_undecided(lowered):
     v = lowered.verify(reference=block(doubled=True))
     assert v.status == "undecided" and "agree on random inputs" in v.reason
+
+
+def test_jit_verify_runs_what_it_proves_and_refuses_the_rest():
+    rows = [pc.ManualPartition({"x": 0}, axis="batch")]
+    x = jnp.arange(32.0).reshape(8, 4)
+    assert jnp.allclose(pc.jit(lambda x: jnp.tanh(x) * 2, MESH, rows, verify=True)(x), jnp.tanh(x) * 2)
+    concat = pc.jit(lambda x: jnp.concatenate([x, x], axis=1), MESH, rows, verify=True)
+    with pytest.raises(pc.PartitionError, match=r"refuses to run .* undecided: not proved: eqn \d+ \(concatenate"):
+        concat(x)
