@@ -6,7 +6,8 @@ alone), ``exhaustive`` (every whole-axis pair on meshes of up to 8 devices), ``c
 pending sums: exhaustive to rank 2, and random ones), ``random`` (random pairs on
 16-device meshes, and the median verify time), ``uneven`` (random pairs with uneven dims), ``features``
 (reduction kinds, device orders and complex dtypes: exhaustive small pairs and random ones), ``mutation``
-(mutants of lowered programs, transfers between meshes included, and claims must be refuted), ``speed64``
+(mutants of lowered programs, transfers between meshes included, and claims must be refuted), ``partitioned``
+(mutants of partitioned programs and of the registry are never proved unless equivalent), ``speed64``
 (rank-4 plans on a 64-device mesh), ``sequences`` (plans of random step sequences through the typing rules, not
 synthesized: proved exactly where the numpy backend runs them right, and their mutants never proved where it
 does not), ``cross_mesh`` (random pairs across meshes: proved, run exactly on numpy, within each device's
@@ -123,6 +124,21 @@ def mutation(quick: bool, workers: int) -> Outcome:
     return Outcome(rows, failures, notes)
 
 
+def partitioned(quick: bool, workers: int) -> Outcome:
+    from partir_core.proof import lemmas
+    from proofs import partitioned_mutation as pm
+    t = time.perf_counter()
+    obligations = dict(r for lemma in lemmas.OBLIGATIONS for r in lemmas.results(lemma))
+    r = pm.run()
+    rows = [("local-form lemmas, symbolic sizes (Z3)", f"{sum(obligations.values())}/{len(obligations)} proved",
+             "ok" if all(obligations.values()) else "FAIL", time.perf_counter() - t - r["seconds"]),(f"partitioned programs: {r['mutants']} mutants", f"{r['mutants'] - len(r['survivors'])} not proved, "
+             f"{len(r['survivors'])} equivalent survivors (confirmed by running)", "ok" if r["ok"] else "FAIL",
+             r["seconds"])]
+    notes = ["partitioned mutants by operator (not proved/mutants): " + ", ".join(
+        f"{op} {s['not proved']}/{s['mutants']}" for op, s in r["by_operator"].items())]
+    return Outcome(rows, r["failures"] + [f"lemma: {o}" for o, ok in obligations.items() if not ok], notes)
+
+
 def speed64(quick: bool, workers: int) -> Outcome:
     """verify on rank-4 plans over a 64-device mesh (4x4x2x2): the slowest of several must take <= 5 s."""
     from proofs.common import progress
@@ -213,8 +229,8 @@ def probe(quick: bool, workers: int) -> Outcome:
 
 PARTS: dict[str, Callable[[bool, int], Outcome]] = {
     "step_rules": step_rules, "exhaustive": exhaustive, "creating": creating, "random": random_pairs,
-    "uneven": uneven, "features": features, "mutation": mutation, "speed64": speed64, "sequences": sequences,
-    "cross_mesh": cross_mesh, "probe": probe,
+    "uneven": uneven, "features": features, "mutation": mutation, "partitioned": partitioned,
+    "speed64": speed64, "sequences": sequences, "cross_mesh": cross_mesh, "probe": probe,
 }
 
 

@@ -42,7 +42,6 @@ Forms, by primitive (``T_k``: operand ``k``'s type; a type partial over ``P`` is
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -60,8 +59,8 @@ ELEMENTWISE = frozenset({
     "square", "integer_pow", "erf", "erfc", "erf_inv", "is_finite", "atan2", "not", "and", "or", "xor", "eq",
     "ne", "lt", "le", "gt", "ge", "select_n", "clamp", "convert_element_type", "stop_gradient", "add_any", "copy",
     "copy_p", "real", "imag", "conj", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
-    "bitcast_convert_type", "shift_left", "shift_right_logical", "shift_right_arithmetic", "population_count", "clz", "random_seed",
-    "random_fold_in", "random_clone", "threefry2x32"})
+    "bitcast_convert_type", "shift_left", "shift_right_logical", "shift_right_arithmetic", "population_count",
+    "clz", "random_seed", "random_fold_in", "random_clone", "threefry2x32"})
 LINEAR_ALL = frozenset({"add", "sub", "add_any", "neg", "copy", "copy_p"})
 REDUCED_WHOLE = frozenset({"argmax", "argmin", "reduce_prod", "reduce_and", "reduce_or"})
 IDENTITY = frozenset({"sharding_constraint", "mesh_cast", "reshard"})
@@ -230,8 +229,8 @@ def reduction(site: Site) -> LocalForm:
     if name in REDUCED_WHOLE or (name != "reduce_sum" and pend):
         if red or pend:
             raise NotCovered(f"{name} over a split or pending dim")
-        return LocalForm("reduction along whole dims", tuple(site.out_type(r, keep) for r in range(len(site.eqn.outvars))),
-                         bind(site.eqn))
+        outs = tuple(site.out_type(r, keep) for r in range(len(site.eqn.outvars)))
+        return LocalForm("reduction along whole dims", outs, bind(site.eqn))
     kind = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min"}[name]
     masks = frozenset((0, d, kind) for d in axes if ds[d] and not t.is_even(d))
     if kind == "sum":

@@ -8,7 +8,7 @@ outputs), ``"refuted"`` (it does not: ``counterexample`` names the reference's o
 
 from __future__ import annotations
 
-from redist.verify.verdict import Verdict
+from redist.verify.verdict import Verdict  # noqa: F401 - the verdict of a program is redist's
 
 __all__ = ["Verdict", "NotProved", "op_name"]
 

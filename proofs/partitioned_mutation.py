@@ -1,0 +1,253 @@
+"""Mutation testing of ``Partitioned.verify``: mutants of lowered programs, and of the registry, are never proved
+unless they are equivalent.
+
+Programs: reference models (:mod:`partir_core.models`) under presets on a 2x2 mesh (two axes of one size, so
+that a slice or a reduction over the wrong axis still fits its buffers). Operators on the lowered program:
+
+- ``drop reduction``: a reshard that reduces a pending sum runs the plan of the same move from a source that
+  is not pending (no reduction);
+- ``reduce wrong axis``: it runs the plan that reduces over the other mesh axis;
+- ``gather wrong dim`` / ``slice wrong offset``: a reshard that gathers (slices) a dim runs the plan that
+  gathers another dim (slices over the other axis);
+- ``swap operands``: a local op of two operands of one shape reads them swapped;
+- ``drop finish`` / ``wrong finish``: a max/min reduction is not finished, or finished with the other kind.
+
+Operators on the registry (:mod:`partir_core.registry`), the program lowered again: ``wrong local rule`` (a
+local form that doubles its result), ``sum reduced as max`` (``reduce_sum``'s factor marked a max
+reduction), ``mul linear in both`` (pending sums passed through a product of two of them), ``transpose not
+permuted`` (the result's factors in the operand's order).
+
+Each mutant is verified, and run on random inputs against the unmutated program: a mutant proved whose
+outputs differ (or that fails to run) is a failure; one proved whose outputs agree is an equivalent survivor,
+confirmed by that run. (``permute to the wrong stage`` needs the pipelined loops, which partir_core does not
+have yet.)
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import time
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+import redist  # noqa: E402
+import partir_core as pc  # noqa: E402
+from partir_core import models, registry, reshard, schedules  # noqa: E402
+from partir_core.program import Compute, ControlFlow, Finish, Reshard, walk  # noqa: E402
+from partir_core.proof.reference import random_inputs  # noqa: E402
+from proofs.common import progress  # noqa: E402
+
+MESH = redist.Mesh({"batch": 2, "model": 2})
+PROGRAMS = (("mlp", "BP+MP"), ("scanned_mlp", "BP+MP+Z3"), ("transformer", "BP+MP"))
+PER_OPERATOR = 3  # mutants per operator and program
+
+
+def lowered(name: str, schedule: str):
+    m = models.MODELS[name]()
+    ins = m.init(jax.random.key(0))
+    return pc.jit(m.step, MESH, schedules.schedule(schedule, m, ins, mesh=MESH)).lower(*ins)
+
+
+def replaced(instructions: list, target, new: list) -> list:
+    """``instructions`` (nested bodies included) with the instruction ``target`` replaced by ``new``."""
+    out = []
+    for ins in instructions:
+        if ins is target:
+            out.extend(new)
+        elif isinstance(ins, ControlFlow):
+            out.append(dataclasses.replace(ins, bodies=[replaced(b, target, new) for b in ins.bodies]))
+        else:
+            out.append(ins)
+    return out
+
+
+def with_program(low, instructions=None, analysis=None):
+    mutant = copy.copy(low)
+    mutant.program = dataclasses.replace(low.program, instructions=instructions or low.program.instructions,
+                                         analysis=analysis or low.program.analysis)
+    return mutant
+
+
+def _other(axis: str) -> str:
+    return "model" if axis == "batch" else "batch"
+
+
+class _Rewired(redist.Plan):
+    """A plan whose program is another plan's (its steps and types stay the original's claim)."""
+
+    def __init__(self, plan, program):
+        super().__init__(plan.steps, plan.types)
+        object.__setattr__(self, "_program", program)
+
+    @property
+    def program(self):
+        return self._program
+
+
+def _run_as(ins: Reshard, src, dst):
+    """``ins`` running the program of the move ``src`` → ``dst`` (which must have ``ins``'s buffer shapes),
+    while its plan still claims its own source and destination."""
+    plan = _Rewired(ins.move.plan, reshard.move(src, dst).plan.program)
+    return dataclasses.replace(ins, move=reshard.Move(plan))
+
+
+def program_mutants(low):
+    """``(operator, mutant Partitioned)`` for each operator of the lowered program, a few sites each."""
+    found: dict = {}
+
+    def add(op, make):
+        if len(found.setdefault(op, [])) < PER_OPERATOR:
+            try:
+                found[op].append(make())
+            except Exception:  # noqa: BLE001 - a site where the operator makes no valid mutant
+                pass
+
+    g = low.graph
+    for ins in walk(low.program.instructions):
+        if isinstance(ins, Reshard):
+            s, d = ins.src, ins.dst
+            if s.partial and not d.partial:
+                add("drop reduction", lambda ins=ins, s=s, d=d: _swap(low, ins, _run_as(ins, s.replace(partial=()), d)))
+                other = tuple(_other(a) for a in s.partial)
+                add("reduce wrong axis", lambda ins=ins, s=s, d=d, o=other: _swap(low, ins, _run_as(
+                    ins, s.replace(partial=o), d)))
+            for k, (a, b) in enumerate(zip(s.dims, d.dims)):
+                j = next((j for j, n in enumerate(s.shape) if j != k and n == s.shape[k] and not s.dims[j]), None)
+                if a and not b and j is not None:
+                    dims = list(s.dims)
+                    dims[k], dims[j] = (), a
+                    add("gather wrong dim", lambda ins=ins, s=s, d=d, dims=dims: _swap(low, ins, _run_as(
+                        ins, s.replace(dims=tuple(dims)), d)))
+                if b and not a and len(b) == 1:
+                    dims = list(d.dims)
+                    dims[k] = (_other(b[0]),)
+                    add("slice wrong offset", lambda ins=ins, s=s, d=d, dims=dims: _swap(low, ins, _run_as(
+                        ins, s, d.replace(dims=tuple(dims)))))
+        elif isinstance(ins, Compute) and len(ins.reads) == 2 and ins.reads[0] != ins.reads[1]:
+            e = g.eqns[ins.eqn_index]
+            if g.shape(e.invars[0]) == g.shape(e.invars[1]) and g.dtype(e.invars[0]) == g.dtype(e.invars[1]):
+                add("swap operands", lambda ins=ins: _swap(low, ins, dataclasses.replace(ins, reads=ins.reads[::-1])))
+        elif isinstance(ins, Finish):
+            add("drop finish", lambda ins=ins: with_program(low, replaced(low.program.instructions, ins, [])))
+            kind = "min" if ins.kind == "max" else "max"
+            add("wrong finish", lambda ins=ins, k=kind: _swap(low, ins, dataclasses.replace(ins, kind=k)))
+    return [(op, m) for op, ms in found.items() for m in ms]
+
+
+def _swap(low, ins, new):
+    return with_program(low, replaced(low.program.instructions, ins, [new]))
+
+
+def _doubling(make):
+    def rule(eqn, shapes, out_shapes):
+        r = make(eqn, shapes, out_shapes)
+        if r is None:
+            return None
+        local = r.local
+
+        def doubled(ctx, *xs):
+            out = local(ctx, *xs) if local else registry.bind(ctx, *xs)
+            return [y * 2 for y in out]
+
+        return dataclasses.replace(r, local=doubled)
+    return rule
+
+
+def _reduce_as_max(make):
+    def rule(eqn, shapes, out_shapes):
+        r = make(eqn, shapes, out_shapes)
+        return dataclasses.replace(r, reduce={f: "max" for f in r.reduce}, linear=None)
+    return rule
+
+
+def _mul_linear_all(make):
+    def rule(eqn, shapes, out_shapes):
+        r = make(eqn, shapes, out_shapes)
+        return r if r is None or eqn.name != "mul" else dataclasses.replace(r, linear="all")
+    return rule
+
+
+def _not_permuted(make):
+    def rule(eqn, shapes, out_shapes):
+        r = make(eqn, shapes, out_shapes)
+        return dataclasses.replace(r, results=[list(r.operands[0])])
+    return rule
+
+
+REGISTRY_MUTANTS = {"wrong local rule": ("dot_general", _doubling),
+                    "sum reduced as max": ("reduce_sum", _reduce_as_max),
+                    "mul linear in both": ("mul", _mul_linear_all),
+                    "transpose not permuted": ("transpose", _not_permuted)}
+
+
+def registry_mutants(name, schedule):
+    """``(operator, mutant Partitioned or the error lowering it raised)``: the program lowered again with one
+    registry rule mutated."""
+    out = []
+    for op, (prim, mutate) in REGISTRY_MUTANTS.items():
+        saved = registry.RULES[prim]
+        registry.RULES[prim] = mutate(saved)
+        try:
+            out.append((op, lowered(name, schedule)))
+        except Exception as e:  # noqa: BLE001 - a mutant that does not lower is killed by lowering
+            out.append((op, e))
+        finally:
+            registry.RULES[prim] = saved
+    return out
+
+
+def _outputs(low, leaves):
+    try:
+        return [np.asarray(x) for x in low.program.run(*leaves)]
+    except Exception as e:  # noqa: BLE001 - a mutant that fails to run is not equivalent
+        return e
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, Exception) or isinstance(b, Exception) or len(a) != len(b):
+        return False
+    return all(x.shape == y.shape and np.allclose(x, y, rtol=1e-3, atol=1e-4, equal_nan=True) for x, y in zip(a, b))
+
+
+def run() -> dict:
+    t0 = time.perf_counter()
+    rows, failures, survivors, by_op = [], [], [], {}
+    for name, schedule in PROGRAMS:
+        low = lowered(name, schedule)
+        leaves = random_inputs(low.graph)
+        want = _outputs(low, leaves)
+        assert low.verify().ok, f"{name} {schedule}: the unmutated program is not proved"
+        mutants = program_mutants(low) + registry_mutants(name, schedule)
+        for op, mutant in progress(mutants, desc=f"mutants of {name} {schedule}", unit="mutant"):
+            if isinstance(mutant, Exception):
+                status, equivalent = "not lowered", False
+            else:
+                status = mutant.verify(timeout_s=60).status
+                equivalent = _equal(_outputs(mutant, leaves), want)
+            stats = by_op.setdefault(op, {"mutants": 0, "not proved": 0, "equivalent survivors": 0})
+            stats["mutants"] += 1
+            if status != "proved":
+                stats["not proved"] += 1
+            elif equivalent:
+                stats["equivalent survivors"] += 1
+                survivors.append(f"{name} {schedule}: {op}")
+            else:
+                failures.append(f"{name} {schedule}: {op}: proved, but its outputs differ")
+            rows.append((name, schedule, op, status, equivalent))
+    return {"by_operator": by_op, "failures": failures, "survivors": survivors, "mutants": len(rows),
+            "seconds": time.perf_counter() - t0, "ok": not failures}
+
+
+if __name__ == "__main__":
+    res = run()
+    for op, s in res["by_operator"].items():
+        print(f"{op:<24} {s['not proved']}/{s['mutants']} not proved, {s['equivalent survivors']} equivalent survivors")
+    for f in res["failures"]:
+        print("FAILED", f)
+    print(f"{res['mutants']} mutants, {len(res['failures'])} failures, {res['seconds']:.0f}s")
+    raise SystemExit(0 if res["ok"] else 1)
