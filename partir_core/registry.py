@@ -468,7 +468,8 @@ def _scatter_add(eqn, shapes, out_shapes):
     Operand (= result) dims: a *batching* dim shares its factor with its indices batching dim and the update
     dim that maps to it; a window dim whose update is whole shares its factor with the update's; an *indexed*
     dim that updates write one slice of (the vocabulary of an embedding gradient) has a factor of its own:
-    split, each device adds the updates whose index falls in its block (a masked local scatter); other dims
+    split, each device adds the updates whose index falls in its block (a masked local scatter: in ``clip``
+    mode the index clamped first, as the op clamps it, else one out of range dropped everywhere); other dims
     are blocked. The updates' scatter dims (one per indices batch dim) are ``sum`` reductions: split, each
     device scatters its share and the result is a pending sum (the operand counted once)."""
     dn = eqn.params["dimension_numbers"]
@@ -524,7 +525,8 @@ def _scatter_add(eqn, shapes, out_shapes):
         clip = eqn.params["mode"] == lax.GatherScatterMode.CLIP
         gi, oob = _global_indices(i, bounds, clip=clip)
         li = gi - _block_starts(ctx, dn.scatter_dims_to_operand_dims, split, gi.dtype)
-        li = jnp.where(oob[..., None], -1, li)  # dropped everywhere, as out of range (also off padding)
+        if not clip:  # out of range: dropped everywhere (also off padding); clamped, it is in one block
+            li = jnp.where(oob[..., None], -1, li)
         return bind(ctx, x, li, u, mode=lax.GatherScatterMode.FILL_OR_DROP)
 
     return Rule([op, idx_dims, up], [op], n.sizes, reduce=reduce, blocked=frozenset(blocked), local=local)

@@ -114,6 +114,23 @@ def test_scatter_add_into_a_split_table():
     assert scatter.dims[0] == ("model",) and not low.unsupported
 
 
+def test_scatter_add_of_clamped_indices_into_a_split_table():
+    """``table.at[ids].add(updates, mode="clip")`` with the table split on its rows: an index past either end is
+    added at the row it is clamped to (the last or the first), on the one device whose block holds it, as
+    unpartitioned; the program is proved."""
+    def f(table, ids, updates):
+        return table.at[ids].add(updates, mode="clip")
+
+    ids = IDS.at[0, 1].set(V + 3).at[1, 2].set(-V - 9)
+    updates = jnp.ones(ids.shape + (D,))
+    pf = pc.jit(f, MESH, [MP({"table": 0}, axis="model"), MP({"ids": 0, "updates": 0}, axis="batch")])
+    got, want = pf(TABLE, ids, updates), f(TABLE, ids, updates)
+    assert_same(got, want)
+    dropped = TABLE.at[ids].add(updates, mode="drop")
+    assert not np.allclose(np.asarray(want), np.asarray(dropped))  # the clamped updates count
+    assert pf.lower(TABLE, ids, updates).verify().status == "proved"
+
+
 def test_uneven_vocabulary_split():
     """61 rows over model=4 (blocks of 16, the last with 13 rows and 3 of padding)."""
     table, ids = TABLE[:61], IDS % 61
