@@ -7,8 +7,12 @@ sharding type assigns to the device (a pending type: a summand, a partial maximu
 - :mod:`~partir_core.proof.lemmas`: the lemmas, proved once with symbolic sizes (Z3);
 - :mod:`~partir_core.proof.rules`: the proved local forms, per primitive, written independently of the
   registry;
+- :mod:`~partir_core.proof.movement`: local ops that move elements between devices (the static permutation
+  of a pipeline's stage rotation), proved by running them on element ids;
 - :mod:`~partir_core.proof.invariant`: the walk of the instructions that checks the invariant, each reshard
-  by :func:`redist.verify.verify`, each loop body once with its carries' types as the loop invariant;
+  by :func:`redist.verify.verify`, each loop body once with its carries' types as the loop invariant (a
+  pipelined loop's too), what each device runs traced once per
+  :mod:`~partir_core.proof.fingerprint` of it;
 - :mod:`~partir_core.proof.reference`: a reference function's alignment with the program's own graph, and the
   numeric witness a refutation rests on;
 - :mod:`~partir_core.proof.verdict`: the :class:`~redist.verify.Verdict` and how ops are named in it.
@@ -28,10 +32,12 @@ import jax
 from redist.verify.solver import Deadline
 from redist.verify.verdict import Undecided
 
-from partir_core import ir
+from partir_core import ir, pipeline
+from partir_core.pipeline import Pipeline
 from partir_core.proof.invariant import Walk
 from partir_core.proof.reference import align, random_inputs, witness
 from partir_core.proof.verdict import NotProved, Verdict, op_name
+from partir_core.tactics import PartitionError
 
 __all__ = ["verify", "Verdict"]
 
@@ -45,6 +51,9 @@ def verify(partitioned, reference=None, timeout_s: float | None = None) -> Verdi
     try:
         details = walk.run()
         status, reason = "proved", "every device holds the block its type assigns of every value"
+        if partitioned.graph.pipelines:
+            reason += (" of the step as traced, its layer scan run as the pipelined loop of a Pipeline (that "
+                       "rewrite of the scan is not part of the proof)")
     except NotProved as e:
         where = "" if e.eqn is None else f"{op_name(partitioned.graph, e.eqn)}: "
         status, reason, details = "undecided", f"not proved: {where}{e.reason}", {"eqn": e.eqn}
@@ -58,8 +67,7 @@ def verify(partitioned, reference=None, timeout_s: float | None = None) -> Verdi
 def _against(partitioned, reference, status, reason, details, deadline) -> Verdict:
     """The verdict against a ``reference`` function, given the walk's (``status``, ``reason``)."""
     graph = partitioned.graph
-    call = partitioned.call
-    ref = ir.trace(call.function(reference), call.args, call.kwargs)
+    ref = _traced(partitioned, reference)
     parting = align(graph, ref)
     if parting is None:
         return Verdict(status, reason + "; the reference aligns with the program op for op", None,
@@ -77,10 +85,24 @@ def _against(partitioned, reference, status, reason, details, deadline) -> Verdi
                    f"{found['program']} against {found['reference']}", cx, deadline.elapsed(), details)
 
 
+def _traced(partitioned, reference):
+    """``reference`` traced on the program's arguments as its function was: its layer scan pipelined as the
+    program's is (a reference that cannot be pipelined so: traced as it is)."""
+    call = partitioned.call
+    pipes = [t for t in partitioned.schedule if isinstance(t, Pipeline)]
+    pipes += [t for a in partitioned.automatic_results for t in a.tactics if isinstance(t, Pipeline)]
+    if partitioned.graph.pipelines and pipes:
+        try:
+            return pipeline.trace(call.function(reference), call.args, call.kwargs, pipes[:1], partitioned.mesh)
+        except PartitionError:
+            pass
+    return ir.trace(call.function(reference), call.args, call.kwargs)
+
+
 def _witness(partitioned, reference, proved: bool) -> dict | None:
     """:func:`~partir_core.proof.reference.witness` of the partitioned program against ``reference``: the
     program itself where JAX has the devices, else the function it was traced from when the walk proved the
-    program computes it; None where neither can run."""
+    program computes it (and it was traced as it is: no pipelined loop); None where neither can run."""
     graph, call = partitioned.graph, partitioned.call
     n_args = len(call.args)
 
@@ -95,7 +117,7 @@ def _witness(partitioned, reference, proved: bool) -> dict | None:
     if len(jax.devices()) >= partitioned.mesh.size:
         def run_program(leaves):
             return list(partitioned.program.run(*leaves))
-    elif proved:
+    elif proved and not graph.pipelines:
         def run_program(leaves):
             args, kwargs = as_call(leaves)
             return jax.tree_util.tree_leaves(jax.jit(call.function(partitioned.function))(*args, **kwargs))

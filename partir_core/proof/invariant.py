@@ -15,7 +15,11 @@ taken on trust: each instruction's effect is derived from the types its operands
   (:mod:`partir_core.proof.rules`) must cover those types, give the types the program declares for the
   results (a pending maximum or minimum where it declares the finished one), ask for no padding mask the
   program does not apply, and its template must trace to the very jaxpr of what the program runs on the
-  device (:meth:`~partir_core.program.LocalProgram.local_op`). The results are then held in the form's types.
+  device (:meth:`~partir_core.program.LocalProgram.local_op`); a form that moves elements between devices
+  (a static permutation: a pipeline's stage rotation) has no template, and what the device runs is proved
+  by running it on element ids (:mod:`partir_core.proof.movement`). Each trace and each such check is made
+  once per :mod:`~partir_core.proof.fingerprint` of what it is (an unrolled model's layers share them, and so
+  do the programs of one session). The results are then held in the form's types.
 - ``Finish``: the buffer must hold a pending maximum / minimum over exactly its axes; it then holds the value.
 - ``ControlFlow``: each operand must hold the enter's operand (not pending; a scan's stacked dim whole); each
   body parameter then holds its type (a stacked ``xs``: less its leading dim). Each body is walked once, from
@@ -37,7 +41,8 @@ from redist.verify.solver import Deadline
 
 from partir_core.choice import value_type
 from partir_core.program import Compute, ControlFlow, Finish, Reshard
-from partir_core.proof import lemmas
+from partir_core.proof import lemmas, movement
+from partir_core.proof.fingerprint import fingerprint
 from partir_core.proof.rules import NotCovered, Site, local_forms
 from partir_core.proof.verdict import NotProved, op_name
 from partir_core.reshard import AxisNames
@@ -157,7 +162,7 @@ class Walk:
             forms = local_forms(site)
         except NotCovered as e:
             raise NotProved(f"no proved local form covers it: {e}", i) from None
-        runs = self._jaxpr(self.program.local_op(i, self.names), eqn, types)
+        runs = _Runs(self, i, eqn, op, types)
         masks = {tuple(m) for m in ins.masks}
         why = []
         for form in forms:
@@ -168,8 +173,8 @@ class Walk:
                 why.append(f"{form.lemma} needs the padding masks {sorted(form.masks - masks)}")
             elif not lemmas.proved(form.lemma):
                 why.append(f"the {form.lemma} lemma is not proved")
-            elif self._jaxpr(form.template, eqn, types) != runs:
-                why.append(f"what the device runs is not the {form.lemma} local form")
+            elif (differs := runs.differs(form)) is not None:
+                why.append(differs)
             else:
                 for v, t in zip(eqn.outvars, form.out_types):
                     held[v] = (v, t)
@@ -177,16 +182,6 @@ class Walk:
                 self.stats["lemmas"].add(form.lemma)
                 return
         raise NotProved("; ".join(why), i)
-
-    def _jaxpr(self, fn, eqn, types) -> str:
-        """The text of the jaxpr of ``fn`` on local operands of ``types`` (an exception: its text, which
-        matches no template)."""
-        g = self.graph
-        avals = [jax.ShapeDtypeStruct(t.local_shape[:len(g.shape(v))], g.dtype(v)) for v, t in zip(eqn.invars, types)]
-        try:
-            return str(jax.make_jaxpr(fn, axis_env=self.axis_env)(*avals))
-        except Exception as e:  # noqa: BLE001 - a local op that does not trace is compared, and so not proved
-            return f"<{type(e).__name__}: {e}>"
 
     def finish(self, ins: Finish, held: dict) -> None:
         if ins.buf not in held:
@@ -276,3 +271,68 @@ def _declares(declared, t) -> bool:
     if t.partial and t.reduction in ("max", "min"):
         return declared == t.replace(partial=())
     return declared == t
+
+
+class _Runs:
+    """What the device runs for one equation of a walk, compared with the proved forms (see the module
+    docstring): traced once per fingerprint (:mod:`partir_core.proof.fingerprint`) of what it is, as is each
+    form's template and each movement check."""
+
+    def __init__(self, walk: Walk, i: int, eqn, op, types):
+        self.walk, self.i, self.types = walk, i, types
+        g = walk.graph
+        self.avals = [jax.ShapeDtypeStruct(t.local_shape[:len(g.shape(v))], g.dtype(v))
+                      for v, t in zip(eqn.invars, types)]
+        params = fingerprint(eqn.params)
+        local = op.rule.local if op.rule is not None else None
+        runs = ("bind",) if local is None else fingerprint(local)
+        self.site = None if params is None else (
+            eqn.name, params, tuple(g.avals[v] for v in (*eqn.invars, *eqn.outvars)), tuple(types),
+            tuple(op.out_types), tuple(walk.axis_env))
+        self.key = None if self.site is None or runs is None else (self.site, tuple(op.new_partial), runs)
+
+    def differs(self, form) -> str | None:
+        """None where what the device runs is ``form``'s local form, else why not."""
+        if form.source is not None:
+            return _cached(_moved, self.key and (self.key, form.lemma), lambda: self._moves(form))
+        runs = _cached(_traced, self.key and ("runs", self.key), self._trace_runs)
+        mine = _cached(_traced, self.site and (form.lemma, self.site), lambda: self._trace(form.template))
+        return None if mine == runs else f"what the device runs is not the {form.lemma} local form"
+
+    def _trace_runs(self) -> str:
+        return self._trace(self.walk.program.local_op(self.i, self.walk.names))
+
+    def _trace(self, fn, text: bool = True):
+        """The jaxpr (as text, unless ``text`` is False) of ``fn`` on the local operands; where it does not
+        trace, the exception's text, which matches no template."""
+        try:
+            closed = jax.make_jaxpr(fn, axis_env=self.walk.axis_env)(*self.avals)
+        except Exception as e:  # noqa: BLE001 - a local op that does not trace is compared, and so not proved
+            return f"<{type(e).__name__}: {e}>"
+        return str(closed) if text else closed
+
+    def _moves(self, form) -> str | None:
+        closed = self._trace(self.walk.program.local_op(self.i, self.walk.names), text=False)
+        if isinstance(closed, str):
+            return f"what the device runs does not trace: {closed}"
+        try:
+            movement.check(closed, self.walk.mesh, self.types[0], form.out_types[0], form.source)
+        except movement.NotAMove as e:
+            return f"what the device runs is not the {form.lemma}: {e}"
+        return None
+
+
+CACHE_SIZE = 1 << 14
+_traced: dict = {}  # key -> jaxpr text, of what devices run and of the forms' templates
+_moved: dict = {}  # key -> the movement check's answer
+
+
+def _cached(cache: dict, key, compute):
+    """``compute()``, kept in ``cache`` under ``key`` (None: not kept)."""
+    if key is None:
+        return compute()
+    if key not in cache:
+        if len(cache) >= CACHE_SIZE:
+            cache.clear()
+        cache[key] = compute()
+    return cache[key]

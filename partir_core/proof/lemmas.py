@@ -84,6 +84,14 @@ def counting():
     return [("iota: the block's start plus the local index", _pos(L) + [_in(i, L)], b * L + i == b * L + i)]
 
 
+def clamped():
+    """A dynamic slice or update as large as its dim starts at 0, wherever its start index points: JAX clamps
+    the start into ``[0, N − S]`` (a device's block: ``[0, L − L]``), so a split dim taken whole is its block."""
+    s, N = z3.Ints("s N")
+    clamp = z3.If(s < 0, 0, z3.If(s > N - N, N - N, s))
+    return [("a start clamped into an extent as large as the slice is 0", _pos(N), clamp == 0)]
+
+
 OBLIGATIONS = {
     "replicated": [],
     "elementwise": [same_block],
@@ -101,6 +109,12 @@ OBLIGATIONS = {
     "scatter-add": [same_block],
     "scatter-add of split update rows": [same_block, partition, sums],
     "scatter-add into a split table": [same_block, partition, sums],
+    "slice": [same_block, sums],
+    "dynamic_slice": [same_block, clamped, sums],
+    "dynamic_update_slice": [same_block, clamped],
+    "pad": [same_block],
+    "concatenate": [same_block],
+    "permutation": [partition, sums],
 }
 
 

@@ -8,7 +8,10 @@ A *local form* of an equation, given the types its operands are held in (what th
 - ``template``: the function the device must run on its local operands (the primitive with its own parameters,
   but the shape parameters made local), which the walk compares with what the program runs;
 - ``masks``: the operand dims whose padding must be set to a reduction's identity first
-  (``(operand, dim, kind)``).
+  (``(operand, dim, kind)``);
+- ``source`` (a data movement among devices, which has no template): the global indices of the operand
+  elements that result elements hold, given theirs (an array, one index per row), which the walk checks by
+  running what the device runs (:func:`partir_core.proof.movement.check`).
 
 Each form names the lemma of :mod:`partir_core.proof.lemmas` it rests on: proved once, with symbolic sizes,
 it says that the template on blocks of those types computes blocks (or summands, or partial extrema) of the
@@ -34,10 +37,19 @@ Forms, by primitive (``T_k``: operand ``k``'s type; a type partial over ``P`` is
   ``reduce_or`` with their reduced dims whole.
 - **broadcast_in_dim**, **reshape**, **transpose**, **squeeze**: layouts that map blocks to blocks (a reshape:
   when both sides' block structures, flattened row-major, are equal); pending sums pass through.
+- **slice**, **dynamic_slice**, **dynamic_update_slice**, **pad**, **concatenate**: the dims they slice, update,
+  pad or join whole (a split dim taken whole: sliced from 0 to its end, updated by an update as large, not
+  padded), indices and padding values whole; the other dims keep their operand's axes (an update's the
+  operand's). Pending sums pass through ``slice`` and ``dynamic_slice``.
+- **permute_dim** (a static permutation of one dim, :mod:`partir_core.permutation`): the result laid out as its
+  operand, pending sums passing through; what the device runs is checked by running it
+  (:mod:`partir_core.proof.movement`), not against a template: its rows move between devices.
 - **iota**: each device counts from its block's start.
 - **gather** / **scatter-add** with the indexed operand dims whole: indices split on their batch dims, the
   operand on its pass-through window dims; a scatter-add whose update rows are split is pending over their
-  axes, the operand counted on the first device of each group only.
+  axes, the operand counted on the first device of each group only. A table split on a looked-up dim: each
+  device looks up (adds) the indices in its block, an index out of range clamped first in ``CLIP`` mode (it
+  then lies in exactly one block), else filled once (dropped everywhere).
 """
 
 from __future__ import annotations
@@ -76,8 +88,9 @@ class LocalForm:
 
     lemma: str
     out_types: tuple
-    template: Callable
+    template: Callable | None
     masks: frozenset = frozenset()
+    source: Callable | None = None
 
 
 @dataclass
@@ -297,6 +310,85 @@ def squeeze(site: Site) -> LocalForm:
     return LocalForm("squeeze", (out,), bind(site.eqn))
 
 
+def _kept(site: Site, k: int, whole) -> list:
+    """Operand ``k``'s dims' axes, where each dim ``d`` split must be one that ``whole(d)`` says the op takes
+    whole."""
+    ds = site.dims(k)
+    for d, axes in enumerate(ds):
+        if axes and not whole(d):
+            raise NotCovered(f"operand {k} is split on dim {d}, which the op does not take whole")
+    return list(ds)
+
+
+def _whole_scalars(site: Site, first: int) -> None:
+    for k in range(first, len(site.in_types)):
+        if any(site.dims(k)) or site.in_types[k].partial:
+            raise NotCovered(f"operand {k} (an index or a padding value) is split or pending")
+
+
+def slice_(site: Site) -> LocalForm:
+    p, shape = site.eqn.params, site.graph.shape(site.eqn.invars[0])
+    strides = p["strides"] or (1,) * len(shape)
+    ds = _kept(site, 0, lambda d: (p["start_indices"][d], p["limit_indices"][d], strides[d]) == (0, shape[d], 1))
+    out = site.out_type(0, ds, site.pending(0))
+    L = site.in_types[0].local_shape
+    limits = tuple(L[d] if ds[d] else p["limit_indices"][d] for d in range(len(shape)))
+    return LocalForm("slice", (out,), bind(site.eqn, limit_indices=limits))
+
+
+def dynamic_slice(site: Site) -> LocalForm:
+    sizes, shape = site.eqn.params["slice_sizes"], site.graph.shape(site.eqn.invars[0])
+    ds = _kept(site, 0, lambda d: sizes[d] == shape[d])
+    _whole_scalars(site, 1)
+    out = site.out_type(0, ds, site.pending(0))
+    return LocalForm("dynamic_slice", (out,), bind(site.eqn, slice_sizes=site.local_out(0, out)))
+
+
+def dynamic_update_slice(site: Site) -> LocalForm:
+    x, u = (site.graph.shape(v) for v in site.eqn.invars[:2])
+    ds = _kept(site, 0, lambda d: u[d] == x[d])
+    if list(site.dims(1)) != ds:
+        raise NotCovered(f"the update is split as {site.dims(1)}, the operand as {ds}")
+    _whole_scalars(site, 2)
+    if site.pending(0) or site.pending(1):
+        raise NotCovered("a pending operand or update")
+    return LocalForm("dynamic_update_slice", (site.out_type(0, ds),), bind(site.eqn))
+
+
+def pad(site: Site) -> LocalForm:
+    cfg = site.eqn.params["padding_config"]
+    ds = _kept(site, 0, lambda d: tuple(cfg[d]) == (0, 0, 0))
+    _whole_scalars(site, 1)
+    if site.pending(0):
+        raise NotCovered("a pending operand")
+    return LocalForm("pad", (site.out_type(0, ds),), bind(site.eqn))
+
+
+def concatenate(site: Site) -> LocalForm:
+    dim = site.eqn.params["dimension"]
+    ds = _kept(site, 0, lambda d: d != dim)
+    for k in range(1, len(site.in_types)):
+        if list(site.dims(k)) != ds:
+            raise NotCovered(f"operand {k} is split as {site.dims(k)}, operand 0 as {ds}")
+    if any(site.pending(k) for k in range(len(site.in_types))):
+        raise NotCovered("a pending operand")
+    return LocalForm("concatenate", (site.out_type(0, ds),), bind(site.eqn))
+
+
+def permute_dim(site: Site) -> LocalForm:
+    perm, dim = site.eqn.params["perm"], site.eqn.params["dim"]
+    if sorted(perm) != list(range(site.graph.shape(site.eqn.invars[0])[dim])):
+        raise NotCovered(f"{perm} is not a permutation of dim {dim}")
+    out = site.out_type(0, site.dims(0), site.pending(0))
+
+    def source(g):
+        src = np.array(g)
+        src[:, dim] = np.asarray(perm)[g[:, dim]]
+        return src
+
+    return LocalForm("permutation", (out,), None, source=source)
+
+
 def iota(site: Site) -> LocalForm:
     p = site.eqn.params
     dim, dtype = p["dimension"], p["dtype"]
@@ -410,9 +502,6 @@ def scatter_add(site: Site) -> LocalForm:
     if not rows and not lookup:
         return LocalForm("scatter-add", (out,), run, frozenset(masks))
     if lookup:
-        if site.eqn.params["mode"] == lax.GatherScatterMode.CLIP:
-            raise NotCovered("a scatter-add of clamped indices into a split table: an index out of range is "
-                             "added at the clamped row by the op, but dropped by every device's masked scatter")
         run = _masked_scatter(site, ops, dn, lookup)
 
     def template(x, i, u):
@@ -427,19 +516,22 @@ def scatter_add(site: Site) -> LocalForm:
 
 def _masked_scatter(site, ops, dn, lookup) -> Callable:
     """A scatter-add into a table split on its indexed dims: each device adds the updates whose index falls
-    in its block, at local index = global index − its block's start; an index out of range is dropped
-    everywhere (not in ``CLIP`` mode, which the form does not cover)."""
+    in its block, at local index = global index − its block's start; an index out of range is clamped first
+    in ``CLIP`` mode (as the op clamps it: it then lies in one block), else dropped everywhere."""
     hi_np = np.array([ops[d] - 1 for d in dn.scatter_dims_to_operand_dims], np.int64)
     L = site.in_types[0].local_shape
+    clip = site.eqn.params["mode"] == lax.GatherScatterMode.CLIP
     run = bind(site.eqn, mode=lax.GatherScatterMode.FILL_OR_DROP)
 
     def scatter(x, i, u):
         hi = jnp.asarray(hi_np, i.dtype)
         oob = jnp.any((i < 0) | (i > hi), axis=-1)
+        gi = jnp.clip(i, 0, hi) if clip else i
         starts = [lax.axis_index(site.names(site.in_types[0].dims[d])) * L[d] if d in lookup else 0
                   for d in dn.scatter_dims_to_operand_dims]
-        li = i - jnp.stack([jnp.asarray(s, i.dtype) for s in starts])
-        li = jnp.where(oob[..., None], -1, li)
+        li = gi - jnp.stack([jnp.asarray(s, gi.dtype) for s in starts])
+        if not clip:
+            li = jnp.where(oob[..., None], -1, li)
         return run(x, li, u)
 
     return scatter
@@ -449,7 +541,9 @@ FORMS: dict[str, Callable] = {
     "dot_general": dot_general, "reduce_sum": reduction, "reduce_max": reduction, "reduce_min": reduction,
     **{k: reduction for k in REDUCED_WHOLE}, "broadcast_in_dim": broadcast_in_dim, "reshape": reshape,
     "transpose": transpose, "squeeze": squeeze, "iota": iota, "gather": gather, "scatter-add": scatter_add,
-    "scatter_add": scatter_add, **{k: elementwise for k in ELEMENTWISE | IDENTITY},
+    "scatter_add": scatter_add, "slice": slice_, "dynamic_slice": dynamic_slice,
+    "dynamic_update_slice": dynamic_update_slice, "pad": pad, "concatenate": concatenate, "permute_dim": permute_dim,
+    **{k: elementwise for k in ELEMENTWISE | IDENTITY},
 }
 
 
