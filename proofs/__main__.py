@@ -131,7 +131,8 @@ def partitioned(quick: bool, workers: int) -> Outcome:
     obligations = dict(r for lemma in lemmas.OBLIGATIONS for r in lemmas.results(lemma))
     r = pm.run()
     rows = [("local-form lemmas, symbolic sizes (Z3)", f"{sum(obligations.values())}/{len(obligations)} proved",
-             "ok" if all(obligations.values()) else "FAIL", time.perf_counter() - t - r["seconds"]),(f"partitioned programs: {r['mutants']} mutants", f"{r['mutants'] - len(r['survivors'])} not proved, "
+             "ok" if all(obligations.values()) else "FAIL", time.perf_counter() - t - r["seconds"]),
+            (f"partitioned programs: {r['mutants']} mutants", f"{r['mutants'] - len(r['survivors'])} not proved, "
              f"{len(r['survivors'])} equivalent survivors (confirmed by running)", "ok" if r["ok"] else "FAIL",
              r["seconds"])]
     notes = ["partitioned mutants by operator (not proved/mutants): " + ", ".join(

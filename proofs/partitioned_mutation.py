@@ -1,8 +1,12 @@
 """Mutation testing of ``Partitioned.verify``: mutants of lowered programs, and of the registry, are never proved
 unless they are equivalent.
 
-Programs: reference models (:mod:`partir_core.models`) under presets on a 2x2 mesh (two axes of one size, so
-that a slice or a reduction over the wrong axis still fits its buffers). Operators on the lowered program:
+Programs (:data:`PROGRAMS`): reference models (:mod:`partir_core.models`) under presets on a 2x2 mesh (two axes
+of one size, so that a slice or a reduction over the wrong axis still fits its buffers), the transformer with
+its vocabulary split (``EMB``: a max reduction finished over a mesh axis), a scanned transformer pipelined
+over 4 stages (GPipe and circular, beside batch parallelism on a 4x2 mesh), a scatter-add of clamped indices
+into a table split on its rows (run on indices out of range), and a product of two pending sums.
+Operators on the lowered program:
 
 - ``drop reduction``: a reshard that reduces a pending sum runs the plan of the same move from a source that
   is not pending (no reduction);
@@ -12,15 +16,17 @@ that a slice or a reduction over the wrong axis still fits its buffers). Operato
 - ``swap operands``: a local op of two operands of one shape reads them swapped;
 - ``drop finish`` / ``wrong finish``: a max/min reduction is not finished, or finished with the other kind.
 
-Operators on the registry (:mod:`partir_core.registry`), the program lowered again: ``wrong local rule`` (a
-local form that doubles its result), ``sum reduced as max`` (``reduce_sum``'s factor marked a max
-reduction), ``mul linear in both`` (pending sums passed through a product of two of them), ``transpose not
-permuted`` (the result's factors in the operand's order).
+Operators on the registry (:mod:`partir_core.registry`), the program lowered again (each on the programs with
+an equation it changes): ``wrong local rule`` (a local form that doubles its result), ``sum reduced as max``
+(``reduce_sum``'s factor marked a max reduction), ``mul linear in both`` (pending sums passed through a product
+of two of them), ``transpose not permuted`` (the result's factors in the operand's order), ``permute to the
+wrong stage`` (the static permutation's local form moving every row one permutation further: a pipeline's
+state rotated by two stages, its circular layer order permuted twice), ``clamped index dropped`` (a
+scatter-add into a split table dropping an index out of range that ``clip`` mode clamps).
 
-Each mutant is verified, and run on random inputs against the unmutated program: a mutant proved whose
+Each mutant is verified, and run on the program's inputs against the unmutated program: a mutant proved whose
 outputs differ (or that fails to run) is a failure; one proved whose outputs agree is an equivalent survivor,
-confirmed by that run. (``permute to the wrong stage`` needs the pipelined loops, which partir_core does not
-have yet.)
+confirmed by that run.
 """
 
 from __future__ import annotations
@@ -34,23 +40,73 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from jax import lax  # noqa: E402
 
 import redist  # noqa: E402
 import partir_core as pc  # noqa: E402
+
 from partir_core import models, registry, reshard, schedules  # noqa: E402
 from partir_core.program import Compute, ControlFlow, Finish, Reshard, walk  # noqa: E402
 from partir_core.proof.reference import random_inputs  # noqa: E402
 from proofs.common import progress  # noqa: E402
 
 MESH = redist.Mesh({"batch": 2, "model": 2})
-PROGRAMS = (("mlp", "BP+MP"), ("scanned_mlp", "BP+MP+Z3"), ("transformer", "BP+MP"))
+STAGES = redist.Mesh({"stage": 4, "batch": 2})
 PER_OPERATOR = 3  # mutants per operator and program
 
 
-def lowered(name: str, schedule: str):
-    m = models.MODELS[name]()
-    ins = m.init(jax.random.key(0))
-    return pc.jit(m.step, MESH, schedules.schedule(schedule, m, ins, mesh=MESH)).lower(*ins)
+def preset(name: str, schedule: str):
+    """The program of reference model ``name`` under ``schedule`` on :data:`MESH`, on random inputs."""
+    def make():
+        m = models.MODELS[name]()
+        ins = m.init(jax.random.key(0))
+        low = pc.jit(m.step, MESH, schedules.schedule(schedule, m, ins, mesh=MESH)).lower(*ins)
+        return low, random_inputs(low.graph)
+
+    return make
+
+
+def pipelined(schedule: str, repeats: int):
+    """A scanned transformer (8 layers) pipelined over the 4 stages of :data:`STAGES` (4 microbatches), batch
+    parallel on its other axis, on random inputs."""
+    def make():
+        m = models.scanned_transformer(vocab=32, d_model=16, layers=8, heads=2, seq=8, batch=8)
+        ins = m.init(jax.random.key(0))
+        batch = {"tokens": 0, "targets": 0}
+        pipe = pc.Pipeline(layers="params/layers/*", axis="stage", microbatches=4, schedule=schedule,
+                           repeats=repeats, batch=batch)
+        low = pc.jit(m.step, STAGES, [pipe, pc.ManualPartition(batch, axis="batch")]).lower(*ins)
+        return low, random_inputs(low.graph)
+
+    return make
+
+
+def clamped_scatter():
+    """``table.at[ids].add(updates, mode="clip")``, the table split on its rows over ``model``, on indices
+    past both ends of the table."""
+    def f(table, ids, updates):
+        return table.at[ids].add(updates, mode="clip")
+
+    table, ids, updates = np.zeros((16, 4), np.float32), np.array([3, 40, -30, 15, 0, 9]), np.ones((6, 4), np.float32)
+    low = pc.jit(f, MESH, [pc.ManualPartition({"table": 0}, axis="model")]).lower(table, ids, updates)
+    return low, [table, ids, updates]
+
+
+def pending_product():
+    """``(x @ w1) * (x @ w2)``, the contraction split over ``model``: two pending sums that must be reduced
+    before their product, on random inputs."""
+    def f(x, w1, w2):
+        return (x @ w1) * (x @ w2)
+
+    low = pc.jit(f, MESH, [pc.ManualPartition({"x": 1, "w1": 0, "w2": 0}, axis="model")]).lower(
+        *(np.ones((4, 8), np.float32), np.ones((8, 4), np.float32), np.ones((8, 4), np.float32)))
+    return low, random_inputs(low.graph)
+
+
+PROGRAMS = {"mlp BP+MP": preset("mlp", "BP+MP"), "scanned_mlp BP+MP+Z3": preset("scanned_mlp", "BP+MP+Z3"),
+            "transformer BP+MP": preset("transformer", "BP+MP"), "transformer EMB": preset("transformer", "EMB"),
+            "pipelined GPipe": pipelined("gpipe", 1), "pipelined circular": pipelined("circular", 2),
+            "clamped scatter-add": clamped_scatter, "product of pending sums": pending_product}
 
 
 def replaced(instructions: list, target, new: list) -> list:
@@ -179,21 +235,56 @@ def _not_permuted(make):
     return rule
 
 
-REGISTRY_MUTANTS = {"wrong local rule": ("dot_general", _doubling),
-                    "sum reduced as max": ("reduce_sum", _reduce_as_max),
-                    "mul linear in both": ("mul", _mul_linear_all),
-                    "transpose not permuted": ("transpose", _not_permuted)}
+def _wrong_stage(make):
+    def rule(eqn, shapes, out_shapes):
+        r = make(eqn, shapes, out_shapes)
+
+        def local(ctx, x):
+            perm = ctx.eqn.params["perm"]
+            further = dataclasses.replace(ctx.eqn, params={**ctx.eqn.params, "perm": tuple(perm[p] for p in perm)})
+            return r.local(dataclasses.replace(ctx, eqn=further), x)
+
+        return dataclasses.replace(r, local=local)
+    return rule
 
 
-def registry_mutants(name, schedule):
-    """``(operator, mutant Partitioned or the error lowering it raised)``: the program lowered again with one
-    registry rule mutated."""
+def _clamped_dropped(make):
+    def rule(eqn, shapes, out_shapes):
+        r = make(eqn, shapes, out_shapes)
+        if r is None or eqn.params["mode"] != lax.GatherScatterMode.CLIP:
+            return r
+        dropping = copy.copy(eqn)
+        dropping.params = {**eqn.params, "mode": lax.GatherScatterMode.FILL_OR_DROP}
+        return dataclasses.replace(r, local=make(dropping, shapes, out_shapes).local)
+    return rule
+
+
+def _clip(eqn) -> bool:
+    return eqn.params["mode"] == lax.GatherScatterMode.CLIP
+
+
+REGISTRY_MUTANTS = {  # operator -> (primitive, mutation of its rule, the equations it changes)
+    "wrong local rule": ("dot_general", _doubling, None),
+    "sum reduced as max": ("reduce_sum", _reduce_as_max, None),
+    "mul linear in both": ("mul", _mul_linear_all, None),
+    "transpose not permuted": ("transpose", _not_permuted, None),
+    "permute to the wrong stage": ("permute_dim", _wrong_stage, None),
+    "clamped index dropped": ("scatter-add", _clamped_dropped, _clip),
+}
+
+
+def registry_mutants(make, low):
+    """``(operator, mutant Partitioned or the error lowering it raised)``: the program lowered again by
+    ``make`` with one registry rule mutated, for each mutation that changes an equation of ``low`` (the
+    unmutated program)."""
     out = []
-    for op, (prim, mutate) in REGISTRY_MUTANTS.items():
+    for op, (prim, mutate, changes) in REGISTRY_MUTANTS.items():
+        if not any(e.name == prim and (changes is None or changes(e)) for e in low.graph.eqns):
+            continue
         saved = registry.RULES[prim]
         registry.RULES[prim] = mutate(saved)
         try:
-            out.append((op, lowered(name, schedule)))
+            out.append((op, make()[0]))
         except Exception as e:  # noqa: BLE001 - a mutant that does not lower is killed by lowering
             out.append((op, e))
         finally:
@@ -217,13 +308,12 @@ def _equal(a, b) -> bool:
 def run() -> dict:
     t0 = time.perf_counter()
     rows, failures, survivors, by_op = [], [], [], {}
-    for name, schedule in PROGRAMS:
-        low = lowered(name, schedule)
-        leaves = random_inputs(low.graph)
+    for name, make in PROGRAMS.items():
+        low, leaves = make()
         want = _outputs(low, leaves)
-        assert low.verify().ok, f"{name} {schedule}: the unmutated program is not proved"
-        mutants = program_mutants(low) + registry_mutants(name, schedule)
-        for op, mutant in progress(mutants, desc=f"mutants of {name} {schedule}", unit="mutant"):
+        assert low.verify().ok, f"{name}: the unmutated program is not proved"
+        mutants = program_mutants(low) + registry_mutants(make, low)
+        for op, mutant in progress(mutants, desc=f"mutants of {name}", unit="mutant"):
             if isinstance(mutant, Exception):
                 status, equivalent = "not lowered", False
             else:
@@ -235,10 +325,10 @@ def run() -> dict:
                 stats["not proved"] += 1
             elif equivalent:
                 stats["equivalent survivors"] += 1
-                survivors.append(f"{name} {schedule}: {op}")
+                survivors.append(f"{name}: {op}")
             else:
-                failures.append(f"{name} {schedule}: {op}: proved, but its outputs differ")
-            rows.append((name, schedule, op, status, equivalent))
+                failures.append(f"{name}: {op}: proved, but its outputs differ")
+            rows.append((name, op, status, equivalent))
     return {"by_operator": by_op, "failures": failures, "survivors": survivors, "mutants": len(rows),
             "seconds": time.perf_counter() - t0, "ok": not failures}
 
