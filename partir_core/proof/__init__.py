@@ -20,7 +20,8 @@ sharding type assigns to the device (a pending type: a summand, a partial maximu
 :func:`verify`'s answer is ``"proved"`` only when every instruction is covered by a proved rule or a proved
 plan and the reference aligns with the program's graph; ``"refuted"`` only with a witness (random inputs on
 which the partitioned program and the reference differ), naming the reference's op where the two part ways;
-``"undecided"`` otherwise, saying what is not covered.
+``"undecided"`` otherwise, saying what is not covered. What is proved once is kept for the process (plan
+verdicts, traces, movement checks; :func:`clear_caches` forgets them).
 """
 
 from __future__ import annotations
@@ -34,12 +35,12 @@ from redist.verify.verdict import Undecided
 
 from partir_core import ir, pipeline
 from partir_core.pipeline import Pipeline
-from partir_core.proof.invariant import Walk
+from partir_core.proof.invariant import Walk, clear_caches
 from partir_core.proof.reference import align, random_inputs, witness
 from partir_core.proof.verdict import NotProved, Verdict, op_name
 from partir_core.tactics import PartitionError
 
-__all__ = ["verify", "Verdict"]
+__all__ = ["verify", "Verdict", "clear_caches"]
 
 
 def verify(partitioned, reference=None, timeout_s: float | None = None) -> Verdict:

@@ -327,6 +327,12 @@ _traced: dict = {}  # key -> jaxpr text, of what devices run and of the forms' t
 _moved: dict = {}  # key -> the movement check's answer
 
 
+def clear_caches() -> None:
+    """Forget the plan verdicts, traces and movement checks kept: the next walk starts cold."""
+    for cache in (_plans, _traced, _moved):
+        cache.clear()
+
+
 def _cached(cache: dict, key, compute):
     """``compute()``, kept in ``cache`` under ``key`` (None: not kept)."""
     if key is None:

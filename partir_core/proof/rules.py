@@ -68,7 +68,8 @@ from partir_core.choice import value_type
 ELEMENTWISE = frozenset({
     "add", "sub", "mul", "div", "rem", "pow", "max", "min", "neg", "sign", "abs", "floor", "ceil", "round",
     "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan", "sqrt", "rsqrt", "cbrt",
-    "square", "integer_pow", "erf", "erfc", "erf_inv", "is_finite", "atan2", "not", "and", "or", "xor", "eq",
+    "square", "integer_pow", "erf", "erfc", "erf_inv", "is_finite", "atan2", "nextafter", "reduce_precision",
+    "not", "and", "or", "xor", "eq",
     "ne", "lt", "le", "gt", "ge", "select_n", "clamp", "convert_element_type", "stop_gradient", "add_any", "copy",
     "copy_p", "real", "imag", "conj", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
     "bitcast_convert_type", "shift_left", "shift_right_logical", "shift_right_arithmetic", "population_count",
