@@ -35,6 +35,7 @@ So, by induction over the instructions (and over iterations for loops), the outp
 from __future__ import annotations
 
 import jax
+from jax.extend.core import ClosedJaxpr
 
 from redist.verify import verify as verify_plan
 from redist.verify.solver import Deadline
@@ -303,13 +304,13 @@ class _Runs:
         return self._trace(self.walk.program.local_op(self.i, self.walk.names))
 
     def _trace(self, fn, text: bool = True):
-        """The jaxpr (as text, unless ``text`` is False) of ``fn`` on the local operands; where it does not
-        trace, the exception's text, which matches no template."""
+        """The jaxpr of ``fn`` on the local operands (unless ``text`` is False: as :func:`_comparable`); where
+        it does not trace, the exception's text, which matches no template."""
         try:
             closed = jax.make_jaxpr(fn, axis_env=self.walk.axis_env)(*self.avals)
         except Exception as e:  # noqa: BLE001 - a local op that does not trace is compared, and so not proved
             return f"<{type(e).__name__}: {e}>"
-        return str(closed) if text else closed
+        return _comparable(closed) if text else closed
 
     def _moves(self, form) -> str | None:
         closed = self._trace(self.walk.program.local_op(self.i, self.walk.names), text=False)
@@ -320,6 +321,26 @@ class _Runs:
         except movement.NotAMove as e:
             return f"what the device runs is not the {form.lemma}: {e}"
         return None
+
+
+def _comparable(closed) -> tuple:
+    """A closed jaxpr as a value equal only for the same computation: its text, and the fingerprints of its
+    constants and of those of every jaxpr inside it (the text names constants without their values; a
+    constant without a fingerprint makes the value equal to no other)."""
+    consts = []
+
+    def collect(c):
+        for x in c.consts:
+            f = fingerprint(x)
+            consts.append(object() if f is None else f)
+        for e in c.jaxpr.eqns:
+            for v in e.params.values():
+                for inner in v if isinstance(v, (tuple, list)) else (v,):
+                    if isinstance(inner, ClosedJaxpr):
+                        collect(inner)
+
+    collect(closed)
+    return str(closed), tuple(consts)
 
 
 CACHE_SIZE = 1 << 14
