@@ -4,8 +4,9 @@ unless they are equivalent.
 Programs (:data:`PROGRAMS`): reference models (:mod:`partir_core.models`) under presets on a 2x2 mesh (two axes
 of one size, so that a slice or a reduction over the wrong axis still fits its buffers), the transformer with
 its vocabulary split (``EMB``: a max reduction finished over a mesh axis), a scanned transformer pipelined
-over 4 stages (GPipe and circular, beside batch parallelism on a 4x2 mesh), a scatter-add of clamped indices
-into a table split on its rows (run on indices out of range), and a product of two pending sums.
+over 4 stages (GPipe and circular, beside batch parallelism on a 4x2 mesh), a lookup and a scatter-add of
+clamped indices into a table split on its rows (run on indices out of range), and a product of two pending
+sums.
 Operators on the lowered program:
 
 - ``drop reduction``: a reshard that reduces a pending sum runs the plan of the same move from a source that
@@ -22,7 +23,9 @@ an equation it changes): ``wrong local rule`` (a local form that doubles its res
 of two of them), ``transpose not permuted`` (the result's factors in the operand's order), ``permute to the
 wrong stage`` (the static permutation's local form moving every row one permutation further: a pipeline's
 state rotated by two stages, its circular layer order permuted twice), ``clamped index dropped`` (a
-scatter-add into a split table dropping an index out of range that ``clip`` mode clamps).
+scatter-add into a split table dropping an index out of range that ``clip`` mode clamps), ``lookup bound off
+by one`` (a gather from a split table comparing indices with a bound one less: a constant of what the device
+runs, which its jaxpr's text does not show).
 
 Each mutant is verified, and run on the program's inputs against the unmutated program: a mutant proved whose
 outputs differ (or that fails to run) is a failure; one proved whose outputs agree is an equivalent survivor,
@@ -39,6 +42,7 @@ import time
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
@@ -81,13 +85,15 @@ def pipelined(schedule: str, repeats: int):
     return make
 
 
-def clamped_scatter():
-    """``table.at[ids].add(updates, mode="clip")``, the table split on its rows over ``model``, on indices
-    past both ends of the table."""
+def split_tables():
+    """A lookup (``jnp.take``, fill mode) and a scatter-add of clamped indices (``.at[ids].add``, clip mode)
+    with the table split on its rows over ``model``, on indices past both ends of the table and at its last
+    row."""
     def f(table, ids, updates):
-        return table.at[ids].add(updates, mode="clip")
+        return jnp.take(table, ids, axis=0, mode="fill"), table.at[ids].add(updates, mode="clip")
 
-    table, ids, updates = np.zeros((16, 4), np.float32), np.array([3, 40, -30, 15, 0, 9]), np.ones((6, 4), np.float32)
+    table, ids = np.arange(64, dtype=np.float32).reshape(16, 4), np.array([3, 40, -30, 15, 0, 9])
+    updates = np.ones((6, 4), np.float32)
     low = pc.jit(f, MESH, [pc.ManualPartition({"table": 0}, axis="model")]).lower(table, ids, updates)
     return low, [table, ids, updates]
 
@@ -106,7 +112,7 @@ def pending_product():
 PROGRAMS = {"mlp BP+MP": preset("mlp", "BP+MP"), "scanned_mlp BP+MP+Z3": preset("scanned_mlp", "BP+MP+Z3"),
             "transformer BP+MP": preset("transformer", "BP+MP"), "transformer EMB": preset("transformer", "EMB"),
             "pipelined GPipe": pipelined("gpipe", 1), "pipelined circular": pipelined("circular", 2),
-            "clamped scatter-add": clamped_scatter, "product of pending sums": pending_product}
+            "split tables": split_tables, "product of pending sums": pending_product}
 
 
 def replaced(instructions: list, target, new: list) -> list:
@@ -259,6 +265,17 @@ def _clamped_dropped(make):
     return rule
 
 
+def _bound_off_by_one(make):
+    def rule(eqn, shapes, out_shapes):
+        saved = registry._index_bounds  # the constant a split table's masked lookup compares indices with
+        registry._index_bounds = lambda *args: saved(*args) - 1
+        try:
+            return make(eqn, shapes, out_shapes)
+        finally:
+            registry._index_bounds = saved
+    return rule
+
+
 def _clip(eqn) -> bool:
     return eqn.params["mode"] == lax.GatherScatterMode.CLIP
 
@@ -270,6 +287,7 @@ REGISTRY_MUTANTS = {  # operator -> (primitive, mutation of its rule, the equati
     "transpose not permuted": ("transpose", _not_permuted, None),
     "permute to the wrong stage": ("permute_dim", _wrong_stage, None),
     "clamped index dropped": ("scatter-add", _clamped_dropped, _clip),
+    "lookup bound off by one": ("gather", _bound_off_by_one, None),
 }
 
 
