@@ -14,12 +14,12 @@ taken on trust: each instruction's effect is derived from the types its operands
   local shapes and block offsets it runs with come from those); a proved local form
   (:mod:`partir_core.proof.rules`) must cover those types, give the types the program declares for the
   results (a pending maximum or minimum where it declares the finished one), ask for no padding mask the
-  program does not apply, and its template must trace to the very jaxpr of what the program runs on the
-  device (:meth:`~partir_core.program.LocalProgram.local_op`); a form that moves elements between devices
-  (a static permutation: a pipeline's stage rotation) has no template, and what the device runs is proved
-  by running it on element ids (:mod:`partir_core.proof.movement`). Each trace and each such check is made
-  once per :mod:`~partir_core.proof.fingerprint` of what it is (an unrolled model's layers share them, and so
-  do the programs of one session). The results are then held in the form's types.
+  program does not apply, and its template must trace to the very jaxpr, constants included, of what the
+  program runs on the device (:meth:`~partir_core.program.LocalProgram.local_op`); a form that moves
+  elements between devices (a static permutation: a pipeline's stage rotation) has no template, and what the
+  device runs is proved by running it on element ids (:mod:`partir_core.proof.movement`). Each trace and
+  each such check is made once per :mod:`~partir_core.proof.fingerprint` of what it is (an unrolled model's
+  layers share them, and so do the programs of one session). The results are then held in the form's types.
 - ``Finish``: the buffer must hold a pending maximum / minimum over exactly its axes; it then holds the value.
 - ``ControlFlow``: each operand must hold the enter's operand (not pending; a scan's stacked dim whole); each
   body parameter then holds its type (a stacked ``xs``: less its leading dim). Each body is walked once, from
