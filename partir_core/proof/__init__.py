@@ -10,7 +10,7 @@ sharding type assigns to the device (a pending type: a summand, a partial maximu
 - :mod:`~partir_core.proof.movement`: local ops that move elements between devices (the static permutation
   of a pipeline's stage rotation), proved by running them on element ids;
 - :mod:`~partir_core.proof.invariant`: the walk of the instructions that checks the invariant, each reshard
-  by :func:`redist.verify.verify`, each loop body once with its carries' types as the loop invariant (a
+  by :func:`redist.verify.verify_program`, each loop body once with its carries' types as the loop invariant (a
   pipelined loop's too), what each device runs traced once per
   :mod:`~partir_core.proof.fingerprint` of it;
 - :mod:`~partir_core.proof.reference`: a reference function's alignment with the program's own graph, and the

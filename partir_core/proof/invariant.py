@@ -7,9 +7,9 @@ taken on trust: each instruction's effect is derived from the types its operands
 
 - Start: each input buffer holds its input in its input type (the ``shard_map``'s ``in_specs``, never
   pending); each constant is replicated.
-- ``Reshard``: its buffer must hold the plan's source type; the plan (what runs) must be proved by
-  :func:`redist.verify.verify` (each distinct plan once, cached); the new buffer holds the same value in the
-  plan's destination type.
+- ``Reshard``: its buffer must hold the plan's source type; the program the device runs (``plan.program``)
+  must be proved by :func:`redist.verify.verify_program` to take that type to the plan's destination type
+  (each distinct program once, cached); the new buffer holds the same value in the destination type.
 - ``Compute``: its buffers must hold the equation's operands, in the types the program declares for them (the
   local shapes and block offsets it runs with come from those); a proved local form
   (:mod:`partir_core.proof.rules`) must cover those types, give the types the program declares for the
@@ -37,7 +37,7 @@ from __future__ import annotations
 import jax
 from jax.extend.core import ClosedJaxpr
 
-from redist.verify import verify as verify_plan
+from redist.verify import verify_program
 from redist.verify.solver import Deadline
 
 from partir_core.choice import value_type
@@ -53,18 +53,20 @@ _plans: dict = {}  # (src, dst) -> (plan program, verdict): each distinct plan v
 
 
 def plan_verdict(plan, deadline: Deadline):
-    """:func:`redist.verify.verify`'s verdict on ``plan`` (its costs not checked), cached per (source,
-    destination) and the program it runs; an undecided verdict is not kept."""
+    """:func:`redist.verify.verify_program`'s verdict on the program ``plan`` runs in a partitioned program
+    (``plan.program``, what :func:`partir_core.reshard.run` runs; its costs not checked) from ``plan.src`` to
+    ``plan.dst``, cached per (source, destination) and that program; an undecided verdict is not kept."""
     key = (plan.src, plan.dst)
+    program = plan.program
     hit = _plans.get(key)
-    if hit is not None and hit[0] == plan.program:
+    if hit is not None and hit[0] == program:
         return hit[1]
     left = None if deadline.timeout_s is None else max(deadline.timeout_s - deadline.elapsed(), 1e-3)
-    v = verify_plan(plan, timeout_s=left, check_costs=False)
+    v = verify_program(program, plan.src, plan.dst, timeout_s=left)
     if v.status != "undecided":
         if len(_plans) >= PLAN_CACHE_SIZE:
             _plans.clear()
-        _plans[key] = (plan.program, v)
+        _plans[key] = (program, v)
     return v
 
 
