@@ -13,8 +13,8 @@ files and their pictures (plan_picture, plot); the cost model; synthesis and the
 backends, hlo, xla_log, jax_programs, jax, mpi); this namespace and show; the tools (cli, demo, testing,
 xla_baseline). The verifier imports nothing of steps, blocks or synthesis: it checks a plan's lowered program
 against the types' semantics, not against the rules that made the plan. partir_core reaches redist through the
-vocabulary and this namespace, and beyond them through partir_core.reshard (steps, bounds, redist.jax) and
-partir_core.simulator (cost) only; redist never imports partir_core. """
+vocabulary and this namespace, and beyond them through partir_core.reshard (steps, bounds, redist.jax),
+partir_core.simulator (cost) and partir_core.proof (verify) only; redist never imports partir_core. """
 
 __version__ = "0.1.0"  # the one place the version is written: pyproject.toml reads it (tool.setuptools.dynamic)
 

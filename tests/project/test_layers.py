@@ -56,6 +56,10 @@ VOCABULARY = {"redist", "redist.errors", "redist.extras", "redist.axes", "redist
 BRIDGE = {
     "partir_core.reshard": {"redist.steps", "redist.bounds", "redist.jax"},  # plans for its reshards, run on JAX
     "partir_core.simulator": {"redist.cost"},  # collectives priced by redist's cost model
+    # the proof of a partitioned program rests on redist's verifier: its reshards proved, its deadline and verdict
+    "partir_core.proof": {"redist.verify"},
+    "partir_core.proof.invariant": {"redist.verify"},
+    "partir_core.proof.verdict": {"redist.verify"},
 }
 
 
