@@ -3,17 +3,16 @@ with a progress bar per part on stderr; print a summary table; exit 1 on any fai
 
 Parts, in the order they run: ``step_rules`` (the typing rules, with symbolic sizes, and each synthesized step
 alone), ``exhaustive`` (every whole-axis pair on meshes of up to 8 devices), ``creating`` (pairs that create
-pending sums: exhaustive to rank 2, and random ones), ``random`` (random pairs on
-16-device meshes, and the median verify time), ``uneven`` (random pairs with uneven dims), ``features``
-(reduction kinds, device orders and complex dtypes: exhaustive small pairs and random ones), ``mutation``
-(mutants of lowered programs, transfers between meshes included, and claims must be refuted), ``partitioned``
-(mutants of partitioned programs and of the registry are never proved unless equivalent), ``speed64``
-(rank-4 plans on a 64-device mesh), ``sequences`` (plans of random step sequences through the typing rules, not
-synthesized: proved exactly where the numpy backend runs them right, and their mutants never proved where it
-does not), ``cross_mesh`` (random pairs across meshes: proved, run exactly on numpy, within each device's
-memory bound, at the lower bound without pending values), ``probe`` (the adversarial probe of
-:mod:`proofs.probe`: hostile text, plan files, claims, threads, JAX misuse, command lines, resource bombs and an
-MPI failure; a row per category).
+pending sums: exhaustive to rank 2, and random ones), ``random`` (random pairs on 16-device meshes, and the median
+verify time), ``uneven`` (random pairs with uneven dims), ``features`` (reduction kinds, device orders and complex
+dtypes: exhaustive small pairs and random ones), ``mutation`` (mutants of lowered programs, transfers between
+meshes included, and claims must be refuted), ``speed64`` (rank-4 plans on a 64-device mesh), ``sequences`` (plans
+of random step sequences through the typing rules, not synthesized: proved exactly where the numpy backend runs
+them right, and their mutants never proved where it does not), ``cross_mesh`` (random pairs across meshes: proved,
+run exactly on numpy, within each device's memory bound, at the lower bound without pending values), ``probe`` (the
+adversarial probe of :mod:`proofs.probe`: hostile text, plan files, claims, threads, JAX misuse, command lines,
+resource bombs and an MPI failure; a row per category) and ``partitioned`` (mutants of partitioned programs and of
+the registry are never proved unless equivalent).
 """
 
 from __future__ import annotations
@@ -230,15 +229,15 @@ def probe(quick: bool, workers: int) -> Outcome:
 
 PARTS: dict[str, Callable[[bool, int], Outcome]] = {
     "step_rules": step_rules, "exhaustive": exhaustive, "creating": creating, "random": random_pairs,
-    "uneven": uneven, "features": features, "mutation": mutation, "partitioned": partitioned,
-    "speed64": speed64, "sequences": sequences, "cross_mesh": cross_mesh, "probe": probe,
+    "uneven": uneven, "features": features, "mutation": mutation, "speed64": speed64, "sequences": sequences,
+    "cross_mesh": cross_mesh, "probe": probe, "partitioned": partitioned,
 }
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m proofs", description=__doc__.split("\n\n")[1],
-                                     epilog="The full run takes about ten minutes on 2 cores (the probe three or "
-                                            "four of them); --quick about two.")
+                                     epilog="The full run takes tens of minutes on 2 cores (the partitioned programs' "
+                                            "mutants and the probe most of them); --quick a few.")
     parser.add_argument("parts", nargs="*", metavar="PART",
                         help=f"parts to run (default: all): {', '.join(PARTS)}")
     parser.add_argument("--quick", action="store_true", help="smaller samples, for a smoke run")
