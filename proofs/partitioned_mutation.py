@@ -48,7 +48,6 @@ from jax import lax  # noqa: E402
 
 import redist  # noqa: E402
 import partir_core as pc  # noqa: E402
-
 from partir_core import models, registry, reshard, schedules  # noqa: E402
 from partir_core.program import Compute, ControlFlow, Finish, Reshard, walk  # noqa: E402
 from partir_core.proof.reference import random_inputs  # noqa: E402
@@ -276,28 +275,36 @@ def _bound_off_by_one(make):
     return rule
 
 
-def _clip(eqn) -> bool:
-    return eqn.params["mode"] == lax.GatherScatterMode.CLIP
+def _split_table(low, i: int) -> bool:
+    """Whether equation ``i`` of ``low`` (a gather or a scatter-add) reads a table split on a dim it indexes."""
+    e, t = low.graph.eqns[i], low.program.analysis.ops[i].in_types[0]
+    dn = e.params["dimension_numbers"]
+    indexed = dn.start_index_map if e.name == "gather" else dn.scatter_dims_to_operand_dims
+    return any(t.dims[d] for d in indexed)
 
 
-REGISTRY_MUTANTS = {  # operator -> (primitive, mutation of its rule, the equations it changes)
+def _clamped_into_split_table(low, i: int) -> bool:
+    return _split_table(low, i) and low.graph.eqns[i].params["mode"] == lax.GatherScatterMode.CLIP
+
+
+REGISTRY_MUTANTS = {  # operator -> (primitive, mutation of its rule, the equations of a program it changes)
     "wrong local rule": ("dot_general", _doubling, None),
     "sum reduced as max": ("reduce_sum", _reduce_as_max, None),
     "mul linear in both": ("mul", _mul_linear_all, None),
     "transpose not permuted": ("transpose", _not_permuted, None),
     "permute to the wrong stage": ("permute_dim", _wrong_stage, None),
-    "clamped index dropped": ("scatter-add", _clamped_dropped, _clip),
-    "lookup bound off by one": ("gather", _bound_off_by_one, None),
+    "clamped index dropped": ("scatter-add", _clamped_dropped, _clamped_into_split_table),
+    "lookup bound off by one": ("gather", _bound_off_by_one, _split_table),
 }
 
 
 def registry_mutants(make, low):
     """``(operator, mutant Partitioned or the error lowering it raised)``: the program lowered again by
     ``make`` with one registry rule mutated, for each mutation that changes an equation of ``low`` (the
-    unmutated program)."""
+    unmutated program; all of its primitive's where the mutation names none)."""
     out = []
     for op, (prim, mutate, changes) in REGISTRY_MUTANTS.items():
-        if not any(e.name == prim and (changes is None or changes(e)) for e in low.graph.eqns):
+        if not any(e.name == prim and (changes is None or changes(low, i)) for i, e in enumerate(low.graph.eqns)):
             continue
         saved = registry.RULES[prim]
         registry.RULES[prim] = mutate(saved)
