@@ -13,7 +13,7 @@ For each pair, every ``functools`` cache of ``redist`` is cleared, then each of 
 ``time.perf_counter``: ``synthesize``; ``lower_bound_bytes``; ``bytes_received`` of a fresh
 ``Plan.from_steps`` of the plan's steps (the accounting alone: typing rules, per-step and per-device bytes);
 ``plan.program`` of that plan (lowering); and ``verify(plan, timeout_s=30)``. ``rss_mb`` is the process's
-peak resident set (``getrusage``'s ``ru_maxrss``) after parsing, synthesizing and lowering every pair of the
+peak resident set (``bench/memory.py``) after parsing, synthesizing and lowering every pair of the
 group, before any verification (imports included); ``rss_verify_mb`` the peak after verifying them too.
 ``bytes/bound`` is ``bytes_received / lower_bound_bytes`` over pairs whose bound is not zero (geometric mean and
 max; ``no-red max``: the max over the pairs that reduce no pending sum). The bound is attainable without
@@ -40,7 +40,6 @@ import json
 import math
 import os
 import platform
-import resource
 import signal
 import statistics
 import subprocess
@@ -49,7 +48,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import progress  # noqa: E402
+from bench import memory, progress  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "scale.json")
 VERIFY_TIMEOUT_S = 30.0
@@ -204,7 +203,7 @@ def run_group(label: str, n: int, seed: int, pair_timeout_s: float, shown: bool 
         row, plan = _measure_one(src, dst, pair_timeout_s)
         rows.append(row)
         plans.append(plan)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss = memory.peak_rss_mb()
     for row, plan in progress.bar(list(zip(rows, plans)), desc=f"{label}: verify", unit="plan", shown=shown,
                                   leave=False):
         if plan is not None:
@@ -212,7 +211,7 @@ def run_group(label: str, n: int, seed: int, pair_timeout_s: float, shown: bool 
             row.update(verify_s=v.seconds, verify=v.status)
     return {"label": label, "named": label in NAMED or label in HARD_TO_VERIFY, "devices": pairs[0][0].mesh.size,
             "mesh": str(pairs[0][0].mesh), "rows": rows, "rss_mb": rss,
-            "rss_verify_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "rss_verify_mb": memory.peak_rss_mb()}
 
 
 PHASES = ("synthesize_s", "lower_bound_s", "bytes_received_s", "lowering_s", "verify_s")

@@ -10,7 +10,7 @@ never enumerates devices; the rest of the call is the typing of the plan, the sa
 accounting (``lower_bound_bytes``, ``Plan.bytes_received``) runs after the clock, for the quality figures only (on
 meshes of up to 4,096 devices): for pairs without a reduction, the share of plans at the lower bound and the
 geometric mean and maximum of bytes / bound. ``states`` is what the searches generated (their budget is
-deterministic). Memory: the process's peak resident set (``ru_maxrss``) at the end. Targets: on 4,096 devices with
+deterministic). Memory: the process's peak resident set (``bench/memory.py``) at the end. Targets: on 4,096 devices with
 rank <= 4, synthesis median <= 20 ms and max <= 1 s; every named pair <= 1 s, and <= 2 s for rank 8 on 16 axes;
 bytes / bound at scale no worse than on 8 devices; a few hundred MB at most. A progress bar over the pairs is drawn
 on stderr while it runs, on a terminal.
@@ -26,7 +26,6 @@ import math
 import os
 import platform
 import random
-import resource
 import statistics
 import sys
 import time
@@ -34,7 +33,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import redist  # noqa: E402
-from bench import progress  # noqa: E402
+from bench import memory, progress  # noqa: E402
 from redist.synthesis import cases  # noqa: E402
 from redist.testing import SeededDraw, draw_pair  # noqa: E402
 
@@ -185,7 +184,7 @@ def main(argv=None) -> dict:
     finally:
         bar.close()
         cases.search = timed.inner
-    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["peak_rss_mb"] = memory.peak_rss_mb()
     print(f"\npeak resident set: {out['peak_rss_mb']:.0f} MB")
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS, "w") as f:

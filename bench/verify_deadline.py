@@ -5,8 +5,8 @@ so that memory figures do not mix: a transpose-like permute (``f32[256{x}, 256{y
 one ``CollectivePermute`` over every device) and an exchange (``f32[70000{x}] -> f32[70000{y,x}]``, one
 ``Exchange`` of 35,000 copies). The plan is synthesized and lowered (``plan.program``) before the clock starts;
 ``wall_s`` is ``time.perf_counter`` around ``verify`` alone; ``rss_before_mb`` is the process's peak resident
-set before ``verify`` (plan construction included) and ``rss_peak_mb`` after it (``getrusage``'s
-``ru_maxrss``, so a verify that needs less than the plan did shows the plan's figure). The target: ``wall_s``
+set before ``verify`` (plan construction included) and ``rss_peak_mb`` after it (``bench/memory.py``; a peak,
+so a verify that needs less than the plan did shows the plan's figure). The target: ``wall_s``
 about ``timeout_s`` (the call returns "undecided" or a verdict within it). A progress bar over the runs is
 drawn on stderr while it runs, on a terminal.
 
@@ -19,14 +19,13 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import progress  # noqa: E402
+from bench import memory, progress  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "verify_deadline.json")
 MESH = {"x": 256, "y": 256}
@@ -34,10 +33,6 @@ CASES = {
     "permute": ("f32[256{x}, 256{y}]", "f32[256{y}, 256{x}]"),
     "exchange": ("f32[70000{x}]", "f32[70000{y,x}]"),
 }
-
-
-def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def measure_one(case: str, timeout_s: float) -> dict:
@@ -50,13 +45,13 @@ def measure_one(case: str, timeout_s: float) -> dict:
     plan = redist.synthesize(src, dst)
     program = plan.program
     build_s = time.perf_counter() - t0
-    rss_before = _rss_mb()
+    rss_before = memory.peak_rss_mb()
     t0 = time.perf_counter()
     v = redist.verify(plan, timeout_s=timeout_s)
     wall = time.perf_counter() - t0
     return {"case": case, "timeout_s": timeout_s, "instructions": [type(i).__name__ for i in program.instructions],
             "build_s": build_s, "wall_s": wall, "status": v.status, "reason": v.reason,
-            "rss_before_mb": rss_before, "rss_peak_mb": _rss_mb()}
+            "rss_before_mb": rss_before, "rss_peak_mb": memory.peak_rss_mb()}
 
 
 def main() -> int:
