@@ -18,6 +18,25 @@ from redist.mesh import Mesh
 from redist.types import ShardingType
 
 
+def synthesized_and_proved(src: ShardingType, dst: ShardingType, out: dict):
+    """The plan of ``src -> dst``, synthesized and proved by ``redist.verify``; None where either fails, with
+    ``out["error"]`` saying how. ``out["seconds"]``: verify's time."""
+    from redist.synthesis import synthesize
+    from redist.verify import verify
+
+    try:
+        plan = synthesize(src, dst)
+    except Exception as e:  # noqa: BLE001 - any synthesis failure is a finding
+        out["error"] = f"synthesize raised {type(e).__name__}: {e}"
+        return None
+    v = verify(plan)
+    out["seconds"] = v.seconds
+    if not v.ok:
+        out["error"] = f"verify {v.status}: {v.reason}; counterexample {v.counterexample}"
+        return None
+    return plan, v
+
+
 def progress(iterable=None, *, desc: str, total: int | None = None, unit: str = "it"):
     """A tqdm progress bar on stderr: redrawn in place on a terminal, a line every 30 s into a log file."""
     from tqdm import tqdm

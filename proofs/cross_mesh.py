@@ -26,10 +26,8 @@ import time
 from collections import Counter
 
 from redist.bounds import lower_bound_bytes
-from redist.synthesis import synthesize
 from redist.testing import MESH_RELATIONS, SeededDraw, draw_cross_mesh_pair, draw_mesh_pair
 from redist.types import REDUCTIONS
-from redist.verify import verify
 
 
 def device_peaks_within_bound(plan) -> str | None:
@@ -51,21 +49,15 @@ def device_peaks_within_bound(plan) -> str | None:
 
 def check_pair(case) -> dict:
     """The checks of the module docstring for one ``(relation, (src, dst))``."""
-    from proofs.common import oracle
+    from proofs.common import oracle, synthesized_and_proved
 
     relation, (src, dst) = case
     out = {"pair": f"{src.mesh} -> {dst.mesh}: {src} -> {dst}", "relation": relation, "ok": False, "seconds": 0.0,
            "at_bound": False}
-    try:
-        plan = synthesize(src, dst)
-    except Exception as e:  # noqa: BLE001 - any synthesis failure is a finding
-        out["error"] = f"synthesize raised {type(e).__name__}: {e}"
+    proved = synthesized_and_proved(src, dst, out)
+    if proved is None:
         return out
-    v = verify(plan)
-    out["seconds"] = v.seconds
-    if not v.ok:
-        out["error"] = f"verify {v.status}: {v.reason}; counterexample {v.counterexample}"
-        return out
+    plan, v = proved
     ok, why = oracle(plan.stages, src, dst)
     if not ok:
         out["error"] = f"numpy oracle: {why}"

@@ -42,10 +42,8 @@ import time
 from collections import Counter
 
 from redist.bounds import lower_bound_bytes
-from redist.synthesis import synthesize
 from redist.testing import SeededDraw, draw_mesh, draw_pair
 from redist.types import ShardingType
-from redist.verify import verify
 
 
 def local_bytes(t) -> int:
@@ -76,18 +74,14 @@ def plan_shape(plan) -> str:
 def check_pair(pair, uneven: bool = False) -> dict:
     """The checks of the module docstring for one pair; ``uneven`` adds those for uneven pairs and records
     the plan's :func:`plan_shape`."""
+    from proofs.common import synthesized_and_proved
+
     src, dst = pair
     out = {"pair": f"{src.mesh}: {src} -> {dst}", "ok": False, "seconds": 0.0}
-    try:
-        plan = synthesize(src, dst)
-    except Exception as e:  # noqa: BLE001 - any synthesis failure is a finding
-        out["error"] = f"synthesize raised {type(e).__name__}: {e}"
+    proved = synthesized_and_proved(src, dst, out)
+    if proved is None:
         return out
-    v = verify(plan)
-    out["seconds"] = v.seconds
-    if not v.ok:
-        out["error"] = f"verify {v.status}: {v.reason}; counterexample {v.counterexample}"
-        return out
+    plan, v = proved
     bound = max(local_bytes(src), local_bytes(dst))
     if v.details["peak_bytes"] > bound:
         out["error"] = f"memory bound: peak {v.details['peak_bytes']} > max(src, dst) local bytes {bound}"
