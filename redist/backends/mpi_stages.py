@@ -10,10 +10,16 @@ channels its agreement made (:meth:`~redist.backends.mpi_channels.Context.channe
 - a transfer (:func:`transfer`) posts, all at once, a receive for every piece this rank's new buffer takes from
   another device (straight into its place in a new buffer, or packed where that place's runs are short) and a
   send of every piece it holds for another device (straight from its buffer where the piece is contiguous, else
-  packed first), like a personalised exchange (:func:`~redist.backends.mpi_transfers.post_rows`); it waits for
-  them all together, then copies the pieces it keeps. Pieces between two ranks go in the order of the
+  packed first), like a personalised exchange (:func:`~redist.backends.mpi_transfers.post_rows`); then it copies
+  the pieces it keeps, and waits for the messages all together. Pieces between two ranks go in the order of the
   receiver's copies, so that MPI's ordering of messages between two ranks pairs each send with its receive. No
   collective: ranks that take no part in a transfer do not wait for it.
+
+The pieces a rank keeps are copied between posting and waiting, not after: the wait is for the verdict as well
+as the data, and the verdict completes only once every rank has cast its votes, so that the copy fills time the
+rank would otherwise spend waiting; and a large piece travels by a single copy that the receiver makes from the
+sender's memory (MPICH's CMA), which needs nothing of a sender that is busy copying. (bench/cross_mesh.py times
+the transfers against hand-written ``Isend``/``Irecv``, which copies after waiting.)
 
 The verdict of the call (:func:`redist.mpi.reshard`), if still in flight, is waited for before the data of the
 first stage this rank takes part in, and at the latest once its result is made: a rank in neither mesh only
@@ -79,12 +85,12 @@ def transfer(channel: TransferChannel, buf: Buffer | None, ctx: Context,
             piece = np.ascontiguousarray(piece)
             held.append(piece)
         requests.append(channel.comm.Isend(message(piece), receiver, TAG))
+    for old, new in plan.local:
+        np.copyto(out[new], x[old])
     if requests:
         wait(ctx, verdict, requests)
         verdict = None
     del held
     for view, packed in staged:
         np.copyto(view, packed)
-    for old, new in plan.local:
-        np.copyto(out[new], x[old])
     return (None if out is None else Buffer(out, True)), verdict
