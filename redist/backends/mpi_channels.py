@@ -133,28 +133,37 @@ VOTES_ONE_ROUND_MAX = 32
 
 class Ballot:
     """How a rank's votes reach the other ranks of ``comm`` (the context's private communicator), made collectively
-    with the context: on at most :data:`VOTES_ONE_ROUND_MAX` ranks a nonblocking ``Neighbor_allgather`` over a graph
-    communicator in which every rank neighbours every other, else a nonblocking ``Allreduce`` (``MAX``)."""
+    with the context: on at most :data:`VOTES_ONE_ROUND_MAX` ranks a ``Neighbor_allgather`` over a graph
+    communicator in which every rank neighbours every other, else an ``Allreduce`` (``MAX``). Either is a
+    persistent request on buffers of the ballot's own, made once and started per call: starting it costs a
+    fraction of posting the nonblocking collective anew, which builds its schedule each time, and the start is on
+    the way of the data (:func:`redist.mpi.reshard` casts its votes before it posts its transfers)."""
 
     def __init__(self, comm):
         size = comm.Get_size()
-        self.comm, self.graph = comm, None
+        self.graph = None
         if size <= VOTES_ONE_ROUND_MAX:
             others = [r for r in range(size) if r != comm.Get_rank()]
             self.graph = comm.Create_dist_graph_adjacent(others, others, reorder=False)
-        self.rows = size if self.graph is not None else 1
+        self.rows = np.zeros((size if self.graph is not None else 1, 4), np.int64)
+        mine = self.rows[-1]  # the others' votes arrive in the rows before
+        self.request = (self.graph.Neighbor_allgather_init(mine, self.rows[:-1]) if self.graph is not None
+                        else comm.Allreduce_init(MPI.IN_PLACE, mine, op=MPI.MAX))
 
     def cast(self, votes: tuple) -> tuple:
-        """Start the exchange of ``votes`` (4 integers, int64) with every other rank: ``(request, rows)``, where,
-        once the request has completed, the maximum of ``rows`` over its first axis is the element-wise maximum of
-        every rank's votes."""
-        rows = np.empty((self.rows, 4), np.int64)
-        rows[-1] = votes  # the others' votes arrive in the rows before
-        if self.graph is None:
-            return self.comm.Iallreduce(MPI.IN_PLACE, rows[-1], op=MPI.MAX), rows
-        return self.graph.Ineighbor_allgather(rows[-1], rows[:-1]), rows
+        """Start the exchange of ``votes`` (4 integers) with every other rank: ``(request, rows)``, where, once the
+        request has completed, the maximum of ``rows`` over its first axis is the element-wise maximum of every
+        rank's votes. ``rows`` is the ballot's, overwritten by the next cast: read it before. (The last cast's
+        round is complete by then, as every call waits for its verdict, unless an exception left it behind: then
+        it is waited for first, every rank having cast its votes.)"""
+        self.request.Wait()
+        self.rows[-1] = votes
+        self.request.Start()
+        return self.request, self.rows
 
     def free(self) -> None:
+        self.request.Wait()
+        self.request.Free()
         if self.graph is not None:
             self.graph.Free()
 
