@@ -5,10 +5,10 @@
   :func:`redist.backends.mpi_backend.run_program` uses the communicator's default channel (a duplicate of
   ``comm``); :func:`redist.mpi.reshard` gives each agreed argument combination (an :class:`Agreement`) channels
   of its own, made when it is agreed: one per stage of its plan (:attr:`redist.Plan.stages`), a program's on
-  its mesh's ranks (none on a rank that is no device of it), a transfer's a duplicate of ``comm`` with this
-  rank's part of the transfer worked out (:class:`TransferChannel`). They are cached on ``comm`` (an MPI
-  attribute, in a :class:`Context`: :func:`context`), so repeated calls reuse them; :func:`clear_cache` frees
-  them.
+  its mesh's ranks (none on a rank that is no device of it, and none for a program of no instructions, which
+  moves nothing), a transfer's a duplicate of ``comm`` with this rank's part of the transfer worked out
+  (:class:`TransferChannel`). They are cached on ``comm`` (an MPI attribute, in a :class:`Context`:
+  :func:`context`), so repeated calls reuse them; :func:`clear_cache` frees them.
 - A :class:`Context` also keeps the rank's scratch buffer (:func:`held_bytes` tells its size), its
   :class:`Ballot` (how the votes of a call's :class:`Verdict` travel) and what a disagreement left behind.
 - Every transfer is nonblocking; when the call's :class:`Verdict` is in flight (:func:`redist.mpi.reshard`),
@@ -267,12 +267,15 @@ class Context:
 
     def channels(self, stages) -> tuple:
         """A channel per stage, made collectively by every rank of the communicator: a program's
-        :class:`Channel` on the ranks of its mesh's devices (None on the others), a transfer's
-        :class:`TransferChannel`."""
+        :class:`Channel` on the ranks of its mesh's devices (None on the others, and on every rank for a program
+        of no instructions: it moves nothing), a transfer's :class:`TransferChannel`."""
         out = []
         for stage in stages:
             if isinstance(stage, P.Transfer):
                 out.append(TransferChannel(self.comm, stage, np.dtype(stages[0].dtype)))
+                continue
+            if not stage.instructions:
+                out.append(None)
                 continue
             member = stage.mesh.has_device(self.rank)
             comm = self.comm.Split(0 if member else MPI.UNDEFINED, self.rank)

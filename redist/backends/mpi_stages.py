@@ -6,7 +6,9 @@ lowers to stages (:attr:`redist.Plan.stages`). Every rank of the communicator ru
 channels its agreement made (:meth:`~redist.backends.mpi_channels.Context.channels`):
 
 - a program runs with the MPI interpreter (:class:`~redist.backends.mpi_backend.MpiBackend`) on the
-  communicator of its mesh's ranks; a rank that is no device of its mesh skips it;
+  communicator of its mesh's ranks; a rank that is no device of its mesh skips it, and so does every rank for a
+  program of no instructions (the source's or destination's side of a plan that is one transfer), which has no
+  channel;
 - a transfer (:func:`transfer`) posts, all at once, a receive for every piece this rank's new buffer takes from
   another device (straight into its place in a new buffer, or packed where that place's runs are short) and a
   send of every piece it holds for another device (straight from its buffer where the piece is contiguous, else
@@ -42,9 +44,9 @@ __all__ = ["run_stages", "transfer"]
 def run_stages(stages: tuple, channels: tuple, x: np.ndarray | None, local, ctx: Context,
                verdict: Verdict | None = None) -> np.ndarray | None:
     """Run a plan's checked ``stages`` on ``channels`` (one per stage, None where this rank is no device of a
-    program's mesh) from ``x``, this rank's checked buffer made from the caller's ``local`` (None where the rank
-    is no device of the first mesh); returns a new array, or None where the rank is no device of the last mesh.
-    With a ``verdict`` in flight, a verdict against the call raises
+    program's mesh or the program has no instructions) from ``x``, this rank's checked buffer made from the
+    caller's ``local`` (None where the rank is no device of the first mesh); returns a new array, or None where
+    the rank is no device of the last mesh. With a ``verdict`` in flight, a verdict against the call raises
     :class:`~redist.backends.mpi_channels.Disagreement` on every rank. A plan of one stage runs as
     :func:`~redist.backends.mpi_backend.run` runs it."""
     if len(stages) == 1 and channels[0] is not None:
