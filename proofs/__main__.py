@@ -131,12 +131,13 @@ def partitioned(quick: bool, workers: int) -> Outcome:
     r = pm.run()
     rows = [("local-form lemmas, symbolic sizes (Z3)", f"{sum(obligations.values())}/{len(obligations)} proved",
              "ok" if all(obligations.values()) else "FAIL", time.perf_counter() - t - r["seconds"]),
-            (f"partitioned programs: {r['mutants']} mutants", f"{r['mutants'] - len(r['survivors'])} not proved, "
-             f"{len(r['survivors'])} equivalent survivors (confirmed by running)", "ok" if r["ok"] else "FAIL",
-             r["seconds"])]
-    notes = ["partitioned mutants by operator (not proved/mutants): " + ", ".join(
-        f"{op} {s['not proved']}/{s['mutants']}" for op, s in r["by_operator"].items())]
-    return Outcome(rows, r["failures"] + [f"lemma: {o}" for o, ok in obligations.items() if not ok], notes)
+            (f"partitioned programs: {r['mutants']} mutants", f"{pm.killed(r)} killed (refuted or not lowered), "
+             f"{len(r['survivors'])} equivalent survivors (confirmed by running), {len(r['unrefuted'])} not "
+             f"killed", "ok" if r["ok"] else "FAIL", r["seconds"])]
+    notes = ["partitioned mutants by operator (killed/mutants): " + ", ".join(
+        f"{op} {s['refuted'] + s['not lowered']}/{s['mutants']}" for op, s in r["by_operator"].items())]
+    return Outcome(rows, r["failures"] + r["unrefuted"] + [f"lemma: {o}" for o, ok in obligations.items() if not ok],
+                   notes)
 
 
 def speed64(quick: bool, workers: int) -> Outcome:

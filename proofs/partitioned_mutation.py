@@ -27,15 +27,20 @@ scatter-add into a split table dropping an index out of range that ``clip`` mode
 by one`` (a gather from a split table comparing indices with a bound one less: a constant of what the device
 runs, which its jaxpr's text does not show).
 
-Each mutant is verified, and run on the program's inputs against the unmutated program: a mutant proved whose
-outputs differ (or that fails to run) is a failure; one proved whose outputs agree is an equivalent survivor,
-confirmed by that run.
+Each mutant is verified, and run on the program's inputs against the unmutated program. It is killed when it is
+refuted (the verdict's witness: random inputs on which it differs from the function it was traced from,
+confirmed by running the mutant and the unmutated program on them: a refutation that does not hold is a failure)
+or fails to lower. A mutant proved whose outputs differ (or that fails to run) is a failure, the one that matters:
+a wrong proof. One proved or undecided whose outputs agree is an equivalent survivor, confirmed by that run.
+One undecided whose outputs differ is a survivor the verifier did not refute: the run fails too, for
+mutation is 100% only when every non-equivalent mutant is killed.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import os
 import time
 
@@ -50,7 +55,7 @@ import redist  # noqa: E402
 import partir_core as pc  # noqa: E402
 from partir_core import models, registry, reshard, schedules  # noqa: E402
 from partir_core.program import Compute, ControlFlow, Finish, Reshard, walk  # noqa: E402
-from partir_core.proof.reference import random_inputs  # noqa: E402
+from partir_core.proof.reference import random_inputs, witness_inputs  # noqa: E402
 from proofs.common import progress  # noqa: E402
 
 MESH = redist.Mesh({"batch": 2, "model": 2})
@@ -330,9 +335,17 @@ def _equal(a, b) -> bool:
     return all(x.shape == y.shape and np.allclose(x, y, rtol=1e-3, atol=1e-4, equal_nan=True) for x, y in zip(a, b))
 
 
+def _confirmed(verdict, mutant, low) -> bool:
+    """Whether a refutation's witness holds: on the inputs it names, ``mutant`` and the unmutated program
+    ``low`` give different outputs."""
+    k = verdict.counterexample["inputs"]
+    leaves = next(itertools.islice(witness_inputs(mutant.graph), k, None))
+    return not _equal(_outputs(mutant, leaves), _outputs(low, leaves))
+
+
 def run() -> dict:
     t0 = time.perf_counter()
-    rows, failures, survivors, by_op = [], [], [], {}
+    rows, failures, unrefuted, survivors, by_op = [], [], [], [], {}
     for name, make in PROGRAMS.items():
         low, leaves = make()
         want = _outputs(low, leaves)
@@ -342,27 +355,45 @@ def run() -> dict:
             if isinstance(mutant, Exception):
                 status, equivalent = "not lowered", False
             else:
-                status = mutant.verify(timeout_s=60).status
+                verdict = mutant.verify(timeout_s=60)
+                status = verdict.status
                 equivalent = _equal(_outputs(mutant, leaves), want)
-            stats = by_op.setdefault(op, {"mutants": 0, "not proved": 0, "equivalent survivors": 0})
+                if status == "refuted" and not _confirmed(verdict, mutant, low):
+                    failures.append(f"{name}: {op}: refuted, but on its witness's inputs it computes what the "
+                                    "unmutated program does")
+            stats = by_op.setdefault(op, dict.fromkeys(STATUSES + ("mutants", "equivalent survivors"), 0))
             stats["mutants"] += 1
-            if status != "proved":
-                stats["not proved"] += 1
-            elif equivalent:
+            stats[status] += 1
+            if equivalent and status in ("proved", "undecided"):
                 stats["equivalent survivors"] += 1
-                survivors.append(f"{name}: {op}")
-            else:
+                survivors.append(f"{name}: {op} ({status})")
+            elif status == "proved":
                 failures.append(f"{name}: {op}: proved, but its outputs differ")
+            elif status == "undecided":
+                unrefuted.append(f"{name}: {op}: undecided, and its outputs differ")
             rows.append((name, op, status, equivalent))
-    return {"by_operator": by_op, "failures": failures, "survivors": survivors, "mutants": len(rows),
-            "seconds": time.perf_counter() - t0, "ok": not failures}
+    return {"by_operator": by_op, "failures": failures, "unrefuted": unrefuted, "survivors": survivors,
+            "mutants": len(rows), "seconds": time.perf_counter() - t0, "ok": not failures and not unrefuted}
+
+
+STATUSES = ("refuted", "not lowered", "undecided", "proved")
+
+
+def killed(res: dict) -> int:
+    """The mutants of :func:`run`'s result ``res`` that were refuted or failed to lower."""
+    return sum(s["refuted"] + s["not lowered"] for s in res["by_operator"].values())
 
 
 if __name__ == "__main__":
     res = run()
+    print(f"{'operator':<24}{'mutants':>8}" + "".join(f"{s:>13}" for s in STATUSES) + f"{'equivalent':>12}")
     for op, s in res["by_operator"].items():
-        print(f"{op:<24} {s['not proved']}/{s['mutants']} not proved, {s['equivalent survivors']} equivalent survivors")
+        print(f"{op:<24}{s['mutants']:>8}" + "".join(f"{s[k]:>13}" for k in STATUSES)
+              + f"{s['equivalent survivors']:>12}")
     for f in res["failures"]:
         print("FAILED", f)
-    print(f"{res['mutants']} mutants, {len(res['failures'])} failures, {res['seconds']:.0f}s")
+    for f in res["unrefuted"]:
+        print("NOT KILLED", f)
+    print(f"{res['mutants']} mutants: {killed(res)} killed, {len(res['survivors'])} equivalent survivors, "
+          f"{len(res['unrefuted'])} not killed, {len(res['failures'])} wrong proofs; {res['seconds']:.0f}s")
     raise SystemExit(0 if res["ok"] else 1)

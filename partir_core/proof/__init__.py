@@ -19,7 +19,8 @@ sharding type assigns to the device (a pending type: a summand, a partial maximu
 
 :func:`verify`'s answer is ``"proved"`` only when every instruction is covered by a proved rule or a proved
 plan and the reference aligns with the program's graph; ``"refuted"`` only with a witness (random inputs on
-which the partitioned program and the reference differ), naming the reference's op where the two part ways;
+which the partitioned program and the reference differ), naming the reference's op where the two part ways or,
+where they align, the op where the walk stopped (the first whose blocks it could not account for);
 ``"undecided"`` otherwise, saying what is not covered. What is proved once is kept for the process (plan
 verdicts, traces, movement checks; :func:`clear_caches` forgets them).
 """
@@ -36,7 +37,7 @@ from redist.verify.verdict import Undecided
 from partir_core import ir, pipeline
 from partir_core.pipeline import Pipeline
 from partir_core.proof.invariant import Walk, clear_caches
-from partir_core.proof.reference import align, random_inputs, witness
+from partir_core.proof.reference import align, witness, witness_inputs
 from partir_core.proof.verdict import NotProved, Verdict, op_name
 from partir_core.tactics import PartitionError
 
@@ -49,6 +50,7 @@ def verify(partitioned, reference=None, timeout_s: float | None = None) -> Verdi
     ``timeout_s`` seconds (None: no bound). See the module docstring."""
     deadline = Deadline(timeout_s, time.perf_counter())
     walk = Walk(partitioned.program, deadline)
+    stopped = None
     try:
         details = walk.run()
         status, reason = "proved", "every device holds the block its type assigns of every value"
@@ -57,22 +59,50 @@ def verify(partitioned, reference=None, timeout_s: float | None = None) -> Verdi
                        "rewrite of the scan is not part of the proof)")
     except NotProved as e:
         where = "" if e.eqn is None else f"{op_name(partitioned.graph, e.eqn)}: "
-        status, reason, details = "undecided", f"not proved: {where}{e.reason}", {"eqn": e.eqn}
+        status, reason, details, stopped = "undecided", f"not proved: {where}{e.reason}", {"eqn": e.eqn}, e
     except Undecided as e:
         return Verdict("undecided", e.reason, None, deadline.elapsed(), {})
     if reference is None:
+        if stopped is not None:
+            return _unproved(partitioned, partitioned.function, stopped, reason, details, deadline)
         return Verdict(status, reason, None, deadline.elapsed(), details)
-    return _against(partitioned, reference, status, reason, details, deadline)
+    return _against(partitioned, reference, stopped, status, reason, details, deadline)
 
 
-def _against(partitioned, reference, status, reason, details, deadline) -> Verdict:
-    """The verdict against a ``reference`` function, given the walk's (``status``, ``reason``)."""
+def _unproved(partitioned, reference, stopped: NotProved, reason, details, deadline) -> Verdict:
+    """The verdict on a program whose walk ``stopped`` (a check that does not hold or cannot be made), against
+    ``reference``, a function its graph aligns with: refuted where a run on random inputs differs from the
+    reference's, naming the op where the walk stopped (the first whose blocks the proof could not account for);
+    else undecided, with the walk's ``reason``."""
+    found = None if time.perf_counter() >= deadline.end else _witness(partitioned, reference, False)
+    if found is None:
+        return Verdict("undecided", reason, None, deadline.elapsed(), details)
+    graph, eqn = partitioned.graph, stopped.eqn
+    at = "a reshard, a finish, or the program's inputs or outputs" if eqn is None else op_name(graph, eqn)
+    cx = {"op": at, "eqn": eqn, "source": None if eqn is None else graph.eqns[eqn].source, "why": stopped.reason,
+          **found}
+    return Verdict("refuted", f"the partitioned program does not compute its function: the proof stops at {at} "
+                   f"({stopped.reason}); on random inputs {_differing(found)}", cx, deadline.elapsed(), details)
+
+
+def _differing(found: dict) -> str:
+    if found["output"] is None:
+        return f"the program {found['program']}, the reference {found['reference']}"
+    return (f"output {found['output']} differs at {found['index']}: {found['program']} against "
+            f"{found['reference']}")
+
+
+def _against(partitioned, reference, stopped, status, reason, details, deadline) -> Verdict:
+    """The verdict against a ``reference`` function, given the walk's (``status``, ``reason``; ``stopped``: the
+    check it stopped at, or None)."""
     graph = partitioned.graph
     ref = _traced(partitioned, reference)
     parting = align(graph, ref)
     if parting is None:
-        return Verdict(status, reason + "; the reference aligns with the program op for op", None,
-                       deadline.elapsed(), details)
+        reason += "; the reference aligns with the program op for op"
+        if stopped is not None:
+            return _unproved(partitioned, reference, stopped, reason, details, deadline)
+        return Verdict(status, reason, None, deadline.elapsed(), details)
     at = "the outputs" if parting.eqn is None else op_name(ref, parting.eqn)
     found = _witness(partitioned, reference, status == "proved")
     if found is None:
@@ -82,8 +112,7 @@ def _against(partitioned, reference, status, reason, details, deadline) -> Verdi
     cx = {"op": at, "eqn": parting.eqn, "source": None if parting.eqn is None else ref.eqns[parting.eqn].source,
           "why": parting.why, **found}
     return Verdict("refuted", f"the partitioned program does not compute the reference: they part ways at {at} "
-                   f"({parting.why}); on random inputs output {found['output']} differs at {found['index']}: "
-                   f"{found['program']} against {found['reference']}", cx, deadline.elapsed(), details)
+                   f"({parting.why}); on random inputs {_differing(found)}", cx, deadline.elapsed(), details)
 
 
 def _traced(partitioned, reference):
@@ -103,7 +132,8 @@ def _traced(partitioned, reference):
 def _witness(partitioned, reference, proved: bool) -> dict | None:
     """:func:`~partir_core.proof.reference.witness` of the partitioned program against ``reference``: the
     program itself where JAX has the devices, else the function it was traced from when the walk proved the
-    program computes it (and it was traced as it is: no pipelined loop); None where neither can run."""
+    program computes it (and it was traced as it is: no pipelined loop); None where neither can run, or where
+    one fails."""
     graph, call = partitioned.graph, partitioned.call
     n_args = len(call.args)
 
@@ -124,4 +154,7 @@ def _witness(partitioned, reference, proved: bool) -> dict | None:
             return jax.tree_util.tree_leaves(jax.jit(call.function(partitioned.function))(*args, **kwargs))
     else:
         return None
-    return witness(run_program, run_reference, random_inputs(graph))
+    try:
+        return witness(run_program, run_reference, witness_inputs(graph))
+    except Exception:  # noqa: BLE001 - a program or reference that fails to run gives no witness
+        return None

@@ -7,9 +7,10 @@ graphs that align compute the same function, so the proof of the program against
 against the reference. The first equation that does not align is where the two part ways; alignment is
 syntactic, so graphs that part ways may still compute the same function (``a * 2`` and ``a + a``).
 
-:func:`witness` decides that case numerically: it runs the partitioned program (or, when JAX has too few
-devices, the function it was proved to compute) and the reference on the same random inputs and returns the
-first output that differs, or None. Only such a witness makes a refutation.
+:func:`witness` decides that case numerically, and the case of a program whose proof stopped at a check that
+does not hold: it runs the partitioned program (or, when JAX has too few devices, the function it was proved
+to compute) and the reference on the same random inputs (:func:`witness_inputs`) and returns the first output
+that differs, or None. Only such a witness makes a refutation.
 """
 
 from __future__ import annotations
@@ -94,9 +95,10 @@ def _same_value(x, y, same, ref, graph) -> bool:
     return same.get(x) == y
 
 
-def random_inputs(graph, seed: int = 0) -> list:
+def random_inputs(graph, seed: int = 0, wide: dict | None = None) -> list:
     """One random array per input of ``graph``: normal floats, integers in ``[0, 3)`` (valid indices of any dim
-    of 3 or more), random booleans, keys from the seed."""
+    of 3 or more; an input ``v`` of ``wide`` in ``[lo, hi)``, ``wide[v] = (lo, hi)``), random booleans, keys
+    from the seed."""
     rng = np.random.default_rng(seed)
     out = []
     for v in graph.invars:
@@ -108,23 +110,142 @@ def random_inputs(graph, seed: int = 0) -> list:
         elif dtype == np.bool_:
             out.append(rng.integers(0, 2, shape).astype(bool))
         else:
-            out.append(rng.integers(0, 3, shape).astype(dtype))
+            lo, hi = (wide or {}).get(v, (0, 3))
+            info = np.iinfo(dtype)
+            out.append(rng.integers(max(lo, info.min), min(hi, info.max), shape).astype(dtype))
     return out
 
 
-def witness(run_program, run_reference, leaves) -> dict | None:
+WIDE_SEEDS = 4  # draws of wide indices a witness tries after the narrow one
+# The first operand of each indexing primitive that holds indices (the rest, from there on, are indices too).
+INDEX_OPERANDS = {"gather": 1, "scatter": 1, "scatter-add": 1, "scatter-mul": 1, "scatter-min": 1,
+                  "scatter-max": 1, "dynamic_slice": 1, "dynamic_update_slice": 2}
+
+
+def witness_inputs(graph):
+    """The inputs a witness is sought on, lazily: :func:`random_inputs`; then, where no op of ``graph`` promises
+    its indices in bounds (past the bounds its result is undefined), :data:`WIDE_SEEDS` draws in which each input
+    that only indexes (:func:`index_inputs`) ranges over every dim of the graph and past both ends (``[-d-2,
+    d+2)``, ``d`` its largest dim): they reach the blocks' edges and the indices that gathers fill and scatters
+    drop or clamp. Inputs that feed arithmetic (a step count in a power) stay small, so that no extreme value
+    turns rounding into a difference."""
+    yield random_inputs(graph)
+    if any(str(e.params.get("mode", "")).endswith("PROMISE_IN_BOUNDS") for e in graph.eqns):
+        return
+    indexing = index_inputs(graph)
+    if not indexing:
+        return
+    d = max((n for shape, _ in graph.avals.values() for n in shape), default=1)
+    for seed in range(1, WIDE_SEEDS + 1):
+        yield random_inputs(graph, seed, dict.fromkeys(indexing, (-d - 2, d + 2)))
+
+
+def index_inputs(graph) -> list[int]:
+    """The integer inputs of ``graph`` that only index: each op that reads one, or what is computed from it,
+    reads it as indices (:data:`INDEX_OPERANDS`) or computes integers or booleans from it."""
+    def exact(v):
+        dtype = graph.dtype(v)
+        return not keys.is_key(dtype) and (np.issubdtype(dtype, np.integer) or dtype == np.bool_)
+
+    out = []
+    for v in graph.invars:
+        if not exact(v) or graph.dtype(v) == np.bool_:
+            continue
+        tainted = {v}
+        for e in graph.eqns:
+            reads = [k for k, x in enumerate(e.invars) if x in tainted]
+            if not reads or all(k >= INDEX_OPERANDS.get(e.name, len(e.invars)) for k in reads):
+                continue
+            if not all(map(exact, e.outvars)):
+                break
+            tainted.update(e.outvars)
+        else:
+            out.append(v)
+    return out
+
+
+def witness(run_program, run_reference, inputs) -> dict | None:
     """The first output where ``run_program(leaves)`` and ``run_reference(leaves)`` (each a list of outputs)
-    differ beyond rounding: ``{"output": j, "index": ..., "program": ..., "reference": ...}``; None where they
-    agree (or return different numbers of outputs: then ``{"output": None, ...}``)."""
-    got, want = run_program(leaves), run_reference(leaves)
+    differ beyond rounding, on the first ``leaves`` of ``inputs`` where any does: ``{"output": j, "index": ...,
+    "program": ..., "reference": ..., "inputs": k}`` (``k``: which of ``inputs``); None where they agree on
+    every one.
+
+    Beyond rounding: a float output differs where the program is further from the reference's exact value
+    (the reference run again in float64, its float inputs widened) than :data:`NOISE_FACTOR` times the
+    reference's own largest rounding error in that output (its float32 run against its float64 one), plus
+    ``RTOL`` and ``ATOL``; an output of integers or booleans differs where the program's is another, unless
+    rounding changes the reference's own (a float32 and a float64 run that disagree there: an argmax of near
+    ties). A program that fails with a ``TypeError`` or ``ValueError`` (a :class:`~redist.errors.ShardingError`
+    among them) where the reference runs differs too: on inputs of its own types, that is a program whose
+    buffers' shapes or ops' types do not fit, which runs on no input. So do outputs of other numbers or shapes. Where the reference cannot run in
+    float64, nothing beyond the first comparison is known: no witness."""
+    for k, leaves in enumerate(inputs):
+        want = run_reference(leaves)
+        try:
+            got = run_program(leaves)
+        except (TypeError, ValueError) as e:  # ill-formed: its buffers' shapes or its ops' types do not fit
+            return {"output": None, "index": None, "program": f"fails, {type(e).__name__}: {e}",
+                    "reference": "runs", "inputs": k}
+        if _differing(got, want) is None:
+            continue  # they agree within RTOL and ATOL: the rest is no better
+        try:
+            with jax.enable_x64(True):
+                exact = run_reference([_widened(x) for x in leaves])
+        except Exception:  # noqa: BLE001 - a reference that only runs in float32 gives no measure of rounding
+            return None
+        found = _differing(got, want, exact)
+        if found is not None:
+            return {**found, "inputs": k}
+    return None
+
+
+NOISE_FACTOR = 100  # how many times the reference's own rounding error a program's may reach
+
+
+def _widened(x):
+    """A float input in float64 (a complex one in complex128); any other as it is."""
+    dtype = np.asarray(x).dtype if not hasattr(x, "dtype") else x.dtype
+    if keys.is_key(dtype) or not jax.dtypes.issubdtype(dtype, np.inexact):
+        return x
+    return np.asarray(x).astype(np.complex128 if np.issubdtype(dtype, np.complexfloating) else np.float64)
+
+
+def _differing(got: list, want: list, exact: list | None = None) -> dict | None:
+    """The first element where ``got`` differs from ``want``: within ``RTOL``/``ATOL`` where ``exact`` is None,
+    else as :func:`witness` says."""
     if len(got) != len(want):
-        return {"output": None, "index": None, "program": f"{len(got)} outputs", "reference": f"{len(want)} outputs"}
+        return {"output": None, "index": None, "program": f"gives {len(got)} outputs",
+                "reference": f"gives {len(want)} outputs"}
     for j, (a, b) in enumerate(zip(got, want)):
-        a, b = np.asarray(keys.to_data(a)), np.asarray(keys.to_data(b))
+        a, b = _values(a), _values(b)
         if a.shape != b.shape:
             return {"output": j, "index": None, "program": f"shape {a.shape}", "reference": f"shape {b.shape}"}
         bad = ~np.isclose(a, b, rtol=RTOL, atol=ATOL, equal_nan=True)
+        if exact is not None and bad.any():
+            bad &= _beyond_rounding(a, b, _values(exact[j]))
         if bad.any():
             at = tuple(int(x) for x in np.argwhere(bad)[0])
             return {"output": j, "index": at, "program": a[at].item(), "reference": b[at].item()}
     return None
+
+
+def _values(x) -> np.ndarray:
+    """An output as numpy compares it: a key array's data; floats narrower than float32 in float32."""
+    x = np.asarray(keys.to_data(x))
+    if jax.dtypes.issubdtype(x.dtype, np.floating) and x.dtype.itemsize < 4:
+        return x.astype(np.float32)
+    return x
+
+
+def _beyond_rounding(got: np.ndarray, want: np.ndarray, exact: np.ndarray) -> np.ndarray:
+    """Where ``got`` differs from the reference beyond rounding (see :func:`witness`), elementwise."""
+    if exact.shape != want.shape:
+        return np.zeros(got.shape, bool)
+    if not np.issubdtype(want.dtype, np.inexact):
+        return np.broadcast_to(np.array_equal(want, exact), got.shape) & (got != want)
+    exact = exact.astype(np.complex128 if np.iscomplexobj(exact) else np.float64)
+    with np.errstate(invalid="ignore"):
+        noise = np.abs(want - exact)
+        own = float(np.nanmax(noise, initial=0.0)) if np.isfinite(noise).all() else np.inf
+        err = np.abs(got - exact)
+        return ~(err <= NOISE_FACTOR * own + ATOL + RTOL * np.abs(exact)) & ~(np.isnan(got) & np.isnan(exact))

@@ -1,13 +1,15 @@
 """Partitioned.verify: a scanned reference model's training step under batch and Megatron parallelism (a loop
 body proved once) and a pipelined one (the stage rotation proved by running it on element ids) are proved; a
-rotation to the wrong stage is not; a reference that differs by one op is refuted, naming that op by its
+rotation to the wrong stage is refuted; a reference that differs by one op is refuted, naming that op by its
 source line, with an output that differs on random inputs; one that differs only in form (``y * 2`` against
-``y + y``) is undecided, never refuted; ``jit(verify=True)`` refuses what it cannot prove. Every zoo, bench
-and pipeline program under every schedule: ``bench/verify_programs.py``; mutants of lowered programs:
-``./dev proofs partitioned``."""
+``y + y``) is undecided, never refuted; a program the walk cannot prove (a wrong local form) is refuted where a
+run differs from its function, naming the op where the walk stopped; ``jit(verify=True)`` refuses what it cannot
+prove. Every zoo, bench and pipeline program under every schedule: ``bench/verify_programs.py``; mutants of
+lowered programs: ``./dev proofs partitioned``."""
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 import jax
@@ -16,6 +18,7 @@ import jax.numpy as jnp
 import redist
 import partir_core as pc
 from partir_core import models, permutation, registry, schedules
+from partir_core.proof import reference
 
 MESH = redist.Mesh({"batch": 2, "model": 4})
 STAGES = redist.Mesh({"stage": 4, "batch": 2})
@@ -75,7 +78,7 @@ def test_a_pipelined_program_is_checked_against_a_reference_pipelined_alike(gpip
     assert "test_verify.py" in v.counterexample["source"] and "<lambda>" in v.counterexample["source"]
 
 
-def test_a_rotation_to_the_wrong_stage_is_not_proved(monkeypatch):
+def test_a_rotation_to_the_wrong_stage_is_refuted_where_the_walk_stops(monkeypatch):
     """The permutation's local form made to move every row one rotation further (two stages)."""
     original = registry.RULES["permute_dim"]
 
@@ -91,7 +94,72 @@ def test_a_rotation_to_the_wrong_stage_is_not_proved(monkeypatch):
 
     monkeypatch.setitem(registry.RULES, "permute_dim", twice)
     v = lower_pipelined().verify(timeout_s=60)
-    assert v.status == "undecided" and "permute_dim" in v.reason and "permutation" in v.reason, v.reason
+    assert v.status == "refuted" and "permutation" in v.reason, v.reason
+    cx = v.counterexample
+    assert "(permute_dim" in cx["op"] and cx["program"] != pytest.approx(cx["reference"])
+
+
+def test_a_wrong_local_form_is_refuted_naming_its_op_and_a_right_one_is_proved(monkeypatch):
+    """A matmul whose local form doubles its block: the walk stops there, and a run on random inputs differs
+    from the traced function's."""
+    original = registry.RULES["dot_general"]
+
+    def doubling(eqn, shapes, out_shapes):
+        rule = original(eqn, shapes, out_shapes)
+        if rule is None:
+            return None
+        local = rule.local or registry.bind
+        return dataclasses.replace(rule, local=lambda ctx, *xs: [2 * y for y in local(ctx, *xs)])
+
+    def lower():
+        pf = pc.jit(block(), MESH, [pc.ManualPartition({"w1": 1}, axis="model")])
+        return pf.lower(jnp.ones((16, 16)), jnp.ones((16, 16)), jnp.ones((16, 16)))
+
+    assert lower().verify().status == "proved"
+    monkeypatch.setitem(registry.RULES, "dot_general", doubling)
+    v = lower().verify()
+    assert v.status == "refuted", v.reason
+    cx = v.counterexample
+    assert "(dot_general at " in cx["op"] and "test_verify.py" in cx["source"] and cx["inputs"] == 0
+    assert cx["program"] != pytest.approx(cx["reference"])
+
+
+def test_a_witness_is_a_difference_beyond_the_references_own_rounding(monkeypatch):
+    """The reference ``(x + c) - c`` with ``c = 1e5`` rounds ``x`` to float32's grid at 1e5 (steps of 1/128); a
+    program that rounds it to the grid at 2e5 (steps of 1/64) differs from it by more than RTOL and ATOL, but not
+    beyond :data:`NOISE_FACTOR` times the reference's own rounding (its float32 run against its float64 one), so
+    that is no witness; a program off by 2 is one."""
+    x = np.random.default_rng(0).standard_normal(64).astype(np.float32)
+    leaves = [x, np.float32(1e5)]
+    coarser = (x + np.float32(2e5)) - np.float32(2e5)
+
+    def run_reference(leaves):
+        return [jax.jit(lambda x, c: (x + c) - c)(*leaves)]
+
+    assert not np.allclose(run_reference(leaves)[0], coarser, rtol=reference.RTOL, atol=reference.ATOL)
+    assert reference.witness(lambda leaves: [coarser], run_reference, [leaves]) is None
+    found = reference.witness(lambda leaves: [x + 2], run_reference, [leaves])
+    assert found["output"] == 0 and found["inputs"] == 0
+    assert abs(found["program"] - found["reference"]) > 1.9
+    monkeypatch.setattr(reference, "NOISE_FACTOR", 0)  # rounding counted as a difference: a witness
+    assert reference.witness(lambda leaves: [coarser], run_reference, [leaves]) is not None
+
+
+def test_a_witness_draws_indices_past_every_block_and_keeps_arithmetic_inputs_small():
+    """Integer inputs read only as indices range over the dims and past both ends in the witness's later draws;
+    one that feeds arithmetic (a step count in a power) does not, nor does any where an op promises its indices
+    in bounds."""
+    def step(table, ids, count):
+        return jnp.take(table, ids + 1, axis=0, mode="fill"), 0.9 ** count
+
+    graph = pc.jit(step, MESH, []).lower(jnp.ones((16, 4)), jnp.zeros(6, jnp.int32), jnp.int32(3)).graph
+    assert reference.index_inputs(graph) == [graph.invars[1]]
+    draws = list(reference.witness_inputs(graph))
+    assert len(draws) == 1 + reference.WIDE_SEEDS
+    ids = np.concatenate([d[1] for d in draws[1:]])
+    assert ids.min() < 0 and ids.max() >= 16 and all(0 <= d[2] < 3 for d in draws)
+    promised = pc.jit(lambda t, i: t[i], MESH, []).lower(jnp.ones((16, 4)), jnp.zeros(6, jnp.int32)).graph
+    assert len(list(reference.witness_inputs(promised))) == 1
 
 
 def block(transposed=False, residual=True, axis=1, scale=0.5, act=jnp.tanh, doubled=False):
