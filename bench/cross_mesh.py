@@ -1,8 +1,8 @@
 """Moves between meshes: redist's plans against ``jax.device_put``, a gather-then-scatter baseline and hand-written
 MPI, and the MPI permute against a hand-written ``Sendrecv``.
 
-    python bench/cross_mesh.py [--rounds 15] [--mpi-rounds 20] [--permute-rounds 30] [--permute-mib 16 32 64]
-                               [--quick] [--only jax mpi permute] [--out FILE]
+    python bench/cross_mesh.py [--rounds 15] [--mpi-rounds 60] [--permute-rounds 30] [--permute-mib 16 32 64]
+                               [--launches 5] [--quick] [--only jax mpi permute] [--out FILE]
 
 Every part measures the checkout on ``PYTHONPATH`` (the MPI workers, ``bench/cross_mesh_worker.py``, use only
 redist's public API), so that ``PYTHONPATH=OTHER_CHECKOUT python bench/cross_mesh.py --only permute --out FILE``
@@ -35,7 +35,9 @@ Method: per case, a first call (synthesis, compiles, MPI's agreement and communi
 of each contender, then rounds in which each contender runs once, in a random order per round (the same on every
 rank), so that the load of the shared machine falls on all alike and no contender always follows the same one.
 An MPI call is ``Barrier``, time, call, and the maximum over ranks. The machine's 2 cores run 8 (or 4) ranks:
-oversubscribed, so single timings carry scheduling noise, and the paired ratios are the figures to read.
+oversubscribed, so single timings carry scheduling noise, and the paired ratios are the figures to read. Each MPI
+part is launched ``--launches`` times (fresh ``mpiexec``, whose ranks land on the cores anew) and the rounds of
+every launch are pooled: one launch's paired medians scatter by several percent from launch to launch.
 Reported: per contender the minimum over rounds, and the median over rounds of the ratio of two contenders' times
 in the same round (``paired``: the two ran moments apart under the same load); JAX: the contender's time over
 redist's (> 1: redist is faster), MPI: redist's over the hand-written one's (< 1: redist is faster). Results are
@@ -261,13 +263,30 @@ def _gather_bytes(src, dst) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- MPI
-def mpi_job(n: int, args: list[str], out: str) -> list[dict]:
+def mpi_job(n: int, args: list[str], out: str, launches: int) -> list[dict]:
     """Rank 0's rows of ``mpiexec -n n python bench/cross_mesh_worker.py MODE WHAT OUT ...`` (``args``: MODE, WHAT,
-    then the options), each with the load average before and after the job."""
+    then the options), run ``launches`` times, each a fresh ``mpiexec``: per row, the rounds of every launch one
+    after the other (``times_s``), each launch's own first call (``first_call_s``, where the row has one: a list),
+    the load average before the first launch and after the last."""
     load = os.getloadavg()
-    subprocess.run([MPIEXEC, "-n", str(n), sys.executable, WORKER, *args[:2], out, *args[2:]], check=True, cwd=ROOT)
-    with open(out) as f:
-        rows = json.load(f)
+    pooled: dict = {}
+    for _ in range(launches):
+        subprocess.run([MPIEXEC, "-n", str(n), sys.executable, WORKER, *args[:2], out, *args[2:]], check=True,
+                       cwd=ROOT)
+        with open(out) as f:
+            for row in json.load(f):
+                key = row["name"], row.get("mib")
+                if key not in pooled:
+                    pooled[key] = {**row, "times_s": {k: [] for k in row["times_s"]}}
+                    if "first_call_s" in row:
+                        pooled[key]["first_call_s"] = []
+                kept = pooled[key]
+                if "first_call_s" in row:
+                    kept["first_call_s"].append(row["first_call_s"])
+                kept["correct"] = {k: kept["correct"][k] and v for k, v in row["correct"].items()}
+                for k, v in row["times_s"].items():
+                    kept["times_s"][k] += v
+    rows = list(pooled.values())
     for row in rows:
         row["load_average_before_after"] = [round(load[0], 2), round(os.getloadavg()[0], 2)]
     return rows
@@ -325,8 +344,9 @@ def environment() -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--mpi-rounds", type=int, default=20)
+    ap.add_argument("--mpi-rounds", type=int, default=60)
     ap.add_argument("--permute-rounds", type=int, default=30)
+    ap.add_argument("--launches", type=int, default=5, help="fresh mpiexec launches of each MPI part, pooled")
     ap.add_argument("--permute-mib", type=float, nargs="+", default=[16, 32, 64])
     ap.add_argument("--only", nargs="+", choices=("jax", "mpi", "permute"), default=["jax", "mpi", "permute"])
     ap.add_argument("--quick", action="store_true", help="small arrays, few rounds")
@@ -334,11 +354,13 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.rounds = args.mpi_rounds = args.permute_rounds = 3
+        args.launches = 1
         args.permute_mib = [1]
     rows, cols = (480, 240) if args.quick else (3072, 3072)
     load = os.getloadavg()[0]
     result = {"method": __doc__.strip(), **environment(), "shape": [rows, cols],
-              "rounds": {"jax": args.rounds, "mpi": args.mpi_rounds, "permute": args.permute_rounds}}
+              "rounds": {"jax": args.rounds, "mpi": args.mpi_rounds, "permute": args.permute_rounds},
+              "mpi_launches": args.launches}
     if "jax" in args.only:
         result["jax"] = []
         for name in CASES:
@@ -358,11 +380,12 @@ def main() -> None:
             with open(path, "w") as f:
                 json.dump(cases, f)
             result["mpi"] = [summarise_mpi(r) for r in mpi_job(8, ["cases", path, "--rounds", str(args.mpi_rounds)],
-                                                                 os.path.join(tmp, "mpi.json"))]
+                                                                 os.path.join(tmp, "mpi.json"), args.launches)]
         if "permute" in args.only:
             sizes = ",".join(f"{m:g}" for m in args.permute_mib)
             result["permute"] = [summarise_mpi(r) for r in mpi_job(
-                4, ["permute", sizes, "--rounds", str(args.permute_rounds)], os.path.join(tmp, "permute.json"))]
+                4, ["permute", sizes, "--rounds", str(args.permute_rounds)], os.path.join(tmp, "permute.json"),
+                args.launches)]
     result["load_average"] = {"before": round(load, 2), "after": round(os.getloadavg()[0], 2)}
     result["summary"] = summary(result)
     with open(args.out, "w") as f:
