@@ -4,10 +4,11 @@ import pytest
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 import redist
-from redist import cost
+from redist import cost, hlo
 from tests.partir_core.helpers import assert_same, model_and_inputs
 import partir_core as pc
 from partir_core import schedules
@@ -186,6 +187,46 @@ def test_primitive_without_rule_is_replicated_and_reported():
     low = pf.lower(x, w)
     assert [u[1] for u in low.unsupported] == ["cumsum"]
     assert_same(pf(x, w), f(x, w))
+
+
+@pytest.mark.parametrize("adam", ["optax", "by hand"])
+def test_a_gradient_read_by_both_adam_moments_is_reduced_once(adam):
+    """A pending sum that several readers need reduced is reduced once and the reduced buffer shared: in an Adam
+    step under batch parallelism and Megatron, each weight gradient crosses the batch axis once (one all-reduce
+    or reduce-scatter), whether the first moment keeps it pending through a linear op (``(1 - b1) * g``, Adam
+    written by hand) or not (optax's ``g ** 1``), and the step moves no more bytes than XLA's partitioning of it
+    with the same shardings."""
+    optax = pytest.importorskip("optax")
+
+    tx = optax.adam(1e-3)
+
+    def update(params, opt, grads):
+        if adam == "optax":
+            updates, opt = tx.update(grads, opt, params)
+            return optax.apply_updates(params, updates), opt
+        mu = jax.tree.map(lambda m, g: 0.9 * m + (1 - 0.9) * g, opt[0], grads)
+        nu = jax.tree.map(lambda v, g: 0.999 * v + (1 - 0.999) * g * g, opt[1], grads)
+        return jax.tree.map(lambda p, m, v: p - 1e-3 * m / (jnp.sqrt(v) + 1e-8), params, mu, nu), (mu, nu)
+
+    def step(params, opt, x, y):
+        loss, grads = jax.value_and_grad(lambda p: jnp.mean((jnp.tanh(x @ p["w1"] + p["b1"]) @ p["w2"] - y) ** 2))(
+            params)
+        return (*update(params, opt, grads), loss)
+
+    k = jax.random.split(jax.random.key(7), 4)
+    params = {"w1": jax.random.normal(k[0], (128, 512)) / 16, "b1": jnp.zeros(512),
+              "w2": jax.random.normal(k[1], (512, 128)) / 32}
+    opt = tx.init(params) if adam == "optax" else (jax.tree.map(jnp.zeros_like, params),) * 2
+    inputs = (params, opt, jax.random.normal(k[2], (512, 128)), jax.random.normal(k[3], (512, 128)))
+    pf = pc.jit(step, MESH, schedules.schedule("BP+MP", step, inputs, mesh=MESH))
+    low = pf.lower(*inputs)
+    reductions = [c for c in low.collectives if "batch" in c.axes and c.kind in ("all_reduce", "reduce_scatter")]
+    assert len(reductions) == len(params) + 1  # each gradient's, and the loss's
+    shardings = (low.in_shardings, low.out_shardings)
+    compiled = jax.jit(step, in_shardings=shardings[0], out_shardings=shardings[1]).lower(*inputs).compile()
+    xla = np.sum([c.device_bytes for c in hlo.parse_hlo(compiled.as_text(), MESH)], axis=0).max()
+    assert sum(c.bytes for c in low.collectives) <= xla
+    assert_same(pf(*inputs), jax.jit(step)(*inputs))
 
 
 def test_inlines_calls_and_custom_jvp():
