@@ -189,6 +189,40 @@ def test_primitive_without_rule_is_replicated_and_reported():
     assert_same(pf(x, w), f(x, w))
 
 
+@pytest.mark.parametrize("schedule", ["BP", "MP", "BP+MP"])
+def test_convolutions_split_on_batch_and_channels(schedule):
+    """``conv_general_dilated`` splits its batch, its input channels (a pending sum) and its output channels, its
+    spatial dims whole; its gradients (a convolution of the flipped kernel, ``rev``, and one contracting the
+    batch) too: a conv net's loss and gradients (strides, padding, dilation, 6 channels on 4 devices: padded;
+    a grouped convolution, which splits its batch only, and whose gradients reshape a transposed kernel) under
+    batch parallelism and Megatron on channels equal the unpartitioned ones, every plain convolution split."""
+    dn = ("NHWC", "HWIO", "NHWC")
+
+    def loss(w, x):
+        h = jax.nn.relu(lax.conv_general_dilated(x, w["c0"], (1, 1), "SAME", dimension_numbers=dn))
+        h = lax.conv_general_dilated(h, w["c1"], (2, 2), ((1, 0), (0, 1)), rhs_dilation=(1, 2), dimension_numbers=dn)
+        h = lax.conv_general_dilated(h, w["g"], (1, 1), "VALID", feature_group_count=2, dimension_numbers=dn)
+        return jnp.mean(h ** 2)
+
+    k = jax.random.split(jax.random.key(5), 4)
+    w = {"c0": jax.random.normal(k[0], (3, 3, 3, 6)), "c1": jax.random.normal(k[1], (3, 3, 6, 8)),
+         "g": jax.random.normal(k[2], (1, 1, 4, 8))}
+    x = jax.random.normal(k[3], (8, 8, 8, 3))
+    f = jax.value_and_grad(loss)
+    tactics = {"BP": MP({"x": 0}, axis="batch"), "MP": MP({"w/c0": 3, "w/c1": 2}, axis="model")}
+    pf = pc.jit(f, MESH, [tactics[part] for part in schedule.split("+")])
+    low = pf.lower(w, x)
+    assert not low.unsupported and not low.fallbacks
+    if "MP" in schedule:
+        assert low.input_type("w/c0") == t("f32[3, 3, 3, 6{model}]")
+        assert low.input_type("w/c1") == t("f32[3, 3, 6{model}, 8]")
+    g = low.graph
+    plain = [i for i, e in enumerate(g.eqns) if e.name == "conv_general_dilated"
+             and e.params["feature_group_count"] == e.params["batch_group_count"] == 1]
+    assert len(plain) == 5 and all(low.program.analysis.ops[i].use for i in plain)
+    assert_same(pf(w, x), f(w, x))
+
+
 @pytest.mark.parametrize("adam", ["optax", "by hand"])
 def test_a_gradient_read_by_both_adam_moments_is_reduced_once(adam):
     """A pending sum that several readers need reduced is reduced once and the reduced buffer shared: in an Adam
