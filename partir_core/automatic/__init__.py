@@ -39,8 +39,6 @@ search, composed with its result, by :func:`partir_core.jit`.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import math
 import random
 import sys
@@ -55,6 +53,7 @@ from partir_core.automatic.local import improve
 from partir_core.automatic.ranking import Found, by_promise, ranked
 from partir_core.automatic.result import AutoResult, Candidate, MemoryBudgetError, SearchStats, candidates, peak_report
 from partir_core.automatic.tree import Tree, priors, stop_reason
+from partir_core.collector import collector_paused
 from partir_core.propagation import State
 from partir_core.tactics import AutomaticPartition
 
@@ -70,24 +69,11 @@ def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartit
     iteration that evaluated a new set. Raises :class:`MemoryBudgetError` if no state found fits the budget,
     naming the smallest peak found and the tensors that dominate it.
 
-    Python's cyclic garbage collector is paused while it runs (:func:`_collector_paused`): a search makes no
-    reference cycles (a whole search on the reference transformer leaves none to collect), and the collector's
-    full passes over every object alive took a third of its time."""
-    with _collector_paused():
+    Python's cyclic garbage collector is paused while it runs (:func:`~partir_core.collector.collector_paused`):
+    a search makes no reference cycles (a whole search on the reference transformer leaves none to collect), and
+    the collector's full passes over every object alive took a third of its time."""
+    with collector_paused():
         return _search(graph, rules, state, mesh, index, tactic, log)
-
-
-@contextlib.contextmanager
-def _collector_paused():
-    """Python's cyclic garbage collector off inside, and as it was before after (the objects that reference
-    counting frees are freed as ever)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartition, log) -> AutoResult:
