@@ -6,6 +6,10 @@ every allocation of that many objects triggers the collector's passes over all o
 thousands of ops those passes are about a third of the time. :func:`collector_paused` turns the collector off
 for a block and back to the caller's setting after it, whatever happens inside; the objects that reference
 counting frees are freed as ever, and cycles made inside are collected by the collector's next pass after it.
+
+Both paths pause it: :func:`partir_core.jit`'s lowering of a call (tracing, the tactics and propagation, the
+per-op choice, lowering, and the pipelines tried around an automatic search), and
+:func:`partir_core.automatic.search` when called alone.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from partir_core import ir, keys, pipeline
 from partir_core.arguments import Arguments, Call
 from partir_core.automatic import pipelines, search
 from partir_core.choice import analyze
+from partir_core.collector import collector_paused
 from partir_core.explain import explain as _explain
 from partir_core.lowering import lower
 from partir_core.program import LocalProgram
@@ -265,9 +266,12 @@ class PartitionedFunction:
         return self._lowered(self.arguments.bind(args, kwargs))
 
     def _lowered(self, call: Call) -> Partitioned:
+        """The cached :class:`Partitioned` of ``call``, else traced, partitioned and lowered with Python's cyclic
+        collector paused (:func:`~partir_core.collector.collector_paused`)."""
         key = self._key(call)
         if key not in self._cache:
-            low = pipelines.lower(self, call, lambda schedule: self._lower(call, schedule))
+            with collector_paused():
+                low = pipelines.lower(self, call, lambda schedule: self._lower(call, schedule))
             if self.verify:
                 v = low.verify()
                 if not v.ok:

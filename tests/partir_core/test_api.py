@@ -101,6 +101,41 @@ def test_in_and_out_shardings_are_the_types_as_named_shardings():
     assert_same(got, f(params, x))
 
 
+def test_lowering_pauses_the_cyclic_collector_and_restores_it(monkeypatch):
+    """While ``partir_core.jit`` traces, partitions and lowers a call with manual tactics, Python's cyclic
+    collector is off (as during an automatic search); after it, as it was before: on or off, after a program or
+    an error."""
+    import gc
+
+    from partir_core import partition
+
+    seen = []
+    lower = partition.lower
+
+    def recorded(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return lower(*args, **kwargs)
+
+    def traced(params, x):
+        seen.append(gc.isenabled())
+        return mlp(params, x)
+
+    monkeypatch.setattr(partition, "lower", recorded)
+    ins = mlp_inputs()
+    assert gc.isenabled()
+    pc.jit(traced, MESH, BP_MP).lower(*ins)
+    assert seen == [False, False] and gc.isenabled()
+    with pytest.raises(pc.PartitionError, match="nearest"):
+        pc.jit(traced, MESH, [MP({"params/w3": 0}, axis="batch")]).lower(*ins)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        pc.jit(traced, MESH, BP_MP).lower(*ins)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_place_then_call_moves_nothing():
     m, ins, want = model_and_inputs("mlp")
     host = jax.tree.map(np.asarray, ins)
