@@ -64,8 +64,8 @@ from dataclasses import dataclass, replace
 from itertools import compress
 from operator import is_not, ne
 
-from partir_core.choice import (FOLLOW, Analysis, OpSharding, cheapest, choose_op, op_candidates, output_type,
-                                 state_type, value_type)
+from partir_core.choice import (FOLLOW, Analysis, OpSharding, Unsupported, cheapest, choose_op, op_candidates,
+                                 output_type, state_type, value_type)
 from partir_core.ir import Boundary, Graph, column
 from partir_core.lowering import lower
 from partir_core.propagation import State, op_slots, shardable_factors, step, take_step
@@ -119,7 +119,7 @@ class Structure:
         # each op's (value, dim, factors), which propagation visits
         self.op_slots = [None if r is None else op_slots(r, e) for e, r in zip(graph.eqns, rules)]
         self.shardable = [None if r is None else shardable_factors(r) for r in rules]
-        self.unsupported = [(i, e.name, "no factor rule: kept replicated")
+        self.unsupported = [Unsupported(i, e.name, "no factor rule: kept replicated")
                             for i, (e, r) in enumerate(zip(graph.eqns, rules)) if r is None]
         names: dict = {}
         self.signature = [names.setdefault(signature(graph, e, r), len(names)) for e, r in zip(graph.eqns, rules)]

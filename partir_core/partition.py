@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import replace
+from typing import Callable
 
 import jax
 import numpy as np
@@ -137,7 +138,13 @@ class Partitioned:
         if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < len(self.states):
             raise PartitionError(f"after({shown(k)}): k must be an int from 0 to {len(self.states) - 1}, the number "
                                  "of tactics in the schedule")
-        return render(self.graph, self.rules, self.states[k], self.mesh)
+        return self.renderer(k)()
+
+    def renderer(self, k: int) -> Callable[[], str]:
+        """What gives :meth:`after` ``(k)`` when called, holding what it reads (not this object): after the whole
+        schedule, the program's own per-op choice; after fewer tactics, the state, chosen when called."""
+        analysis = self.program.analysis if k == len(self.states) - 1 else None
+        return functools.partial(render, self.graph, self.rules, self.states[k], self.mesh, analysis)
 
     def __str__(self):
         return self.after(len(self.states) - 1)
@@ -174,8 +181,10 @@ class Partitioned:
         return jax.tree_util.tree_unflatten(self.graph.out_tree, list(outs))
 
 
-def render(graph, rules, state, mesh) -> str:
-    a = analyze(graph, rules, state, mesh)
+def render(graph, rules, state, mesh, analysis=None) -> str:
+    """The program with every value's type under ``state``, and each op's rule: ``analysis`` (the per-op choice
+    of ``state``) where given, else :func:`~partir_core.choice.analyze`'s."""
+    a = analysis if analysis is not None else analyze(graph, rules, state, mesh)
 
     def name(v):
         if v in graph.consts:
@@ -290,20 +299,26 @@ class PartitionedFunction:
         state = State.empty(graph)
         states = [state.copy()]
         automatic = []
+        analysis = None  # the per-op choice of the state so far, where a search made it
         for k, tactic in enumerate(schedule, start=1):
             if isinstance(tactic, AutomaticPartition):
                 result = search(graph, rules, state, self.mesh, k, tactic)
-                state, result.state = result.state, None  # the Partitioned keeps it as states[k]
-                result.text = render(graph, rules, state, self.mesh)
-                automatic.append(result)
+                # propagated and chosen by the search: states[k], and lowered as chosen if no tactic follows
+                state, analysis, result.state, result.analysis = result.state, result.analysis, None, None
+                automatic.append((k, result))
             else:
                 tactic.apply(graph, state, self.mesh, k)
-            propagate(graph, rules, state, self.mesh, k)
+                propagate(graph, rules, state, self.mesh, k)
+                analysis = None
             states.append(state.copy())
-        program = lower(graph, analyze(graph, rules, state, self.mesh), self.mesh)
+        program = lower(graph, analysis if analysis is not None else analyze(graph, rules, state, self.mesh),
+                        self.mesh)
         program = replace(program, device_mesh=self._jax_mesh)
-        return Partitioned(graph, rules, self.mesh, schedule, states, program, automatic, self.fn,
-                           _abstract(call))
+        low = Partitioned(graph, rules, self.mesh, schedule, states, program, [r for _, r in automatic], self.fn,
+                          _abstract(call))
+        for k, result in automatic:
+            result.render = low.renderer(k)
+        return low
 
     def place(self, *args, **kwargs) -> tuple[tuple, dict]:
         """``(args, kwargs)``: the arguments as ``fn`` binds them (those that can be positional in ``args``),

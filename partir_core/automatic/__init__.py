@@ -65,9 +65,11 @@ MCTS_SHARE = 0.6  # of the time budget and of max_evals, for the goals and the t
 def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartition, log=None) -> AutoResult:
     """Run the search for ``tactic`` from ``state`` (after the tactics before it, ``index`` its place in the
     schedule); returns the :class:`AutoResult`, whose ``state`` is the propagated state after the chosen
-    tactics. Does not modify ``state``. ``log(iterations, evaluations, best)`` is called after each
-    iteration that evaluated a new set. Raises :class:`MemoryBudgetError` if no state found fits the budget,
-    naming the smallest peak found and the tensors that dominate it.
+    tactics and ``analysis`` that state's per-op choice, as :func:`partir_core.choice.analyze` makes it, taken
+    from the passes the search made (no op is chosen again). Does not modify ``state``. ``log(iterations,
+    evaluations, best)`` is called after each iteration that evaluated a new set. Raises
+    :class:`MemoryBudgetError` if no state found fits the budget, naming the smallest peak found and the tensors
+    that dominate it (its result has no ``analysis``).
 
     Python's cyclic garbage collector is paused while it runs (:func:`~partir_core.collector.collector_paused`):
     a search makes no reference cycles (a whole search on the reference transformer leaves none to collect), and
@@ -147,7 +149,8 @@ def _search(graph, rules, state: State, mesh, index: int, tactic: AutomaticParti
         patience=patience)
     result = AutoResult([a.tactic for a in best_key], list(best_key), best.step_time_s, best.peak_bytes,
                         tactic.memory_budget_bytes, space, groups, stats, root_eval.step_time_s, root_eval.peak_bytes,
-                        candidates(ev, best_key), state=ev.state(best_key).copy())
+                        candidates(ev, best_key), state=ev.state(best_key).copy(),
+                        analysis=ev.analysis(best_key) if best.feasible else None)
     if not best.feasible:
         raise MemoryBudgetError(
             f"AutomaticPartition: no sharding found within memory_budget_bytes={tactic.memory_budget_bytes} after "

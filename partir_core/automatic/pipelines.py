@@ -84,10 +84,10 @@ def _reported(schedule, k: int, found: AutoResult, pipe: Pipeline, rest: list, s
     states = low.states[:k + 1] + low.states[k + len(tactics):]
     chosen = Candidate(tuple(rest), sim.step_time_s, sim.peak_bytes, True, pipe)
     result = replace(found, tactics=tactics, actions=list(rest), step_time_s=sim.step_time_s,
-                     peak_bytes=sim.peak_bytes, candidates=[chosen, *found.candidates], state=None)
+                     peak_bytes=sim.peak_bytes, candidates=[chosen, *found.candidates], state=None, analysis=None)
     pipelined = type(low)(low.graph, low.rules, low.mesh, schedule, states, low.program, [result], low.function,
                           low.call)
-    result.text = pipelined.after(k + 1)
+    result.render = pipelined.renderer(k + 1)
     return pipelined
 
 
