@@ -44,10 +44,15 @@ class Call:
     static: tuple
     donated: tuple
 
+    @functools.cached_property
+    def flat(self) -> tuple[list, object]:
+        """``(leaves, treedef)`` of ``(*args, *kwargs.values())``: the inputs and their structure (flattened once)."""
+        return jax.tree_util.tree_flatten((*self.args, *self.kwargs.values()))
+
     @property
     def leaves(self) -> list:
         """The inputs: the leaves of ``(*args, *kwargs.values())``."""
-        return jax.tree_util.tree_leaves((*self.args, *self.kwargs.values()))
+        return self.flat[0]
 
     def function(self, fn):
         """``fn`` with the static arguments put back in their places (``fn`` itself when there are none); it
@@ -126,7 +131,7 @@ class Arguments:
         args = tuple(None if i in static else a for i, a in enumerate(args))
         kwargs = {k: None if k in static else v for k, v in kwargs.items()}
         leaves, start = [], 0
-        for where, value in [*enumerate(args), *kwargs.items()]:
+        for where, value in [*enumerate(args), *kwargs.items()] if donated else ():
             n = len(jax.tree_util.tree_leaves(value))
             if where in donated:
                 leaves += range(start, start + n)

@@ -226,6 +226,28 @@ def _refuse_unknown_calls(graph: ir.Graph) -> None:
             f"partitions scan, while_loop and cond); call {name} outside partir_core.jit")
 
 
+def _host_spec(arguments: Arguments, call: Call, j: int, x) -> tuple:
+    """``(shape, dtype)`` of input ``j`` of ``call``, ``x``, which is no JAX array, as JAX takes it (``float64`` is
+    ``float32`` unless 64-bit types are enabled). Raises :class:`PartitionError`, naming the input's path, for an
+    ``x`` that is neither an array nor a number, or a masked array."""
+    if isinstance(x, np.ma.MaskedArray):
+        raise PartitionError(f"input {arguments.paths(call)[j]!r} is a masked array: masked arrays are not supported "
+                             "(the mask would be lost); pass x.filled(value), or the data and the mask as two inputs")
+    if hasattr(x, "dtype"):
+        dtype = x.dtype
+    elif isinstance(x, (bool, int, float, complex)):
+        dtype = np.asarray(x).dtype
+    else:
+        raise PartitionError(f"input {arguments.paths(call)[j]!r} is {type(x).__name__} {shown(x)}; inputs are "
+                             "arrays or numbers: pass a module's arrays and close over the rest (equinox: params, "
+                             "static = eqx.partition(model, eqx.is_array))")
+    if isinstance(dtype, np.dtype):
+        if dtype.kind in "OSUV":
+            raise PartitionError(f"input {arguments.paths(call)[j]!r} has dtype {dtype}; inputs are arrays of numbers")
+        dtype = jax.dtypes.canonicalize_dtype(dtype)
+    return tuple(np.shape(x)), dtype
+
+
 class PartitionedFunction:
     """What :func:`jit` returns: call it like ``fn``; ``lower(*args, **kwargs)`` gives the :class:`Partitioned`,
     ``place(*args, **kwargs)`` puts the arguments where the program wants them."""
@@ -247,27 +269,12 @@ class PartitionedFunction:
     def _key(self, call: Call):
         """What a lowering depends on: the argument structure, the static arguments and every input's shape and
         dtype (as JAX takes it: ``float64`` is ``float32`` unless 64-bit types are enabled). Raises
-        :class:`PartitionError` for an input that is neither an array nor a number, or a masked array."""
-        paths, leaves, tree = ir.input_paths(self.fn, call.args, call.kwargs)
-        specs = []
-        for path, x in zip(paths, leaves):
-            if isinstance(x, np.ma.MaskedArray):
-                raise PartitionError(f"input {path!r} is a masked array: masked arrays are not supported (the mask "
-                                     "would be lost); pass x.filled(value), or the data and the mask as two inputs")
-            if hasattr(x, "dtype"):
-                dtype = x.dtype
-            elif isinstance(x, (bool, int, float, complex)):
-                dtype = np.asarray(x).dtype
-            else:
-                raise PartitionError(f"input {path!r} is {type(x).__name__} {shown(x)}; inputs are arrays or numbers: "
-                                     "pass a module's arrays and close over the rest (equinox: params, static = "
-                                     "eqx.partition(model, eqx.is_array))")
-            if isinstance(dtype, np.dtype):
-                if dtype.kind in "OSUV":
-                    raise PartitionError(f"input {path!r} has dtype {dtype}; inputs are arrays of numbers")
-                dtype = jax.dtypes.canonicalize_dtype(dtype)
-            specs.append((tuple(np.shape(x)), str(dtype)))
-        return tuple(call.kwargs), tree, tuple(specs), call.static
+        :class:`PartitionError` for an input that is neither an array nor a number, or a masked array. Cheap for
+        JAX arrays (their dtypes are JAX's already): it is worked out at every call."""
+        leaves, tree = call.flat
+        specs = tuple((x.shape, x.dtype) if isinstance(x, jax.Array) else _host_spec(self.arguments, call, j, x)
+                      for j, x in enumerate(leaves))
+        return tuple(call.kwargs), tree, specs, call.static
 
     def lower(self, *args, **kwargs) -> Partitioned:
         """The :class:`Partitioned` program for these arguments (cached per argument structure, static values,
