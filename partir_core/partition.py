@@ -17,6 +17,7 @@ unsupported primitives (``explain()`` says them in words), ``simulate()``, and `
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import replace
 from typing import Callable
 
@@ -285,9 +286,11 @@ class PartitionedFunction:
         """The cached :class:`Partitioned` of ``call``, else traced, partitioned and lowered with Python's cyclic
         collector paused (:func:`~partir_core.collector.collector_paused`)."""
         key = self._key(call)
-        if key not in self._cache:
+        low = self._cache.get(key)
+        if low is None:
+            started = time.perf_counter()  # an AutomaticPartition's time budget counts from here
             with collector_paused():
-                low = pipelines.lower(self, call, lambda schedule: self._lower(call, schedule))
+                low = pipelines.lower(self, call, functools.partial(self._lower, call), started)
             if self.verify:
                 v = low.verify()
                 if not v.ok:
@@ -295,10 +298,14 @@ class PartitionedFunction:
                                          f"{getattr(self.fn, '__name__', 'the function')}: it is {v.status}: "
                                          f"{v.reason}")
             self._cache[key] = low
-        return self._cache[key]
+        return low
 
-    def _lower(self, call: Call, schedule) -> Partitioned:
-        graph = pipeline.trace(call.function(self.fn), call.args, call.kwargs, schedule, self.mesh)
+    def _lower(self, call: Call, schedule, plain: ir.Graph | None = None, deadline: float | None = None
+               ) -> Partitioned:
+        """``call`` partitioned by ``schedule`` and lowered; ``plain``: the step traced already
+        (:func:`partir_core.pipeline.trace`); ``deadline``: the one of the schedule's search
+        (:func:`partir_core.automatic.search`)."""
+        graph = pipeline.trace(call.function(self.fn), call.args, call.kwargs, schedule, self.mesh, plain)
         _refuse_unknown_calls(graph)
         for t in schedule:  # every error before anything runs
             t.validate(graph, self.mesh)
@@ -309,7 +316,7 @@ class PartitionedFunction:
         analysis = None  # the per-op choice of the state so far, where a search made it
         for k, tactic in enumerate(schedule, start=1):
             if isinstance(tactic, AutomaticPartition):
-                result = search(graph, rules, state, self.mesh, k, tactic)
+                result = search(graph, rules, state, self.mesh, k, tactic, deadline=deadline)
                 # propagated and chosen by the search: states[k], and lowered as chosen if no tactic follows
                 state, analysis, result.state, result.analysis = result.state, result.analysis, None, None
                 automatic.append((k, result))

@@ -44,7 +44,7 @@ class SearchStats:
     while over budget, evaluations)``; ``max_depth`` and ``patience`` as used; ``pipelines``: the pipelines
     tried around the search (:mod:`partir_core.automatic.pipelines`), ``(pipeline, simulated step time, peak
     bytes)`` each, and ``spmd``: ``(step time, peak bytes)`` of the search's own result beside them (empty and
-    None where none was tried)."""
+    None where none was tried); ``pipelines_left``: the pipelines left untried when the time budget ran out."""
 
     evaluations: int
     evals_per_s: float
@@ -68,6 +68,7 @@ class SearchStats:
     patience: int
     pipelines: list = field(default_factory=list)
     spmd: tuple | None = None
+    pipelines_left: int = 0
 
 
 @dataclass(frozen=True)
