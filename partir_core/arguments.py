@@ -98,6 +98,14 @@ class Arguments:
         if both:
             raise PartitionError(f"partir_core.jit: argument {sorted(map(str, both))[0]} is both static and "
                                  "donated; a static argument is no array to donate")
+        # how many positional arguments bind as they are given: every parameter positional, none with a
+        # default, none static or donated (None: binding always goes through the signature)
+        params = list(self.signature.parameters.values()) if self.signature is not None else None
+        plain = params is not None and not (self.static_nums or self.static_names or self.donate_nums
+                                            or self.donate_names)
+        plain = plain and all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+                              for p in params)
+        self.as_given = len(params) if plain else None
 
     def _names(self, what: str, names) -> tuple[str, ...]:
         """``names`` (one name or a sequence of them) as a tuple of ``fn``'s parameter names."""
@@ -116,6 +124,8 @@ class Arguments:
         """The :class:`Call` of ``pf(*args, **kwargs)``. Raises :class:`PartitionError` naming a missing or
         extra argument, a static argument number past the positional arguments, or an unhashable static
         value."""
+        if not kwargs and len(args) == self.as_given:  # what the signature would bind, without binding
+            return Call(tuple(args), {}, (), ())
         args, kwargs = self._bound(args, kwargs)
         static = self._where(self.static_nums, self.static_names, args, kwargs, "static_argnums")
         donated = self._where(self.donate_nums, self.donate_names, args, kwargs, "donate_argnums")
