@@ -407,10 +407,12 @@ _PRUNE_BELOW = 1e300
 def _op_terms(graph, eqn, op: OpSharding, types, state, mesh, targets) -> list:
     """The reshards :func:`_op_cost` prices, as groups of ``(src, dst)`` pairs in order: one group per operand,
     one per result priced (the types ``targets`` wants of it: their bytes are summed, then added). A pending
-    sum read by a linear op in a type its readers asked for (``targets``, a dict) is priced nothing: that
-    reshard is made for them anyway and shared (:func:`partir_core.lowering.lower` moves a buffer to one type
-    once), so the op may read the sum reduced rather than keep it pending (:func:`shared_reduction`)."""
-    groups = [() if shared_reduction(op, v, t, types, targets) else ((types[v], t),)
+    sum that several ops read, read by a linear op in a type its readers asked for (``targets``, a dict), is
+    priced nothing: that reshard is made for them anyway and shared (:func:`partir_core.lowering.lower` moves a
+    buffer to one type once), so the op may read the sum reduced rather than keep it pending
+    (:func:`shared_reduction`)."""
+    readers = graph.readers()
+    groups = [() if shared_reduction(op, v, t, types, targets, len(readers.get(v, ()))) else ((types[v], t),)
               for v, t in zip(eqn.invars, op.in_types)]
     if targets is FOLLOW:
         return groups
@@ -422,11 +424,13 @@ def _op_terms(graph, eqn, op: OpSharding, types, state, mesh, targets) -> list:
     return groups
 
 
-def shared_reduction(op: OpSharding, v, t, types: dict, targets) -> bool:
-    """Whether ``op`` reads its operand ``v``, a pending sum as ``types`` has it, in a type ``t`` that its readers
-    asked for in the pass before (``targets``, a dict: the readers' demands), being a linear op (one that could
-    keep it pending): several readers needing one sum reduced then share one reduction."""
-    return type(targets) is dict and op.rule.linear is not None and bool(types[v].partial) \
+def shared_reduction(op: OpSharding, v, t, types: dict, targets, readers: int) -> bool:
+    """Whether ``op`` reads its operand ``v``, a pending sum as ``types`` has it that ``readers`` ops read, in a
+    type ``t`` that its readers asked for in the pass before (``targets``, a dict: the readers' demands), being a
+    linear op (one that could keep it pending): several readers needing one sum reduced then share one
+    reduction. A sum only ``op`` reads is not (its own demand of the pass before would make the reduction look
+    free)."""
+    return readers > 1 and type(targets) is dict and op.rule.linear is not None and bool(types[v].partial) \
         and t in targets.get(v, ())
 
 
