@@ -194,11 +194,11 @@ def _search_scale_named(d: dict) -> list[str]:
 
 
 def _zoo_auto(d: dict) -> list[str]:
-    rows = [[a["model"], a["ops"], a["budget_s"], a["lower_s"], a["search_s"], a["evaluations"], a["pipelines_tried"],
-             a["met"]] for a in d["auto"]]
+    rows = [[a["model"], a["ops"], a["budget_s"], a["lower_s"], a["search_s"], a["evaluations"], a["stopped"],
+             a["pipelines_tried"], a["pipelines_left"], a["met"]] for a in d["auto"]]
     return (["### AutomaticPartition against its time budget", ""]
-            + table(["model", "ops", "budget s", "pf.lower s", "search s", "evaluations", "pipelines tried",
-                     "within budget + 10%"], rows) + [""]) if rows else []
+            + table(["model", "ops", "budget s", "pf.lower s", "search s", "evaluations", "search stopped by",
+                     "pipelines tried", "left", "within budget + 10%"], rows) + [""]) if rows else []
 
 
 def _ci_runs(d: dict) -> list[dict]:
