@@ -98,14 +98,15 @@ class Arguments:
         if both:
             raise PartitionError(f"partir_core.jit: argument {sorted(map(str, both))[0]} is both static and "
                                  "donated; a static argument is no array to donate")
-        # how many positional arguments bind as they are given: every parameter positional, none with a
-        # default, none static or donated (None: binding always goes through the signature)
+        # a call of exactly this many positional arguments binds as given: every parameter positional, none
+        # with a default (None: binding always goes through the signature); static and donated arguments are
+        # then positions (:meth:`positions`), and with none of them binding is the identity (``as_given``)
         params = list(self.signature.parameters.values()) if self.signature is not None else None
-        plain = params is not None and not (self.static_nums or self.static_names or self.donate_nums
-                                            or self.donate_names)
-        plain = plain and all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
-                              for p in params)
-        self.as_given = len(params) if plain else None
+        plain = params is not None and all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                                           and p.default is p.empty for p in params)
+        self.positional = len(params) if plain else None
+        self.as_given = self.positional if not (self.static_nums or self.static_names or self.donate_nums
+                                                or self.donate_names) else None
 
     def _names(self, what: str, names) -> tuple[str, ...]:
         """``names`` (one name or a sequence of them) as a tuple of ``fn``'s parameter names."""
@@ -147,6 +148,21 @@ class Arguments:
                 leaves += range(start, start + n)
             start += n
         return Call(args, kwargs, fixed, tuple(leaves))
+
+    def positions(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """``(static, donated)``: the positions of the static and of the donated arguments in a call of
+        :attr:`positional` positional arguments (as ``jax.jit``'s ``static_argnums`` and ``donate_argnums``);
+        None where calls do not bind as given or an argument number is past the parameters."""
+        if self.positional is None:
+            return None
+        names = list(self.signature.parameters)
+        out = []
+        for nums, picked in ((self.static_nums, self.static_names), (self.donate_nums, self.donate_names)):
+            at = {n + self.positional if n < 0 else n for n in nums} | {names.index(name) for name in picked}
+            if not all(0 <= i < self.positional for i in at):
+                return None
+            out.append(tuple(sorted(at)))
+        return out[0], out[1]
 
     def _bound(self, args, kwargs) -> tuple[tuple, dict]:
         """``(args, kwargs)`` as ``fn`` binds them (module docstring)."""

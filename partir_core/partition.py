@@ -5,7 +5,10 @@ arguments as ``fn`` would (:mod:`partir_core.arguments`: static and donated argu
 ``fn`` on the arguments' shapes, applies the tactics in order (each followed by propagation to a fixed point),
 lowers to one ``jax.shard_map`` program over the mesh's devices (a JAX mesh's own, in its order; a
 ``redist.Mesh``'s among the first JAX devices), runs it and returns what ``fn`` returns. ``pf`` can itself be
-traced by ``jax.jit``. Lowerings are cached per argument structure, static values, shapes and dtypes.
+traced by ``jax.jit``. Lowerings are cached per argument structure, static values, shapes and dtypes. Where
+``fn``'s parameters are all positional without defaults and a call gives them positionally, ``pf`` dispatches
+as one ``jax.jit`` of ``fn`` would (its trace inlines the cached program), so that a warm call does no Python
+work of its own.
 ``pf.place(*args, **kwargs)`` puts the arguments in their types once, so that calls on them move no input.
 
 ``pf.lower(*args, **kwargs)`` returns the :class:`Partitioned` program: input/output sharding types (pytrees of
@@ -243,7 +246,7 @@ def _host_spec(arguments: Arguments, call: Call, j: int, x) -> tuple:
                              "arrays or numbers: pass a module's arrays and close over the rest (equinox: params, "
                              "static = eqx.partition(model, eqx.is_array))")
     if isinstance(dtype, np.dtype):
-        if dtype.kind in "OSUV":
+        if dtype.kind in "OSUV" and not jax.numpy.issubdtype(dtype, np.number):  # bfloat16 is "V" and a number
             raise PartitionError(f"input {arguments.paths(call)[j]!r} has dtype {dtype}; inputs are arrays of numbers")
         dtype = jax.dtypes.canonicalize_dtype(dtype)
     return tuple(np.shape(x)), dtype
@@ -352,15 +355,47 @@ class PartitionedFunction:
         return call.restored(placed[:len(call.args)], dict(zip(call.kwargs, placed[len(call.args):])))
 
     def __call__(self, *args, **kwargs):
-        call = self.arguments.bind(args, kwargs)
-        low = self._lowered(call)
-        outs = low.program.run(*call.leaves, donate=call.donated)
-        return jax.tree_util.tree_unflatten(low.graph.out_tree, list(outs))
+        """``fn(*args, **kwargs)``, partitioned. A call of ``fn``'s positional parameters only, given
+        positionally, is dispatched as ``jax.jit`` dispatches (:attr:`_dispatch`); any other binds its
+        arguments here, finds its program in the cache and runs it."""
+        if kwargs or len(args) != self.arguments.positional or self._dispatch is None:
+            call = self.arguments.bind(args, kwargs)
+            low = self._lowered(call)
+            outs = low.program.run(*call.leaves, donate=call.donated)
+            return jax.tree_util.tree_unflatten(low.graph.out_tree, list(outs))
+        try:
+            return self._dispatch(*args)
+        except (TypeError, ValueError):
+            # JAX refused an argument (not an array, a masked array, an unhashable static value): say which in
+            # the user's terms; an error raised while tracing or lowering (inputs that bind) is raised as it is
+            self._key(self.arguments.bind(args, kwargs))
+            raise
+
+    @functools.cached_property
+    def _dispatch(self):
+        """``fn`` as one ``jax.jit`` over its own arguments (static and donated as given to :func:`jit`), whose
+        trace for each argument structure, static values, shapes and dtypes inlines that call's cached
+        program (lowered then where it is not cached: eagerly, nothing of the lowering is traced): a warm call
+        costs what a ``jax.jit`` call costs, with no binding, flattening or cache lookup in Python. None
+        where calls do not bind as given (:meth:`~partir_core.arguments.Arguments.positions`)."""
+        positions = self.arguments.positions()
+        if positions is None:
+            return None
+
+        def traced(*args):
+            call = self.arguments.bind(args, {})
+            with jax.ensure_compile_time_eval():
+                low = self._lowered(_abstract(call))
+            outs = low.program.executable()(*call.leaves)
+            return jax.tree_util.tree_unflatten(low.graph.out_tree, list(outs))
+
+        static, donated = positions
+        return jax.jit(traced, static_argnums=static, donate_argnums=donated)
 
 
 def _abstract(call: Call) -> Call:
-    """``call`` with every array argument replaced by its ``jax.ShapeDtypeStruct`` (a lowering keeps no array
-    alive)."""
+    """``call`` with every array argument (a tracer included) replaced by its ``jax.ShapeDtypeStruct`` (a
+    lowering keeps no array alive; one lowered from it is the one its arrays give)."""
     def spec(x):
         return jax.ShapeDtypeStruct(np.shape(x), x.dtype) if hasattr(x, "dtype") else x
 

@@ -190,6 +190,29 @@ def test_static_arguments_are_traced_with_their_values():
         pf(w, x, [2], lr=0.1)
 
 
+def test_a_warm_call_is_dispatched_as_jax_jit_dispatches(monkeypatch):
+    """A call of the function's positional parameters binds, flattens and looks up nothing in Python once its
+    program is lowered: JAX's dispatch finds the program, as it finds a ``jax.jit``'s (its trace lowers a
+    program from the arguments' shapes and dtypes: a bfloat16 array's too)."""
+    params, x = mlp_inputs()
+    pf = pc.jit(mlp, MESH, BP_MP)
+    pf(params, x)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a warm call bound or looked up its arguments in Python")
+
+    monkeypatch.setattr(pf.arguments, "bind", refused)
+    monkeypatch.setattr(pf, "_lowered", refused)
+    assert_same(pf(jax.tree.map(lambda a: 2 * a, params), x), mlp(jax.tree.map(lambda a: 2 * a, params), x))
+    monkeypatch.undo()
+
+    def scale(x, s):
+        return x * s
+
+    x16 = jnp.arange(32, dtype=jnp.bfloat16).reshape(8, 4)
+    np.testing.assert_array_equal(pc.jit(scale, MESH, [MP({"x": 0}, axis="batch")])(x16, 2.0), scale(x16, 2.0))
+
+
 def test_donated_arguments_are_deleted_and_their_buffers_reused():
     def step(w, g):
         return w - 0.1 * g
