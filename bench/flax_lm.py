@@ -8,7 +8,10 @@ plain-JAX models' weights) and :func:`is_megatron` checks a partitioned program 
 
 Layers: token and position embeddings (``nn.Embed``, a learned table), pre-layernorm blocks of causal
 ``nn.MultiHeadDotProductAttention`` (q/k/v kernels ``(D, heads, dh)``, output kernel ``(heads, dh, D)``) and a
-GELU MLP (``Dense_0`` ``(D, F)``, ``Dense_1`` ``(F, D)``), a final layernorm and an unembedding ``Dense``.
+GELU MLP, a final layernorm and an unembedding ``Dense``. The MLP is written ``nn.Dense(D)(gelu(nn.Dense(F)(h)))``
+as flax's examples write it: flax names a submodule when it is made, and the outer ``nn.Dense(D)`` is made
+before its argument is evaluated, so the second matmul is ``Dense_0`` ``(F, D)`` and the first ``Dense_1``
+``(D, F)``.
 """
 
 from __future__ import annotations
@@ -81,19 +84,20 @@ def flax_lm(vocab=64, d_model=32, layers=2, heads=4, seq=16, batch=8, mlp_ratio=
 
 def megatron(model_axis="model") -> list:
     """Megatron on the flax LM: attention heads (dim 1 of the q/k/v kernels and their biases' dim 0, dim 0 of
-    the output kernel) and the MLP's hidden dim (``Dense_0`` column-split, ``Dense_1`` row-split)."""
+    the output kernel) and the MLP's hidden dim (the first matmul, ``Dense_1``, column-split with its bias; the
+    second, ``Dense_0``, row-split)."""
     dims = {f"{ATTENTION}/{p}/kernel": 1 for p in ("query", "key", "value")}
     dims.update({f"{ATTENTION}/{p}/bias": 0 for p in ("query", "key", "value")})
     dims[f"{ATTENTION}/out/kernel"] = 0
-    dims[MLP.format(0)] = 1
-    dims["params/params/Block_*/Dense_0/bias"] = 0
-    dims[MLP.format(1)] = 0
+    dims[MLP.format(1)] = 1
+    dims["params/params/Block_*/Dense_1/bias"] = 0
+    dims[MLP.format(0)] = 0
     return [ManualPartition(dims, axis=model_axis)]
 
 
 def is_megatron(low) -> tuple[bool, bool]:
-    """``(mlp, attention)``: whether every block's MLP is split Megatron-style (``Dense_0`` on its output dim and
-    ``Dense_1`` on its input dim over a common mesh axis), and every block's attention (the heads dim of the
+    """``(mlp, attention)``: whether every block's MLP is split Megatron-style (the first matmul, ``Dense_1``, on
+    its output dim and the second, ``Dense_0``, on its input dim over a common mesh axis), and every block's attention (the heads dim of the
     query kernel and of the output kernel over a common axis), in the partitioned program ``low``."""
     paths = low.graph.in_paths
 
@@ -103,5 +107,5 @@ def is_megatron(low) -> tuple[bool, bool]:
         return bool(a) and len(a) == len(b) and all(
             set(low.input_type(x).dims[dim_a]) & set(low.input_type(y).dims[dim_b]) for x, y in zip(a, b))
 
-    return (common(MLP.format(0), 1, MLP.format(1), 0),
+    return (common(MLP.format(1), 1, MLP.format(0), 0),
             common(f"{ATTENTION}/query/kernel", 1, f"{ATTENTION}/out/kernel", 0))

@@ -193,6 +193,14 @@ def _search_scale_named(d: dict) -> list[str]:
                                            rows) + [""]
 
 
+def _zoo_auto(d: dict) -> list[str]:
+    rows = [[a["model"], a["ops"], a["budget_s"], a["lower_s"], a["search_s"], a["evaluations"], a["stopped"],
+             a["pipelines_tried"], a["pipelines_left"], a["met"]] for a in d["auto"]]
+    return (["### AutomaticPartition against its time budget", ""]
+            + table(["model", "ops", "budget s", "pf.lower s", "search s", "evaluations", "search stopped by",
+                     "pipelines tried", "left", "within budget + 10%"], rows) + [""]) if rows else []
+
+
 def _ci_runs(d: dict) -> list[dict]:
     """One row per CI run: each pass's test count and pytest duration (the suite, then the lowest JAX)."""
     rows = []
@@ -321,6 +329,14 @@ BENCHMARKS = (
     _partitioning("Partitioning scanned models", "partitioning_scanned",
                   "./dev bench partitioning --models scanned_mlp,scanned_transformer "
                   "--out bench/results/partitioning_scanned.json"),
+    Benchmark("The model zoo against `jax.jit`", "zoo.json", "zoo.py", "./dev bench zoo",
+              cases=lambda d: d["cases"],
+              columns=(col("model", "model"), col("schedule", "schedule"), col("exact", "match"),
+                       col("bytes ours", "bytes_ours"), col("bytes XLA", "bytes_xla"), col("bytes ratio", "bytes_ratio"),
+                       col("collectives ours", "collectives_ours"), col("collectives XLA", "collectives_xla"),
+                       col("ours ms", "time_ours_s", 1e3), col("XLA ms", "time_xla_s", 1e3),
+                       col("time ratio", "time_ratio"), col("program ratio", "program_ratio")),
+              extra=_zoo_auto),
     Benchmark("Pipeline parallelism", "pipeline.json", "pipeline.py", "./dev bench pipeline",
               summary=lambda d: dict(d["summary"], **({"auto": d["auto"]["summary"]} if "auto" in d else {})),
               extra=_pipeline_auto, cases=lambda d: d["cases"],

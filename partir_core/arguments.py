@@ -44,10 +44,15 @@ class Call:
     static: tuple
     donated: tuple
 
+    @functools.cached_property
+    def flat(self) -> tuple[list, object]:
+        """``(leaves, treedef)`` of ``(*args, *kwargs.values())``: the inputs and their structure (flattened once)."""
+        return jax.tree_util.tree_flatten((*self.args, *self.kwargs.values()))
+
     @property
     def leaves(self) -> list:
         """The inputs: the leaves of ``(*args, *kwargs.values())``."""
-        return jax.tree_util.tree_leaves((*self.args, *self.kwargs.values()))
+        return self.flat[0]
 
     def function(self, fn):
         """``fn`` with the static arguments put back in their places (``fn`` itself when there are none); it
@@ -93,6 +98,15 @@ class Arguments:
         if both:
             raise PartitionError(f"partir_core.jit: argument {sorted(map(str, both))[0]} is both static and "
                                  "donated; a static argument is no array to donate")
+        # a call of exactly this many positional arguments binds as given: every parameter positional, none
+        # with a default (None: binding always goes through the signature); static and donated arguments are
+        # then positions (:meth:`positions`), and with none of them binding is the identity (``as_given``)
+        params = list(self.signature.parameters.values()) if self.signature is not None else None
+        plain = params is not None and all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                                           and p.default is p.empty for p in params)
+        self.positional = len(params) if plain else None
+        self.as_given = self.positional if not (self.static_nums or self.static_names or self.donate_nums
+                                                or self.donate_names) else None
 
     def _names(self, what: str, names) -> tuple[str, ...]:
         """``names`` (one name or a sequence of them) as a tuple of ``fn``'s parameter names."""
@@ -111,6 +125,8 @@ class Arguments:
         """The :class:`Call` of ``pf(*args, **kwargs)``. Raises :class:`PartitionError` naming a missing or
         extra argument, a static argument number past the positional arguments, or an unhashable static
         value."""
+        if not kwargs and len(args) == self.as_given:  # what the signature would bind, without binding
+            return Call(tuple(args), {}, (), ())
         args, kwargs = self._bound(args, kwargs)
         static = self._where(self.static_nums, self.static_names, args, kwargs, "static_argnums")
         donated = self._where(self.donate_nums, self.donate_names, args, kwargs, "donate_argnums")
@@ -126,12 +142,27 @@ class Arguments:
         args = tuple(None if i in static else a for i, a in enumerate(args))
         kwargs = {k: None if k in static else v for k, v in kwargs.items()}
         leaves, start = [], 0
-        for where, value in [*enumerate(args), *kwargs.items()]:
+        for where, value in [*enumerate(args), *kwargs.items()] if donated else ():
             n = len(jax.tree_util.tree_leaves(value))
             if where in donated:
                 leaves += range(start, start + n)
             start += n
         return Call(args, kwargs, fixed, tuple(leaves))
+
+    def positions(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """``(static, donated)``: the positions of the static and of the donated arguments in a call of
+        :attr:`positional` positional arguments (as ``jax.jit``'s ``static_argnums`` and ``donate_argnums``);
+        None where calls do not bind as given or an argument number is past the parameters."""
+        if self.positional is None:
+            return None
+        names = list(self.signature.parameters)
+        out = []
+        for nums, picked in ((self.static_nums, self.static_names), (self.donate_nums, self.donate_names)):
+            at = {n + self.positional if n < 0 else n for n in nums} | {names.index(name) for name in picked}
+            if not all(0 <= i < self.positional for i in at):
+                return None
+            out.append(tuple(sorted(at)))
+        return out[0], out[1]
 
     def _bound(self, args, kwargs) -> tuple[tuple, dict]:
         """``(args, kwargs)`` as ``fn`` binds them (module docstring)."""

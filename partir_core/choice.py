@@ -153,28 +153,31 @@ def op_candidates(graph: Graph, rules: list, i: int, state: State, types: dict, 
     # all that the alternatives read of ``types`` and ``state``, as they are now
     operands = {v: types[v] for v in eqn.invars}
 
-    def sharding(use):
+    def sharding(use, keep=True):
         if made is None:
-            return _op_sharding(graph, rule, eqn, use, operands, mesh)
-        key = _sharding_key(eqn, use, operands)
+            return _op_sharding(graph, rule, eqn, use, operands, mesh, keep)
+        key = _sharding_key(eqn, use, operands, keep)
         op = made.get(key)
         if op is None:
-            op = made[key] = _op_sharding(graph, rule, eqn, use, operands, mesh)
+            op = made[key] = _op_sharding(graph, rule, eqn, use, operands, mesh, keep)
         return op
 
     proposal = sharding(use)
     dims = State({v: list(state.dims[v]) for v in (*eqn.invars, *eqn.outvars) if v in state.dims}, {})
 
     def alternatives():
-        return map(sharding, _alternatives(graph, rule, eqn, dims, operands, mesh, use))
+        uses = _alternatives(graph, rule, eqn, dims, operands, mesh, use)
+        made = list(map(sharding, uses))
+        # then each that keeps a pending sum through the op, with that sum reduced first instead
+        return made + [sharding(u, False) for u, op in zip(uses, made) if _keeps_pending(op)]
 
     return proposal, alternatives
 
 
-def _sharding_key(eqn, use: dict, types: dict) -> tuple:
-    """All that :func:`_op_sharding` reads of ``use`` and ``types`` for ``eqn``: each factor's axes, and the
-    pending sums of its operands."""
-    return tuple([(f, a) for f, (a, _) in use.items()]), tuple([types[v].partial for v in eqn.invars])
+def _sharding_key(eqn, use: dict, types: dict, keep: bool) -> tuple:
+    """All that :func:`_op_sharding` reads of ``use``, ``types`` and ``keep`` for ``eqn``: each factor's axes,
+    the pending sums of its operands, and whether they may stay pending."""
+    return tuple([(f, a) for f, (a, _) in use.items()]), tuple([types[v].partial for v in eqn.invars]), keep
 
 
 def cheapest(graph: Graph, eqn, proposal: OpSharding, alternatives, types, state, mesh, targets,
@@ -305,12 +308,27 @@ def _boundary_sharding(graph, rule, eqn, types, state, mesh, follow: bool = Fals
     return OpSharding(rule, {}, ins, outs, [], ())
 
 
-def _op_sharding(graph, rule, eqn, use, types, mesh) -> OpSharding:
+def _op_sharding(graph, rule, eqn, use, types, mesh, keep_pending: bool = True) -> OpSharding:
+    """``eqn`` run with the factor axes ``use`` on operands produced as ``types``: a pending sum passes through a
+    linear op where its rule lets it (with ``keep_pending``; without, every operand is reduced first)."""
     used = {a for axes, _ in use.values() for a in axes}
     new_partial = tuple(a for f, k in rule.reduce.items() if k == "sum" and f in use for a in use[f][0])
     finish = [(k, use[f][0]) for f, k in rule.reduce.items() if k in ("max", "min") and f in use]
-    # pending sums that may pass through a linear op
     partials = [types[v].partial for v in eqn.invars]
+    keep = _kept(mesh, rule, partials, used) if keep_pending else [()] * len(partials)
+    passed = next((p for p in keep if p), ())
+    ins = [value_type(graph, v, mesh, dims_axes(mesh, rule, use, dims), keep[k])
+           for k, (v, dims) in enumerate(zip(eqn.invars, rule.operands))]
+    outs = [value_type(graph, v, mesh, dims_axes(mesh, rule, use, dims),
+                       tuple(passed) + new_partial)
+            for v, dims in zip(eqn.outvars, rule.results)]
+    return OpSharding(rule, use, ins, outs, finish, new_partial)
+
+
+def _kept(mesh, rule, partials: list, used: set) -> list:
+    """Per operand, the pending sum (axes) that passes through a linear op (``()`` where none): all operands'
+    for ``linear == "all"`` when they are pending over the same axes, the one pending operand's for ``"one"``;
+    none whose axes the op's factors use."""
     keep = [()] * len(partials)
     if rule.linear == "all" and partials and partials[0] and all(p == partials[0] for p in partials) \
             and not clash(mesh, partials[0], used):
@@ -319,13 +337,12 @@ def _op_sharding(graph, rule, eqn, use, types, mesh) -> OpSharding:
         j = next(k for k, p in enumerate(partials) if p)
         if not clash(mesh, partials[j], used):
             keep[j] = partials[j]
-    passed = next((p for p in keep if p), ())
-    ins = [value_type(graph, v, mesh, dims_axes(mesh, rule, use, dims), keep[k])
-           for k, (v, dims) in enumerate(zip(eqn.invars, rule.operands))]
-    outs = [value_type(graph, v, mesh, dims_axes(mesh, rule, use, dims),
-                       tuple(passed) + new_partial)
-            for v, dims in zip(eqn.outvars, rule.results)]
-    return OpSharding(rule, use, ins, outs, finish, new_partial)
+    return keep
+
+
+def _keeps_pending(op: OpSharding) -> bool:
+    """Whether ``op`` reads an operand as a pending sum (keeps it pending through the op)."""
+    return any(t.partial for t in op.in_types)
 
 
 def state_type(graph, state, v, mesh) -> ShardingType:
@@ -389,8 +406,14 @@ _PRUNE_BELOW = 1e300
 
 def _op_terms(graph, eqn, op: OpSharding, types, state, mesh, targets) -> list:
     """The reshards :func:`_op_cost` prices, as groups of ``(src, dst)`` pairs in order: one group per operand,
-    one per result priced (the types ``targets`` wants of it: their bytes are summed, then added)."""
-    groups = [((types[v], t),) for v, t in zip(eqn.invars, op.in_types)]
+    one per result priced (the types ``targets`` wants of it: their bytes are summed, then added). A pending
+    sum that several ops read, read by a linear op in a type its readers asked for (``targets``, a dict), is
+    priced nothing: that reshard is made for them anyway and shared (:func:`partir_core.lowering.lower` moves a
+    buffer to one type once), so the op may read the sum reduced rather than keep it pending
+    (:func:`shared_reduction`)."""
+    readers = graph.readers()
+    groups = [() if shared_reduction(op, v, t, types, targets, len(readers.get(v, ()))) else ((types[v], t),)
+              for v, t in zip(eqn.invars, op.in_types)]
     if targets is FOLLOW:
         return groups
     for v, t in zip(eqn.outvars, op.out_types):
@@ -399,6 +422,16 @@ def _op_terms(graph, eqn, op: OpSharding, types, state, mesh, targets) -> list:
         elif v in state.dims:
             groups.append(((t, state_type(graph, state, v, mesh)),))
     return groups
+
+
+def shared_reduction(op: OpSharding, v, t, types: dict, targets, readers: int) -> bool:
+    """Whether ``op`` reads its operand ``v``, a pending sum as ``types`` has it that ``readers`` ops read, in a
+    type ``t`` that its readers asked for in the pass before (``targets``, a dict: the readers' demands), being a
+    linear op (one that could keep it pending): several readers needing one sum reduced then share one
+    reduction. A sum only ``op`` reads is not (its own demand of the pass before would make the reduction look
+    free)."""
+    return readers > 1 and type(targets) is dict and op.rule.linear is not None and bool(types[v].partial) \
+        and t in targets.get(v, ())
 
 
 def _alternatives(graph, rule, eqn, state, types, mesh, base, limit: int = 96):

@@ -64,8 +64,8 @@ from dataclasses import dataclass, replace
 from itertools import compress
 from operator import is_not, ne
 
-from partir_core.choice import (FOLLOW, Analysis, OpSharding, cheapest, choose_op, op_candidates, output_type,
-                                 state_type, value_type)
+from partir_core.choice import (FOLLOW, Analysis, OpSharding, Unsupported, cheapest, choose_op, op_candidates,
+                                 output_type, state_type, value_type)
 from partir_core.ir import Boundary, Graph, column
 from partir_core.lowering import lower
 from partir_core.propagation import State, op_slots, shardable_factors, step, take_step
@@ -78,7 +78,9 @@ class Structure:
     """What never changes between candidates of one program: its ``values`` (those a
     :class:`~partir_core.propagation.State` names); for every value, the ops that name it
     (``touching``: propagation and choice read its state there), its readers (``readers``: ``(eqn, operand
-    position)``: their demands price it; ``reader_ops``: those ops, once each) and its ``producer``; how often
+    position)``: their demands price it; ``reader_ops``: those ops, once each; ``linear_readers``: those whose
+    rule is linear, which price a pending sum by its readers' demands,
+    :func:`~partir_core.choice.shared_reduction`) and its ``producer``; how often
     per call its readers read it (``trips``: inside a loop body, the loop's trips; 1 elsewhere) and how often
     each op runs its reductions (``op_trips``); the outputs, and those that are no input (``state_outputs``:
     returned in their state type, :func:`~partir_core.choice.output_type`); the ops run replicated; the
@@ -105,6 +107,8 @@ class Structure:
         self.invars = [tuple(e.invars) for e in graph.eqns]
         self.outvars = [tuple(e.outvars) for e in graph.eqns]
         self.reader_ops = {v: tuple(dict.fromkeys(i for i, _ in rs)) for v, rs in self.readers.items()}
+        self.linear = [r is not None and r.linear is not None for r in rules]
+        self.linear_readers = {v: tuple(i for i in ops if self.linear[i]) for v, ops in self.reader_ops.items()}
         self.producer = {v: i for i, eqn in enumerate(graph.eqns) for v in eqn.outvars}
         self.outputs = {v for v in graph.outvars if v not in graph.consts}
         self.state_outputs = {v for v in self.outputs if v not in graph.invars}  # typed as the state has them
@@ -115,7 +119,7 @@ class Structure:
         # each op's (value, dim, factors), which propagation visits
         self.op_slots = [None if r is None else op_slots(r, e) for e, r in zip(graph.eqns, rules)]
         self.shardable = [None if r is None else shardable_factors(r) for r in rules]
-        self.unsupported = [(i, e.name, "no factor rule: kept replicated")
+        self.unsupported = [Unsupported(i, e.name, "no factor rule: kept replicated")
                             for i, (e, r) in enumerate(zip(graph.eqns, rules)) if r is None]
         names: dict = {}
         self.signature = [names.setdefault(signature(graph, e, r), len(names)) for e, r in zip(graph.eqns, rules)]
@@ -124,12 +128,15 @@ class Structure:
 def signature(graph: Graph, eqn, rule) -> tuple:
     """What :func:`~partir_core.choice.choose_op` reads of an op besides the state and types of its values:
     its primitive, its factor rule (all but ``local``, which only running the op reads), its operands' and
-    results' shapes and dtypes, which of them are constants, and which name one value twice. Two ops of one
+    results' shapes and dtypes, which of them are constants, which name one value twice, and which operands
+    several ops read (:func:`~partir_core.choice.shared_reduction` reads that). Two ops of one
     signature whose values have the same dims, provenance order and operand types are chosen alike, up to
     their rule object (the transformer's layers, the optimizer's updates of weights of one shape)."""
     values = list(eqn.invars) + list(eqn.outvars)
     first = {v: k for k, v in reversed(list(enumerate(values)))}
     avals = tuple((graph.shape(v), str(graph.dtype(v)), v in graph.consts, first[v]) for v in values)
+    readers = graph.readers()
+    avals += (tuple(len(readers.get(v, ())) > 1 for v in eqn.invars),)
     if rule is None:
         return (eqn.name, None, avals)
     return (eqn.name, avals, repr(rule.operands), repr(rule.results), tuple(sorted(rule.sizes.items())),
@@ -275,7 +282,8 @@ class _Pass:
     sorted by text as :func:`~partir_core.choice._demands` sorts them), the bytes received per value
     (``received``) and per finished reduction (``finished``), and their total ``cost``
     (:func:`~partir_core.choice.received_bytes`). For a state-priced pass, ``unlike``: the values whose
-    demands are not just their state type (:meth:`_Chooser._unlike_state` of ``demands``), once known."""
+    demands are not just their state type (:meth:`_Chooser._unlike_state` of ``demands``), and ``shared``: the
+    pending sums demanded in another type (:meth:`_Chooser._shared`), once known."""
 
     targets: object
     ops: list
@@ -285,6 +293,7 @@ class _Pass:
     finished: dict
     cost: float
     unlike: set | None = None
+    shared: set | None = None
 
 
 class _Chooser:
@@ -301,7 +310,8 @@ class _Chooser:
     def choose_op(self, i: int, types: dict, targets):
         """:func:`~partir_core.choice.choose_op`, remembered (:class:`_OpMemo`) by everything it depends on: the
         op's signature (:func:`signature`), its values' dims and the order of their provenances, its operands'
-        types and the targets of its results. Provenance enters by its order among the op's values only:
+        types and the targets of its results (and of its pending operands, for a linear op:
+        :func:`~partir_core.choice.shared_reduction`). Provenance enters by its order among the op's values only:
         :func:`~partir_core.propagation.resolve` and :func:`~partir_core.factors.drop_clashes` compare
         provenances and nothing else, and what a choice keeps of them (``OpSharding.use``'s second elements)
         is read by no one (lowering reads ``use``'s factors only). Three levels, each looked up only when the
@@ -316,9 +326,14 @@ class _Chooser:
         if sk is None:  # the same in every pass
             sk = self.state_keys[i] = self._interned_state_key(i)
         operands = tuple(map(id, map(types.__getitem__, s.invars[i])))
+        pending = ()
         if type(targets) is dict:
             get = targets.get
             wanted = tuple([tuple(map(id, get(v, ()))) for v in s.outvars[i]])
+            if s.linear[i]:
+                pending = [v for v in s.invars[i] if types[v].partial]
+                if pending:  # shared_reduction prices them by their readers' demands
+                    wanted = (wanted, tuple([tuple(map(id, get(v, ()))) for v in pending]))
         else:
             wanted = targets
         key = (sk, operands, wanted)
@@ -329,7 +344,7 @@ class _Chooser:
             return op
         memo.keep([types[v] for v in s.invars[i]])
         if type(targets) is dict:
-            for v in s.outvars[i]:
+            for v in (*s.outvars[i], *pending):
                 memo.keep(targets.get(v, ()))
         op = self._shared_choice(i, (s.signature[i], sk, operands), wanted, types, targets)
         rule = s.rules[i]
@@ -410,15 +425,20 @@ class _Chooser:
             if targets is base.demands:  # the refinement of a state-priced pass: known once for both
                 if base.unlike is None:
                     base.unlike = self._unlike_state(targets)
-                changed = base.unlike
+                if base.shared is None:
+                    base.shared = self._shared(targets, base.types)
+                changed, shared = base.unlike, base.shared
             else:
-                changed = self._unlike_state(targets)
+                changed, shared = self._unlike_state(targets), self._shared(targets, types)
             dirty_ops |= {self.s.producer[v] for v in changed if v in self.s.producer} | self.s.boundaries
+            dirty_ops.update(i for v in shared for i in self.s.linear_readers.get(v, ()))
         elif isinstance(targets, dict):
             was = base.targets
             changed = {v for v, ts in targets.items() if ts is not was.get(v) and ts != was.get(v)}
             changed.update(was.keys() - targets.keys())
             dirty_ops |= {self.s.producer[v] for v in changed if v in self.s.producer}
+            # the linear readers of a pending sum price it by its targets (shared_reduction)
+            dirty_ops.update(i for v in changed if types[v].partial for i in self.s.linear_readers.get(v, ()))
         retyped, redemanded = set(), set()
         for v in g.invars:
             if v in dirty_values:
@@ -456,13 +476,24 @@ class _Chooser:
         redemanded |= retyped | (dirty_values & self.s.outputs)
         made = self._priced(targets, ops, types, base, (redemanded, rechosen))
         if targets is None and base.unlike is not None:
-            # a value's entry depends on its demands and its state type alone: only those of the values whose
-            # demands _priced made again or whose dims changed may differ from the base's
+            # a value's entry depends on its demands and its state type alone (its type too, for shared): only
+            # those of the values whose demands _priced made again or whose dims changed may differ from the base's
             again = redemanded | dirty_values
             demands = made.demands
             made.unlike = {v for v in base.unlike if v not in again} | \
                 self._unlike_state({v: demands[v] for v in again if v in demands})
+            if base.shared is not None:
+                made.shared = {v for v in base.shared if v not in again} | \
+                    self._shared({v: demands[v] for v in again if v in demands}, types)
         return made
+
+    @staticmethod
+    def _shared(targets: dict, types: dict) -> set:
+        """The pending sums whose ``targets`` name a type other than their own: where the refinement of a
+        state-priced pass may price a linear reader's operand otherwise
+        (:func:`~partir_core.choice.shared_reduction`)."""
+        return {v for v, ts in targets.items() if types[v].partial and any(t is not types[v] and t != types[v]
+                                                                             for t in ts)}
 
     def _unlike_state(self, targets: dict) -> set:
         """The values whose ``targets`` are not just their state type (:func:`~partir_core.choice.state_type`):

@@ -5,7 +5,10 @@ arguments as ``fn`` would (:mod:`partir_core.arguments`: static and donated argu
 ``fn`` on the arguments' shapes, applies the tactics in order (each followed by propagation to a fixed point),
 lowers to one ``jax.shard_map`` program over the mesh's devices (a JAX mesh's own, in its order; a
 ``redist.Mesh``'s among the first JAX devices), runs it and returns what ``fn`` returns. ``pf`` can itself be
-traced by ``jax.jit``. Lowerings are cached per argument structure, static values, shapes and dtypes.
+traced by ``jax.jit``. Lowerings are cached per argument structure, static values, shapes and dtypes. Where
+``fn``'s parameters are all positional without defaults and a call gives them positionally, ``pf`` dispatches
+as one ``jax.jit`` of ``fn`` would (its trace inlines the cached program), so that a warm call does no Python
+work of its own.
 ``pf.place(*args, **kwargs)`` puts the arguments in their types once, so that calls on them move no input.
 
 ``pf.lower(*args, **kwargs)`` returns the :class:`Partitioned` program: input/output sharding types (pytrees of
@@ -17,7 +20,9 @@ unsupported primitives (``explain()`` says them in words), ``simulate()``, and `
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import replace
+from typing import Callable
 
 import jax
 import numpy as np
@@ -30,6 +35,7 @@ from partir_core import ir, keys, pipeline
 from partir_core.arguments import Arguments, Call
 from partir_core.automatic import pipelines, search
 from partir_core.choice import analyze
+from partir_core.collector import collector_paused
 from partir_core.explain import explain as _explain
 from partir_core.lowering import lower
 from partir_core.program import LocalProgram
@@ -136,7 +142,13 @@ class Partitioned:
         if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < len(self.states):
             raise PartitionError(f"after({shown(k)}): k must be an int from 0 to {len(self.states) - 1}, the number "
                                  "of tactics in the schedule")
-        return render(self.graph, self.rules, self.states[k], self.mesh)
+        return self.renderer(k)()
+
+    def renderer(self, k: int) -> Callable[[], str]:
+        """What gives :meth:`after` ``(k)`` when called, holding what it reads (not this object): after the whole
+        schedule, the program's own per-op choice; after fewer tactics, the state, chosen when called."""
+        analysis = self.program.analysis if k == len(self.states) - 1 else None
+        return functools.partial(render, self.graph, self.rules, self.states[k], self.mesh, analysis)
 
     def __str__(self):
         return self.after(len(self.states) - 1)
@@ -173,8 +185,10 @@ class Partitioned:
         return jax.tree_util.tree_unflatten(self.graph.out_tree, list(outs))
 
 
-def render(graph, rules, state, mesh) -> str:
-    a = analyze(graph, rules, state, mesh)
+def render(graph, rules, state, mesh, analysis=None) -> str:
+    """The program with every value's type under ``state``, and each op's rule: ``analysis`` (the per-op choice
+    of ``state``) where given, else :func:`~partir_core.choice.analyze`'s."""
+    a = analysis if analysis is not None else analyze(graph, rules, state, mesh)
 
     def name(v):
         if v in graph.consts:
@@ -216,6 +230,28 @@ def _refuse_unknown_calls(graph: ir.Graph) -> None:
             f"partitions scan, while_loop and cond); call {name} outside partir_core.jit")
 
 
+def _host_spec(arguments: Arguments, call: Call, j: int, x) -> tuple:
+    """``(shape, dtype)`` of input ``j`` of ``call``, ``x``, which is no JAX array, as JAX takes it (``float64`` is
+    ``float32`` unless 64-bit types are enabled). Raises :class:`PartitionError`, naming the input's path, for an
+    ``x`` that is neither an array nor a number, or a masked array."""
+    if isinstance(x, np.ma.MaskedArray):
+        raise PartitionError(f"input {arguments.paths(call)[j]!r} is a masked array: masked arrays are not supported "
+                             "(the mask would be lost); pass x.filled(value), or the data and the mask as two inputs")
+    if hasattr(x, "dtype"):
+        dtype = x.dtype
+    elif isinstance(x, (bool, int, float, complex)):
+        dtype = np.asarray(x).dtype
+    else:
+        raise PartitionError(f"input {arguments.paths(call)[j]!r} is {type(x).__name__} {shown(x)}; inputs are "
+                             "arrays or numbers: pass a module's arrays and close over the rest (equinox: params, "
+                             "static = eqx.partition(model, eqx.is_array))")
+    if isinstance(dtype, np.dtype):
+        if dtype.kind in "OSUV" and not jax.numpy.issubdtype(dtype, np.number):  # bfloat16 is "V" and a number
+            raise PartitionError(f"input {arguments.paths(call)[j]!r} has dtype {dtype}; inputs are arrays of numbers")
+        dtype = jax.dtypes.canonicalize_dtype(dtype)
+    return tuple(np.shape(x)), dtype
+
+
 class PartitionedFunction:
     """What :func:`jit` returns: call it like ``fn``; ``lower(*args, **kwargs)`` gives the :class:`Partitioned`,
     ``place(*args, **kwargs)`` puts the arguments where the program wants them."""
@@ -237,27 +273,12 @@ class PartitionedFunction:
     def _key(self, call: Call):
         """What a lowering depends on: the argument structure, the static arguments and every input's shape and
         dtype (as JAX takes it: ``float64`` is ``float32`` unless 64-bit types are enabled). Raises
-        :class:`PartitionError` for an input that is neither an array nor a number, or a masked array."""
-        paths, leaves, tree = ir.input_paths(self.fn, call.args, call.kwargs)
-        specs = []
-        for path, x in zip(paths, leaves):
-            if isinstance(x, np.ma.MaskedArray):
-                raise PartitionError(f"input {path!r} is a masked array: masked arrays are not supported (the mask "
-                                     "would be lost); pass x.filled(value), or the data and the mask as two inputs")
-            if hasattr(x, "dtype"):
-                dtype = x.dtype
-            elif isinstance(x, (bool, int, float, complex)):
-                dtype = np.asarray(x).dtype
-            else:
-                raise PartitionError(f"input {path!r} is {type(x).__name__} {shown(x)}; inputs are arrays or numbers: "
-                                     "pass a module's arrays and close over the rest (equinox: params, static = "
-                                     "eqx.partition(model, eqx.is_array))")
-            if isinstance(dtype, np.dtype):
-                if dtype.kind in "OSUV":
-                    raise PartitionError(f"input {path!r} has dtype {dtype}; inputs are arrays of numbers")
-                dtype = jax.dtypes.canonicalize_dtype(dtype)
-            specs.append((tuple(np.shape(x)), str(dtype)))
-        return tuple(call.kwargs), tree, tuple(specs), call.static
+        :class:`PartitionError` for an input that is neither an array nor a number, or a masked array. Cheap for
+        JAX arrays (their dtypes are JAX's already): it is worked out at every call."""
+        leaves, tree = call.flat
+        specs = tuple((x.shape, x.dtype) if isinstance(x, jax.Array) else _host_spec(self.arguments, call, j, x)
+                      for j, x in enumerate(leaves))
+        return tuple(call.kwargs), tree, specs, call.static
 
     def lower(self, *args, **kwargs) -> Partitioned:
         """The :class:`Partitioned` program for these arguments (cached per argument structure, static values,
@@ -265,9 +286,14 @@ class PartitionedFunction:
         return self._lowered(self.arguments.bind(args, kwargs))
 
     def _lowered(self, call: Call) -> Partitioned:
+        """The cached :class:`Partitioned` of ``call``, else traced, partitioned and lowered with Python's cyclic
+        collector paused (:func:`~partir_core.collector.collector_paused`)."""
         key = self._key(call)
-        if key not in self._cache:
-            low = pipelines.lower(self, call, lambda schedule: self._lower(call, schedule))
+        low = self._cache.get(key)
+        if low is None:
+            started = time.perf_counter()  # an AutomaticPartition's time budget counts from here
+            with collector_paused():
+                low = pipelines.lower(self, call, functools.partial(self._lower, call), started)
             if self.verify:
                 v = low.verify()
                 if not v.ok:
@@ -275,10 +301,14 @@ class PartitionedFunction:
                                          f"{getattr(self.fn, '__name__', 'the function')}: it is {v.status}: "
                                          f"{v.reason}")
             self._cache[key] = low
-        return self._cache[key]
+        return low
 
-    def _lower(self, call: Call, schedule) -> Partitioned:
-        graph = pipeline.trace(call.function(self.fn), call.args, call.kwargs, schedule, self.mesh)
+    def _lower(self, call: Call, schedule, plain: ir.Graph | None = None, deadline: float | None = None
+               ) -> Partitioned:
+        """``call`` partitioned by ``schedule`` and lowered; ``plain``: the step traced already
+        (:func:`partir_core.pipeline.trace`); ``deadline``: the one of the schedule's search
+        (:func:`partir_core.automatic.search`)."""
+        graph = pipeline.trace(call.function(self.fn), call.args, call.kwargs, schedule, self.mesh, plain)
         _refuse_unknown_calls(graph)
         for t in schedule:  # every error before anything runs
             t.validate(graph, self.mesh)
@@ -286,20 +316,26 @@ class PartitionedFunction:
         state = State.empty(graph)
         states = [state.copy()]
         automatic = []
+        analysis = None  # the per-op choice of the state so far, where a search made it
         for k, tactic in enumerate(schedule, start=1):
             if isinstance(tactic, AutomaticPartition):
-                result = search(graph, rules, state, self.mesh, k, tactic)
-                state, result.state = result.state, None  # the Partitioned keeps it as states[k]
-                result.text = render(graph, rules, state, self.mesh)
-                automatic.append(result)
+                result = search(graph, rules, state, self.mesh, k, tactic, deadline=deadline)
+                # propagated and chosen by the search: states[k], and lowered as chosen if no tactic follows
+                state, analysis, result.state, result.analysis = result.state, result.analysis, None, None
+                automatic.append((k, result))
             else:
                 tactic.apply(graph, state, self.mesh, k)
-            propagate(graph, rules, state, self.mesh, k)
+                propagate(graph, rules, state, self.mesh, k)
+                analysis = None
             states.append(state.copy())
-        program = lower(graph, analyze(graph, rules, state, self.mesh), self.mesh)
+        program = lower(graph, analysis if analysis is not None else analyze(graph, rules, state, self.mesh),
+                        self.mesh)
         program = replace(program, device_mesh=self._jax_mesh)
-        return Partitioned(graph, rules, self.mesh, schedule, states, program, automatic, self.fn,
-                           _abstract(call))
+        low = Partitioned(graph, rules, self.mesh, schedule, states, program, [r for _, r in automatic], self.fn,
+                          _abstract(call))
+        for k, result in automatic:
+            result.render = low.renderer(k)
+        return low
 
     def place(self, *args, **kwargs) -> tuple[tuple, dict]:
         """``(args, kwargs)``: the arguments as ``fn`` binds them (those that can be positional in ``args``),
@@ -319,15 +355,47 @@ class PartitionedFunction:
         return call.restored(placed[:len(call.args)], dict(zip(call.kwargs, placed[len(call.args):])))
 
     def __call__(self, *args, **kwargs):
-        call = self.arguments.bind(args, kwargs)
-        low = self._lowered(call)
-        outs = low.program.run(*call.leaves, donate=call.donated)
-        return jax.tree_util.tree_unflatten(low.graph.out_tree, list(outs))
+        """``fn(*args, **kwargs)``, partitioned. A call of ``fn``'s positional parameters only, given
+        positionally, is dispatched as ``jax.jit`` dispatches (:attr:`_dispatch`); any other binds its
+        arguments here, finds its program in the cache and runs it."""
+        if kwargs or len(args) != self.arguments.positional or self._dispatch is None:
+            call = self.arguments.bind(args, kwargs)
+            low = self._lowered(call)
+            outs = low.program.run(*call.leaves, donate=call.donated)
+            return jax.tree_util.tree_unflatten(low.graph.out_tree, list(outs))
+        try:
+            return self._dispatch(*args)
+        except (TypeError, ValueError):
+            # JAX refused an argument (not an array, a masked array, an unhashable static value): say which in
+            # the user's terms; an error raised while tracing or lowering (inputs that bind) is raised as it is
+            self._key(self.arguments.bind(args, kwargs))
+            raise
+
+    @functools.cached_property
+    def _dispatch(self):
+        """``fn`` as one ``jax.jit`` over its own arguments (static and donated as given to :func:`jit`), whose
+        trace for each argument structure, static values, shapes and dtypes inlines that call's cached
+        program (lowered then where it is not cached: eagerly, nothing of the lowering is traced): a warm call
+        costs what a ``jax.jit`` call costs, with no binding, flattening or cache lookup in Python. None
+        where calls do not bind as given (:meth:`~partir_core.arguments.Arguments.positions`)."""
+        positions = self.arguments.positions()
+        if positions is None:
+            return None
+
+        def traced(*args):
+            call = self.arguments.bind(args, {})
+            with jax.ensure_compile_time_eval():
+                low = self._lowered(_abstract(call))
+            outs = low.program.executable()(*call.leaves)
+            return jax.tree_util.tree_unflatten(low.graph.out_tree, list(outs))
+
+        static, donated = positions
+        return jax.jit(traced, static_argnums=static, donate_argnums=donated)
 
 
 def _abstract(call: Call) -> Call:
-    """``call`` with every array argument replaced by its ``jax.ShapeDtypeStruct`` (a lowering keeps no array
-    alive)."""
+    """``call`` with every array argument (a tracer included) replaced by its ``jax.ShapeDtypeStruct`` (a
+    lowering keeps no array alive; one lowered from it is the one its arrays give)."""
     def spec(x):
         return jax.ShapeDtypeStruct(np.shape(x), x.dtype) if hasattr(x, "dtype") else x
 

@@ -186,16 +186,18 @@ class _Plan:
     carry_batch_dims: tuple
 
 
-def trace(fn, args, kwargs, schedule, mesh) -> Graph:
+def trace(fn, args, kwargs, schedule, mesh, plain: Graph | None = None) -> Graph:
     """``fn`` traced as :func:`partir_core.ir.trace` does, its layer scan pipelined where ``schedule`` holds a
-    :class:`Pipeline` (see the module docstring). Raises :class:`PartitionError` for more than one Pipeline and
-    for what it cannot pipeline."""
+    :class:`Pipeline` (see the module docstring); ``plain``: ``fn`` on these arguments traced so already (it is
+    returned as it is, or read). Raises :class:`PartitionError` for more than one Pipeline and for what it
+    cannot pipeline."""
     pipes = [t for t in schedule if isinstance(t, Pipeline)]
-    if not pipes:
-        return ir.trace(fn, args, kwargs)
     if len(pipes) > 1:
         raise PartitionError(f"a schedule pipelines one layer scan: it has {len(pipes)} Pipeline tactics")
-    plan = _plan(pipes[0], ir.trace(fn, args, kwargs), mesh)
+    plain = plain if plain is not None else ir.trace(fn, args, kwargs)
+    if not pipes:
+        return plain
+    plan = _plan(pipes[0], plain, mesh)
     found = []
 
     @functools.wraps(fn)

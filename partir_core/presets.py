@@ -27,7 +27,7 @@ What the program tells (kinds: :func:`partir_core.analysis.input_kinds`):
   style stacked weights), and every dim that must share its sharding (its momenta's). No preset splits one:
   that would gather every layer before the loop.
 - *column and row matmuls*: in the forward computation (what the outputs other than the updates are computed
-  from), a ``dot_general`` with an operand computed from parameters alone (a weight: the parameter, its
+  from), a ``dot_general`` (or ``conv_general_dilated``) with an operand computed from parameters alone (a weight: the parameter, its
   cast, its slice in a scan body) is a *column* matmul of a dim group (:mod:`partir_core.analysis`) that the
   weight and the result carry but no other operand (the weight's output dim: the MLP's hidden dim, the
   attention heads), and a *row* matmul of a group that it contracts against the weight.
@@ -43,8 +43,8 @@ The presets:
   per layer, stacked or not, whatever the weights' layout (``(in, out)`` or ``(out, in)``); a norm over the
   hidden dim is no obstacle (its statistics are all-reduced). Groups are taken in forward order, skipping one
   that shares a weight with a group taken (a chain of three matmuls has two candidate pairs that share the
-  middle weight: the first wins). Convolutions have no factor rule in partir_core (they run replicated), so
-  their channels are not paired.
+  middle weight: the first wins). A convolution counts as a matmul: its output channels are a column
+  matmul's output dim, its input channels a row matmul's contracting dim.
 - :func:`zero`: ZeRO's stages: the optimizer state (stages 1, 2) and the parameters too (stage 3) split on
   their largest dim that the axis divides.
 - :func:`embedding`: embedding tables (parameters read by a ``gather`` whose indices are data, as
@@ -71,7 +71,7 @@ from partir_core.tactics import ManualPartition, PartitionError, mesh_axis
 
 __all__ = ["batch_parallel", "megatron", "zero", "embedding", "Preset", "TracedStep"]
 
-MATMULS = ("dot_general",)
+MATMULS = ("dot_general", "conv_general_dilated")  # a convolution's channels pair as a matmul's dims do
 
 
 class Preset:
@@ -456,7 +456,7 @@ class TracedStep:
         out = []
         for i in self.forward:
             e = g.eqns[i]
-            if e.name not in MATMULS:
+            if e.name != "dot_general":
                 continue
             (lc, rc), (lb, rb) = e.params["dimension_numbers"]
             for w, contracting, batch in ((e.invars[0], lc, lb), (e.invars[1], rc, rb)):

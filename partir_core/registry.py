@@ -37,6 +37,10 @@ dim that slices of 1 are taken from (an embedding's vocabulary): a gather looks 
 device's block (zero elsewhere) and its result is a pending sum, a scatter-add adds the updates of the device's
 own rows; both keep the unpartitioned handling of out-of-range indices (clamped, or filled / dropped).
 
+Convolutions (``conv_general_dilated``, forward and both gradients): the batch dim, the input channels (a ``sum``
+reduction) and the output channels are factors, as a matmul's; the spatial dims are blocked. ``rev`` (the
+kernel's flip in the input gradient) blocks the dims it reverses.
+
 A region's enter and exit (:mod:`partir_core.ir`) tie each outer value to the body value it becomes.
 
 Random keys (:mod:`partir_core.keys`): rules see a key array's key shape. ``random_seed``, ``random_fold_in``,
@@ -270,8 +274,13 @@ def _broadcast_in_dim(eqn, shapes, out_shapes):
 
 
 def _reshape(eqn, shapes, out_shapes):
+    """``reshape``, its operand first transposed by ``dimensions`` where given (as the gradients of grouped
+    convolutions reshape kernels): dims of the (transposed) operand and of the result are matched in row-major
+    order; a dim split into several, or several merged into one, share factors; a general regrouping is
+    blocked."""
     n = _Names()
-    src, dst = tuple(shapes[0]), tuple(out_shapes[0])
+    perm = eqn.params.get("dimensions") or tuple(range(len(shapes[0])))
+    src, dst = tuple(shapes[0][d] for d in perm), tuple(out_shapes[0])
     op: list = [()] * len(src)
     out: list = [()] * len(dst)
     blocked = set()
@@ -305,10 +314,13 @@ def _reshape(eqn, shapes, out_shapes):
                 out[j] = n(dst[j]); blocked.update(out[j])  # noqa: E702
 
     def local(ctx, x, *rest):
-        return bind(ctx, x, *rest, new_sizes=tuple(ctx.out_shapes[0]), dimensions=None, sharding=None)
+        return bind(ctx, x, *rest, new_sizes=tuple(ctx.out_shapes[0]), sharding=None)
 
-    return Rule([op] + [[] for _ in shapes[1:]], [out], n.sizes, blocked=frozenset(blocked), linear="all",
-                local=local)
+    by_operand_dim = [None] * len(src)
+    for j, d in enumerate(perm):
+        by_operand_dim[d] = op[j]
+    return Rule([by_operand_dim] + [[] for _ in shapes[1:]], [out], n.sizes, blocked=frozenset(blocked),
+                linear="all", local=local)
 
 
 def _transpose(eqn, shapes, out_shapes):
@@ -623,6 +635,42 @@ def _slice(eqn, shapes, out_shapes):
     return Rule([op], [out], n.sizes, blocked=frozenset(blocked), local=local)
 
 
+def _conv(eqn, shapes, out_shapes):
+    """``conv_general_dilated``: the lhs batch dim shares its factor with the result's batch dim; the lhs
+    feature dim (input channels) with the rhs input-feature dim, a ``sum`` reduction (each device convolves its
+    channels, the result a pending sum); the rhs output-feature dim with the result's feature dim; the spatial
+    dims (windows, strides, padding, dilations) are blocked, every device convolving them whole. With feature
+    or batch groups, the feature dims are blocked (and, with batch groups, the batch dim): only a plain
+    convolution splits them."""
+    p = eqn.params
+    lhs_spec, rhs_spec, out_spec = p["dimension_numbers"]
+    (ls, rs), os_ = shapes, out_shapes[0]
+    n = _Names()
+    lhs, rhs, out = [n(d) for d in ls], [n(d) for d in rs], [n(d) for d in os_]
+    plain = p["feature_group_count"] == 1 and p["batch_group_count"] == 1
+    blocked = {f for dims, spec in ((lhs, lhs_spec), (rhs, rhs_spec), (out, out_spec)) for d in spec[2:]
+               for f in dims[d]}
+    if p["batch_group_count"] == 1:
+        lhs[lhs_spec[0]] = out[out_spec[0]]
+    else:
+        blocked.update(lhs[lhs_spec[0]] + out[out_spec[0]])
+    reduce = {}
+    if plain:
+        lhs[lhs_spec[1]] = rhs[rhs_spec[1]]
+        rhs[rhs_spec[0]] = out[out_spec[1]]
+        reduce = {f: "sum" for f in rhs[rhs_spec[1]]}
+    else:
+        blocked.update(lhs[lhs_spec[1]] + rhs[rhs_spec[0]] + rhs[rhs_spec[1]] + out[out_spec[1]])
+    return Rule([lhs, rhs], [out], n.sizes, reduce=reduce, blocked=frozenset(blocked), linear="one")
+
+
+def _rev(eqn, shapes, out_shapes):
+    """``rev``: the reversed dims are blocked (a device's block would come from the mirrored device), the others
+    shared with the result."""
+    n, op, out, blocked = _whole_or_blocked(shapes[0], out_shapes[0], lambda d: d not in eqn.params["dimensions"])
+    return Rule([op], [out], n.sizes, blocked=frozenset(blocked), linear="all")
+
+
 def _along_axis(param):
     """Ops that act along one dim (``split``, ``sort``, ``cumsum``-like): that dim is blocked."""
 
@@ -679,6 +727,8 @@ RULES: dict[str, Callable] = {
     "dynamic_slice": _dynamic_slice,
     "dynamic_update_slice": _dynamic_update_slice,
     "slice": _slice,
+    "conv_general_dilated": _conv,
+    "rev": _rev,
     "split": _along_axis("axis"),
     "sort": _along_axis("dimension"),
     "random_bits": _random_draw,
@@ -725,12 +775,17 @@ def supported_primitives() -> list[str]:
 
 
 def flops(name: str, in_shapes, out_shapes, params) -> float:
-    """FLOPs of one op on the given (local) shapes: ``2·M·N·K`` for ``dot_general``, one per output (or
+    """FLOPs of one op on the given (local) shapes: ``2·M·N·K`` for ``dot_general``, two per output element and
+    rhs window element (input features times kernel window) for ``conv_general_dilated``, one per output (or
     input, for reductions) element otherwise."""
     if name == "dot_general":
         (lc, _), _ = params["dimension_numbers"]
         k = math.prod(in_shapes[0][d] for d in lc)
         return 2.0 * math.prod(out_shapes[0]) * k
+    if name == "conv_general_dilated":  # per output element, a window of the rhs's input features
+        rhs_spec = params["dimension_numbers"][1]
+        window = math.prod(in_shapes[1][d] for d in rhs_spec[1:])
+        return 2.0 * math.prod(out_shapes[0]) * window
     if name.startswith("reduce_") or name in ("argmax", "argmin"):
         return float(math.prod(in_shapes[0]))
     return float(sum(math.prod(s) for s in out_shapes))

@@ -143,9 +143,11 @@ class AutomaticPartition:
     halves of each of those axes of size >= 4 (``model:(1)2``, ``model:(2)2``;
     :func:`partir_core.automatic.actions.search_axes`): off by default, as more axes spread a small budget of
     evaluations thinner. ``memory_budget_bytes``: per-device simulated peak
-    (None: no limit). ``time_budget_s``: wall-clock limit of the search: it starts no evaluation it expects to
-    end past the limit (as long as the slowest of its last 32), so it ends by then unless an evaluation is
-    slower than those. ``seed``: tie-breaking; the search
+    (None: no limit). ``time_budget_s``: wall-clock limit of the lowering with it (``pf.lower``, or the first
+    call, when this is the schedule's one search: tracing, the search, the pipelines tried around it and the
+    lowering of the result; a search among several has it from its own start): the search starts no evaluation
+    it expects to end past its share of the limit (as long as the slowest of its last 32), so the lowering ends
+    by then unless an evaluation is slower than those. ``seed``: tie-breaking; the search
     is deterministic for a seed when it stops by ``max_evals``, ``patience`` or exhaustion rather than by
     time. ``hardware``: the simulator profile (None: the default). ``progress``: a progress bar on stderr
     (None: when stderr is a terminal). The result (``Partitioned.automatic``) lists the chosen actions as

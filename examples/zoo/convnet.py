@@ -3,10 +3,13 @@ global average pooling and a two-layer ``nn.Dense`` head; trained by optax's SGD
 
 ``make()`` → ``(step, (params, opt_state, images, labels))``, images ``(batch, height, width, channels)``.
 
-Megatron splits the head's hidden dim (Dense_0's outputs and bias, Dense_1's inputs). An expert would also pair
-Conv_0's output channels with Conv_1's input channels, but partir_core has no factor rule for
-``conv_general_dilated``: convolutions run replicated, and the presets find no matmul there::
+Megatron pairs Conv_0's output channels (its kernel's last dim and its bias) with Conv_1's input channels, as a
+column-then-row matmul pair, and splits the head's hidden dim (Dense_0's outputs and bias, Dense_1's inputs).
+Conv_1's output channels pair with Dense_0's inputs too, but that pair shares Conv_1's kernel with the first::
 
+    params/params/Conv_0/bias     0
+    params/params/Conv_0/kernel   3
+    params/params/Conv_1/kernel   2
     params/params/Dense_0/bias    0
     params/params/Dense_0/kernel  1
     params/params/Dense_1/kernel  0

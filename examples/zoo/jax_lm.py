@@ -56,11 +56,17 @@ def block(x, w, heads):
 
 def logits(weights, tokens, heads):
     x = jnp.take(weights["tok"], tokens, axis=0)
-    x, _ = jax.lax.scan(lambda x, w: (block(x, w, heads), None), x, weights["stack"])
+    if isinstance(weights["stack"], list):  # unrolled: one dict of weights per layer
+        for w in weights["stack"]:
+            x = block(x, w, heads)
+    else:
+        x, _ = jax.lax.scan(lambda x, w: (block(x, w, heads), None), x, weights["stack"])
     return rms_norm(x, weights["norm_out"]) @ weights["tok"].T
 
 
-def make(batch=8, seq=8, vocab=64, d_model=32, heads=4, hidden=64, layers=2):
+def make(batch=8, seq=8, vocab=64, d_model=32, heads=4, hidden=64, layers=2, unrolled=False):
+    """The step and its inputs; ``unrolled``: the layers' weights a list of one dict per layer
+    (``weights/stack/0/Wq``, ...), run by a Python loop: the program holds ``layers`` blocks instead of one scan."""
     tx = optax.adam(1e-3)
 
     def step(weights, opt_state, tokens, targets):
@@ -85,5 +91,7 @@ def make(batch=8, seq=8, vocab=64, d_model=32, heads=4, hidden=64, layers=2):
                          "norm_mlp": ones(layers, d_model), "W_gate": dense(d_model, hidden),
                          "W_up": dense(d_model, hidden), "W_down": dense(hidden, d_model)},
                "norm_out": ones(d_model)}
+    if unrolled:
+        weights["stack"] = [{k: w[i] for k, w in weights["stack"].items()} for i in range(layers)]
     tokens = rng.integers(0, vocab, (batch, seq), dtype=np.int32)
     return step, (weights, tx.init(weights), tokens, np.roll(tokens, -1, axis=1))

@@ -28,7 +28,11 @@ deterministic for a seed: the same sets are evaluated in the same order and the 
 With a wall-time budget, the order is the same but where it stops depends on the machine's speed; it stops
 when the next evaluation, if it took as long as the slowest of the last ``RECENT`` (an evaluation whose state
 and base must be rebuilt takes several times the mean, and the first ones, which plan most reshards afresh,
-far longer: on a mesh of a thousand devices, as long as half the budget), would end past ``time_budget_s``.
+far longer: on a mesh of a thousand devices, as long as half the budget), would end past its share of the
+time: ``time_budget_s`` bounds the whole lowering (:func:`partir_core.jit` counts it from the lowering's start,
+tracing included, and keeps a share for the pipelines it tries around the search,
+:data:`partir_core.automatic.pipelines.PIPELINE_SHARE`), and the evaluations end :data:`FINISH_SHARE` of the
+search's time early, for the runners-up, the chosen state's per-op choice and the lowering of its program.
 
 When no set fits the budget, the error (:class:`MemoryBudgetError`) names the smallest peak found and the
 buffers that dominate it (:mod:`partir_core.automatic.result`).
@@ -39,8 +43,6 @@ search, composed with its result, by :func:`partir_core.jit`.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import math
 import random
 import sys
@@ -55,6 +57,7 @@ from partir_core.automatic.local import improve
 from partir_core.automatic.ranking import Found, by_promise, ranked
 from partir_core.automatic.result import AutoResult, Candidate, MemoryBudgetError, SearchStats, candidates, peak_report
 from partir_core.automatic.tree import Tree, priors, stop_reason
+from partir_core.collector import collector_paused
 from partir_core.propagation import State
 from partir_core.tactics import AutomaticPartition
 
@@ -62,37 +65,37 @@ __all__ = ["search", "AutoResult", "Candidate", "SearchStats", "MemoryBudgetErro
 
 MCTS_SHARE = 0.6  # of the time budget and of max_evals, for the goals and the tree; the local pass gets the rest
 
+# of the time left, kept for what follows the evaluations: the runners-up's peaks, the chosen state's per-op choice
+# and the lowering of its program
+FINISH_SHARE = 0.05
 
-def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartition, log=None) -> AutoResult:
+
+def search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartition, log=None,
+           deadline: float | None = None) -> AutoResult:
     """Run the search for ``tactic`` from ``state`` (after the tactics before it, ``index`` its place in the
     schedule); returns the :class:`AutoResult`, whose ``state`` is the propagated state after the chosen
-    tactics. Does not modify ``state``. ``log(iterations, evaluations, best)`` is called after each
-    iteration that evaluated a new set. Raises :class:`MemoryBudgetError` if no state found fits the budget,
-    naming the smallest peak found and the tensors that dominate it.
+    tactics and ``analysis`` that state's per-op choice, as :func:`partir_core.choice.analyze` makes it, taken
+    from the passes the search made (no op is chosen again). Does not modify ``state``. ``log(iterations,
+    evaluations, best)`` is called after each iteration that evaluated a new set. ``deadline``: the
+    ``time.perf_counter()`` by which the search and what follows it are to end (:func:`partir_core.jit` counts
+    the budget from the start of the lowering, tracing included), by default the search's start plus
+    ``tactic.time_budget_s``; its evaluations end :data:`FINISH_SHARE` of that time early. Raises
+    :class:`MemoryBudgetError` if no state found fits the budget, naming the smallest peak found and the tensors
+    that dominate it (its result has no ``analysis``).
 
-    Python's cyclic garbage collector is paused while it runs (:func:`_collector_paused`): a search makes no
-    reference cycles (a whole search on the reference transformer leaves none to collect), and the collector's
-    full passes over every object alive took a third of its time."""
-    with _collector_paused():
-        return _search(graph, rules, state, mesh, index, tactic, log)
-
-
-@contextlib.contextmanager
-def _collector_paused():
-    """Python's cyclic garbage collector off inside, and as it was before after (the objects that reference
-    counting frees are freed as ever)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
+    Python's cyclic garbage collector is paused while it runs (:func:`~partir_core.collector.collector_paused`):
+    a search makes no reference cycles (a whole search on the reference transformer leaves none to collect), and
+    the collector's full passes over every object alive took a third of its time."""
+    with collector_paused():
+        return _search(graph, rules, state, mesh, index, tactic, log, deadline)
 
 
-def _search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartition, log) -> AutoResult:
+def _search(graph, rules, state: State, mesh, index: int, tactic: AutomaticPartition, log,
+            deadline: float | None) -> AutoResult:
     """:func:`search`, with the collector as it is."""
     t_start, cpu_start = time.perf_counter(), time.process_time()
+    # the evaluations' share of the time left
+    time_s = (float(tactic.time_budget_s) if deadline is None else deadline - t_start) * (1 - FINISH_SHARE)
     axes = search_axes(tactic, mesh)
     groups = analyze_groups(graph, rules)
     actions = build_actions(groups, graph, mesh, axes)
@@ -101,9 +104,8 @@ def _search(graph, rules, state: State, mesh, index: int, tactic: AutomaticParti
     ev = Evaluator(graph, rules, mesh, state.copy(), index, actions, tactic.hardware, tactic.memory_budget_bytes)
     max_depth = tactic.max_depth if tactic.max_depth is not None else 2 * len(axes) + 2
     patience = tactic.patience if tactic.patience is not None else 40 + 4 * len(actions)
-    deadline = t_start + float(tactic.time_budget_s)
     # the tree gets the first MCTS_SHARE of the time and of the evaluations, the local pass the rest
-    tree_limits = (t_start + MCTS_SHARE * float(tactic.time_budget_s),
+    tree_limits = (t_start + MCTS_SHARE * time_s,
                    None if tactic.max_evals is None else max(1, math.ceil(MCTS_SHARE * tactic.max_evals)))
 
     root_eval = ev.evaluate(())
@@ -146,7 +148,7 @@ def _search(graph, rules, state: State, mesh, index: int, tactic: AutomaticParti
     # (moves that save memory may make them fit), then from the next best sets
     best_sets = ranked(ev, list(ev.evals), LOCAL_STARTS)
     goals = [k for k in goals if k not in best_sets][:LOCAL_STARTS]
-    local = improve(ev, actions, found, max_depth, (deadline, tactic.max_evals), progress, pairs,
+    local = improve(ev, actions, found, max_depth, (t_start + time_s, tactic.max_evals), progress, pairs,
                     best_sets[:1] + goals + best_sets[1:])
     progress.close()
     seconds, cpu_s = time.perf_counter() - t_start, time.process_time() - cpu_start
@@ -161,7 +163,8 @@ def _search(graph, rules, state: State, mesh, index: int, tactic: AutomaticParti
         patience=patience)
     result = AutoResult([a.tactic for a in best_key], list(best_key), best.step_time_s, best.peak_bytes,
                         tactic.memory_budget_bytes, space, groups, stats, root_eval.step_time_s, root_eval.peak_bytes,
-                        candidates(ev, best_key), state=ev.state(best_key).copy())
+                        candidates(ev, best_key), state=ev.state(best_key).copy(),
+                        analysis=ev.analysis(best_key) if best.feasible else None)
     if not best.feasible:
         raise MemoryBudgetError(
             f"AutomaticPartition: no sharding found within memory_budget_bytes={tactic.memory_budget_bytes} after "

@@ -26,6 +26,7 @@ from typing import Callable
 
 from redist.errors import ShardingError
 
+from partir_core.choice import Analysis
 from partir_core.estimate import Estimator, propagate_changes, ranked
 from partir_core.propagation import State
 
@@ -173,6 +174,14 @@ class Evaluator:
             self.by_fingerprint[fp] = ev
         self.evals[key] = ev
         return ev
+
+    def analysis(self, key: tuple) -> Analysis:
+        """The per-op choice of set ``key``'s state, as :func:`partir_core.choice.analyze` makes it: from the
+        passes the estimator holds of that very state where it still holds them (nothing is chosen again), else
+        from the nearest set it holds (:meth:`base_for`)."""
+        s = self.state(key)
+        base = key if key in self.estimator.bases else self.base_for(key, s, None)
+        return self.estimator.analysis(key, s, base)
 
     def peak(self, key: tuple) -> int:
         """The simulated peak of set ``key``'s state (its program simulated with its memory, lowered again from

@@ -13,10 +13,16 @@ if it is faster than the search's own (or the search found nothing that fits). T
 (:class:`~partir_core.automatic.SearchStats`) give every pipeline's simulated step time and peak
 (``stats.pipelines``) and those of the search's own result (``stats.spmd``). On a step without a layer scan the
 search's result is returned as it is.
+
+All this is within the tactic's ``time_budget_s``, counted from the start of the lowering: the search leaves
+:data:`PIPELINE_SHARE` of it to the pipelines where any may be tried, and they are tried in the order above
+while the next, if it took as long as the slowest before it, would end in time (``stats.pipelines_left``: those
+left untried).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 from partir_core import ir
@@ -30,38 +36,50 @@ from partir_core.tactics import AutomaticPartition, ManualPartition, PartitionEr
 
 MICROBATCHES = {"gpipe": (1, 2, 4), "circular": (1, 2)}  # per schedule: the microbatch counts tried, in stages
 CIRCULAR_REPEATS = 2
+PIPELINE_SHARE = 0.3  # of the time budget, kept from the search for the pipelines where any may be tried
 
 
-def lower(pf, call, lower_with):
+def lower(pf, call, lower_with, started: float):
     """The :class:`~partir_core.Partitioned` of ``pf``'s schedule on ``call`` (a
-    :class:`~partir_core.arguments.Call`; ``lower_with(schedule)`` lowers a schedule), a pipeline tried where
+    :class:`~partir_core.arguments.Call`; ``lower_with(schedule, plain, deadline)`` lowers a schedule, the step
+    traced plainly already where ``plain`` is given, its search ending by ``deadline``), a pipeline tried where
     the schedule has one :class:`AutomaticPartition` and no :class:`~partir_core.Pipeline` (see the module
-    docstring). Raises the search's :class:`MemoryBudgetError`
-    when neither its result nor a pipeline fits the budget."""
+    docstring). Its ``time_budget_s`` counts from ``started`` (a ``time.perf_counter()``, before tracing): where
+    pipelines may be tried, the search ends :data:`PIPELINE_SHARE` of it early, and they are tried while each,
+    lowered as long as the slowest before it (the first: at once), ends by then. Raises the search's
+    :class:`MemoryBudgetError` when neither its result nor a pipeline fits the budget."""
     schedule = pf.schedule
     autos = [k for k, t in enumerate(schedule) if isinstance(t, AutomaticPartition)]
     if len(autos) != 1 or any(isinstance(t, Pipeline) for t in schedule):
         return lower_with(schedule)
     k = autos[0]
     tactic = schedule[k]
+    graph = ir.trace(call.function(pf.fn), call.args, call.kwargs)
+    deadline = started + float(tactic.time_budget_s)
+    share = PIPELINE_SHARE if candidates(graph, pf.mesh, tactic, schedule[:k], []) else 0.0
     try:
-        base, error = lower_with(schedule), None
+        base, error = lower_with(schedule, graph, deadline - share * float(tactic.time_budget_s)), None
         found = base.automatic
     except MemoryBudgetError as e:
         base, error, found = None, e, e.result
-    graph = base.graph if base is not None else ir.trace(call.function(pf.fn), call.args, call.kwargs)
     pipes = candidates(graph, pf.mesh, tactic, schedule[:k], found.actions)
     if not pipes:
         if error is not None:
             raise error
         return base
-    best, tried = None, []
-    for pipe, rest in pipes:
+    best, tried, slowest = None, [], 0.0
+    for n, (pipe, rest) in enumerate(pipes):
+        t_start = time.perf_counter()
+        if t_start + slowest > deadline:
+            found.stats.pipelines_left = len(pipes) - n
+            break
         try:
-            low = lower_with([*schedule[:k], pipe, *(a.tactic for a in rest), *schedule[k + 1:]])
+            low = lower_with([*schedule[:k], pipe, *(a.tactic for a in rest), *schedule[k + 1:]], graph)
+            sim = low.simulate(tactic.hardware)
         except PartitionError:  # a step this candidate cannot pipeline
             continue
-        sim = low.simulate(tactic.hardware)
+        finally:
+            slowest = max(slowest, time.perf_counter() - t_start)
         tried.append((str(pipe), sim.step_time_s, sim.peak_bytes))
         fits = tactic.memory_budget_bytes is None or sim.peak_bytes <= tactic.memory_budget_bytes
         if fits and (best is None or sim.step_time_s < best[2].step_time_s):
@@ -84,10 +102,10 @@ def _reported(schedule, k: int, found: AutoResult, pipe: Pipeline, rest: list, s
     states = low.states[:k + 1] + low.states[k + len(tactics):]
     chosen = Candidate(tuple(rest), sim.step_time_s, sim.peak_bytes, True, pipe)
     result = replace(found, tactics=tactics, actions=list(rest), step_time_s=sim.step_time_s,
-                     peak_bytes=sim.peak_bytes, candidates=[chosen, *found.candidates], state=None)
+                     peak_bytes=sim.peak_bytes, candidates=[chosen, *found.candidates], state=None, analysis=None)
     pipelined = type(low)(low.graph, low.rules, low.mesh, schedule, states, low.program, [result], low.function,
                           low.call)
-    result.text = pipelined.after(k + 1)
+    result.render = pipelined.renderer(k + 1)
     return pipelined
 
 

@@ -5,7 +5,9 @@ dominate it)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
+from typing import Callable
 
 import jax
 
@@ -14,7 +16,7 @@ from redist.picture import format_bytes
 from partir_core.analysis import DimGroups
 from partir_core.automatic.evaluation import Evaluation, Evaluator
 from partir_core.automatic.ranking import ranked
-from partir_core.choice import analyze
+from partir_core.choice import Analysis, analyze
 from partir_core.ir import key_name
 from partir_core.lowering import lower
 from partir_core.pipeline import Pipeline
@@ -42,7 +44,7 @@ class SearchStats:
     while over budget, evaluations)``; ``max_depth`` and ``patience`` as used; ``pipelines``: the pipelines
     tried around the search (:mod:`partir_core.automatic.pipelines`), ``(pipeline, simulated step time, peak
     bytes)`` each, and ``spmd``: ``(step time, peak bytes)`` of the search's own result beside them (empty and
-    None where none was tried)."""
+    None where none was tried); ``pipelines_left``: the pipelines left untried when the time budget ran out."""
 
     evaluations: int
     evals_per_s: float
@@ -66,6 +68,7 @@ class SearchStats:
     patience: int
     pipelines: list = field(default_factory=list)
     spmd: tuple | None = None
+    pipelines_left: int = 0
 
 
 @dataclass(frozen=True)
@@ -93,11 +96,11 @@ class AutoResult:
 
     ``tactics``: the chosen actions as manual tactics, in the order they apply (paste them into a schedule
     in place of the ``AutomaticPartition``); ``code``: the same as Python source; ``text``: the program after
-    them; ``step_time_s`` and ``peak_bytes``: their simulated step time and per-device peak, against
-    ``start_time_s`` and ``start_peak_bytes`` before them; ``candidates``: the chosen set first, then the
-    runners-up (:class:`Candidate`: the best others that fit the memory budget, then the fastest that do not
-    and are faster), which :meth:`summary` compares; ``action_space``: sizes before and after grouping;
-    ``groups``: the analysis; ``stats``: how the search went (:class:`SearchStats`)."""
+    them, rendered when first read (by ``render``); ``step_time_s`` and ``peak_bytes``: their simulated step
+    time and per-device peak, against ``start_time_s`` and ``start_peak_bytes`` before them; ``candidates``: the
+    chosen set first, then the runners-up (:class:`Candidate`: the best others that fit the memory budget, then
+    the fastest that do not and are faster), which :meth:`summary` compares; ``action_space``: sizes before and
+    after grouping; ``groups``: the dimension groups; ``stats``: how the search went (:class:`SearchStats`)."""
 
     tactics: list
     actions: list
@@ -110,8 +113,13 @@ class AutoResult:
     start_time_s: float
     start_peak_bytes: int
     candidates: list = field(default_factory=list)
-    text: str = ""
-    state: State | None = field(default=None, repr=False)
+    state: State | None = field(default=None, repr=False)  # the state after the chosen set, until jit takes it
+    analysis: Analysis | None = field(default=None, repr=False)  # that state's per-op choice, until jit takes it
+    render: Callable[[], str] | None = field(default=None, repr=False, compare=False)  # gives text
+
+    @functools.cached_property
+    def text(self) -> str:
+        return self.render() if self.render is not None else ""
 
     @property
     def code(self) -> str:

@@ -101,6 +101,41 @@ def test_in_and_out_shardings_are_the_types_as_named_shardings():
     assert_same(got, f(params, x))
 
 
+def test_lowering_pauses_the_cyclic_collector_and_restores_it(monkeypatch):
+    """While ``partir_core.jit`` traces, partitions and lowers a call with manual tactics, Python's cyclic
+    collector is off (as during an automatic search); after it, as it was before: on or off, after a program or
+    an error."""
+    import gc
+
+    from partir_core import partition
+
+    seen = []
+    lower = partition.lower
+
+    def recorded(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return lower(*args, **kwargs)
+
+    def traced(params, x):
+        seen.append(gc.isenabled())
+        return mlp(params, x)
+
+    monkeypatch.setattr(partition, "lower", recorded)
+    ins = mlp_inputs()
+    assert gc.isenabled()
+    pc.jit(traced, MESH, BP_MP).lower(*ins)
+    assert seen == [False, False] and gc.isenabled()
+    with pytest.raises(pc.PartitionError, match="nearest"):
+        pc.jit(traced, MESH, [MP({"params/w3": 0}, axis="batch")]).lower(*ins)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        pc.jit(traced, MESH, BP_MP).lower(*ins)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_place_then_call_moves_nothing():
     m, ins, want = model_and_inputs("mlp")
     host = jax.tree.map(np.asarray, ins)
@@ -153,6 +188,29 @@ def test_static_arguments_are_traced_with_their_values():
     assert args[2] == 2 and kwargs == {"lr": 0.1}
     with pytest.raises(pc.PartitionError, match=r"static argument 'n' of step must be hashable.*list \[2\]"):
         pf(w, x, [2], lr=0.1)
+
+
+def test_a_warm_call_is_dispatched_as_jax_jit_dispatches(monkeypatch):
+    """A call of the function's positional parameters binds, flattens and looks up nothing in Python once its
+    program is lowered: JAX's dispatch finds the program, as it finds a ``jax.jit``'s (its trace lowers a
+    program from the arguments' shapes and dtypes: a bfloat16 array's too)."""
+    params, x = mlp_inputs()
+    pf = pc.jit(mlp, MESH, BP_MP)
+    pf(params, x)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a warm call bound or looked up its arguments in Python")
+
+    monkeypatch.setattr(pf.arguments, "bind", refused)
+    monkeypatch.setattr(pf, "_lowered", refused)
+    assert_same(pf(jax.tree.map(lambda a: 2 * a, params), x), mlp(jax.tree.map(lambda a: 2 * a, params), x))
+    monkeypatch.undo()
+
+    def scale(x, s):
+        return x * s
+
+    x16 = jnp.arange(32, dtype=jnp.bfloat16).reshape(8, 4)
+    np.testing.assert_array_equal(pc.jit(scale, MESH, [MP({"x": 0}, axis="batch")])(x16, 2.0), scale(x16, 2.0))
 
 
 def test_donated_arguments_are_deleted_and_their_buffers_reused():

@@ -239,8 +239,8 @@ def test_refinements_made_from_the_state_priced_start_equal_the_plain_passes(nam
 def test_what_a_state_hands_on_equals_what_it_computes_afresh(name):
     """A state chosen from its parent's carries over the parent's state keys of the ops none of whose values
     changed, and works out from the parent's which values' demands in its state-priced pass are not just their
-    state type: on chains of random actions, scored each from the one before, every key and that set are what a
-    chooser on the state computes afresh."""
+    state type, and which pending sums are demanded in another type than their own: on chains of random actions,
+    scored each from the one before, every key and those sets are what a chooser on the state computes afresh."""
     m, ins, low = start(name)
     graph, rules = low.graph, low.rules
     est = Estimator(graph, rules, MESH)
@@ -258,6 +258,7 @@ def test_what_a_state_hands_on_equals_what_it_computes_afresh(name):
                     keys += 1
             p0 = starts.passes["P0"]
             assert p0.unlike == fresh._unlike_state(p0.demands)
+            assert p0.shared is None or p0.shared == fresh._shared(p0.demands, p0.types)
             unlike += len(p0.unlike)
     assert keys > 1000 and unlike > 0
 

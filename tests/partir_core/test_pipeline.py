@@ -305,6 +305,24 @@ def test_automatic_partition_pipelines_where_the_simulator_ranks_a_pipeline_best
         assert_same(pf(*ins), jax.jit(m.step)(*ins))
 
 
+def test_pipelines_are_tried_within_the_time_budget(monkeypatch):
+    """The time budget counts from the start of the lowering: where it has run out when the search ends, no
+    pipeline is tried, the result says how many were left, and the search's own result is lowered."""
+    import time
+    from types import SimpleNamespace
+
+    from partir_core import partition
+
+    m = models.scanned_mlp(batch=8, d=16, hidden=32, layers=2)
+    ins = m.init(jax.random.key(0))
+    monkeypatch.setattr(partition, "time", SimpleNamespace(perf_counter=lambda: time.perf_counter() - 100.0))
+    pf = pc.jit(m.step, redist.Mesh({"batch": 4, "model": 2}),
+                [pc.AutomaticPartition(axes=["model"], time_budget_s=10, progress=False)])
+    res = pf.lower(*ins).automatic
+    assert res.stats.pipelines == [] and res.stats.pipelines_left > 0
+    assert not any(isinstance(t, pc.Pipeline) for t in res.tactics)
+
+
 def test_memory_budget_error_carries_the_search_result():
     """Over the budget, the error carries the search's result of the smallest peak, with its candidates and
     summary, as a result that fits has them."""

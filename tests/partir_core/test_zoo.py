@@ -28,7 +28,6 @@ slow = pytest.mark.slow
 EMBEDDINGS = ("flax_lm", "jax_lm")  # the models with an embedding table
 STATELESS = ("gnn",)  # plain SGD: no optimizer state for ZeRO-1/2 to shard
 SCANNED = ("flax_lm", "jax_lm")  # layers run by one lax.scan over stacked weights
-UNSUPPORTED = {"convnet": {"conv_general_dilated", "rev"}}  # primitives without a factor rule, run replicated
 
 
 def applies(name) -> list[str]:
@@ -72,7 +71,7 @@ def test_zoo_model_partitioned_equals_unpartitioned(name, schedule):
     step, inputs, want, _ = built(name)
     pf = pc.jit(step, MESH, tactics(name, schedule))
     low = pf.lower(*inputs)
-    assert {u[1] for u in low.unsupported} <= UNSUPPORTED.get(name, set())
+    assert not low.unsupported
     assert not low.fallbacks and not low.carry_reshards
     assert_same(pf(*inputs), want)
     if name in SCANNED and "MP" in schedule:
