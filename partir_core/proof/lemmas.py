@@ -32,15 +32,16 @@ def _uneven(N, k, L):
 
 def same_block():
     """Operands split alike hold the same global indices at the same local index: elementwise ops, paired dims
-    of ``dot_general``, batch dims of gathers, dims a transpose or squeeze keeps, a broadcast's kept dims."""
+    of ``dot_general``, a convolution's batch and feature dims, batch dims of gathers, dims a transpose or
+    squeeze keeps, a broadcast's kept dims."""
     b, b2, L, i = z3.Ints("b b2 L i")
     return [("equal blocks give equal global indices", _pos(L) + [_in(i, L), b == b2], b * L + i == b2 * L + i)]
 
 
 def partition():
     """The blocks of a split dim partition its data: every global index lies in exactly one device's block,
-    at local index ``g − b·L`` (contractions, reductions, split update rows, split tables); padding, masked
-    to the reduction's identity (or looked up nowhere), adds nothing."""
+    at local index ``g − b·L`` (contractions, a convolution's input features, reductions, split update rows,
+    split tables); padding, masked to the reduction's identity (or looked up nowhere), adds nothing."""
     N, k, L, g, b, i, b2, i2 = z3.Ints("N k L g b i b2 i2")
     hyps = _pos(N, k, L) + _uneven(N, k, L) + [_in(g, N)]
     q, r = z3.Ints("q r")
@@ -97,12 +98,14 @@ OBLIGATIONS = {
     "elementwise": [same_block],
     "elementwise of pending sums": [same_block, sums],
     "dot_general": [same_block, partition, sums],
+    "conv_general_dilated": [same_block, partition, sums],
     "reduction": [same_block, partition, sums],
     "reduction along whole dims": [same_block],
     "broadcast_in_dim": [same_block, sums],
     "reshape": [radix, sums],
     "transpose": [same_block, sums],
     "squeeze": [same_block, sums],
+    "rev": [same_block, sums],
     "iota": [counting],
     "gather": [same_block],
     "gather of a split table": [same_block, partition, sums],

@@ -177,8 +177,8 @@ def witness(run_program, run_reference, inputs) -> dict | None:
     rounding changes the reference's own (a float32 and a float64 run that disagree there: an argmax of near
     ties). A program that fails with a ``TypeError`` or ``ValueError`` (a :class:`~redist.errors.ShardingError`
     among them) where the reference runs differs too: on inputs of its own types, that is a program whose
-    buffers' shapes or ops' types do not fit, which runs on no input. So do outputs of other numbers or shapes. Where the reference cannot run in
-    float64, nothing beyond the first comparison is known: no witness."""
+    buffers' shapes or ops' types do not fit, which runs on no input. So do outputs of other numbers or shapes.
+    Where the reference cannot run in float64, nothing beyond the first comparison is known: no witness."""
     for k, leaves in enumerate(inputs):
         want = run_reference(leaves)
         try:

@@ -32,11 +32,17 @@ Forms, by primitive (``T_k``: operand ``k``'s type; a type partial over ``P`` is
 - **dot_general**: batch and contracting dim pairs with equal axes; the result's dims are the batch dims', then
   each side's free dims'; it is pending over the contracting axes (masked where uneven), and over one
   operand's pending axes (the other not pending, the two sets disjoint).
+- **conv_general_dilated**: spatial dims whole on both operands; the lhs batch dim's axes are the result's batch
+  dim's (whole with batch groups), the rhs output-feature dim's the result's feature dim's, and the input
+  features, paired on both operands with equal axes, are contracted: the result is pending over them (masked
+  where uneven), and over one operand's pending axes as for ``dot_general``. With feature or batch groups the
+  feature dims are whole.
 - **reductions**: ``reduce_sum`` pending over the reduced dims' axes (and its operand's); ``reduce_max`` /
   ``reduce_min`` a pending maximum / minimum there; ``argmax``, ``argmin``, ``reduce_prod``, ``reduce_and`` and
   ``reduce_or`` with their reduced dims whole.
-- **broadcast_in_dim**, **reshape**, **transpose**, **squeeze**: layouts that map blocks to blocks (a reshape:
-  when both sides' block structures, flattened row-major, are equal); pending sums pass through.
+- **broadcast_in_dim**, **reshape**, **transpose**, **squeeze**, **rev**: layouts that map blocks to blocks (a
+  reshape: when both sides' block structures, flattened row-major, are equal; ``rev``: its reversed dims whole);
+  pending sums pass through.
 - **slice**, **dynamic_slice**, **dynamic_update_slice**, **pad**, **concatenate**: the dims they slice, update,
   pad or join whole (a split dim taken whole: sliced from 0 to its end, updated by an update as large, not
   padded), indices and padding values whole; the other dims keep their operand's axes (an update's the
@@ -234,6 +240,33 @@ def dot_general(site: Site) -> LocalForm:
     return LocalForm("dot_general", (out,), bind(site.eqn), frozenset(masks))
 
 
+def conv_general_dilated(site: Site) -> LocalForm:
+    p = site.eqn.params
+    (lb, lf, *l_space), (ro, ri, *r_space), (ob, of, *o_space) = p["dimension_numbers"]
+    L, R = site.dims(0), site.dims(1)
+    if any(L[d] for d in l_space) or any(R[d] for d in r_space):
+        raise NotCovered("a spatial dim is split")
+    if p["batch_group_count"] != 1 and L[lb]:
+        raise NotCovered("a convolution with batch groups is split on its batch")
+    if (p["feature_group_count"] != 1 or p["batch_group_count"] != 1) and (L[lf] or R[ri] or R[ro]):
+        raise NotCovered("a grouped convolution is split on its features")
+    if L[lf] != R[ri]:
+        raise NotCovered(f"the input features are split as {L[lf]} and {R[ri]}")
+    contracted = tuple(L[lf])
+    tl, tr = site.in_types
+    masks = {(0, lf, "sum"), (1, ri, "sum")} if contracted and not (tl.is_even(lf) and tr.is_even(ri)) else set()
+    pend = [site.pending(0), site.pending(1)]
+    if all(pend):
+        raise NotCovered("both operands are pending sums")
+    passed = pend[0] or pend[1]
+    if set(passed) & set(contracted):
+        raise NotCovered(f"the input features are split over {contracted}, over which an operand is pending")
+    dims = [()] * site.rank(site.eqn.outvars[0])
+    dims[ob], dims[of] = L[lb], R[ro]
+    out = site.out_type(0, dims, passed + contracted)
+    return LocalForm("conv_general_dilated", (out,), bind(site.eqn), frozenset(masks))
+
+
 def reduction(site: Site) -> LocalForm:
     name, axes = site.eqn.name, set(site.eqn.params["axes"])
     ds, t = site.dims(0), site.in_types[0]
@@ -309,6 +342,14 @@ def squeeze(site: Site) -> LocalForm:
         raise NotCovered("a squeezed dim is not of size 1")
     out = site.out_type(0, [x for d, x in enumerate(ds) if d not in gone], site.pending(0))
     return LocalForm("squeeze", (out,), bind(site.eqn))
+
+
+def rev(site: Site) -> LocalForm:
+    ds = site.dims(0)
+    if any(ds[d] for d in site.eqn.params["dimensions"]):
+        raise NotCovered("a reversed dim is split (its blocks would come from the mirrored devices)")
+    out = site.out_type(0, ds, site.pending(0))
+    return LocalForm("rev", (out,), bind(site.eqn))
 
 
 def _kept(site: Site, k: int, whole) -> list:
@@ -539,9 +580,10 @@ def _masked_scatter(site, ops, dn, lookup) -> Callable:
 
 
 FORMS: dict[str, Callable] = {
-    "dot_general": dot_general, "reduce_sum": reduction, "reduce_max": reduction, "reduce_min": reduction,
-    **{k: reduction for k in REDUCED_WHOLE}, "broadcast_in_dim": broadcast_in_dim, "reshape": reshape,
-    "transpose": transpose, "squeeze": squeeze, "iota": iota, "gather": gather, "scatter-add": scatter_add,
+    "dot_general": dot_general, "conv_general_dilated": conv_general_dilated, "reduce_sum": reduction,
+    "reduce_max": reduction, "reduce_min": reduction, **{k: reduction for k in REDUCED_WHOLE},
+    "broadcast_in_dim": broadcast_in_dim, "reshape": reshape, "transpose": transpose, "squeeze": squeeze, "rev": rev,
+    "iota": iota, "gather": gather, "scatter-add": scatter_add,
     "scatter_add": scatter_add, "slice": slice_, "dynamic_slice": dynamic_slice,
     "dynamic_update_slice": dynamic_update_slice, "pad": pad, "concatenate": concatenate, "permute_dim": permute_dim,
     **{k: elementwise for k in ELEMENTWISE | IDENTITY},

@@ -14,6 +14,7 @@ import pytest
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 import redist
 import partir_core as pc
@@ -122,6 +123,31 @@ def test_a_wrong_local_form_is_refuted_naming_its_op_and_a_right_one_is_proved(m
     cx = v.counterexample
     assert "(dot_general at " in cx["op"] and "test_verify.py" in cx["source"] and cx["inputs"] == 0
     assert cx["program"] != pytest.approx(cx["reference"])
+
+
+def lower_conv():
+    """A convolution (NCHW, OIHW) split on its batch and on its input channels: a pending sum over ``model``."""
+    def conv(x, w):
+        return jnp.tanh(lax.conv_general_dilated(x, w, (1, 1), "SAME"))
+
+    pf = pc.jit(conv, MESH, [pc.ManualPartition({"x": 0}, axis="batch"),
+                             pc.ManualPartition({"x": 1, "w": 1}, axis="model")])
+    x, w = jax.random.normal(jax.random.key(0), (4, 8, 6, 6)), jax.random.normal(jax.random.key(1), (6, 8, 3, 3))
+    return pf.lower(x, w)
+
+
+def test_a_convolution_split_on_batch_and_channels_is_proved_and_its_sum_reduced_as_a_max_is_refuted(monkeypatch):
+    v = lower_conv().verify()
+    assert v.status == "proved" and v.details["plans verified"] >= 1, v.reason
+    original = registry.RULES["conv_general_dilated"]
+
+    def as_max(*args):
+        rule = original(*args)
+        return dataclasses.replace(rule, reduce=dict.fromkeys(rule.reduce, "max"))
+
+    monkeypatch.setitem(registry.RULES, "conv_general_dilated", as_max)
+    v = lower_conv().verify()
+    assert v.status == "refuted" and "(conv_general_dilated at " in v.counterexample["op"], v.reason
 
 
 def test_a_witness_is_a_difference_beyond_the_references_own_rounding(monkeypatch):
