@@ -228,16 +228,23 @@ def dot_general(site: Site) -> LocalForm:
     for a, b in zip(lc, rc):
         if L[a] and not (tl.is_even(a) and tr.is_even(b)):
             masks.update({(0, a, "sum"), (1, b, "sum")})
+    passed = _pending_through_product(site, contracted)
+    free_l = [L[i] for i in range(len(L)) if i not in lc and i not in lb]
+    free_r = [R[i] for i in range(len(R)) if i not in rc and i not in rb]
+    out = site.out_type(0, [L[a] for a in lb] + free_l + free_r, passed + contracted)
+    return LocalForm("dot_general", (out,), bind(site.eqn), frozenset(masks))
+
+
+def _pending_through_product(site: Site, contracted: tuple) -> tuple:
+    """The pending axes a product of two operands (``dot_general``, a convolution) passes on: one operand's, the
+    other not pending, none of them an axis its contraction is split over."""
     pend = [site.pending(0), site.pending(1)]
     if all(pend):
         raise NotCovered("both operands are pending sums")
     passed = pend[0] or pend[1]
     if set(passed) & set(contracted):
         raise NotCovered(f"the contraction is split over {contracted}, over which an operand is pending")
-    free_l = [L[i] for i in range(len(L)) if i not in lc and i not in lb]
-    free_r = [R[i] for i in range(len(R)) if i not in rc and i not in rb]
-    out = site.out_type(0, [L[a] for a in lb] + free_l + free_r, passed + contracted)
-    return LocalForm("dot_general", (out,), bind(site.eqn), frozenset(masks))
+    return passed
 
 
 def conv_general_dilated(site: Site) -> LocalForm:
@@ -255,12 +262,7 @@ def conv_general_dilated(site: Site) -> LocalForm:
     contracted = tuple(L[lf])
     tl, tr = site.in_types
     masks = {(0, lf, "sum"), (1, ri, "sum")} if contracted and not (tl.is_even(lf) and tr.is_even(ri)) else set()
-    pend = [site.pending(0), site.pending(1)]
-    if all(pend):
-        raise NotCovered("both operands are pending sums")
-    passed = pend[0] or pend[1]
-    if set(passed) & set(contracted):
-        raise NotCovered(f"the input features are split over {contracted}, over which an operand is pending")
+    passed = _pending_through_product(site, contracted)
     dims = [()] * site.rank(site.eqn.outvars[0])
     dims[ob], dims[of] = L[lb], R[ro]
     out = site.out_type(0, dims, passed + contracted)
