@@ -42,7 +42,7 @@ autodoc_default_options = {"members": True, "undoc-members": True}  # __all__ is
 
 nitpicky = True
 # The build reaches no network, so no intersphinx: types of Python, numpy and JAX in signatures stay unlinked.
-nitpick_ignore_regex = [(r"py:.*", r"(numpy|jax|collections|fractions)\..*")]
+nitpick_ignore_regex = [(r"py:.*", r"(numpy|jax|collections|fractions|typing)\..*")]
 
 OWN = ("redist", "partir_core")
 
