@@ -5,8 +5,8 @@ Programs (:data:`PROGRAMS`): reference models (:mod:`partir_core.models`) under 
 of one size, so that a slice or a reduction over the wrong axis still fits its buffers), the transformer with
 its vocabulary split (``EMB``: a max reduction finished over a mesh axis), a scanned transformer pipelined
 over 4 stages (GPipe and circular, beside batch parallelism on a 4x2 mesh), a lookup and a scatter-add of
-clamped indices into a table split on its rows (run on indices out of range), and a product of two pending
-sums.
+clamped indices into a table split on its rows (run on indices out of range), the weight gradients of two
+convolutions under batch and Megatron parallelism, and a product of two pending sums.
 Operators on the lowered program:
 
 - ``drop reduction``: a reshard that reduces a pending sum runs the plan of the same move from a source that
@@ -18,8 +18,9 @@ Operators on the lowered program:
 - ``drop finish`` / ``wrong finish``: a max/min reduction is not finished, or finished with the other kind.
 
 Operators on the registry (:mod:`partir_core.registry`), the program lowered again (each on the programs with
-an equation it changes): ``wrong local rule`` (a local form that doubles its result), ``sum reduced as max``
-(``reduce_sum``'s factor marked a max reduction), ``mul linear in both`` (pending sums passed through a product
+an equation it changes): ``wrong local rule`` (a local form that doubles its result; of ``dot_general``, and of a
+convolution), ``sum reduced as max`` (``reduce_sum``'s factor marked a max reduction; a convolution's input
+channels likewise), ``mul linear in both`` (pending sums passed through a product
 of two of them), ``transpose not permuted`` (the result's factors in the operand's order), ``permute to the
 wrong stage`` (the static permutation's local form moving every row one permutation further: a pipeline's
 state rotated by two stages, its circular layer order permuted twice), ``clamped index dropped`` (a
@@ -89,6 +90,24 @@ def pipelined(schedule: str, repeats: int):
     return make
 
 
+def conv_net():
+    """The weight gradients of two convolutions (NCHW, OIHW), batch parallel over ``batch`` and Megatron-style
+    over ``model`` (the first's output channels split, the second's input channels: a pending sum), on random
+    inputs: forward convolutions and their gradients (convolutions of reversed kernels)."""
+    def grads(x, w1, w2):
+        def loss(w1, w2):
+            h = jnp.tanh(lax.conv_general_dilated(x, w1, (1, 1), "SAME"))
+            return jnp.sum(lax.conv_general_dilated(h, w2, (1, 1), "SAME") ** 2)
+
+        return jax.grad(loss, argnums=(0, 1))(w1, w2)
+
+    shapes = (4, 4, 6, 6), (8, 4, 3, 3), (4, 8, 3, 3)
+    low = pc.jit(grads, MESH, [pc.ManualPartition({"x": 0}, axis="batch"),
+                               pc.ManualPartition({"w1": 0, "w2": 1}, axis="model")]).lower(
+        *(np.ones(s, np.float32) for s in shapes))
+    return low, random_inputs(low.graph)
+
+
 def split_tables():
     """A lookup (``jnp.take``, fill mode) and a scatter-add of clamped indices (``.at[ids].add``, clip mode)
     with the table split on its rows over ``model``, on indices past both ends of the table and at its last
@@ -116,7 +135,7 @@ def pending_product():
 PROGRAMS = {"mlp BP+MP": preset("mlp", "BP+MP"), "scanned_mlp BP+MP+Z3": preset("scanned_mlp", "BP+MP+Z3"),
             "transformer BP+MP": preset("transformer", "BP+MP"), "transformer EMB": preset("transformer", "EMB"),
             "pipelined GPipe": pipelined("gpipe", 1), "pipelined circular": pipelined("circular", 2),
-            "split tables": split_tables, "product of pending sums": pending_product}
+            "conv net BP+MP": conv_net, "split tables": split_tables, "product of pending sums": pending_product}
 
 
 def replaced(instructions: list, target, new: list) -> list:
@@ -294,7 +313,9 @@ def _clamped_into_split_table(low, i: int) -> bool:
 
 REGISTRY_MUTANTS = {  # operator -> (primitive, mutation of its rule, the equations of a program it changes)
     "wrong local rule": ("dot_general", _doubling, None),
+    "wrong local rule of a convolution": ("conv_general_dilated", _doubling, None),
     "sum reduced as max": ("reduce_sum", _reduce_as_max, None),
+    "convolution's sum reduced as max": ("conv_general_dilated", _reduce_as_max, None),
     "mul linear in both": ("mul", _mul_linear_all, None),
     "transpose not permuted": ("transpose", _not_permuted, None),
     "permute to the wrong stage": ("permute_dim", _wrong_stage, None),
