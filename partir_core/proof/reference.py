@@ -117,9 +117,10 @@ def random_inputs(graph, seed: int = 0, wide: dict | None = None) -> list:
 
 
 WIDE_SEEDS = 4  # draws of wide indices a witness tries after the narrow one
-# The first operand of each indexing primitive that holds indices (the rest, from there on, are indices too).
-INDEX_OPERANDS = {"gather": 1, "scatter": 1, "scatter-add": 1, "scatter-mul": 1, "scatter-min": 1,
-                  "scatter-max": 1, "dynamic_slice": 1, "dynamic_update_slice": 2}
+# The operands of each indexing primitive that hold indices: positions from, to (None: to the last).
+INDEX_OPERANDS = {"gather": (1, 2), "scatter": (1, 2), "scatter-add": (1, 2), "scatter-mul": (1, 2),
+                  "scatter-min": (1, 2), "scatter-max": (1, 2), "dynamic_slice": (1, None),
+                  "dynamic_update_slice": (2, None)}
 
 
 def witness_inputs(graph):
@@ -154,7 +155,8 @@ def index_inputs(graph) -> list[int]:
         tainted = {v}
         for e in graph.eqns:
             reads = [k for k, x in enumerate(e.invars) if x in tainted]
-            if not reads or all(k >= INDEX_OPERANDS.get(e.name, len(e.invars)) for k in reads):
+            first, end = INDEX_OPERANDS.get(e.name, (len(e.invars), None))
+            if not reads or all(first <= k < (end or len(e.invars)) for k in reads):
                 continue
             if not all(map(exact, e.outvars)):
                 break

@@ -184,6 +184,12 @@ def test_a_witness_draws_indices_past_every_block_and_keeps_arithmetic_inputs_sm
     assert len(draws) == 1 + reference.WIDE_SEEDS
     ids = np.concatenate([d[1] for d in draws[1:]])
     assert ids.min() < 0 and ids.max() >= 16 and all(0 <= d[2] < 3 for d in draws)
+    def histogram(t, i, u):
+        return t.at[i].add(u, mode="drop").astype(jnp.float32) * 0.5
+
+    scatter = pc.jit(histogram, MESH, []).lower(jnp.zeros(16, jnp.int32), jnp.zeros(6, jnp.int32),
+                                                jnp.ones(6, jnp.int32)).graph
+    assert reference.index_inputs(scatter) == [scatter.invars[1]]  # the updates are values, not indices
     promised = pc.jit(lambda t, i: t[i], MESH, []).lower(jnp.ones((16, 4)), jnp.zeros(6, jnp.int32)).graph
     assert len(list(reference.witness_inputs(promised))) == 1
 
