@@ -100,13 +100,11 @@ class Arguments:
                                  "donated; a static argument is no array to donate")
         # a call of exactly this many positional arguments binds as given: every parameter positional, none
         # with a default (None: binding always goes through the signature); static and donated arguments are
-        # then positions (:meth:`positions`), and with none of them binding is the identity (``as_given``)
+        # then positions (:meth:`positions`)
         params = list(self.signature.parameters.values()) if self.signature is not None else None
         plain = params is not None and all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
                                            and p.default is p.empty for p in params)
         self.positional = len(params) if plain else None
-        self.as_given = self.positional if not (self.static_nums or self.static_names or self.donate_nums
-                                                or self.donate_names) else None
 
     def _names(self, what: str, names) -> tuple[str, ...]:
         """``names`` (one name or a sequence of them) as a tuple of ``fn``'s parameter names."""
@@ -125,8 +123,6 @@ class Arguments:
         """The :class:`Call` of ``pf(*args, **kwargs)``. Raises :class:`PartitionError` naming a missing or
         extra argument, a static argument number past the positional arguments, or an unhashable static
         value."""
-        if not kwargs and len(args) == self.as_given:  # what the signature would bind, without binding
-            return Call(tuple(args), {}, (), ())
         args, kwargs = self._bound(args, kwargs)
         static = self._where(self.static_nums, self.static_names, args, kwargs, "static_argnums")
         donated = self._where(self.donate_nums, self.donate_names, args, kwargs, "donate_argnums")
