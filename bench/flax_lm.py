@@ -97,8 +97,9 @@ def megatron(model_axis="model") -> list:
 
 def is_megatron(low) -> tuple[bool, bool]:
     """``(mlp, attention)``: whether every block's MLP is split Megatron-style (the first matmul, ``Dense_1``, on
-    its output dim and the second, ``Dense_0``, on its input dim over a common mesh axis), and every block's attention (the heads dim of the
-    query kernel and of the output kernel over a common axis), in the partitioned program ``low``."""
+    its output dim and the second, ``Dense_0``, on its input dim over a common mesh axis), and every block's
+    attention (the heads dim of the query kernel and of the output kernel over a common axis), in the
+    partitioned program ``low``."""
     paths = low.graph.in_paths
 
     def common(pattern_a, dim_a, pattern_b, dim_b):

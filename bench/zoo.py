@@ -14,11 +14,11 @@ nothing to act on says so and is left out). Per model x schedule:
   ``known_trip_count`` times; the most any device receives); ``bytes_ratio`` = ours / XLA's (1 where both are 0);
 - time: the inputs placed once (``pf.place``), XLA's function called on the same arrays; each of ``pf``, our
   compiled program alone (``low.program.executable()`` on the flat inputs: ``pf`` without flattening the
-  arguments' pytrees and building the results') and XLA's function called twice to warm up, then
+  arguments' pytrees and building the results) and XLA's function called twice to warm up, then
   ``--rounds`` rounds in which each runs a burst of ``--repeats`` calls (each timed with ``time.perf_counter``
   around the call and ``block_until_ready``), in turn, the order reversed every other round; per round, the
-  ratio of each one's burst median to XLA's; ``time_ratio`` (``pf``) and ``program_ratio`` are the medians of those ratios over the
-  rounds, and the times the medians of the burst medians.
+  ratio of each one's burst median to XLA's; ``time_ratio`` (``pf``) and ``program_ratio`` are the medians of
+  those ratios over the rounds, and the times the medians of the burst medians.
 
 AutomaticPartition against its time budget (``--auto-layers``, ``--auto-budgets``): the zoo's plain-JAX LM
 (Adam) with that many layers, scanned and unrolled (``examples.zoo.jax_lm.make(unrolled=True)``: the block

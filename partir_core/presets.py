@@ -27,10 +27,11 @@ What the program tells (kinds: :func:`partir_core.analysis.input_kinds`):
   style stacked weights), and every dim that must share its sharding (its momenta's). No preset splits one:
   that would gather every layer before the loop.
 - *column and row matmuls*: in the forward computation (what the outputs other than the updates are computed
-  from), a ``dot_general`` (or ``conv_general_dilated``) with an operand computed from parameters alone (a weight: the parameter, its
-  cast, its slice in a scan body) is a *column* matmul of a dim group (:mod:`partir_core.analysis`) that the
-  weight and the result carry but no other operand (the weight's output dim: the MLP's hidden dim, the
-  attention heads), and a *row* matmul of a group that it contracts against the weight.
+  from), a ``dot_general`` (or ``conv_general_dilated``) with an operand computed from parameters alone (a
+  weight: the parameter, its cast, its slice in a scan body) is a *column* matmul of a dim group
+  (:mod:`partir_core.analysis`) that the weight and the result carry but no other operand (the weight's output
+  dim: the MLP's hidden dim, the attention heads), and a *row* matmul of a group that it contracts against the
+  weight.
 
 The presets:
 

@@ -248,6 +248,6 @@ def _beyond_rounding(got: np.ndarray, want: np.ndarray, exact: np.ndarray) -> np
     exact = exact.astype(np.complex128 if np.iscomplexobj(exact) else np.float64)
     with np.errstate(invalid="ignore"):
         noise = np.abs(want - exact)
-        own = float(np.nanmax(noise, initial=0.0)) if np.isfinite(noise).all() else np.inf
+        own = float(noise.max(initial=0.0)) if np.isfinite(noise).all() else np.inf
         err = np.abs(got - exact)
         return ~(err <= NOISE_FACTOR * own + ATOL + RTOL * np.abs(exact)) & ~(np.isnan(got) & np.isnan(exact))
