@@ -37,8 +37,11 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
+import jax
+
 from redist.axes import Axis, read_token
 from redist.errors import ShardingError, shown
+from redist.mesh import Mesh
 
 from partir_core.factors import overlap
 from partir_core.ir import Graph
@@ -216,9 +219,13 @@ class AutomaticPartition:
 
 
 def mesh_axis(tactic: str, token: str, mesh) -> Axis:
-    """The axis of ``mesh`` that ``token`` names: a mesh axis, or a sub-axis ``NAME:(PRE)SIZE`` of one. Raises
-    :class:`PartitionError` naming the ``tactic`` and the token: for a sub-axis that does not fit, also its mesh
-    axis and that axis's size; for an unknown axis, the mesh's axes; for text that is no axis, the syntax."""
+    """The axis of ``mesh`` (a :class:`redist.Mesh`, or a ``jax.sharding.Mesh`` or ``AbstractMesh`` as
+    :func:`partir_core.jit` takes them: its axes, in its order) that ``token`` names: a mesh axis, or a sub-axis
+    ``NAME:(PRE)SIZE`` of one. Raises :class:`PartitionError` naming the ``tactic`` and the token: for a sub-axis
+    that does not fit, also its mesh axis and that axis's size; for an unknown axis, the mesh's axes; for text
+    that is no axis, the syntax."""
+    if isinstance(mesh, (jax.sharding.Mesh, jax.sharding.AbstractMesh)):
+        mesh = Mesh(tuple(zip(mesh.axis_names, mesh.axis_sizes)))
     parts = read_token(token) if isinstance(token, str) else None
     if parts is None:
         raise PartitionError(f"{tactic}: cannot read axis {shown(token)}; expected a mesh axis name "

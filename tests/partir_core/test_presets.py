@@ -216,6 +216,18 @@ def test_schedule_keeps_the_models_batch_inputs_and_names():
     assert schedules.PRESETS["Z1"](m, ins) == schedules.schedule("Z2", m, ins)
 
 
+def test_presets_and_schedules_take_the_jax_mesh_jit_takes():
+    """``mesh=jax.make_mesh(...)``, as :func:`partir_core.jit` takes it: the same tactics as on the
+    :class:`redist.Mesh` of its axes, and an unknown axis named with the mesh's axes."""
+    step, ins = lm_step(tied=False)
+    jax_mesh = jax.make_mesh((2, 4), ("batch", "model"))
+    assert schedules.schedule("BP+MP+Z3+EMB", step, ins, mesh=jax_mesh) == \
+        schedules.schedule("BP+MP+Z3+EMB", step, ins, mesh=MESH)
+    with pytest.raises(pc.PartitionError, match=r"megatron: unknown mesh axis 'tensor'; the mesh has axes batch, "
+                                                r"model"):
+        presets.megatron("tensor")(sgd_step(chain), *CHAIN, mesh=jax_mesh)
+
+
 def test_axes_are_checked_on_the_mesh():
     with pytest.raises(pc.PartitionError, match=r"megatron: unknown mesh axis 'tensor'; the mesh has axes batch, "
                                                 r"model"):
