@@ -31,6 +31,7 @@ import time
 
 import jax
 
+from redist.verify import checked_timeout
 from redist.verify.solver import Deadline
 from redist.verify.verdict import Undecided
 
@@ -47,8 +48,10 @@ __all__ = ["verify", "Verdict", "clear_caches"]
 def verify(partitioned, reference=None, timeout_s: float | None = None) -> Verdict:
     """The verdict on ``partitioned`` (a :class:`~partir_core.Partitioned`) against ``reference`` (None: the
     function it was traced from; else a function of the same signature, traced on the same arguments), within
-    ``timeout_s`` seconds (None: no bound). See the module docstring."""
-    deadline = Deadline(timeout_s, time.perf_counter())
+    ``timeout_s`` seconds (None: no bound). See the module docstring. Raises :class:`~redist.ShardingError` for
+    a ``timeout_s`` that is no number of seconds > 0, :class:`PartitionError` for a reference that cannot be
+    traced on the step's arguments."""
+    deadline = Deadline(checked_timeout(timeout_s), time.perf_counter())
     walk = Walk(partitioned.program, deadline)
     stopped = None
     try:
@@ -126,7 +129,11 @@ def _traced(partitioned, reference):
             return pipeline.trace(call.function(reference), call.args, call.kwargs, pipes[:1], partitioned.mesh)
         except PartitionError:
             pass
-    return ir.trace(call.function(reference), call.args, call.kwargs)
+    try:
+        return ir.trace(call.function(reference), call.args, call.kwargs)
+    except TypeError as e:
+        raise PartitionError(f"verify: the reference {getattr(reference, '__name__', reference)!r} cannot be "
+                             f"traced on the step's arguments: {e}") from None
 
 
 def _witness(partitioned, reference, proved: bool) -> dict | None:

@@ -138,7 +138,7 @@ def verify(plan, dst=None, timeout_s: float | None = None, *, check_costs: bool 
     start = time.perf_counter()
     if not isinstance(plan, Plan):
         raise ShardingError(f"verify: plan must be a redist.Plan (from redist.synthesize), got {_show(plan)}")
-    timeout_s = _check_timeout(timeout_s)
+    timeout_s = checked_timeout(timeout_s)
     if not isinstance(check_costs, bool):
         raise ShardingError(f"verify: check_costs must be True or False, got {_show(check_costs)}")
     if isinstance(dst, str):
@@ -162,7 +162,7 @@ def verify_program(program, src, dst, *, costs=None, timeout_s: float | None = N
     as many devices as the first program's and the last program's, or ``timeout_s`` is not a number > 0 or
     None (as for :func:`verify`)."""
     start = time.perf_counter()
-    timeout_s = _check_timeout(timeout_s)
+    timeout_s = checked_timeout(timeout_s)
     _check_arguments(program, src, dst)
     return _run(program, src, dst, costs, Deadline(timeout_s, start))
 
@@ -172,9 +172,10 @@ def _show(x) -> str:
     return f"{type(x).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
 
 
-def _check_timeout(timeout_s) -> float | None:
+def checked_timeout(timeout_s) -> float | None:
     """``timeout_s`` in seconds, None for no bound (None or infinity; an integer too large for a float is
-    infinity too); ShardingError for anything else than a real number > 0 (NaN, a bool)."""
+    infinity too); ShardingError for anything else than a real number > 0 (NaN, a bool). Every verifier's
+    ``timeout_s`` is read so (``Partitioned.verify``'s too)."""
     if timeout_s is None:
         return None
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not timeout_s > 0:

@@ -230,6 +230,14 @@ def test_a_reference_one_op_away_is_refuted_naming_it(lowered, change, op):
     assert cx["program"] != pytest.approx(cx["reference"])
 
 
+def test_a_bad_timeout_or_reference_is_refused_naming_it(lowered):
+    with pytest.raises(redist.ShardingError, match=r"verify: timeout_s must be a number of seconds > 0.*got int -1"):
+        lowered.verify(timeout_s=-1)
+    with pytest.raises(pc.PartitionError, match=r"verify: the reference '<lambda>' cannot be traced on the step's "
+                                                r"arguments: .*takes 1 positional argument but 3 were given"):
+        lowered.verify(reference=lambda w1: w1)
+
+
 def test_a_reference_equal_in_value_but_not_in_form_is_undecided(lowered):
     v = lowered.verify(reference=block(doubled=True))
     assert v.status == "undecided" and "agree on random inputs" in v.reason
