@@ -3,11 +3,13 @@
 :func:`analyze` fixes, for every equation, the factor axes it runs with (:class:`OpSharding`): the types its
 operands must have and the types of its results (partial where a contracted factor is split). The propagated
 state proposes one choice per op; where that choice needs communication, the op also tries the alternatives
-made of the axes its operands and results carry and keeps the one that moves the fewest bytes (operands
-resharded from their produced types, results resharded to the types wanted of them, priced by redist through
-:mod:`partir_core.reshard`); a few passes refine what results are wanted in from what their readers asked for,
-keeping the cheapest program. Values then have the type their producer gives them (inputs: the tactics' types;
-outputs: the state's types, :func:`output_type`).
+made of the axes its operands and results carry, and those making a result in a type it is wanted in, and keeps
+the one that moves the fewest bytes (operands resharded from their produced types, results resharded to the
+types wanted of them, priced by redist through :mod:`partir_core.reshard`); on ties, the one that moves the
+reshard to its operands. A few passes refine what results are wanted in from what their readers asked for, so a
+demand travels back, op by op, to the op that can meet it for free; the cheapest program is kept. Values then
+have the type their producer gives them (inputs: the tactics' types; outputs: the state's types,
+:func:`output_type`).
 
 Arrays of random keys are typed by their key data (:mod:`partir_core.keys`, :func:`value_type`): ops see key
 shapes (:func:`local_shapes`), reshards move key data.
@@ -90,9 +92,11 @@ def _analyze_once(graph: Graph, rules: list, state: State, mesh, choose: bool, t
     The propagated state proposes one choice per op (:func:`resolve`, earliest decision wins a conflict).
     With ``choose``, an op whose proposed choice needs communication (an operand resharded, or a result
     that is not already what the state wants for it) also tries the alternatives made of the axes its
-    operands and results carry (in the state or as actually produced), prefixes of those, and none, and
-    keeps the one that moves the fewest bytes: operands resharded from their produced types, plus results
-    resharded to the types they are wanted in (a pending sum reduced there). Ties keep the proposal.
+    operands and results carry (in the state or as actually produced), prefixes of those, and none, and those
+    making a result in a type it is wanted in (:func:`_aligned`), and keeps the one that moves the fewest bytes:
+    operands resharded from their produced types, plus results resharded to the types they are wanted in (a
+    pending sum reduced there). Ties keep the proposal, unless another moves fewer bytes at the results (the
+    reshard moved to the operands, where their producers see it in the next pass).
     This is the local, cost-based choice XLA's partitioner makes per op (gather a small activation rather
     than a large weight, keep a contraction local, ...). ``targets``: None prices every result against the
     state's type for it; a dict prices result ``v`` against the types ``targets[v]`` (none: free);
@@ -183,26 +187,86 @@ def _sharding_key(eqn, use: dict, types: dict, keep: bool) -> tuple:
 def cheapest(graph: Graph, eqn, proposal: OpSharding, alternatives, types, state, mesh, targets,
              price=reshard_bytes, known=None) -> OpSharding:
     """The proposal, unless it needs communication and one of ``alternatives()`` (tried in order) moves
-    fewer bytes (:func:`_op_cost` against ``targets``): then the first of the cheapest. Ties keep the
-    proposal. ``price``: :func:`~partir_core.reshard.reshard_bytes`, or a function that gives what it gives
-    (a cache of it); ``known``: None, or a function giving ``price(src, dst)`` where that is at hand (planned
-    before), else None: an alternative is then first bounded from below without planning a reshard
-    (:func:`_op_cost`)."""
+    fewer bytes (:func:`_op_cost` against ``targets``): then the first of the cheapest. Where results are
+    priced (``targets`` not :data:`FOLLOW`), the candidates of :func:`_aligned` are tried after
+    ``alternatives()``, and of candidates moving as many bytes, the one moving fewer at its results wins (the
+    first such): a reshard is moved towards the producers, whose choice in the next pass may meet the demand
+    for free (a weight's gradient made in the weight's layout rather than all-to-all'd for each Adam moment).
+    Otherwise ties keep the proposal. ``price``: :func:`~partir_core.reshard.reshard_bytes`, or a function that
+    gives what it gives (a cache of it); ``known``: None, or a function giving ``price(src, dst)`` where that
+    is at hand (planned before), else None: an alternative is then first bounded from below without planning a
+    reshard (:func:`_op_cost`)."""
     op, cost = proposal, _op_cost(graph, eqn, proposal, types, state, mesh, targets, price)
     if cost > 0:
-        for cand in alternatives():
+        priced = targets is not FOLLOW  # results priced: ties move reshards towards the producers
+        late = None  # the bytes op's results are resharded with, once a tie asks
+        candidates = alternatives()
+        if priced:
+            wanted = [_wanted(graph, v, state, mesh, targets) for v in eqn.outvars]
+            candidates = itertools.chain(candidates, _aligned(graph, eqn, proposal, types, mesh, wanted))
+        for cand in candidates:
             c = _op_cost(graph, eqn, cand, types, state, mesh, targets, price, bound=cost, known=known)
             if c < cost:
-                op, cost = cand, c
+                op, cost, late = cand, c, None
                 if c == 0:
                     break
+            elif priced and c == cost and _op_cost(graph, eqn, cand, types, state, mesh, targets, price) == cost:
+                if late is None:
+                    late = _result_cost(graph, eqn, op, types, state, mesh, targets, price)
+                c_late = _result_cost(graph, eqn, cand, types, state, mesh, targets, price)
+                if c_late < late:
+                    op, late = cand, c_late
     return op
+
+
+def _aligned(graph, eqn, proposal: OpSharding, types, mesh, wanted: list):
+    """More candidates where results are priced: for each type ``wanted`` of a result of ``eqn`` (per result,
+    the types it is priced against; a pending sum's are left out), ``eqn`` run so that the result comes out in
+    that type (its factors split as the type's dims are; the proposal's other factors kept where they clash with
+    none of those). A reader's demand thus reaches the producer even where no operand or state carries that
+    layout (a gradient wanted in its weight's layout, refinement after refinement back to the matmul making it)."""
+    rule, made = proposal.rule, set()
+    for fs_list, wants in zip(rule.results, wanted):
+        for want in wants:
+            if want.partial:
+                continue
+            use = {}
+            for axes, fs in zip(want.dims, fs_list):
+                parts = decompose(mesh, axes, fs, rule.sizes) if axes else ()
+                if parts is None or any(a and not rule.shardable(f) for f, a in zip(fs, parts)):
+                    use = None
+                    break
+                use.update((f, (tuple(a), 0)) for f, a in zip(fs, parts) if a)
+            if not use:
+                continue
+            taken = [a for axes, _ in use.values() for a in axes]
+            for f, (axes, _) in proposal.use.items():
+                if f not in use and not any(f in fs for fs in fs_list) and not clash(mesh, axes, taken):
+                    use[f] = (axes, 0)
+                    taken += axes
+            use = fit_use(mesh, rule, use)
+            key = tuple(sorted((f, a) for f, (a, _) in use.items()))
+            if key not in made:
+                made.add(key)
+                yield _op_sharding(graph, rule, eqn, use, {u: types[u] for u in eqn.invars}, mesh)
+
+
+def _result_cost(graph, eqn, op: OpSharding, types, state, mesh, targets, price) -> float:
+    """The bytes of the reshards of ``op``'s results to what ``targets`` wants of them (part of :func:`_op_cost`)."""
+    groups = _op_terms(graph, eqn, op, types, state, mesh, targets)[len(eqn.invars):]
+    return sum(price(src, dst) for pairs in groups for src, dst in pairs)
 
 
 FOLLOW = "follow"  # ``targets`` of a pass that prices no result (see :func:`_analyze_once`)
 
 
-def analyze(graph: Graph, rules: list, state: State, mesh, choose: bool = True, passes: int = 3) -> Analysis:
+# passes of :func:`analyze` from each start: the first, then refinements; a demand travels one op back towards
+# its producer per refinement (a gradient wanted in its weight's layout: through the optimizer's elementwise
+# ops and a transpose to the matmul that makes it)
+PASSES = 5
+
+
+def analyze(graph: Graph, rules: list, state: State, mesh, choose: bool = True, passes: int = PASSES) -> Analysis:
     """Fix every op's factor axes (see :func:`_analyze_once`). With ``choose``, two starting passes are
     refined: one pricing results against the types the state gives them, one pricing no result
     (:data:`FOLLOW`: values keep the layout an op chose for them, so a per-op choice that differs from the
@@ -417,11 +481,18 @@ def _op_terms(graph, eqn, op: OpSharding, types, state, mesh, targets) -> list:
     if targets is FOLLOW:
         return groups
     for v, t in zip(eqn.outvars, op.out_types):
-        if targets is not None and v in targets:
-            groups.append(tuple((t, want) for want in targets[v]))
-        elif v in state.dims:
-            groups.append(((t, state_type(graph, state, v, mesh)),))
+        wanted = _wanted(graph, v, state, mesh, targets)
+        if wanted:
+            groups.append(tuple((t, want) for want in wanted))
     return groups
+
+
+def _wanted(graph, v, state, mesh, targets) -> tuple:
+    """The types result ``v`` is priced against (``targets`` not :data:`FOLLOW`): those ``targets`` wants (a
+    dict naming ``v``), else the state's type for it (none for a value the state does not know)."""
+    if targets is not None and v in targets:
+        return tuple(targets[v])
+    return (state_type(graph, state, v, mesh),) if v in state.dims else ()
 
 
 def shared_reduction(op: OpSharding, v, t, types: dict, targets, readers: int) -> bool:

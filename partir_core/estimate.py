@@ -15,7 +15,7 @@ random action sets):
    is an op visited again for what it wrote itself: a visit right after its own changes nothing
    (:func:`~partir_core.propagation.visit`), so only the other ops touching a written value are. A step is
    remembered by what it reads, and shared by the ops of one signature (:func:`signature`, see below).
-2. Per-op choice (:class:`_Pass`): :func:`~partir_core.choice.analyze` runs up to six passes of per-op
+2. Per-op choice (:class:`_Pass`): :func:`~partir_core.choice.analyze` runs up to ``2 * PASSES`` passes of per-op
    choices (:func:`~partir_core.choice.choose_op`), each priced against targets (the state's types, none,
    or the types the readers asked for in the pass before). Each starting pass is redone from the base's pass
    of the same kind of targets; each refinement from a pass of the same state: the first from the
@@ -64,8 +64,8 @@ from dataclasses import dataclass, replace
 from itertools import compress
 from operator import is_not, ne
 
-from partir_core.choice import (FOLLOW, Analysis, OpSharding, Unsupported, cheapest, choose_op, op_candidates,
-                                 output_type, state_type, value_type)
+from partir_core.choice import (FOLLOW, PASSES, Analysis, OpSharding, Unsupported, cheapest, choose_op,
+                                 op_candidates, output_type, state_type, value_type)
 from partir_core.ir import Boundary, Graph, column
 from partir_core.lowering import lower
 from partir_core.propagation import State, op_slots, shardable_factors, step, take_step
@@ -664,8 +664,8 @@ class _Types:
         self.types = types
 
 
-# pass positions of choice.analyze: P0 (state-priced), P1, P2 (priced against the demands of the pass
-# before), F0 (FOLLOW), F1, F2
+# the starting passes of choice.analyze, by name: P0 (state-priced), F0 (FOLLOW); each is refined by passes
+# priced against the demands of the pass before (P1, P2, ...; F1, ...)
 _STARTS = (("P", None), ("F", FOLLOW))
 
 
@@ -679,7 +679,7 @@ class _Starts:
 
 
 def choose(structure: Structure, state: State, mesh, base: _Starts | None, dirty_values: set, memo: _OpMemo,
-           passes: int = 3) -> tuple[Analysis, _Starts]:
+           passes: int = PASSES) -> tuple[Analysis, _Starts]:
     """:func:`partir_core.choice.analyze` of ``state`` (the same passes, the same winner), and what later calls
     start from (:class:`_Starts`), made from ``base`` (that of a state that differs from this one in
     ``dirty_values``) when given; the refinements from passes of this state. An op none of whose values is
