@@ -24,7 +24,7 @@ from typing import NamedTuple
 from redist.types import ShardingType
 
 from partir_core import keys
-from partir_core.factors import clash, decompose, dims_axes, drop_clashes, fit_use
+from partir_core.factors import clash, decompose, dims_axes, drop_clashes, fit_use, group
 from partir_core.ir import Boundary, Graph, is_enter
 from partir_core.propagation import State, resolve
 from partir_core.registry import Rule
@@ -95,8 +95,9 @@ def _analyze_once(graph: Graph, rules: list, state: State, mesh, choose: bool, t
     operands and results carry (in the state or as actually produced), prefixes of those, and none, and those
     making a result in a type it is wanted in (:func:`_aligned`), and keeps the one that moves the fewest bytes:
     operands resharded from their produced types, plus results resharded to the types they are wanted in (a
-    pending sum reduced there). Ties keep the proposal, unless another moves fewer bytes at the results (the
-    reshard moved to the operands, where their producers see it in the next pass).
+    pending sum reduced there). Ties keep the proposal, unless another splitting the work over as many devices
+    moves fewer bytes at the results (the reshard moved to the operands, where their producers see it in the
+    next pass).
     This is the local, cost-based choice XLA's partitioner makes per op (gather a small activation rather
     than a large weight, keep a contraction local, ...). ``targets``: None prices every result against the
     state's type for it; a dict prices result ``v`` against the types ``targets[v]`` (none: free);
@@ -189,13 +190,13 @@ def cheapest(graph: Graph, eqn, proposal: OpSharding, alternatives, types, state
     """The proposal, unless it needs communication and one of ``alternatives()`` (tried in order) moves
     fewer bytes (:func:`_op_cost` against ``targets``): then the first of the cheapest. Where results are
     priced (``targets`` not :data:`FOLLOW`), the candidates of :func:`_aligned` are tried after
-    ``alternatives()``, and of candidates moving as many bytes, the one moving fewer at its results wins (the
-    first such): a reshard is moved towards the producers, whose choice in the next pass may meet the demand
-    for free (a weight's gradient made in the weight's layout rather than all-to-all'd for each Adam moment).
-    Otherwise ties keep the proposal. ``price``: :func:`~partir_core.reshard.reshard_bytes`, or a function that
-    gives what it gives (a cache of it); ``known``: None, or a function giving ``price(src, dst)`` where that
-    is at hand (planned before), else None: an alternative is then first bounded from below without planning a
-    reshard (:func:`_op_cost`)."""
+    ``alternatives()``, and of candidates moving as many bytes and splitting the op's work over as many
+    devices, the one moving fewer at its results wins (the first such): a reshard is moved towards the
+    producers, whose choice in the next pass may meet the demand for free (a weight's gradient made in the
+    weight's layout rather than all-to-all'd for each Adam moment). Otherwise ties keep the proposal.
+    ``price``: :func:`~partir_core.reshard.reshard_bytes`, or a function that gives what it gives (a cache of
+    it); ``known``: None, or a function giving ``price(src, dst)`` where that is at hand (planned before), else
+    None: an alternative is then first bounded from below without planning a reshard (:func:`_op_cost`)."""
     op, cost = proposal, _op_cost(graph, eqn, proposal, types, state, mesh, targets, price)
     if cost > 0:
         priced = targets is not FOLLOW  # results priced: ties move reshards towards the producers
@@ -210,7 +211,8 @@ def cheapest(graph: Graph, eqn, proposal: OpSharding, alternatives, types, state
                 op, cost, late = cand, c, None
                 if c == 0:
                     break
-            elif priced and c == cost and _op_cost(graph, eqn, cand, types, state, mesh, targets, price) == cost:
+            elif priced and c == cost and _devices(mesh, cand) >= _devices(mesh, op) \
+                    and _op_cost(graph, eqn, cand, types, state, mesh, targets, price) == cost:
                 if late is None:
                     late = _result_cost(graph, eqn, op, types, state, mesh, targets, price)
                 c_late = _result_cost(graph, eqn, cand, types, state, mesh, targets, price)
@@ -249,6 +251,14 @@ def _aligned(graph, eqn, proposal: OpSharding, types, mesh, wanted: list):
             if key not in made:
                 made.add(key)
                 yield _op_sharding(graph, rule, eqn, use, {u: types[u] for u in eqn.invars}, mesh)
+
+
+def _devices(mesh, op: OpSharding) -> int:
+    """Over how many devices ``op``'s work is split (the product of its factors' group sizes)."""
+    n = 1
+    for axes, _ in op.use.values():
+        n *= group(mesh, axes)
+    return n
 
 
 def _result_cost(graph, eqn, op: OpSharding, types, state, mesh, targets, price) -> float:
