@@ -20,8 +20,8 @@ The search, in three phases:
    UCT over the sets, with progressive widening, each expansion evaluated directly; it stops early when
    ``patience`` evaluations in a row did not improve the best, or the tree is exhausted.
 3. *Local improvement* (:mod:`partir_core.automatic.local`): best-improvement moves over single group moves
-   to a local optimum, from the best set found, then from the most promising goals, then from the next best
-   sets.
+   to a local optimum, from the best set found, then from the most promising sets evaluated (step time scaled
+   by how far the peak is over the budget), then from the next best sets.
 
 Ties are broken by a ``random.Random(seed)``. With a budget of evaluations (``max_evals``) the search is
 deterministic for a seed: the same sets are evaluated in the same order and the same result is returned.
@@ -122,12 +122,10 @@ def _search(graph, rules, state: State, mesh, index: int, tactic: AutomaticParti
                [p for p in pairs if p[0].axis in asked], [w for w in weights if w.axis in asked]),
               ([t for t in goal_templates if not all(a.axis in asked for a in t)], pairs, weights)]
     seeded = refined = 0
-    goals: list = []
     for phase, its_pairs, its_weights in (p for p in phases if p[0]):
-        tried, refinements, its_goals = goal_phase(ev, tree, found, phase, len(groups.macro), its_pairs,
-                                                   its_weights, tree_limits, progress)
-        seeded, refined, goals = seeded + tried, refined + refinements, goals + its_goals
-    goals = by_promise(ev, goals)
+        tried, refinements = goal_phase(ev, tree, found, phase, len(groups.macro), its_pairs, its_weights,
+                                        tree_limits, progress)
+        seeded, refined = seeded + tried, refined + refinements
     since_improved = iterations = 0
     while True:
         stopped = stop_reason(ev, tree, tree_limits, since_improved, patience)
@@ -144,12 +142,12 @@ def _search(graph, rules, state: State, mesh, index: int, tactic: AutomaticParti
         progress.tick(ev.n_sim, found.best)
         if log is not None:
             log(iterations, ev.n_sim, found.best)
-    # local improvement from the best set found, then from the most promising goals whether they fit or not
-    # (moves that save memory may make them fit), then from the next best sets
+    # local improvement from the best set found, then from the most promising sets evaluated (goals or sets the tree
+    # found), whether they fit or not (moves that save memory may make them fit), then from the next best sets
     best_sets = ranked(ev, list(ev.evals), LOCAL_STARTS)
-    goals = [k for k in goals if k not in best_sets][:LOCAL_STARTS]
+    promising = [k for k in by_promise(ev, ev.evals) if k not in best_sets][:LOCAL_STARTS]
     local = improve(ev, actions, found, max_depth, (t_start + time_s, tactic.max_evals), progress, pairs,
-                    best_sets[:1] + goals + best_sets[1:])
+                    best_sets[:1] + promising + best_sets[1:])
     progress.close()
     seconds, cpu_s = time.perf_counter() - t_start, time.process_time() - cpu_start
     best_key, best = found.key, found.best

@@ -24,7 +24,7 @@ from partir_core.automatic.ranking import Found, by_promise
 from partir_core.automatic.tree import Tree, stop_reason
 
 # the goals whose refinements are tried (the most promising), and the local pass's starts: this many of the best
-# sets found and of the most promising goals
+# sets found and of the most promising sets evaluated
 LOCAL_STARTS = 3
 
 
@@ -91,13 +91,13 @@ def refinements(ev: Evaluator, starts: list, pairs: list, weights: list) -> dict
 
 
 def goal_phase(ev: Evaluator, tree: Tree, found: Found, templates: list, decisions: int, pairs: list,
-               weights: list, limits, progress) -> tuple[int, int, list]:
+               weights: list, limits, progress) -> tuple[int, int]:
     """Seed the tree with the goals ``templates`` (:func:`templates`) and their refinements: data parallelism
     alone; then, in turn, data parallelism with ZeRO (the most promising data parallelism first) and as many
     refinements of the start, the fastest and the most promising data parallelism; then the refinements of the
     most promising goals (the start's left over among them): a search stopped early has tried both ZeRO and
     Megatron-style splits. ``decisions``: the number of macro decisions (a larger one is a ZeRO action). Returns
-    ``(goals evaluated, refinements evaluated, the goals)``."""
+    ``(goals evaluated, refinements evaluated)``."""
     dp = {ev.key(t): ev.key(tuple(a for a in t if a.decision < decisions)) for t in templates}
     plain = [k for k in dp if dp[k] == k]
     seeded = _seed(ev, tree, found, plain, limits, progress)
@@ -111,7 +111,7 @@ def goal_phase(ev: Evaluator, tree: Tree, found: Found, templates: list, decisio
     goals = by_promise(ev, dict.fromkeys(ev.key(t) for t in templates))
     then = _goal_refinements(ev, goals, pairs, weights)
     refined += _seed(ev, tree, found, list(then), limits, progress, then)
-    return seeded, refined, goals
+    return seeded, refined
 
 
 def _seed(ev: Evaluator, tree: Tree, found: Found, templates: list, limits, progress,

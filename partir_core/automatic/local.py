@@ -2,9 +2,10 @@
 
 Best-improvement moves over single group moves (drop an action, move a decision to another axis, add an action,
 add two weight decisions on one axis as Megatron splits two groups at once: :func:`neighbours`) to a local
-optimum (:func:`improve`), from the best set found, then from the most promising goals (step time scaled by how
-far their peak is over the budget, :meth:`~partir_core.automatic.evaluation.Evaluator.promise`: a fast goal
-that does not fit may fit after a move), then from the next best sets.
+optimum (:func:`improve`), from the best set found, then from the most promising sets evaluated, goals or sets the
+tree found (step time scaled by how far their peak is over the budget,
+:meth:`~partir_core.automatic.evaluation.Evaluator.promise`: a fast set that does not fit may fit after a move,
+data and Megatron parallelism with ZeRO added, say), then from the next best sets.
 """
 
 from __future__ import annotations
