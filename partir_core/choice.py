@@ -250,7 +250,7 @@ def _aligned(graph, eqn, proposal: OpSharding, types, mesh, wanted: list):
             key = tuple(sorted((f, a) for f, (a, _) in use.items()))
             if key not in made:
                 made.add(key)
-                yield _op_sharding(graph, rule, eqn, use, {u: types[u] for u in eqn.invars}, mesh)
+                yield _op_sharding(graph, rule, eqn, use, types, mesh)
 
 
 def _devices(mesh, op: OpSharding) -> int:
