@@ -14,17 +14,24 @@ A key array of shape ``S`` is stored as its *key data* (``jax.random.key_data``)
   (:func:`to_data`, the ``redist`` plan, :func:`from_data`); the ``shard_map`` program takes and returns key
   data at its boundary.
 
-Which random bits a device draws is the registry's (:mod:`partir_core.registry`): ``random_bits`` and
-``random_split`` are generated whole per key, so their new dims are replicated and sliced locally afterwards;
-along the key dims they run on the local keys, which JAX defines to give each key's own bits.
+Which random bits a device draws is the registry's (:mod:`partir_core.registry`). Along the key dims,
+``random_bits`` and ``random_split`` run on the local keys, which JAX defines to give each key's own values.
+Along the new dims, a threefry draw under ``jax_threefry_partitionable`` (JAX's default) is *counter-based*:
+the value at each position hashes the key with that position's row-major index in the draw, so a device
+draws its own block of any layout (:func:`draw_block`), as XLA's SPMD partitioner does. Any other draw
+(``random_split``, rbg keys, the flag off) is generated whole per key and sliced locally afterwards.
 """
 
 from __future__ import annotations
 
 import functools
 
+import math
+
 import jax
+import jax.extend.random as jrandom
 import numpy as np
+from jax import lax
 
 from redist.types import ShardingType
 
@@ -68,3 +75,40 @@ def _impl(dtype):
     found = []
     jax.eval_shape(lambda k: found.append(jax.random.key_impl(k)), jax.ShapeDtypeStruct((), dtype))
     return found[0]
+
+
+def counter_based(dtype, shape) -> bool:
+    """Whether ``random_bits`` of a key of ``dtype`` draws the value at each position of a ``shape`` draw from
+    that position's row-major index alone, so that a device may draw any block of it (:func:`draw_block`):
+    threefry keys under ``jax_threefry_partitionable``. A draw of ``2**32`` values or more per key is not
+    counted as such (its indices need two words; it is drawn whole)."""
+    return (is_key(dtype) and str(dtype) == f"key<{jrandom.threefry_prng_impl.tag}>"
+            and bool(jax.config.jax_threefry_partitionable) and math.prod(shape) < 2 ** 32)
+
+
+def draw_block(keys, bit_width: int, shape, block, starts):
+    """The block of extents ``block`` starting at ``starts`` (traced or ints) of ``random_bits(keys, bit_width,
+    shape)`` along its new dims, for threefry keys of any shape ``S`` (values ``S + block``); see
+    :func:`counter_based`. Each value hashes its key with its row-major index in ``shape`` (high word 0), the
+    two hash words xor-ed into ``bit_width`` bits, exactly as JAX's partitionable threefry draws it whole. A
+    position past ``shape``'s end (a block's padding) draws bits nobody reads."""
+    S = keys.shape
+    out = tuple(S) + tuple(block)
+    index, stride = None, 1
+    for d in reversed(range(len(shape))):
+        i = (lax.iota(np.uint32, block[d]) + lax.convert_element_type(starts[d], np.uint32)) * np.uint32(stride)
+        i = lax.broadcast_in_dim(i, out, (len(S) + d,))
+        index, stride = i if index is None else index + i, stride * shape[d]
+    if index is None:
+        index = lax.full(out, 0, np.uint32)
+    data = jax.random.key_data(keys)
+    # One key's two words stay scalars, as JAX's own draw passes them: the hash's loop then carries no
+    # key-sized arrays.
+    k1, k2 = (data[..., w] if not S else lax.broadcast_in_dim(data[..., w], out, tuple(range(len(S))))
+              for w in (0, 1))
+    bits1, bits2 = jrandom.threefry2x32_p.bind(k1, k2, lax.full(out, 0, np.uint32), index)
+    if bit_width == 64:
+        word = np.dtype(f"uint{bit_width}")
+        return lax.shift_left(bits1.astype(word), word.type(32)) | bits2.astype(word)
+    bits = bits1 ^ bits2
+    return bits if bit_width == 32 else bits.astype(np.dtype(f"uint{bit_width}"))

@@ -107,6 +107,7 @@ OBLIGATIONS = {
     "squeeze": [same_block, sums],
     "rev": [same_block, sums],
     "iota": [counting],
+    "random_bits": [same_block, counting],
     "gather": [same_block],
     "gather of a split table": [same_block, partition, sums],
     "scatter-add": [same_block],

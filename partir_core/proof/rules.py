@@ -51,6 +51,11 @@ Forms, by primitive (``T_k``: operand ``k``'s type; a type partial over ``P`` is
   operand, pending sums passing through; what the device runs is checked by running it
   (:mod:`partir_core.proof.movement`), not against a template: its rows move between devices.
 - **iota**: each device counts from its block's start.
+- **random_bits**: keys not pending, the result's leading dims split as the keys' dims (JAX draws a batch of
+  keys per key); the new dims whole, the primitive run on the local keys, or, for a counter-based draw
+  (:func:`partir_core.keys.counter_based`), split any way, each device drawing the positions from its blocks'
+  starts (:func:`partir_core.keys.draw_block`, which the tests check against JAX's whole draw, is taken as the
+  primitive's meaning on a block, as ``bind`` is for any primitive).
 - **gather** / **scatter-add** with the indexed operand dims whole: indices split on their batch dims, the
   operand on its pass-through window dims; a scatter-add whose update rows are split is pending over their
   axes, the operand counted on the first device of each group only. A table split on a looked-up dim: each
@@ -69,6 +74,7 @@ from jax import lax
 
 from redist.errors import ShardingError
 
+from partir_core import keys
 from partir_core.choice import value_type
 
 ELEMENTWISE = frozenset({
@@ -447,6 +453,28 @@ def iota(site: Site) -> LocalForm:
     return LocalForm("iota", (out,), template)
 
 
+def random_bits(site: Site) -> LocalForm:
+    if site.pending(0):
+        raise NotCovered("pending keys")
+    K, out = site.dims(0), site.out_dims(0)
+    if tuple(out[:len(K)]) != K:
+        raise NotCovered(f"the draw's key dims are split as {out[:len(K)]}, its keys as {K}")
+    shape = tuple(site.eqn.params["shape"])
+    if not any(out[len(K):]):
+        return LocalForm("random_bits", (site.out_type(0, out),), bind(site.eqn))
+    if not keys.counter_based(site.graph.dtype(site.eqn.invars[0]), shape):
+        raise NotCovered("the new dims of a draw that is not counter-based are split")
+    t = site.out_type(0, out)
+    block = site.local_out(0, t)[len(K):]
+    new = out[len(K):]
+
+    def template(k):
+        starts = [lax.axis_index(site.names(axes)) * n if axes else 0 for axes, n in zip(new, block)]
+        return [keys.draw_block(k, site.eqn.params["bit_width"], shape, block, starts)]
+
+    return LocalForm("random_bits", (t,), template)
+
+
 def gather(site: Site) -> LocalForm:
     p, (ops, idx) = site.eqn.params, (site.graph.shape(v) for v in site.eqn.invars)
     dn, sizes = p["dimension_numbers"], tuple(p["slice_sizes"])
@@ -585,7 +613,7 @@ FORMS: dict[str, Callable] = {
     "dot_general": dot_general, "conv_general_dilated": conv_general_dilated, "reduce_sum": reduction,
     "reduce_max": reduction, "reduce_min": reduction, **{k: reduction for k in REDUCED_WHOLE},
     "broadcast_in_dim": broadcast_in_dim, "reshape": reshape, "transpose": transpose, "squeeze": squeeze, "rev": rev,
-    "iota": iota, "gather": gather, "scatter-add": scatter_add,
+    "iota": iota, "random_bits": random_bits, "gather": gather, "scatter-add": scatter_add,
     "scatter_add": scatter_add, "slice": slice_, "dynamic_slice": dynamic_slice,
     "dynamic_update_slice": dynamic_update_slice, "pad": pad, "concatenate": concatenate, "permute_dim": permute_dim,
     **{k: elementwise for k in ELEMENTWISE | IDENTITY},

@@ -1,6 +1,6 @@
 """partir_core with jax.random: typed and legacy keys flow through partitioning, and every partitioned step
-draws exactly the random bits of the unpartitioned one (bits generated whole and sliced, or per key along
-the keys' own batch dims)."""
+draws exactly the random bits of the unpartitioned one (a threefry draw split like its readers, any other
+drawn whole and sliced, and per key along the keys' own batch dims)."""
 
 import numpy as np
 import pytest
@@ -145,17 +145,57 @@ def test_typed_key_input_is_typed_by_its_key_data():
     assert 8 in [x.local_bytes for x in leaves]  # the key: two uint32 words
 
 
-def test_random_bits_generated_whole_then_sliced():
-    """``random_bits`` of a single key is generated whole on every device (its new dims are blocked), and the
-    mask is sliced locally to the hidden layer's sharding: no collective moves keys, random bits or masks."""
+def test_a_threefry_draw_is_split_like_its_readers():
+    """A threefry draw is counter-based: each device hashes only its own block's positions, so the mask is
+    drawn split like the hidden layer it multiplies, nothing is drawn whole or moved, and the program is
+    proved."""
     m, ins = MODELS["typed"]()
-    low = pc.jit(m.step, MESH, schedules.schedule("BP+MP", m, ins, mesh=MESH)).lower(*ins)
+    pf = pc.jit(m.step, MESH, schedules.schedule("BP+MP", m, ins, mesh=MESH))
+    low = pf.lower(*ins)
     (bits,) = [e for e in low.graph.eqns if e.name == "random_bits"]
-    assert low.types[bits.outvars[0]] == t("u32[8, 32]")
-    assert "random_bits" in str(low) and "blocked" in str(low.rules[low.graph.eqns.index(bits)])
+    assert low.types[bits.outvars[0]] == t("u32[8{batch}, 32{model}]")
+    assert "blocked" not in str(low.rules[low.graph.eqns.index(bits)])
     moves = [ins for ins in low.program.instructions if isinstance(ins, Reshard)]
-    assert any(ins.src.dtype == "u32" for ins in moves)  # the bits are resharded: sliced locally
-    assert all(not ins.collectives for ins in moves if ins.src.dtype in ("u32", "bool"))
+    assert not any(ins.src.dtype in ("u32", "bool") for ins in moves)
+    assert_same_step(pf(*ins), m.step(*ins))
+    assert low.verify().status == "proved"
+
+
+@pytest.mark.parametrize("bits", [8, 32])
+def test_uneven_split_draws_of_every_width_equal_the_whole_draw(bits):
+    """Draws split unevenly on their new dims (10 over 4 devices), of one key and of a batch of keys, give
+    exactly the bits the whole draw gives at each position, and are proved."""
+    dtype = np.dtype(f"uint{bits}")
+
+    def f(key, keys, a, b):
+        return (jax.random.bits(key, (6, 10), dtype) ^ a,
+                jax.vmap(lambda k: jax.random.bits(k, (5, 10), dtype))(keys) ^ b)
+
+    key, keys = jax.random.key(3), jax.random.split(jax.random.key(4), 6)
+    a, b = jnp.zeros((6, 10), dtype), jnp.zeros((6, 5, 10), dtype)
+    pf = pc.jit(f, MESH, [MP({"a": 1, "b": 2}, axis="model"), MP({"keys": 0, "b": 0}, axis="batch")])
+    low = pf.lower(key, keys, a, b)
+    assert list(low.out_types) == [t(f"u{bits}[6, 10{{model}}]"), t(f"u{bits}[6{{batch}}, 5, 10{{model}}]")]
+    assert not low.collectives
+    assert_same_step(pf(key, keys, a, b), f(key, keys, a, b))
+    assert low.verify().status == "proved"
+
+
+def test_a_draw_that_is_not_counter_based_is_drawn_whole_then_sliced():
+    """An rbg key's draw is not counter-based: its new dims are blocked, every device draws the mask whole
+    and a reader that wants it split slices it locally, moving nothing; the bits are the unpartitioned
+    ones."""
+    def f(key, x):
+        return _mask(key, x) * 2.0
+
+    key, x = jax.random.key(0, impl="rbg"), jnp.ones((B, H))
+    pf = pc.jit(f, MESH, [MP({"x": 0}, axis="batch"), MP({"x": 1}, axis="model")])
+    low = pf.lower(key, x)
+    (bits,) = [e for e in low.graph.eqns if e.name == "random_bits"]
+    assert "blocked" in str(low.rules[low.graph.eqns.index(bits)])
+    assert low.types[bits.outvars[0]].dims == ((), ())
+    assert low.out_types == t("f32[8{batch}, 32{model}]") and not low.collectives
+    assert_same_step(pf(key, x), f(key, x))
 
 
 def test_per_example_keys_generate_sharded_along_batch():
