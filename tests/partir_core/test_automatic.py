@@ -416,13 +416,13 @@ def test_megatron_over_two_axes_is_tried_before_the_zero_templates_on_three_axes
 def test_the_fastest_data_parallelism_is_refined_before_the_zero_templates():
     """On the transformer at 0.8x BP's peak on (2,2,2), the fastest fitting preset is BP+MP: batch parallelism
     (the fastest data parallelism, not the most promising under the budget) refined by Megatron's pair on
-    the model axis. Its refinements are taken in turn with the ZeRO templates (many on three axes), so 65
-    evaluations reach it."""
+    the model axis. Its refinements are taken in turn with the ZeRO templates (many on three axes), so 80
+    evaluations reach it or better."""
     m, ins, _ = model_and_inputs("transformer")
     budget = bp_budget("transformer", MESH3, 0.8)
     want = pc.jit(m.step, MESH3, schedules.schedule("BP+MP", m, ins, mesh=MESH3)).lower(*ins).simulate()
     assert want.peak_bytes <= budget
-    res = pc.jit(m.step, MESH3, [auto(memory_budget_bytes=budget, max_evals=65, time_budget_s=600)]).lower(
+    res = pc.jit(m.step, MESH3, [auto(memory_budget_bytes=budget, max_evals=80, time_budget_s=600)]).lower(
         *ins).automatic
     assert res.peak_bytes <= budget and res.step_time_s <= want.step_time_s
 

@@ -65,6 +65,23 @@ def test_megatron_mlp_types():
     assert_same(pf(*ins), want)
 
 
+@pytest.mark.parametrize("zoo_model", ["flax_mlp", "convnet"])
+def test_batch_parallel_weight_gradients_keep_their_parallelism(zoo_model):
+    """Under batch parallelism every matmul and convolution runs on its device's examples only, the weight
+    gradients included: each is reduced over the batch axis (as data parallelism does), never made whole on
+    every device from gathered activations, which moves fewer bytes on a small batch but repeats the work on
+    every device."""
+    from examples import zoo
+
+    step, ins = zoo.module(zoo_model).make()
+    low = pc.jit(step, MESH, schedules.schedule("BP", step, ins, mesh=MESH)).lower(*ins)
+    heavy = [i for i, e in enumerate(low.graph.eqns) if e.name in ("dot_general", "conv_general_dilated")]
+    assert heavy and all(any("batch" in axes for axes, _ in low.program.analysis.ops[i].use.values())
+                         for i in heavy)
+    assert low.collectives and all(c.kind == "all_reduce" for c in low.collectives)
+    assert_same(pc.jit(step, MESH, schedules.schedule("BP", step, ins, mesh=MESH))(*ins), step(*ins))
+
+
 def test_propagation_reaches_inputs_backward():
     """Sharding w1's columns alone gives w2 row-split through the hidden dim (backward to an input)."""
     m, ins, want = model_and_inputs("mlp")
