@@ -6,10 +6,10 @@ state proposes one choice per op; where that choice needs communication, the op 
 made of the axes its operands and results carry, and those making a result in a type it is wanted in, and keeps
 the one that moves the fewest bytes (operands resharded from their produced types, results resharded to the
 types wanted of them, priced by redist through :mod:`partir_core.reshard`); on ties, the one that moves the
-reshard to its operands. A matmul or convolution never trades the devices its work is split over for bytes. A few passes refine what results are wanted in from what their readers asked for, so a
-demand travels back, op by op, to the op that can meet it for free; the cheapest program is kept. Values then
-have the type their producer gives them (inputs: the tactics' types; outputs: the state's types,
-:func:`output_type`).
+reshard to its operands. A matmul or convolution never trades the devices its work is split over for bytes.
+A few passes refine what results are wanted in from what their readers asked for, so a demand travels back, op
+by op, to the op that can meet it for free; the cheapest program is kept. Values then have the type their
+producer gives them (inputs: the tactics' types; outputs: the state's types, :func:`output_type`).
 
 Arrays of random keys are typed by their key data (:mod:`partir_core.keys`, :func:`value_type`): ops see key
 shapes (:func:`local_shapes`), reshards move key data.
@@ -126,10 +126,10 @@ def choose_op(graph: Graph, rules: list, i: int, state: State, types: dict, mesh
     (:func:`cheapest`). Reads nothing but ``state``'s dims and provenance of the equation's operands and
     results, ``types`` of its operands and ``targets`` of its results, so a caller may reuse the result
     wherever those are the same. A region's enter or exit is not chosen: it runs as
-    :func:`_boundary_sharding` fixes (with ``follow`` when ``targets`` is not None), ``choose`` or not."""
+    :func:`_boundary_sharding` fixes from ``targets`` (those of an exit's operands too), ``choose`` or not."""
     eqn = graph.eqns[i]
     if isinstance(eqn.prim, Boundary):
-        return _boundary_sharding(graph, rules[i], eqn, types, state, mesh, follow=targets is not None)
+        return _boundary_sharding(graph, rules[i], eqn, types, state, mesh, targets)
     proposal, alternatives = op_candidates(graph, rules, i, state, types, mesh)
     if not choose or rules[i] is None:
         return proposal
@@ -196,9 +196,9 @@ def cheapest(graph: Graph, eqn, proposal: OpSharding, alternatives, types, state
     (:data:`CONTRACTIONS`) only takes a candidate that splits its work over as many devices as the proposal
     (:func:`_devices`): the choice picks how its operands and results move, not whether the parallelism the
     tactics gave its FLOPs is kept (gathering a batch-split activation to make a weight's gradient whole on
-    every device moves fewer bytes than reducing the gradient, and repeats the matmul on every device). Where results are
-    priced (``targets`` not :data:`FOLLOW`), the candidates of :func:`_aligned` are tried after
-    ``alternatives()``, and of candidates moving as many bytes and splitting the op's work over as many
+    every device moves fewer bytes than reducing the gradient, and repeats the matmul on every device).
+    Where results are priced (``targets`` not :data:`FOLLOW`), the candidates of :func:`_aligned` are tried
+    after ``alternatives()``, and of candidates moving as many bytes and splitting the op's work over as many
     devices, the one moving fewer at its results wins (the first such): a reshard is moved towards the
     producers, whose choice in the next pass may meet the demand for free (a weight's gradient made in the
     weight's layout rather than all-to-all'd for each Adam moment). Otherwise ties keep the proposal.
@@ -352,20 +352,22 @@ def received_bytes(graph, analysis, state, mesh) -> float:
     return total
 
 
-def _boundary_sharding(graph, rule, eqn, types, state, mesh, follow: bool = False) -> OpSharding:
+def _boundary_sharding(graph, rule, eqn, types, state, mesh, targets=None) -> OpSharding:
     """How a region's enter or exit runs (fixed, not chosen per op: a loop-carried type is one type).
 
     Enter: every body parameter gets the type propagation gives it (never partial: pending sums are reduced
     before the region), and its outer operand is moved to that type (a stacked ``xs`` with its leading dim
-    whole) before the region, once. With ``follow`` (the passes that let values keep the layout an op chose
+    whole) before the region, once. Given ``targets`` (the passes that let values keep the layout an op chose
     for them), a loop invariant or a stacked ``xs`` enters in the layout its operand was produced in instead
     (its pending sums reduced; a stacked dim must be whole), so that, e.g., the residuals a forward scan saved
     in the layout its body chose are read by the backward scan as they are; a carry keeps the propagated type,
     its fixed point. Exit: a carry's body result is moved to the carry's type, the one its
     parameter got, at the end of the body (inside the loop), and the loop's result has that type; a scan's
-    ``ys`` keep the layout the body produced them in (a pending sum included: it is reduced after the loop, at
-    its readers, once), with the stacked dim whole; a cond's results get the type propagation gives them, every
-    branch's moved there inside the branch. Operands in no tie (index, predicate) are replicated."""
+    ``ys`` keep the layout the body produced them in, with the stacked dim whole: a pending sum stays pending
+    (it is reduced after the loop, at its readers, once), unless a reader in the body asked for it reduced in
+    the pass before (``targets``, a dict): the ``ys`` then take that type, whose reduction the body makes
+    anyway (the lowering moves a buffer to one type once). A cond's results get the type propagation gives
+    them, every branch's moved there inside the branch. Operands in no tie (index, predicate) are replicated."""
     reg = graph.regions[eqn.params["region"]]
     ins = [replicated(graph, v, mesh) for v in eqn.invars]
     if is_enter(eqn):
@@ -373,7 +375,7 @@ def _boundary_sharding(graph, rule, eqn, types, state, mesh, follow: bool = Fals
         carried = set(reg.carry)
         for i, o, stacked in eqn.params["ties"]:
             p, src = eqn.outvars[o], types[eqn.invars[i]]
-            if follow and p not in carried and not (stacked and src.dims[0]):
+            if targets is not None and p not in carried and not (stacked and src.dims[0]):
                 outs[o] = value_type(graph, p, mesh, src.dims[int(stacked):int(stacked) + len(graph.shape(p))])
             dims = outs[o].dims[:len(graph.shape(eqn.outvars[o]))]
             ins[i] = value_type(graph, eqn.invars[i], mesh, (((),) if stacked else ()) + dims)
@@ -382,7 +384,10 @@ def _boundary_sharding(graph, rule, eqn, types, state, mesh, follow: bool = Fals
     for o, members, stacked in eqn.params["ties"]:
         v = eqn.outvars[o]
         if stacked:
-            t = types[eqn.invars[members[0]]]
+            y = eqn.invars[members[0]]
+            t = types[y]
+            if t.partial and type(targets) is dict:
+                t = next((w for w in targets.get(y, ()) if not w.partial), t)
             ins[members[0]] = t
             outs[o] = value_type(graph, v, mesh, ((),) + t.dims[:len(graph.shape(v)) - 1], t.partial)
             continue

@@ -25,7 +25,6 @@ draws its own block of any layout (:func:`draw_block`), as XLA's SPMD partitione
 from __future__ import annotations
 
 import functools
-
 import math
 
 import jax
@@ -108,7 +107,6 @@ def draw_block(keys, bit_width: int, shape, block, starts):
               for w in (0, 1))
     bits1, bits2 = jrandom.threefry2x32_p.bind(k1, k2, lax.full(out, 0, np.uint32), index)
     if bit_width == 64:
-        word = np.dtype(f"uint{bit_width}")
-        return lax.shift_left(bits1.astype(word), word.type(32)) | bits2.astype(word)
+        return lax.shift_left(bits1.astype(np.uint64), np.uint64(32)) | bits2.astype(np.uint64)
     bits = bits1 ^ bits2
     return bits if bit_width == 32 else bits.astype(np.dtype(f"uint{bit_width}"))

@@ -181,12 +181,13 @@ class _Lowering:
         carry_of = {} if reg.kind == "cond" else {t[1][0]: t[0] for t in exit_.params["ties"] if not t[2]}
         bodies, results = [], []
         for b, eqns in enumerate(reg.bodies):
-            body = self.block(eqns, inner)
+            made_in = {}  # the body's moves, reused by its results' (a value moved to one type once)
+            body = self.block(eqns, inner, made_in)
             at = f"end of the body of eqn {reg.enter} ({reg.kind})"
             res = []
             for v, slot in zip(reg.results[b], reg.exit_slots[b]):
                 src, dst = self.types[v], gives[slot]
-                res.append(self.move(v, src, dst, at, body, {}, inner))
+                res.append(self.move(v, src, dst, at, body, made_in, inner))
                 if src != dst and slot in carry_of:
                     self.carry_reshards.append(CarryReshard(r, carry_of[slot], str(src), str(dst)))
             bodies.append(body)

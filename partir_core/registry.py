@@ -46,9 +46,10 @@ A region's enter and exit (:mod:`partir_core.ir`) tie each outer value to the bo
 Random keys (:mod:`partir_core.keys`): rules see a key array's key shape. ``random_seed``, ``random_fold_in``,
 ``random_clone`` and the raw ``threefry2x32`` hash act on each element alone, so they are elementwise.
 ``random_bits`` and ``random_split`` map each key to new values: the key dims share factors with the result's
-leading dims (JAX draws a batch of keys per key). A counter-based draw (:func:`partir_core.keys.counter_based`:
-threefry, JAX's default) is split on its new dims too, each device hashing its own block's positions; any other
-draw has them *blocked*: drawn whole, then sliced locally. Either way a device draws the unpartitioned bits.
+leading dims (each key of a batch draws its own values). A counter-based draw (threefry, JAX's default:
+:func:`partir_core.keys.counter_based`) is also split on its new dims, each device hashing its own block's
+positions; any other draw has them *blocked*: drawn whole, then sliced locally. Either way a device draws the
+unpartitioned bits.
 ``random_wrap`` / ``random_unwrap`` convert to and from key data, whose key-data dims stay replicated.
 """
 
@@ -365,22 +366,22 @@ def _iota(eqn, shapes, out_shapes):
 
 
 def _random_draw(eqn, shapes, out_shapes):
-    """``random_bits`` / ``random_split``: keys ``S`` → values ``S + shape``; a counter-based draw is split on
-    any dim, any other drawn whole per key."""
+    """``random_bits`` / ``random_split``: keys ``S`` → values ``S + shape``; a counter-based draw split on any
+    dim (the primitive itself where no new dim is), any other drawn whole per key."""
     n = _Names()
     per_key = [n(s) for s in shapes[0]]
-    shape = tuple(out_shapes[0][len(shapes[0]):])
+    r, shape = len(shapes[0]), tuple(out_shapes[0][len(shapes[0]):])
     new = [n(s) for s in shape]
-    if eqn.name == "random_bits" and keys.counter_based(eqn.in_dtypes[0], shape):
-        def local(ctx, k):
-            r = len(per_key)
-            if not any(ctx.out_dims[0][r:]):
-                return bind(ctx, k)
-            return [keys.draw_block(k, eqn.params["bit_width"], shape, ctx.out_shapes[0][r:],
-                                    [ctx.offset(0, r + d) for d in range(len(shape))])]
+    if not (eqn.name == "random_bits" and keys.counter_based(eqn.in_dtypes[0], shape)):
+        return Rule([per_key], [per_key + new], n.sizes, blocked=frozenset(f for fs in new for f in fs))
 
-        return Rule([per_key], [per_key + new], n.sizes, local=local)
-    return Rule([per_key], [per_key + new], n.sizes, blocked=frozenset(f for fs in new for f in fs))
+    def local(ctx, k):
+        if not any(ctx.out_dims[0][r:]):
+            return bind(ctx, k)
+        starts = [ctx.offset(0, r + d) for d in range(len(shape))]
+        return [keys.draw_block(k, eqn.params["bit_width"], shape, ctx.out_shapes[0][r:], starts)]
+
+    return Rule([per_key], [per_key + new], n.sizes, local=local)
 
 
 def _random_wrap(eqn, shapes, out_shapes):

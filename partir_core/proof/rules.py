@@ -51,8 +51,8 @@ Forms, by primitive (``T_k``: operand ``k``'s type; a type partial over ``P`` is
   operand, pending sums passing through; what the device runs is checked by running it
   (:mod:`partir_core.proof.movement`), not against a template: its rows move between devices.
 - **iota**: each device counts from its block's start.
-- **random_bits**: keys not pending, the result's leading dims split as the keys' dims (JAX draws a batch of
-  keys per key); the new dims whole, the primitive run on the local keys, or, for a counter-based draw
+- **random_bits**: keys not pending, the result's leading dims split as the keys' dims (each key of a batch
+  draws its own values); the new dims whole, the primitive run on the local keys, or, for a counter-based draw
   (:func:`partir_core.keys.counter_based`), split any way, each device drawing the positions from its blocks'
   starts (:func:`partir_core.keys.draw_block`, which the tests check against JAX's whole draw, is taken as the
   primitive's meaning on a block, as ``bind`` is for any primitive).

@@ -230,3 +230,23 @@ def test_shard_map_inside_the_function_is_refused_naming_it():
             pc.jit(f, MESH, schedule)(x)
     solve = lambda x: lax.custom_linear_solve(lambda v: 2 * v, x, lambda matvec, b: b / 2) + x  # noqa: E731
     assert_same(pc.jit(solve, MESH, schedule)(x), solve(x))
+
+
+def test_a_scan_output_its_body_reduces_anyway_is_reduced_once():
+    """A pending sum that a scan's body reduces for one reader and also stacks as an output (a residual a
+    forward pass saves for its backward) is reduced once per iteration: the output takes the reduced buffer,
+    instead of being stacked pending and reduced a second time after the loop."""
+    def f(x, ws):
+        def body(c, w):
+            y = x @ w  # x split on its features: a pending sum over model
+            return c + jnp.tanh(y), y
+
+        return lax.scan(body, jnp.zeros((8, 16)), ws)
+
+    x, ws = jnp.ones((8, 32)) / 8, jnp.ones((3, 32, 16)) / 4
+    pf = pc.jit(f, MESH, [MP({"x": 1, "ws": 1}, axis="model")])
+    low = pf.lower(x, ws)
+    (reduce,) = low.collectives
+    assert reduce.kind == "all_reduce" and reduce.trips == 3
+    assert not low.out_types[1].partial
+    assert_same(pf(x, ws), f(x, ws))
