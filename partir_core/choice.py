@@ -6,7 +6,7 @@ state proposes one choice per op; where that choice needs communication, the op 
 made of the axes its operands and results carry, and those making a result in a type it is wanted in, and keeps
 the one that moves the fewest bytes (operands resharded from their produced types, results resharded to the
 types wanted of them, priced by redist through :mod:`partir_core.reshard`); on ties, the one that moves the
-reshard to its operands. A matmul or convolution never trades the devices its work is split over for bytes.
+reshard to its operands. A matmul or convolution split over its contracted dims keeps them split.
 A few passes refine what results are wanted in from what their readers asked for, so a demand travels back, op
 by op, to the op that can meet it for free; the cheapest program is kept. Values then have the type their
 producer gives them (inputs: the tactics' types; outputs: the state's types, :func:`output_type`).
@@ -185,7 +185,7 @@ def _sharding_key(eqn, use: dict, types: dict, keep: bool) -> tuple:
     return tuple([(f, a) for f, (a, _) in use.items()]), tuple([types[v].partial for v in eqn.invars]), keep
 
 
-# The ops that carry a step's FLOPs: the choice never runs one on fewer devices than the state splits it over.
+# The ops that carry a step's FLOPs: one the state splits over its contracted dims keeps its devices (cheapest).
 CONTRACTIONS = frozenset({"dot_general", "conv_general_dilated"})
 
 
@@ -193,10 +193,11 @@ def cheapest(graph: Graph, eqn, proposal: OpSharding, alternatives, types, state
              price=reshard_bytes, known=None) -> OpSharding:
     """The proposal, unless it needs communication and one of ``alternatives()`` (tried in order) moves
     fewer bytes (:func:`_op_cost` against ``targets``): then the first of the cheapest. A contraction
-    (:data:`CONTRACTIONS`) only takes a candidate that splits its work over as many devices as the proposal
-    (:func:`_devices`): the choice picks how its operands and results move, not whether the parallelism the
-    tactics gave its FLOPs is kept (gathering a batch-split activation to make a weight's gradient whole on
-    every device moves fewer bytes than reducing the gradient, and repeats the matmul on every device).
+    (:data:`CONTRACTIONS`) that the proposal splits over its contracted dims (its result a pending sum) only
+    takes a candidate that splits its work over as many devices (:func:`_devices`): the choice picks how its
+    operands and results move, not whether the parallelism the tactics gave its FLOPs is kept (gathering a
+    batch-split activation to make a weight's gradient whole on every device moves fewer bytes than reducing
+    the gradient, and repeats the matmul on every device).
     Where results are priced (``targets`` not :data:`FOLLOW`), the candidates of :func:`_aligned` are tried
     after ``alternatives()``, and of candidates moving as many bytes and splitting the op's work over as many
     devices, the one moving fewer at its results wins (the first such): a reshard is moved towards the
@@ -213,7 +214,7 @@ def cheapest(graph: Graph, eqn, proposal: OpSharding, alternatives, types, state
         if priced:
             wanted = [_wanted(graph, v, state, mesh, targets) for v in eqn.outvars]
             candidates = itertools.chain(candidates, _aligned(graph, eqn, proposal, types, mesh, wanted))
-        if eqn.name in CONTRACTIONS:
+        if eqn.name in CONTRACTIONS and proposal.new_partial:
             least = _devices(mesh, proposal)
             candidates = (c for c in candidates if _devices(mesh, c) >= least)
         for cand in candidates:
