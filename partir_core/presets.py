@@ -260,6 +260,14 @@ class TracedStep:
         self.leaves = [(p, tuple(np.shape(x))) for p, x in zip(paths, leaves)]
         self.arg_of = [kp[0].idx for kp, _ in jax.tree_util.tree_flatten_with_path(self.args)[0]]  # per leaf
 
+    @classmethod
+    def of_program(cls, graph, groups, name: str = "step_fn") -> TracedStep:
+        """The analyses of a program already traced and grouped (the automatic search's), for what reads the
+        program alone (:meth:`megatron_groups`); no step or arguments to name inputs by."""
+        self = cls.__new__(cls)
+        self.name, self.graph, self.groups = name, graph, groups  # the cached properties, set
+        return self
+
     # ------------------------------------------------------------------------------------------ the program
     @functools.cached_property
     def graph(self):

@@ -50,7 +50,7 @@ import time
 from dataclasses import replace
 
 from partir_core.analysis import analyze_groups
-from partir_core.automatic.actions import build_actions, search_axes, weight_actions, weight_pairs
+from partir_core.automatic.actions import build_actions, megatron_actions, search_axes, weight_actions, weight_pairs
 from partir_core.automatic.evaluation import Evaluation, Evaluator
 from partir_core.automatic.goals import LOCAL_STARTS, goal_phase, templates
 from partir_core.automatic.local import improve
@@ -114,17 +114,18 @@ def _search(graph, rules, state: State, mesh, index: int, tactic: AutomaticParti
     found = Found((), root_eval, t_start)
     progress = _Progress(tactic, t_start)
     pairs, weights = weight_pairs(actions, groups), weight_actions(actions, groups)
+    megatron = megatron_actions(actions, groups, graph)
     # the goals on the axes asked for first, refined on those axes, then (sub_axes) those that use a half: a
     # search stopped early has refined the goals of whole axes, as one without the halves has
     asked = set(search_axes(replace(tactic, sub_axes=False), mesh))
     goal_templates = templates(actions, groups)
     phases = [([t for t in goal_templates if all(a.axis in asked for a in t)],
-               [p for p in pairs if p[0].axis in asked], [w for w in weights if w.axis in asked]),
-              ([t for t in goal_templates if not all(a.axis in asked for a in t)], pairs, weights)]
+               ({a: m for a, m in megatron.items() if a in asked}, [p for p in pairs if p[0].axis in asked],
+                [w for w in weights if w.axis in asked])),
+              ([t for t in goal_templates if not all(a.axis in asked for a in t)], (megatron, pairs, weights))]
     seeded = refined = 0
-    for phase, its_pairs, its_weights in (p for p in phases if p[0]):
-        tried, refinements = goal_phase(ev, tree, found, phase, len(groups.macro), its_pairs, its_weights,
-                                        tree_limits, progress)
+    for phase, moves in (p for p in phases if p[0]):
+        tried, refinements = goal_phase(ev, tree, found, phase, len(groups.macro), moves, tree_limits, progress)
         seeded, refined = seeded + tried, refined + refinements
     since_improved = iterations = 0
     while True:

@@ -18,8 +18,9 @@ the order given). Provenance keeps that order: the j-th action gets tactic index
 actions win conflicts, as earlier tactics do. An action that changes nothing where it is applied (its input dim
 already split on that axis, the axis taken by another dim of the input, a pinned input) is not a move.
 
-The weight decisions (:func:`weight_actions`: decisions that reach parameters and no data input) and their
-pairs on one axis (:func:`weight_pairs`) are what the search's Megatron-style moves add.
+The weight decisions (:func:`weight_actions`: decisions that reach parameters and no data input), their pairs
+on one axis (:func:`weight_pairs`) and Megatron's splits (:func:`megatron_actions`: what
+:func:`partir_core.presets.megatron` finds, on one axis) are what the search's Megatron-style moves add.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from redist.mesh import prime_factors
 
 from partir_core.analysis import DimGroups
+from partir_core.presets import TracedStep
 from partir_core.tactics import AutomaticPartition, ManualPartition
 
 
@@ -157,3 +159,18 @@ def weight_pairs(actions: list, groups: DimGroups) -> list[tuple]:
     inputs = {m.id: {p for g in m.groups for p, _ in g.inputs} for m in groups.macro}
     return [(a, b) for a, b in itertools.combinations(weight_actions(actions, groups), 2)
             if a.axis == b.axis and not inputs[a.decision] & inputs[b.decision]]
+
+
+def megatron_actions(actions: list, groups: DimGroups, graph) -> dict[str, tuple]:
+    """``{axis: actions}``: the decisions Megatron splits (:meth:`partir_core.presets.TracedStep.megatron_groups`:
+    every layer's MLP hidden dim and attention heads, found in the program), each on ``axis``, in canonical
+    order; axes where it splits none left out. The pairs of :func:`weight_pairs` are two of these; a model of
+    several layers that are not one decision (flax.linen's ``Block_0``, ``Block_1``) needs them all at once,
+    as the ``megatron`` preset takes them."""
+    chosen = set(TracedStep.of_program(graph, groups).megatron_groups())
+    decisions = {m.id for m in groups.macro if any(g.id in chosen for g in m.groups)}
+    out: dict = {}
+    for a in actions:
+        if a.decision in decisions:
+            out.setdefault(a.axis, []).append(a)
+    return {axis: tuple(acts) for axis, acts in out.items()}

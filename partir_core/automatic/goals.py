@@ -4,8 +4,9 @@ The goals (:func:`templates`): data parallelism over every subset of the axes, a
 (PartIR's goal-directed composite search: the strategies experts compose), and their Megatron-style refinements
 (:func:`refinements`): the most promising goals, the fastest goal (over the budget or not: weight splits save
 memory) and the start, in turn, most promising first
-(:meth:`~partir_core.automatic.evaluation.Evaluator.promise`), each with one pair of weight decisions on an
-axis it leaves free, or one weight decision on several. In this order (:func:`goal_phase`): data parallelism
+(:meth:`~partir_core.automatic.evaluation.Evaluator.promise`), each with Megatron's splits on the axes it leaves
+free (on one or on several at once), one pair of weight decisions on one of them, or one weight decision on
+several. In this order (:func:`goal_phase`): data parallelism
 alone; then in turn one with ZeRO (the most promising data parallelism first) and one refinement of the start,
 the fastest or the most promising data parallelism, as many of those as of these; then the refinements of the
 most promising goals. So a search stopped early has tried both ZeRO and Megatron-style splits (three axes give
@@ -57,32 +58,36 @@ def _promise(ev: Evaluator, key: tuple) -> float:
     return math.inf if e is None else ev.promise(e)
 
 
-def _goal_refinements(ev: Evaluator, goals: list, pairs: list, weights: list, top: int = LOCAL_STARTS) -> dict:
+def _goal_refinements(ev: Evaluator, goals: list, moves: tuple, top: int = LOCAL_STARTS) -> dict:
     """The :func:`refinements` of the ``top`` most promising of ``goals`` (evaluated sets, most promising
     first), of the fastest of them (fitting or not: weight splits save memory) and of the start."""
     fastest = min(goals, key=lambda k: (ev.evals[k].step_time_s, ev.rank_of(k)), default=())
-    return refinements(ev, by_promise(ev, {(), fastest, *goals[:top]}), pairs, weights)
+    return refinements(ev, by_promise(ev, {(), fastest, *goals[:top]}), *moves)
 
 
-def refinements(ev: Evaluator, starts: list, pairs: list, weights: list) -> dict:
+def refinements(ev: Evaluator, starts: list, megatron: dict, pairs: list, weights: list) -> dict:
     """Megatron-style refinements of the goals ``starts`` (evaluated sets, most promising first), on the axes
-    each leaves free: one pair of ``pairs`` on one axis (two weight decisions,
-    :func:`~partir_core.automatic.actions.weight_pairs`), as Megatron splits the MLP's hidden dim and the
-    attention heads on the model axis beside batch parallelism (``BP+MP``, ``BP+MP+Z2``); and one decision of
-    the ``weights`` (:func:`~partir_core.automatic.actions.weight_actions`) on two or more of them at once, as
-    Megatron is composed over two axes (``MP+MP@z``). ``{refinement: its start}``, taken in
-    turn from each start (so that a search stopped early has tried the first few of every start), each
-    start's pairs before its decisions; sets already evaluated left out."""
+    each leaves free: Megatron's splits (``megatron``, :func:`~partir_core.automatic.actions.megatron_actions`:
+    every layer's MLP hidden dim and attention heads) on one free axis, as beside batch parallelism
+    (``BP+MP``, ``BP+MP+Z2``), or on several at once (``MP+MP@z``); one pair of ``pairs`` on one axis (two
+    weight decisions, :func:`~partir_core.automatic.actions.weight_pairs`: part of Megatron's splits, or
+    others); and one decision of the ``weights`` (:func:`~partir_core.automatic.actions.weight_actions`) on
+    two or more axes at once. ``{refinement: its start}``, taken in turn from each start (so that a search
+    stopped early has tried the first few of every start), each start's Megatron splits first, then its
+    pairs, then its decisions; sets already evaluated and single actions (the tree's moves) left out."""
     per_start = []
     for start in starts:
         used = {a.axis for a in start}
         free = list(dict.fromkeys(a.axis for a in weights if a.axis not in used))
-        adds = [(b, c) for b, c in pairs if b.axis in free]
+        splits = [a for a in free if a in megatron]
+        adds = [sum((megatron[a] for a in axes), ()) for r in range(1, len(splits) + 1)
+                for axes in itertools.combinations(splits, r)]
+        adds += [(b, c) for b, c in pairs if b.axis in free]
         for r in range(2, len(free) + 1):
             for axes in itertools.combinations(free, r):
                 adds += [tuple(a for a in weights if a.decision == d and a.axis in axes)
                          for d in dict.fromkeys(a.decision for a in weights)]
-        per_start.append([(ev.key(start + add), start) for add in adds if len(add) > 1])
+        per_start.append([(ev.key(start + add), start) for add in adds if len(add) > 1])  # one action: a tree move
     out: dict = {}
     for key, start in (x for turn in itertools.zip_longest(*per_start) for x in turn if x is not None):
         if key not in ev.evals:
@@ -90,26 +95,27 @@ def refinements(ev: Evaluator, starts: list, pairs: list, weights: list) -> dict
     return out
 
 
-def goal_phase(ev: Evaluator, tree: Tree, found: Found, templates: list, decisions: int, pairs: list,
-               weights: list, limits, progress) -> tuple[int, int]:
+def goal_phase(ev: Evaluator, tree: Tree, found: Found, templates: list, decisions: int, moves: tuple, limits,
+               progress) -> tuple[int, int]:
     """Seed the tree with the goals ``templates`` (:func:`templates`) and their refinements: data parallelism
     alone; then, in turn, data parallelism with ZeRO (the most promising data parallelism first) and as many
     refinements of the start, the fastest and the most promising data parallelism; then the refinements of the
     most promising goals (the start's left over among them): a search stopped early has tried both ZeRO and
-    Megatron-style splits. ``decisions``: the number of macro decisions (a larger one is a ZeRO action). Returns
-    ``(goals evaluated, refinements evaluated)``."""
+    Megatron-style splits. ``decisions``: the number of macro decisions (a larger one is a ZeRO action);
+    ``moves``: the refinements' ``(megatron, pairs, weights)`` (:func:`refinements`). Returns ``(goals
+    evaluated, refinements evaluated)``."""
     dp = {ev.key(t): ev.key(tuple(a for a in t if a.decision < decisions)) for t in templates}
     plain = [k for k in dp if dp[k] == k]
     seeded = _seed(ev, tree, found, plain, limits, progress)
     with_zero = sorted((k for k in dp if dp[k] != k), key=lambda k: (_promise(ev, dp[k]), ev.rank_of(k)))
-    first = dict(itertools.islice(_goal_refinements(ev, by_promise(ev, plain), pairs, weights, 1).items(),
+    first = dict(itertools.islice(_goal_refinements(ev, by_promise(ev, plain), moves, 1).items(),
                                   len(with_zero)))
     turns = [k for turn in itertools.zip_longest(with_zero, first) for k in turn if k is not None]
     n = _seed(ev, tree, found, turns, limits, progress, {**{k: dp[k] for k in with_zero}, **first})
     refined = sum(ev.evals.get(k) is not None for k in first)
     seeded += n - refined
     goals = by_promise(ev, dict.fromkeys(ev.key(t) for t in templates))
-    then = _goal_refinements(ev, goals, pairs, weights)
+    then = _goal_refinements(ev, goals, moves)
     refined += _seed(ev, tree, found, list(then), limits, progress, then)
     return seeded, refined
 
