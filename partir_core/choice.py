@@ -6,7 +6,9 @@ state proposes one choice per op; where that choice needs communication, the op 
 made of the axes its operands and results carry, and those making a result in a type it is wanted in, and keeps
 the one that moves the fewest bytes (operands resharded from their produced types, results resharded to the
 types wanted of them, priced by redist through :mod:`partir_core.reshard`); on ties, the one that moves the
-reshard to its operands. A matmul or convolution split over its contracted dims keeps them split.
+reshard to its operands. A matmul or convolution split over its contracted dims keeps them split. A pending sum
+that several ops read is reduced once for all of them, so each linear reader that reduces it is charged its
+share (:func:`reduction_share`).
 A few passes refine what results are wanted in from what their readers asked for, so a demand travels back, op
 by op, to the op that can meet it for free; the cheapest program is kept. Values then have the type their
 producer gives them (inputs: the tactics' types; outputs: the state's types, :func:`output_type`).
@@ -276,7 +278,7 @@ def _devices(mesh, op: OpSharding) -> int:
 def _result_cost(graph, eqn, op: OpSharding, types, state, mesh, targets, price) -> float:
     """The bytes of the reshards of ``op``'s results to what ``targets`` wants of them (part of :func:`_op_cost`)."""
     groups = _op_terms(graph, eqn, op, types, state, mesh, targets)[len(eqn.invars):]
-    return sum(price(src, dst) for pairs in groups for src, dst in pairs)
+    return sum(share * price(src, dst) for pairs in groups for src, dst, share in pairs)
 
 
 FOLLOW = "follow"  # ``targets`` of a pass that prices no result (see :func:`_analyze_once`)
@@ -458,7 +460,7 @@ def _op_cost(graph, eqn, op: OpSharding, types, state, mesh, targets=None, price
     cost = 0
     for g, pairs in enumerate(groups):
         part = 0
-        for k, (src, dst) in enumerate(pairs):
+        for k, (src, dst, share) in enumerate(pairs):
             b = None if known is None else known(src, dst)
             if b is None:
                 if not floored:
@@ -469,7 +471,7 @@ def _op_cost(graph, eqn, op: OpSharding, types, state, mesh, targets=None, price
                     if floor > bound * (1 + terms * _ROUNDING):
                         return floor
                 b = price(src, dst)
-            part += b
+            part += share * b
             if cost + part >= bound:
                 return cost + part
         cost += part
@@ -482,9 +484,9 @@ def _floor(pairs, known) -> float:
     """A lower bound of the bytes of the reshards ``pairs``: those ``known`` gives, the others'
     :func:`~partir_core.reshard.reshard_floor`."""
     total = 0.0
-    for src, dst in pairs:
+    for src, dst, share in pairs:
         b = known(src, dst)
-        total += reshard_floor(src, dst) if b is None else b
+        total += share * (reshard_floor(src, dst) if b is None else b)
     return total
 
 
@@ -496,22 +498,40 @@ _PRUNE_BELOW = 1e300
 
 
 def _op_terms(graph, eqn, op: OpSharding, types, state, mesh, targets) -> list:
-    """The reshards :func:`_op_cost` prices, as groups of ``(src, dst)`` pairs in order: one group per operand,
-    one per result priced (the types ``targets`` wants of it: their bytes are summed, then added). A pending
+    """The reshards :func:`_op_cost` prices, as groups of ``(src, dst, share)`` in order (``share``: of the
+    reshard's bytes charged to the op, :func:`reduction_share`): one group per operand, one per result priced
+    (the types ``targets`` wants of it: their bytes are summed, then added). A pending
     sum that several ops read, read by a linear op in a type its readers asked for (``targets``, a dict), is
     priced nothing: that reshard is made for them anyway and shared (:func:`partir_core.lowering.lower` moves a
     buffer to one type once), so the op may read the sum reduced rather than keep it pending
     (:func:`shared_reduction`)."""
     readers = graph.readers()
-    groups = [() if shared_reduction(op, v, t, types, targets, len(readers.get(v, ()))) else ((types[v], t),)
-              for v, t in zip(eqn.invars, op.in_types)]
+    groups = []
+    for v, t in zip(eqn.invars, op.in_types):
+        n = len(readers.get(v, ()))
+        if shared_reduction(op, v, t, types, targets, n):
+            groups.append(())
+        else:
+            groups.append(((types[v], t, reduction_share(op, types[v], t, n)),))
     if targets is FOLLOW:
         return groups
     for v, t in zip(eqn.outvars, op.out_types):
         wanted = _wanted(graph, v, state, mesh, targets)
         if wanted:
-            groups.append(tuple((t, want) for want in wanted))
+            groups.append(tuple((t, want, 1.0) for want in wanted))
     return groups
+
+
+def reduction_share(op: OpSharding, src, dst, readers: int) -> float:
+    """The share of a reshard of an operand from ``src`` to ``dst`` that ``op`` is charged: a linear op (one
+    that could keep the sum pending) reading a pending sum that ``readers`` ops read, reduced (``dst`` pending
+    over fewer axes), pays ``1 / readers`` of it: where the readers read it alike, they share one reduction
+    (:func:`partir_core.lowering.lower` moves a buffer to one type once), so reducing it once may move fewer
+    bytes than each keeping it pending and moving the others (two matmuls gathering their weights to read one
+    dispatch sum pending). Whole otherwise."""
+    if readers > 1 and op.rule.linear is not None and src.partial and set(dst.partial) < set(src.partial):
+        return 1.0 / readers
+    return 1.0
 
 
 def _wanted(graph, v, state, mesh, targets) -> tuple:

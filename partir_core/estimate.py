@@ -128,15 +128,16 @@ class Structure:
 def signature(graph: Graph, eqn, rule) -> tuple:
     """What :func:`~partir_core.choice.choose_op` reads of an op besides the state and types of its values:
     its primitive, its factor rule (all but ``local``, which only running the op reads), its operands' and
-    results' shapes and dtypes, which of them are constants, which name one value twice, and which operands
-    several ops read (:func:`~partir_core.choice.shared_reduction` reads that). Two ops of one
+    results' shapes and dtypes, which of them are constants, which name one value twice, and how many ops read
+    each operand (:func:`~partir_core.choice.shared_reduction` and :func:`~partir_core.choice.reduction_share`
+    read that). Two ops of one
     signature whose values have the same dims, provenance order and operand types are chosen alike, up to
     their rule object (the transformer's layers, the optimizer's updates of weights of one shape)."""
     values = list(eqn.invars) + list(eqn.outvars)
     first = {v: k for k, v in reversed(list(enumerate(values)))}
     avals = tuple((graph.shape(v), str(graph.dtype(v)), v in graph.consts, first[v]) for v in values)
     readers = graph.readers()
-    avals += (tuple(len(readers.get(v, ())) > 1 for v in eqn.invars),)
+    avals += (tuple(len(readers.get(v, ())) for v in eqn.invars),)
     if rule is None:
         return (eqn.name, None, avals)
     return (eqn.name, avals, repr(rule.operands), repr(rule.results), tuple(sorted(rule.sizes.items())),

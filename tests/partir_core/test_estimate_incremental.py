@@ -229,7 +229,8 @@ def _made_of(op):
 
 
 def _pairs(graph, eqn, op, types, state, mesh, targets):
-    return [p for pairs in _op_terms(graph, eqn, op, types, state, mesh, targets) for p in pairs]
+    """The ``(src, dst)`` reshards :func:`_op_cost` prices for ``op``."""
+    return [(src, dst) for pairs in _op_terms(graph, eqn, op, types, state, mesh, targets) for src, dst, _ in pairs]
 
 
 @pytest.mark.parametrize("mesh_name", list(MESHES))

@@ -280,6 +280,32 @@ def test_a_gradient_read_by_both_adam_moments_is_reduced_once(adam):
     assert_same(pf(*inputs), jax.jit(step)(*inputs))
 
 
+def test_a_pending_sum_two_matmuls_read_is_reduced_once_for_both():
+    """A sum that two matmuls read (a mixture of experts' dispatch: tokens summed into expert slots over the
+    batch-split tokens), with a weight split over both axes: each matmul alone would rather keep the sum pending,
+    gather its other operand over the batch axis and reduce-scatter its result (384 B against the sum's 512 B
+    all-reduce), but reduced once the sum serves both, the forward matmul and the weight's gradient: one
+    all-reduce of 512 B, where the two gather-and-scatter pairs would receive 768 B in four collectives."""
+
+    def step(w, x, onehot):
+        def loss(w):
+            slots = onehot.T @ x  # summed over the tokens, which are split over the batch axis
+            return jnp.sum(jnp.tanh(slots @ w) ** 2)
+
+        value, grad = jax.value_and_grad(loss)(w)
+        return w - 0.1 * grad, value
+
+    k = jax.random.split(jax.random.key(0), 3)
+    inputs = (jax.random.normal(k[0], (16, 32)), jax.random.normal(k[1], (64, 16)),
+              jax.nn.one_hot(jax.random.randint(k[2], (64,), 0, 8), 8))
+    pf = pc.jit(step, MESH, [MP({"x": 0, "onehot": 0}, axis="batch"), MP({"w": 1}, axis="model"),
+                             MP({"w": 1}, axis="batch")])
+    low = pf.lower(*inputs)
+    on_batch = [(c.kind, c.bytes) for c in low.collectives if c.axes == ("batch",)]
+    assert on_batch == [("all_reduce", 512.0)]
+    assert_same(pf(*inputs), jax.jit(step)(*inputs))
+
+
 def test_a_weight_gradient_is_made_in_its_weights_layout_under_zero3():
     """Under ZeRO-3 each weight and both Adam moments are split on one dim; the matmul making a weight's
     gradient is chosen so that the gradient comes out in that layout (the moments' demand travels back through
