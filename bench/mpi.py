@@ -20,8 +20,10 @@ Cases (f32; the size is the larger of the source and destination local buffers p
 Contenders, each returning a new array as ``reshard`` does (rank r is device r):
 
 - ``redist``: ``redist.mpi.reshard(local, src, dst)``, the public call with its argument agreement (after the
-  first call, a 32-byte nonblocking ``Allreduce`` that travels while the plan runs); ``program``: the same
-  plan through ``redist.mpi.run_program`` (no agreement), which isolates the agreement's cost.
+  first call, a 32-byte verdict started before the plan's transfers and waited for once they are under way: a
+  nonblocking neighbourhood all-gather among every rank on at most 32 ranks, an ``Allreduce`` beyond,
+  ``redist.backends.mpi_channels.Ballot``); ``program``: the same plan through ``redist.mpi.run_program`` (no
+  agreement), which isolates the agreement's cost.
 - ``hand``: what a competent mpi4py user writes for the pattern: a persistent packing buffer made once, the
   collective straight into a fresh result where the layout allows (slab, gathers, pending sum), a fresh
   result to unpack into otherwise (pencil, gather_inner, uneven).

@@ -50,6 +50,7 @@ DTYPES: dict[str, np.dtype] = {
     "i32": np.dtype(np.int32),
     "i64": np.dtype(np.int64),
     "u8": np.dtype(np.uint8),
+    "u16": np.dtype(np.uint16),
     "u32": np.dtype(np.uint32),
     "bool": np.dtype(np.bool_),
     "c64": np.dtype(np.complex64),

@@ -161,7 +161,7 @@ def test_a_threefry_draw_is_split_like_its_readers():
     assert low.verify().status == "proved"
 
 
-@pytest.mark.parametrize("bits", [8, 32])
+@pytest.mark.parametrize("bits", [8, 16, 32])
 def test_uneven_split_draws_of_every_width_equal_the_whole_draw(bits):
     """Draws split unevenly on their new dims (10 over 4 devices), of one key and of a batch of keys, give
     exactly the bits the whole draw gives at each position, and are proved."""

@@ -103,7 +103,7 @@ def test_invalid_types_raise(text, match):
         (lambda: Mesh.parse("x=2,x=3"), "named twice"),
         (lambda: Mesh.parse("x:2"), "expected NAME=SIZE"),
         (lambda: ShardingType(MESH, (-1,), "f32", ((),)), "sizes are integers >= 0"),
-        (lambda: ShardingType(MESH, (4,), "uint16", ((),)), "unsupported dtype"),
+        (lambda: ShardingType(MESH, (4,), "uint64", ((),)), "unsupported dtype"),
         (lambda: ShardingType(MESH, (4, 4), "f32", ((),)), "2 dims in the shape but 1"),
         (lambda: ShardingType.from_partition_spec((4,), "f32", ("x", "y"), MESH), "2 entries for a rank-1"),
     ],
