@@ -130,9 +130,9 @@ def signature(graph: Graph, eqn, rule) -> tuple:
     its primitive, its factor rule (all but ``local``, which only running the op reads), its operands' and
     results' shapes and dtypes, which of them are constants, which name one value twice, and how many ops read
     each operand (:func:`~partir_core.choice.shared_reduction` and :func:`~partir_core.choice.reduction_share`
-    read that). Two ops of one
-    signature whose values have the same dims, provenance order and operand types are chosen alike, up to
-    their rule object (the transformer's layers, the optimizer's updates of weights of one shape)."""
+    read that). Two ops of one signature whose values have the same dims, provenance order and operand types
+    are chosen alike, up to their rule object (the transformer's layers, the optimizer's updates of weights of
+    one shape)."""
     values = list(eqn.invars) + list(eqn.outvars)
     first = {v: k for k, v in reversed(list(enumerate(values)))}
     avals = tuple((graph.shape(v), str(graph.dtype(v)), v in graph.consts, first[v]) for v in values)

@@ -6,12 +6,12 @@ The goals (:func:`templates`): data parallelism over every subset of the axes, a
 memory) and the start, in turn, most promising first
 (:meth:`~partir_core.automatic.evaluation.Evaluator.promise`), each with Megatron's splits on the axes it leaves
 free (on one or on several at once), one pair of weight decisions on one of them, or one weight decision on
-several. In this order (:func:`goal_phase`): data parallelism
-alone; then in turn one with ZeRO (the most promising data parallelism first) and one refinement of the start,
-the fastest or the most promising data parallelism, as many of those as of these; then the refinements of the
-most promising goals. So a search stopped early has tried both ZeRO and Megatron-style splits (three axes give
-many ZeRO templates, goals many refinements) and refined the goals with ZeRO. All become children of the
-tree's root (macro moves the tree refines one group at a time: :mod:`partir_core.automatic.tree`).
+several. In this order (:func:`goal_phase`): data parallelism alone; then in turn one with ZeRO (the most
+promising data parallelism first) and one refinement of the start, the fastest or the most promising data
+parallelism, as many of those as of these; then the refinements of the most promising goals. So a search
+stopped early has tried both ZeRO and Megatron-style splits (three axes give many ZeRO templates, goals many
+refinements) and refined the goals with ZeRO. All become children of the tree's root (macro moves the tree
+refines one group at a time: :mod:`partir_core.automatic.tree`).
 """
 
 from __future__ import annotations
