@@ -352,6 +352,11 @@ def test_megatron_over_layers_that_are_separate_decisions_is_one_refinement():
     refined = refinements(ev, [()], splits, weight_pairs(actions, groups), weight_actions(actions, groups))
     both = ev.key(splits["model"] + splits["z"])
     assert refined[both] == ()
+    tokens = groups.find(dict(zip(g.in_paths, g.invars))["tokens"], 0).id
+    decision = next(mg.id for mg in groups.macro if any(x.id == tokens for x in mg.groups))
+    bp = tuple(a for a in actions if a.decision == decision and a.axis == "batch")
+    beside = refinements(ev, [bp], splits, weight_pairs(actions, groups), weight_actions(actions, groups))
+    assert beside[ev.key(bp + splits["model"])] == bp  # BP+MP
     expert = pc.jit(m.step, MESH3, megatron("model") + megatron("z")).lower(*ins).simulate()
     e = ev.evaluate(both)
     assert (e.step_time_s, e.peak_bytes) == (expert.step_time_s, expert.peak_bytes)
