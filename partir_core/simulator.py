@@ -26,11 +26,13 @@ materialized.
   temp − alias bytes per device: every input's local buffer (all program long); every output's allocation
   (and, for several outputs, the output tuple's 8-byte pointers); and the temporary block. Materialized
   temporaries (reshard results and intermediate values) are live from the op that writes them to their last
-  effective read, outputs from their write to the end. As XLA's buffer assignment does, a temporary reuses an
-  output's allocation when it fits in it and is dead before that output is written (largest temporaries
-  first); the temporary block holds the peak of the others live at once. Nothing is donated, so nothing
-  aliases. An op that XLA runs as a loop over buffers of its own (:data:`SCRATCH`: the threefry hash of
-  ``random_bits``) also holds that scratch while it runs.
+  effective read, outputs from their write to the end; an elementwise kernel writes its result in place of an
+  operand of the same size it reads last, where it reads that operand elementwise (not through a fused
+  broadcast, slice or transpose, unless a transpose of a matmul's result: :data:`REINDEXING`). As XLA's
+  buffer assignment does, a temporary reuses an output's allocation when it fits in it and is dead before that
+  output is written (largest temporaries first); the temporary block holds the peak of the others live at
+  once. Nothing is donated, so nothing aliases. An op that XLA runs as a loop over buffers of its own
+  (:data:`SCRATCH`: the threefry hash of ``random_bits``) also holds that scratch while it runs.
 - Step time: ``launch_s`` (one program launch) + kernels x ``op_overhead_s`` + compute + collectives, in
   sequence (nothing overlaps).
 - Control flow (:class:`~partir_core.program.ControlFlow`): a loop costs its trip count times its body (a
@@ -152,6 +154,12 @@ FUSIBLE = {
     "shift_left", "shift_right_logical", "shift_right_arithmetic", "bitcast_convert_type", "random_wrap",
     "random_unwrap", "random_clone",
 }
+# Fusible ops that read their operand's elements at other positions than they write them (or several times): a
+# kernel that reads a buffer through one of them cannot write its result in that buffer's place (XLA shares an
+# operand's buffer with a fusion's result only where every use of the operand in the fusion is elementwise). A
+# row-major reshape is a bitcast, and a transpose of a matmul's result is folded into the matmul (its operands
+# swapped): neither reindexes.
+REINDEXING = {"broadcast_in_dim", "transpose", "iota", "slice", "dynamic_slice", "pad", "concatenate"}
 # Fusible ops XLA counts expensive (transcendentals, float division): never duplicated into several consumers.
 EXPENSIVE = {"div", "rem", "pow", "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sqrt", "rsqrt",
              "cbrt", "tan", "erf", "erfc", "erf_inv", "atan2"}
@@ -473,10 +481,14 @@ class _Walker:
         compute_t = flops = comm_bytes = kernels = 0.0
         # the live ranges, gathered in the same walk: the first write of each materialized buffer (not a
         # parameter), the last effective read of each buffer, and the elementwise kernels that may write in
-        # place of an operand (``(instruction, its effective reads, the sizes of its results)``)
+        # place of an operand (``(instruction, the effective reads it takes elementwise, the sizes of its
+        # results)``; ``aligned``: the materialized buffers a fused value reads elementwise; ``matmuls``: the
+        # buffers matmuls write)
         first: dict = {}
         last: dict = {}
         in_place: list = []
+        aligned: dict = {}
+        matmuls: set = set()
         scratch: dict = {}  # instruction -> bytes it holds while it runs, beside its operands and results
         for t, ins in enumerate(steps):
             if type(ins) is Compute:
@@ -495,12 +507,14 @@ class _Walker:
                 for b in reads:
                     moved += get(b, 0)
                 writes = []
+                fused = False
                 for b in ins.writes:
                     if b in mat:
                         writes.append(b)
                         moved += get(b, 0)
                     else:
                         sources[b] = tuple(reads)
+                        fused = True
                 compute_t += max(ins.flops / peak_flops, moved / hbm_bw)
                 flops += ins.flops
                 if writes:
@@ -515,8 +529,21 @@ class _Walker:
                         if b not in params and b not in first:
                             first[b] = t
                     name = names[ins.eqn_index]
-                    if writes and name in FUSIBLE:
-                        in_place.append((t, reads, {get(b, 0) for b in writes}))
+                    if name in FUSIBLE and (writes or fused):
+                        if name not in REINDEXING:
+                            through = self.aligned_reads(ins.reads, aligned)
+                        elif name == "transpose":
+                            through = [b for b in self.aligned_reads(ins.reads, aligned) if b in matmuls]
+                        else:
+                            through = ()
+                        if writes:
+                            in_place.append((t, through, {get(b, 0) for b in writes}))
+                        if fused:
+                            for b in ins.writes:
+                                if b not in mat:
+                                    aligned[b] = through
+                    elif name == "dot_general":
+                        matmuls.update(writes)
                     factor = SCRATCH.get(name)
                     if factor:
                         scratch[t] = factor * sum(get(b, 0) for b in ins.writes)
@@ -542,6 +569,20 @@ class _Walker:
                 comm_bytes += sum(c.bytes for c in ins.collectives)
         heap = self.heap(steps, first, last, in_place, outs, scratch) if memory else None
         return _Block(compute_t, flops, kernels, comm_bytes, heap)
+
+    def aligned_reads(self, reads: list, aligned: dict) -> list:
+        """The materialized buffers an elementwise kernel reading ``reads`` reads elementwise: those it reads
+        directly, and those its fused operands read elementwise (``aligned``)."""
+        consts, mat, sources = self.consts, self.mat, self.sources
+        out = []
+        for b in reads:
+            if b in consts:
+                continue
+            if b in mat or b not in sources:
+                out.append(b)
+            else:
+                out.extend(aligned.get(b, ()))
+        return out
 
     def region(self, ins: ControlFlow) -> _Block:
         """A region per execution: a loop's body (a while loop's cond_fun too) as often as it runs, plus
@@ -578,7 +619,8 @@ class _Walker:
         size = self.size
         out_set = set(outs)
         end = len(steps)
-        # an elementwise kernel writes its result in place of an operand of the same size it reads last
+        # an elementwise kernel writes its result in place of an operand of the same size it reads last (and
+        # elementwise)
         for t, reads, sizes in in_place:
             for b in reads:
                 if last.get(b) == t and b in first and b not in out_set and size.get(b, 0) in sizes:

@@ -54,10 +54,14 @@ def test_layout_chosen_at_an_op_carries_to_its_readers(name, xla_bytes):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-def test_simulated_memory_tracks_compiled_memory():
+@pytest.mark.parametrize("name", ["MP", "BP", "BP+MP"])
+def test_simulated_memory_tracks_compiled_memory(name):
+    """Within 15% of the compiled program's. Under BP the weight gradients are all-reduced and read
+    transposed by the optimizer's update: that kernel cannot write in place of the reduced gradient, which
+    the compiled program holds as a temporary."""
     m = models.mlp()
     ins = m.init(jax.random.key(0))
-    low = pc.jit(m.step, MESH, schedules.schedule("MP", m, ins, mesh=MESH)).lower(*ins)
+    low = pc.jit(m.step, MESH, schedules.schedule(name, m, ins, mesh=MESH)).lower(*ins)
     args = [jax.device_put(x, xb.named_sharding(t)) for x, t in zip(jax.tree.leaves(ins), low.program.in_types)]
     mem = xb.MemoryStats.of(low.program.executable().lower(*args).compile())
     sim = low.simulate()
