@@ -14,7 +14,8 @@ named by value ids, or ``("r", n)`` for resharded copies:
 
 :meth:`LocalProgram.run` interprets it inside one ``jax.shard_map`` over the whole mesh, refined where its
 plans or types use sub-axes (:func:`partir_core.reshard.refine`), with the inputs' and outputs' partition specs;
-inputs with uneven dims are padded to their padded shape before, outputs cut back after.
+inputs with uneven dims are padded to their padded shape before, outputs cut back after. Independent reshards
+of one collective kind run packed, as one collective (:mod:`partir_core.packing`).
 
 Arrays of random keys: buffers hold key arrays, ops see key shapes, and reshards and the ``shard_map`` boundary
 move key data (:mod:`partir_core.keys`).
@@ -117,6 +118,28 @@ class CarryReshard:
         return f"region {self.region}, carry {self.carry}: {self.src} -> {self.dst} at the end of every iteration"
 
 
+def reads_of(ins) -> list:
+    """The buffers instruction ``ins`` reads (a control-flow region's: its operands)."""
+    if isinstance(ins, Reshard):
+        return [ins.src_buf]
+    if isinstance(ins, ControlFlow):
+        return list(ins.operands)
+    if isinstance(ins, Compute):
+        return list(ins.reads)
+    if isinstance(ins, Finish):
+        return [ins.buf]
+    return []
+
+
+def writes_of(ins) -> list:
+    """The buffers instruction ``ins`` writes new (a :class:`Finish` updates its buffer in place: none)."""
+    if isinstance(ins, Reshard):
+        return [ins.dst_buf]
+    if isinstance(ins, (Compute, ControlFlow)):
+        return list(ins.writes)
+    return []
+
+
 def walk(instructions):
     """Every instruction of ``instructions``, those inside control flow included (after it), in order."""
     for ins in instructions:
@@ -190,8 +213,17 @@ class LocalProgram:
         return tuple(keys.to_data(env[b]) for b in self.out_bufs)
 
     def _run(self, instructions: list, env: dict, names: reshard.AxisNames) -> None:
-        """Interpret ``instructions`` on the buffers of ``env`` (updated in place)."""
-        for ins in instructions:
+        """Interpret ``instructions`` on the buffers of ``env`` (updated in place), the reshards of each pack
+        as one collective (:mod:`partir_core.packing`)."""
+        from partir_core import packing  # it reads these instructions' classes
+
+        for unit in packing.schedule(instructions, packing.packs(instructions)):
+            if isinstance(unit, tuple):
+                members = [instructions[t] for t in unit]
+                outs = packing.run_pack(members, [env[m.src_buf] for m in members], names)
+                env.update(zip([m.dst_buf for m in members], outs))
+                continue
+            ins = instructions[unit]
             if isinstance(ins, Reshard):
                 env[ins.dst_buf] = reshard.run(ins.move, env[ins.src_buf], names)
             elif isinstance(ins, Compute):

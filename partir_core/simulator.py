@@ -15,16 +15,21 @@ materialized.
 - Compute: per op ``max(flops / peak_flops, bytes_moved / hbm_bw)``, ``bytes_moved`` the materialized buffers
   it reads and writes; plus ``op_overhead_s`` per kernel (one per materialized op result, one per reshard's
   local step) -- on a CPU host, launch and thread-pool dispatch dominate small programs.
-- Collectives: as the compiled program runs them (:func:`combined_collectives`: XLA merges independent
-  all-reduces of one reduction over the same devices into one, whose every operand after the first still
-  costs a share of a collective's latency), each priced by redist's cost model (:func:`redist.cost.collective_time`
+- Collectives: as the compiled program runs them (:func:`combined_collectives`: each pack of reshards,
+  :mod:`partir_core.packing`, is one collective; XLA merges independent all-reduces of one reduction over the
+  same devices into one, whose every operand after the first still costs a share of a collective's
+  latency), each priced by redist's cost model (:func:`redist.cost.collective_time`
   with its kind, group size and number of combined operands) on the hardware's :meth:`Hardware.topology` of
   the program's mesh: ``bytes`` the bytes a device receives (redist's accounting; summed over a combined
   group), per-axis links, and where the topology has them per-kind links, latency per peer and the combine
   ratio.
 - Memory: what XLA's ``compiled.memory_analysis()`` reports for the compiled program, argument + output +
-  temp − alias bytes per device: every input's local buffer (all program long); every output's allocation
-  (and, for several outputs, the output tuple's 8-byte pointers); and the temporary block. Materialized
+  temp − alias bytes per device, in the order the program runs its instructions (its packs'
+  members together, :func:`partir_core.packing.schedule`): every input's local buffer (all program long);
+  every output's allocation (and, for several outputs, the output tuple's 8-byte pointers); and the temporary
+  block. A pack holds its members' buffers laid end to end (before and after its collective) while it runs,
+  and its members' results (cut from one buffer) until the last of them is read.
+  Materialized
   temporaries (reshard results and intermediate values) are live from the op that writes them to their last
   effective read, outputs from their write to the end; an elementwise kernel writes its result in place of an
   operand of the same size it reads last, where it reads that operand elementwise (not through a fused
@@ -72,7 +77,9 @@ from redist import cost
 from redist.errors import ShardingError, shown
 from redist.mesh import Mesh
 
-from partir_core.program import Compute, ControlFlow, Finish, Reshard
+from partir_core import packing
+from partir_core.program import Compute, ControlFlow, Finish, Reshard, reads_of, writes_of
+from partir_core.reshard import Collective
 
 
 @dataclass(frozen=True)
@@ -269,7 +276,7 @@ def _materialized(program, names: list, steps: list, out: set) -> set:
     for t in reversed(range(len(steps))):
         ins = steps[t]
         if type(ins) is not Compute:
-            unfused.update(_reads(ins))  # a reshard, a collective or control flow reads a buffer of its own
+            unfused.update(reads_of(ins))  # a reshard, a collective or control flow reads a buffer of its own
             if isinstance(ins, Reshard):
                 out.add(ins.dst_buf)
             elif isinstance(ins, ControlFlow):
@@ -323,24 +330,53 @@ def combined_collectives(program) -> list:
     """The program's collectives as the compiled program runs them: a list of groups (lists of
     :class:`~partir_core.reshard.Collective`), each group one collective of the compiled program.
 
-    XLA's all-reduce combiner merges all-reduces of the same reduction over the same devices into one tuple
+    The program runs each pack of reshards (:mod:`partir_core.packing`) as one collective: here one
+    :class:`~partir_core.reshard.Collective` whose bytes are its members', where its last member is. XLA's
+    all-reduce combiner merges all-reduces of the same reduction over the same devices into one tuple
     all-reduce when none of them depends on another's result; it has no counterpart for all-gathers,
     reduce-scatters, all-to-alls or permutes on the CPU backend, which stay one collective each (as the
     compiled HLO shows). Modelled greedily in program order: an all-reduce joins the open group of its
     ``(kind, axes)`` unless its operand depends on a member of that group, which closes the group. The
     combiner works within one computation: a loop body's collectives combine among themselves (a group then
     runs as often as the loop's body: its members' ``trips``), and nothing combines across a loop."""
-    return _combined(program.instructions)
+    return _combined(program.instructions, _Emission())
 
 
-def _combined(steps: list) -> list:
+class _Emission(dict):
+    """How each block of one program runs, found once per block (by its identity: the program holds its blocks
+    while it is simulated): ``(its instructions in the order they run, {position there of a packed reshard: the
+    position of its pack's last member}, {that last position: the pack's one collective})``, the packs of
+    :func:`partir_core.packing.packs` in :func:`partir_core.packing.schedule`'s order."""
+
+    def __call__(self, steps: list) -> tuple:
+        got = self.get(id(steps))
+        if got is None:
+            ran, at, cols = [], {}, {}
+            found = packing.packs(steps)
+            for unit in packing.schedule(steps, found) if found else ():
+                if not isinstance(unit, tuple):
+                    ran.append(steps[unit])
+                    continue
+                members = [steps[t] for t in unit]
+                ran += members
+                end = len(ran) - 1
+                at.update(dict.fromkeys(range(len(ran) - len(members), len(ran)), end))
+                parts = [c for m in members for c in m.collectives]
+                cols[end] = Collective(parts[0].kind, parts[0].axes, sum(c.bytes for c in parts),
+                                       f"a pack of {len(members)} reshards, {parts[-1].where}", parts[0].trips)
+            got = self[id(steps)] = (ran, at, cols) if found else (steps, at, cols)
+        return got
+
+
+def _combined(steps: list, emission: _Emission) -> list:
     """:func:`combined_collectives` of one block of instructions (its regions' bodies as blocks of their own)."""
+    steps, at, packed = emission(steps)
     deps: dict = {}  # buffer -> bitmask of the collectives (indices into ``cols``) its value depends on
     groups: list = []
     open_group: dict = {}  # (kind, axes) -> (index into groups, bitmask of its members)
     n = 0
     get = deps.get
-    for ins in steps:
+    for t, ins in enumerate(steps):
         if type(ins) is Compute and not ins.collectives:  # the common case, inline: its results depend on its operands
             mask = 0
             for b in ins.reads:
@@ -350,14 +386,14 @@ def _combined(steps: list) -> list:
             continue
         if isinstance(ins, ControlFlow):
             for body in ins.bodies:
-                groups += _combined(body)
+                groups += _combined(body, emission)
             open_group.clear()  # its results depend on everything in it
             continue
         mask = 0
-        for b in _reads(ins):
+        for b in reads_of(ins):
             mask |= deps.get(b, 0)
         if isinstance(ins, (Reshard, Finish, Compute)):
-            for c in ins.collectives:
+            for c in (((packed[t],) if t in packed else ()) if t in at else ins.collectives):
                 bit = 1 << n
                 n += 1
                 key = (c.kind, tuple(c.axes))
@@ -370,7 +406,7 @@ def _combined(steps: list) -> list:
                     if c.kind.startswith("all_reduce"):
                         open_group[key] = (len(groups) - 1, bit)
                 mask |= bit  # a later step of the same reshard reads this one's result
-        for b in (_writes(ins) if not isinstance(ins, Finish) else [ins.buf]):
+        for b in (writes_of(ins) if not isinstance(ins, Finish) else [ins.buf]):
             deps[b] = mask
     return groups
 
@@ -397,7 +433,7 @@ def simulate(program, hardware=None, memory: bool = True) -> Simulation:
     outs = [b for b in out_set if b not in ins_set]
     blk = walker.block(program.instructions, ins_set, outs)
     topo = hw.topology(program.mesh)
-    comm_t = _comm_time(combined_collectives(program), topo, program.mesh)
+    comm_t = _comm_time(_combined(program.instructions, walker.emission), topo, program.mesh)
     compute_t = blk.compute_s + blk.kernels * hw.op_overhead_s + hw.launch_s
     pipelined = _pipelined(walker, topo)
     if not memory:
@@ -430,7 +466,7 @@ def _pipelined(walker: "_Walker", topo) -> tuple:
     total = bubble = 0.0
     for ins, stages, blk in walker.pipelined:
         t = blk.compute_s + blk.kernels * hw.op_overhead_s
-        t += _comm_time([g for body in ins.bodies for g in _combined(body)], topo, program.mesh)
+        t += _comm_time([g for body in ins.bodies for g in _combined(body, walker.emission)], topo, program.mesh)
         total += t
         bubble += t * (stages - 1) / max(ins.trips, 1)
     return total, bubble, next(iter(program.graph.pipelines), None)
@@ -463,6 +499,7 @@ class _Walker:
         self.consts = set(program.graph.consts)
         self.sources: dict = {}  # a fused value -> the materialized buffers its readers read instead
         self.pipelined: list = []  # (ControlFlow, stages, its _Block) of every pipelined loop (_pipelined)
+        self.emission = _Emission()
 
     def srcs(self, b):
         if b in self.consts:
@@ -490,6 +527,8 @@ class _Walker:
         aligned: dict = {}
         matmuls: set = set()
         scratch: dict = {}  # instruction -> bytes it holds while it runs, beside its operands and results
+        steps, pack_at, _ = self.emission(steps)  # in the order they run
+        held: dict = {}  # a pack's position -> its members' results (cut from one buffer, freed together)
         for t, ins in enumerate(steps):
             if type(ins) is Compute:
                 # srcs of each read, inlined: the hot loop of a simulation
@@ -549,11 +588,15 @@ class _Walker:
                         scratch[t] = factor * sum(get(b, 0) for b in ins.writes)
                 continue
             if memory:
-                for b in dict.fromkeys([r for b in _reads(ins) for r in srcs(b)]):
-                    last[b] = t
-                for b in _writes(ins):
+                at = pack_at.get(t, t)  # a packed reshard runs where its pack does, beside a buffer of each side
+                for b in dict.fromkeys([r for b in reads_of(ins) for r in srcs(b)]):
+                    last[b] = max(at, last.get(b, at))
+                for b in writes_of(ins):
                     if b in mat and b not in params and b not in first:
-                        first[b] = t
+                        first[b] = at
+                if t in pack_at:
+                    scratch[at] = scratch.get(at, 0) + get(ins.src_buf, 0) + get(ins.dst_buf, 0)
+                    held.setdefault(at, []).append(ins.dst_buf)
             if isinstance(ins, Reshard):
                 kernels += len(ins.move.plan.steps)
                 compute_t += 2 * ins.dst.local_bytes / hbm_bw
@@ -567,6 +610,10 @@ class _Walker:
                     scratch[t] = body.heap
             if isinstance(ins, (Reshard, Finish)):
                 comm_bytes += sum(c.bytes for c in ins.collectives)
+        if memory:
+            for bufs in held.values():
+                end = max(last.get(b, 0) for b in bufs)
+                last.update(dict.fromkeys(bufs, end))
         heap = self.heap(steps, first, last, in_place, outs, scratch) if memory else None
         return _Block(compute_t, flops, kernels, comm_bytes, heap)
 
@@ -663,23 +710,3 @@ def _heap_peak(temps: dict, outs: dict, size: dict) -> int:
             rest.append((s, e, n))
     events = sorted([(s, n) for s, _, n in rest] + [(e + 1, -n) for _, e, n in rest])
     return max(0, max(accumulate([n for _, n in events]), default=0))
-
-
-def _reads(ins):
-    if isinstance(ins, Reshard):
-        return [ins.src_buf]
-    if isinstance(ins, ControlFlow):
-        return list(ins.operands)
-    if isinstance(ins, Compute):
-        return list(ins.reads)
-    if isinstance(ins, Finish):
-        return [ins.buf]
-    return []
-
-
-def _writes(ins):
-    if isinstance(ins, Reshard):
-        return [ins.dst_buf]
-    if isinstance(ins, (Compute, ControlFlow)):
-        return list(ins.writes)
-    return []

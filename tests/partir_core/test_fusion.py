@@ -13,9 +13,8 @@ from tests.partir_core.test_estimate import MESHES, PRESETS, model, preset, rand
 import partir_core as pc
 from partir_core.choice import analyze
 from partir_core.lowering import lower
-from partir_core.program import Compute, ControlFlow, Reshard
-from partir_core.simulator import (EXPENSIVE, FUSIBLE, TAKES_FUSED, _library_reduction, _reads,
-                                   materialized)
+from partir_core.program import Compute, ControlFlow, Reshard, reads_of
+from partir_core.simulator import EXPENSIVE, FUSIBLE, TAKES_FUSED, _library_reduction, materialized
 
 
 def by_definition(program) -> set:
@@ -31,7 +30,7 @@ def by_definition(program) -> set:
         readers: dict = {}
         producer = {}
         for t, ins in enumerate(steps):
-            for b in _reads(ins):
+            for b in reads_of(ins):
                 readers.setdefault(b, []).append(t)
             if type(ins) is Compute:
                 producer.update((b, t) for b in ins.writes)
