@@ -43,21 +43,19 @@ def _reshards(pairs):
     return out
 
 
-def _run_both(reshards):
-    """Every device's results of ``reshards`` run alone and packed, on device-dependent local operands."""
-    jmesh = jax_mesh_of(MESH)
+def _run_both(reshards, xs, data=lambda y: y):
+    """Every device's results of ``reshards`` run alone and packed, on the local operands ``xs`` (each stacked
+    over the devices), as ``data`` of them."""
     names = reshard.AxisNames({a: (a,) for a in MESH.names})
-    shapes = [r.move.plan.src.local_shape for r in reshards]
-    xs = [jax.random.normal(jax.random.key(k), (MESH.size, *s)) for k, s in enumerate(shapes)]
     every = P(("batch", "model"))
 
     def body(*blocks):
         local = [b[0] for b in blocks]
         alone = [reshard.run(r.move, x, names) for r, x in zip(reshards, local)]
         packed = packing.run_pack(reshards, local, names)
-        return tuple(y[None] for y in alone + packed)
+        return tuple(data(y)[None] for y in alone + packed)
 
-    outs = jax.jit(jax.shard_map(body, mesh=jmesh, in_specs=(every,) * len(xs), out_specs=every,
+    outs = jax.jit(jax.shard_map(body, mesh=jax_mesh_of(MESH), in_specs=(every,) * len(xs), out_specs=every,
                                  check_vma=False))(*xs)
     n = len(reshards)
     return outs[:n], outs[n:]
@@ -68,7 +66,9 @@ def _run_both(reshards):
 def test_a_pack_computes_what_its_reshards_compute_alone(pairs):
     reshards = _reshards(pairs)
     assert packing.packs(reshards) == [list(range(len(reshards)))]  # independent: one pack
-    alone, packed = _run_both(reshards)
+    xs = [jax.random.normal(jax.random.key(k), (MESH.size, *r.move.plan.src.local_shape))
+          for k, r in enumerate(reshards)]
+    alone, packed = _run_both(reshards, xs)
     for a, b in zip(alone, packed):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -139,19 +139,8 @@ def test_key_arrays_pack_as_their_key_data():
     # a key array's plan moves its key data (u32, the key dims last and whole)
     reshards = _reshards([("u32[8{batch}, 2]", "u32[8, 2]"), ("u32[4, 6{batch}, 2]", "u32[4, 6, 2]")])
     assert packing.packs(reshards) == [[0, 1]]
-    names = reshard.AxisNames({a: (a,) for a in MESH.names})
     shapes = [r.move.plan.src.local_shape[:-1] for r in reshards]
     keys = [jax.random.split(jax.random.key(k), (MESH.size, *s)) for k, s in enumerate(shapes)]
-    every = P(("batch", "model"))
-
-    def body(*blocks):
-        local = [b[0] for b in blocks]
-        alone = [reshard.run(r.move, x, names) for r, x in zip(reshards, local)]
-        packed = packing.run_pack(reshards, local, names)
-        assert all(jax.dtypes.issubdtype(y.dtype, jax.dtypes.prng_key) for y in packed)
-        return tuple(jax.random.key_data(y)[None] for y in alone + packed)
-
-    outs = jax.jit(jax.shard_map(body, mesh=jax_mesh_of(MESH), in_specs=(every,) * 2, out_specs=every,
-                                 check_vma=False))(*keys)
-    for a, b in zip(outs[:2], outs[2:]):
+    alone, packed = _run_both(reshards, keys, jax.random.key_data)  # key_data: only of key arrays
+    for a, b in zip(alone, packed):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
