@@ -7,20 +7,21 @@ all-to-alls. A partitioned program with ZeRO gathers each parameter and reduce-s
 many collectives of a few hundred bytes. So the program packs them itself. All-reduces are left to XLA's
 combiner, which needs no copies.
 
-What packs (:func:`packs`): reshards (:class:`~partir_core.program.Reshard`) whose plan is one all-gather,
+What packs (:func:`packs`): reshards (:class:`~partir_core.instructions.Reshard`) whose plan is one all-gather,
 reduce-scatter (over a dim its group divides) or all-to-all among local steps (reshapes, transposes,
 slices), in the same block of instructions, with the same kind, mesh axes, reduction and dtype. Greedily in
 program order: a reshard joins the open pack of its key unless that would make packs wait on each other (its
 operand depends on the pack, directly or through other packs), or the pack would hold more than
 :data:`PACK_BYTES` (of each member's larger buffer, before or after its collective); else it opens a new
-pack of its key. Control flow and in-place reductions (:class:`~partir_core.program.Finish`) close every
+pack of its key. Control flow and in-place reductions (:class:`~partir_core.instructions.Finish`) close every
 pack, and nothing moves across them.
 
-How a pack runs (:func:`run_pack`): each member's local steps before its collective run alone; each buffer
-is then laid out with the dim its collective splits or joins leading (its chunks contiguous) and flattened
-past it; the buffers are laid end to end and the one collective runs on them; each member's result is cut
-back out, laid out again, and its local steps after the collective run alone. It computes what the members
-compute alone, bit for bit (the same reduction of the same elements).
+How a pack runs (:func:`partir_core.reshard.run_packed_moves`, redist's :func:`redist.jax.run_packed`): each
+member's local steps before its collective run alone; each buffer is then laid out with the dim its
+collective splits or joins leading (its chunks contiguous) and flattened past it; the buffers are laid end to
+end and the one collective runs on them; each member's result is cut back out, laid out again, and its local
+steps after the collective run alone. It computes what the members compute alone, bit for bit (the same
+reduction of the same elements).
 
 Where a pack runs (:func:`schedule`): where its last member is; every instruction is emitted after what it
 reads, in program order otherwise. So the gradients' reduce-scatters, which the lowering puts before their
@@ -33,26 +34,13 @@ proves them, and the simulator walks them in this order, each pack priced as one
 
 from __future__ import annotations
 
-import math
-
-import jax.numpy as jnp
-import numpy as np
-
-from redist import program as P
-from redist.backends.interpreter import METHODS
-from redist.backends.jax_backend import JaxBackend
-
-from partir_core import keys
-from partir_core.program import Compute, ControlFlow, Finish, Reshard, reads_of, writes_of
+from partir_core import reshard
+from partir_core.instructions import Compute, ControlFlow, Finish, Reshard, reads_of, writes_of
 
 # The most bytes (per device, of each member's larger buffer) one pack holds. A pack copies its buffers in and
 # out, which costs more than the latencies it saves once they are large (a few hundred KiB on host devices),
 # and keeps its earlier members' operands live until it runs: this bounds both.
 PACK_BYTES = 256 << 10
-
-_KINDS = (P.AllGather, P.ReduceScatter, P.AllToAll)
-_LOCAL = (P.Reshape, P.Transpose, P.Slice)
-
 
 def packs(instructions: list) -> list[list[int]]:
     """The packs of one block of ``instructions`` (see the module docstring): lists of two or more positions of
@@ -75,9 +63,9 @@ def packs(instructions: list) -> list[list[int]]:
         mask = 0
         for b in reads_of(ins):
             mask |= get(b, 0)
-        key = _packable(ins)
-        if key is not None:
-            nbytes = _member_bytes(ins)
+        found_key = _packing(ins)
+        if found_key is not None:
+            key, nbytes = found_key
             j = open_pack.get(key)
             if j is None or found[j][1] + nbytes > PACK_BYTES or _reaches(found, mask, j):
                 j = open_pack[key] = len(found)
@@ -161,84 +149,7 @@ def schedule(instructions: list, found: list[list[int]]) -> list:
     return order
 
 
-def run_pack(reshards: list, xs: list, axis_names) -> list:
-    """The results of the packed ``reshards`` (:class:`~partir_core.program.Reshard`, one pack) on this device's
-    buffers ``xs``, inside the program's ``shard_map`` (``axis_names``: its
-    :class:`~partir_core.reshard.AxisNames`)."""
-    if any(keys.is_key(x.dtype) for x in xs):  # key arrays move as their key data
-        datas = run_pack(reshards, [keys.to_data(x) if keys.is_key(x.dtype) else x for x in xs], axis_names)
-        return [keys.from_data(y, x.dtype) if keys.is_key(x.dtype) else y for y, x in zip(datas, xs)]
-    programs = [r.move.plan.program for r in reshards]
-    backend = JaxBackend(programs[0].mesh, axis_names.mapping)
-    at = [_collective_at(p) for p in programs]
-    ys = [_local(backend, p.instructions[:i], x) for p, i, x in zip(programs, at, xs)]
-    ops = [p.instructions[i] for p, i in zip(programs, at)]
-    op = ops[0]
-    k = programs[0].mesh.group_size(op.axes)
-    # the dim the collective splits or joins, leading: an all-to-all's chunks are its leading dim's
-    dims = [0 if isinstance(o, P.AllToAll) else o.dim for o in ops]
-    leading = [jnp.moveaxis(y, d, 0) for y, d in zip(ys, dims)]
-    if isinstance(op, P.AllGather):
-        rows = [y.reshape(1, -1) for y in leading]
-        out = backend.all_gather(P.AllGather(0, op.axes), jnp.concatenate(rows, axis=1))
-        shapes = [(y.shape[0] * k, *y.shape[1:]) for y in leading]
-    else:
-        rows = [y.reshape(k, -1) for y in leading]
-        packed = jnp.concatenate(rows, axis=1)
-        if isinstance(op, P.ReduceScatter):
-            out = backend.reduce_scatter(P.ReduceScatter(0, op.axes, op.reduction), packed)
-            shapes = [(y.shape[0] // k, *y.shape[1:]) for y in leading]
-        else:
-            out = backend.all_to_all(op, packed)
-            shapes = [y.shape for y in leading]
-    moved = [jnp.moveaxis(piece.reshape(shape), 0, d) for piece, shape, d in zip(_split(out, rows, 1), shapes, dims)]
-    return [_local(backend, p.instructions[i + 1:], y) for p, i, y in zip(programs, at, moved)]
-
-
-def _local(backend: JaxBackend, instructions, x):
-    """``x`` after the local ``instructions`` of a plan's program."""
-    for ins in instructions:
-        x = getattr(backend, METHODS[type(ins)])(ins, x)
-    return x
-
-
-def _split(packed, parts: list, axis: int) -> list:
-    """``packed`` cut along ``axis`` into pieces as long as ``parts`` are along it."""
-    ends = np.cumsum([p.shape[axis] for p in parts])[:-1]
-    return jnp.split(packed, ends, axis=axis)
-
-
-def _collective_at(prog) -> int | None:
-    """The position of the one collective of plan program ``prog`` whose other instructions are local
-    (reshapes, transposes, slices), or None."""
-    at = None
-    for i, ins in enumerate(prog.instructions):
-        if type(ins) in _KINDS and at is None:
-            at = i
-        elif type(ins) not in _LOCAL:
-            return None
-    return at
-
-
-def _packable(ins):
-    """The key of the packs reshard ``ins`` may join (kind, axes, reduction, dtype), or None where it packs with
-    nothing: not a reshard, a move between meshes, a plan other than one collective (of :data:`_KINDS`) among
-    local instructions, a reduce-scatter over a dim its group does not divide. A key array packs as its key
-    data (its plan's)."""
-    if type(ins) is not Reshard:
-        return None
-    prog = ins.move.plan.program
-    i = _collective_at(prog)
-    if i is None or prog.src_mesh != prog.mesh or prog.dst_mesh != prog.mesh:
-        return None
-    op = prog.instructions[i]
-    if isinstance(op, P.ReduceScatter) and prog.shapes[i][op.dim] % prog.mesh.group_size(op.axes):
-        return None
-    return type(op).__name__, op.axes, getattr(op, "reduction", None), np.dtype(prog.dtype).str
-
-
-def _member_bytes(ins) -> int:
-    """The bytes of the larger of the buffers the collective of reshard ``ins``'s plan takes and gives."""
-    prog = ins.move.plan.program
-    i = _collective_at(prog)
-    return max(math.prod(prog.shapes[i]), math.prod(prog.shapes[i + 1])) * np.dtype(prog.dtype).itemsize
+def _packing(ins) -> tuple[tuple, int] | None:
+    """``(key, bytes)`` of reshard ``ins`` for packing (:func:`partir_core.reshard.packing`), or None where it
+    packs with nothing (not a reshard, or not a move of one collective among local steps)."""
+    return reshard.packing(ins.move) if type(ins) is Reshard else None

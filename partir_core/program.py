@@ -34,119 +34,12 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from redist.types import ShardingType
 
-from partir_core import keys, reshard
+from partir_core import keys, packing, reshard
 from partir_core.choice import Analysis, local_shapes
+from partir_core.instructions import (  # noqa: F401 (the program's vocabulary, named here too)
+    CarryReshard, Compute, ControlFlow, Finish, Reshard, reads_of, walk, writes_of)
 from partir_core.ir import Graph
 from partir_core.registry import LocalContext, bind
-
-
-@dataclass
-class Reshard:
-    """Move buffer ``src_buf`` (of type ``move.plan.src``) to a new buffer ``dst_buf`` of type
-    ``move.plan.dst``; ``collectives`` are the move's, located in the program."""
-
-    src_buf: object
-    dst_buf: object
-    move: reshard.Move
-    collectives: list
-
-    @property
-    def src(self) -> ShardingType:
-        return self.move.plan.src
-
-    @property
-    def dst(self) -> ShardingType:
-        return self.move.plan.dst
-
-
-@dataclass
-class Compute:
-    """Run equation ``eqn_index`` on local shards: read buffers ``reads``, write ``writes``. ``masks``:
-    ``(operand, dim, kind)`` for every operand dim that is split unevenly and that the op reduces over (a
-    contraction, a reduction, the summed dims of a scatter-add): its padding is replaced by the reduction's
-    identity first (see :func:`_mask_padding`). ``flops``: per device. ``collectives``: those its local form
-    runs (:attr:`partir_core.registry.Rule.collectives`), located in the program."""
-
-    eqn_index: int
-    reads: list
-    writes: list
-    masks: list
-    flops: float
-    collectives: tuple = ()
-
-
-@dataclass
-class Finish:
-    """Finish a max/min reduction (``kind``) over mesh ``axes``: ``buf`` becomes its ``pmax``/``pmin`` over
-    them; ``collectives``: that one all-reduce, located in the program."""
-
-    buf: object
-    kind: str
-    axes: tuple
-    collectives: list
-
-
-@dataclass
-class ControlFlow:
-    """Run region ``region`` of the graph (a ``kind`` of ``"scan"``, ``"while"`` or ``"cond"``) as one JAX loop
-    or switch on local shards: ``operands`` are the buffers of its enter's operands (already moved to the types
-    it wants), ``bodies`` the instructions of each body, ``results`` the buffers each body returns (moved to
-    the types its exit wants, at the body's end), ``writes`` the region's results (value ids). ``trips``: how
-    often a body runs per execution (1 where unknown)."""
-
-    region: int
-    kind: str
-    operands: list
-    bodies: list
-    results: list
-    writes: list
-    trips: int
-
-
-@dataclass(frozen=True)
-class CarryReshard:
-    """A loop carry whose body result comes out in another layout than the carry's (``src`` → ``dst``, as text):
-    it is moved back at the end of the body, inside the loop, every iteration. ``carry``: its index among the
-    region's carries."""
-
-    region: int
-    carry: int
-    src: str
-    dst: str
-
-    def __str__(self):
-        return f"region {self.region}, carry {self.carry}: {self.src} -> {self.dst} at the end of every iteration"
-
-
-def reads_of(ins) -> list:
-    """The buffers instruction ``ins`` reads (a control-flow region's: its operands)."""
-    if isinstance(ins, Reshard):
-        return [ins.src_buf]
-    if isinstance(ins, ControlFlow):
-        return list(ins.operands)
-    if isinstance(ins, Compute):
-        return list(ins.reads)
-    if isinstance(ins, Finish):
-        return [ins.buf]
-    return []
-
-
-def writes_of(ins) -> list:
-    """The buffers instruction ``ins`` writes new (a :class:`Finish` updates its buffer in place: none)."""
-    if isinstance(ins, Reshard):
-        return [ins.dst_buf]
-    if isinstance(ins, (Compute, ControlFlow)):
-        return list(ins.writes)
-    return []
-
-
-def walk(instructions):
-    """Every instruction of ``instructions``, those inside control flow included (after it), in order."""
-    for ins in instructions:
-        yield ins
-        if isinstance(ins, ControlFlow):
-            for body in ins.bodies:
-                yield from walk(body)
 
 
 @dataclass
@@ -215,12 +108,10 @@ class LocalProgram:
     def _run(self, instructions: list, env: dict, names: reshard.AxisNames) -> None:
         """Interpret ``instructions`` on the buffers of ``env`` (updated in place), the reshards of each pack
         as one collective (:mod:`partir_core.packing`)."""
-        from partir_core import packing  # it reads these instructions' classes
-
         for unit in packing.schedule(instructions, packing.packs(instructions)):
             if isinstance(unit, tuple):
                 members = [instructions[t] for t in unit]
-                outs = packing.run_pack(members, [env[m.src_buf] for m in members], names)
+                outs = reshard.run_packed_moves([m.move for m in members], [env[m.src_buf] for m in members], names)
                 env.update(zip([m.dst_buf for m in members], outs))
                 continue
             ins = instructions[unit]

@@ -39,7 +39,7 @@ import redist
 from redist import steps as S
 from redist.axes import difference
 from redist.bounds import check_pair, lower_bound_bytes
-from redist.jax import redist_mesh, refine_mesh, run_program
+from redist.jax import packing_of, redist_mesh, refine_mesh, run_packed, run_program
 from redist.types import ShardingType
 
 from partir_core import keys
@@ -238,6 +238,21 @@ def run(m: Move, x, names: AxisNames):
     if keys.is_key(x.dtype):  # a key array's type is its key data's
         return keys.from_data(run(m, keys.to_data(x), names), x.dtype)
     return run_program(m.plan.program, x, axis_names=names.mapping)
+
+
+def packing(m: Move) -> tuple[tuple, int] | None:
+    """``(key, nbytes)`` where move ``m`` can run packed with the moves of the same ``key`` as one collective
+    (:func:`run_packed`), ``nbytes`` what its collective holds; None where it cannot (redist's
+    :func:`redist.jax.packing_of` of its plan)."""
+    return packing_of(m.plan.program)
+
+
+def run_packed_moves(moves: list, xs: list, names: "AxisNames") -> list:
+    """``[run(m, x, names) for m, x in zip(moves, xs)]``, their collectives run as one (moves of one
+    :func:`packing` key). Key arrays move as their key data."""
+    datas = [keys.to_data(x) if keys.is_key(x.dtype) else x for x in xs]
+    out = run_packed([m.plan.program for m in moves], datas, names.mapping)
+    return [keys.from_data(y, x.dtype) if keys.is_key(x.dtype) else y for y, x in zip(out, xs)]
 
 
 class AxisNames:

@@ -24,14 +24,13 @@ materialized.
   group), per-axis links, and where the topology has them per-kind links, latency per peer and the combine
   ratio.
 - Memory: what XLA's ``compiled.memory_analysis()`` reports for the compiled program, argument + output +
-  temp − alias bytes per device, in the order the program runs its instructions (its packs'
-  members together, :func:`partir_core.packing.schedule`): every input's local buffer (all program long);
-  every output's allocation (and, for several outputs, the output tuple's 8-byte pointers); and the temporary
-  block. A pack holds its members' buffers laid end to end (before and after its collective) while it runs,
-  and its members' results (cut from one buffer) until the last of them is read.
-  Materialized
-  temporaries (reshard results and intermediate values) are live from the op that writes them to their last
-  effective read, outputs from their write to the end; an elementwise kernel writes its result in place of an
+  temp − alias bytes per device, in the order the program runs its instructions (its packs' members
+  together, :func:`partir_core.packing.schedule`): every input's local buffer (all program long); every
+  output's allocation (and, for several outputs, the output tuple's 8-byte pointers); and the temporary
+  block. Materialized temporaries (reshard results and intermediate values) are live from the op that writes
+  them to their last effective read, outputs from their write to the end. A pack holds its members' buffers
+  laid end to end (before and after its collective) while it runs, and its members' results (cut from one
+  buffer) until the last of them is read. An elementwise kernel writes its result in place of an
   operand of the same size it reads last, where it reads that operand elementwise (not through a fused
   broadcast, slice or transpose, unless a transpose of a matmul's result: :data:`REINDEXING`). As XLA's
   buffer assignment does, a temporary reuses an output's allocation when it fits in it and is dead before that
@@ -335,7 +334,7 @@ def combined_collectives(program) -> list:
     all-reduce combiner merges all-reduces of the same reduction over the same devices into one tuple
     all-reduce when none of them depends on another's result; it has no counterpart for all-gathers,
     reduce-scatters, all-to-alls or permutes on the CPU backend, which stay one collective each (as the
-    compiled HLO shows). Modelled greedily in program order: an all-reduce joins the open group of its
+    compiled HLO shows). Modelled greedily in the order the program runs: an all-reduce joins the open group of its
     ``(kind, axes)`` unless its operand depends on a member of that group, which closes the group. The
     combiner works within one computation: a loop body's collectives combine among themselves (a group then
     runs as often as the loop's body: its members' ``trips``), and nothing combines across a loop."""
@@ -371,7 +370,7 @@ class _Emission(dict):
 def _combined(steps: list, emission: _Emission) -> list:
     """:func:`combined_collectives` of one block of instructions (its regions' bodies as blocks of their own)."""
     steps, at, packed = emission(steps)
-    deps: dict = {}  # buffer -> bitmask of the collectives (indices into ``cols``) its value depends on
+    deps: dict = {}  # buffer -> bitmask of the collectives (in the order met) its value depends on
     groups: list = []
     open_group: dict = {}  # (kind, axes) -> (index into groups, bitmask of its members)
     n = 0
@@ -393,7 +392,10 @@ def _combined(steps: list, emission: _Emission) -> list:
         for b in reads_of(ins):
             mask |= deps.get(b, 0)
         if isinstance(ins, (Reshard, Finish, Compute)):
-            for c in (((packed[t],) if t in packed else ()) if t in at else ins.collectives):
+            collectives = ins.collectives
+            if t in at:  # a packed reshard: its pack's one collective, where its last member is
+                collectives = (packed[t],) if t in packed else ()
+            for c in collectives:
                 bit = 1 << n
                 n += 1
                 key = (c.kind, tuple(c.axes))

@@ -37,14 +37,14 @@ except ModuleNotFoundError as e:
     raise missing_extra(e, "redist.jax", "jax") from e
 
 from redist import jax_programs as programs
-from redist.backends.jax_backend import in_dtype, redist_mesh, refine_mesh, refined_axis_names, run_on_buffers, \
-    run_program
+from redist.backends.jax_backend import in_dtype, packing_of, redist_mesh, refine_mesh, refined_axis_names, \
+    run_on_buffers, run_packed, run_program
 from redist.buffers import check_unmasked, describe
 from redist.errors import ShardingError, first_line, shown
 from redist.jax_programs import clear_cache, sharding_type
 
-__all__ = ["reshard", "lower", "clear_cache", "run_program", "run_on_buffers", "in_dtype", "refined_axis_names",
-           "refine_mesh", "redist_mesh", "sharding_type"]
+__all__ = ["reshard", "lower", "clear_cache", "run_program", "run_on_buffers", "run_packed", "packing_of", "in_dtype",
+           "refined_axis_names", "refine_mesh", "redist_mesh", "sharding_type"]
 
 _log = logging.getLogger("redist")
 

@@ -56,7 +56,7 @@ from redist.mesh import Mesh
 
 __all__ = ["run_program", "run_on_buffers", "run_on_devices", "on_devices", "in_dtype", "without_context_mesh",
            "refined_axis_names", "refine_mesh", "redist_mesh", "global_mesh", "jax_devices", "jax_mesh_of", "JaxBackend",
-           "ON_DEVICES"]
+           "ON_DEVICES", "packing_of", "run_packed"]
 
 #: How many compiled per-device programs (one per program and JAX mesh) :func:`on_devices` keeps.
 ON_DEVICES = 64
@@ -492,3 +492,78 @@ def _exchange(ins: P.Exchange, x, all_axes, mesh: Mesh):
     return out[0]
 
 
+
+
+# ---------------------------------------------------------------------- packed programs
+_PACKABLE = (P.AllGather, P.ReduceScatter, P.AllToAll)
+_LOCAL = (P.Reshape, P.Transpose, P.Slice)
+
+
+def packing_of(program: P.Program) -> tuple[tuple, int] | None:
+    """``(key, nbytes)`` where :func:`run_packed` can run ``program`` with others of the same ``key`` (its
+    collective's kind, axes, reduction and dtype) as one collective, ``nbytes`` the larger of that collective's
+    buffers; None where it cannot: a program whose instructions are not one all-gather, reduce-scatter (over a
+    dim its group divides) or all-to-all among local ones (reshapes, transposes, slices), or that moves
+    between meshes."""
+    at = _collective_at(program)
+    if at is None or program.src_mesh != program.mesh or program.dst_mesh != program.mesh:
+        return None
+    op = program.instructions[at]
+    if isinstance(op, P.ReduceScatter) and program.shapes[at][op.dim] % program.mesh.group_size(op.axes):
+        return None
+    key = (type(op).__name__, op.axes, getattr(op, "reduction", None), np.dtype(program.dtype).str)
+    nbytes = max(math.prod(program.shapes[at]), math.prod(program.shapes[at + 1])) * np.dtype(program.dtype).itemsize
+    return key, nbytes
+
+
+def run_packed(programs: list, xs: list, axis_names: Mapping[str, tuple[str, ...]]) -> list:
+    """``run_program(programs[i], xs[i], axis_names)`` for every ``i``, their collectives run as one (the
+    programs of one :func:`packing_of` key): each buffer after its program's local steps before the collective
+    is laid out with the dim the collective splits or joins leading (an all-to-all's chunks are its leading
+    dim) and flattened past it; the buffers are laid end to end, the one collective runs on them, and each
+    result is cut back out, laid out again and taken through its program's local steps after. The same values
+    bit for bit as the programs run one by one (the same reduction of the same elements)."""
+    backend = JaxBackend(programs[0].mesh, axis_names)
+    at = [_collective_at(p) for p in programs]
+    ys = [_local(backend, p.instructions[:i], x) for p, i, x in zip(programs, at, xs)]
+    ops = [p.instructions[i] for p, i in zip(programs, at)]
+    op = ops[0]
+    k = programs[0].mesh.group_size(op.axes)
+    dims = [0 if isinstance(o, P.AllToAll) else o.dim for o in ops]
+    leading = [jnp.moveaxis(y, d, 0) for y, d in zip(ys, dims)]
+    if isinstance(op, P.AllGather):
+        rows = [y.reshape(1, -1) for y in leading]
+        out = backend.all_gather(P.AllGather(0, op.axes), jnp.concatenate(rows, axis=1))
+        shapes = [(y.shape[0] * k, *y.shape[1:]) for y in leading]
+    else:
+        rows = [y.reshape(k, -1) for y in leading]
+        packed = jnp.concatenate(rows, axis=1)
+        if isinstance(op, P.ReduceScatter):
+            out = backend.reduce_scatter(P.ReduceScatter(0, op.axes, op.reduction), packed)
+            shapes = [(y.shape[0] // k, *y.shape[1:]) for y in leading]
+        else:
+            out = backend.all_to_all(op, packed)
+            shapes = [y.shape for y in leading]
+    ends = np.cumsum([r.shape[1] for r in rows])[:-1]
+    moved = [jnp.moveaxis(piece.reshape(shape), 0, d)
+             for piece, shape, d in zip(jnp.split(out, ends, axis=1), shapes, dims)]
+    return [_local(backend, p.instructions[i + 1:], y) for p, i, y in zip(programs, at, moved)]
+
+
+def _collective_at(program: P.Program) -> int | None:
+    """The position of ``program``'s one collective of :data:`_PACKABLE`, its other instructions local; else
+    None."""
+    at = None
+    for i, ins in enumerate(program.instructions):
+        if type(ins) in _PACKABLE and at is None:
+            at = i
+        elif type(ins) not in _LOCAL:
+            return None
+    return at
+
+
+def _local(backend: JaxBackend, instructions, x):
+    """``x`` after the local ``instructions`` of a program."""
+    for ins in instructions:
+        x = getattr(backend, interpreter.METHODS[type(ins)])(ins, x)
+    return x

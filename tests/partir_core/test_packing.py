@@ -13,7 +13,7 @@ from redist import xla_baseline as xb
 from redist.backends.jax_backend import jax_mesh_of
 
 from partir_core import models, packing, reshard, schedules
-from partir_core.program import Compute, Reshard
+from partir_core.instructions import Compute, Reshard
 
 from .helpers import assert_same
 
@@ -52,7 +52,7 @@ def _run_both(reshards, xs, data=lambda y: y):
     def body(*blocks):
         local = [b[0] for b in blocks]
         alone = [reshard.run(r.move, x, names) for r, x in zip(reshards, local)]
-        packed = packing.run_pack(reshards, local, names)
+        packed = reshard.run_packed_moves([r.move for r in reshards], local, names)
         return tuple(data(y)[None] for y in alone + packed)
 
     outs = jax.jit(jax.shard_map(body, mesh=jax_mesh_of(MESH), in_specs=(every,) * len(xs), out_specs=every,
