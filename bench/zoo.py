@@ -18,7 +18,8 @@ nothing to act on says so and is left out). Per model x schedule:
   ``--rounds`` rounds in which each runs a burst of ``--repeats`` calls (each timed with ``time.perf_counter``
   around the call and ``block_until_ready``), in turn, the order reversed every other round; per round, the
   ratio of each one's burst median to XLA's; ``time_ratio`` (``pf``) and ``program_ratio`` are the medians of
-  those ratios over the rounds, and the times the medians of the burst medians.
+  those ratios over the rounds (``time_ratio_quartiles``: the first and third quartiles of ``pf``'s, how much
+  the rounds agree), and the times the medians of the burst medians.
 
 AutomaticPartition against its time budget (``--auto-layers``, ``--auto-budgets``): the zoo's plain-JAX LM
 (Adam) with that many layers, scanned and unrolled (``examples.zoo.jax_lm.make(unrolled=True)``: the block
@@ -29,7 +30,7 @@ the search, the pipelines tried around it, lowering), against ``budget * 1.1``.
 Targets: ``time_ratio <= 1.1`` and ``bytes_ratio <= 1.0`` on every case; ``lower_s <= 1.1 * budget``. Times are
 wall-clock on the machine that ran it, whose load the JSON records: ratios, not seconds, compare.
 
-    python bench/zoo.py [--models flax_mlp,...] [--rounds 10] [--repeats 10] [--auto-layers 32]
+    python bench/zoo.py [--models flax_mlp,...] [--rounds 20] [--repeats 10] [--auto-layers 32]
                         [--auto-budgets 60,15] [--no-auto] [--out bench/results/zoo.json] [--no-progress]
 """
 
@@ -76,11 +77,12 @@ def matches(got, want) -> bool:
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
 
 
-def paired_times(calls, rounds: int, burst: int, warmup: int = 2) -> tuple[list, list]:
-    """``(times, ratios)`` of the callables ``calls`` (no arguments), the last the reference: each called
-    ``warmup`` times, then ``rounds`` rounds of a burst of ``burst`` timed calls each, in turn, the order
+def paired_times(calls, rounds: int, burst: int, warmup: int = 2) -> tuple[list, list, list]:
+    """``(times, ratios, quartiles)`` of the callables ``calls`` (no arguments), the last the reference: each
+    called ``warmup`` times, then ``rounds`` rounds of a burst of ``burst`` timed calls each, in turn, the order
     reversed every other round; a callable's time is the median over rounds of its burst medians, its ratio
-    the median over rounds of its burst median over the reference's in the same round."""
+    the median over rounds of its burst median over the reference's in the same round, its quartiles the first
+    and third quartiles of those per-round ratios."""
     for call in calls:
         for _ in range(warmup):
             jax.block_until_ready(call())
@@ -94,9 +96,9 @@ def paired_times(calls, rounds: int, burst: int, warmup: int = 2) -> tuple[list,
                 jax.block_until_ready(calls[i]())
                 ts.append(time.perf_counter() - t0)
             medians[i].append(statistics.median(ts))
-    ref = medians[-1]
-    return ([statistics.median(m) for m in medians],
-            [statistics.median(a / b for a, b in zip(m, ref)) for m in medians])
+    ratios = [[a / b for a, b in zip(m, medians[-1])] for m in medians]
+    return ([statistics.median(m) for m in medians], [statistics.median(r) for r in ratios],
+            [tuple(statistics.quantiles(r, n=4)[::2]) if len(r) > 1 else (r[0], r[0]) for r in ratios])
 
 
 def run_case(name: str, step, inputs, want, schedule: str, rounds: int, repeats: int) -> dict:
@@ -122,10 +124,11 @@ def run_case(name: str, step, inputs, want, schedule: str, rounds: int, repeats:
     rec["collectives_xla"] = len([c for c, _ in xla_cols if c.bytes_received > 0])
     rec["bytes_ratio"] = rec["bytes_ours"] / rec["bytes_xla"] if rec["bytes_xla"] else (
         1.0 if rec["bytes_ours"] == 0 else float("inf"))
-    times, ratios = paired_times([lambda: pf(*placed), lambda: program(*flat), lambda: xla(*placed)],
-                                 rounds, repeats)
+    times, ratios, quartiles = paired_times([lambda: pf(*placed), lambda: program(*flat), lambda: xla(*placed)],
+                                            rounds, repeats)
     rec["time_ours_s"], rec["time_program_s"], rec["time_xla_s"] = times
     rec["time_ratio"], rec["program_ratio"] = ratios[:2]
+    rec["time_ratio_quartiles"] = list(quartiles[0])
     return rec
 
 
@@ -147,13 +150,15 @@ def run_auto(layers: int, unrolled: bool, budget: float) -> dict:
 
 def table(rows) -> str:
     head = (f"{'model':12s} {'schedule':9s} {'match':5s} {'ours B':>9s} {'XLA B':>9s} {'B ratio':>7s} "
-            f"{'ours ms':>8s} {'prog ms':>8s} {'XLA ms':>8s} {'t ratio':>7s} {'p ratio':>7s} {'lower s':>7s}")
+            f"{'ours ms':>8s} {'prog ms':>8s} {'XLA ms':>8s} {'t ratio':>7s} {'quartiles':>11s} {'p ratio':>7s} "
+            f"{'lower s':>7s}")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r['model']:12s} {r['schedule']:9s} {'yes' if r['match'] else 'NO':5s} {r['bytes_ours']:9.0f} "
                      f"{r['bytes_xla']:9.0f} {r['bytes_ratio']:7.2f} {r['time_ours_s'] * 1e3:8.3f} "
                      f"{r['time_program_s'] * 1e3:8.3f} {r['time_xla_s'] * 1e3:8.3f} {r['time_ratio']:7.2f} "
-                     f"{r['program_ratio']:7.2f} {r['lower_s']:7.1f}")
+                     f"{'%.2f-%.2f' % tuple(r['time_ratio_quartiles']):>11s} {r['program_ratio']:7.2f} "
+                     f"{r['lower_s']:7.1f}")
     return "\n".join(lines)
 
 
@@ -176,7 +181,7 @@ def summarize(rows, autos) -> dict:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=",".join(zoo.NAMES))
-    ap.add_argument("--rounds", type=int, default=10, help="interleaved timing rounds (default 10)")
+    ap.add_argument("--rounds", type=int, default=20, help="interleaved timing rounds (default 20)")
     ap.add_argument("--repeats", type=int, default=10, help="timed calls per program per round (default 10)")
     ap.add_argument("--auto-layers", type=int, default=32, help="layers of the LM AutomaticPartition runs on")
     ap.add_argument("--auto-budgets", default="60,15", help="its time_budget_s values (default 60,15)")

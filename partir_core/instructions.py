@@ -111,6 +111,12 @@ def writes_of(ins) -> list:
     return []
 
 
+def changes_of(ins) -> list:
+    """The buffers whose value instruction ``ins`` sets: those it writes new, or the one a :class:`Finish`
+    updates in place (what a reader of them after it depends on)."""
+    return [ins.buf] if isinstance(ins, Finish) else writes_of(ins)
+
+
 def walk(instructions):
     """Every instruction of ``instructions``, those inside control flow included (after it), in order."""
     for ins in instructions:

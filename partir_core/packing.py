@@ -35,7 +35,7 @@ proves them, and the simulator walks them in this order, each pack priced as one
 from __future__ import annotations
 
 from partir_core import reshard
-from partir_core.instructions import Compute, ControlFlow, Finish, Reshard, reads_of, writes_of
+from partir_core.instructions import Compute, ControlFlow, Finish, Reshard, changes_of, reads_of, writes_of
 
 # The most bytes (per device, of each member's larger buffer) one pack holds. A pack copies its buffers in and
 # out, which costs more than the latencies it saves once they are large (a few hundred KiB on host devices),
@@ -74,7 +74,7 @@ def packs(instructions: list) -> list[list[int]]:
             found[j][1] += nbytes
             found[j][2] |= mask
             mask = 1 << j
-        for b in ([ins.buf] if isinstance(ins, Finish) else writes_of(ins)):
+        for b in changes_of(ins):
             deps[b] = mask
     return [members for members, *_ in found if len(members) > 1]
 

@@ -77,7 +77,7 @@ from redist.errors import ShardingError, shown
 from redist.mesh import Mesh
 
 from partir_core import packing
-from partir_core.program import Compute, ControlFlow, Finish, Reshard, reads_of, writes_of
+from partir_core.instructions import Compute, ControlFlow, Finish, Reshard, changes_of, reads_of, writes_of
 from partir_core.reshard import Collective
 
 
@@ -408,7 +408,7 @@ def _combined(steps: list, emission: _Emission) -> list:
                     if c.kind.startswith("all_reduce"):
                         open_group[key] = (len(groups) - 1, bit)
                 mask |= bit  # a later step of the same reshard reads this one's result
-        for b in (writes_of(ins) if not isinstance(ins, Finish) else [ins.buf]):
+        for b in changes_of(ins):
             deps[b] = mask
     return groups
 
