@@ -20,22 +20,26 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 def pytest_configure(config):
     """One JAX compilation cache for the whole run, in a directory of its own that the run removes at its end:
-    the pytest-xdist workers and the ranks ``mpiexec`` launches inherit it, so a program that several tests
-    compile (a model's unpartitioned step, a preset's partitioned one) is compiled once per run. Nothing is
-    kept from one run to the next, and a cache the caller set up is left as it is. Set here, in the process
-    that starts the workers, before any test imports JAX."""
+    the pytest-xdist workers, the ranks ``mpiexec`` launches and the documentation examples' interpreters
+    inherit it, so a program that several tests compile (a model's unpartitioned step, a preset's partitioned
+    one) is compiled once per run. Nothing is kept from one run to the next, and a cache the caller set up is
+    left as it is. Set here, in the process that starts the workers, before any test imports JAX. (JAX writes an
+    entry in place: a process reading one while it is written gets a warning and compiles the program itself.)"""
     if hasattr(config, "workerinput") or "JAX_COMPILATION_CACHE_DIR" in os.environ:
         return
     config._run_cache = tempfile.mkdtemp(prefix="jax-cache-")
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = config._run_cache
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # every program, not only slow compiles
-    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
+    os.environ.update(RUN_CACHE, JAX_COMPILATION_CACHE_DIR=config._run_cache)
+
+
+# every program, not only those that take long to compile or give a large executable
+RUN_CACHE = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
 
 
 def pytest_unconfigure(config):
     cache = getattr(config, "_run_cache", None)
     if cache:
-        os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+        for name in (*RUN_CACHE, "JAX_COMPILATION_CACHE_DIR"):
+            os.environ.pop(name, None)
         shutil.rmtree(cache, ignore_errors=True)
 
 
