@@ -35,8 +35,8 @@ class Compute:
     """Run equation ``eqn_index`` on local shards: read buffers ``reads``, write ``writes``. ``masks``:
     ``(operand, dim, kind)`` for every operand dim that is split unevenly and that the op reduces over (a
     contraction, a reduction, the summed dims of a scatter-add): its padding is replaced by the reduction's
-    identity first (see :func:`_mask_padding`). ``flops``: per device. ``collectives``: those its local form
-    runs (:attr:`partir_core.registry.Rule.collectives`), located in the program."""
+    identity first (see :func:`partir_core.program._mask_padding`). ``flops``: per device. ``collectives``:
+    those its local form runs (:attr:`partir_core.registry.Rule.collectives`), located in the program."""
 
     eqn_index: int
     reads: list

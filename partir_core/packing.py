@@ -42,6 +42,7 @@ from partir_core.instructions import Compute, ControlFlow, Finish, Reshard, chan
 # and keeps its earlier members' operands live until it runs: this bounds both.
 PACK_BYTES = 256 << 10
 
+
 def packs(instructions: list) -> list[list[int]]:
     """The packs of one block of ``instructions`` (see the module docstring): lists of two or more positions of
     reshards, each list in program order."""

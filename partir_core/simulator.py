@@ -350,21 +350,28 @@ class _Emission(dict):
     def __call__(self, steps: list) -> tuple:
         got = self.get(id(steps))
         if got is None:
-            ran, at, cols = [], {}, {}
-            found = packing.packs(steps)
-            for unit in packing.schedule(steps, found) if found else ():
-                if not isinstance(unit, tuple):
-                    ran.append(steps[unit])
-                    continue
-                members = [steps[t] for t in unit]
-                ran += members
-                end = len(ran) - 1
-                at.update(dict.fromkeys(range(len(ran) - len(members), len(ran)), end))
-                parts = [c for m in members for c in m.collectives]
-                cols[end] = Collective(parts[0].kind, parts[0].axes, sum(c.bytes for c in parts),
-                                       f"a pack of {len(members)} reshards, {parts[-1].where}", parts[0].trips)
-            got = self[id(steps)] = (ran, at, cols) if found else (steps, at, cols)
+            got = self[id(steps)] = _emitted(steps)
         return got
+
+
+def _emitted(steps: list) -> tuple:
+    """What :class:`_Emission` gives for the block ``steps``, found anew."""
+    found = packing.packs(steps)
+    if not found:
+        return steps, {}, {}
+    ran, at, cols = [], {}, {}
+    for unit in packing.schedule(steps, found):
+        if not isinstance(unit, tuple):
+            ran.append(steps[unit])
+            continue
+        members = [steps[t] for t in unit]
+        ran += members
+        end = len(ran) - 1
+        at.update(dict.fromkeys(range(len(ran) - len(members), len(ran)), end))
+        parts = [c for m in members for c in m.collectives]
+        cols[end] = Collective(parts[0].kind, parts[0].axes, sum(c.bytes for c in parts),
+                               f"a pack of {len(members)} reshards, {parts[-1].where}", parts[0].trips)
+    return ran, at, cols
 
 
 def _combined(steps: list, emission: _Emission) -> list:

@@ -161,6 +161,12 @@ def run(program: P.Program, backend: Backend, x: State) -> State:
     """
     if all(math.prod(shape) == 0 for shape in program.shapes):
         return backend.reshape(P.Reshape(tuple(program.shapes[-1])), x)
-    for ins in program.instructions:
+    return run_instructions(program.instructions, backend, x)
+
+
+def run_instructions(instructions, backend: Backend, x: State) -> State:
+    """Run ``instructions`` (some of a program's, in its order) on the state ``x`` with ``backend``'s methods;
+    returns the state after the last one."""
+    for ins in instructions:
         x = getattr(backend, METHODS[type(ins)])(ins, x)
     return x

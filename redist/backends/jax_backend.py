@@ -492,8 +492,6 @@ def _exchange(ins: P.Exchange, x, all_axes, mesh: Mesh):
     return out[0]
 
 
-
-
 # ---------------------------------------------------------------------- packed programs
 _PACKABLE = (P.AllGather, P.ReduceScatter, P.AllToAll)
 _LOCAL = (P.Reshape, P.Transpose, P.Slice)
@@ -525,7 +523,7 @@ def run_packed(programs: list, xs: list, axis_names: Mapping[str, tuple[str, ...
     bit for bit as the programs run one by one (the same reduction of the same elements)."""
     backend = JaxBackend(programs[0].mesh, axis_names)
     at = [_collective_at(p) for p in programs]
-    ys = [_local(backend, p.instructions[:i], x) for p, i, x in zip(programs, at, xs)]
+    ys = [interpreter.run_instructions(p.instructions[:i], backend, x) for p, i, x in zip(programs, at, xs)]
     ops = [p.instructions[i] for p, i in zip(programs, at)]
     op = ops[0]
     k = programs[0].mesh.group_size(op.axes)
@@ -547,7 +545,8 @@ def run_packed(programs: list, xs: list, axis_names: Mapping[str, tuple[str, ...
     ends = np.cumsum([r.shape[1] for r in rows])[:-1]
     moved = [jnp.moveaxis(piece.reshape(shape), 0, d)
              for piece, shape, d in zip(jnp.split(out, ends, axis=1), shapes, dims)]
-    return [_local(backend, p.instructions[i + 1:], y) for p, i, y in zip(programs, at, moved)]
+    return [interpreter.run_instructions(p.instructions[i + 1:], backend, y)
+            for p, i, y in zip(programs, at, moved)]
 
 
 def _collective_at(program: P.Program) -> int | None:
@@ -560,10 +559,3 @@ def _collective_at(program: P.Program) -> int | None:
         elif type(ins) not in _LOCAL:
             return None
     return at
-
-
-def _local(backend: JaxBackend, instructions, x):
-    """``x`` after the local ``instructions`` of a program."""
-    for ins in instructions:
-        x = getattr(backend, interpreter.METHODS[type(ins)])(ins, x)
-    return x
