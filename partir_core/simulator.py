@@ -337,7 +337,9 @@ def combined_collectives(program) -> list:
     compiled HLO shows). Modelled greedily in the order the program runs: an all-reduce joins the open group of its
     ``(kind, axes)`` unless its operand depends on a member of that group, which closes the group. The
     combiner works within one computation: a loop body's collectives combine among themselves (a group then
-    runs as often as the loop's body: its members' ``trips``), and nothing combines across a loop."""
+    runs as often as the loop's body: its members' ``trips``), none with those around the loop; around it, an
+    all-reduce after the loop joins one before it unless it depends on it (the loss's sum, made before a
+    backward scan, joins the gradients' sums after it)."""
     return _combined(program.instructions, _Emission())
 
 
@@ -381,6 +383,7 @@ def _combined(steps: list, emission: _Emission) -> list:
     groups: list = []
     open_group: dict = {}  # (kind, axes) -> (index into groups, bitmask of its members)
     n = 0
+    members: list = []  # the open pack's earlier members: their results are written with its last member's
     get = deps.get
     for t, ins in enumerate(steps):
         if type(ins) is Compute and not ins.collectives:  # the common case, inline: its results depend on its operands
@@ -390,31 +393,40 @@ def _combined(steps: list, emission: _Emission) -> list:
             for b in ins.writes:
                 deps[b] = mask
             continue
-        if isinstance(ins, ControlFlow):
-            for body in ins.bodies:
-                groups += _combined(body, emission)
-            open_group.clear()  # its results depend on everything in it
-            continue
         mask = 0
         for b in reads_of(ins):
-            mask |= deps.get(b, 0)
-        if isinstance(ins, (Reshard, Finish, Compute)):
+            mask |= get(b, 0)
+        if isinstance(ins, ControlFlow):
+            # its bodies' collectives combine among themselves, with none of this block's: an all-reduce after
+            # it joins a group opened before it unless it depends on a member (through the region's operands)
+            for body in ins.bodies:
+                groups += _combined(body, emission)
+        elif t in at and t not in packed:  # a pack's earlier member: its result comes with the pack's
+            members.append((mask, changes_of(ins)))
+            continue
+        else:
             collectives = ins.collectives
-            if t in at:  # a packed reshard: its pack's one collective, where its last member is
-                collectives = (packed[t],) if t in packed else ()
+            if t in at:  # a pack's last member: the pack's one collective, after every member's operands
+                collectives = (packed[t],)
+                for m, _ in members:
+                    mask |= m
             for c in collectives:
                 bit = 1 << n
                 n += 1
                 key = (c.kind, tuple(c.axes))
                 if c.kind.startswith("all_reduce") and key in open_group and not mask & open_group[key][1]:
-                    g, members = open_group[key]
+                    g, in_group = open_group[key]
                     groups[g].append(c)
-                    open_group[key] = (g, members | bit)
+                    open_group[key] = (g, in_group | bit)
                 else:
                     groups.append([c])
                     if c.kind.startswith("all_reduce"):
                         open_group[key] = (len(groups) - 1, bit)
                 mask |= bit  # a later step of the same reshard reads this one's result
+            for _, written in members:
+                for b in written:
+                    deps[b] = mask
+            members.clear()
         for b in changes_of(ins):
             deps[b] = mask
     return groups

@@ -90,6 +90,26 @@ def test_combined_collectives_are_the_compiled_programs(name):
         assert len(compiled) < len(low.collectives) - 10
 
 
+@pytest.mark.parametrize("name", ["BP", "BP+MP"])
+def test_combined_collectives_around_a_loop_are_the_compiled_programs(name):
+    # a scanned LM: the loss's all-reduce, made before the backward scan, is combined with the gradients'
+    # after it (nothing the scan computes depends on it); the scan's body combines its own
+    pytest.importorskip("optax")
+    from examples.zoo import jax_lm
+    from partir_core.simulator import combined_collectives
+
+    step, ins = jax_lm.make()
+    low = pc.jit(step, MESH, schedules.schedule(name, step, ins, mesh=MESH)).lower(*ins)
+    args = [jax.device_put(x, xb.named_sharding(t)) for x, t in zip(jax.tree.leaves(ins), low.program.in_types)]
+    text = low.program.executable().lower(*args).compile().as_text()
+    compiled = [c for c in hlo.parse_hlo(text, MESH) if c.bytes_received > 0]
+    groups = combined_collectives(low.program)
+    assert len(groups) == len(compiled)
+    (loss,) = [c for c in low.collectives if c.bytes == 4 and c.kind == "all_reduce"]
+    (joined,) = [g for g in groups if loss in g]
+    assert len(joined) > 1 and all(c.trips == 1 for c in joined)
+
+
 @pytest.mark.parametrize("name", ["BP", "BP+MP+Z3"])
 def test_simulated_memory_of_a_scanned_step_tracks_compiled_memory(name):
     """A scan over stacked layers: the loops' stacked results (the forward's residuals, the backward's
