@@ -102,7 +102,7 @@ OBLIGATIONS = {
     "reduction": [same_block, partition, sums],
     "reduction along whole dims": [same_block],
     "broadcast_in_dim": [same_block, sums],
-    "reshape": [radix, sums],
+    "reshape": [same_block, radix, sums],  # same_block: the operand transposed by ``dimensions`` first
     "transpose": [same_block, sums],
     "squeeze": [same_block, sums],
     "rev": [same_block, sums],

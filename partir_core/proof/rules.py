@@ -309,31 +309,35 @@ def broadcast_in_dim(site: Site) -> LocalForm:
 
 
 def reshape(site: Site) -> LocalForm:
+    """A reshape whose operand's blocks (transposed by ``dimensions`` first, where given: a transpose keeps each
+    dim's blocks) flatten in row-major order as the result's do: each device reshapes its block alike."""
     dims = site.out_dims(0)
     out = site.out_type(0, dims, site.pending(0))
-    src = _blocks(site.graph.shape(site.eqn.invars[0]), site.in_types[0])
-    dst = _blocks(site.graph.shape(site.eqn.outvars[0]), out)
+    shape, ds = site.graph.shape(site.eqn.invars[0]), site.dims(0)
+    perm = site.eqn.params.get("dimensions") or range(len(shape))
+    src = _blocks([shape[d] for d in perm], [ds[d] for d in perm], site.mesh)
+    dst = _blocks(site.graph.shape(site.eqn.outvars[0]), dims, site.mesh)
     if src != dst:
         raise NotCovered(f"the blocks of {site.dims(0)} and {dims} do not flatten alike ({src} != {dst})")
-    return LocalForm("reshape", (out,),
-                     bind(site.eqn, new_sizes=site.local_out(0, out), dimensions=None, sharding=None))
+    return LocalForm("reshape", (out,), bind(site.eqn, new_sizes=site.local_out(0, out), sharding=None))
 
 
-def _blocks(shape, t) -> tuple:
-    """The row-major structure of an evenly split array of type ``t``: per dim its block digit (its axes, their
-    group size) then its local extent; size-1 parts dropped, adjacent parts of one kind merged."""
+def _blocks(shape, dims, mesh) -> tuple:
+    """The row-major structure of an evenly split array of that ``shape`` whose dims are split over ``dims``
+    (per dim, its mesh axes): per dim its block digit (its axes, their group size) then its local extent; size-1
+    parts dropped, adjacent parts of one kind merged."""
     parts: list = []
-    for d, n in enumerate(shape):
-        k = t.blocks(d)
+    for n, axes in zip(shape, dims):
+        k = mesh.group_size(tuple(axes))
         if n % k:
             raise NotCovered(f"a dim of {n} split {k} ways (uneven) in a reshape")
-        for kind, axes, m in (("split", tuple(t.dims[d]), k), ("local", (), n // k)):
+        for kind, part, m in (("split", tuple(axes), k), ("local", (), n // k)):
             if m == 1:
                 continue
             if parts and parts[-1][0] == kind:
-                parts[-1] = (kind, parts[-1][1] + axes, parts[-1][2] * m)
+                parts[-1] = (kind, parts[-1][1] + part, parts[-1][2] * m)
             else:
-                parts.append((kind, axes, m))
+                parts.append((kind, part, m))
     return tuple(parts)
 
 

@@ -125,6 +125,37 @@ def test_a_wrong_local_form_is_refuted_naming_its_op_and_a_right_one_is_proved(m
     assert cx["program"] != pytest.approx(cx["reference"])
 
 
+def lower_transposing_reshape(dim, axis):
+    """``lax.reshape`` with ``dimensions``: its operand transposed first, then regrouped (8, 16) -> (16, 2, 4);
+    the operand split on ``dim`` over ``axis``."""
+    def f(x):
+        return jnp.tanh(lax.reshape(x * 2, (16, 2, 4), dimensions=(1, 0)))
+
+    pf = pc.jit(f, MESH, [pc.ManualPartition({"x": dim}, axis=axis)])
+    return pf.lower(jnp.arange(128.0).reshape(8, 16))
+
+
+@pytest.mark.parametrize("dim,axis", [(0, "batch"), (1, "model")])
+def test_a_reshape_that_transposes_first_is_proved_and_one_that_skips_the_transpose_refuted(monkeypatch, dim, axis):
+    """Each device reshapes its block, transposed by ``dimensions`` as the global op is; a local form that
+    reshapes the block untransposed is refuted there."""
+    low = lower_transposing_reshape(dim, axis)
+    reshape = next(i for i, e in enumerate(low.graph.eqns) if e.name == "reshape")
+    assert low.program.analysis.ops[reshape].use  # split, not gathered first
+    v = low.verify()
+    assert v.status == "proved" and "reshape" in v.details["lemmas"], v.reason
+    original = registry.RULES["reshape"]
+
+    def untransposed(eqn, shapes, out_shapes):
+        rule = original(eqn, shapes, out_shapes)
+        return dataclasses.replace(rule, local=lambda ctx, x: registry.bind(
+            ctx, x, new_sizes=tuple(ctx.out_shapes[0]), dimensions=None, sharding=None))
+
+    monkeypatch.setitem(registry.RULES, "reshape", untransposed)
+    v = lower_transposing_reshape(dim, axis).verify()
+    assert v.status == "refuted" and "(reshape at " in v.counterexample["op"], v.reason
+
+
 def lower_conv():
     """A convolution (NCHW, OIHW) split on its batch and on its input channels: a pending sum over ``model``."""
     def conv(x, w):
