@@ -23,11 +23,14 @@ or data dim) is in it. *Layer grouping* then merges groups whose input dims coin
 
 *Input kinds* (:func:`input_kinds`) come from the program too, not from names: an input the step *updates*
 (an output is its new value: same shape and dtype, computed from it by a short chain of ops of its shape, as
-``p - lr·m`` or ``b1·mu + (1 - b1)·g`` are) is a *parameter* if it is a floating-point value that reaches an
-output other than the updates (the loss, metrics), else *optimizer state* (momenta, Adam's ``mu``/``nu``,
-step counters); an input the step does not update is *data*. A program that updates none of its inputs (a
-forward pass) gives no such evidence, and ``x @ w`` cannot tell a weight from an example: the kinds then
-follow the inputs' names (:func:`named_kind`).
+``p - lr·m`` or ``b1·mu + (1 - b1)·g`` are, or returned at the input's place in the results and computed from
+updated inputs, as mixed precision's working copy is cast from its master weights) is a *parameter* if it is
+a floating-point value that reaches an output other than the updates (the loss, metrics), else *optimizer
+state* (momenta, Adam's ``mu``/``nu``, step counters, master weights); an input the step does not update is
+*data*. A training step returns its new parameters and optimizer state in the types of the inputs they replace
+(:func:`tied_outputs`). A program that updates none of its inputs (a forward pass) gives no such evidence,
+and ``x @ w`` cannot tell a weight from an example: the kinds then follow the inputs' names
+(:func:`named_kind`).
 
 :func:`analyze_groups` returns :class:`DimGroups`, with the action space sizes before and after grouping.
 """
@@ -112,7 +115,8 @@ def updates(graph: Graph) -> dict[int, int]:
     """The inputs the program updates: input position → the position of the output that is its new value. An
     output qualifies for an input when it has the input's shape and dtype and a chain of 1 to
     :data:`UPDATE_DEPTH` ops, each with a result of that shape, leads from the input to it; the shortest chains
-    are matched first, each input and output at most once."""
+    are matched first, each input and output at most once; then the inputs the step returns where it took them,
+    made from updated inputs (:func:`_updates_in_place`)."""
     readers = graph.readers()
     positions: dict = {}
     for k, v in enumerate(graph.outvars):
@@ -142,15 +146,61 @@ def updates(graph: Graph) -> dict[int, int]:
         if i not in out and k not in taken:
             out[i] = k
             taken.add(k)
+    return _updates_in_place(graph, out, taken)
+
+
+def _updates_in_place(graph: Graph, out: dict, taken: set) -> dict:
+    """``out`` (:func:`updates` found by dataflow) with the inputs whose new value no chain of their shape reaches
+    but the step returns where it took them: an output at the input's place in the results (its key path in
+    the results' pytree that of the input in the arguments'), of its shape and dtype, computed from an updated
+    input. Mixed precision's working copy is one: ``(params, master, ...) → (cast(master'), master', ...)``."""
+    if graph.in_tree is None or graph.out_tree is None:
+        return out
+    def key_paths(tree):
+        return [kp for kp, _ in jax.tree_util.tree_flatten_with_path(
+            jax.tree_util.tree_unflatten(tree, list(range(tree.num_leaves))))[0]]
+
+    at = {kp: k for k, kp in enumerate(key_paths(graph.out_tree))}
+    updated = 0
+    for i in out:
+        updated |= 1 << i
+    deps = None
+    for i, kp in enumerate(key_paths(graph.in_tree)):
+        k = at.get(kp)
+        if i in out or k is None or k in taken:
+            continue
+        v, new = graph.invars[i], graph.outvars[k]
+        if graph.shape(new) != graph.shape(v) or graph.dtype(new) != graph.dtype(v):
+            continue
+        deps = dependencies(graph) if deps is None else deps
+        if deps.get(new, 0) & updated:
+            out[i] = k
+            taken.add(k)
     return out
 
 
-def input_kinds(graph: Graph) -> dict[str, str]:
+def tied_outputs(graph: Graph) -> dict[int, int]:
+    """The outputs a training step returns in place of its inputs: output value → the input value whose new value
+    it is (:func:`updates`), for every updated parameter and piece of optimizer state (:func:`input_kinds`), in
+    a program with at least one parameter; empty for any other program (a forward pass, ``x @ w`` with a square
+    ``w``). Remembered per graph."""
+    def ties(graph):
+        new = updates(graph)
+        kinds = input_kinds(graph, new)
+        if "param" not in kinds.values():
+            return {}
+        return {graph.outvars[k]: graph.invars[i] for i, k in new.items()
+                if kinds[graph.in_paths[i]] in ("param", "state")}
+
+    return graph.memo("tied_outputs", ties)
+
+
+def input_kinds(graph: Graph, new: dict | None = None) -> dict[str, str]:
     """Every input's kind, ``param``, ``state`` or ``data``, by the program's dataflow (see the module
     docstring); by :func:`named_kind` where the program updates none of its inputs. Without an output other
     than the updates, a parameter is an updated input that reaches an output of another shape (another
-    parameter's update, through the gradients)."""
-    new = updates(graph)
+    parameter's update, through the gradients). ``new``: :func:`updates` of ``graph``, where already made."""
+    new = updates(graph) if new is None else new
     if not new:
         return {p: named_kind(p) for p in graph.in_paths}
     deps = dependencies(graph)

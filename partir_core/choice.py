@@ -26,6 +26,7 @@ from typing import NamedTuple
 from redist.types import ShardingType
 
 from partir_core import keys
+from partir_core.analysis import tied_outputs
 from partir_core.factors import clash, decompose, dims_axes, drop_clashes, fit_use, group
 from partir_core.ir import Boundary, Graph, is_enter
 from partir_core.propagation import State, resolve
@@ -319,10 +320,17 @@ def analyze(graph: Graph, rules: list, state: State, mesh, choose: bool = True, 
 
 
 def output_type(graph, analysis, state, v, mesh) -> ShardingType:
-    """The type output ``v`` is returned in: the one propagation gives it (an input returned as it came, or a
-    value the state does not know: its producer's type with pending sums reduced)."""
-    if state is not None and v in state.dims and v not in graph.invars:
-        return state_type(graph, state, v, mesh)
+    """The type output ``v`` is returned in. A training step's new parameters and optimizer state
+    (:func:`~partir_core.analysis.tied_outputs`) come out in the types of the inputs they replace, so that the
+    step's results are its next call's arguments as they are (ZeRO-1 and -2 gather the updated parameters back
+    whole); any other output in the type propagation gives it (an input returned as it came, or a value the
+    state does not know: its producer's type with pending sums reduced)."""
+    if state is not None:
+        u = tied_outputs(graph).get(v)
+        if u is not None and u in state.dims:
+            return state_type(graph, state, u, mesh)
+        if v in state.dims and v not in graph.invars:
+            return state_type(graph, state, v, mesh)
     return analysis.types[v].replace(partial=())
 
 

@@ -64,6 +64,7 @@ from dataclasses import dataclass, replace
 from itertools import compress
 from operator import is_not, ne
 
+from partir_core.analysis import tied_outputs
 from partir_core.choice import (FOLLOW, PASSES, Analysis, OpSharding, Unsupported, cheapest, choose_op,
                                  op_candidates, output_type, state_type, value_type)
 from partir_core.ir import Boundary, Graph, column
@@ -82,8 +83,10 @@ class Structure:
     rule is linear, which price a pending sum by its readers' demands,
     :func:`~partir_core.choice.shared_reduction`) and its ``producer``; how often
     per call its readers read it (``trips``: inside a loop body, the loop's trips; 1 elsewhere) and how often
-    each op runs its reductions (``op_trips``); the outputs, and those that are no input (``state_outputs``:
-    returned in their state type, :func:`~partir_core.choice.output_type`); the ops run replicated; the
+    each op runs its reductions (``op_trips``); the outputs, those a training step returns in place of its
+    inputs (``tied``: output → input, returned in the input's state type) and the others that are no input
+    (``state_outputs``: returned in their state type; :func:`~partir_core.choice.output_type`); the ops run
+    replicated; the
     regions' enters and exits (``boundary``); each op's operands and results (``invars``, ``outvars``:
     tuples), its dims by factor and its shardable factors (``op_slots``, ``shardable``: what propagation
     visits), and its ``signature`` (:func:`signature`: ops of one signature are chosen alike, so their choices
@@ -111,7 +114,8 @@ class Structure:
         self.linear_readers = {v: tuple(i for i in ops if self.linear[i]) for v, ops in self.reader_ops.items()}
         self.producer = {v: i for i, eqn in enumerate(graph.eqns) for v in eqn.outvars}
         self.outputs = {v for v in graph.outvars if v not in graph.consts}
-        self.state_outputs = {v for v in self.outputs if v not in graph.invars}  # typed as the state has them
+        self.tied = tied_outputs(graph)
+        self.state_outputs = {v for v in self.outputs if v not in graph.invars and v not in self.tied}
         self.op_trips = [graph.read_trips(i) for i in range(len(graph.eqns))]
         self.boundary = [isinstance(e.prim, Boundary) for e in graph.eqns]
         self.boundaries = {i for i, b in enumerate(self.boundary) if b}
@@ -475,6 +479,7 @@ class _Chooser:
                             queued.add(j)
                             push(heap, j)
         redemanded |= retyped | (dirty_values & self.s.outputs)
+        redemanded.update(v for v, u in self.s.tied.items() if u in dirty_values)  # wanted in u's state type
         made = self._priced(targets, ops, types, base, (redemanded, rechosen))
         if targets is None and base.unlike is not None:
             # a value's entry depends on its demands and its state type alone (its type too, for shared): only
@@ -538,12 +543,16 @@ class _Chooser:
             demands, received, finished = dict(base.demands), dict(base.received), dict(base.finished)
         moved, known, text = self.memo.reshard_bytes, self.memo.moves, self.memo.text
         readers, outputs, trips, op_trips = self.s.readers, self.s.outputs, self.s.trips, self.s.op_trips
-        from_state = self.s.state_outputs
+        from_state, tied = self.s.state_outputs, self.s.tied
         for v in values:
             want = [ops[i].in_types[k] for i, k in readers.get(v, ())]
-            if v in outputs:  # output_type, an output that is no input taking its state type remembered
-                want.append(self._state_type(v) if v in from_state and v in self.state.dims else
-                            output_type(g, _Types(types), self.state, v, self.mesh))
+            if v in outputs:  # output_type, with the state types it takes remembered
+                if v in tied:
+                    want.append(self._state_type(tied[v]))
+                elif v in from_state and v in self.state.dims:
+                    want.append(self._state_type(v))
+                else:
+                    want.append(output_type(g, _Types(types), self.state, v, self.mesh))
             if want:
                 if len(want) > 1:
                     first = want[0]

@@ -172,6 +172,14 @@ class Graph:
     _primitives: list | None = field(default=None, repr=False, compare=False)
     _readers: tuple | None = field(default=None, repr=False, compare=False)
     _matching: dict = field(default_factory=dict, repr=False, compare=False)
+    _memo: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def memo(self, key, make):
+        """``make(self)``, made once per ``key`` and remembered: for analyses of the whole program that many
+        lowerings of it read (a traced graph never changes)."""
+        if key not in self._memo:
+            self._memo[key] = make(self)
+        return self._memo[key]
 
     def inputs_matching(self, pattern: str) -> list[tuple[str, int]]:
         """``(path, value)`` of every input whose path the glob ``pattern`` matches (``fnmatch.fnmatchcase``), in

@@ -187,9 +187,10 @@ class LocalProgram:
         asked for). ``shard_map`` needs dims that divide their axes, so inputs
         with uneven dims are padded (with zeros) to their ``padded_shape`` first, whose blocks are exactly
         the padded local buffers, and outputs are cut back to their shape. Key arrays cross the boundary as
-        their key data (their types' arrays). On a refined mesh, the outputs are laid out on the mesh itself
-        where their types name whole axes only, and on the refined mesh where they name a sub-axis
-        (:meth:`layouts`: the same devices and blocks either way, so no data moves)."""
+        their key data (their types' arrays). The outputs carry the ``NamedSharding`` of :meth:`layouts`, as the
+        inputs placed in their types do (on a refined mesh: on the mesh itself where their types name whole
+        axes only, on the refined mesh where they name a sub-axis; the same devices and blocks either way, so no
+        data moves), so that a result fed back as an argument of its own type is one that call was traced for."""
         donate = tuple(donate)
         if donate not in self._executables:
             mesh, names = self._refined
@@ -205,9 +206,8 @@ class LocalProgram:
                         for y, t in zip(outs, self.out_types)]
                 return tuple(keys.from_data(y, self.graph.dtype(v)) for y, v in zip(outs, self.graph.outvars))
 
-            refined = tuple(mesh.axis_names) != tuple(self.mesh.names)
-            out_shardings = self.layouts(self.graph.outvars, self.out_types) if refined else None
-            self._executables[donate] = jax.jit(run, out_shardings=out_shardings, donate_argnums=donate)
+            self._executables[donate] = jax.jit(run, out_shardings=self.layouts(self.graph.outvars, self.out_types),
+                                                donate_argnums=donate)
         return self._executables[donate]
 
     @functools.cached_property
@@ -219,16 +219,21 @@ class LocalProgram:
         """The ``NamedSharding`` of each of ``values`` in its type of ``types``: the type's spec over the value's
         own dims (a key array's, without its key-data dims), a dim split unevenly whole (JAX shards only dims
         that divide; the program pads and cuts such a dim itself); on :meth:`jax_mesh` where the type names
-        whole axes only, else on the refined mesh (a sub-axis has no name on the mesh itself). Pending sums
-        have no ``NamedSharding``: a program's inputs and outputs have none."""
+        whole axes only, else on the refined mesh (a sub-axis has no name on the mesh itself). The spec leaves
+        out trailing whole dims (``P('batch')``, not ``P('batch', None)``), as JAX writes the sharding of a result
+        it derives: ``jax.jit`` tells shardings apart by their spec, so an argument placed so is one a call that
+        returned it was traced for. Pending sums have no ``NamedSharding``: a program's inputs and outputs have
+        none."""
         jax_mesh = self.jax_mesh()
         refined, names = self._refined
         out = []
         for v, t in zip(values, types):
             whole = all(a.is_whole for axes in t.dims for a in axes)
             spec = t.partition_spec() if whole else names.spec(t)
-            spec = [e if t.is_even(d) else None for d, e in enumerate(spec)]
-            spec = PartitionSpec(*spec[: len(self.graph.shape(v))])
+            spec = [e if t.is_even(d) else None for d, e in enumerate(spec)][: len(self.graph.shape(v))]
+            while spec and spec[-1] is None:
+                spec.pop()
+            spec = PartitionSpec(*spec)
             out.append(NamedSharding(jax_mesh if whole else refined, spec))
         return tuple(out)
 

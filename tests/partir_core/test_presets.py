@@ -64,6 +64,10 @@ NORMED = inputs({"up": normal(16, 64), "bias": np.zeros(64, np.float32), "down":
 
 
 # ------------------------------------------------------------------------------------------------ input kinds
+def types_of(tree) -> list:
+    return jax.tree.leaves(tree, is_leaf=lambda t: isinstance(t, redist.ShardingType))
+
+
 def test_kinds_come_from_what_the_step_updates():
     """Parameters: updated and reaching the loss; optimizer state: updated, not reaching it (Adam's moments and
     its step count); data: not updated. Names play no part."""
@@ -81,6 +85,35 @@ def test_kinds_come_from_what_the_step_updates():
     assert "opt/0/count" in kinds and kinds["inp"] == kinds["out"] == "data"
 
 
+def test_a_mixed_precision_step_updates_its_working_copy_where_it_took_it():
+    """bf16 parameters trained through float32 master weights: no chain of the bf16 weights' shape leads to their
+    new value (a cast of the updated master), but the step returns it where it took them, so they are the
+    parameters (they reach the loss), the master weights and momenta optimizer state, and Megatron pairs the
+    bf16 weights and returns them in their types."""
+    tx = optax.sgd(0.05, momentum=0.9, nesterov=True)
+
+    def step(params, master, opt_state, x, y):
+        def loss_fn(p):
+            h = jax.nn.relu(x.astype(jnp.bfloat16) @ p["a"])
+            return jnp.mean(((h @ p["b"]).astype(jnp.float32) - y) ** 2)
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(jax.tree.map(lambda g: g.astype(jnp.float32), grads), opt_state, master)
+        master = optax.apply_updates(master, updates)
+        return jax.tree.map(lambda m: m.astype(jnp.bfloat16), master), master, opt_state, loss
+
+    master = {"a": normal(16, 32), "b": normal(32, 8)}
+    args = (jax.tree.map(lambda m: m.astype(jnp.bfloat16), master), master, tx.init(master), CHAIN[2], CHAIN[3])
+    kinds = input_kinds(ir.trace(step, args))
+    assert {p: k for p, k in kinds.items() if not p.startswith("opt_state/")} == {
+        "params/a": "param", "params/b": "param", "master/a": "state", "master/b": "state",
+        "x": "data", "y": "data"}
+    (mp,) = schedules.schedule("MP", step, args, mesh=MESH)
+    assert mp == MP({"params/a": 1, "params/b": 0}, axis="model")
+    low = pc.jit(step, MESH, [mp]).lower(*args)
+    assert types_of(low.out_types[:3]) == types_of(low.in_types[:3])
+
+
 def test_a_program_that_updates_nothing_has_kinds_by_name():
     """A forward pass gives no evidence (``x @ w`` is symmetric): parameters by the conventional names."""
     def forward(params, x):
@@ -88,6 +121,45 @@ def test_a_program_that_updates_nothing_has_kinds_by_name():
 
     kinds = input_kinds(ir.trace(forward, (CHAIN[0], CHAIN[2])))
     assert kinds == {"params/a": "param", "params/b": "param", "params/c": "param", "x": "data"}
+
+
+@pytest.mark.parametrize("name", ["Z1", "Z2", "Z3", "BP+MP+Z3"])
+def test_a_step_returns_what_it_updates_in_the_types_it_took_them_in(name):
+    """The new parameters and optimizer state come out in their inputs' types, whatever the tactics shard in
+    between (ZeRO-1 and -2 update whole parameters from sharded state: they are gathered back), so the results
+    feed the next call as they are: a loop compiles once and its steps equal the unpartitioned ones."""
+    tx = optax.adam(1e-2)
+
+    def step(net, opt, inp, out):
+        loss, g = jax.value_and_grad(lambda n: jnp.mean((chain(n, inp) - out) ** 2))(net)
+        updates, opt = tx.update(g, opt, net)
+        return optax.apply_updates(net, updates), opt, loss
+
+    net, _, x, y = CHAIN
+    args = (net, tx.init(net), x, y)
+    pf = pc.jit(step, MESH, schedules.schedule(name, step, args, mesh=MESH))
+    low = pf.lower(*args)
+    assert types_of(low.out_types[:2]) == types_of(low.in_types[:2])
+    assert any(t.dims != ((),) * t.rank for t in types_of(low.in_types[1]))  # the state is sharded
+    (net_p, opt_p, x_p, y_p), _ = pf.place(*args)
+    want = args
+    for _ in range(3):
+        net_p, opt_p, loss = pf(net_p, opt_p, x_p, y_p)
+        *want, want_loss = jax.jit(step)(*want)
+        want = (*want, x, y)
+    assert pf._dispatch._cache_size() == 1
+    assert_same((net_p, opt_p, loss), (want[0], want[1], want_loss))
+
+
+def test_a_function_that_updates_nothing_returns_what_propagation_gives():
+    """No parameter, no tie: ``x @ w`` with a square ``w`` has an output of ``x``'s shape and dtype, returned split
+    as the column-parallel ``w`` makes it, not in ``x``'s type."""
+    def f(x, w):
+        return x @ w
+
+    x, w = normal(8, 16), normal(16, 16)
+    low = pc.jit(f, MESH, [MP({"w": 1}, axis="model")]).lower(x, w)
+    assert str(low.out_types) == "f32[8, 16{model}]"
 
 
 def test_the_automatic_search_reads_the_kinds_of_a_step_named_otherwise():

@@ -1,8 +1,8 @@
 """The model zoo (``examples/zoo``: training steps written the way flax.linen, flax.nnx, equinox and plain JAX
 with optax write them) under the presets: every preset and composition that applies runs on every model on a
-2x4 mesh and equals the unpartitioned step (loss and updated parameters and state); Megatron, ZeRO-3 and the
-embedding preset shard exactly the weights each model's docstring lists, inside the scan for the scanned
-models; a preset that does not apply says so. Variants marked ``slow`` run a part of a composition that a
+2x4 mesh and equals the unpartitioned step (loss and updated parameters and state), which it returns in the
+types they came in; Megatron, ZeRO-3 and the embedding preset shard exactly the weights each model's docstring
+lists, inside the scan for the scanned models; a preset that does not apply says so. Variants marked ``slow`` run a part of a composition that a
 faster case runs whole (``-m "not slow"`` skips them)."""
 
 import fnmatch
@@ -74,6 +74,10 @@ def test_zoo_model_partitioned_equals_unpartitioned(name, schedule):
     assert not low.unsupported
     assert not low.fallbacks and not low.carry_reshards
     assert_same(pf(*inputs), want)
+    # every step returns (parameters, optimizer state, loss): the first two in the types they came in, so a
+    # training loop feeds them back as they are
+    is_type = lambda t: isinstance(t, redist.ShardingType)  # noqa: E731
+    assert jax.tree.leaves(low.out_types[:2], is_leaf=is_type) == jax.tree.leaves(low.in_types[:2], is_leaf=is_type)
     if name in SCANNED and "MP" in schedule:
         # Megatron inside the scan: the layers' model-axis collectives run in the loop bodies, every iteration
         # (a pending sum reduced there); nothing split on the model axis is gathered around the loops
