@@ -12,14 +12,16 @@ nothing to act on says so and is left out). Per model x schedule:
   collectives of ``jax.jit(step, in_shardings=low.in_shardings, out_shardings=low.out_shardings)`` compiled,
   parsed from its HLO as ``bench/partitioning.py`` parses them (``loop_collectives``: a while loop's body counted
   ``known_trip_count`` times; the most any device receives); ``bytes_ratio`` = ours / XLA's (1 where both are 0);
-- time: the inputs placed once (``pf.place``), XLA's function called on the same arrays; each of ``pf``, our
-  compiled program alone (``low.program.executable()`` on the flat inputs: ``pf`` without flattening the
-  arguments' pytrees and building the results) and XLA's function called twice to warm up, then
-  ``--rounds`` rounds in which each runs a burst of ``--repeats`` calls (each timed with ``time.perf_counter``
-  around the call and ``block_until_ready``), in turn, the order reversed every other round; per round, the
-  ratio of each one's burst median to XLA's; ``time_ratio`` (``pf``) and ``program_ratio`` are the medians of
-  those ratios over the rounds (``time_ratio_quartiles``: the first and third quartiles of ``pf``'s, how much
-  the rounds agree), and the times the medians of the burst medians.
+- time: the inputs placed once (``pf.place``), XLA's function called on the same arrays. Four callables: ``pf``
+  and XLA's function, each on the pytrees (what a user calls), and the two compiled programs alone on the
+  flat arrays (``low.program.executable()``, and XLA's function of the flat leaves, jitted with their
+  shardings: neither flattening pytrees nor building results). Each is called twice to warm up, then
+  ``--rounds`` rounds in which each runs a burst of ``--repeats`` calls (each timed with
+  ``time.perf_counter`` around the call and ``block_until_ready``), in turn, the order reversed every other
+  round. ``time_ratio``: the median over rounds of ``pf``'s burst median over XLA's function's in the same
+  round (``time_ratio_quartiles``: the first and third quartiles of those per-round ratios, how much the
+  rounds agree); ``program_ratio``: the same of the two programs alone; the times are the medians of the
+  burst medians.
 
 AutomaticPartition against its time budget (``--auto-layers``, ``--auto-budgets``): the zoo's plain-JAX LM
 (Adam) with that many layers, scanned and unrolled (``examples.zoo.jax_lm.make(unrolled=True)``: the block
@@ -77,12 +79,12 @@ def matches(got, want) -> bool:
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
 
 
-def paired_times(calls, rounds: int, burst: int, warmup: int = 2) -> tuple[list, list, list]:
-    """``(times, ratios, quartiles)`` of the callables ``calls`` (no arguments), the last the reference: each
-    called ``warmup`` times, then ``rounds`` rounds of a burst of ``burst`` timed calls each, in turn, the order
-    reversed every other round; a callable's time is the median over rounds of its burst medians, its ratio
-    the median over rounds of its burst median over the reference's in the same round, its quartiles the first
-    and third quartiles of those per-round ratios."""
+def paired_times(calls, pairs, rounds: int, burst: int, warmup: int = 2) -> tuple[list, list, list]:
+    """``(times, ratios, quartiles)`` of the callables ``calls`` (no arguments): each called ``warmup`` times,
+    then ``rounds`` rounds of a burst of ``burst`` timed calls each, in turn, the order reversed every other
+    round; a callable's time is the median over rounds of its burst medians. Per ``(i, reference)`` of
+    ``pairs``: its ratio, the median over rounds of call ``i``'s burst median over the reference's in the same
+    round, and its quartiles, the first and third quartiles of those per-round ratios."""
     for call in calls:
         for _ in range(warmup):
             jax.block_until_ready(call())
@@ -96,7 +98,7 @@ def paired_times(calls, rounds: int, burst: int, warmup: int = 2) -> tuple[list,
                 jax.block_until_ready(calls[i]())
                 ts.append(time.perf_counter() - t0)
             medians[i].append(statistics.median(ts))
-    ratios = [[a / b for a, b in zip(m, medians[-1])] for m in medians]
+    ratios = [[a / b for a, b in zip(medians[i], medians[ref])] for i, ref in pairs]
     return ([statistics.median(m) for m in medians], [statistics.median(r) for r in ratios],
             [tuple(statistics.quantiles(r, n=4)[::2]) if len(r) > 1 else (r[0], r[0]) for r in ratios])
 
@@ -124,10 +126,15 @@ def run_case(name: str, step, inputs, want, schedule: str, rounds: int, repeats:
     rec["collectives_xla"] = len([c for c, _ in xla_cols if c.bytes_received > 0])
     rec["bytes_ratio"] = rec["bytes_ours"] / rec["bytes_xla"] if rec["bytes_xla"] else (
         1.0 if rec["bytes_ours"] == 0 else float("inf"))
-    times, ratios, quartiles = paired_times([lambda: pf(*placed), lambda: program(*flat), lambda: xla(*placed)],
-                                            rounds, repeats)
-    rec["time_ours_s"], rec["time_program_s"], rec["time_xla_s"] = times
-    rec["time_ratio"], rec["program_ratio"] = ratios[:2]
+    tree = jax.tree.structure(placed)
+    xla_flat = jax.jit(lambda *leaves: jax.tree.leaves(step(*jax.tree.unflatten(tree, leaves))),
+                       in_shardings=[x.sharding for x in flat],
+                       out_shardings=jax.tree.leaves(low.out_shardings))
+    times, ratios, quartiles = paired_times(
+        [lambda: pf(*placed), lambda: xla(*placed), lambda: program(*flat), lambda: xla_flat(*flat)],
+        [(0, 1), (2, 3)], rounds, repeats)
+    rec["time_ours_s"], rec["time_xla_s"], rec["time_program_s"], rec["time_xla_program_s"] = times
+    rec["time_ratio"], rec["program_ratio"] = ratios
     rec["time_ratio_quartiles"] = list(quartiles[0])
     return rec
 
@@ -150,14 +157,15 @@ def run_auto(layers: int, unrolled: bool, budget: float) -> dict:
 
 def table(rows) -> str:
     head = (f"{'model':12s} {'schedule':9s} {'match':5s} {'ours B':>9s} {'XLA B':>9s} {'B ratio':>7s} "
-            f"{'ours ms':>8s} {'prog ms':>8s} {'XLA ms':>8s} {'t ratio':>7s} {'quartiles':>11s} {'p ratio':>7s} "
-            f"{'lower s':>7s}")
+            f"{'ours ms':>8s} {'XLA ms':>8s} {'t ratio':>7s} {'quartiles':>11s} {'prog ms':>8s} {'XLA prog':>8s} "
+            f"{'p ratio':>7s} {'lower s':>7s}")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r['model']:12s} {r['schedule']:9s} {'yes' if r['match'] else 'NO':5s} {r['bytes_ours']:9.0f} "
                      f"{r['bytes_xla']:9.0f} {r['bytes_ratio']:7.2f} {r['time_ours_s'] * 1e3:8.3f} "
-                     f"{r['time_program_s'] * 1e3:8.3f} {r['time_xla_s'] * 1e3:8.3f} {r['time_ratio']:7.2f} "
-                     f"{'%.2f-%.2f' % tuple(r['time_ratio_quartiles']):>11s} {r['program_ratio']:7.2f} "
+                     f"{r['time_xla_s'] * 1e3:8.3f} {r['time_ratio']:7.2f} "
+                     f"{'%.2f-%.2f' % tuple(r['time_ratio_quartiles']):>11s} {r['time_program_s'] * 1e3:8.3f} "
+                     f"{r['time_xla_program_s'] * 1e3:8.3f} {r['program_ratio']:7.2f} "
                      f"{r['lower_s']:7.1f}")
     return "\n".join(lines)
 
