@@ -156,6 +156,7 @@ def _updates_in_place(graph: Graph, out: dict, taken: set) -> dict:
     input. Mixed precision's working copy is one: ``(params, master, ...) → (cast(master'), master', ...)``."""
     if graph.in_tree is None or graph.out_tree is None:
         return out
+
     def key_paths(tree):
         return [kp for kp, _ in jax.tree_util.tree_flatten_with_path(
             jax.tree_util.tree_unflatten(tree, list(range(tree.num_leaves))))[0]]

@@ -86,11 +86,10 @@ class Structure:
     each op runs its reductions (``op_trips``); the outputs, those a training step returns in place of its
     inputs (``tied``: output → input, returned in the input's state type) and the others that are no input
     (``state_outputs``: returned in their state type; :func:`~partir_core.choice.output_type`); the ops run
-    replicated; the
-    regions' enters and exits (``boundary``); each op's operands and results (``invars``, ``outvars``:
-    tuples), its dims by factor and its shardable factors (``op_slots``, ``shardable``: what propagation
-    visits), and its ``signature`` (:func:`signature`: ops of one signature are chosen alike, so their choices
-    are shared)."""
+    replicated; the regions' enters and exits (``boundary``); each op's operands and results (``invars``,
+    ``outvars``: tuples), its dims by factor and its shardable factors (``op_slots``, ``shardable``: what
+    propagation visits), and its ``signature`` (:func:`signature`: ops of one signature are chosen alike, so
+    their choices are shared)."""
 
     def __init__(self, graph: Graph, rules: list):
         self.graph, self.rules = graph, rules
