@@ -60,6 +60,14 @@ def inputs(w, batch=8, d_in=16, d_out=8):
 
 
 CHAIN = inputs({"a": normal(16, 32), "b": normal(32, 32), "c": normal(32, 8)})
+ADAM = optax.adam(1e-2)
+
+
+def adam_step(net, opt, inp, out):
+    """Adam over :func:`chain`, its arguments named to say nothing."""
+    loss, g = jax.value_and_grad(lambda n: jnp.mean((chain(n, inp) - out) ** 2))(net)
+    updates, opt = ADAM.update(g, opt, net)
+    return optax.apply_updates(net, updates), opt, loss
 NORMED = inputs({"up": normal(16, 64), "bias": np.zeros(64, np.float32), "down": normal(64, 8)})
 
 
@@ -71,15 +79,8 @@ def types_of(tree) -> list:
 def test_kinds_come_from_what_the_step_updates():
     """Parameters: updated and reaching the loss; optimizer state: updated, not reaching it (Adam's moments and
     its step count); data: not updated. Names play no part."""
-    tx = optax.adam(1e-2)
-
-    def step(net, opt, inp, out):
-        loss, g = jax.value_and_grad(lambda n: jnp.mean((chain(n, inp) - out) ** 2))(net)
-        updates, opt = tx.update(g, opt, net)
-        return optax.apply_updates(net, updates), opt, loss
-
     net, _, x, y = CHAIN
-    kinds = input_kinds(ir.trace(step, (net, tx.init(net), x, y)))
+    kinds = input_kinds(ir.trace(adam_step, (net, ADAM.init(net), x, y)))
     assert {p: k for p, k in kinds.items() if p.startswith("net/")} == {f"net/{n}": "param" for n in "abc"}
     assert {k for p, k in kinds.items() if p.startswith("opt/")} == {"state"}
     assert "opt/0/count" in kinds and kinds["inp"] == kinds["out"] == "data"
@@ -128,16 +129,9 @@ def test_a_step_returns_what_it_updates_in_the_types_it_took_them_in(name):
     """The new parameters and optimizer state come out in their inputs' types, whatever the tactics shard in
     between (ZeRO-1 and -2 update whole parameters from sharded state: they are gathered back), so the results
     feed the next call as they are: a loop compiles once and its steps equal the unpartitioned ones."""
-    tx = optax.adam(1e-2)
-
-    def step(net, opt, inp, out):
-        loss, g = jax.value_and_grad(lambda n: jnp.mean((chain(n, inp) - out) ** 2))(net)
-        updates, opt = tx.update(g, opt, net)
-        return optax.apply_updates(net, updates), opt, loss
-
     net, _, x, y = CHAIN
-    args = (net, tx.init(net), x, y)
-    pf = pc.jit(step, MESH, schedules.schedule(name, step, args, mesh=MESH))
+    args = (net, ADAM.init(net), x, y)
+    pf = pc.jit(adam_step, MESH, schedules.schedule(name, adam_step, args, mesh=MESH))
     low = pf.lower(*args)
     assert types_of(low.out_types[:2]) == types_of(low.in_types[:2])
     assert any(t.dims != ((),) * t.rank for t in types_of(low.in_types[1]))  # the state is sharded
@@ -145,7 +139,7 @@ def test_a_step_returns_what_it_updates_in_the_types_it_took_them_in(name):
     want = args
     for _ in range(3):
         net_p, opt_p, loss = pf(net_p, opt_p, x_p, y_p)
-        *want, want_loss = jax.jit(step)(*want)
+        *want, want_loss = jax.jit(adam_step)(*want)
         want = (*want, x, y)
     assert pf._dispatch._cache_size() == 1
     assert_same((net_p, opt_p, loss), (want[0], want[1], want_loss))
