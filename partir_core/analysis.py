@@ -116,7 +116,13 @@ def updates(graph: Graph) -> dict[int, int]:
     output qualifies for an input when it has the input's shape and dtype and a chain of 1 to
     :data:`UPDATE_DEPTH` ops, each with a result of that shape, leads from the input to it; the shortest chains
     are matched first, each input and output at most once; then the inputs the step returns where it took them,
-    made from updated inputs (:func:`_updates_in_place`)."""
+    made from updated inputs (:func:`_updates_in_place`). Remembered per graph (the kinds, the ties and the
+    presets all read it): the caller must not change it."""
+    return graph.memo("updates", _updates)
+
+
+def _updates(graph: Graph) -> dict[int, int]:
+    """:func:`updates`, found anew."""
     readers = graph.readers()
     positions: dict = {}
     for k, v in enumerate(graph.outvars):
@@ -162,9 +168,7 @@ def _updates_in_place(graph: Graph, out: dict, taken: set) -> dict:
             jax.tree_util.tree_unflatten(tree, list(range(tree.num_leaves))))[0]]
 
     at = {kp: k for k, kp in enumerate(key_paths(graph.out_tree))}
-    updated = 0
-    for i in out:
-        updated |= 1 << i
+    updated = sum(1 << i for i in out)
     deps = None
     for i, kp in enumerate(key_paths(graph.in_tree)):
         k = at.get(kp)
@@ -186,22 +190,21 @@ def tied_outputs(graph: Graph) -> dict[int, int]:
     a program with at least one parameter; empty for any other program (a forward pass, ``x @ w`` with a square
     ``w``). Remembered per graph."""
     def ties(graph):
-        new = updates(graph)
-        kinds = input_kinds(graph, new)
+        kinds = input_kinds(graph)
         if "param" not in kinds.values():
             return {}
-        return {graph.outvars[k]: graph.invars[i] for i, k in new.items()
+        return {graph.outvars[k]: graph.invars[i] for i, k in updates(graph).items()
                 if kinds[graph.in_paths[i]] in ("param", "state")}
 
     return graph.memo("tied_outputs", ties)
 
 
-def input_kinds(graph: Graph, new: dict | None = None) -> dict[str, str]:
+def input_kinds(graph: Graph) -> dict[str, str]:
     """Every input's kind, ``param``, ``state`` or ``data``, by the program's dataflow (see the module
     docstring); by :func:`named_kind` where the program updates none of its inputs. Without an output other
     than the updates, a parameter is an updated input that reaches an output of another shape (another
-    parameter's update, through the gradients). ``new``: :func:`updates` of ``graph``, where already made."""
-    new = updates(graph) if new is None else new
+    parameter's update, through the gradients)."""
+    new = updates(graph)
     if not new:
         return {p: named_kind(p) for p in graph.in_paths}
     deps = dependencies(graph)
