@@ -14,7 +14,12 @@ from __future__ import annotations
 
 import functools
 
-import z3
+from redist.extras import MissingModule
+
+try:
+    import z3
+except ModuleNotFoundError as e:  # no [verify] extra: partir_core imports, and verify() says what to install
+    z3 = MissingModule(e, "partir_core's verify()", "verify")
 
 
 def _pos(*xs):

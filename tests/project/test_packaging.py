@@ -140,9 +140,30 @@ def test_core_install_plans_and_names_the_missing_extras(tmp_path, wheel):
                              "pip install 'redist[verify]'\n")
 
 
+def test_partir_core_without_z3_partitions_and_its_verify_names_the_extra(tmp_path):
+    """With the [jax] extra and not [verify] (z3 blocked from importing), ``import partir_core`` and a partitioned
+    call work; ``verify()`` raises the error that names the extra."""
+    code = """
+import sys
+sys.modules["z3"] = None  # as if z3 were not installed
+import numpy as np, redist, partir_core
+pf = partir_core.jit(lambda x: x * 2, redist.Mesh({"x": 1}), [partir_core.ManualPartition({"x": 0}, axis="x")])
+x = np.ones((4, 2), np.float32)
+assert (np.asarray(pf(x)) == 2).all()
+try:
+    pf.lower(x).verify()
+except ModuleNotFoundError as e:
+    print(e)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "partir_core's verify() needs z3, which is not installed: pip install 'redist[verify]'\n"
+
+
 def test_an_extra_that_is_present_imports_unchanged():
     """The guards change nothing when the dependency is installed (this environment has every extra)."""
     code = ("import sys, redist.jax, redist.mpi, partir_core; "
-            "print(type(sys.modules['redist.verify.solver'].z3).__name__)")
+            "print(type(sys.modules['redist.verify.solver'].z3).__name__, "
+            "type(sys.modules['partir_core.proof.lemmas'].z3).__name__)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and proc.stdout == "module\n", proc.stderr
+    assert proc.returncode == 0 and proc.stdout == "module module\n", proc.stderr
