@@ -512,12 +512,15 @@ def _op_terms(graph, eqn, op: OpSharding, types, state, mesh, targets) -> list:
     sum that several ops read, read by a linear op in a type its readers asked for (``targets``, a dict), is
     priced nothing: that reshard is made for them anyway and shared (:func:`partir_core.lowering.lower` moves a
     buffer to one type once), so the op may read the sum reduced rather than keep it pending
-    (:func:`shared_reduction`)."""
+    (:func:`shared_reduction`). Where ``targets`` is a dict, a fill (:func:`fills`) is read in any layout for
+    nothing: its producer, priced against this op's demand in the next pass, makes it there at no cost."""
     readers = graph.readers()
+    filled = fills(graph) if type(targets) is dict else ()
     groups = []
     for v, t in zip(eqn.invars, op.in_types):
         n = len(readers.get(v, ()))
-        if shared_reduction(op, v, t, types, targets, n):
+        if shared_reduction(op, v, t, types, targets, n) or (
+                v in filled and not types[v].partial and not t.partial):
             groups.append(())
         else:
             groups.append(((types[v], t, reduction_share(op, types[v], t, n)),))
@@ -528,6 +531,18 @@ def _op_terms(graph, eqn, op: OpSharding, types, state, mesh, targets) -> list:
         if wanted:
             groups.append(tuple((t, want, 1.0) for want in wanted))
     return groups
+
+
+def fills(graph: Graph) -> frozenset:
+    """The values made by broadcasting a scalar (``broadcast_in_dim`` of a rank-0 operand: the zeros of a ReLU's
+    gradient, a constant bias). Any layout of a fill is made locally, from its scalar, at no cost, so a refinement
+    pass does not price reading one in the layout a reader wants (:func:`_op_terms`): otherwise the fill's layout,
+    fixed by propagation, and its reader's, fixed by the fill's, hold each other in place, one reshard apart from
+    a cheaper program (a gradient's zeros split one way, the gradient another, an all-to-all between)."""
+    def make(graph):
+        return frozenset(v for e in graph.eqns if e.name == "broadcast_in_dim" and not graph.shape(e.invars[0])
+                         for v in e.outvars)
+    return graph.memo("fills", make)
 
 
 def reduction_share(op: OpSharding, src, dst, readers: int) -> float:
