@@ -149,7 +149,8 @@ def op_candidates(graph: Graph, rules: list, i: int, state: State, types: dict, 
     not on what its results are priced against. ``made``: None, or a dict that a caller choosing equation
     ``i`` many times keeps for it: each :class:`OpSharding` is remembered there by what makes it (the axes of
     each factor and the pending sums of the operands, :func:`_sharding_key`) and given again where those are
-    the same, its ``use`` carrying the provenances of the first (which no one reads). ``slots`` and
+    the same, its ``use`` carrying the provenances of the first (which no one reads). An op reading a pending sum
+    that other ops read too reads it reduced in every candidate (:func:`reads_shared_sum`). ``slots`` and
     ``shardable``: the op's :func:`~partir_core.propagation.op_slots` and
     :func:`~partir_core.propagation.shardable_factors`, when the caller keeps them."""
     eqn, rule = graph.eqns[i], rules[i]
@@ -160,8 +161,10 @@ def op_candidates(graph: Graph, rules: list, i: int, state: State, types: dict, 
     use = fit_use(mesh, rule, drop_clashes(use))
     # all that the alternatives read of ``types`` and ``state``, as they are now
     operands = {v: types[v] for v in eqn.invars}
+    keeps = not reads_shared_sum(graph, eqn, operands)
 
     def sharding(use, keep=True):
+        keep = keep and keeps
         if made is None:
             return _op_sharding(graph, rule, eqn, use, operands, mesh, keep)
         key = _sharding_key(eqn, use, operands, keep)
@@ -180,6 +183,18 @@ def op_candidates(graph: Graph, rules: list, i: int, state: State, types: dict, 
         return made + [sharding(u, False) for u, op in zip(uses, made) if _keeps_pending(op)]
 
     return proposal, alternatives
+
+
+def reads_shared_sum(graph: Graph, eqn, types: dict) -> bool:
+    """Whether ``eqn`` reads a pending sum (as ``types`` has it) that other ops read too. Such a sum is reduced
+    once, before its first reader, and every reader reads it reduced (:func:`op_candidates` offers no candidate
+    that keeps it pending): the readers share one reduction (each is charged its share,
+    :func:`reduction_share`) and everything computed from the sum is whole, as XLA reduces an activation's
+    gradient before a layer norm's backward reads it three ways. Kept pending by some readers, the sum would be
+    reduced again further on, once per reader (a layer norm's scale and bias gradients all-reduced at the end
+    of the step, with the statistics its backward reads)."""
+    readers = graph.readers()
+    return any(types[v].partial and len(readers.get(v, ())) > 1 for v in eqn.invars)
 
 
 def _sharding_key(eqn, use: dict, types: dict, keep: bool) -> tuple:
@@ -548,10 +563,9 @@ def fills(graph: Graph) -> frozenset:
 def reduction_share(op: OpSharding, src, dst, readers: int) -> float:
     """The share of a reshard of an operand from ``src`` to ``dst`` that ``op`` is charged: a linear op (one
     that could keep the sum pending) reading a pending sum that ``readers`` ops read, reduced (``dst`` pending
-    over fewer axes), pays ``1 / readers`` of it: where the readers read it alike, they share one reduction
-    (:func:`partir_core.lowering.lower` moves a buffer to one type once), so reducing it once may move fewer
-    bytes than each keeping it pending and moving the others (two matmuls gathering their weights to read one
-    dispatch sum pending). Whole otherwise."""
+    over fewer axes), pays ``1 / readers`` of it: all its readers read it reduced (:func:`reads_shared_sum`),
+    and where they read it alike they share one reduction (:func:`partir_core.lowering.lower` moves a buffer
+    to one type once). Whole otherwise."""
     if readers > 1 and op.rule.linear is not None and src.partial and set(dst.partial) < set(src.partial):
         return 1.0 / readers
     return 1.0

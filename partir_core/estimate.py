@@ -132,8 +132,8 @@ def signature(graph: Graph, eqn, rule) -> tuple:
     """What :func:`~partir_core.choice.choose_op` reads of an op besides the state and types of its values:
     its primitive, its factor rule (all but ``local``, which only running the op reads), its operands' and
     results' shapes and dtypes, which of them are constants, which name one value twice, and how many ops read
-    each operand (:func:`~partir_core.choice.shared_reduction` and :func:`~partir_core.choice.reduction_share`
-    read that). Two ops of one signature whose values have the same dims, provenance order and operand types
+    each operand (:func:`~partir_core.choice.shared_reduction`, :func:`~partir_core.choice.reduction_share` and
+    :func:`~partir_core.choice.reads_shared_sum` read that). Two ops of one signature whose values have the same dims, provenance order and operand types
     are chosen alike, up to their rule object (the transformer's layers, the optimizer's updates of weights of
     one shape)."""
     values = list(eqn.invars) + list(eqn.outvars)

@@ -106,6 +106,27 @@ def test_relu_gradients_are_made_in_the_layout_their_readers_want(name):
     assert_same(pf(*inputs), want)
 
 
+def test_megatron_all_reduces_two_activations_each_way_per_block():
+    # Megatron's f and g: the forward pass all-reduces the outputs of the block's two row-parallel matmuls
+    # (attention out, MLP down), the backward the gradients entering its two layer norms, each once for all the
+    # ops that read it; the norms' scale and bias gradients, made from the reduced gradient, need no reduction
+    # of their own (a reader keeping the gradient pending would leave them, and two of a norm's statistics, a
+    # reduction each)
+    step, inputs, want, _ = built("nnx_encoder")
+    pf = pc.jit(step, MESH, tactics("nnx_encoder", "MP"))
+    low = pf.lower(*inputs)
+    x = inputs[2]
+    activation = 2 * (4 - 1) / 4 * x.nbytes  # an all-reduce over 4 devices of f32[batch, seq, d_model], as x
+    assert [(c.kind, c.axes, c.bytes) for c in low.collectives] == [("all_reduce", ("model",), activation)] * 4
+    readers, analysis = low.graph.readers(), low.program.analysis
+    for v, t in analysis.types.items():
+        if t.partial and len(readers.get(v, ())) > 1:
+            read_as = {analysis.ops[i].in_types[k] for i in readers[v]
+                       for k, u in enumerate(low.graph.eqns[i].invars) if u == v}
+            assert len(read_as) == 1 and not read_as.pop().partial
+    assert_same(pf(*inputs), want)
+
+
 @pytest.mark.parametrize("name", zoo.NAMES)
 def test_megatron_shards_what_the_docstring_lists(name):
     want = {p: int(d) for p, d in zoo.listed(name, "Megatron")}
