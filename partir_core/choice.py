@@ -203,8 +203,10 @@ def _sharding_key(eqn, use: dict, types: dict, keep: bool) -> tuple:
     return tuple([(f, a) for f, (a, _) in use.items()]), tuple([types[v].partial for v in eqn.invars]), keep
 
 
-# The ops that carry a step's FLOPs: one the state splits over its contracted dims keeps its devices (cheapest).
-CONTRACTIONS = frozenset({"dot_general", "conv_general_dilated"})
+# The ops that carry a step's FLOPs, and the scatter-add that makes an embedding's gradient (a contraction of the
+# tokens' gradients with their one-hot ids): one the state splits over its contracted dims keeps its devices
+# (cheapest), so data parallelism scatters each device's own tokens and all-reduces the table's gradient.
+CONTRACTIONS = frozenset({"dot_general", "conv_general_dilated", "scatter-add"})
 
 
 def cheapest(graph: Graph, eqn, proposal: OpSharding, alternatives, types, state, mesh, targets,

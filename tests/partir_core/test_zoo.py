@@ -106,6 +106,23 @@ def test_relu_gradients_are_made_in_the_layout_their_readers_want(name):
     assert_same(pf(*inputs), want)
 
 
+@pytest.mark.parametrize("name", EMBEDDINGS)
+def test_batch_parallel_embedding_gradient_is_scattered_per_device_and_all_reduced(name):
+    # the scatter-add making an embedding's gradient contracts the tokens' gradients with their ids: under
+    # data parallelism each device scatters its own tokens and the table's gradient joins the step's other
+    # all-reduces, as a matmul's weight gradient does, rather than every device gathering all the tokens'
+    # ids and gradients (two collectives of their own, one per dtype) and scattering them all
+    step, inputs, want, _ = built(name)
+    pf = pc.jit(step, MESH, tactics(name, "BP"))
+    low = pf.lower(*inputs)
+    assert {c.kind for c in low.collectives} == {"all_reduce"}
+    # the table's gradient: the scatter-add into a whole table (the loss's others scatter into batch-split logits)
+    (table,) = [e.outvars[0] for e in low.graph.eqns
+                if e.name == "scatter-add" and not any(low.types[e.invars[0]].dims)]
+    assert low.types[table].partial == ("batch",)
+    assert_same(pf(*inputs), want)
+
+
 def test_megatron_all_reduces_two_activations_each_way_per_block():
     # Megatron's f and g: the forward pass all-reduces the outputs of the block's two row-parallel matmuls
     # (attention out, MLP down), the backward the gradients entering its two layer norms, each once for all the
