@@ -65,7 +65,7 @@ from itertools import compress
 from operator import is_not, ne
 
 from partir_core.analysis import tied_outputs
-from partir_core.choice import (FOLLOW, PASSES, Analysis, OpSharding, Unsupported, cheapest, choose_op,
+from partir_core.choice import (FOLLOW, PASSES, Analysis, OpSharding, Unsupported, cheapest, choose_op, fills,
                                  op_candidates, output_type, state_type, value_type)
 from partir_core.ir import Boundary, Graph, column
 from partir_core.lowering import lower
@@ -131,16 +131,18 @@ class Structure:
 def signature(graph: Graph, eqn, rule) -> tuple:
     """What :func:`~partir_core.choice.choose_op` reads of an op besides the state and types of its values:
     its primitive, its factor rule (all but ``local``, which only running the op reads), its operands' and
-    results' shapes and dtypes, which of them are constants, which name one value twice, and how many ops read
+    results' shapes and dtypes, which of them are constants, which name one value twice, how many ops read
     each operand (:func:`~partir_core.choice.shared_reduction`, :func:`~partir_core.choice.reduction_share` and
-    :func:`~partir_core.choice.reads_shared_sum` read that). Two ops of one signature whose values have the same dims, provenance order and operand types
-    are chosen alike, up to their rule object (the transformer's layers, the optimizer's updates of weights of
-    one shape)."""
+    :func:`~partir_core.choice.reads_shared_sum` read that) and which operands are fills
+    (:func:`~partir_core.choice.fills`). Two ops of one signature whose values have the same dims, provenance
+    order and operand types are chosen alike, up to their rule object (the transformer's layers, the
+    optimizer's updates of weights of one shape)."""
     values = list(eqn.invars) + list(eqn.outvars)
     first = {v: k for k, v in reversed(list(enumerate(values)))}
     avals = tuple((graph.shape(v), str(graph.dtype(v)), v in graph.consts, first[v]) for v in values)
     readers = graph.readers()
-    avals += (tuple(len(readers.get(v, ())) for v in eqn.invars),)
+    filled = fills(graph)
+    avals += (tuple(len(readers.get(v, ())) for v in eqn.invars), tuple(v in filled for v in eqn.invars))
     if rule is None:
         return (eqn.name, None, avals)
     return (eqn.name, avals, repr(rule.operands), repr(rule.results), tuple(sorted(rule.sizes.items())),

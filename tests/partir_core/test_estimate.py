@@ -92,6 +92,46 @@ def test_estimate_equals_the_simulation_of_every_preset(name, mesh_name):
     assert checked >= len(PRESETS[mesh_name]) - 2  # EMB (and its compositions) need an embedding
 
 
+@pytest.mark.parametrize("name", ["flax_mlp", "eqx_mlp", "nnx_encoder"])
+def test_estimate_equals_the_simulation_on_steps_written_by_users(name):
+    """As above, on the zoo's steps (flax.linen, equinox, flax.nnx with optax) under their presets: ReLU
+    gradients whose zeros are fills (choice.fills), layer norms whose pending gradient several ops read."""
+    pytest.importorskip("flax")
+    pytest.importorskip("equinox")
+    from examples import zoo
+    mesh = MESHES["2x4"]
+    step, ins = zoo.module(name).make()
+    start = pc.jit(step, mesh, []).lower(*ins)
+    graph, rules = start.graph, start.rules
+    est, scratch = Estimator(graph, rules, mesh), Estimator(graph, rules, mesh)
+    est.score((), start.states[0])
+    previous = ()
+    for p in ["BP", "MP", "Z2", "Z3", "BP+MP", "BP+MP+Z3"]:
+        tactics = schedules.schedule(p, step, ins, mesh=mesh)
+        want = pc.jit(step, mesh, tactics).lower(*ins).simulate()
+        state = schedule_state(graph, rules, mesh, tactics)
+        for got in (scratch.score(p, state), est.score(p, state, previous), est.score(p + "/start", state, ())):
+            assert (got.step_time_s, got.peak_bytes, got.comm_bytes) == (
+                want.step_time_s, want.peak_bytes, want.comm_bytes), p
+        previous = p
+
+
+def test_an_op_reading_a_fill_has_a_signature_of_its_own():
+    """Two selects of one shape, one reading a fill (free to read in any layout in a refinement pass) and one
+    reading a computed value: the estimator shares no choice between them."""
+    import jax.numpy as jnp
+
+    def f(h, g):
+        return jnp.where(h > 0, g, 0.0), jnp.where(h > 0, g, 2 * h)
+
+    x = jnp.ones((8, 16))
+    low = pc.jit(f, MESHES["2x4"], []).lower(x, x)
+    structure = Structure(low.graph, low.rules)
+    selects = [i for i, e in enumerate(low.graph.eqns) if e.name == "select_n"]
+    assert len(selects) == 2
+    assert structure.signature[selects[0]] != structure.signature[selects[1]]
+
+
 def random_sets(graph, rules, mesh, seed, n, depth):
     """``n`` seeded random chains of up to ``depth`` actions: ``[(actions so far, action)]`` per chain."""
     actions = build_actions(analyze_groups(graph, rules), graph, mesh, list(mesh.names))
